@@ -1,0 +1,85 @@
+//! Where in a user's file something went wrong, and the error that says so.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// A position in a text file, 1-based, as editors show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    pub file: PathBuf,
+    pub line: usize,
+    pub column: usize,
+}
+
+impl Location {
+    /// The location of byte `offset` in `text` (clamped to the end of the text).
+    pub fn from_offset(file: &Path, text: &str, offset: usize) -> Location {
+        let offset = offset.min(text.len());
+        let before = &text.as_bytes()[..offset];
+        let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+        let line_start = before.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        let column = String::from_utf8_lossy(&before[line_start..]).chars().count() + 1;
+        Location {
+            file: file.to_path_buf(),
+            line,
+            column,
+        }
+    }
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}", self.file.display(), self.line, self.column)
+    }
+}
+
+/// Bad input in a user's file: where, what was wrong, and (optionally) what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{location}: {message}{}", hint.as_ref().map(|h| format!(" ({h})")).unwrap_or_default())]
+pub struct InputError {
+    pub location: Location,
+    pub message: String,
+    pub hint: Option<String>,
+}
+
+impl InputError {
+    /// Turns a `toml` deserialisation error into an [`InputError`] pointing at the offending value.
+    pub fn from_toml(file: &Path, text: &str, err: &toml::de::Error) -> InputError {
+        let offset = err.span().map_or(0, |s| s.start);
+        InputError {
+            location: Location::from_offset(file, text, offset),
+            message: err.message().trim().to_string(),
+            hint: None,
+        }
+    }
+
+    /// An error at byte `offset` of `text`.
+    pub fn at(file: &Path, text: &str, offset: usize, message: impl Into<String>) -> InputError {
+        InputError {
+            location: Location::from_offset(file, text, offset),
+            message: message.into(),
+            hint: None,
+        }
+    }
+
+    #[must_use]
+    pub fn with_hint(mut self, hint: impl Into<String>) -> InputError {
+        self.hint = Some(hint.into());
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_map_to_one_based_line_and_column() {
+        let text = "a = 1\nbb = \"x\"\n";
+        let f = Path::new("f.toml");
+        assert_eq!(Location::from_offset(f, text, 0).to_string(), "f.toml:1:1");
+        assert_eq!(Location::from_offset(f, text, 6).to_string(), "f.toml:2:1");
+        assert_eq!(Location::from_offset(f, text, 11).to_string(), "f.toml:2:6");
+        assert_eq!(Location::from_offset(f, text, 999).line, 3);
+    }
+}

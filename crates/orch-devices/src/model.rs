@@ -1,0 +1,79 @@
+//! One model for every inventory. A field a backend cannot read is `None`, never a default.
+
+use serde::Serialize;
+
+/// Which inventory a device came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    Nvml,
+    Sim,
+    Cpu,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Nvml => "nvml",
+            Backend::Sim => "sim",
+            Backend::Cpu => "cpu",
+        }
+    }
+}
+
+/// A compute process running on a device (NVML's running compute processes).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GpuProcess {
+    pub pid: u32,
+    pub used_memory_bytes: Option<u64>,
+}
+
+/// A MIG instance of a GPU; `CUDA_VISIBLE_DEVICES` may name it by its `MIG-…` uuid.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MigDevice {
+    pub uuid: String,
+    pub name: Option<String>,
+    pub memory_total_bytes: Option<u64>,
+}
+
+/// A device as the host sees it. `index` is the physical index: NVML order, which is PCI bus
+/// order, the numbering nvidia-smi shows.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Device {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub backend: Backend,
+    pub memory_total_bytes: Option<u64>,
+    pub memory_used_bytes: Option<u64>,
+    pub memory_free_bytes: Option<u64>,
+    pub utilization_gpu_percent: Option<u32>,
+    pub utilization_memory_percent: Option<u32>,
+    pub temperature_c: Option<u32>,
+    pub power_draw_w: Option<f64>,
+    /// `"9.0"` style.
+    pub compute_capability: Option<String>,
+    pub pci_bus_id: Option<String>,
+    /// `None` when the backend cannot list processes (the CPU device).
+    pub processes: Option<Vec<GpuProcess>>,
+    pub mig_devices: Vec<MigDevice>,
+}
+
+impl Device {
+    /// Compute capability as `(major, minor)` for ordering, when known and well formed.
+    pub fn compute_capability_pair(&self) -> Option<(u32, u32)> {
+        let cc = self.compute_capability.as_deref()?;
+        let (major, minor) = cc.split_once('.')?;
+        Some((major.parse().ok()?, minor.parse().ok()?))
+    }
+
+    /// The first eight hex digits of the uuid, as people quote it (`GPU-8932f937`).
+    pub fn short_uuid(&self) -> &str {
+        let end = self
+            .uuid
+            .char_indices()
+            .nth(12)
+            .map_or(self.uuid.len(), |(i, _)| i);
+        &self.uuid[..end]
+    }
+}

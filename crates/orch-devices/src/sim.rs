@@ -1,0 +1,244 @@
+//! Simulated GPUs described by a TOML file (`sim:PATH`).
+//!
+//! Used for tests, demos, capacity planning and trying policies. The format is DESIGN.md's; sizes
+//! take units. A malformed file is rejected with file, line and column and what was expected.
+
+use crate::{Backend, Device, DeviceError, GpuProcess, MigDevice};
+use orch_core::{ByteSize, InputError};
+use serde::Deserialize;
+use std::path::Path;
+use toml::Spanned;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SimFile {
+    #[serde(default)]
+    gpu: Vec<SimGpu>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SimGpu {
+    name: String,
+    memory_total: Spanned<ByteSize>,
+    /// Default: the sum of the listed processes' memory (0 with none).
+    memory_used: Option<Spanned<ByteSize>>,
+    utilization: Option<Spanned<u32>>,
+    memory_utilization: Option<Spanned<u32>>,
+    uuid: Option<Spanned<String>>,
+    pci_bus_id: Option<String>,
+    compute_capability: Option<Spanned<String>>,
+    temperature: Option<u32>,
+    power_draw_w: Option<f64>,
+    #[serde(default)]
+    process: Vec<SimProcess>,
+    #[serde(default)]
+    mig: Vec<SimMig>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SimProcess {
+    pid: u32,
+    used_memory: ByteSize,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SimMig {
+    uuid: Spanned<String>,
+    name: Option<String>,
+    memory_total: Option<ByteSize>,
+}
+
+/// Reads and validates a sim file.
+pub fn read(path: &Path) -> Result<Vec<Device>, DeviceError> {
+    let text = std::fs::read_to_string(path).map_err(|source| DeviceError::SimRead {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse(path, &text)
+}
+
+/// Parses a sim file's text; `path` is used in error locations only.
+pub fn parse(path: &Path, text: &str) -> Result<Vec<Device>, DeviceError> {
+    let file: SimFile =
+        toml::from_str(text).map_err(|e| InputError::from_toml(path, text, &e))?;
+    if file.gpu.is_empty() {
+        return Err(InputError::at(path, text, 0, "the file describes no GPU")
+            .with_hint("add at least one [[gpu]] table with name and memory_total")
+            .into());
+    }
+    let mut devices: Vec<Device> = Vec::with_capacity(file.gpu.len());
+    for (position, gpu) in file.gpu.into_iter().enumerate() {
+        let device = to_device(path, text, position, gpu)?;
+        devices.push(device);
+    }
+    check_unique_uuids(path, text, &devices)?;
+    Ok(devices)
+}
+
+fn to_device(path: &Path, text: &str, position: usize, gpu: SimGpu) -> Result<Device, InputError> {
+    let at = |span: std::ops::Range<usize>, message: String| InputError::at(path, text, span.start, message);
+    let total = gpu.memory_total.get_ref().bytes();
+    let process_sum: u64 = gpu.process.iter().map(|p| p.used_memory.bytes()).sum();
+    let used = match &gpu.memory_used {
+        Some(used) if used.get_ref().bytes() > total => {
+            return Err(at(
+                used.span(),
+                format!("memory_used ({}) exceeds memory_total ({})", used.get_ref(), ByteSize(total)),
+            ));
+        }
+        Some(used) => used.get_ref().bytes(),
+        None if process_sum > total => {
+            return Err(at(
+                gpu.memory_total.span(),
+                format!("the processes use {} but memory_total is {}", ByteSize(process_sum), ByteSize(total)),
+            ));
+        }
+        None => process_sum,
+    };
+    for percent in gpu.utilization.iter().chain(gpu.memory_utilization.as_ref()) {
+        if *percent.get_ref() > 100 {
+            return Err(at(percent.span(), format!("a utilization is a percent from 0 to 100, found {}", percent.get_ref())));
+        }
+    }
+    let uuid = match gpu.uuid {
+        Some(uuid) if !uuid.get_ref().starts_with("GPU-") || uuid.get_ref().len() < 12 => {
+            return Err(at(uuid.span(), format!("a GPU uuid starts with \"GPU-\" and has at least 8 hex digits, found \"{}\"", uuid.get_ref())));
+        }
+        Some(uuid) => uuid.into_inner(),
+        None => derived_uuid(position),
+    };
+    if let Some(cc) = &gpu.compute_capability {
+        let valid = cc.get_ref().split_once('.').is_some_and(|(a, b)| {
+            !a.is_empty() && !b.is_empty() && a.bytes().chain(b.bytes()).all(|c| c.is_ascii_digit())
+        });
+        if !valid {
+            return Err(at(cc.span(), format!("compute_capability is \"MAJOR.MINOR\" such as \"9.0\", found \"{}\"", cc.get_ref())));
+        }
+    }
+    let mut mig_devices = Vec::with_capacity(gpu.mig.len());
+    for mig in gpu.mig {
+        if !mig.uuid.get_ref().starts_with("MIG-") {
+            return Err(at(mig.uuid.span(), format!("a MIG uuid starts with \"MIG-\", found \"{}\"", mig.uuid.get_ref())));
+        }
+        mig_devices.push(MigDevice {
+            uuid: mig.uuid.into_inner(),
+            name: mig.name,
+            memory_total_bytes: mig.memory_total.map(ByteSize::bytes),
+        });
+    }
+    Ok(Device {
+        index: position as u32,
+        uuid,
+        name: gpu.name,
+        backend: Backend::Sim,
+        memory_total_bytes: Some(total),
+        memory_used_bytes: Some(used),
+        memory_free_bytes: Some(total - used),
+        utilization_gpu_percent: Some(gpu.utilization.map_or(0, Spanned::into_inner)),
+        utilization_memory_percent: gpu.memory_utilization.map(Spanned::into_inner),
+        temperature_c: gpu.temperature,
+        power_draw_w: gpu.power_draw_w,
+        compute_capability: gpu.compute_capability.map(Spanned::into_inner),
+        pci_bus_id: gpu.pci_bus_id,
+        processes: Some(
+            gpu.process
+                .into_iter()
+                .map(|p| GpuProcess { pid: p.pid, used_memory_bytes: Some(p.used_memory.bytes()) })
+                .collect(),
+        ),
+        mig_devices,
+    })
+}
+
+/// A stable uuid from the GPU's position in the file, in NVML's format.
+fn derived_uuid(position: usize) -> String {
+    format!("GPU-5130{position:04x}-0000-4000-8000-{position:012x}")
+}
+
+fn check_unique_uuids(path: &Path, text: &str, devices: &[Device]) -> Result<(), InputError> {
+    let all = devices.iter().map(|d| d.uuid.as_str()).chain(devices.iter().flat_map(|d| d.mig_devices.iter().map(|m| m.uuid.as_str())));
+    let mut seen = std::collections::HashSet::new();
+    for uuid in all {
+        if !seen.insert(uuid) {
+            let offset = text.rfind(uuid).unwrap_or(0);
+            return Err(InputError::at(path, text, offset, format!("uuid \"{uuid}\" appears twice")).with_hint("every GPU and MIG instance needs its own uuid"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_str(text: &str) -> Result<Vec<Device>, String> {
+        parse(Path::new("lab.toml"), text).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn reads_every_field() {
+        let devices = parse_str(
+            r#"
+[[gpu]]
+name = "NVIDIA H100 80GB HBM3"
+memory_total = "80GiB"
+memory_used = "3GiB"
+utilization = 35
+uuid = "GPU-8a1b0000-1111-2222-3333-444455556666"
+pci_bus_id = "00000000:18:00.0"
+compute_capability = "9.0"
+temperature = 41
+power_draw_w = 210.5
+[[gpu.process]]
+pid = 4242
+used_memory = "2GiB"
+
+[[gpu]]
+name = "small"
+memory_total = 1024
+"#,
+        )
+        .unwrap();
+        assert_eq!(devices.len(), 2);
+        let d = &devices[0];
+        assert_eq!(d.memory_total_bytes, Some(80 << 30));
+        assert_eq!(d.memory_free_bytes, Some(77 << 30));
+        assert_eq!(d.utilization_gpu_percent, Some(35));
+        assert_eq!(d.utilization_memory_percent, None);
+        assert_eq!(d.compute_capability.as_deref(), Some("9.0"));
+        assert_eq!(d.processes.as_ref().unwrap()[0].used_memory_bytes, Some(2 << 30));
+        assert_eq!(devices[1].index, 1);
+        assert!(devices[1].uuid.starts_with("GPU-"));
+        assert_eq!(devices[1].temperature_c, None, "absent, not invented");
+    }
+
+    #[test]
+    fn errors_point_at_the_value() {
+        let cases = [
+            ("[[gpu]]\nname = \"a\"\nmemory_total = \"80 gigs\"\n", "lab.toml:3:16", "expected a size"),
+            ("[[gpu]]\nname = \"a\"\nmemory_total = \"8GiB\"\nmemory_used = \"9GiB\"\n", "lab.toml:4:15", "exceeds memory_total"),
+            ("[[gpu]]\nname = \"a\"\nmemory_total = 1\nutilization = 120\n", "lab.toml:4:15", "0 to 100"),
+            ("[[gpu]]\nname = \"a\"\nmemory_total = 1\ncolour = 3\n", "lab.toml:4:1", "unknown field"),
+            ("[[gpu]]\nname = \"a\"\n", "lab.toml:1:1", "memory_total"),
+            ("[[gpu]]\nname = \"a\"\nmemory_total = 1\nuuid = \"8a1b\"\n", "lab.toml:4:8", "GPU-"),
+            ("[[gpu]]\nname = \"a\"\nmemory_total = 1\ncompute_capability = \"nine\"\n", "lab.toml:4:22", "MAJOR.MINOR"),
+            ("[[gpu]\n", "lab.toml:1:", "invalid"),
+            ("", "lab.toml:1:1", "no GPU"),
+        ];
+        for (text, location, words) in cases {
+            let err = parse_str(text).unwrap_err();
+            assert!(err.contains(location), "{err:?} should point at {location}");
+            assert!(err.to_lowercase().contains(&words.to_lowercase()), "{err:?} should say {words}");
+        }
+    }
+
+    #[test]
+    fn duplicate_uuids_are_rejected() {
+        let text = "[[gpu]]\nname = \"a\"\nmemory_total = 1\nuuid = \"GPU-aaaaaaaa\"\n[[gpu]]\nname = \"b\"\nmemory_total = 1\nuuid = \"GPU-aaaaaaaa\"\n";
+        let err = parse_str(text).unwrap_err();
+        assert!(err.contains("lab.toml:8:") && err.contains("twice"), "{err}");
+    }
+}
