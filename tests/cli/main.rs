@@ -1,1 +1,52 @@
+//! End-to-end tests of the `orch` binary: what a user types, what they read, the exit status.
 
+mod devices;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The repository root (tests run from the crate's folder).
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("repository root")
+}
+
+pub fn lab_sim() -> String {
+    format!(
+        "sim:{}",
+        root().join("examples/sim/lab-8gpu.toml").display()
+    )
+}
+
+/// `orch ARGS` with a clean device environment plus `env`.
+pub fn orch(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_orch"));
+    cmd.args(args).current_dir(root());
+    for var in [
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "SLURM_STEP_GPUS",
+        "SLURM_JOB_GPUS",
+        "ORCH_DEVICES",
+        "RUST_LOG",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.envs(env.iter().copied());
+    cmd.output().expect("orch runs")
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// True when this machine has a working NVIDIA driver (the no-GPU expectations do not apply).
+pub fn has_nvml() -> bool {
+    orch_devices::nvml::read().is_ok()
+}

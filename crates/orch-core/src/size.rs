@@ -11,7 +11,9 @@ pub struct ByteSize(pub u64);
 
 /// Why a size string was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("expected a size such as \"80GiB\", \"512MB\" or an integer number of bytes, found \"{0}\"")]
+#[error(
+    "expected a size such as \"80GiB\", \"512MB\" or an integer number of bytes, found \"{0}\""
+)]
 pub struct SizeParseError(pub String);
 
 impl ByteSize {
@@ -50,7 +52,10 @@ impl FromStr for ByteSize {
         }
         let value: f64 = number.parse().map_err(|_| err())?;
         let bytes = value * multiplier as f64;
-        if !bytes.is_finite() || bytes >= u64::MAX as f64 || bytes.fract() != 0.0 && unit.trim().is_empty() {
+        if !bytes.is_finite()
+            || bytes >= u64::MAX as f64
+            || bytes.fract() != 0.0 && unit.trim().is_empty()
+        {
             return Err(err());
         }
         Ok(ByteSize(bytes.round() as u64))
@@ -130,8 +135,21 @@ mod tests {
 
     #[test]
     fn rejects_garbage() {
-        for text in ["", "GiB", "80 gigs", "-1", "1.5", "1.GiB", ".5GiB", "1e3", "99999999999TiB"] {
-            assert!(text.parse::<ByteSize>().is_err(), "{text} should be rejected");
+        for text in [
+            "",
+            "GiB",
+            "80 gigs",
+            "-1",
+            "1.5",
+            "1.GiB",
+            ".5GiB",
+            "1e3",
+            "99999999999TiB",
+        ] {
+            assert!(
+                text.parse::<ByteSize>().is_err(),
+                "{text} should be rejected"
+            );
         }
     }
 

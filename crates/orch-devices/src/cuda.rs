@@ -20,7 +20,11 @@ pub struct CudaInfo {
 
 impl CudaInfo {
     pub fn driver_version_string(&self) -> String {
-        format!("{}.{}", self.driver_version / 1000, (self.driver_version % 1000) / 10)
+        format!(
+            "{}.{}",
+            self.driver_version / 1000,
+            (self.driver_version % 1000) / 10
+        )
     }
 }
 
@@ -69,7 +73,8 @@ pub fn probe() -> Result<CudaInfo, CudaUnavailable> {
     unsafe { sys::cuDriverGetVersion(&mut version) }
         .result()
         .map_err(|e| CudaUnavailable::InitFailed(e.to_string()))?;
-    let count = result::device::get_count().map_err(|e| CudaUnavailable::InitFailed(e.to_string()))?;
+    let count =
+        result::device::get_count().map_err(|e| CudaUnavailable::InitFailed(e.to_string()))?;
     Ok(CudaInfo {
         driver_version: version,
         device_count: usize::try_from(count).unwrap_or(0),
@@ -82,9 +87,15 @@ pub fn probe() -> Result<CudaInfo, CudaUnavailable> {
 pub fn check_context(ordinal: usize) -> Result<String, CudaUnavailable> {
     let info = probe()?;
     if ordinal >= info.device_count {
-        return Err(CudaUnavailable::NoSuchDevice { ordinal, count: info.device_count });
+        return Err(CudaUnavailable::NoSuchDevice {
+            ordinal,
+            count: info.device_count,
+        });
     }
-    let failed = |e: result::DriverError| CudaUnavailable::ContextFailed { ordinal, reason: e.to_string() };
+    let failed = |e: result::DriverError| CudaUnavailable::ContextFailed {
+        ordinal,
+        reason: e.to_string(),
+    };
     let context = CudaContext::new(ordinal).map_err(failed)?;
     let name = context.name().map_err(failed)?;
     context.synchronize().map_err(failed)?;
@@ -105,8 +116,14 @@ mod tests {
                 }
             }
             Err(err) => {
-                assert!(std::env::var("ORCH_REQUIRE_GPU").as_deref() != Ok("1"), "CUDA required: {err}");
-                assert!(matches!(err, CudaUnavailable::NoDriverLibrary | CudaUnavailable::InitFailed(_)));
+                assert!(
+                    std::env::var("ORCH_REQUIRE_GPU").as_deref() != Ok("1"),
+                    "CUDA required: {err}"
+                );
+                assert!(matches!(
+                    err,
+                    CudaUnavailable::NoDriverLibrary | CudaUnavailable::InitFailed(_)
+                ));
                 // A second call must not panic either (cudarc would, were it called).
                 assert_eq!(probe().unwrap_err(), err);
                 assert!(check_context(0).is_err());

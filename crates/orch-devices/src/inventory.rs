@@ -49,11 +49,11 @@ impl Inventory {
             InventorySpec::Sim(path) => Ok(Inventory::from(Backend::Sim, sim::read(path)?)),
             InventorySpec::Auto => match nvml::read() {
                 Ok(devices) => {
-                    tracing::info!("devices: using NVML ({} GPUs)", devices.len());
+                    tracing::info!("devices: NVML, {} GPU(s)", devices.len());
                     Ok(Inventory::from(Backend::Nvml, devices))
                 }
                 Err(err) => {
-                    tracing::info!("devices: using the CPU ({err})");
+                    tracing::info!("note: no NVIDIA GPU in use ({err}); using the CPU device");
                     let mut inventory = Inventory::from(Backend::Cpu, vec![cpu::read()?]);
                     inventory.fallback_reason = Some(err.to_string());
                     Ok(inventory)
@@ -77,8 +77,14 @@ mod tests {
 
     #[test]
     fn parses_specs() {
-        assert_eq!("auto".parse::<InventorySpec>().unwrap(), InventorySpec::Auto);
-        assert_eq!("nvml".parse::<InventorySpec>().unwrap(), InventorySpec::Nvml);
+        assert_eq!(
+            "auto".parse::<InventorySpec>().unwrap(),
+            InventorySpec::Auto
+        );
+        assert_eq!(
+            "nvml".parse::<InventorySpec>().unwrap(),
+            InventorySpec::Nvml
+        );
         assert_eq!("cpu".parse::<InventorySpec>().unwrap(), InventorySpec::Cpu);
         assert_eq!(
             "sim:a/b.toml".parse::<InventorySpec>().unwrap(),
@@ -87,7 +93,10 @@ mod tests {
         for bad in ["gpu", "sim:", "SIM:x", "nvml0"] {
             let err = bad.parse::<InventorySpec>().unwrap_err();
             assert!(err.is_bad_input());
-            assert!(err.to_string().contains("auto, nvml, cpu or sim:PATH"), "{err}");
+            assert!(
+                err.to_string().contains("auto, nvml, cpu or sim:PATH"),
+                "{err}"
+            );
         }
     }
 }

@@ -29,7 +29,7 @@ fn describe_init_error(err: &nvml_wrapper::error::NvmlError) -> String {
     use nvml_wrapper::error::NvmlError;
     match err {
         NvmlError::LibloadingError(e) => {
-            format!("no NVIDIA driver found (libnvidia-ml.so.1 does not load: {e})")
+            format!("no NVIDIA driver found ({e})")
         }
         NvmlError::DriverNotLoaded => "the NVIDIA kernel driver is not loaded".to_string(),
         NvmlError::NoPermission => "no permission to talk to the NVIDIA driver".to_string(),

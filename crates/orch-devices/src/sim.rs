@@ -62,8 +62,7 @@ pub fn read(path: &Path) -> Result<Vec<Device>, DeviceError> {
 
 /// Parses a sim file's text; `path` is used in error locations only.
 pub fn parse(path: &Path, text: &str) -> Result<Vec<Device>, DeviceError> {
-    let file: SimFile =
-        toml::from_str(text).map_err(|e| InputError::from_toml(path, text, &e))?;
+    let file: SimFile = toml::from_str(text).map_err(|e| InputError::from_toml(path, text, &e))?;
     if file.gpu.is_empty() {
         return Err(InputError::at(path, text, 0, "the file describes no GPU")
             .with_hint("add at least one [[gpu]] table with name and memory_total")
@@ -79,33 +78,59 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<Device>, DeviceError> {
 }
 
 fn to_device(path: &Path, text: &str, position: usize, gpu: SimGpu) -> Result<Device, InputError> {
-    let at = |span: std::ops::Range<usize>, message: String| InputError::at(path, text, span.start, message);
+    let at = |span: std::ops::Range<usize>, message: String| {
+        InputError::at(path, text, span.start, message)
+    };
     let total = gpu.memory_total.get_ref().bytes();
     let process_sum: u64 = gpu.process.iter().map(|p| p.used_memory.bytes()).sum();
     let used = match &gpu.memory_used {
         Some(used) if used.get_ref().bytes() > total => {
             return Err(at(
                 used.span(),
-                format!("memory_used ({}) exceeds memory_total ({})", used.get_ref(), ByteSize(total)),
+                format!(
+                    "memory_used ({}) exceeds memory_total ({})",
+                    used.get_ref(),
+                    ByteSize(total)
+                ),
             ));
         }
         Some(used) => used.get_ref().bytes(),
         None if process_sum > total => {
             return Err(at(
                 gpu.memory_total.span(),
-                format!("the processes use {} but memory_total is {}", ByteSize(process_sum), ByteSize(total)),
+                format!(
+                    "the processes use {} but memory_total is {}",
+                    ByteSize(process_sum),
+                    ByteSize(total)
+                ),
             ));
         }
         None => process_sum,
     };
-    for percent in gpu.utilization.iter().chain(gpu.memory_utilization.as_ref()) {
+    for percent in gpu
+        .utilization
+        .iter()
+        .chain(gpu.memory_utilization.as_ref())
+    {
         if *percent.get_ref() > 100 {
-            return Err(at(percent.span(), format!("a utilization is a percent from 0 to 100, found {}", percent.get_ref())));
+            return Err(at(
+                percent.span(),
+                format!(
+                    "a utilization is a percent from 0 to 100, found {}",
+                    percent.get_ref()
+                ),
+            ));
         }
     }
     let uuid = match gpu.uuid {
         Some(uuid) if !uuid.get_ref().starts_with("GPU-") || uuid.get_ref().len() < 12 => {
-            return Err(at(uuid.span(), format!("a GPU uuid starts with \"GPU-\" and has at least 8 hex digits, found \"{}\"", uuid.get_ref())));
+            return Err(at(
+                uuid.span(),
+                format!(
+                    "a GPU uuid starts with \"GPU-\" and has at least 8 hex digits, found \"{}\"",
+                    uuid.get_ref()
+                ),
+            ));
         }
         Some(uuid) => uuid.into_inner(),
         None => derived_uuid(position),
@@ -115,13 +140,25 @@ fn to_device(path: &Path, text: &str, position: usize, gpu: SimGpu) -> Result<De
             !a.is_empty() && !b.is_empty() && a.bytes().chain(b.bytes()).all(|c| c.is_ascii_digit())
         });
         if !valid {
-            return Err(at(cc.span(), format!("compute_capability is \"MAJOR.MINOR\" such as \"9.0\", found \"{}\"", cc.get_ref())));
+            return Err(at(
+                cc.span(),
+                format!(
+                    "compute_capability is \"MAJOR.MINOR\" such as \"9.0\", found \"{}\"",
+                    cc.get_ref()
+                ),
+            ));
         }
     }
     let mut mig_devices = Vec::with_capacity(gpu.mig.len());
     for mig in gpu.mig {
         if !mig.uuid.get_ref().starts_with("MIG-") {
-            return Err(at(mig.uuid.span(), format!("a MIG uuid starts with \"MIG-\", found \"{}\"", mig.uuid.get_ref())));
+            return Err(at(
+                mig.uuid.span(),
+                format!(
+                    "a MIG uuid starts with \"MIG-\", found \"{}\"",
+                    mig.uuid.get_ref()
+                ),
+            ));
         }
         mig_devices.push(MigDevice {
             uuid: mig.uuid.into_inner(),
@@ -146,7 +183,10 @@ fn to_device(path: &Path, text: &str, position: usize, gpu: SimGpu) -> Result<De
         processes: Some(
             gpu.process
                 .into_iter()
-                .map(|p| GpuProcess { pid: p.pid, used_memory_bytes: Some(p.used_memory.bytes()) })
+                .map(|p| GpuProcess {
+                    pid: p.pid,
+                    used_memory_bytes: Some(p.used_memory.bytes()),
+                })
                 .collect(),
         ),
         mig_devices,
@@ -159,12 +199,22 @@ fn derived_uuid(position: usize) -> String {
 }
 
 fn check_unique_uuids(path: &Path, text: &str, devices: &[Device]) -> Result<(), InputError> {
-    let all = devices.iter().map(|d| d.uuid.as_str()).chain(devices.iter().flat_map(|d| d.mig_devices.iter().map(|m| m.uuid.as_str())));
+    let all = devices.iter().map(|d| d.uuid.as_str()).chain(
+        devices
+            .iter()
+            .flat_map(|d| d.mig_devices.iter().map(|m| m.uuid.as_str())),
+    );
     let mut seen = std::collections::HashSet::new();
     for uuid in all {
         if !seen.insert(uuid) {
             let offset = text.rfind(uuid).unwrap_or(0);
-            return Err(InputError::at(path, text, offset, format!("uuid \"{uuid}\" appears twice")).with_hint("every GPU and MIG instance needs its own uuid"));
+            return Err(InputError::at(
+                path,
+                text,
+                offset,
+                format!("uuid \"{uuid}\" appears twice"),
+            )
+            .with_hint("every GPU and MIG instance needs its own uuid"));
         }
     }
     Ok(())
@@ -209,7 +259,10 @@ memory_total = 1024
         assert_eq!(d.utilization_gpu_percent, Some(35));
         assert_eq!(d.utilization_memory_percent, None);
         assert_eq!(d.compute_capability.as_deref(), Some("9.0"));
-        assert_eq!(d.processes.as_ref().unwrap()[0].used_memory_bytes, Some(2 << 30));
+        assert_eq!(
+            d.processes.as_ref().unwrap()[0].used_memory_bytes,
+            Some(2 << 30)
+        );
         assert_eq!(devices[1].index, 1);
         assert!(devices[1].uuid.starts_with("GPU-"));
         assert_eq!(devices[1].temperature_c, None, "absent, not invented");
@@ -218,20 +271,47 @@ memory_total = 1024
     #[test]
     fn errors_point_at_the_value() {
         let cases = [
-            ("[[gpu]]\nname = \"a\"\nmemory_total = \"80 gigs\"\n", "lab.toml:3:16", "expected a size"),
-            ("[[gpu]]\nname = \"a\"\nmemory_total = \"8GiB\"\nmemory_used = \"9GiB\"\n", "lab.toml:4:15", "exceeds memory_total"),
-            ("[[gpu]]\nname = \"a\"\nmemory_total = 1\nutilization = 120\n", "lab.toml:4:15", "0 to 100"),
-            ("[[gpu]]\nname = \"a\"\nmemory_total = 1\ncolour = 3\n", "lab.toml:4:1", "unknown field"),
+            (
+                "[[gpu]]\nname = \"a\"\nmemory_total = \"80 gigs\"\n",
+                "lab.toml:3:16",
+                "expected a size",
+            ),
+            (
+                "[[gpu]]\nname = \"a\"\nmemory_total = \"8GiB\"\nmemory_used = \"9GiB\"\n",
+                "lab.toml:4:15",
+                "exceeds memory_total",
+            ),
+            (
+                "[[gpu]]\nname = \"a\"\nmemory_total = 1\nutilization = 120\n",
+                "lab.toml:4:15",
+                "0 to 100",
+            ),
+            (
+                "[[gpu]]\nname = \"a\"\nmemory_total = 1\ncolour = 3\n",
+                "lab.toml:4:1",
+                "unknown field",
+            ),
             ("[[gpu]]\nname = \"a\"\n", "lab.toml:1:1", "memory_total"),
-            ("[[gpu]]\nname = \"a\"\nmemory_total = 1\nuuid = \"8a1b\"\n", "lab.toml:4:8", "GPU-"),
-            ("[[gpu]]\nname = \"a\"\nmemory_total = 1\ncompute_capability = \"nine\"\n", "lab.toml:4:22", "MAJOR.MINOR"),
+            (
+                "[[gpu]]\nname = \"a\"\nmemory_total = 1\nuuid = \"8a1b\"\n",
+                "lab.toml:4:8",
+                "GPU-",
+            ),
+            (
+                "[[gpu]]\nname = \"a\"\nmemory_total = 1\ncompute_capability = \"nine\"\n",
+                "lab.toml:4:22",
+                "MAJOR.MINOR",
+            ),
             ("[[gpu]\n", "lab.toml:1:", "invalid"),
             ("", "lab.toml:1:1", "no GPU"),
         ];
         for (text, location, words) in cases {
             let err = parse_str(text).unwrap_err();
             assert!(err.contains(location), "{err:?} should point at {location}");
-            assert!(err.to_lowercase().contains(&words.to_lowercase()), "{err:?} should say {words}");
+            assert!(
+                err.to_lowercase().contains(&words.to_lowercase()),
+                "{err:?} should say {words}"
+            );
         }
     }
 
@@ -239,6 +319,9 @@ memory_total = 1024
     fn duplicate_uuids_are_rejected() {
         let text = "[[gpu]]\nname = \"a\"\nmemory_total = 1\nuuid = \"GPU-aaaaaaaa\"\n[[gpu]]\nname = \"b\"\nmemory_total = 1\nuuid = \"GPU-aaaaaaaa\"\n";
         let err = parse_str(text).unwrap_err();
-        assert!(err.contains("lab.toml:8:") && err.contains("twice"), "{err}");
+        assert!(
+            err.contains("lab.toml:8:") && err.contains("twice"),
+            "{err}"
+        );
     }
 }

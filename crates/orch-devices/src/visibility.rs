@@ -78,7 +78,10 @@ impl Visibility {
         let mut visible = match env.cuda_visible_devices.as_deref() {
             None => order
                 .iter()
-                .map(|&physical| VisibleDevice { physical, mig_uuid: None })
+                .map(|&physical| VisibleDevice {
+                    physical,
+                    mig_uuid: None,
+                })
                 .collect(),
             Some(list) => parse_list(devices, &order, list, &mut notes),
         };
@@ -92,7 +95,10 @@ impl Visibility {
                 ));
             }
         }
-        Visibility { devices: visible, notes }
+        Visibility {
+            devices: visible,
+            notes,
+        }
     }
 }
 
@@ -121,7 +127,12 @@ fn fastest_first(devices: &mut [&Device]) {
     });
 }
 
-fn parse_list(devices: &[Device], order: &[u32], list: &str, notes: &mut Vec<String>) -> Vec<VisibleDevice> {
+fn parse_list(
+    devices: &[Device],
+    order: &[u32],
+    list: &str,
+    notes: &mut Vec<String>,
+) -> Vec<VisibleDevice> {
     let list = list.trim();
     if list.is_empty() {
         return Vec::new();
@@ -175,20 +186,31 @@ fn resolve_index(order: &[u32], entry: &str) -> Result<VisibleDevice, String> {
     if digits.is_empty() {
         return Err("is not a device index".to_string());
     }
-    let index: usize = digits.parse().map_err(|_| "is not a device index".to_string())?;
+    let index: usize = digits
+        .parse()
+        .map_err(|_| "is not a device index".to_string())?;
     let physical = *order
         .get(index)
         .ok_or_else(|| format!("is past the last device ({} present)", order.len()))?;
-    Ok(VisibleDevice { physical, mig_uuid: None })
+    Ok(VisibleDevice {
+        physical,
+        mig_uuid: None,
+    })
 }
 
 fn resolve_gpu_uuid(devices: &[Device], entry: &str) -> Result<VisibleDevice, String> {
     if !entry.starts_with("GPU-") {
         return Err("does not start with GPU- like the first entry".to_string());
     }
-    let matches: Vec<&Device> = devices.iter().filter(|d| has_prefix(&d.uuid, entry)).collect();
+    let matches: Vec<&Device> = devices
+        .iter()
+        .filter(|d| has_prefix(&d.uuid, entry))
+        .collect();
     match matches.as_slice() {
-        [one] => Ok(VisibleDevice { physical: one.index, mig_uuid: None }),
+        [one] => Ok(VisibleDevice {
+            physical: one.index,
+            mig_uuid: None,
+        }),
         [] => Err("matches no GPU".to_string()),
         many => Err(format!("matches {} GPUs", many.len())),
     }
@@ -208,11 +230,18 @@ fn resolve_mig_uuid(devices: &[Device], entry: &str) -> Result<VisibleDevice, St
     }
     let matches: Vec<(u32, &str)> = devices
         .iter()
-        .flat_map(|d| d.mig_devices.iter().map(move |m| (d.index, m.uuid.as_str())))
+        .flat_map(|d| {
+            d.mig_devices
+                .iter()
+                .map(move |m| (d.index, m.uuid.as_str()))
+        })
         .filter(|(_, uuid)| has_prefix(uuid, entry))
         .collect();
     match matches.as_slice() {
-        [(physical, uuid)] => Ok(VisibleDevice { physical: *physical, mig_uuid: Some(uuid.to_string()) }),
+        [(physical, uuid)] => Ok(VisibleDevice {
+            physical: *physical,
+            mig_uuid: Some(uuid.to_string()),
+        }),
         [] => Err("matches no MIG instance".to_string()),
         many => Err(format!("matches {} MIG instances", many.len())),
     }
@@ -223,7 +252,11 @@ fn has_prefix(uuid: &str, prefix: &str) -> bool {
 }
 
 /// The physical indices Slurm granted, when inside an allocation whose grant applies here.
-fn slurm_grant(devices: &[Device], env: &VisibilityEnv, notes: &mut Vec<String>) -> Option<HashSet<u32>> {
+fn slurm_grant(
+    devices: &[Device],
+    env: &VisibilityEnv,
+    notes: &mut Vec<String>,
+) -> Option<HashSet<u32>> {
     let (name, value) = match (&env.slurm_step_gpus, &env.slurm_job_gpus) {
         (Some(step), _) => ("SLURM_STEP_GPUS", step),
         (None, Some(job)) => ("SLURM_JOB_GPUS", job),
@@ -238,7 +271,9 @@ fn slurm_grant(devices: &[Device], env: &VisibilityEnv, notes: &mut Vec<String>)
         match range {
             Some((a, b)) if a <= b => grant.extend(a..=b),
             _ => {
-                notes.push(format!("{name}=\"{value}\" is not a list of GPU indices; ignored"));
+                notes.push(format!(
+                    "{name}=\"{value}\" is not a list of GPU indices; ignored"
+                ));
                 return None;
             }
         }

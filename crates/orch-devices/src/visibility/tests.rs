@@ -32,8 +32,16 @@ fn same() -> Vec<Device> {
         gpu(3, "GPU-cccc4444-0000-0000-0000-000000000000", "9.0", 80),
     ];
     devices[3].mig_devices = vec![
-        MigDevice { uuid: "MIG-dddd0001-0000-0000-0000-000000000000".into(), name: None, memory_total_bytes: None },
-        MigDevice { uuid: "MIG-dddd0002-0000-0000-0000-000000000000".into(), name: None, memory_total_bytes: None },
+        MigDevice {
+            uuid: "MIG-dddd0001-0000-0000-0000-000000000000".into(),
+            name: None,
+            memory_total_bytes: None,
+        },
+        MigDevice {
+            uuid: "MIG-dddd0002-0000-0000-0000-000000000000".into(),
+            name: None,
+            memory_total_bytes: None,
+        },
     ];
     devices
 }
@@ -59,8 +67,20 @@ struct Row {
     expect: &'static [&'static str],
 }
 
-const fn row(rule: &'static str, cvd: Option<&'static str>, expect: &'static [&'static str]) -> Row {
-    Row { rule, devices: same, cvd, order: None, step: None, job: None, expect }
+const fn row(
+    rule: &'static str,
+    cvd: Option<&'static str>,
+    expect: &'static [&'static str],
+) -> Row {
+    Row {
+        rule,
+        devices: same,
+        cvd,
+        order: None,
+        step: None,
+        job: None,
+        expect,
+    }
 }
 
 fn rows() -> Vec<Row> {
@@ -70,34 +90,192 @@ fn rows() -> Vec<Row> {
         row("empty: only spaces is empty", Some("  "), &[]),
         row("renumbering in list order", Some("3,1"), &["3", "1"]),
         row("integers: a single index", Some("2"), &["2"]),
-        row("integers: spaces around entries are ignored", Some(" 1 , 2 "), &["1", "2"]),
-        row("integers: read like strtoul, leading digits count", Some("1gpu2,2ampere"), &["1", "2"]),
-        row("truncation: -1 ends the list", Some("0,2,-1,1"), &["0", "2"]),
-        row("truncation: a non-numeric entry ends the list", Some("1,x,2"), &["1"]),
-        row("truncation: an index past the last device ends the list", Some("1,7,2"), &["1"]),
-        row("truncation: an invalid first entry hides everything", Some("-1"), &[]),
-        row("repetition: a repeated index empties the list", Some("0,1,0"), &[]),
-        row("uuids: full UUIDs", Some("GPU-bbbb3333-0000-0000-0000-000000000000,GPU-aaaa1111-0000-0000-0000-000000000000"), &["2", "0"]),
-        row("uuids: unique prefixes", Some("GPU-cccc,GPU-aaaa2"), &["3", "1"]),
-        row("uuids: prefixes match case-insensitively", Some("GPU-CCCC4444"), &["3"]),
-        row("uuids: an ambiguous prefix ends the list", Some("GPU-bbbb,GPU-aaaa,GPU-cccc"), &["2"]),
-        row("uuids: an unknown uuid ends the list", Some("GPU-aaaa1,GPU-ffff,GPU-cccc"), &["0"]),
-        row("uuids: an index after a uuid ends the list", Some("GPU-cccc,1"), &["3"]),
-        row("repetition: the same GPU by two prefixes empties the list", Some("GPU-cccc,GPU-cccc4444"), &[]),
-        row("mig: MIG instances by uuid prefix", Some("MIG-dddd0002,MIG-dddd0001"), &["3/MIG-dddd0002", "3/MIG-dddd0001"]),
-        row("mig: an unknown MIG uuid ends the list", Some("MIG-dddd0001,MIG-eeee"), &["3/MIG-dddd0001"]),
-        row("mig: the older MIG-GPU-uuid/gi/ci form", Some("MIG-GPU-cccc4444-0000-0000-0000-000000000000/1/0"), &["3/MIG-GPU-cccc4444"]),
-        Row { rule: "order: FASTEST_FIRST (default) puts newer, bigger GPUs first", devices: mixed, cvd: None, order: None, step: None, job: None, expect: &["3", "1", "0", "2"] },
-        Row { rule: "order: PCI_BUS_ID is the physical order", devices: mixed, cvd: None, order: Some("PCI_BUS_ID"), step: None, job: None, expect: &["0", "1", "2", "3"] },
-        Row { rule: "order: indices count in FASTEST_FIRST order", devices: mixed, cvd: Some("0,1"), order: None, step: None, job: None, expect: &["3", "1"] },
-        Row { rule: "order: indices count in PCI_BUS_ID order", devices: mixed, cvd: Some("0,1"), order: Some("PCI_BUS_ID"), step: None, job: None, expect: &["0", "1"] },
-        Row { rule: "order: an unknown order is FASTEST_FIRST", devices: mixed, cvd: Some("0"), order: Some("SLOWEST"), step: None, job: None, expect: &["3"] },
-        Row { rule: "slurm: the job's grant is the visible set", devices: same, cvd: None, order: None, step: None, job: Some("1,3"), expect: &["1", "3"] },
-        Row { rule: "slurm: the step's grant wins over the job's", devices: same, cvd: None, order: None, step: Some("2"), job: Some("1,3"), expect: &["2"] },
-        Row { rule: "slurm: CUDA_VISIBLE_DEVICES set by Slurm agrees with the grant", devices: same, cvd: Some("1,3"), order: None, step: None, job: Some("1,3"), expect: &["1", "3"] },
-        Row { rule: "slurm: devices outside the grant stay hidden", devices: same, cvd: Some("0,1,2"), order: None, step: None, job: Some("1-2"), expect: &["1", "2"] },
-        Row { rule: "slurm: an empty step grant hides every device", devices: same, cvd: None, order: None, step: Some(""), job: Some("1"), expect: &[] },
-        Row { rule: "slurm: a grant naming absent indices means a confined node", devices: same, cvd: None, order: None, step: None, job: Some("4,5,6,7"), expect: &["0", "1", "2", "3"] },
+        row(
+            "integers: spaces around entries are ignored",
+            Some(" 1 , 2 "),
+            &["1", "2"],
+        ),
+        row(
+            "integers: read like strtoul, leading digits count",
+            Some("1gpu2,2ampere"),
+            &["1", "2"],
+        ),
+        row(
+            "truncation: -1 ends the list",
+            Some("0,2,-1,1"),
+            &["0", "2"],
+        ),
+        row(
+            "truncation: a non-numeric entry ends the list",
+            Some("1,x,2"),
+            &["1"],
+        ),
+        row(
+            "truncation: an index past the last device ends the list",
+            Some("1,7,2"),
+            &["1"],
+        ),
+        row(
+            "truncation: an invalid first entry hides everything",
+            Some("-1"),
+            &[],
+        ),
+        row(
+            "repetition: a repeated index empties the list",
+            Some("0,1,0"),
+            &[],
+        ),
+        row(
+            "uuids: full UUIDs",
+            Some(
+                "GPU-bbbb3333-0000-0000-0000-000000000000,GPU-aaaa1111-0000-0000-0000-000000000000",
+            ),
+            &["2", "0"],
+        ),
+        row(
+            "uuids: unique prefixes",
+            Some("GPU-cccc,GPU-aaaa2"),
+            &["3", "1"],
+        ),
+        row(
+            "uuids: prefixes match case-insensitively",
+            Some("GPU-CCCC4444"),
+            &["3"],
+        ),
+        row(
+            "uuids: an ambiguous prefix ends the list",
+            Some("GPU-bbbb,GPU-aaaa,GPU-cccc"),
+            &["2"],
+        ),
+        row(
+            "uuids: an unknown uuid ends the list",
+            Some("GPU-aaaa1,GPU-ffff,GPU-cccc"),
+            &["0"],
+        ),
+        row(
+            "uuids: an index after a uuid ends the list",
+            Some("GPU-cccc,1"),
+            &["3"],
+        ),
+        row(
+            "repetition: the same GPU by two prefixes empties the list",
+            Some("GPU-cccc,GPU-cccc4444"),
+            &[],
+        ),
+        row(
+            "mig: MIG instances by uuid prefix",
+            Some("MIG-dddd0002,MIG-dddd0001"),
+            &["3/MIG-dddd0002", "3/MIG-dddd0001"],
+        ),
+        row(
+            "mig: an unknown MIG uuid ends the list",
+            Some("MIG-dddd0001,MIG-eeee"),
+            &["3/MIG-dddd0001"],
+        ),
+        row(
+            "mig: the older MIG-GPU-uuid/gi/ci form",
+            Some("MIG-GPU-cccc4444-0000-0000-0000-000000000000/1/0"),
+            &["3/MIG-GPU-cccc4444"],
+        ),
+        Row {
+            rule: "order: FASTEST_FIRST (default) puts newer, bigger GPUs first",
+            devices: mixed,
+            cvd: None,
+            order: None,
+            step: None,
+            job: None,
+            expect: &["3", "1", "0", "2"],
+        },
+        Row {
+            rule: "order: PCI_BUS_ID is the physical order",
+            devices: mixed,
+            cvd: None,
+            order: Some("PCI_BUS_ID"),
+            step: None,
+            job: None,
+            expect: &["0", "1", "2", "3"],
+        },
+        Row {
+            rule: "order: indices count in FASTEST_FIRST order",
+            devices: mixed,
+            cvd: Some("0,1"),
+            order: None,
+            step: None,
+            job: None,
+            expect: &["3", "1"],
+        },
+        Row {
+            rule: "order: indices count in PCI_BUS_ID order",
+            devices: mixed,
+            cvd: Some("0,1"),
+            order: Some("PCI_BUS_ID"),
+            step: None,
+            job: None,
+            expect: &["0", "1"],
+        },
+        Row {
+            rule: "order: an unknown order is FASTEST_FIRST",
+            devices: mixed,
+            cvd: Some("0"),
+            order: Some("SLOWEST"),
+            step: None,
+            job: None,
+            expect: &["3"],
+        },
+        Row {
+            rule: "slurm: the job's grant is the visible set",
+            devices: same,
+            cvd: None,
+            order: None,
+            step: None,
+            job: Some("1,3"),
+            expect: &["1", "3"],
+        },
+        Row {
+            rule: "slurm: the step's grant wins over the job's",
+            devices: same,
+            cvd: None,
+            order: None,
+            step: Some("2"),
+            job: Some("1,3"),
+            expect: &["2"],
+        },
+        Row {
+            rule: "slurm: CUDA_VISIBLE_DEVICES set by Slurm agrees with the grant",
+            devices: same,
+            cvd: Some("1,3"),
+            order: None,
+            step: None,
+            job: Some("1,3"),
+            expect: &["1", "3"],
+        },
+        Row {
+            rule: "slurm: devices outside the grant stay hidden",
+            devices: same,
+            cvd: Some("0,1,2"),
+            order: None,
+            step: None,
+            job: Some("1-2"),
+            expect: &["1", "2"],
+        },
+        Row {
+            rule: "slurm: an empty step grant hides every device",
+            devices: same,
+            cvd: None,
+            order: None,
+            step: Some(""),
+            job: Some("1"),
+            expect: &[],
+        },
+        Row {
+            rule: "slurm: a grant naming absent indices means a confined node",
+            devices: same,
+            cvd: None,
+            order: None,
+            step: None,
+            job: Some("4,5,6,7"),
+            expect: &["0", "1", "2", "3"],
+        },
     ]
 }
 
@@ -121,18 +299,29 @@ fn every_rule() {
         let got: Vec<String> = visibility.devices.iter().map(render).collect();
         let matches = got.len() == row.expect.len()
             && got.iter().zip(row.expect).all(|(g, e)| g.starts_with(e));
-        assert!(matches, "rule \"{}\": expected {:?}, got {got:?} (notes: {:?})", row.rule, row.expect, visibility.notes);
+        assert!(
+            matches,
+            "rule \"{}\": expected {:?}, got {got:?} (notes: {:?})",
+            row.rule, row.expect, visibility.notes
+        );
     }
 }
 
 #[test]
 fn truncation_is_explained() {
-    let env = VisibilityEnv { cuda_visible_devices: Some("0,2,-1,1".into()), ..Default::default() };
+    let env = VisibilityEnv {
+        cuda_visible_devices: Some("0,2,-1,1".into()),
+        ..Default::default()
+    };
     let visibility = Visibility::resolve(&same(), &env);
     assert_eq!(visibility.visible_index(2), Some(1));
     assert_eq!(visibility.visible_index(1), None);
     assert_eq!(visibility.notes.len(), 1);
-    assert!(visibility.notes[0].contains("entry 3 (\"-1\")"), "{:?}", visibility.notes);
+    assert!(
+        visibility.notes[0].contains("entry 3 (\"-1\")"),
+        "{:?}",
+        visibility.notes
+    );
 }
 
 mod properties {

@@ -1,0 +1,208 @@
+//! `orch devices [--json] [--watch SECS]`.
+
+use super::load_inventory;
+use crate::cli::DevicesArgs;
+use crate::failure::{CmdResult, Failure};
+use crate::table;
+use orch_core::ByteSize;
+use orch_devices::{Backend, Device, Inventory, InventorySpec, Visibility, VisibilityEnv, cuda};
+use serde::Serialize;
+use std::io::{IsTerminal, Write};
+use std::time::Duration;
+
+/// One device in `--json` output: exactly these fields, null where the backend cannot read one.
+#[derive(Debug, Serialize)]
+struct DeviceRow<'a> {
+    index: u32,
+    visible_index: Option<usize>,
+    uuid: &'a str,
+    name: &'a str,
+    backend: &'static str,
+    memory_total_bytes: Option<u64>,
+    memory_used_bytes: Option<u64>,
+    memory_free_bytes: Option<u64>,
+    utilization_gpu_percent: Option<u32>,
+    utilization_memory_percent: Option<u32>,
+    temperature_c: Option<u32>,
+    power_draw_w: Option<f64>,
+    compute_capability: Option<&'a str>,
+    pci_bus_id: Option<&'a str>,
+    processes: Option<&'a [orch_devices::GpuProcess]>,
+}
+
+pub fn run(spec: &InventorySpec, args: &DevicesArgs) -> CmdResult {
+    if args.check_cuda {
+        return check_cuda();
+    }
+    let Some(secs) = args.watch else {
+        let inventory = load_inventory(spec)?;
+        print!("{}", render(&inventory, args.json));
+        return Ok(());
+    };
+    if !(secs.is_finite() && secs > 0.0) {
+        return Err(Failure::bad_input_msg(format!(
+            "--watch takes a positive number of seconds, found {secs}"
+        )));
+    }
+    let terminal = std::io::stdout().is_terminal();
+    loop {
+        let inventory = load_inventory(spec)?;
+        let text = render(&inventory, args.json);
+        let mut out = std::io::stdout().lock();
+        let written = if terminal {
+            // Home the cursor and clear the screen: refresh in place.
+            write!(out, "\x1b[H\x1b[2J{text}")
+        } else {
+            writeln!(out, "{text}")
+        };
+        if written.and_then(|()| out.flush()).is_err() {
+            return Ok(()); // the reader went away (a closed pipe): stop quietly
+        }
+        drop(out);
+        std::thread::sleep(Duration::from_secs_f64(secs));
+    }
+}
+
+fn render(inventory: &Inventory, json: bool) -> String {
+    let visibility = Visibility::resolve(&inventory.devices, &VisibilityEnv::from_process());
+    for note in &visibility.notes {
+        tracing::warn!("{note}");
+    }
+    if json {
+        let rows: Vec<DeviceRow<'_>> = inventory
+            .devices
+            .iter()
+            .map(|d| json_row(d, visibility.visible_index(d.index)))
+            .collect();
+        // Serialising plain data cannot fail.
+        let mut text = serde_json::to_string_pretty(&rows).unwrap_or_default();
+        text.push('\n');
+        return text;
+    }
+    let mut text = human_table(inventory, &visibility);
+    if inventory.backend != Backend::Sim {
+        text.push_str(&cuda_line());
+    }
+    text
+}
+
+fn json_row(d: &Device, visible_index: Option<usize>) -> DeviceRow<'_> {
+    DeviceRow {
+        index: d.index,
+        visible_index,
+        uuid: &d.uuid,
+        name: &d.name,
+        backend: d.backend.as_str(),
+        memory_total_bytes: d.memory_total_bytes,
+        memory_used_bytes: d.memory_used_bytes,
+        memory_free_bytes: d.memory_free_bytes,
+        utilization_gpu_percent: d.utilization_gpu_percent,
+        utilization_memory_percent: d.utilization_memory_percent,
+        temperature_c: d.temperature_c,
+        power_draw_w: d.power_draw_w,
+        compute_capability: d.compute_capability.as_deref(),
+        pci_bus_id: d.pci_bus_id.as_deref(),
+        processes: d.processes.as_deref(),
+    }
+}
+
+fn human_table(inventory: &Inventory, visibility: &Visibility) -> String {
+    let dash = || "-".to_string();
+    let rows: Vec<Vec<String>> = inventory
+        .devices
+        .iter()
+        .map(|d| {
+            let memory = match (d.memory_used_bytes, d.memory_total_bytes) {
+                (Some(used), Some(total)) => format!("{} / {}", gib(used), gib(total)),
+                (None, Some(total)) => format!("? / {}", gib(total)),
+                _ => dash(),
+            };
+            vec![
+                d.index.to_string(),
+                visibility
+                    .visible_index(d.index)
+                    .map_or_else(dash, |i| i.to_string()),
+                d.short_uuid().to_string(),
+                d.name.clone(),
+                memory,
+                d.utilization_gpu_percent
+                    .map_or_else(dash, |u| format!("{u}%")),
+                d.temperature_c.map_or_else(dash, |t| format!("{t}C")),
+                d.power_draw_w.map_or_else(dash, |p| format!("{p:.0}W")),
+                d.processes
+                    .as_ref()
+                    .map_or_else(dash, |p| p.len().to_string()),
+            ]
+        })
+        .collect();
+    table::render(
+        &[
+            "GPU",
+            "CUDA",
+            "UUID",
+            "NAME",
+            "MEMORY USED/TOTAL",
+            "UTIL",
+            "TEMP",
+            "POWER",
+            "PROCS",
+        ],
+        &rows,
+    )
+}
+
+fn gib(bytes: u64) -> String {
+    ByteSize(bytes).to_string()
+}
+
+fn cuda_line() -> String {
+    match cuda::probe() {
+        Ok(info) => format!(
+            "CUDA: driver {}, {} device(s); NVRTC {}, cuBLAS {}\n",
+            info.driver_version_string(),
+            info.device_count,
+            if info.nvrtc_present {
+                "present"
+            } else {
+                "missing"
+            },
+            if info.cublas_present {
+                "present"
+            } else {
+                "missing"
+            },
+        ),
+        Err(reason) => format!("CUDA: not available ({reason})\n"),
+    }
+}
+
+/// Creates a context on every device CUDA enumerates (after `CUDA_VISIBLE_DEVICES`).
+fn check_cuda() -> CmdResult {
+    let info =
+        cuda::probe().map_err(|e| Failure::failed_msg(format!("CUDA: not available ({e})")))?;
+    println!(
+        "CUDA: driver {}, {} device(s)",
+        info.driver_version_string(),
+        info.device_count
+    );
+    if info.device_count == 0 {
+        return Err(Failure::failed_msg("CUDA enumerates no device"));
+    }
+    let mut failures = 0;
+    for ordinal in 0..info.device_count {
+        match cuda::check_context(ordinal) {
+            Ok(name) => println!("cuda:{ordinal}  context ok  {name}"),
+            Err(e) => {
+                failures += 1;
+                println!("cuda:{ordinal}  FAILED  {e}");
+            }
+        }
+    }
+    if failures > 0 {
+        return Err(Failure::failed_msg(format!(
+            "{failures} of {} CUDA device(s) failed the context check",
+            info.device_count
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,24 @@
+//! One module per command.
+
+mod devices;
+
+use crate::cli::{Cli, Command};
+use crate::failure::{CmdResult, Failure};
+use orch_devices::{Inventory, InventorySpec};
+
+pub fn dispatch(cli: Cli) -> CmdResult {
+    let spec = parse_spec(&cli.devices)?;
+    match cli.command {
+        Command::Devices(args) => devices::run(&spec, &args),
+    }
+}
+
+fn parse_spec(text: &str) -> Result<InventorySpec, Failure> {
+    text.parse::<InventorySpec>()
+        .map_err(|e| Failure::bad_input_msg(format!("--devices / ORCH_DEVICES: {e}")))
+}
+
+/// Loads the inventory; failing to is bad input (a spec this machine cannot serve, a bad file).
+pub fn load_inventory(spec: &InventorySpec) -> Result<Inventory, Failure> {
+    Inventory::load(spec).map_err(Failure::bad_input)
+}
