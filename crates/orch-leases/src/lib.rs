@@ -1,0 +1,20 @@
+//! The lease store: which job holds which devices, claimed atomically across processes.
+//!
+//! Design decision: SQLite (bundled, so nothing to install) in WAL mode, one file under the state
+//! folder. A claim reads the current leases, lets the caller choose devices (the policy runs here)
+//! and writes the new lease inside one `BEGIN IMMEDIATE` transaction: SQLite's reserved lock is
+//! held from the read to the write, so two `orch` processes started at the same moment can never
+//! both see a device free and both take it. The journal makes a claim survive a crash of the
+//! writer, readers never block, and the multi-tenant daemon reuses the same engine. An
+//! `flock`-guarded JSON file would give the same exclusion but a hand-rolled rewrite-and-rename for
+//! durability and no queries.
+//!
+//! Liveness: a lease names its holders (the `orch` process and the processes it started), each
+//! as pid plus process start time. When none of them is alive any more (pid gone, or reused by a
+//! process with another start time), the next reader deletes the lease.
+
+mod holder;
+mod store;
+
+pub use holder::Holder;
+pub use store::{ClaimError, ClaimRequest, Lease, LeaseError, LeaseStore, default_state_dir};

@@ -1,0 +1,407 @@
+//! The SQLite-backed store. See the crate documentation for why SQLite and how claims stay atomic.
+
+use crate::Holder;
+use orch_core::DeviceLease;
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+const SCHEMA_VERSION: i64 = 1;
+/// How long a writer waits for another process's transaction before giving up.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A placement: one job holding devices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Lease {
+    pub id: String,
+    pub job_name: String,
+    /// Device uuids, in the order the policy ranked them.
+    pub devices: Vec<String>,
+    pub exclusive: bool,
+    pub memory_reserved_bytes: u64,
+    pub holders: Vec<Holder>,
+    /// Milliseconds since the Unix epoch.
+    pub created_at_ms: u64,
+}
+
+impl Lease {
+    /// One [`DeviceLease`] per device, as placement sees them.
+    pub fn device_leases(&self) -> impl Iterator<Item = DeviceLease> + '_ {
+        self.devices.iter().map(|uuid| DeviceLease {
+            job_id: self.id.clone(),
+            job_name: self.job_name.clone(),
+            device_uuid: uuid.clone(),
+            exclusive: self.exclusive,
+            memory_reserved_bytes: self.memory_reserved_bytes,
+        })
+    }
+
+    fn is_alive(&self) -> bool {
+        self.holders.iter().any(Holder::is_alive)
+    }
+}
+
+/// What a claim asks for; the devices come from the chooser.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    pub job_name: String,
+    pub exclusive: bool,
+    pub memory_reserved_bytes: u64,
+    pub holder: Holder,
+}
+
+/// The store itself failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error(
+        "cannot open the lease store in {path}: {reason} (set ORCH_STATE_DIR to a writable folder)"
+    )]
+    Open { path: PathBuf, reason: String },
+    #[error("the lease store failed while {op}: {reason}")]
+    Db { op: &'static str, reason: String },
+    #[error("no lease with id \"{0}\" (orch leases lists them)")]
+    NotFound(String),
+}
+
+/// A claim failed: the chooser refused, the choice conflicts with a lease, or the store failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError<E> {
+    #[error(transparent)]
+    Choose(E),
+    #[error("device {device} is already held by job {job_id} ({job_name}){}", if *.exclusive { " exclusively" } else { "" })]
+    Conflict {
+        device: String,
+        job_id: String,
+        job_name: String,
+        exclusive: bool,
+    },
+    #[error(transparent)]
+    Store(#[from] LeaseError),
+}
+
+/// `ORCH_STATE_DIR`, else `$XDG_STATE_HOME/orch`, else `~/.local/state/orch`.
+pub fn default_state_dir() -> PathBuf {
+    let env = |name| {
+        std::env::var_os(name)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(dir) = env("ORCH_STATE_DIR") {
+        return dir;
+    }
+    if let Some(dir) = env("XDG_STATE_HOME") {
+        return dir.join("orch");
+    }
+    env("HOME")
+        .unwrap_or_else(|| PathBuf::from("/tmp"))
+        .join(".local/state/orch")
+}
+
+/// The lease store of one machine (or one user, by the state folder).
+#[derive(Debug)]
+pub struct LeaseStore {
+    conn: Connection,
+}
+
+fn db(op: &'static str) -> impl FnOnce(rusqlite::Error) -> LeaseError {
+    move |e| LeaseError::Db {
+        op,
+        reason: e.to_string(),
+    }
+}
+
+impl LeaseStore {
+    /// Opens (creating if needed) the store in [`default_state_dir`].
+    pub fn open_default() -> Result<LeaseStore, LeaseError> {
+        LeaseStore::open(&default_state_dir())
+    }
+
+    /// Opens (creating if needed) the store in `dir`.
+    pub fn open(dir: &Path) -> Result<LeaseStore, LeaseError> {
+        let open_err = |reason: String| LeaseError::Open {
+            path: dir.to_path_buf(),
+            reason,
+        };
+        std::fs::create_dir_all(dir).map_err(|e| open_err(e.to_string()))?;
+        let conn =
+            Connection::open(dir.join("leases.sqlite3")).map_err(|e| open_err(e.to_string()))?;
+        conn.busy_timeout(BUSY_TIMEOUT)
+            .map_err(|e| open_err(e.to_string()))?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(|e| open_err(e.to_string()))?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(|e| open_err(e.to_string()))?;
+        let mut store = LeaseStore { conn };
+        store.migrate().map_err(|e| open_err(e.to_string()))?;
+        Ok(store)
+    }
+
+    fn migrate(&mut self) -> Result<(), LeaseError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(db("creating the schema"))?;
+        let version: i64 = tx
+            .pragma_query_value(None, "user_version", |row| row.get(0))
+            .map_err(db("reading the schema version"))?;
+        if version > SCHEMA_VERSION {
+            return Err(LeaseError::Db {
+                op: "opening the store",
+                reason: format!(
+                    "it was written by a newer orch (schema {version}, this orch knows {SCHEMA_VERSION})"
+                ),
+            });
+        }
+        if version < SCHEMA_VERSION {
+            tx.execute_batch(
+                "CREATE TABLE IF NOT EXISTS leases (
+                    id TEXT PRIMARY KEY,
+                    job_name TEXT NOT NULL,
+                    exclusive INTEGER NOT NULL,
+                    memory_reserved INTEGER NOT NULL,
+                    holders TEXT NOT NULL,
+                    created_at_ms INTEGER NOT NULL
+                 );
+                 CREATE TABLE IF NOT EXISTS lease_devices (
+                    lease_id TEXT NOT NULL REFERENCES leases(id) ON DELETE CASCADE,
+                    rank INTEGER NOT NULL,
+                    device_uuid TEXT NOT NULL,
+                    PRIMARY KEY (lease_id, device_uuid)
+                 );
+                 CREATE INDEX IF NOT EXISTS lease_devices_by_device ON lease_devices(device_uuid);
+                 PRAGMA user_version = 1;",
+            )
+            .map_err(db("creating the schema"))?;
+        }
+        tx.commit().map_err(db("creating the schema"))
+    }
+
+    /// The live leases, oldest first. Leases whose holders all died are deleted on the way.
+    pub fn active(&mut self) -> Result<Vec<Lease>, LeaseError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(db("reading leases"))?;
+        let leases = live_leases(&tx)?;
+        tx.commit().map_err(db("reading leases"))?;
+        Ok(leases)
+    }
+
+    /// Claims devices atomically. `choose` sees every live lease (as device leases) and returns
+    /// the device uuids to take, ranked; it runs inside the store's write transaction, so no other
+    /// process can claim in between. The choice is checked against the leases once more before it
+    /// is written: an exclusive request needs devices nobody holds, a shared one devices nobody
+    /// holds exclusively.
+    pub fn claim<E>(
+        &mut self,
+        request: &ClaimRequest,
+        choose: impl FnOnce(&[DeviceLease]) -> Result<Vec<String>, E>,
+    ) -> Result<Lease, ClaimError<E>> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(db("starting a claim"))?;
+        let existing = live_leases(&tx)?;
+        let device_leases: Vec<DeviceLease> =
+            existing.iter().flat_map(Lease::device_leases).collect();
+        let devices = choose(&device_leases).map_err(ClaimError::Choose)?;
+        for device in &devices {
+            if let Some(other) = device_leases
+                .iter()
+                .find(|l| &l.device_uuid == device && (l.exclusive || request.exclusive))
+            {
+                return Err(ClaimError::Conflict {
+                    device: device.clone(),
+                    job_id: other.job_id.clone(),
+                    job_name: other.job_name.clone(),
+                    exclusive: other.exclusive,
+                });
+            }
+        }
+        let lease = Lease {
+            id: new_id(&request.job_name),
+            job_name: request.job_name.clone(),
+            devices,
+            exclusive: request.exclusive,
+            memory_reserved_bytes: request.memory_reserved_bytes,
+            holders: vec![request.holder],
+            created_at_ms: now_ms(),
+        };
+        insert(&tx, &lease)?;
+        tx.commit().map_err(db("writing the lease"))?;
+        Ok(lease)
+    }
+
+    /// Adds a holder (a process the job started) to a lease: the lease lives while any holder does.
+    pub fn add_holder(&mut self, id: &str, holder: Holder) -> Result<(), LeaseError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(db("adding a holder"))?;
+        let text: Option<String> = tx
+            .query_row("SELECT holders FROM leases WHERE id = ?1", [id], |row| {
+                row.get(0)
+            })
+            .optional()
+            .map_err(db("adding a holder"))?;
+        let mut holders =
+            parse_holders(&text.ok_or_else(|| LeaseError::NotFound(id.to_string()))?)?;
+        holders.push(holder);
+        tx.execute(
+            "UPDATE leases SET holders = ?1 WHERE id = ?2",
+            params![holders_json(&holders), id],
+        )
+        .map_err(db("adding a holder"))?;
+        tx.commit().map_err(db("adding a holder"))
+    }
+
+    /// Releases a lease. Returns false when it was already gone.
+    pub fn release(&mut self, id: &str) -> Result<bool, LeaseError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(db("releasing a lease"))?;
+        let removed = delete(&tx, id)?;
+        tx.commit().map_err(db("releasing a lease"))?;
+        Ok(removed)
+    }
+}
+
+fn live_leases(tx: &rusqlite::Transaction<'_>) -> Result<Vec<Lease>, LeaseError> {
+    let all = read_all(tx)?;
+    let mut live = Vec::with_capacity(all.len());
+    for lease in all {
+        if lease.is_alive() {
+            live.push(lease);
+        } else {
+            tracing::info!(
+                "reclaimed lease {} of job {} on {} device(s): its holders are gone",
+                lease.id,
+                lease.job_name,
+                lease.devices.len()
+            );
+            delete(tx, &lease.id)?;
+        }
+    }
+    Ok(live)
+}
+
+fn read_all(tx: &rusqlite::Transaction<'_>) -> Result<Vec<Lease>, LeaseError> {
+    let mut stmt = tx
+        .prepare(
+            "SELECT l.id, l.job_name, l.exclusive, l.memory_reserved, l.holders, l.created_at_ms,
+                    (SELECT group_concat(device_uuid, ',') FROM
+                        (SELECT device_uuid FROM lease_devices d WHERE d.lease_id = l.id ORDER BY rank))
+             FROM leases l ORDER BY l.created_at_ms, l.id",
+        )
+        .map_err(db("reading leases"))?;
+    let rows = stmt
+        .query_map([], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, bool>(2)?,
+                row.get::<_, i64>(3)?,
+                row.get::<_, String>(4)?,
+                row.get::<_, i64>(5)?,
+                row.get::<_, Option<String>>(6)?,
+            ))
+        })
+        .map_err(db("reading leases"))?;
+    let mut leases = Vec::new();
+    for row in rows {
+        let (id, job_name, exclusive, memory, holders, created, devices) =
+            row.map_err(db("reading leases"))?;
+        leases.push(Lease {
+            id,
+            job_name,
+            devices: devices
+                .map(|d| d.split(',').map(String::from).collect())
+                .unwrap_or_default(),
+            exclusive,
+            memory_reserved_bytes: u64::try_from(memory).unwrap_or(0),
+            holders: parse_holders(&holders)?,
+            created_at_ms: u64::try_from(created).unwrap_or(0),
+        });
+    }
+    Ok(leases)
+}
+
+fn insert(tx: &rusqlite::Transaction<'_>, lease: &Lease) -> Result<(), LeaseError> {
+    tx.execute(
+        "INSERT INTO leases (id, job_name, exclusive, memory_reserved, holders, created_at_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![
+            lease.id,
+            lease.job_name,
+            lease.exclusive,
+            i64::try_from(lease.memory_reserved_bytes).unwrap_or(i64::MAX),
+            holders_json(&lease.holders),
+            i64::try_from(lease.created_at_ms).unwrap_or(i64::MAX),
+        ],
+    )
+    .map_err(db("writing the lease"))?;
+    for (rank, device) in lease.devices.iter().enumerate() {
+        tx.execute(
+            "INSERT INTO lease_devices (lease_id, rank, device_uuid) VALUES (?1, ?2, ?3)",
+            params![lease.id, rank as i64, device],
+        )
+        .map_err(db("writing the lease"))?;
+    }
+    Ok(())
+}
+
+fn delete(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<bool, LeaseError> {
+    tx.execute("DELETE FROM lease_devices WHERE lease_id = ?1", [id])
+        .map_err(db("deleting a lease"))?;
+    let n = tx
+        .execute("DELETE FROM leases WHERE id = ?1", [id])
+        .map_err(db("deleting a lease"))?;
+    Ok(n > 0)
+}
+
+fn holders_json(holders: &[Holder]) -> String {
+    serde_json::to_string(holders).unwrap_or_else(|_| "[]".to_string())
+}
+
+fn parse_holders(text: &str) -> Result<Vec<Holder>, LeaseError> {
+    serde_json::from_str(text).map_err(|e| LeaseError::Db {
+        op: "reading lease holders",
+        reason: e.to_string(),
+    })
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// `NAME-XXXXXXXX`: the job name (sanitised) and a short id unique across processes.
+fn new_id(job_name: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let name: String = job_name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(40)
+        .collect();
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mix = (nanos as u64)
+        ^ (u64::from(std::process::id()) << 40)
+        ^ u64::from(COUNTER.fetch_add(1, Ordering::Relaxed)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let short = (mix ^ (mix >> 29)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    format!("{name}-{:08x}", short >> 32)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,163 @@
+use super::*;
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "orch-leases-{tag}-{}-{}",
+        std::process::id(),
+        now_ms()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn request(name: &str, exclusive: bool) -> ClaimRequest {
+    ClaimRequest {
+        job_name: name.into(),
+        exclusive,
+        memory_reserved_bytes: 1 << 30,
+        holder: Holder::current(),
+    }
+}
+
+fn take(devices: &[&str]) -> impl FnOnce(&[DeviceLease]) -> Result<Vec<String>, String> {
+    let devices: Vec<String> = devices.iter().map(|d| d.to_string()).collect();
+    move |_| Ok(devices)
+}
+
+#[test]
+fn claim_list_release() {
+    let mut store = LeaseStore::open(&temp_dir("basic")).unwrap();
+    let lease = store
+        .claim(&request("train", true), take(&["GPU-b", "GPU-a"]))
+        .unwrap();
+    assert_eq!(lease.devices, vec!["GPU-b", "GPU-a"], "rank order kept");
+    let active = store.active().unwrap();
+    assert_eq!(active, vec![lease.clone()]);
+    assert!(store.release(&lease.id).unwrap());
+    assert!(!store.release(&lease.id).unwrap());
+    assert!(store.active().unwrap().is_empty());
+}
+
+#[test]
+fn the_chooser_sees_current_leases_and_conflicts_are_refused() {
+    let mut store = LeaseStore::open(&temp_dir("conflict")).unwrap();
+    store.claim(&request("a", true), take(&["GPU-a"])).unwrap();
+    store.claim(&request("b", false), take(&["GPU-b"])).unwrap();
+    let seen = store
+        .claim(
+            &request("c", false),
+            |leases: &[DeviceLease]| -> Result<Vec<String>, String> {
+                Ok(vec![format!("GPU-seen-{}", leases.len())])
+            },
+        )
+        .unwrap();
+    assert_eq!(seen.devices, vec!["GPU-seen-2"]);
+    // Exclusive on a device with a shared lease, and shared on an exclusive one, both conflict.
+    for (exclusive, device) in [(true, "GPU-b"), (false, "GPU-a")] {
+        let err = store
+            .claim(&request("d", exclusive), take(&[device]))
+            .unwrap_err();
+        assert!(matches!(err, ClaimError::Conflict { .. }), "{err}");
+    }
+    // Two shared leases may share a device.
+    store.claim(&request("e", false), take(&["GPU-b"])).unwrap();
+}
+
+#[test]
+fn a_refusal_writes_nothing() {
+    let mut store = LeaseStore::open(&temp_dir("refuse")).unwrap();
+    let err = store
+        .claim(&request("a", true), |_: &[DeviceLease]| {
+            Err::<Vec<String>, _>("no fit".to_string())
+        })
+        .unwrap_err();
+    assert!(matches!(err, ClaimError::Choose(ref why) if why == "no fit"));
+    assert!(store.active().unwrap().is_empty());
+}
+
+#[test]
+fn dead_holders_lose_their_lease_and_live_children_keep_it() {
+    let mut store = LeaseStore::open(&temp_dir("dead")).unwrap();
+    let mut dead = std::process::Command::new("true").spawn().unwrap();
+    let dead_holder = Holder::of_pid(dead.id()).unwrap();
+    dead.wait().unwrap();
+    let gone = ClaimRequest {
+        holder: dead_holder,
+        ..request("gone", true)
+    };
+    store.claim(&gone, take(&["GPU-a"])).unwrap();
+
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let orphan = ClaimRequest {
+        holder: dead_holder,
+        ..request("orphan", true)
+    };
+    let kept = store.claim(&orphan, take(&["GPU-b"])).unwrap();
+    store
+        .add_holder(&kept.id, Holder::of_pid(child.id()).unwrap())
+        .unwrap();
+
+    let active = store.active().unwrap();
+    assert_eq!(
+        active
+            .iter()
+            .map(|l| l.job_name.as_str())
+            .collect::<Vec<_>>(),
+        vec!["orphan"]
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        store.active().unwrap().is_empty(),
+        "reclaimed once the child is gone too"
+    );
+}
+
+#[test]
+fn concurrent_claims_never_share_an_exclusive_device() {
+    let dir = temp_dir("race");
+    LeaseStore::open(&dir).unwrap();
+    let devices: Vec<String> = (0..4).map(|i| format!("GPU-{i}")).collect();
+    let threads: Vec<_> = (0..16)
+        .map(|t| {
+            let dir = dir.clone();
+            let devices = devices.clone();
+            std::thread::spawn(move || {
+                let mut store = LeaseStore::open(&dir).unwrap();
+                store.claim(
+                    &request(&format!("t{t}"), true),
+                    |leases: &[DeviceLease]| {
+                        let free = devices
+                            .iter()
+                            .find(|d| leases.iter().all(|l| &l.device_uuid != *d));
+                        free.map(|d| vec![d.clone()])
+                            .ok_or_else(|| "no fit".to_string())
+                    },
+                )
+            })
+        })
+        .collect();
+    let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let won: Vec<&Lease> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+    assert_eq!(won.len(), 4, "exactly one winner per device");
+    let mut taken: Vec<&str> = won.iter().map(|l| l.devices[0].as_str()).collect();
+    taken.sort_unstable();
+    taken.dedup();
+    assert_eq!(taken.len(), 4);
+    assert!(
+        results
+            .iter()
+            .filter(|r| r.is_err())
+            .all(|r| matches!(r, Err(ClaimError::Choose(_))))
+    );
+}
+
+#[test]
+fn ids_are_unique_and_readable() {
+    let ids: std::collections::HashSet<String> = (0..1000).map(|_| new_id("my job/1")).collect();
+    assert_eq!(ids.len(), 1000);
+    assert!(ids.iter().all(|id| id.starts_with("my-job-1-")));
+}

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# For a machine with an NVIDIA GPU: builds orch, lists the GPUs through NVML, creates a CUDA context
+# on every GPU, runs the CUDA tests with ORCH_REQUIRE_GPU=1 (a skipped CUDA test fails there), and
+# prints a short table last. Exits non-zero on any failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export ORCH_REQUIRE_GPU=1
+declare -a names=() results=()
+step() { # step NAME COMMAND...
+  local name=$1; shift
+  echo "== $name"
+  if "$@"; then results+=("ok"); else results+=("FAILED"); fi
+  names+=("$name")
+}
+
+./scripts/setup.sh
+step "build (release)" cargo build --release -p orch-cli
+orch=target/release/orch
+step "orch devices (nvml)" "$orch" --devices nvml devices
+step "orch devices --json (nvml)" "$orch" --devices nvml devices --json
+step "CUDA context on every GPU" "$orch" devices --check-cuda
+step "device tests (ORCH_REQUIRE_GPU=1)" cargo test --release -p orch-devices
+
+echo
+printf '%-40s %s\n' "check" "result"
+status=0
+for i in "${!names[@]}"; do
+  printf '%-40s %s\n' "${names[$i]}" "${results[$i]}"
+  [ "${results[$i]}" = ok ] || status=1
+done
+exit $status
