@@ -1,0 +1,242 @@
+//! Spawning, signal forwarding, failure propagation and exit statuses.
+
+use crate::env::{JobEnv, process_env};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+use std::collections::BTreeSet;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What to run and how.
+#[derive(Debug, Clone)]
+pub struct LaunchSpec {
+    pub argv: Vec<String>,
+    pub cwd: Option<PathBuf>,
+    pub job: JobEnv,
+    /// One process per device instead of one for all.
+    pub per_device: bool,
+    /// Between SIGTERM and SIGKILL when the other processes of a failed per-device job are stopped.
+    pub grace: Duration,
+}
+
+/// How the job ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitOutcome {
+    Exited(i32),
+    Signaled(i32),
+}
+
+impl ExitOutcome {
+    /// The status orch exits with: the child's code, or 128+N for signal N (as shells report it).
+    pub fn code(self) -> u8 {
+        match self {
+            ExitOutcome::Exited(code) => (code & 0xff) as u8,
+            ExitOutcome::Signaled(signal) => (128 + signal).clamp(0, 255) as u8,
+        }
+    }
+
+    pub fn success(self) -> bool {
+        self == ExitOutcome::Exited(0)
+    }
+
+    fn from_status(status: ExitStatus) -> ExitOutcome {
+        match (status.code(), status.signal()) {
+            (Some(code), _) => ExitOutcome::Exited(code),
+            (None, Some(signal)) => ExitOutcome::Signaled(signal),
+            (None, None) => ExitOutcome::Exited(1),
+        }
+    }
+}
+
+impl std::fmt::Display for ExitOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExitOutcome::Exited(code) => write!(f, "exit status {code}"),
+            ExitOutcome::Signaled(signal) => write!(f, "signal {signal}"),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("the job's command is empty: give argv = [\"program\", ...]")]
+    EmptyCommand,
+    #[error("cannot start \"{program}\": {reason}")]
+    Spawn { program: String, reason: String },
+    #[error("cannot find a free port for MASTER_PORT: {0}")]
+    NoPort(String),
+    #[error("cannot install the signal handlers: {0}")]
+    Signals(String),
+}
+
+/// Runs the job to the end. `on_spawn` is called with each process's pid as soon as it runs (the
+/// runner adds it to the lease's holders). Returns the first failure's outcome, else success.
+pub fn launch(spec: &LaunchSpec, mut on_spawn: impl FnMut(u32)) -> Result<ExitOutcome, ExecError> {
+    let (program, args) = spec.argv.split_first().ok_or(ExecError::EmptyCommand)?;
+    let ranks: Vec<Option<usize>> = if spec.per_device {
+        (0..spec.job.devices.len()).map(Some).collect()
+    } else {
+        vec![None]
+    };
+    let master_port = if spec.per_device { free_port()? } else { 0 };
+    let groups: Arc<Mutex<BTreeSet<i32>>> = Arc::default();
+    let forwarder = SignalForwarder::start(Arc::clone(&groups))?;
+
+    let (done_tx, done_rx) = mpsc::channel::<(usize, ExitOutcome)>();
+    for (slot, rank) in ranks.iter().enumerate() {
+        let mut command = Command::new(program);
+        command
+            .args(args)
+            .envs(process_env(&spec.job, *rank, master_port))
+            .process_group(0);
+        if let Some(cwd) = &spec.cwd {
+            command.current_dir(cwd);
+        }
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        let child = match command.spawn() {
+            Ok(child) => child,
+            Err(e) => {
+                stop_all(&groups, libc::SIGKILL);
+                return Err(ExecError::Spawn {
+                    program: program.clone(),
+                    reason: spawn_reason(&e),
+                });
+            }
+        };
+        let pid = child.id();
+        lock(&groups).insert(pid as i32);
+        on_spawn(pid);
+        tracing::debug!("started {program} as pid {pid} (rank {rank:?})");
+        wait_in_thread(slot, child, done_tx.clone());
+    }
+    drop(done_tx);
+    let outcome = supervise(&groups, done_rx, ranks.len(), spec.grace);
+    forwarder.stop();
+    Ok(outcome)
+}
+
+/// Collects exits; on the first failure stops the others (SIGTERM, then SIGKILL after `grace`).
+fn supervise(
+    groups: &Mutex<BTreeSet<i32>>,
+    done: mpsc::Receiver<(usize, ExitOutcome)>,
+    count: usize,
+    grace: Duration,
+) -> ExitOutcome {
+    let mut first_failure: Option<ExitOutcome> = None;
+    let mut kill_at: Option<Instant> = None;
+    let mut remaining = count;
+    while remaining > 0 {
+        let received = match kill_at {
+            Some(at) => done.recv_timeout(at.saturating_duration_since(Instant::now())),
+            None => done
+                .recv()
+                .map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+        };
+        match received {
+            Ok((slot, outcome)) => {
+                remaining -= 1;
+                tracing::debug!("process {slot} ended: {outcome}");
+                if !outcome.success() && first_failure.is_none() {
+                    first_failure = Some(outcome);
+                    if remaining > 0 {
+                        tracing::warn!(
+                            "process {slot} failed ({outcome}): stopping the other {remaining}"
+                        );
+                        stop_all(groups, libc::SIGTERM);
+                        kill_at = Some(Instant::now() + grace);
+                    }
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                tracing::warn!(
+                    "{remaining} process(es) still running after {grace:?}: killing them"
+                );
+                stop_all(groups, libc::SIGKILL);
+                kill_at = None;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    first_failure.unwrap_or(ExitOutcome::Exited(0))
+}
+
+fn wait_in_thread(slot: usize, mut child: Child, done: mpsc::Sender<(usize, ExitOutcome)>) {
+    std::thread::spawn(move || {
+        let outcome = match child.wait() {
+            Ok(status) => ExitOutcome::from_status(status),
+            Err(_) => ExitOutcome::Exited(1),
+        };
+        let _ = done.send((slot, outcome));
+    });
+}
+
+fn stop_all(groups: &Mutex<BTreeSet<i32>>, signal: i32) {
+    for &pgid in lock(groups).iter() {
+        // SAFETY: kill(2) on a process group we created; a group that already exited is ESRCH.
+        unsafe {
+            libc::kill(-pgid, signal);
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn spawn_reason(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => {
+            "no such program (check the path, or that it is on PATH)".into()
+        }
+        std::io::ErrorKind::PermissionDenied => "permission denied (is it executable?)".into(),
+        _ => e.to_string(),
+    }
+}
+
+fn free_port() -> Result<u16, ExecError> {
+    let listener =
+        std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| ExecError::NoPort(e.to_string()))?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| ExecError::NoPort(e.to_string()))
+}
+
+/// Forwards SIGINT, SIGTERM and SIGHUP to every process group of the job while it runs.
+struct SignalForwarder {
+    handle: signal_hook::iterator::Handle,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl SignalForwarder {
+    fn start(groups: Arc<Mutex<BTreeSet<i32>>>) -> Result<SignalForwarder, ExecError> {
+        let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP])
+            .map_err(|e| ExecError::Signals(e.to_string()))?;
+        let handle = signals.handle();
+        let thread = std::thread::spawn(move || {
+            for signal in signals.forever() {
+                tracing::info!("forwarding signal {signal} to the job");
+                stop_all(&groups, signal);
+            }
+        });
+        Ok(SignalForwarder { handle, thread })
+    }
+
+    fn stop(self) {
+        self.handle.close();
+        let _ = self.thread.join();
+    }
+}
+
+#[cfg(test)]
+mod tests;

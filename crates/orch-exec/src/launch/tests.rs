@@ -1,0 +1,121 @@
+use super::*;
+use crate::AssignedDevice;
+
+fn spec(script: &str, devices: usize, per_device: bool) -> LaunchSpec {
+    LaunchSpec {
+        argv: vec!["sh".into(), "-c".into(), script.into()],
+        cwd: None,
+        job: JobEnv {
+            job_id: "test-job".into(),
+            devices: (0..devices)
+                .map(|i| AssignedDevice {
+                    cuda_id: format!("GPU-{i}"),
+                    memory_total_bytes: None,
+                })
+                .collect(),
+            exclusive: true,
+            ..JobEnv::default()
+        },
+        per_device,
+        grace: Duration::from_secs(5),
+    }
+}
+
+#[test]
+fn exit_codes_pass_through() {
+    assert_eq!(
+        launch(&spec("exit 0", 1, false), |_| {}).unwrap(),
+        ExitOutcome::Exited(0)
+    );
+    let outcome = launch(&spec("exit 7", 1, false), |_| {}).unwrap();
+    assert_eq!((outcome, outcome.code()), (ExitOutcome::Exited(7), 7));
+}
+
+#[test]
+fn death_by_signal_is_128_plus_n() {
+    let outcome = launch(&spec("kill -KILL $$", 1, false), |_| {}).unwrap();
+    assert_eq!(outcome, ExitOutcome::Signaled(9));
+    assert_eq!(outcome.code(), 137);
+}
+
+#[test]
+fn the_child_sees_its_devices() {
+    let dir = std::env::temp_dir().join(format!("orch-exec-env-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("env.txt");
+    let script = format!(
+        "echo \"$CUDA_VISIBLE_DEVICES|$CUDA_DEVICE_ORDER|$ORCH_JOB_ID\" > {}",
+        out.display()
+    );
+    launch(&spec(&script, 2, false), |_| {}).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap().trim(),
+        "GPU-0,GPU-1|PCI_BUS_ID|test-job"
+    );
+}
+
+#[test]
+fn per_device_runs_one_process_per_device_with_ranks() {
+    let dir = std::env::temp_dir().join(format!("orch-exec-ranks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = format!(
+        "echo \"$CUDA_VISIBLE_DEVICES $LOCAL_RANK $WORLD_SIZE $MASTER_ADDR $MASTER_PORT\" > {}/rank-$RANK",
+        dir.display()
+    );
+    let mut pids = Vec::new();
+    launch(&spec(&script, 3, true), |pid| pids.push(pid)).unwrap();
+    assert_eq!(pids.len(), 3);
+    let mut ports = BTreeSet::new();
+    for rank in 0..3 {
+        let line = std::fs::read_to_string(dir.join(format!("rank-{rank}"))).unwrap();
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(
+            &fields[..4],
+            &[
+                format!("GPU-{rank}").as_str(),
+                &rank.to_string(),
+                "3",
+                "127.0.0.1"
+            ]
+        );
+        ports.insert(fields[4].to_string());
+    }
+    assert_eq!(ports.len(), 1, "one rendezvous port for all ranks");
+}
+
+#[test]
+fn one_failure_stops_the_others_with_its_status() {
+    let started = Instant::now();
+    // Rank 1 fails at once; the others would sleep for a minute. They get SIGTERM.
+    let script = "if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 60";
+    let outcome = launch(&spec(script, 3, true), |_| {}).unwrap();
+    assert_eq!(outcome, ExitOutcome::Exited(3));
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the sleepers were stopped"
+    );
+}
+
+#[test]
+fn processes_that_ignore_sigterm_are_killed_after_the_grace_period() {
+    let mut s = spec(
+        "if [ \"$RANK\" = 0 ]; then exit 5; fi; trap '' TERM; while :; do sleep 0.1; done",
+        2,
+        true,
+    );
+    s.grace = Duration::from_millis(300);
+    let started = Instant::now();
+    assert_eq!(launch(&s, |_| {}).unwrap(), ExitOutcome::Exited(5));
+    assert!(started.elapsed() < Duration::from_secs(20));
+}
+
+#[test]
+fn a_missing_program_is_a_clear_error() {
+    let mut s = spec("", 1, false);
+    s.argv = vec!["/nonexistent/orch-test-program".into()];
+    let err = launch(&s, |_| {}).unwrap_err().to_string();
+    assert!(
+        err.contains("/nonexistent/orch-test-program") && err.contains("no such program"),
+        "{err}"
+    );
+}
