@@ -27,6 +27,8 @@ pub struct Cli {
 pub enum Command {
     /// List devices with telemetry, the physical (nvidia-smi) and the CUDA index side by side.
     Devices(DevicesArgs),
+    /// List the leases (which job holds which devices), or release one by hand.
+    Leases(LeasesArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -40,4 +42,22 @@ pub struct DevicesArgs {
     /// Create a CUDA context on every CUDA device and report each; exit 1 if any fails.
     #[arg(long, conflicts_with_all = ["json", "watch"])]
     pub check_cuda: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct LeasesArgs {
+    /// Print a JSON array instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub action: Option<LeasesAction>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LeasesAction {
+    /// Free a lease by its id (the job keeps running; its devices become free to others).
+    Release {
+        /// The lease id, as `orch leases` shows it.
+        id: String,
+    },
 }

@@ -17,6 +17,13 @@ impl Failure {
         }
     }
 
+    pub fn failed(error: impl Into<anyhow::Error>) -> Failure {
+        Failure {
+            code: 1,
+            error: error.into(),
+        }
+    }
+
     pub fn failed_msg(message: impl Display) -> Failure {
         Failure {
             code: 1,

@@ -1,6 +1,7 @@
 //! One module per command.
 
 mod devices;
+mod leases;
 
 use crate::cli::{Cli, Command};
 use crate::failure::{CmdResult, Failure};
@@ -10,6 +11,7 @@ pub fn dispatch(cli: Cli) -> CmdResult {
     let spec = parse_spec(&cli.devices)?;
     match cli.command {
         Command::Devices(args) => devices::run(&spec, &args),
+        Command::Leases(args) => leases::run(&args),
     }
 }
 
