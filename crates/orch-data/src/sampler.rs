@@ -1,0 +1,110 @@
+//! The order samples are visited in: a seeded permutation per epoch, cut into global batches,
+//! each batch cut into per-replica shards.
+
+use std::ops::Range;
+
+/// Where a run is: the epoch and the next batch within it. Saved in checkpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Position {
+    pub epoch: u32,
+    pub batch: u32,
+}
+
+/// The sample order of one epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EpochOrder {
+    pub order: Vec<u32>,
+    pub batch_size: usize,
+}
+
+impl EpochOrder {
+    /// A permutation of `0..len` that depends only on `seed` and `epoch`.
+    pub fn shuffled(len: usize, batch_size: usize, seed: u64, epoch: u32) -> EpochOrder {
+        let mut order: Vec<u32> = (0..len as u32).collect();
+        let mut rng = SplitMix64(seed ^ (u64::from(epoch) + 1).wrapping_mul(0xD1B5_4A32_D192_ED03));
+        for i in (1..order.len()).rev() {
+            let j = (rng.next() % (i as u64 + 1)) as usize;
+            order.swap(i, j);
+        }
+        EpochOrder {
+            order,
+            batch_size: batch_size.max(1),
+        }
+    }
+
+    /// In file order (for evaluation).
+    pub fn sequential(len: usize, batch_size: usize) -> EpochOrder {
+        EpochOrder {
+            order: (0..len as u32).collect(),
+            batch_size: batch_size.max(1),
+        }
+    }
+
+    /// Number of batches; the last one may be smaller.
+    pub fn batches(&self) -> usize {
+        self.order.len().div_ceil(self.batch_size)
+    }
+
+    /// The sample indices of global batch `b`.
+    pub fn batch(&self, b: usize) -> &[u32] {
+        let start = (b * self.batch_size).min(self.order.len());
+        let end = (start + self.batch_size).min(self.order.len());
+        &self.order[start..end]
+    }
+}
+
+/// The part of a batch of `len` samples that replica `rank` of `replicas` takes: contiguous,
+/// sizes differing by at most one, together exactly the batch.
+pub fn shard(len: usize, replicas: usize, rank: usize) -> Range<usize> {
+    let replicas = replicas.max(1);
+    let base = len / replicas;
+    let extra = len % replicas;
+    let start = rank * base + rank.min(extra);
+    let size = base + usize::from(rank < extra);
+    start.min(len)..(start + size).min(len)
+}
+
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn order_depends_on_seed_and_epoch_only() {
+        let a = EpochOrder::shuffled(100, 10, 42, 0);
+        assert_eq!(a, EpochOrder::shuffled(100, 10, 42, 0));
+        assert_ne!(a.order, EpochOrder::shuffled(100, 10, 42, 1).order);
+        assert_ne!(a.order, EpochOrder::shuffled(100, 10, 43, 0).order);
+        let mut sorted = a.order.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..100).collect::<Vec<u32>>());
+        assert_eq!(EpochOrder::shuffled(95, 10, 1, 0).batches(), 10);
+        assert_eq!(EpochOrder::shuffled(95, 10, 1, 0).batch(9).len(), 5);
+    }
+
+    proptest! {
+        #[test]
+        fn shards_partition_the_batch(len in 0usize..1000, replicas in 1usize..9) {
+            let mut next = 0;
+            for rank in 0..replicas {
+                let r = shard(len, replicas, rank);
+                prop_assert_eq!(r.start, next);
+                prop_assert!(r.len() == len / replicas || r.len() == len / replicas + 1);
+                next = r.end;
+            }
+            prop_assert_eq!(next, len);
+        }
+    }
+}
