@@ -1,6 +1,7 @@
 //! Spawning, signal forwarding, failure propagation and exit statuses.
 
 use crate::env::{JobEnv, process_env};
+use crate::watch::Verdict;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use std::collections::BTreeSet;
@@ -24,23 +25,40 @@ pub struct LaunchSpec {
 }
 
 /// How the job ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExitOutcome {
     Exited(i32),
     Signaled(i32),
+    /// A [`Monitor`] stopped the job, for this reason.
+    Stopped(String),
+}
+
+/// Looks at a running job every `interval`, given every process of the job; may stop it.
+pub struct Monitor {
+    pub interval: Duration,
+    pub check: Box<dyn FnMut(&BTreeSet<u32>) -> Verdict + Send>,
+}
+
+impl std::fmt::Debug for Monitor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Monitor")
+            .field("interval", &self.interval)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ExitOutcome {
     /// The status orch exits with: the child's code, or 128+N for signal N (as shells report it).
-    pub fn code(self) -> u8 {
+    pub fn code(&self) -> u8 {
         match self {
             ExitOutcome::Exited(code) => (code & 0xff) as u8,
             ExitOutcome::Signaled(signal) => (128 + signal).clamp(0, 255) as u8,
+            ExitOutcome::Stopped(_) => 1,
         }
     }
 
-    pub fn success(self) -> bool {
-        self == ExitOutcome::Exited(0)
+    pub fn success(&self) -> bool {
+        *self == ExitOutcome::Exited(0)
     }
 
     fn from_status(status: ExitStatus) -> ExitOutcome {
@@ -57,6 +75,7 @@ impl std::fmt::Display for ExitOutcome {
         match self {
             ExitOutcome::Exited(code) => write!(f, "exit status {code}"),
             ExitOutcome::Signaled(signal) => write!(f, "signal {signal}"),
+            ExitOutcome::Stopped(reason) => write!(f, "a stop by orch: {reason}"),
         }
     }
 }
@@ -74,8 +93,13 @@ pub enum ExecError {
 }
 
 /// Runs the job to the end. `on_spawn` is called with each process's pid as soon as it runs (the
-/// runner adds it to the lease's holders). Returns the first failure's outcome, else success.
-pub fn launch(spec: &LaunchSpec, mut on_spawn: impl FnMut(u32)) -> Result<ExitOutcome, ExecError> {
+/// runner adds it to the lease's holders); `monitor`, when given, looks at the job periodically.
+/// Returns the first failure's outcome, else success.
+pub fn launch(
+    spec: &LaunchSpec,
+    mut on_spawn: impl FnMut(u32),
+    monitor: Option<Monitor>,
+) -> Result<ExitOutcome, ExecError> {
     let (program, args) = spec.argv.split_first().ok_or(ExecError::EmptyCommand)?;
     let ranks: Vec<Option<usize>> = if spec.per_device {
         (0..spec.job.devices.len()).map(Some).collect()
@@ -120,7 +144,7 @@ pub fn launch(spec: &LaunchSpec, mut on_spawn: impl FnMut(u32)) -> Result<ExitOu
         wait_in_thread(slot, child, done_tx.clone());
     }
     drop(done_tx);
-    let outcome = supervise(&groups, done_rx, ranks.len(), spec.grace);
+    let outcome = supervise(&groups, done_rx, ranks.len(), spec.grace, monitor);
     forwarder.stop();
     Ok(outcome)
 }
@@ -131,23 +155,39 @@ fn supervise(
     done: mpsc::Receiver<(usize, ExitOutcome)>,
     count: usize,
     grace: Duration,
+    mut monitor: Option<Monitor>,
 ) -> ExitOutcome {
     let mut first_failure: Option<ExitOutcome> = None;
     let mut kill_at: Option<Instant> = None;
     let mut remaining = count;
+    let mut next_check = monitor.as_ref().map(|m| Instant::now() + m.interval);
     while remaining > 0 {
-        let received = match kill_at {
+        let wake = [kill_at, next_check].into_iter().flatten().min();
+        let received = match wake {
             Some(at) => done.recv_timeout(at.saturating_duration_since(Instant::now())),
             None => done
                 .recv()
                 .map_err(|_| mpsc::RecvTimeoutError::Disconnected),
         };
+        if let (Some(m), Some(at)) = (monitor.as_mut(), next_check)
+            && Instant::now() >= at
+        {
+            next_check = Some(Instant::now() + m.interval);
+            let roots: Vec<u32> = lock(groups).iter().map(|&g| g as u32).collect();
+            if let Verdict::Stop(reason) = (m.check)(&crate::watch::descendants(&roots)) {
+                tracing::warn!("stopping the job: {reason}");
+                first_failure.get_or_insert(ExitOutcome::Stopped(reason));
+                stop_all(groups, libc::SIGTERM);
+                kill_at = kill_at.or(Some(Instant::now() + grace));
+                next_check = None;
+            }
+        }
         match received {
             Ok((slot, outcome)) => {
                 remaining -= 1;
                 tracing::debug!("process {slot} ended: {outcome}");
                 if !outcome.success() && first_failure.is_none() {
-                    first_failure = Some(outcome);
+                    first_failure = Some(outcome.clone());
                     if remaining > 0 {
                         tracing::warn!(
                             "process {slot} failed ({outcome}): stopping the other {remaining}"
@@ -157,13 +197,16 @@ fn supervise(
                     }
                 }
             }
-            Err(mpsc::RecvTimeoutError::Timeout) => {
+            Err(mpsc::RecvTimeoutError::Timeout)
+                if kill_at.is_some_and(|at| Instant::now() >= at) =>
+            {
                 tracing::warn!(
                     "{remaining} process(es) still running after {grace:?}: killing them"
                 );
                 stop_all(groups, libc::SIGKILL);
                 kill_at = None;
             }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
     }

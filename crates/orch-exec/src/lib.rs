@@ -13,6 +13,8 @@
 
 mod env;
 mod launch;
+mod watch;
 
 pub use env::{AssignedDevice, JobEnv, process_env};
-pub use launch::{ExecError, ExitOutcome, LaunchSpec, launch};
+pub use launch::{ExecError, ExitOutcome, LaunchSpec, Monitor, launch};
+pub use watch::{MemoryWatch, ProcessMemory, Verdict, descendants};

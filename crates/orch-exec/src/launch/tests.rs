@@ -24,16 +24,16 @@ fn spec(script: &str, devices: usize, per_device: bool) -> LaunchSpec {
 #[test]
 fn exit_codes_pass_through() {
     assert_eq!(
-        launch(&spec("exit 0", 1, false), |_| {}).unwrap(),
+        launch(&spec("exit 0", 1, false), |_| {}, None).unwrap(),
         ExitOutcome::Exited(0)
     );
-    let outcome = launch(&spec("exit 7", 1, false), |_| {}).unwrap();
-    assert_eq!((outcome, outcome.code()), (ExitOutcome::Exited(7), 7));
+    let outcome = launch(&spec("exit 7", 1, false), |_| {}, None).unwrap();
+    assert_eq!((outcome.code(), outcome), (7, ExitOutcome::Exited(7)));
 }
 
 #[test]
 fn death_by_signal_is_128_plus_n() {
-    let outcome = launch(&spec("kill -KILL $$", 1, false), |_| {}).unwrap();
+    let outcome = launch(&spec("kill -KILL $$", 1, false), |_| {}, None).unwrap();
     assert_eq!(outcome, ExitOutcome::Signaled(9));
     assert_eq!(outcome.code(), 137);
 }
@@ -47,7 +47,7 @@ fn the_child_sees_its_devices() {
         "echo \"$CUDA_VISIBLE_DEVICES|$CUDA_DEVICE_ORDER|$ORCH_JOB_ID\" > {}",
         out.display()
     );
-    launch(&spec(&script, 2, false), |_| {}).unwrap();
+    launch(&spec(&script, 2, false), |_| {}, None).unwrap();
     assert_eq!(
         std::fs::read_to_string(&out).unwrap().trim(),
         "GPU-0,GPU-1|PCI_BUS_ID|test-job"
@@ -63,7 +63,7 @@ fn per_device_runs_one_process_per_device_with_ranks() {
         dir.display()
     );
     let mut pids = Vec::new();
-    launch(&spec(&script, 3, true), |pid| pids.push(pid)).unwrap();
+    launch(&spec(&script, 3, true), |pid| pids.push(pid), None).unwrap();
     assert_eq!(pids.len(), 3);
     let mut ports = BTreeSet::new();
     for rank in 0..3 {
@@ -88,7 +88,7 @@ fn one_failure_stops_the_others_with_its_status() {
     let started = Instant::now();
     // Rank 1 fails at once; the others would sleep for a minute. They get SIGTERM.
     let script = "if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 60";
-    let outcome = launch(&spec(script, 3, true), |_| {}).unwrap();
+    let outcome = launch(&spec(script, 3, true), |_| {}, None).unwrap();
     assert_eq!(outcome, ExitOutcome::Exited(3));
     assert!(
         started.elapsed() < Duration::from_secs(30),
@@ -105,7 +105,7 @@ fn processes_that_ignore_sigterm_are_killed_after_the_grace_period() {
     );
     s.grace = Duration::from_millis(300);
     let started = Instant::now();
-    assert_eq!(launch(&s, |_| {}).unwrap(), ExitOutcome::Exited(5));
+    assert_eq!(launch(&s, |_| {}, None).unwrap(), ExitOutcome::Exited(5));
     assert!(started.elapsed() < Duration::from_secs(20));
 }
 
@@ -113,9 +113,34 @@ fn processes_that_ignore_sigterm_are_killed_after_the_grace_period() {
 fn a_missing_program_is_a_clear_error() {
     let mut s = spec("", 1, false);
     s.argv = vec!["/nonexistent/orch-test-program".into()];
-    let err = launch(&s, |_| {}).unwrap_err().to_string();
+    let err = launch(&s, |_| {}, None).unwrap_err().to_string();
     assert!(
         err.contains("/nonexistent/orch-test-program") && err.contains("no such program"),
         "{err}"
     );
+}
+
+#[test]
+fn a_monitor_can_stop_the_job() {
+    let started = Instant::now();
+    let mut looks = 0;
+    let monitor = Monitor {
+        interval: Duration::from_millis(50),
+        check: Box::new(move |pids| {
+            looks += 1;
+            assert!(!pids.is_empty(), "the monitor sees the job's processes");
+            if looks >= 2 {
+                Verdict::Stop("over its memory limit".into())
+            } else {
+                Verdict::Continue
+            }
+        }),
+    };
+    let outcome = launch(&spec("sleep 60", 1, false), |_| {}, Some(monitor)).unwrap();
+    assert_eq!(
+        outcome,
+        ExitOutcome::Stopped("over its memory limit".into())
+    );
+    assert_eq!(outcome.code(), 1);
+    assert!(started.elapsed() < Duration::from_secs(20));
 }
