@@ -33,10 +33,13 @@ pub enum ExitOutcome {
     Stopped(String),
 }
 
-/// Looks at a running job every `interval`, given every process of the job; may stop it.
+/// A monitor's look at the job: given every process of the job, continue or stop.
+pub type Check = Box<dyn FnMut(&BTreeSet<u32>) -> Verdict + Send>;
+
+/// Looks at a running job every `interval`; may stop it.
 pub struct Monitor {
     pub interval: Duration,
-    pub check: Box<dyn FnMut(&BTreeSet<u32>) -> Verdict + Send>,
+    pub check: Check,
 }
 
 impl std::fmt::Debug for Monitor {
