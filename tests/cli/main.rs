@@ -1,6 +1,8 @@
 //! End-to-end tests of the `orch` binary: what a user types, what they read, the exit status.
 
 mod devices;
+mod plan;
+mod run;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

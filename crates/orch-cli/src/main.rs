@@ -25,7 +25,9 @@ fn main() -> ExitCode {
 /// Logs go to stderr as plain lines (`RUST_LOG` selects; default: orch's own info lines).
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,orch=info,orch_devices=info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(
+            "warn,orch=info,orch_devices=info,orch_leases=info,orch_exec=info,orch_runner=info,orch_host=info",
+        ));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -1,13 +1,15 @@
-//! Shared vocabulary of orch: byte sizes with units, source locations in user files, and the
-//! error every user-file parser returns.
+//! Shared vocabulary of orch: byte sizes with units, source locations in user files, the
+//! error every user-file parser returns, and the job spec (`job.toml`).
 //!
 //! Design decision: this crate knows nothing of devices, wasmtime or CUDA, so every other crate
 //! can depend on it and it never drags a heavy dependency along.
 
+pub mod job;
 pub mod lease;
 pub mod location;
 pub mod size;
 
+pub use job::{JobSpec, PluginRef};
 pub use lease::DeviceLease;
 pub use location::{InputError, Location};
 pub use size::{ByteSize, SizeParseError};

@@ -2,6 +2,9 @@
 
 mod devices;
 mod leases;
+mod plan;
+mod plugin;
+mod run;
 
 use crate::cli::{Cli, Command};
 use crate::failure::{CmdResult, Failure};
@@ -12,6 +15,9 @@ pub fn dispatch(cli: Cli) -> CmdResult {
     match cli.command {
         Command::Devices(args) => devices::run(&spec, &args),
         Command::Leases(args) => leases::run(&args),
+        Command::Plan(args) => plan::run(&spec, &args),
+        Command::Run(args) => run::run(&spec, &args),
+        Command::Plugin(args) => plugin::run(&args),
     }
 }
 

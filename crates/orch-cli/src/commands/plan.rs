@@ -1,0 +1,177 @@
+//! `orch plan JOB.toml [--json]`: what the job's policy picks now, why, and why not the others.
+
+use super::load_inventory;
+use crate::cli::PlanArgs;
+use crate::failure::{CmdResult, Failure};
+use crate::table;
+use orch_core::{ByteSize, DeviceLease};
+use orch_leases::Lease;
+use orch_core::job::{self, JobError};
+use orch_devices::{InventorySpec, Visibility, VisibilityEnv};
+use orch_host::{Limits, PolicyHost};
+use orch_runner::{Plan, PlanError, PlanInput};
+use serde::Serialize;
+use std::time::Duration;
+
+/// Overrides the per-decision deadline of policy plugins, in milliseconds.
+pub const DEADLINE_ENV: &str = "ORCH_POLICY_DEADLINE_MS";
+
+#[derive(Debug, Serialize)]
+struct PlanJson<'a> {
+    job: &'a str,
+    policy: &'a str,
+    devices: Vec<DeviceJson<'a>>,
+    reason: &'a str,
+    rejected: Vec<RejectedJson<'a>>,
+}
+
+#[derive(Debug, Serialize)]
+struct DeviceJson<'a> {
+    index: u32,
+    uuid: &'a str,
+}
+
+#[derive(Debug, Serialize)]
+struct RejectedJson<'a> {
+    index: u32,
+    why: &'a str,
+}
+
+pub fn run(spec: &InventorySpec, args: &PlanArgs) -> CmdResult {
+    let job = job::read(&args.job).map_err(|e| match e {
+        JobError::Read { .. } | JobError::Invalid(_) => Failure::bad_input(e),
+    })?;
+    let inventory = load_inventory(spec)?;
+    let visibility = Visibility::resolve(&inventory.devices, &VisibilityEnv::from_process());
+    for note in &visibility.notes {
+        tracing::warn!("{note}");
+    }
+    let mut host = policy_host()?;
+    let leases: Vec<DeviceLease> = super::leases::open_store()?
+        .active()
+        .map_err(Failure::failed)?
+        .iter()
+        .flat_map(Lease::device_leases)
+        .collect();
+    let input = PlanInput {
+        job: &job,
+        devices: &inventory.devices,
+        visibility: &visibility,
+        leases: &leases,
+    };
+    let plan = orch_runner::plan(input, &mut host, &|name| std::env::var(name).ok()).map_err(
+        |e| match e {
+            e @ PlanError::Input(_) => Failure::bad_input(e),
+            e if e.is_bad_input() => Failure::bad_input(e),
+            e => Failure::failed_msg(e),
+        },
+    )?;
+    if args.json {
+        println!("{}", json(&plan));
+    } else {
+        print!("{}", human(&plan));
+    }
+    Ok(())
+}
+
+/// The policy host `orch` uses: default limits, the deadline from `ORCH_POLICY_DEADLINE_MS`.
+pub fn policy_host() -> Result<PolicyHost, Failure> {
+    let mut limits = Limits::default();
+    if let Ok(text) = std::env::var(DEADLINE_ENV) {
+        let ms: u64 = text
+            .trim()
+            .parse()
+            .ok()
+            .filter(|ms| *ms > 0)
+            .ok_or_else(|| {
+                Failure::bad_input_msg(format!(
+                    "{DEADLINE_ENV}=\"{text}\" is not a number of milliseconds above 0"
+                ))
+            })?;
+        limits.deadline = Duration::from_millis(ms);
+    }
+    PolicyHost::new(limits).map_err(Failure::failed_msg)
+}
+
+fn json(plan: &Plan) -> String {
+    let value = PlanJson {
+        job: &plan.job,
+        policy: &plan.policy,
+        devices: plan
+            .chosen
+            .iter()
+            .map(|d| DeviceJson {
+                index: d.index,
+                uuid: &d.uuid,
+            })
+            .collect(),
+        reason: &plan.reason,
+        rejected: plan
+            .rejected
+            .iter()
+            .map(|r| RejectedJson {
+                index: r.index,
+                why: &r.why,
+            })
+            .collect(),
+    };
+    // Serialising plain data cannot fail.
+    serde_json::to_string_pretty(&value).unwrap_or_default()
+}
+
+/// `GPU 3`, with the CUDA index when it differs.
+fn label(index: u32, physical: u32) -> String {
+    if index == physical {
+        format!("GPU {physical}")
+    } else {
+        format!("GPU {physical} (CUDA {index})")
+    }
+}
+
+fn human(plan: &Plan) -> String {
+    let dash = || "-".to_string();
+    let rows: Vec<Vec<String>> = plan
+        .chosen
+        .iter()
+        .enumerate()
+        .map(|(rank, d)| {
+            vec![
+                (rank + 1).to_string(),
+                d.physical_index.to_string(),
+                d.index.to_string(),
+                d.uuid.chars().take(12).collect(),
+                d.name.clone(),
+                d.memory_free.map_or_else(dash, |f| ByteSize(f).to_string()),
+                d.utilization_gpu.map_or_else(dash, |u| format!("{u}%")),
+            ]
+        })
+        .collect();
+    let mut out = format!(
+        "job {}: policy {} chose {} device(s)\n",
+        plan.job,
+        plan.policy,
+        plan.chosen.len()
+    );
+    out.push_str(&table::render(
+        &["RANK", "GPU", "CUDA", "UUID", "NAME", "FREE", "UTIL"],
+        &rows,
+    ));
+    out.push_str(&format!("reason: {}\n", plan.reason));
+    if !plan.rejected.is_empty() {
+        out.push_str("not chosen:\n");
+        for r in &plan.rejected {
+            out.push_str(&format!(
+                "  {}: {}\n",
+                label(r.index, r.physical_index),
+                r.why
+            ));
+        }
+    }
+    if plan.hidden > 0 {
+        out.push_str(&format!(
+            "{} device(s) not visible here (CUDA_VISIBLE_DEVICES / Slurm) were not considered\n",
+            plan.hidden
+        ));
+    }
+    out
+}

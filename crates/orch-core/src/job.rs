@@ -1,0 +1,590 @@
+//! `job.toml`, the whole schema of DESIGN.md: parsed with spans, validated, relative paths
+//! resolved against the job file's folder.
+//!
+//! Every error is an [`InputError`]: file:line:col of the offending value, one sentence, and a
+//! hint. Checks that need the machine (more GPUs than are visible, an unknown built-in policy)
+//! happen at plan time; the spec keeps the locations they point at ([`Resources::gpus_at`],
+//! [`PolicySpec::plugin_at`]).
+
+use crate::{ByteSize, InputError, Location};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use toml::Spanned;
+
+/// A parsed, valid job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobSpec {
+    /// The job file.
+    pub path: PathBuf,
+    /// Its folder: relative paths resolve here.
+    pub dir: PathBuf,
+    pub name: String,
+    pub tenant: Option<String>,
+    pub priority: i64,
+    pub resources: Resources,
+    pub policy: PolicySpec,
+    pub work: Work,
+}
+
+/// `[resources]`: what placement must find.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resources {
+    /// How many devices (default 1).
+    pub gpus: u32,
+    /// Where `gpus` is written (the table, or the file start when defaulted).
+    pub gpus_at: Location,
+    pub min_free_memory: Option<ByteSize>,
+    pub max_utilization: Option<u32>,
+    pub memory_limit: Option<ByteSize>,
+    /// No other lease may share the devices (default true).
+    pub exclusive: bool,
+    /// Stop a command job whose processes exceed `memory_limit` on a real GPU (default false:
+    /// the excess is reported).
+    pub enforce_memory_limit: bool,
+}
+
+/// `[policy]`: which plugin chooses, with its configuration as strings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicySpec {
+    pub plugin: PluginRef,
+    pub plugin_at: Location,
+    pub config: Vec<(String, String)>,
+}
+
+/// A policy (or trainer) plugin: a built-in name, or a `.wasm` component file.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum PluginRef {
+    Builtin(String),
+    Path(PathBuf),
+}
+
+impl PluginRef {
+    /// `text` is a path when it ends in `.wasm` or has a `/`; relative paths resolve against
+    /// `base`. Anything else names a built-in.
+    pub fn parse(text: &str, base: &Path) -> PluginRef {
+        if text.ends_with(".wasm") || text.contains('/') || text.contains('\\') {
+            PluginRef::Path(base.join(text))
+        } else {
+            PluginRef::Builtin(text.to_string())
+        }
+    }
+}
+
+impl std::fmt::Display for PluginRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PluginRef::Builtin(name) => f.write_str(name),
+            PluginRef::Path(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+/// Exactly one of `[command]` or `[train]`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Work {
+    Command(CommandSpec),
+    Train(TrainSpec),
+}
+
+/// `[command]`: a program to run on the granted devices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandSpec {
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub launch: Launch,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Launch {
+    /// One process sees every granted device.
+    Single,
+    /// One process per device, with torchrun-style variables.
+    PerDevice,
+}
+
+/// `[train]`: a Wasm trainer run data-parallel on the granted devices.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainSpec {
+    /// A built-in trainer name (`mlp`) or a `.wasm` component.
+    pub plugin: PluginRef,
+    pub plugin_at: Location,
+    pub epochs: u32,
+    /// Global batch, split across replicas.
+    pub batch_size: u32,
+    pub seed: u64,
+    pub data: DataSpec,
+    pub config: Vec<(String, String)>,
+    /// How long one plugin call (`init`, a training or evaluation step) may run (default 60 s).
+    pub step_timeout: std::time::Duration,
+    /// Save a checkpoint every this many steps (and always at the end); `None`: only at the end.
+    pub checkpoint_every: Option<u64>,
+    /// Replicas (data parallel); `None`: one per granted device. Fewer replicas than devices
+    /// leave the other devices to the trainer (model parallel).
+    pub replicas: Option<u32>,
+    /// Where metrics, the plot and checkpoints go (default `runs/<job name>` beside the job).
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct DataSpec {
+    pub format: DataFormat,
+    pub train: PathBuf,
+    /// The evaluation set: for `mnist-idx`, a folder with the `t10k-*` files (default: the
+    /// `train` folder); for `csv`, a file (default: no evaluation).
+    pub test: Option<PathBuf>,
+    /// CSV: the label column, negative from the end (default -1, the last).
+    pub label_column: i64,
+    /// CSV: skip the first line.
+    pub header: bool,
+    /// CSV: every feature is divided by this (default 1).
+    pub scale: f32,
+    /// Standardise features with the training set's mean and deviation (default true).
+    pub normalize: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DataFormat {
+    /// MNIST's IDX files, gzip-compressed or raw.
+    MnistIdx,
+    Csv,
+}
+
+/// A job file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    #[error("cannot read job file {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Invalid(#[from] InputError),
+}
+
+/// Reads and validates the job file at `path`.
+pub fn read(path: &Path) -> Result<JobSpec, JobError> {
+    let text = std::fs::read_to_string(path).map_err(|source| JobError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(parse(path, &text)?)
+}
+
+/// Parses a job file's text; `path` locates errors and anchors relative paths.
+pub fn parse(path: &Path, text: &str) -> Result<JobSpec, InputError> {
+    let raw: RawJob = toml::from_str(text).map_err(|e| toml_error(path, text, &e))?;
+    Checker { path, text }.job(raw)
+}
+
+fn toml_error(path: &Path, text: &str, err: &toml::de::Error) -> InputError {
+    let error = InputError::from_toml(path, text, err);
+    let hint = if error.message.contains("unknown field") {
+        "check the spelling; DESIGN.md (Jobs) lists every key"
+    } else if error.message.contains("missing field") {
+        "add the missing key"
+    } else if error.message.contains("invalid type") {
+        "check the value's type: sizes are \"10GiB\" or integers, flags true/false"
+    } else {
+        "see the job.toml example in DESIGN.md (Jobs)"
+    };
+    error.with_hint(hint)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawJob {
+    job: RawJobTable,
+    resources: Option<Spanned<RawResources>>,
+    policy: Option<RawPolicy>,
+    command: Option<Spanned<RawCommand>>,
+    train: Option<Spanned<RawTrain>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawJobTable {
+    name: Spanned<String>,
+    tenant: Option<String>,
+    #[serde(default)]
+    priority: i64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawResources {
+    gpus: Option<Spanned<i64>>,
+    min_free_memory: Option<ByteSize>,
+    max_utilization: Option<Spanned<i64>>,
+    memory_limit: Option<Spanned<ByteSize>>,
+    exclusive: Option<bool>,
+    enforce_memory_limit: Option<Spanned<bool>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    plugin: Option<Spanned<String>>,
+    config: Option<BTreeMap<String, Spanned<toml::Value>>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCommand {
+    argv: Spanned<Vec<String>>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    launch: Option<Launch>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTrain {
+    plugin: Spanned<String>,
+    epochs: Spanned<i64>,
+    batch_size: Spanned<i64>,
+    #[serde(default)]
+    seed: u64,
+    data: RawData,
+    config: Option<BTreeMap<String, Spanned<toml::Value>>>,
+    step_timeout: Option<Spanned<toml::Value>>,
+    checkpoint_every: Option<Spanned<i64>>,
+    replicas: Option<Spanned<i64>>,
+    out: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawData {
+    format: DataFormat,
+    train: Spanned<String>,
+    test: Option<Spanned<String>>,
+    label_column: Option<i64>,
+    #[serde(default)]
+    header: bool,
+    scale: Option<Spanned<f64>>,
+    normalize: Option<bool>,
+}
+
+/// The default `[train] step_timeout`.
+pub const DEFAULT_STEP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// `90s`, `15m`, `2h`, `500ms`, or plain seconds; `None` when malformed or not positive.
+pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let value: f64 = number.parse().ok()?;
+    let secs = match unit.trim() {
+        "" | "s" => value,
+        "ms" => value / 1000.0,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return None,
+    };
+    std::time::Duration::try_from_secs_f64(secs)
+        .ok()
+        .filter(|d| !d.is_zero())
+}
+
+/// Most devices one job may ask for; more is surely a typo.
+const MAX_GPUS: i64 = 4096;
+
+struct Checker<'a> {
+    path: &'a Path,
+    text: &'a str,
+}
+
+impl Checker<'_> {
+    fn at(&self, span: Range<usize>, message: impl Into<String>) -> InputError {
+        InputError::at(self.path, self.text, span.start, message)
+    }
+
+    fn dir(&self) -> PathBuf {
+        match self.path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+            _ => PathBuf::from("."),
+        }
+    }
+
+    fn job(&self, raw: RawJob) -> Result<JobSpec, InputError> {
+        let name = raw.job.name;
+        if name.get_ref().trim().is_empty() {
+            return Err(self
+                .at(name.span(), "[job] name is empty")
+                .with_hint("name the job, such as name = \"mnist-mlp\""));
+        }
+        let work = self.work(raw.command, raw.train, name.get_ref().trim())?;
+        Ok(JobSpec {
+            path: self.path.to_path_buf(),
+            dir: self.dir(),
+            name: name.into_inner(),
+            tenant: raw.job.tenant,
+            priority: raw.job.priority,
+            resources: self.resources(raw.resources)?,
+            policy: self.policy(raw.policy)?,
+            work,
+        })
+    }
+
+    fn resources(&self, raw: Option<Spanned<RawResources>>) -> Result<Resources, InputError> {
+        let Some(raw) = raw else {
+            return Ok(Resources {
+                gpus: 1,
+                gpus_at: Location::from_offset(self.path, self.text, 0),
+                min_free_memory: None,
+                max_utilization: None,
+                memory_limit: None,
+                exclusive: true,
+                enforce_memory_limit: false,
+            });
+        };
+        let table_span = raw.span();
+        let raw = raw.into_inner();
+        let (gpus, gpus_at) = match raw.gpus {
+            None => (1, table_span),
+            Some(gpus) if !(1..=MAX_GPUS).contains(gpus.get_ref()) => {
+                return Err(self
+                    .at(
+                        gpus.span(),
+                        format!("gpus = {} is impossible", gpus.get_ref()),
+                    )
+                    .with_hint(format!("ask for 1 to {MAX_GPUS} devices")));
+            }
+            Some(gpus) => (*gpus.get_ref() as u32, gpus.span()),
+        };
+        let max_utilization = match raw.max_utilization {
+            None => None,
+            Some(u) if !(0..=100).contains(u.get_ref()) => {
+                return Err(self
+                    .at(
+                        u.span(),
+                        format!("max_utilization = {} is not a percent", u.get_ref()),
+                    )
+                    .with_hint("give 0 to 100"));
+            }
+            Some(u) => Some(*u.get_ref() as u32),
+        };
+        if let Some(limit) = &raw.memory_limit
+            && limit.get_ref().bytes() == 0
+        {
+            return Err(self
+                .at(limit.span(), "memory_limit = 0 leaves the job no memory")
+                .with_hint("give a size such as \"16GiB\", or leave memory_limit out"));
+        }
+        if let Some(enforce) = raw.enforce_memory_limit.as_ref().filter(|e| *e.get_ref())
+            && raw.memory_limit.is_none()
+        {
+            return Err(self
+                .at(
+                    enforce.span(),
+                    "enforce_memory_limit = true needs a memory_limit to enforce",
+                )
+                .with_hint("add memory_limit = \"16GiB\" (per device) to [resources]"));
+        }
+        Ok(Resources {
+            gpus,
+            gpus_at: Location::from_offset(self.path, self.text, gpus_at.start),
+            min_free_memory: raw.min_free_memory,
+            max_utilization,
+            memory_limit: raw.memory_limit.map(Spanned::into_inner),
+            exclusive: raw.exclusive.unwrap_or(true),
+            enforce_memory_limit: raw.enforce_memory_limit.is_some_and(|e| *e.get_ref()),
+        })
+    }
+
+    fn policy(&self, raw: Option<RawPolicy>) -> Result<PolicySpec, InputError> {
+        let (plugin, config) = match raw {
+            Some(raw) => (raw.plugin, raw.config),
+            None => (None, None),
+        };
+        let (plugin, plugin_at) = match plugin {
+            Some(p) if p.get_ref().trim().is_empty() => {
+                return Err(self
+                    .at(p.span(), "[policy] plugin is empty")
+                    .with_hint("name a built-in such as \"least-loaded\", or a path to a .wasm"));
+            }
+            Some(p) => (
+                PluginRef::parse(p.get_ref().trim(), &self.dir()),
+                Location::from_offset(self.path, self.text, p.span().start),
+            ),
+            None => (
+                PluginRef::Builtin("least-loaded".to_string()),
+                Location::from_offset(self.path, self.text, 0),
+            ),
+        };
+        Ok(PolicySpec {
+            plugin,
+            plugin_at,
+            config: self.config(config)?,
+        })
+    }
+
+    /// A free-form table as key/value strings: strings, numbers and booleans are accepted.
+    fn config(
+        &self,
+        raw: Option<BTreeMap<String, Spanned<toml::Value>>>,
+    ) -> Result<Vec<(String, String)>, InputError> {
+        let mut pairs = Vec::new();
+        for (key, value) in raw.unwrap_or_default() {
+            let span = value.span();
+            let text = match value.into_inner() {
+                toml::Value::String(s) => s,
+                toml::Value::Integer(i) => i.to_string(),
+                toml::Value::Float(f) => f.to_string(),
+                toml::Value::Boolean(b) => b.to_string(),
+                other => {
+                    return Err(self
+                        .at(span, format!("config key `{key}` is {}", other.type_str()))
+                        .with_hint("config values are strings, numbers or booleans: write a list as \"0,2\""));
+                }
+            };
+            pairs.push((key, text));
+        }
+        Ok(pairs)
+    }
+
+    fn work(
+        &self,
+        command: Option<Spanned<RawCommand>>,
+        train: Option<Spanned<RawTrain>>,
+        job_name: &str,
+    ) -> Result<Work, InputError> {
+        match (command, train) {
+            (Some(_), Some(train)) => Err(self
+                .at(train.span(), "the job has both [command] and [train]")
+                .with_hint("a job runs a command or trains a Wasm plugin: keep one of the two")),
+            (None, None) => Err(self
+                .at(0..0, "the job has neither [command] nor [train]")
+                .with_hint("add [command] argv = [...] to run a program, or [train] to train a Wasm plugin")),
+            (Some(command), None) => self.command(command.into_inner()).map(Work::Command),
+            (None, Some(train)) => self.train(train.into_inner(), job_name).map(Work::Train),
+        }
+    }
+
+    fn command(&self, raw: RawCommand) -> Result<CommandSpec, InputError> {
+        if raw.argv.get_ref().first().is_none_or(|a| a.is_empty()) {
+            return Err(self
+                .at(raw.argv.span(), "[command] argv names no program")
+                .with_hint(
+                    "give the program and its arguments, such as argv = [\"python\", \"train.py\"]",
+                ));
+        }
+        Ok(CommandSpec {
+            argv: raw.argv.into_inner(),
+            env: raw.env,
+            launch: raw.launch.unwrap_or(Launch::Single),
+        })
+    }
+
+    fn train(&self, raw: RawTrain, job_name: &str) -> Result<TrainSpec, InputError> {
+        let positive = |value: &Spanned<i64>, key: &str| -> Result<u32, InputError> {
+            u32::try_from(*value.get_ref())
+                .ok()
+                .filter(|v| *v > 0)
+                .ok_or_else(|| {
+                    self.at(
+                        value.span(),
+                        format!("{key} = {} is impossible", value.get_ref()),
+                    )
+                    .with_hint(format!("{key} is a whole number of at least 1"))
+                })
+        };
+        let epochs = positive(&raw.epochs, "epochs")?;
+        let batch_size = positive(&raw.batch_size, "batch_size")?;
+        for (value, key) in [(&raw.plugin, "plugin"), (&raw.data.train, "data.train")] {
+            if value.get_ref().trim().is_empty() {
+                return Err(self
+                    .at(value.span(), format!("[train] {key} is empty"))
+                    .with_hint("give a path, relative to the job file's folder"));
+            }
+        }
+        let step_timeout = match &raw.step_timeout {
+            None => DEFAULT_STEP_TIMEOUT,
+            Some(value) => {
+                let parsed = match value.get_ref() {
+                    toml::Value::String(s) => parse_duration(s),
+                    toml::Value::Integer(i) if *i > 0 => {
+                        Some(std::time::Duration::from_secs(i.unsigned_abs()))
+                    }
+                    _ => None,
+                };
+                parsed.ok_or_else(|| {
+                    self.at(value.span(), "step_timeout is not a duration")
+                        .with_hint("give seconds, or a string such as \"90s\", \"15m\", \"500ms\"")
+                })?
+            }
+        };
+        let checkpoint_every = raw
+            .checkpoint_every
+            .as_ref()
+            .map(|v| {
+                u64::try_from(*v.get_ref())
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| {
+                        self.at(
+                            v.span(),
+                            format!("checkpoint_every = {} is impossible", v.get_ref()),
+                        )
+                        .with_hint("give a number of steps, at least 1, or leave it out")
+                    })
+            })
+            .transpose()?;
+        let replicas = raw
+            .replicas
+            .as_ref()
+            .map(|v| positive(v, "replicas"))
+            .transpose()?;
+        let scale = match &raw.data.scale {
+            None => 1.0,
+            Some(v) if v.get_ref().is_finite() && *v.get_ref() > 0.0 => *v.get_ref() as f32,
+            Some(v) => {
+                return Err(self
+                    .at(
+                        v.span(),
+                        format!("data.scale = {} is impossible", v.get_ref()),
+                    )
+                    .with_hint("give a positive number, such as 255"));
+            }
+        };
+        let out = match &raw.out {
+            Some(out) if out.get_ref().trim().is_empty() => {
+                return Err(self
+                    .at(out.span(), "[train] out is empty")
+                    .with_hint("give a folder, or leave out for runs/<job name>"));
+            }
+            Some(out) => self.dir().join(out.get_ref()),
+            None => self.dir().join("runs").join(job_name),
+        };
+        Ok(TrainSpec {
+            plugin: PluginRef::parse(raw.plugin.get_ref().trim(), &self.dir()),
+            plugin_at: Location::from_offset(self.path, self.text, raw.plugin.span().start),
+            epochs,
+            batch_size,
+            seed: raw.seed,
+            data: DataSpec {
+                format: raw.data.format,
+                train: self.dir().join(raw.data.train.get_ref()),
+                test: raw.data.test.as_ref().map(|t| self.dir().join(t.get_ref())),
+                label_column: raw.data.label_column.unwrap_or(-1),
+                header: raw.data.header,
+                scale,
+                normalize: raw.data.normalize.unwrap_or(true),
+            },
+            config: self.config(raw.config)?,
+            step_timeout,
+            checkpoint_every,
+            replicas,
+            out,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,334 @@
+use super::*;
+
+fn parse_str(text: &str) -> Result<JobSpec, String> {
+    parse(Path::new("jobs/j.toml"), text).map_err(|e| e.to_string())
+}
+
+const FULL_COMMAND: &str = r#"
+[job]
+name = "mnist-mlp"
+tenant = "alice"
+priority = 3
+
+[resources]
+gpus = 2
+min_free_memory = "10GiB"
+max_utilization = 20
+memory_limit = "16GiB"
+exclusive = false
+
+[policy]
+plugin = "least-loaded"
+[policy.config]
+prefer = "memory"
+weight = 3
+strict = true
+
+[command]
+argv = ["python", "train.py", "--epochs", "3"]
+env = { WANDB_MODE = "offline" }
+launch = "per-device"
+"#;
+
+#[test]
+fn reads_a_command_job() {
+    let job = parse_str(FULL_COMMAND).unwrap();
+    assert_eq!(job.name, "mnist-mlp");
+    assert_eq!(job.tenant.as_deref(), Some("alice"));
+    assert_eq!(job.priority, 3);
+    assert_eq!(job.dir, PathBuf::from("jobs"));
+    let r = &job.resources;
+    assert_eq!(r.gpus, 2);
+    assert_eq!(r.gpus_at.to_string(), "jobs/j.toml:8:8");
+    assert_eq!(r.min_free_memory, Some(ByteSize(10 << 30)));
+    assert_eq!(r.max_utilization, Some(20));
+    assert_eq!(r.memory_limit, Some(ByteSize(16 << 30)));
+    assert!(!r.exclusive);
+    assert_eq!(job.policy.plugin, PluginRef::Builtin("least-loaded".into()));
+    assert_eq!(job.policy.plugin_at.to_string(), "jobs/j.toml:15:10");
+    assert_eq!(
+        job.policy.config,
+        vec![
+            ("prefer".to_string(), "memory".to_string()),
+            ("strict".to_string(), "true".to_string()),
+            ("weight".to_string(), "3".to_string()),
+        ]
+    );
+    let Work::Command(command) = &job.work else {
+        panic!("a command job");
+    };
+    assert_eq!(command.argv[1], "train.py");
+    assert_eq!(command.env["WANDB_MODE"], "offline");
+    assert_eq!(command.launch, Launch::PerDevice);
+}
+
+#[test]
+fn defaults_and_a_train_job() {
+    let job = parse_str(
+        r#"
+[job]
+name = "t"
+[policy]
+plugin = "policies/mine.wasm"
+[train]
+plugin = "plugins/mlp.wasm"
+epochs = 3
+batch_size = 128
+[train.data]
+format = "mnist-idx"
+train = "data/mnist"
+[train.config]
+hidden = "512,256"
+lr = 0.05
+"#,
+    )
+    .unwrap();
+    assert_eq!(job.resources.gpus, 1);
+    assert!(job.resources.exclusive);
+    assert_eq!(
+        job.policy.plugin,
+        PluginRef::Path(PathBuf::from("jobs/policies/mine.wasm"))
+    );
+    let Work::Train(train) = &job.work else {
+        panic!("a train job");
+    };
+    assert_eq!(
+        train.plugin,
+        PluginRef::Path(PathBuf::from("jobs/plugins/mlp.wasm"))
+    );
+    assert_eq!(train.step_timeout, DEFAULT_STEP_TIMEOUT);
+    assert_eq!((train.checkpoint_every, train.replicas), (None, None));
+    assert_eq!(train.out, PathBuf::from("jobs/runs/t"));
+    assert_eq!(train.data.test, None);
+    assert!(train.data.normalize);
+    assert_eq!(train.data.train, PathBuf::from("jobs/data/mnist"));
+    assert_eq!(train.data.format, DataFormat::MnistIdx);
+    assert_eq!((train.epochs, train.batch_size, train.seed), (3, 128, 0));
+    assert_eq!(train.config[1], ("lr".to_string(), "0.05".to_string()));
+
+    let minimal = parse_str("[job]\nname = \"m\"\n[command]\nargv = [\"true\"]\n").unwrap();
+    assert_eq!(
+        minimal.policy.plugin,
+        PluginRef::Builtin("least-loaded".into())
+    );
+    assert_eq!(minimal.resources.gpus, 1);
+}
+
+#[test]
+fn errors_point_at_the_value_with_a_hint() {
+    let job = |body: &str| format!("[job]\nname = \"x\"\n{body}");
+    let cmd = "[command]\nargv = [\"true\"]\n";
+    let cases: Vec<(String, &str, &str)> = vec![
+        (
+            job(&format!("[resources]\ngpu = 2\n{cmd}")),
+            "j.toml:4:1",
+            "unknown field `gpu`",
+        ),
+        (
+            job(&format!("[resources]\ngpus = 0\n{cmd}")),
+            "j.toml:4:8",
+            "gpus = 0 is impossible",
+        ),
+        (
+            job(&format!("[resources]\ngpus = -3\n{cmd}")),
+            "j.toml:4:8",
+            "impossible",
+        ),
+        (
+            job(&format!("[resources]\ngpus = \"two\"\n{cmd}")),
+            "j.toml:4:8",
+            "invalid type",
+        ),
+        (
+            job(&format!(
+                "[resources]\nmin_free_memory = \"10 gigs\"\n{cmd}"
+            )),
+            "j.toml:4:19",
+            "expected a size",
+        ),
+        (
+            job(&format!("[resources]\nmax_utilization = 120\n{cmd}")),
+            "j.toml:4:19",
+            "not a percent",
+        ),
+        (
+            job(&format!("[resources]\nmemory_limit = 0\n{cmd}")),
+            "j.toml:4:16",
+            "no memory",
+        ),
+        (
+            job(&format!("[resources]\nexclusive = \"yes\"\n{cmd}")),
+            "j.toml:4:13",
+            "invalid type",
+        ),
+        (job(""), "j.toml:1:1", "neither [command] nor [train]"),
+        (
+            job(&format!(
+                "{cmd}[train]\nplugin = \"p.wasm\"\nepochs = 1\nbatch_size = 1\n[train.data]\nformat = \"csv\"\ntrain = \"d.csv\"\n"
+            )),
+            "j.toml:5:",
+            "both [command] and [train]",
+        ),
+        (
+            job("[command]\nargv = []\n"),
+            "j.toml:4:8",
+            "names no program",
+        ),
+        (
+            job("[command]\nargv = [\"a\"]\nlaunch = \"twice\"\n"),
+            "j.toml:5:10",
+            "unknown variant",
+        ),
+        (
+            job(&format!("[policy]\nplugin = \"\"\n{cmd}")),
+            "j.toml:4:10",
+            "plugin is empty",
+        ),
+        (
+            job(&format!("[policy.config]\ndevices = [0, 2]\n{cmd}")),
+            "j.toml:4:11",
+            "config key `devices` is array",
+        ),
+        (
+            job(
+                "[train]\nplugin = \"p.wasm\"\nepochs = 0\nbatch_size = 1\n[train.data]\nformat = \"csv\"\ntrain = \"d\"\n",
+            ),
+            "j.toml:5:10",
+            "epochs = 0",
+        ),
+        (
+            job(
+                "[train]\nplugin = \"p.wasm\"\nepochs = 1\nbatch_size = 1\n[train.data]\nformat = \"parquet\"\ntrain = \"d\"\n",
+            ),
+            "j.toml:8:10",
+            "unknown variant",
+        ),
+        (
+            format!("[jobs]\nname = \"x\"\n{cmd}"),
+            "j.toml:1:",
+            "unknown field `jobs`",
+        ),
+        (format!("[job]\n{cmd}"), "j.toml:1:", "missing field `name`"),
+        (job(&format!("[job.extra]\n{cmd}")), "j.toml:", "extra"),
+        ("[job\n".to_string(), "j.toml:1:5", "unclosed table"),
+    ];
+    for (text, location, words) in cases {
+        let err = parse_str(&text).unwrap_err();
+        assert!(
+            err.contains(location),
+            "{err:?} should point at {location}\n{text}"
+        );
+        assert!(err.contains(words), "{err:?} should say {words}\n{text}");
+        assert!(err.contains(" ("), "{err:?} should carry a hint");
+    }
+}
+
+#[test]
+fn plugin_refs_tell_names_from_paths() {
+    let base = Path::new("/jobs");
+    assert_eq!(
+        PluginRef::parse("pack", base),
+        PluginRef::Builtin("pack".into())
+    );
+    assert_eq!(
+        PluginRef::parse("my.wasm", base),
+        PluginRef::Path("/jobs/my.wasm".into())
+    );
+    assert_eq!(
+        PluginRef::parse("/abs/p", base),
+        PluginRef::Path("/abs/p".into())
+    );
+}
+
+#[test]
+fn train_options() {
+    let job = parse_str(
+        r#"
+[job]
+name = "digits"
+[train]
+plugin = "mlp"
+epochs = 2
+batch_size = 32
+step_timeout = "90s"
+checkpoint_every = 50
+replicas = 1
+out = "out/digits"
+[train.data]
+format = "csv"
+train = "data/train.csv"
+test = "data/test.csv"
+label_column = 0
+header = true
+scale = 16
+normalize = false
+"#,
+    )
+    .unwrap();
+    let Work::Train(train) = &job.work else {
+        panic!("a train job");
+    };
+    assert_eq!(train.plugin, PluginRef::Builtin("mlp".into()));
+    assert_eq!(train.step_timeout, std::time::Duration::from_secs(90));
+    assert_eq!(
+        (train.checkpoint_every, train.replicas),
+        (Some(50), Some(1))
+    );
+    assert_eq!(train.out, PathBuf::from("jobs/out/digits"));
+    let data = &train.data;
+    assert_eq!(data.test, Some(PathBuf::from("jobs/data/test.csv")));
+    assert_eq!(
+        (data.label_column, data.header, data.scale, data.normalize),
+        (0, true, 16.0, false)
+    );
+
+    let base = "[job]\nname = \"x\"\n[train]\nplugin = \"p.wasm\"\nepochs = 1\nbatch_size = 1\n";
+    let data = "[train.data]\nformat = \"csv\"\ntrain = \"d\"\n";
+    for (extra, at, message) in [
+        ("step_timeout = \"soon\"\n", "j.toml:7:16", "not a duration"),
+        ("step_timeout = 0\n", "j.toml:7:16", "not a duration"),
+        (
+            "checkpoint_every = 0\n",
+            "j.toml:7:20",
+            "checkpoint_every = 0",
+        ),
+        ("replicas = 0\n", "j.toml:7:12", "replicas = 0"),
+    ] {
+        let err = parse_str(&format!("{base}{extra}{data}")).unwrap_err();
+        assert!(err.contains(at) && err.contains(message), "{extra}: {err}");
+    }
+    let err = parse_str(&format!("{base}{data}scale = -1\n")).unwrap_err();
+    assert!(err.contains("data.scale = -1"), "{err}");
+}
+
+#[test]
+fn durations() {
+    use std::time::Duration;
+    assert_eq!(parse_duration("90s"), Some(Duration::from_secs(90)));
+    assert_eq!(parse_duration("15m"), Some(Duration::from_secs(900)));
+    assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
+    assert_eq!(parse_duration("3"), Some(Duration::from_secs(3)));
+    for bad in ["", "s", "0", "-1s", "10 days"] {
+        assert_eq!(parse_duration(bad), None, "{bad}");
+    }
+}
+
+#[test]
+fn enforce_memory_limit_needs_a_limit() {
+    let cmd = "[command]\nargv = [\"true\"]\n";
+    let job = parse_str(&format!(
+        "[job]\nname = \"j\"\n[resources]\nmemory_limit = \"8GiB\"\nenforce_memory_limit = true\n{cmd}"
+    ))
+    .unwrap();
+    assert!(job.resources.enforce_memory_limit);
+    let job = parse_str(&format!("[job]\nname = \"j\"\n{cmd}")).unwrap();
+    assert!(!job.resources.enforce_memory_limit, "off by default");
+    let err = parse_str(&format!(
+        "[job]\nname = \"j\"\n[resources]\nenforce_memory_limit = true\n{cmd}"
+    ))
+    .unwrap_err();
+    assert!(
+        err.starts_with("jobs/j.toml:4:24: enforce_memory_limit = true needs a memory_limit"),
+        "{err}"
+    );
+}

@@ -1,0 +1,220 @@
+//! What a placement decision costs: the built-in `least-loaded` policy over 8 and 64
+//! candidates, as a warm call on a reused instance and as a fresh instance plus call, beside
+//! the same algorithm compiled natively. Run with `cargo bench -p orch-host --bench policy`.
+//!
+//! Each Wasm number is the whole host path a decision takes: lowering the request and the
+//! candidates into the guest, the guest's work, lifting the answer, and the host's validation.
+//! The native baseline runs the same ranking and formats its reason with the guests' own
+//! source (`plugins/kit/src/text.rs`); it copies nothing.
+//! Targets (issue 3): warm ≤ 5 µs at 8 candidates and within 3x of native; fresh instance plus
+//! decision ≤ 50 µs.
+
+use orch_host::types::{Decision, Device, Lease, Request};
+use orch_host::{Limits, PluginRef, PolicyHost};
+use std::cmp::Reverse;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+/// The built-in policies' own formatting code, compiled natively: the baseline formats its
+/// reason with the very same source as the guest.
+#[path = "../../../plugins/kit/src/text.rs"]
+#[allow(dead_code)]
+mod text;
+
+const GIB: u64 = 1 << 30;
+
+fn candidates(n: usize) -> Vec<Device> {
+    (0..n)
+        .map(|i| {
+            // A spread of loads, deterministic: some full, some busy, some idle.
+            let free = ((i * 37) % 80) as u64 * GIB + GIB / 2;
+            let busy = ((i * 53) % 101) as u32;
+            Device {
+                index: i as u32,
+                physical_index: i as u32,
+                uuid: format!("GPU-{i:08x}-d72c-4106-c12f-20bd9faed9f6"),
+                memory_total: Some(80 * GIB),
+                memory_used: Some(80 * GIB - free),
+                memory_free: Some(free),
+                utilization_gpu: Some(busy),
+                utilization_memory: Some(busy / 2),
+                temperature_c: Some(30 + busy / 3),
+                power_draw_w: Some(70.0 + f64::from(busy) * 6.0),
+                compute_capability: Some((9, 0)),
+                process_count: Some(u32::from(busy > 0)),
+            }
+        })
+        .collect()
+}
+
+fn request() -> Request {
+    Request {
+        count: 2,
+        min_free_memory: Some(10 * GIB),
+        max_utilization: Some(90),
+        exclusive: true,
+        memory_limit: None,
+        config: vec![],
+        env: vec![],
+    }
+}
+
+/// least-loaded, natively: the same filter, ranking and reason as the guest.
+fn native_least_loaded(
+    request: &Request,
+    candidates: &[Device],
+    leases: &[Lease],
+) -> Option<Decision> {
+    let fits = |d: &&Device| {
+        let mut on_it = leases.iter().filter(|l| l.device == d.index);
+        let leased = if request.exclusive {
+            on_it.next().is_some()
+        } else {
+            on_it.any(|l| l.exclusive)
+        };
+        !leased
+            && request
+                .min_free_memory
+                .is_none_or(|m| d.memory_free.is_some_and(|f| f >= m))
+            && request
+                .max_utilization
+                .is_none_or(|m| d.utilization_gpu.is_some_and(|u| u <= m))
+    };
+    let mut fitting: Vec<&Device> = candidates.iter().filter(fits).collect();
+    if fitting.len() < request.count as usize {
+        return None;
+    }
+    fitting.sort_by_key(|d| {
+        (
+            d.utilization_gpu.unwrap_or(u32::MAX),
+            Reverse(d.memory_free.unwrap_or(0)),
+            d.index,
+        )
+    });
+    fitting.truncate(request.count as usize);
+    let rule = "least loaded (lowest utilization, then most free memory)";
+    let mut reason = String::with_capacity(rule.len() + 40 * fitting.len() + 2);
+    reason.push_str(rule);
+    reason.push(':');
+    for (i, d) in fitting.iter().enumerate() {
+        reason.push_str(if i == 0 { " " } else { ", " });
+        text::push_summary(
+            &mut reason,
+            d.physical_index,
+            d.index,
+            d.utilization_gpu,
+            d.memory_free,
+        );
+    }
+    Some(Decision {
+        devices: fitting.iter().map(|d| d.index).collect(),
+        reason,
+    })
+}
+
+/// Time per call of `f`: the best of `rounds` batches of `per_batch` calls (the machines this
+/// runs on are shared; the best batch is the one least disturbed).
+fn time(rounds: usize, per_batch: u32, mut f: impl FnMut()) -> Duration {
+    for _ in 0..per_batch {
+        f(); // warm up
+    }
+    let samples: Vec<Duration> = (0..rounds)
+        .map(|_| {
+            let start = Instant::now();
+            for _ in 0..per_batch {
+                f();
+            }
+            start.elapsed() / per_batch
+        })
+        .collect();
+    samples.into_iter().min().unwrap_or_default()
+}
+
+fn micros(d: Duration) -> String {
+    format!("{:.2} µs", d.as_secs_f64() * 1e6)
+}
+
+fn main() {
+    let cache = std::env::temp_dir().join("orch-bench-cache");
+    let mut host = match PolicyHost::with_cache_dir(Limits::default(), Some(cache)) {
+        Ok(host) => host,
+        Err(e) => {
+            eprintln!("cannot start the policy host: {e}");
+            std::process::exit(1);
+        }
+    };
+    let id = match host.load(&PluginRef::Builtin("least-loaded".into())) {
+        Ok(id) => id,
+        Err(e) => {
+            eprintln!("cannot load least-loaded: {e}");
+            std::process::exit(1);
+        }
+    };
+    let request = request();
+    println!("policy least-loaded, request: 2 devices, >= 10 GiB free, <= 90% busy");
+    println!(
+        "{:<11} {:>12} {:>12} {:>10} {:>14} {:>10}",
+        "candidates", "native", "wasm warm", "warm/nat", "wasm fresh", "fresh/nat"
+    );
+    let mut failures = Vec::new();
+    for n in [8, 64] {
+        let offered = candidates(n);
+        let expected = native_least_loaded(&request, &offered, &[]).map(|d| d.devices);
+        let answer = host
+            .decide(id, &request, &offered, &[])
+            .map(|d| d.devices)
+            .ok();
+        assert_eq!(answer, expected, "wasm and native agree");
+        let native = time(9, 20_000, || {
+            black_box(native_least_loaded(
+                black_box(&request),
+                black_box(&offered),
+                black_box(&[]),
+            ));
+        });
+        let warm = time(9, 5_000, || {
+            black_box(host.decide(id, &request, &offered, &[]).ok());
+        });
+        let fresh = time(9, 500, || {
+            host.discard_instance(id);
+            black_box(host.decide(id, &request, &offered, &[]).ok());
+        });
+        let ratio = |d: Duration| d.as_secs_f64() / native.as_secs_f64();
+        println!(
+            "{:<11} {:>12} {:>12} {:>9.1}x {:>14} {:>9.1}x",
+            n,
+            micros(native),
+            micros(warm),
+            ratio(warm),
+            micros(fresh),
+            ratio(fresh)
+        );
+        if n == 8 && warm > Duration::from_micros(5) {
+            failures.push(format!("warm at 8 candidates {} > 5 µs", micros(warm)));
+        }
+        if n == 8 && ratio(warm) > 3.0 {
+            failures.push(format!(
+                "warm at 8 candidates is {:.1}x native > 3x",
+                ratio(warm)
+            ));
+        }
+        if fresh > Duration::from_micros(50) {
+            failures.push(format!("fresh at {n} candidates {} > 50 µs", micros(fresh)));
+        }
+    }
+    // Where the time goes: a call with nothing to copy, and the copying per candidate.
+    let mut empty = request.clone();
+    empty.count = 0;
+    let fixed = time(9, 5_000, || {
+        black_box(host.decide(id, &empty, &[], &[]).ok());
+    });
+    println!(
+        "a warm call with no candidate (the fixed cost of crossing into the sandbox): {}",
+        micros(fixed)
+    );
+    if failures.is_empty() {
+        println!("targets met: warm <= 5 µs and <= 3x native at 8 candidates; fresh <= 50 µs");
+    } else {
+        println!("targets missed: {}", failures.join("; "));
+    }
+}

@@ -1,0 +1,37 @@
+//! The wasmtime host of orch: one engine, the limits every plugin call runs under, the
+//! compile cache, and the policy host that asks a selection policy for a decision and checks
+//! its answer. The built-in policies are Wasm components from `plugins/`, embedded here.
+//!
+//! Design decision: a plugin is untrusted. It runs in a store with a deadline (epoch
+//! interruption, driven by a ticker thread), a linear-memory cap and a stack cap, with a WASI
+//! context that grants nothing (no files, sockets, environment or arguments; the clocks trap),
+//! and every answer is validated against what the host offered. A store that trapped is thrown
+//! away and the next decision gets a fresh instance from the reused `InstancePre`, so one bad
+//! plugin never takes the process, or the next decision, down with it.
+
+mod builtin;
+mod cache;
+mod engine;
+mod error;
+mod inspect;
+mod limits;
+mod policy;
+mod sandbox;
+mod validate;
+
+pub use builtin::{BUILTINS, Builtin, builtin};
+pub use cache::{CACHE_DIR_ENV, default_cache_dir};
+// The engine, cache and sandbox pieces the trainer host (crates/orch-trainer) reuses.
+pub use cache::ComponentCache;
+pub use engine::{Ticker, deadline_ticks, new_engine};
+pub use error::{PolicyError, RefusalKind};
+pub use inspect::{Inspection, inspect};
+pub use limits::Limits;
+pub use orch_wit::types;
+pub use policy::{PluginId, PluginRef, PolicyHost};
+pub use sandbox::{GuestLog, HasPluginState, Limiter, PluginState, add_wasi};
+pub use validate::misfit;
+
+/// Where the build put the guest components (built-ins and the hostile test fixtures).
+#[doc(hidden)]
+pub const PLUGIN_WASM_DIR: &str = env!("ORCH_PLUGIN_WASM_DIR");

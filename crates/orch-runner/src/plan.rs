@@ -1,0 +1,304 @@
+//! Placement as a dry run: which devices the job's policy picks now, its reason, and why every
+//! other visible device was not picked.
+//!
+//! Candidates are the visible devices (their logical index is their CUDA index) that no
+//! exclusive lease holds (nor, for an exclusive request, any lease). Shared leases reduce a
+//! device's free memory by what they reserve; other people's processes already count in its
+//! used memory.
+
+use orch_core::{DeviceLease, InputError, JobSpec};
+use orch_devices::{Device, Visibility};
+use orch_host::types::{Device as WitDevice, Lease, Request};
+use orch_host::{PolicyError, PolicyHost, misfit};
+
+/// What a plan is made from.
+#[derive(Debug, Clone, Copy)]
+pub struct PlanInput<'a> {
+    pub job: &'a JobSpec,
+    /// The inventory's devices, in physical order.
+    pub devices: &'a [Device],
+    pub visibility: &'a Visibility,
+    /// Leases held now (the lease store's live leases).
+    pub leases: &'a [DeviceLease],
+}
+
+/// The policy's choice.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub job: String,
+    /// The policy's name (built-in name or file name).
+    pub policy: String,
+    /// The chosen devices, best first.
+    pub chosen: Vec<PlannedDevice>,
+    pub reason: String,
+    /// Every visible device not chosen, in CUDA order, and why.
+    pub rejected: Vec<Rejection>,
+    /// Devices of the inventory that are not visible (`CUDA_VISIBLE_DEVICES`, Slurm).
+    pub hidden: usize,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedDevice {
+    /// CUDA index among the visible devices.
+    pub index: u32,
+    /// nvidia-smi's index.
+    pub physical_index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub memory_free: Option<u64>,
+    pub utilization_gpu: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    pub index: u32,
+    pub physical_index: u32,
+    pub why: String,
+}
+
+/// Why there is no plan.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// The job asks for the impossible, or names a policy that cannot be used.
+    #[error(transparent)]
+    Input(#[from] InputError),
+    /// The policy refused, or failed.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+}
+
+impl PlanError {
+    /// True for the user's input (exit 2), false for no fit or a failing plugin (exit 1).
+    pub fn is_bad_input(&self) -> bool {
+        match self {
+            PlanError::Input(_) => true,
+            PlanError::Policy(e) => e.is_bad_input(),
+        }
+    }
+}
+
+/// Asks the job's policy for devices. `env` reads the environment variables the job's policy
+/// config names (`var`), the only environment a plugin gets.
+pub fn plan(
+    input: PlanInput<'_>,
+    host: &mut PolicyHost,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Plan, PlanError> {
+    let job = input.job;
+    let visible = visible_devices(input);
+    check_count(input, visible.len())?;
+    let policy = host.load(&job.policy.plugin).map_err(|e| {
+        if e.is_bad_input() {
+            let hint = match e {
+                PolicyError::UnknownBuiltin { .. } => "check the spelling",
+                _ => "`orch plugin inspect FILE` says what a file is; docs/PLUGINS.md shows how to build a policy",
+            };
+            PlanError::Input(InputError {
+                location: job.policy.plugin_at.clone(),
+                message: e.to_string(),
+                hint: Some(hint.to_string()),
+            })
+        } else {
+            PlanError::Policy(e)
+        }
+    })?;
+    let request = request(job, host.default_config(policy), env);
+    let all: Vec<WitDevice> = visible
+        .iter()
+        .map(|(index, device, mig)| wit_device(*index, device, mig.as_deref(), input.leases))
+        .collect();
+    let leases: Vec<Lease> = visible
+        .iter()
+        .zip(&all)
+        .flat_map(|((_, device, mig), wit)| {
+            leases_on(
+                wit.index,
+                mig.as_deref().unwrap_or(&device.uuid),
+                input.leases,
+            )
+        })
+        .collect();
+    let offered: Vec<WitDevice> = all
+        .iter()
+        .filter(|d| !leases_exclude(&request, d, &leases))
+        .cloned()
+        .collect();
+    let offered_leases: Vec<Lease> = leases
+        .iter()
+        .filter(|l| offered.iter().any(|d| d.index == l.device))
+        .cloned()
+        .collect();
+    let decision = host.decide(policy, &request, &offered, &offered_leases)?;
+    let name = host.name(policy).to_string();
+    let chosen = decision
+        .devices
+        .iter()
+        .filter_map(|i| visible.iter().zip(&all).find(|(_, d)| d.index == *i))
+        .map(|((_, device, _), wit)| planned(wit, device))
+        .collect();
+    let rejected = all
+        .iter()
+        .filter(|d| !decision.devices.contains(&d.index))
+        .map(|d| Rejection {
+            index: d.index,
+            physical_index: d.physical_index,
+            why: misfit(&request, d, &leases)
+                .unwrap_or_else(|| format!("fits, not chosen by {name}")),
+        })
+        .collect();
+    Ok(Plan {
+        job: job.name.clone(),
+        policy: name,
+        chosen,
+        reason: decision.reason,
+        rejected,
+        hidden: input.devices.len().saturating_sub(visible.len()),
+    })
+}
+
+/// `(CUDA index, device, MIG uuid)` of every visible device.
+fn visible_devices<'a>(input: PlanInput<'a>) -> Vec<(u32, &'a Device, Option<String>)> {
+    input
+        .visibility
+        .devices
+        .iter()
+        .enumerate()
+        .filter_map(|(cuda, v)| {
+            let device = input.devices.iter().find(|d| d.index == v.physical)?;
+            Some((cuda as u32, device, v.mig_uuid.clone()))
+        })
+        .collect()
+}
+
+/// More devices than are visible is an impossible request, reported at `gpus`.
+fn check_count(input: PlanInput<'_>, visible: usize) -> Result<(), InputError> {
+    let gpus = input.job.resources.gpus as usize;
+    if gpus <= visible {
+        return Ok(());
+    }
+    let total = input.devices.len();
+    let (message, hint) = if visible == total {
+        (
+            format!("gpus = {gpus}, but this machine has {total} device(s)"),
+            format!("ask for at most {total}"),
+        )
+    } else {
+        (
+            format!("gpus = {gpus}, but only {visible} of the {total} device(s) here are visible"),
+            format!(
+                "ask for at most {visible}, or widen CUDA_VISIBLE_DEVICES / the Slurm allocation"
+            ),
+        )
+    };
+    Err(InputError {
+        location: input.job.resources.gpus_at.clone(),
+        message,
+        hint: Some(hint),
+    })
+}
+
+/// The request the policy sees: the job's resources, its config with the plugin's defaults
+/// filled in, and the environment variables config `var` names.
+fn request(
+    job: &JobSpec,
+    defaults: &[(&str, &str)],
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Request {
+    let mut config = job.policy.config.clone();
+    for (key, value) in defaults {
+        if !config.iter().any(|(k, _)| k == key) {
+            config.push((key.to_string(), value.to_string()));
+        }
+    }
+    let granted = config
+        .iter()
+        .filter(|(k, _)| k == "var")
+        .filter_map(|(_, name)| env(name).map(|value| (name.clone(), value)))
+        .collect();
+    let r = &job.resources;
+    Request {
+        count: r.gpus,
+        min_free_memory: r.min_free_memory.map(|s| s.bytes()),
+        max_utilization: r.max_utilization,
+        exclusive: r.exclusive,
+        memory_limit: r.memory_limit.map(|s| s.bytes()),
+        config,
+        env: granted,
+    }
+}
+
+/// The device as a policy sees it: its telemetry (a MIG instance's own memory size, and none
+/// of its parent's readings), free memory less what shared leases on it reserve.
+fn wit_device(index: u32, device: &Device, mig: Option<&str>, leases: &[DeviceLease]) -> WitDevice {
+    let uuid = mig.unwrap_or(&device.uuid);
+    let reserved: u64 = leases
+        .iter()
+        .filter(|l| l.device_uuid == uuid && !l.exclusive)
+        .map(|l| l.memory_reserved_bytes)
+        .sum();
+    let whole = mig.is_none();
+    let mig_total = mig.and_then(|m| {
+        device
+            .mig_devices
+            .iter()
+            .find(|d| d.uuid == m)
+            .and_then(|d| d.memory_total_bytes)
+    });
+    WitDevice {
+        index,
+        physical_index: device.index,
+        uuid: uuid.to_string(),
+        memory_total: if whole {
+            device.memory_total_bytes
+        } else {
+            mig_total
+        },
+        memory_used: device.memory_used_bytes.filter(|_| whole),
+        memory_free: device
+            .memory_free_bytes
+            .filter(|_| whole)
+            .map(|free| free.saturating_sub(reserved)),
+        utilization_gpu: device.utilization_gpu_percent.filter(|_| whole),
+        utilization_memory: device.utilization_memory_percent.filter(|_| whole),
+        temperature_c: device.temperature_c,
+        power_draw_w: device.power_draw_w,
+        compute_capability: device.compute_capability_pair(),
+        process_count: device.processes.as_ref().map(|p| p.len() as u32),
+    }
+}
+
+/// The leases on the device `uuid`, numbered by its logical `index`.
+fn leases_on(index: u32, uuid: &str, leases: &[DeviceLease]) -> Vec<Lease> {
+    leases
+        .iter()
+        .filter(|l| l.device_uuid == uuid)
+        .map(|l| Lease {
+            device: index,
+            job_name: l.job_name.clone(),
+            exclusive: l.exclusive,
+            memory_reserved: l.memory_reserved_bytes,
+        })
+        .collect()
+}
+
+/// True when leases keep the device from this request altogether: an exclusive lease, or any
+/// lease when the request is exclusive.
+fn leases_exclude(request: &Request, device: &WitDevice, leases: &[Lease]) -> bool {
+    let mut on_it = leases.iter().filter(|l| l.device == device.index);
+    if request.exclusive {
+        on_it.next().is_some()
+    } else {
+        on_it.any(|l| l.exclusive)
+    }
+}
+
+fn planned(wit: &WitDevice, device: &Device) -> PlannedDevice {
+    PlannedDevice {
+        index: wit.index,
+        physical_index: wit.physical_index,
+        uuid: wit.uuid.clone(),
+        name: device.name.clone(),
+        memory_free: wit.memory_free,
+        utilization_gpu: wit.utilization_gpu,
+    }
+}

@@ -1,0 +1,24 @@
+//! The plugin contract, `orch:plugin@0.1.0` in `wit/`, bound for the host.
+//!
+//! Design decision: this is the only crate that runs `wasmtime::component::bindgen!`; every
+//! other crate uses the types it generates, so the contract has one Rust face (as Spin's
+//! `crates/world`). A trainer world gets its own module beside [`policy`] and shares
+//! [`types`] with it.
+
+/// The `policy` world: selection policies export `select`.
+pub mod policy {
+    wasmtime::component::bindgen!({
+        path: "../../wit",
+        world: "policy",
+    });
+}
+
+/// The shared `orch:plugin/types` interface: devices, leases, request, decision, refusal.
+pub use policy::orch::plugin::types;
+pub use policy::{Policy, PolicyPre};
+
+/// The world a policy component implements, as `orch plugin inspect` names it.
+pub const POLICY_WORLD: &str = "orch:plugin/policy@0.1.0";
+
+/// The package every orch world belongs to.
+pub const PACKAGE: &str = "orch:plugin@0.1.0";

@@ -1,0 +1,23 @@
+//! Built-in policy `first-fit`: The lowest CUDA indices that fit.
+
+use orch_policy_kit::{
+    Decision, Device, Guest, Input, Lease, Refusal, Request, choose_ranked, export_policy,
+};
+use std::cmp::Ordering;
+
+struct FirstFit;
+
+impl Guest for FirstFit {
+    fn select(
+        request: Request,
+        candidates: Vec<Device>,
+        leases: Vec<Lease>,
+    ) -> Result<Decision, Refusal> {
+        let input = Input::new(request, candidates, leases);
+        choose_ranked(&input, "first fit (lowest CUDA index that fits)", |_, _| {
+            Ordering::Equal
+        })
+    }
+}
+
+export_policy!(FirstFit);

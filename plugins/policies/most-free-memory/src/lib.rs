@@ -1,0 +1,25 @@
+//! Built-in policy `most-free-memory`: Most free memory first, then lowest utilization.
+
+use orch_policy_kit::{
+    Decision, Device, Guest, Input, Lease, Refusal, Request, busy, choose_ranked, export_policy,
+    free,
+};
+
+struct MostFreeMemory;
+
+impl Guest for MostFreeMemory {
+    fn select(
+        request: Request,
+        candidates: Vec<Device>,
+        leases: Vec<Lease>,
+    ) -> Result<Decision, Refusal> {
+        let input = Input::new(request, candidates, leases);
+        choose_ranked(
+            &input,
+            "most free memory (then lowest utilization)",
+            |a, b| free(b).cmp(&free(a)).then(busy(a).cmp(&busy(b))),
+        )
+    }
+}
+
+export_policy!(MostFreeMemory);
