@@ -7,13 +7,20 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn scratch(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("orch-run-{tag}-{}-{}", std::process::id(), rand_suffix()));
+    let dir = std::env::temp_dir().join(format!(
+        "orch-run-{tag}-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
 
 fn rand_suffix() -> u128 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
 }
 
 /// `orch ARGS` on the 8-GPU sim with its own state folder.
@@ -30,13 +37,28 @@ fn the_command_gets_exactly_its_devices() {
     let state = scratch("env");
     let out = orch_run(
         &state,
-        &["run", "--gpus", "2", "--policy", "first-fit", "--", "sh", "-c", "echo \"CVD=$CUDA_VISIBLE_DEVICES ORDER=$CUDA_DEVICE_ORDER JOB=$ORCH_JOB_ID\""],
+        &[
+            "run",
+            "--gpus",
+            "2",
+            "--policy",
+            "first-fit",
+            "--",
+            "sh",
+            "-c",
+            "echo \"CVD=$CUDA_VISIBLE_DEVICES ORDER=$CUDA_DEVICE_ORDER JOB=$ORCH_JOB_ID\"",
+        ],
         &[],
     );
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     // first-fit on the lab box: the first two devices with room, by UUID, in rank order.
-    assert!(text.contains("CVD=GPU-8932f937-d72c-4106-c12f-20bd9faed9f6,GPU-1c7b4a55-0f0e-4d5c-9b37-6a2e0e1d4c21 "), "{text}");
+    assert!(
+        text.contains(
+            "CVD=GPU-8932f937-d72c-4106-c12f-20bd9faed9f6,GPU-1c7b4a55-0f0e-4d5c-9b37-6a2e0e1d4c21 "
+        ),
+        "{text}"
+    );
     assert!(text.contains("ORDER=PCI_BUS_ID"), "{text}");
     assert!(text.contains("JOB=") && !text.contains("JOB= "), "{text}");
     let after = orch_run(&state, &["leases", "--json"], &[]);
@@ -46,14 +68,25 @@ fn the_command_gets_exactly_its_devices() {
 #[test]
 fn exit_status_and_signals_pass_through() {
     let state = scratch("status");
-    let out = orch_run(&state, &["run", "--gpus", "1", "--", "sh", "-c", "exit 42"], &[]);
+    let out = orch_run(
+        &state,
+        &["run", "--gpus", "1", "--", "sh", "-c", "exit 42"],
+        &[],
+    );
     assert_eq!(out.status.code(), Some(42));
-    let out = orch_run(&state, &["run", "--gpus", "1", "--", "sh", "-c", "kill -TERM $$"], &[]);
+    let out = orch_run(
+        &state,
+        &["run", "--gpus", "1", "--", "sh", "-c", "kill -TERM $$"],
+        &[],
+    );
     assert_eq!(out.status.code(), Some(128 + 15));
 
     // SIGTERM to orch reaches the job, which reports it and exits 3.
     let marker = state.join("got-term");
-    let script = format!("trap 'touch {}; exit 3' TERM; sleep 30 & wait", marker.display());
+    let script = format!(
+        "trap 'touch {}; exit 3' TERM; sleep 30 & wait",
+        marker.display()
+    );
     let mut child = Command::new(env!("CARGO_BIN_EXE_orch"))
         .args(["run", "--gpus", "1", "--", "sh", "-c", &script])
         .env("ORCH_DEVICES", lab_sim())
@@ -75,34 +108,102 @@ fn exit_status_and_signals_pass_through() {
 fn no_fit_exits_1_with_the_reason_and_wait_times_out() {
     let state = scratch("nofit");
     let out = orch_run(&state, &["run", "--gpus", "9", "--", "true"], &[]);
-    assert_eq!(out.status.code(), Some(2), "more GPUs than exist is bad input: {}", stderr(&out));
-    let out = orch_run(&state, &["run", "--gpus", "1", "--min-free-memory", "200GiB", "--", "true"], &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "more GPUs than exist is bad input: {}",
+        stderr(&out)
+    );
+    let out = orch_run(
+        &state,
+        &[
+            "run",
+            "--gpus",
+            "1",
+            "--min-free-memory",
+            "200GiB",
+            "--",
+            "true",
+        ],
+        &[],
+    );
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(stderr(&out).contains("free"), "{}", stderr(&out));
     let started = Instant::now();
-    let out = orch_run(&state, &["run", "--gpus", "1", "--min-free-memory", "200GiB", "--wait", "--timeout", "1s", "--", "true"], &[]);
+    let out = orch_run(
+        &state,
+        &[
+            "run",
+            "--gpus",
+            "1",
+            "--min-free-memory",
+            "200GiB",
+            "--wait",
+            "--timeout",
+            "1s",
+            "--",
+            "true",
+        ],
+        &[],
+    );
     assert_eq!(out.status.code(), Some(1));
     assert!(started.elapsed() < Duration::from_secs(20));
-    assert!(stderr(&out).contains("waiting"), "says why it waits: {}", stderr(&out));
+    assert!(
+        stderr(&out).contains("waiting"),
+        "says why it waits: {}",
+        stderr(&out)
+    );
 }
 
 #[test]
 fn per_device_launch_and_failure_propagation() {
     let state = scratch("perdev");
     let script = "echo \"rank=$RANK local=$LOCAL_RANK world=$WORLD_SIZE cvd=$CUDA_VISIBLE_DEVICES addr=$MASTER_ADDR port=$MASTER_PORT\"";
-    let out = orch_run(&state, &["run", "--gpus", "3", "--per-device", "--", "sh", "-c", script], &[]);
+    let out = orch_run(
+        &state,
+        &[
+            "run",
+            "--gpus",
+            "3",
+            "--per-device",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+        &[],
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("rank=")).collect();
     assert_eq!(lines.len(), 3, "{text}");
     for rank in 0..3 {
-        let line = lines.iter().find(|l| l.starts_with(&format!("rank={rank} "))).unwrap();
+        let line = lines
+            .iter()
+            .find(|l| l.starts_with(&format!("rank={rank} ")))
+            .unwrap();
         assert!(line.contains(&format!("local={rank} world=3")), "{line}");
-        assert!(!line.contains("cvd=GPU-") || !line.contains(','), "one device each: {line}");
+        assert!(
+            !line.contains("cvd=GPU-") || !line.contains(','),
+            "one device each: {line}"
+        );
         assert!(line.contains("addr=127.0.0.1 port="), "{line}");
     }
     let started = Instant::now();
-    let out = orch_run(&state, &["run", "--gpus", "2", "--per-device", "--", "sh", "-c", "if [ $RANK = 1 ]; then exit 9; fi; sleep 60"], &[]);
+    let out = orch_run(
+        &state,
+        &[
+            "run",
+            "--gpus",
+            "2",
+            "--per-device",
+            "--",
+            "sh",
+            "-c",
+            "if [ $RANK = 1 ]; then exit 9; fi; sleep 60",
+        ],
+        &[],
+    );
     assert_eq!(out.status.code(), Some(9));
     assert!(started.elapsed() < Duration::from_secs(30));
     assert_eq!(lease_count(&state), 0);
@@ -114,7 +215,16 @@ fn kill_9_of_orch_and_its_job_frees_the_lease() {
     let pidfile = state.join("job.pid");
     let script = format!("echo $$ > {}; sleep 60", pidfile.display());
     let mut child = Command::new(env!("CARGO_BIN_EXE_orch"))
-        .args(["run", "--gpus", "8", "--exclusive", "--", "sh", "-c", &script])
+        .args([
+            "run",
+            "--gpus",
+            "8",
+            "--exclusive",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
         .env("ORCH_DEVICES", lab_sim())
         .env("ORCH_STATE_DIR", &state)
         .stdout(Stdio::null())
@@ -126,14 +236,22 @@ fn kill_9_of_orch_and_its_job_frees_the_lease() {
     while !pidfile.exists() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let job_pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    let job_pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     unsafe {
         libc_kill(child.id() as i32, 9);
         libc_kill(job_pid, 9);
     }
     child.wait().unwrap();
     // The next orch reclaims the lease and can take all eight devices again.
-    let out = orch_run(&state, &["run", "--gpus", "8", "--exclusive", "--", "true"], &[]);
+    let out = orch_run(
+        &state,
+        &["run", "--gpus", "8", "--exclusive", "--", "true"],
+        &[],
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stderr(&out).contains("reclaimed"), "{}", stderr(&out));
 }
@@ -150,7 +268,19 @@ fn fifty_concurrent_exclusive_runs_never_share_a_device() {
     let children: Vec<_> = (0..50)
         .map(|_| {
             Command::new(env!("CARGO_BIN_EXE_orch"))
-                .args(["run", "--gpus", "1", "--exclusive", "--wait", "--timeout", "300s", "--", "sh", "-c", &script])
+                .args([
+                    "run",
+                    "--gpus",
+                    "1",
+                    "--exclusive",
+                    "--wait",
+                    "--timeout",
+                    "300s",
+                    "--",
+                    "sh",
+                    "-c",
+                    &script,
+                ])
                 .env("ORCH_DEVICES", lab_sim())
                 .env("ORCH_STATE_DIR", &state)
                 .stdout(Stdio::null())
@@ -161,27 +291,42 @@ fn fifty_concurrent_exclusive_runs_never_share_a_device() {
         .collect();
     for child in children {
         let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let text = std::fs::read_to_string(&log).unwrap();
     let mut by_device: HashMap<String, Vec<(u128, u128)>> = HashMap::new();
     for line in text.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
         assert_eq!(f.len(), 3, "one device per job: {line}");
-        by_device.entry(f[0].into()).or_default().push((f[1].parse().unwrap(), f[2].parse().unwrap()));
+        by_device
+            .entry(f[0].into())
+            .or_default()
+            .push((f[1].parse().unwrap(), f[2].parse().unwrap()));
     }
-    assert_eq!(by_device.values().map(Vec::len).sum::<usize>(), 50, "all 50 ran");
+    assert_eq!(
+        by_device.values().map(Vec::len).sum::<usize>(),
+        50,
+        "all 50 ran"
+    );
     for (device, mut spans) in by_device {
         spans.sort_unstable();
         for pair in spans.windows(2) {
-            assert!(pair[0].1 <= pair[1].0, "two holders of {device} at once: {pair:?}");
+            assert!(
+                pair[0].1 <= pair[1].0,
+                "two holders of {device} at once: {pair:?}"
+            );
         }
     }
 }
 
 fn lease_count(state: &Path) -> usize {
     let out = orch_run(state, &["leases", "--json"], &[]);
-    serde_json::from_slice::<serde_json::Value>(&out.stdout).map_or(0, |v| v.as_array().map_or(0, Vec::len))
+    serde_json::from_slice::<serde_json::Value>(&out.stdout)
+        .map_or(0, |v| v.as_array().map_or(0, Vec::len))
 }
 
 fn wait_for_lease(state: &Path, n: usize) {
@@ -210,26 +355,54 @@ fn the_three_everyday_examples_run_as_written() {
     let out = orch_run(&state, &["run", &example("one-task-per-gpu.toml")], &[]);
     assert!(out.status.success(), "{}", stderr(&out));
     // least-loaded with >= 20 GiB free and <= 50% busy: an idle card (1 or 4), by full UUID.
-    assert!(stdout(&out).contains("CUDA_VISIBLE_DEVICES=GPU-1c7b4a55-0f0e-4d5c-9b37-6a2e0e1d4c21"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("CUDA_VISIBLE_DEVICES=GPU-1c7b4a55-0f0e-4d5c-9b37-6a2e0e1d4c21"),
+        "{}",
+        stdout(&out)
+    );
 
     let out = orch_run(&state, &["run", &example("multi-gpu.toml")], &[]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     for rank in 0..4 {
-        assert!(text.contains(&format!("[rank {rank}] WORLD_SIZE=4")), "{text}");
+        assert!(
+            text.contains(&format!("[rank {rank}] WORLD_SIZE=4")),
+            "{text}"
+        );
     }
-    assert_eq!(text.matches("XLA_PYTHON_CLIENT_MEM_FRACTION=0.500").count(), 4, "{text}");
+    assert_eq!(
+        text.matches("XLA_PYTHON_CLIENT_MEM_FRACTION=0.500").count(),
+        4,
+        "{text}"
+    );
 
-    let out = orch_run(&state, &["run", &example("cloud-gpu-id.toml")], &[("CLOUD_GPU_ID", "5")]);
+    let out = orch_run(
+        &state,
+        &["run", &example("cloud-gpu-id.toml")],
+        &[("CLOUD_GPU_ID", "5")],
+    );
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(stdout(&out).contains("CUDA_VISIBLE_DEVICES=GPU-9b0e2f3a-4c5d-4e6f-9a7b-8c9d0e1f2a3b"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("CUDA_VISIBLE_DEVICES=GPU-9b0e2f3a-4c5d-4e6f-9a7b-8c9d0e1f2a3b"),
+        "{}",
+        stdout(&out)
+    );
 }
 
 #[test]
 fn plan_and_run_see_the_leases_of_running_jobs() {
     let state = scratch("seen");
     let mut holder = Command::new(env!("CARGO_BIN_EXE_orch"))
-        .args(["run", "--gpus", "1", "--policy", "first-fit", "--", "sleep", "30"])
+        .args([
+            "run",
+            "--gpus",
+            "1",
+            "--policy",
+            "first-fit",
+            "--",
+            "sleep",
+            "30",
+        ])
         .env("ORCH_DEVICES", lab_sim())
         .env("ORCH_STATE_DIR", &state)
         .stdout(Stdio::null())
@@ -237,11 +410,38 @@ fn plan_and_run_see_the_leases_of_running_jobs() {
         .spawn()
         .unwrap();
     wait_for_lease(&state, 1);
-    let plan = orch_run(&state, &["plan", &root().join("examples/plan/first-fit.toml").display().to_string()], &[]);
+    let plan = orch_run(
+        &state,
+        &[
+            "plan",
+            &root()
+                .join("examples/plan/first-fit.toml")
+                .display()
+                .to_string(),
+        ],
+        &[],
+    );
     let text = stdout(&plan);
-    assert!(text.contains("GPU 0: held exclusively by job sleep"), "{text}");
+    assert!(
+        text.contains("GPU 0: held exclusively by job sleep"),
+        "{text}"
+    );
     // A second exclusive first-fit job skips the held GPU 0.
-    let out = orch_run(&state, &["run", "--gpus", "1", "--policy", "first-fit", "--", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES"], &[]);
+    let out = orch_run(
+        &state,
+        &[
+            "run",
+            "--gpus",
+            "1",
+            "--policy",
+            "first-fit",
+            "--",
+            "sh",
+            "-c",
+            "echo $CUDA_VISIBLE_DEVICES",
+        ],
+        &[],
+    );
     assert!(stdout(&out).starts_with("GPU-1c7b4a55"), "{}", stdout(&out));
     holder.kill().unwrap();
     holder.wait().unwrap();

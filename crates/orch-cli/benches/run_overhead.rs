@@ -12,7 +12,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 const RUNS: usize = 40;
 
 fn now_ns() -> u128 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
 }
 
 /// Milliseconds from spawning `cmd` to the job printing its clock, and the whole run.
@@ -20,9 +22,18 @@ fn time_once(cmd: &mut Command) -> (f64, f64) {
     let start = now_ns();
     let out = cmd.output().expect("the command runs");
     let end = now_ns();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
-    let job_start: u128 = text.trim().lines().last().and_then(|l| l.parse().ok()).expect("date printed its clock");
+    let job_start: u128 = text
+        .trim()
+        .lines()
+        .last()
+        .and_then(|l| l.parse().ok())
+        .expect("date printed its clock");
     ((job_start - start) as f64 / 1e6, (end - start) as f64 / 1e6)
 }
 
@@ -43,11 +54,20 @@ fn main() {
     let cache = state.join("cache");
     let orch = |policy: &str| {
         let mut c = Command::new(env!("CARGO_BIN_EXE_orch"));
-        c.args(["run", "--gpus", "1", "--policy", policy, "--", "/bin/date", "+%s%N"])
-            .env("ORCH_DEVICES", &sim)
-            .env("ORCH_STATE_DIR", &state)
-            .env("ORCH_CACHE_DIR", &cache)
-            .env("RUST_LOG", "warn");
+        c.args([
+            "run",
+            "--gpus",
+            "1",
+            "--policy",
+            policy,
+            "--",
+            "/bin/date",
+            "+%s%N",
+        ])
+        .env("ORCH_DEVICES", &sim)
+        .env("ORCH_STATE_DIR", &state)
+        .env("ORCH_CACHE_DIR", &cache)
+        .env("RUST_LOG", "warn");
         c
     };
     // The first run compiles the policy component and caches it on disk; later runs load it.
@@ -56,15 +76,36 @@ fn main() {
     let (first_start, first_total) = measure(|| orch("first-fit"));
     let (hand_start, hand_total) = measure(|| {
         let mut c = Command::new("/bin/date");
-        c.arg("+%s%N").env("CUDA_VISIBLE_DEVICES", "GPU-1c7b4a55-0f0e-4d5c-9b37-6a2e0e1d4c21");
+        c.arg("+%s%N").env(
+            "CUDA_VISIBLE_DEVICES",
+            "GPU-1c7b4a55-0f0e-4d5c-9b37-6a2e0e1d4c21",
+        );
         c
     });
     println!("orch run overhead (median of {RUNS}, ms; job = /bin/date on the 8-GPU sim)");
-    println!("{:<46} {:>14} {:>12}", "how the job was started", "to job start", "whole run");
-    println!("{:<46} {:>14.2} {:>12.2}", "hand-set CUDA_VISIBLE_DEVICES (baseline)", hand_start, hand_total);
-    println!("{:<46} {:>14.2} {:>12.2}", "orch run --gpus 1 --policy least-loaded", least_start, least_total);
-    println!("{:<46} {:>14.2} {:>12.2}", "orch run --gpus 1 --policy first-fit", first_start, first_total);
-    println!("{:<46} {:>14.2} {:>12}", "orch run, first ever (policy compiled, cached)", cold, "");
-    println!("orch adds {:.2} ms before the job starts (target <= 20 ms)", least_start - hand_start);
+    println!(
+        "{:<46} {:>14} {:>12}",
+        "how the job was started", "to job start", "whole run"
+    );
+    println!(
+        "{:<46} {:>14.2} {:>12.2}",
+        "hand-set CUDA_VISIBLE_DEVICES (baseline)", hand_start, hand_total
+    );
+    println!(
+        "{:<46} {:>14.2} {:>12.2}",
+        "orch run --gpus 1 --policy least-loaded", least_start, least_total
+    );
+    println!(
+        "{:<46} {:>14.2} {:>12.2}",
+        "orch run --gpus 1 --policy first-fit", first_start, first_total
+    );
+    println!(
+        "{:<46} {:>14.2} {:>12}",
+        "orch run, first ever (policy compiled, cached)", cold, ""
+    );
+    println!(
+        "orch adds {:.2} ms before the job starts (target <= 20 ms)",
+        least_start - hand_start
+    );
     let _ = std::fs::remove_dir_all(&state);
 }

@@ -98,7 +98,9 @@ pub enum LeasesAction {
 }
 
 #[derive(Debug, clap::Args)]
-#[command(after_help = "Examples:\n  orch run job.toml\n  orch run --gpus 2 --policy least-loaded --min-free-memory 10GiB -- python train.py")]
+#[command(
+    after_help = "Examples:\n  orch run job.toml\n  orch run --gpus 2 --policy least-loaded --min-free-memory 10GiB -- python train.py"
+)]
 pub struct RunArgs {
     /// The job file; omit it and give the command after `--` for the quick form.
     #[arg(value_name = "JOB.toml", conflicts_with_all = ["gpus", "policy", "min_free_memory", "max_utilization", "memory_limit", "exclusive", "shared", "per_device"])]

@@ -36,7 +36,9 @@ pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
     let visibility = Visibility::resolve(&inventory.devices, &VisibilityEnv::from_process());
     let mut host = policy_host()?;
     let mut store = open_store()?;
-    let wait = args.wait.then(|| Instant::now() + timeout.unwrap_or(Duration::MAX / 4));
+    let wait = args
+        .wait
+        .then(|| Instant::now() + timeout.unwrap_or(Duration::MAX / 4));
     let (lease, plan) = claim_until(&mut store, &mut host, &job, &inventory, &visibility, wait)?;
     tracing::info!("{}", placed_line(&job, &lease, &plan));
 
@@ -55,13 +57,19 @@ pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
             if let Some(holder) = Holder::of_pid(pid)
                 && let Err(e) = store.add_holder(&lease.id, holder)
             {
-                tracing::warn!("could not record pid {pid} as a holder of lease {}: {e}", lease.id);
+                tracing::warn!(
+                    "could not record pid {pid} as a holder of lease {}: {e}",
+                    lease.id
+                );
             }
         },
         monitor,
     );
     if let Err(e) = store.release(&lease.id) {
-        tracing::warn!("could not release lease {}: {e} (the next orch reclaims it)", lease.id);
+        tracing::warn!(
+            "could not release lease {}: {e} (the next orch reclaims it)",
+            lease.id
+        );
     }
     let outcome = result.map_err(Failure::failed)?;
     if outcome.success() {
@@ -94,7 +102,12 @@ fn claim_until(
     loop {
         let mut planned: Option<Plan> = None;
         let claimed = store.claim(&request, |leases| {
-            let input = PlanInput { job, devices: &inventory.devices, visibility, leases };
+            let input = PlanInput {
+                job,
+                devices: &inventory.devices,
+                visibility,
+                leases,
+            };
             let plan = orch_runner::plan(input, host, &|name| std::env::var(name).ok())?;
             let uuids = plan.chosen.iter().map(|d| d.uuid.clone()).collect();
             planned = Some(plan);
@@ -111,7 +124,9 @@ fn claim_until(
             Err(e) => e.to_string(),
         };
         let Some(deadline) = wait else {
-            return Err(Failure::failed_msg(format!("{error} (add --wait to wait for a fit)")));
+            return Err(Failure::failed_msg(format!(
+                "{error} (add --wait to wait for a fit)"
+            )));
         };
         if Instant::now() + delay > deadline {
             return Err(Failure::failed_msg(format!("gave up waiting: {error}")));
@@ -170,7 +185,13 @@ fn jitter() -> Duration {
     Duration::from_millis(u64::from((nanos ^ std::process::id()) % 50))
 }
 
-fn job_env(job: &JobSpec, command: &CommandSpec, lease: &Lease, plan: &Plan, devices: &[Device]) -> JobEnv {
+fn job_env(
+    job: &JobSpec,
+    command: &CommandSpec,
+    lease: &Lease,
+    plan: &Plan,
+    devices: &[Device],
+) -> JobEnv {
     let assigned = plan
         .chosen
         .iter()
@@ -178,7 +199,11 @@ fn job_env(job: &JobSpec, command: &CommandSpec, lease: &Lease, plan: &Plan, dev
             let device = devices.iter().find(|d| d.index == chosen.physical_index);
             let is_gpu = chosen.uuid.starts_with("GPU-") || chosen.uuid.starts_with("MIG-");
             AssignedDevice {
-                cuda_id: if is_gpu { chosen.uuid.clone() } else { String::new() },
+                cuda_id: if is_gpu {
+                    chosen.uuid.clone()
+                } else {
+                    String::new()
+                },
                 memory_total_bytes: device.and_then(|d| d.memory_total_bytes),
             }
         })
@@ -196,9 +221,22 @@ fn placed_line(job: &JobSpec, lease: &Lease, plan: &Plan) -> String {
     let devices: Vec<String> = plan
         .chosen
         .iter()
-        .map(|d| format!("GPU {} ({})", d.physical_index, d.uuid.chars().take(12).collect::<String>()))
+        .map(|d| {
+            format!(
+                "GPU {} ({})",
+                d.physical_index,
+                d.uuid.chars().take(12).collect::<String>()
+            )
+        })
         .collect();
-    format!("job {}: lease {} on {} by {}: {}", job.name, lease.id, devices.join(", "), plan.policy, plan.reason)
+    format!(
+        "job {}: lease {} on {} by {}: {}",
+        job.name,
+        lease.id,
+        devices.join(", "),
+        plan.policy,
+        plan.reason
+    )
 }
 
 /// The job the quick form describes.
@@ -209,14 +247,23 @@ fn quick_job(args: &RunArgs) -> Result<JobSpec, Failure> {
         ));
     };
     let here = std::env::current_dir().map_err(Failure::failed)?;
-    let at = Location { file: "command line".into(), line: 1, column: 1 };
+    let at = Location {
+        file: "command line".into(),
+        line: 1,
+        column: 1,
+    };
     let size = |flag: &str, text: &Option<String>| -> Result<Option<ByteSize>, Failure> {
         text.as_deref()
-            .map(|t| t.parse::<ByteSize>().map_err(|e| Failure::bad_input_msg(format!("{flag}: {e}"))))
+            .map(|t| {
+                t.parse::<ByteSize>()
+                    .map_err(|e| Failure::bad_input_msg(format!("{flag}: {e}")))
+            })
             .transpose()
     };
     if let Some(u) = args.max_utilization.filter(|u| *u > 100) {
-        return Err(Failure::bad_input_msg(format!("--max-utilization is a percent from 0 to 100, found {u}")));
+        return Err(Failure::bad_input_msg(format!(
+            "--max-utilization is a percent from 0 to 100, found {u}"
+        )));
     }
     let gpus = args.gpus.unwrap_or(1);
     if gpus == 0 {
@@ -248,7 +295,11 @@ fn quick_job(args: &RunArgs) -> Result<JobSpec, Failure> {
         work: Work::Command(CommandSpec {
             argv: args.command.clone(),
             env: Default::default(),
-            launch: if args.per_device { Launch::PerDevice } else { Launch::Single },
+            launch: if args.per_device {
+                Launch::PerDevice
+            } else {
+                Launch::Single
+            },
         }),
     })
 }
@@ -256,7 +307,9 @@ fn quick_job(args: &RunArgs) -> Result<JobSpec, Failure> {
 /// `90s`, `15m`, `2h`, `500ms`, or plain seconds.
 fn parse_duration(text: &str) -> Result<Duration, Failure> {
     let t = text.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (number, unit) = t.split_at(split);
     let value: f64 = number.parse().map_err(|_| bad_duration(text))?;
     let secs = match unit {
@@ -270,7 +323,9 @@ fn parse_duration(text: &str) -> Result<Duration, Failure> {
 }
 
 fn bad_duration(text: &str) -> Failure {
-    Failure::bad_input_msg(format!("--timeout: expected a duration such as 90s, 15m or 2h, found \"{text}\""))
+    Failure::bad_input_msg(format!(
+        "--timeout: expected a duration such as 90s, 15m or 2h, found \"{text}\""
+    ))
 }
 
 #[cfg(test)]
