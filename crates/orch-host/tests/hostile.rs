@@ -73,8 +73,15 @@ fn the_deadline_is_configurable() {
 
 #[test]
 fn a_memory_bomb_hits_the_memory_limit() {
+    // Filling 64 MiB can take longer than the default 100 ms on a loaded machine; a longer
+    // deadline makes sure it is the memory cap, not the clock, that stops the bomb.
+    let limits = Limits {
+        deadline: Duration::from_secs(5),
+        ..Limits::default()
+    };
+    let mut host = PolicyHost::with_cache_dir(limits, Some(common::cache_dir())).unwrap();
     let err = contained(
-        &mut host(),
+        &mut host,
         "hostile_memory_bomb",
         &["memory limit of 64 MiB"],
     );
