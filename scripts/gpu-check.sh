@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # For a machine with an NVIDIA GPU: builds orch, lists the GPUs through NVML, creates a CUDA context
-# on every GPU, runs the CUDA tests with ORCH_REQUIRE_GPU=1 (a skipped CUDA test fails there), and
-# prints a short table last. Exits non-zero on any failure.
+# on every GPU, runs the CUDA tests with ORCH_REQUIRE_GPU=1 (a skipped CUDA test fails there), the
+# GPU benchmarks and MNIST on the GPU, and prints a short table last. Exits non-zero on any failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export ORCH_REQUIRE_GPU=1
@@ -20,6 +20,10 @@ step "orch devices (nvml)" "$orch" --devices nvml devices
 step "orch devices --json (nvml)" "$orch" --devices nvml devices --json
 step "CUDA context on every GPU" "$orch" devices --check-cuda
 step "device tests (ORCH_REQUIRE_GPU=1)" cargo test --release -p orch-devices
+step "tensor tests on cuda (ORCH_REQUIRE_GPU=1)" cargo test --release -p orch-tensor
+step "trainer tests" cargo test --release -p orch-trainer
+step "GPU benchmarks (SGEMM, TF32, MLP step)" cargo bench -p orch-tensor --bench gpu
+step "MNIST on the GPU" "$orch" --devices nvml run examples/mnist/job.toml
 
 echo
 printf '%-40s %s\n' "check" "result"

@@ -14,7 +14,15 @@ fn main() {
     let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
     let root = manifest_dir.join("../..");
     let plugins = root.join("plugins");
-    for watched in ["Cargo.toml", "Cargo.lock", "kit", "policies", "fixtures"] {
+    for watched in [
+        "Cargo.toml",
+        "Cargo.lock",
+        "kit",
+        "policies",
+        "fixtures",
+        "trainer-mlp",
+        "trainer-fixtures",
+    ] {
         println!("cargo:rerun-if-changed={}", plugins.join(watched).display());
     }
     println!("cargo:rerun-if-changed={}", root.join("wit").display());

@@ -3,6 +3,7 @@
 mod devices;
 mod plan;
 mod run;
+mod train;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -138,4 +138,7 @@ pub struct RunArgs {
     /// Quick form: the command and its arguments.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
+    /// A `[train]` job: continue from the checkpoint in its output folder (`[train] out`).
+    #[arg(long, requires = "job")]
+    pub resume: bool,
 }

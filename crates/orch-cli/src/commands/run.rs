@@ -24,14 +24,15 @@ pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
     };
     let timeout = args.timeout.as_deref().map(parse_duration).transpose()?;
     let command = match &job.work {
-        Work::Command(command) => command.clone(),
-        Work::Train(_) => {
-            return Err(Failure::bad_input_msg(format!(
-                "{}: [train] jobs (Wasm trainers) are not supported by this orch yet; use [command]",
-                job.path.display()
-            )));
-        }
+        Work::Command(command) => Some(command.clone()),
+        Work::Train(_) => None,
     };
+    if args.resume && command.is_some() {
+        return Err(Failure::bad_input_msg(format!(
+            "{}: --resume is for [train] jobs",
+            job.path.display()
+        )));
+    }
     let inventory = load_inventory(spec)?;
     let visibility = Visibility::resolve(&inventory.devices, &VisibilityEnv::from_process());
     let mut host = policy_host()?;
@@ -41,6 +42,17 @@ pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
         .then(|| Instant::now() + timeout.unwrap_or(Duration::MAX / 4));
     let (lease, plan) = claim_until(&mut store, &mut host, &job, &inventory, &visibility, wait)?;
     tracing::info!("{}", placed_line(&job, &lease, &plan));
+    let Some(command) = command else {
+        // A [train] job: the Wasm trainer's replicas run in this process, on the leased devices.
+        let result = super::train::run(&job, &plan, &inventory, args.resume);
+        if let Err(e) = store.release(&lease.id) {
+            tracing::warn!(
+                "could not release lease {}: {e} (the next orch reclaims it)",
+                lease.id
+            );
+        }
+        return result;
+    };
 
     let launch = LaunchSpec {
         argv: command.argv.clone(),

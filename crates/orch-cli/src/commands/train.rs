@@ -1,0 +1,54 @@
+//! `orch run JOB.toml` for a `[train]` job: the Wasm trainer (orch-trainer) on the devices the
+//! lease holds. A simulated GPU computes on the CPU with its memory as the cap, the CPU
+//! inventory is the host CPU, an NVML GPU is its CUDA device (by its CUDA index); the job's
+//! `memory_limit` is the per-device quota of its tensors.
+
+use crate::failure::{CmdResult, Failure};
+use orch_core::ByteSize;
+use orch_core::job::{JobSpec, Work};
+use orch_devices::{Backend, Inventory};
+use orch_runner::Plan;
+use orch_tensor::Device;
+use orch_trainer::{GrantedDevice, ProgressMode, RunOptions, TrainJob};
+
+pub fn run(job: &JobSpec, plan: &Plan, inventory: &Inventory, resume: bool) -> CmdResult {
+    let Work::Train(spec) = &job.work else {
+        return Err(Failure::failed_msg("internal: not a [train] job"));
+    };
+    let devices: Vec<GrantedDevice> = plan
+        .chosen
+        .iter()
+        .map(|chosen| {
+            let device = inventory
+                .devices
+                .iter()
+                .find(|d| d.index == chosen.physical_index);
+            GrantedDevice {
+                device: match inventory.backend {
+                    Backend::Cpu => Device::Cpu,
+                    Backend::Sim => Device::Sim(chosen.physical_index as usize),
+                    Backend::Nvml => Device::Cuda(chosen.index as usize),
+                },
+                name: chosen.name.clone(),
+                memory_total: device.and_then(|d| d.memory_total_bytes),
+                memory_free: chosen.memory_free,
+                pool: None,
+            }
+        })
+        .collect();
+    let train_job = TrainJob {
+        name: &job.name,
+        spec,
+        memory_limit: job.resources.memory_limit.map(ByteSize::bytes),
+    };
+    let options = RunOptions {
+        resume,
+        progress: ProgressMode::detect(),
+        ..RunOptions::default()
+    };
+    match orch_trainer::train(&train_job, &devices, &options) {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_bad_input() => Err(Failure::bad_input(e)),
+        Err(e) => Err(Failure::failed(e)),
+    }
+}

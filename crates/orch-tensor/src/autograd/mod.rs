@@ -1,0 +1,177 @@
+//! Reverse-mode autograd.
+//!
+//! There is no global tape: a tensor computed from inputs that require grad keeps the `Op`
+//! that made it (with handles on its inputs), so the graph of one loss is its own tape and
+//! replicas in other threads never share one. `Tensor::backward` orders that graph
+//! topologically and applies each op's rule (rules.rs) from the loss down, adding gradients into
+//! the leaves.
+//! Gradient computations themselves run with recording off ([`no_grad`]).
+
+mod rules;
+
+use crate::error::{Result, TensorError};
+use crate::ops::{BinaryOp, UnaryOp};
+use crate::tensor::Tensor;
+use std::cell::Cell;
+use std::collections::{HashMap, HashSet};
+
+/// How a tensor was computed, with the inputs its gradient rule needs.
+pub(crate) enum Op {
+    /// Add, Sub, Mul or Div with broadcasting.
+    Binary(BinaryOp, Tensor, Tensor),
+    /// `x * mul + add`.
+    Affine(Tensor, f32),
+    Unary(UnaryOp, Tensor),
+    Matmul(Tensor, Tensor),
+    /// Sum over axes; `kept` is the output shape with the reduced axes kept as 1.
+    Sum(Tensor, Vec<usize>),
+    Max(Tensor, Vec<usize>),
+    Softmax(Tensor, usize),
+    LogSoftmax(Tensor, usize),
+    /// Mean softmax cross-entropy of logits `[rows, classes]` against labels `[rows]`.
+    CrossEntropy(Tensor, Tensor),
+    Reshape(Tensor),
+    Permute(Tensor, Vec<usize>),
+    /// Narrow of `dim` starting at `start`.
+    Narrow(Tensor, usize, usize),
+    Broadcast(Tensor),
+    Contiguous(Tensor),
+    ToDevice(Tensor),
+}
+
+impl Op {
+    /// The op's tensors, moved out (used to drop long graphs without recursion).
+    pub(crate) fn into_tensors(self) -> Vec<Tensor> {
+        match self {
+            Op::Binary(_, a, b) | Op::Matmul(a, b) | Op::CrossEntropy(a, b) => vec![a, b],
+            Op::Affine(x, _)
+            | Op::Unary(_, x)
+            | Op::Sum(x, _)
+            | Op::Max(x, _)
+            | Op::Softmax(x, _)
+            | Op::LogSoftmax(x, _)
+            | Op::Reshape(x)
+            | Op::Permute(x, _)
+            | Op::Narrow(x, _, _)
+            | Op::Broadcast(x)
+            | Op::Contiguous(x)
+            | Op::ToDevice(x) => vec![x],
+        }
+    }
+
+    fn inputs(&self) -> Vec<&Tensor> {
+        match self {
+            Op::Binary(_, a, b) | Op::Matmul(a, b) => vec![a, b],
+            Op::CrossEntropy(logits, _) => vec![logits],
+            Op::Affine(x, _)
+            | Op::Unary(_, x)
+            | Op::Sum(x, _)
+            | Op::Max(x, _)
+            | Op::Softmax(x, _)
+            | Op::LogSoftmax(x, _)
+            | Op::Reshape(x)
+            | Op::Permute(x, _)
+            | Op::Narrow(x, _, _)
+            | Op::Broadcast(x)
+            | Op::Contiguous(x)
+            | Op::ToDevice(x) => vec![x],
+        }
+    }
+}
+
+thread_local! {
+    static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+}
+
+/// Runs `f` with autograd recording off on this thread (evaluation, optimizer internals).
+pub fn no_grad<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            GRAD_ENABLED.with(|g| g.set(self.0));
+        }
+    }
+    let _restore = Restore(GRAD_ENABLED.with(|g| g.replace(false)));
+    f()
+}
+
+/// Whether ops on this thread record their inputs now.
+pub fn is_grad_enabled() -> bool {
+    GRAD_ENABLED.with(Cell::get)
+}
+
+/// `Some(op)` when recording is on and any input requires grad.
+pub(crate) fn record(inputs: &[&Tensor], op: impl FnOnce() -> Op) -> Option<Op> {
+    (is_grad_enabled() && inputs.iter().any(|t| t.requires_grad())).then(op)
+}
+
+/// Every tensor the root depends on through tensors that require grad, inputs before outputs.
+fn topological_order(root: &Tensor) -> Vec<Tensor> {
+    let mut order = Vec::new();
+    let mut seen = HashSet::new();
+    let mut stack = vec![(root.clone(), false)];
+    while let Some((t, expanded)) = stack.pop() {
+        if expanded {
+            order.push(t);
+            continue;
+        }
+        if !seen.insert(t.id()) {
+            continue;
+        }
+        stack.push((t.clone(), true));
+        if let Some(op) = t.op() {
+            for input in op.inputs() {
+                if input.requires_grad() && !seen.contains(&input.id()) {
+                    stack.push((input.clone(), false));
+                }
+            }
+        }
+    }
+    order
+}
+
+pub(crate) fn backward(root: &Tensor) -> Result<()> {
+    if root.numel() != 1 {
+        return Err(TensorError::Autograd(format!(
+            "the loss must have one element; this tensor has shape {:?} (reduce it first)",
+            root.shape()
+        )));
+    }
+    if !root.requires_grad() {
+        return Err(TensorError::Autograd(
+            "the loss does not depend on any tensor that requires grad".into(),
+        ));
+    }
+    let order = topological_order(root);
+    no_grad(|| {
+        let mut grads: HashMap<u64, Tensor> = HashMap::new();
+        let mut leaves: Vec<(&Tensor, Tensor)> = Vec::new();
+        grads.insert(root.id(), root.ones_like()?);
+        for t in order.iter().rev() {
+            let Some(g) = grads.remove(&t.id()) else {
+                continue;
+            };
+            let Some(op) = t.op() else {
+                leaves.push((t, g));
+                continue;
+            };
+            for (input, gi) in rules::input_grads(op, t, &g)? {
+                let total = match grads.remove(&input.id()) {
+                    Some(prev) => prev.add(&gi)?,
+                    None => gi,
+                };
+                grads.insert(input.id(), total);
+            }
+        }
+        // All new gradients are computed before any leaf changes, so a failure (out of memory)
+        // leaves every leaf's gradient as it was.
+        let updated = leaves
+            .iter()
+            .map(|(leaf, g)| leaf.grad_plus(g))
+            .collect::<Result<Vec<_>>>()?;
+        for ((leaf, _), g) in leaves.iter().zip(updated) {
+            leaf.store_grad(g);
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,129 @@
+//! The gradient rule of every op: given the op, its output and the gradient of the loss with
+//! respect to that output, the gradients with respect to the inputs that require grad.
+//! Runs with recording off; rules are written with the public tensor ops.
+
+use super::Op;
+use crate::error::Result;
+use crate::ops::{BinaryOp, UnaryOp};
+use crate::tensor::Tensor;
+
+/// Pushes `(input, grad)` when the input wants a gradient; computes the gradient only then.
+fn push(
+    out: &mut Vec<(Tensor, Tensor)>,
+    input: &Tensor,
+    grad: impl FnOnce() -> Result<Tensor>,
+) -> Result<()> {
+    if input.requires_grad() {
+        out.push((input.clone(), grad()?));
+    }
+    Ok(())
+}
+
+/// The axes where `kept` (a reduction's output with reduced axes kept as 1) differs from the
+/// input's shape, or is 1: the reduced axes.
+fn reduced_axes(input: &Tensor, kept: &[usize]) -> Vec<isize> {
+    input
+        .shape()
+        .iter()
+        .zip(kept)
+        .enumerate()
+        .filter(|(_, (d, k))| **k == 1 && **d != 1)
+        .map(|(i, _)| i as isize)
+        .collect()
+}
+
+pub(super) fn input_grads(op: &Op, out: &Tensor, g: &Tensor) -> Result<Vec<(Tensor, Tensor)>> {
+    let mut grads = Vec::with_capacity(2);
+    match op {
+        Op::Binary(kind, a, b) => binary(&mut grads, *kind, a, b, out, g)?,
+        Op::Affine(x, mul) => push(&mut grads, x, || g.mul_scalar(*mul))?,
+        Op::Unary(kind, x) => push(&mut grads, x, || unary(*kind, x, out, g))?,
+        Op::Matmul(a, b) => {
+            push(&mut grads, a, || g.matmul(&b.t()?)?.sum_to(a.shape()))?;
+            push(&mut grads, b, || a.t()?.matmul(g)?.sum_to(b.shape()))?;
+        }
+        Op::Sum(x, kept) => push(&mut grads, x, || g.reshape(kept)?.broadcast_to(x.shape()))?,
+        Op::Max(x, kept) => push(&mut grads, x, || {
+            let axes = reduced_axes(x, kept);
+            let mask = x.eq(&out.reshape(kept)?)?;
+            let g = g.reshape(kept)?;
+            if axes.is_empty() {
+                // Only size-1 axes were reduced: every element is its own maximum.
+                return mask.mul(&g);
+            }
+            let ties = mask.sum(&axes, true)?;
+            mask.mul(&g.div(&ties)?)
+        })?,
+        Op::Softmax(x, axis) => push(&mut grads, x, || {
+            let axis = *axis as isize;
+            let dot = g.mul(out)?.sum(&[axis], true)?;
+            out.mul(&g.sub(&dot)?)
+        })?,
+        Op::LogSoftmax(x, axis) => push(&mut grads, x, || {
+            let total = g.sum(&[*axis as isize], true)?;
+            g.sub(&out.exp()?.mul(&total)?)
+        })?,
+        Op::CrossEntropy(logits, labels) => push(&mut grads, logits, || {
+            logits.cross_entropy_backward(labels, g)
+        })?,
+        Op::Reshape(x) => push(&mut grads, x, || g.reshape(x.shape()))?,
+        Op::Permute(x, perm) => push(&mut grads, x, || {
+            let mut inverse = vec![0; perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                inverse[p] = i;
+            }
+            g.permute(&inverse)
+        })?,
+        Op::Narrow(x, dim, start) => {
+            push(&mut grads, x, || g.narrow_backward(x.shape(), *dim, *start))?
+        }
+        Op::Broadcast(x) => push(&mut grads, x, || g.sum_to(x.shape()))?,
+        Op::Contiguous(x) => push(&mut grads, x, || Ok(g.clone()))?,
+        Op::ToDevice(x) => push(&mut grads, x, || g.to(x.pool()))?,
+    }
+    Ok(grads)
+}
+
+fn binary(
+    grads: &mut Vec<(Tensor, Tensor)>,
+    kind: BinaryOp,
+    a: &Tensor,
+    b: &Tensor,
+    out: &Tensor,
+    g: &Tensor,
+) -> Result<()> {
+    match kind {
+        BinaryOp::Add => {
+            push(grads, a, || g.sum_to(a.shape()))?;
+            push(grads, b, || g.sum_to(b.shape()))
+        }
+        BinaryOp::Sub => {
+            push(grads, a, || g.sum_to(a.shape()))?;
+            push(grads, b, || g.neg()?.sum_to(b.shape()))
+        }
+        BinaryOp::Mul => {
+            push(grads, a, || g.mul(b)?.sum_to(a.shape()))?;
+            push(grads, b, || g.mul(a)?.sum_to(b.shape()))
+        }
+        BinaryOp::Div => {
+            push(grads, a, || g.div(b)?.sum_to(a.shape()))?;
+            // d(a/b)/db = -(a/b)/b = -out/b
+            push(grads, b, || g.mul(out)?.div(b)?.neg()?.sum_to(b.shape()))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn unary(kind: UnaryOp, x: &Tensor, out: &Tensor, g: &Tensor) -> Result<Tensor> {
+    match kind {
+        UnaryOp::Neg => g.neg(),
+        UnaryOp::Relu => g.binary(x, BinaryOp::ReluGrad, "relu backward"),
+        UnaryOp::Gelu => g.binary(x, BinaryOp::GeluGrad, "gelu backward"),
+        UnaryOp::Tanh => g.binary(out, BinaryOp::TanhGrad, "tanh backward"),
+        UnaryOp::Sigmoid => g.binary(out, BinaryOp::SigmoidGrad, "sigmoid backward"),
+        UnaryOp::Exp => g.mul(out),
+        UnaryOp::Log => g.div(x),
+        UnaryOp::Sqr => g.mul(x)?.mul_scalar(2.0),
+        UnaryOp::Affine { mul, .. } => g.mul_scalar(mul),
+    }
+}

@@ -1,0 +1,174 @@
+//! Matrix products through the `gemm` crate, which picks AVX-512 / AVX2+FMA / scalar kernels at
+//! run time. Threads: a large product is cut into one column block per rayon thread, each a
+//! single-threaded gemm call; small batched products run one product per task.
+
+use super::CpuStorage;
+use crate::layout::Layout;
+use gemm::Parallelism;
+use rayon::prelude::*;
+use std::ops::Range;
+
+/// Products this small (m*n*k) gain nothing from threads inside one product.
+const SMALL_PRODUCT: usize = 64 * 64 * 64;
+
+/// Narrowest column block worth a thread of its own.
+const MIN_COLS: usize = 64;
+
+/// Least work (m * k * columns) per column block for the split to pay: a block must outlast a
+/// sleeping rayon worker's wake-up, or the calling thread ends up running every block itself
+/// (measured: 256^3 split in two ran at one thread's speed).
+const MIN_BLOCK_WORK: usize = 1 << 24;
+
+/// Element offset of batch entry `b` for a layout whose leading `batch.len()` dims are the batch.
+fn batch_offset(mut b: usize, batch: &[usize], layout: &Layout) -> usize {
+    let mut offset = layout.offset();
+    for (&dim, &stride) in batch.iter().zip(layout.strides()).rev() {
+        offset += (b % dim) * stride;
+        b /= dim;
+    }
+    offset
+}
+
+/// Highest element index a layout reaches (for the bounds check before raw-pointer kernels).
+fn last_index(layout: &Layout) -> usize {
+    layout.offset()
+        + layout
+            .shape()
+            .iter()
+            .zip(layout.strides())
+            .map(|(&d, &s)| d.saturating_sub(1) * s)
+            .sum::<usize>()
+}
+
+/// `[batch.., m, k] @ [batch.., k, n]` where both layouts are already broadcast to the batch
+/// shape; any strides (transposed views cost nothing). Output is dense `[batch.., m, n]`.
+pub(crate) fn matmul(
+    a: &[f32],
+    la: &Layout,
+    b: &[f32],
+    lb: &Layout,
+    m: usize,
+    k: usize,
+    n: usize,
+) -> CpuStorage {
+    let rank = la.rank();
+    let batch = &la.shape()[..rank - 2];
+    let count: usize = batch.iter().product();
+    let mut out = vec![0.0; count * m * n];
+    if out.is_empty() || k == 0 {
+        return out;
+    }
+    assert!(
+        last_index(la) < a.len() && last_index(lb) < b.len(),
+        "matmul operand out of bounds"
+    );
+    let (a_rs, a_cs) = (
+        la.strides()[rank - 2] as isize,
+        la.strides()[rank - 1] as isize,
+    );
+    let (b_rs, b_cs) = (
+        lb.strides()[rank - 2] as isize,
+        lb.strides()[rank - 1] as isize,
+    );
+    let dst = DstPtr(out.as_mut_ptr());
+    // Computes columns `cols` of product `i` into its m x n block of `out`.
+    let block = |i: usize, cols: Range<usize>, par: Parallelism| {
+        let (oa, ob) = (batch_offset(i, batch, la), batch_offset(i, batch, lb));
+        // SAFETY: blocks written by different calls never overlap (distinct products or distinct
+        // column ranges), `out` outlives every call (they all finish before it is returned),
+        // and every index the strides reach in `a` and `b` was bounds-checked above.
+        unsafe {
+            gemm::gemm(
+                m,
+                cols.len(),
+                k,
+                dst.at(i * m * n + cols.start),
+                1,
+                n as isize,
+                false,
+                a.as_ptr().add(oa),
+                a_cs,
+                a_rs,
+                b.as_ptr().add(ob).offset(cols.start as isize * b_cs),
+                b_cs,
+                b_rs,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                par,
+            )
+        }
+    };
+    let threads = rayon::current_num_threads();
+    if m * n * k < SMALL_PRODUCT {
+        // Small products: one per task, no threads inside.
+        (0..count)
+            .into_par_iter()
+            .for_each(|i| block(i, 0..n, Parallelism::None));
+    } else if threads > 1 && n >= 2 * MIN_COLS && m * k * (n / threads) >= MIN_BLOCK_WORK {
+        // One independent single-threaded product per column block and thread: gemm's own
+        // threading synchronises several times per product, which costs more than it gains at
+        // training shapes (m = batch = 128). Blocks are multiples of 16 columns.
+        let parts = threads.min(n / MIN_COLS);
+        let width = n.div_ceil(parts).next_multiple_of(16);
+        let jobs: Vec<(usize, Range<usize>)> = (0..count)
+            .flat_map(|i| {
+                (0..n)
+                    .step_by(width)
+                    .map(move |c| (i, c..(c + width).min(n)))
+            })
+            .collect();
+        jobs.into_par_iter()
+            .for_each(|(i, cols)| block(i, cols, Parallelism::None));
+    } else {
+        let par = if threads > 1 {
+            Parallelism::Rayon(0)
+        } else {
+            Parallelism::None
+        };
+        (0..count).for_each(|i| block(i, 0..n, par));
+    }
+    out
+}
+
+/// The output pointer, shared by the tasks that write disjoint blocks of it.
+#[derive(Clone, Copy)]
+struct DstPtr(*mut f32);
+impl DstPtr {
+    /// The pointer `offset` elements in (a method, so closures capture the whole wrapper).
+    ///
+    /// # Safety
+    /// `offset` must stay inside the output buffer.
+    unsafe fn at(self, offset: usize) -> *mut f32 {
+        // SAFETY: per the caller's contract.
+        unsafe { self.0.add(offset) }
+    }
+}
+
+// SAFETY: tasks only write disjoint blocks through it, and all finish before the buffer is used.
+unsafe impl Send for DstPtr {}
+// SAFETY: as above.
+unsafe impl Sync for DstPtr {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_and_transposed_operands() {
+        let a = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]; // [2, 3]
+        let b = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0]; // [3, 2]
+        let la = Layout::contiguous(&[2, 3]);
+        let lb = Layout::contiguous(&[3, 2]);
+        assert_eq!(
+            matmul(&a, &la, &b, &lb, 2, 3, 2),
+            vec![4.0, 5.0, 10.0, 11.0]
+        );
+        // a^T a via a transposed view: [3, 2] @ [2, 3]
+        let at = la.transpose(0, 1);
+        let r = matmul(&a, &at, &a, &la, 3, 2, 3);
+        assert_eq!(r, vec![17., 22., 27., 22., 29., 36., 27., 36., 45.]);
+    }
+}

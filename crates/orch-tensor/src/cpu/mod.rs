@@ -1,0 +1,37 @@
+//! The CPU backend: plain `Vec<f32>` storage, loops over contiguous slices that the compiler
+//! vectorises, rayon over rows or chunks when the work is large enough to pay for it, and
+//! matrix products through the `gemm` crate on all cores.
+
+mod elementwise;
+mod matmul;
+mod nn;
+mod optim;
+mod reduce;
+mod strided;
+
+pub(crate) use elementwise::{binary, unary};
+pub(crate) use matmul::matmul;
+pub(crate) use nn::{cross_entropy, cross_entropy_grad, softmax_last};
+pub(crate) use optim::update;
+pub(crate) use reduce::{argmax, reduce};
+pub(crate) use strided::{gather, scatter};
+
+/// CPU tensor data.
+pub(crate) type CpuStorage = Vec<f32>;
+
+/// Below this many elements a loop runs on the calling thread: rayon's fork/join costs a few
+/// microseconds, about what 32k simple float ops take on one core.
+pub(crate) const PAR_MIN: usize = 1 << 15;
+
+/// Elements per rayon task for flat loops.
+pub(crate) const PAR_CHUNK: usize = 1 << 14;
+
+/// A vector of `n` floats written by `fill`, without zeroing it first (one memory pass saved
+/// per op). `fill` must write every element; all callers write each index exactly once.
+pub(crate) fn build(n: usize, fill: impl FnOnce(&mut [std::mem::MaybeUninit<f32>])) -> CpuStorage {
+    let mut out = Vec::with_capacity(n);
+    fill(&mut out.spare_capacity_mut()[..n]);
+    // SAFETY: `fill` initialised elements 0..n (see above) and the capacity is at least n.
+    unsafe { out.set_len(n) };
+    out
+}

@@ -1,0 +1,338 @@
+//! Where a tensor's numbers live, and the one place that dispatches a kernel to its backend.
+//!
+//! `Storage` is an enum (candle's design): the tensor layer above checks shapes and devices and
+//! records autograd, then calls the functions here, which match the storage variant once per op
+//! and call the CPU or CUDA kernel. Every output is allocated through [`alloc`], which reserves
+//! the bytes in the job's [`MemoryPool`] before anything is allocated.
+
+use crate::cpu::{self, CpuStorage};
+use crate::cuda::CudaStorage;
+use crate::error::{Result, TensorError};
+use crate::layout::Layout;
+use crate::memory::{MemoryPool, Reservation};
+use crate::ops::{BinaryOp, ReduceOp, UnaryOp, UpdateOp};
+use std::ops::Range;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+pub(crate) enum Storage {
+    Cpu(CpuStorage),
+    Cuda(CudaStorage),
+}
+
+/// A storage and the memory it holds in its pool; the bytes go back when the last tensor
+/// sharing it is dropped.
+pub(crate) struct Buffer {
+    storage: RwLock<Storage>,
+    reservation: Reservation,
+}
+
+impl Buffer {
+    pub(crate) fn pool(&self) -> &Arc<MemoryPool> {
+        self.reservation.pool()
+    }
+
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, Storage> {
+        self.storage.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn write(&self) -> RwLockWriteGuard<'_, Storage> {
+        self.storage.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Reserves `numel` floats in `pool`, then runs `make` to produce the storage.
+pub(crate) fn alloc(
+    pool: &Arc<MemoryPool>,
+    numel: usize,
+    make: impl FnOnce() -> Result<Storage>,
+) -> Result<Arc<Buffer>> {
+    let reservation = pool.reserve((numel as u64).saturating_mul(4))?;
+    let storage = make()?;
+    Ok(Arc::new(Buffer {
+        storage: RwLock::new(storage),
+        reservation,
+    }))
+}
+
+/// Runs `f` with both storages read-locked (once when they are the same buffer).
+pub(crate) fn read_two<T>(
+    a: &Buffer,
+    b: &Buffer,
+    f: impl FnOnce(&Storage, &Storage) -> Result<T>,
+) -> Result<T> {
+    let ga = a.read();
+    if std::ptr::eq(a, b) {
+        return f(&ga, &ga);
+    }
+    let gb = b.read();
+    f(&ga, &gb)
+}
+
+fn internal(op: &'static str, pool: &MemoryPool) -> TensorError {
+    TensorError::Internal {
+        op,
+        reason: format!("storage kinds do not match on {}", pool.device()),
+    }
+}
+
+fn range_of(layout: &Layout) -> Range<usize> {
+    layout
+        .contiguous_range()
+        .unwrap_or(layout.offset()..layout.offset())
+}
+
+pub(crate) fn from_host(pool: &MemoryPool, data: Vec<f32>) -> Result<Storage> {
+    match pool.device().is_host() {
+        true => Ok(Storage::Cpu(data)),
+        false => Ok(Storage::Cuda(pool.cuda("from_host")?.upload(&data)?)),
+    }
+}
+
+pub(crate) fn fill(pool: &MemoryPool, n: usize, value: f32) -> Result<Storage> {
+    match pool.device().is_host() {
+        true => Ok(Storage::Cpu(vec![value; n])),
+        false => Ok(Storage::Cuda(pool.cuda("fill")?.fill(n, value)?)),
+    }
+}
+
+/// The viewed elements, dense, on the host.
+pub(crate) fn to_host(pool: &MemoryPool, s: &Storage, layout: &Layout) -> Result<Vec<f32>> {
+    match s {
+        Storage::Cpu(x) => Ok(cpu::gather(x, layout)),
+        Storage::Cuda(x) => {
+            let dev = pool.cuda("to_vec")?;
+            match layout.contiguous_range() {
+                Some(range) => dev.download(x, range),
+                None => {
+                    let dense = dev.gather(x, layout)?;
+                    dev.download(&dense, 0..layout.numel())
+                }
+            }
+        }
+    }
+}
+
+/// A dense copy of the viewed elements.
+pub(crate) fn gather(pool: &MemoryPool, s: &Storage, layout: &Layout) -> Result<Storage> {
+    match s {
+        Storage::Cpu(x) => Ok(Storage::Cpu(cpu::gather(x, layout))),
+        Storage::Cuda(x) => Ok(Storage::Cuda(pool.cuda("contiguous")?.gather(x, layout)?)),
+    }
+}
+
+/// Writes dense `src` into the elements of `dst` that `dst_layout` views.
+pub(crate) fn scatter(
+    pool: &MemoryPool,
+    dst: &mut Storage,
+    dst_layout: &Layout,
+    src: &Storage,
+) -> Result<()> {
+    match (dst, src) {
+        (Storage::Cpu(d), Storage::Cpu(s)) => {
+            cpu::scatter(d, dst_layout, &s[..dst_layout.numel()]);
+            Ok(())
+        }
+        (Storage::Cuda(d), Storage::Cuda(s)) => {
+            let dense = Layout::contiguous(dst_layout.shape());
+            pool.cuda("narrow backward")?
+                .copy_strided(s, &dense, d, dst_layout)
+        }
+        _ => Err(internal("narrow backward", pool)),
+    }
+}
+
+/// `op` on a dense view.
+pub(crate) fn unary(
+    pool: &MemoryPool,
+    op: UnaryOp,
+    s: &Storage,
+    layout: &Layout,
+) -> Result<Storage> {
+    let range = range_of(layout);
+    match s {
+        Storage::Cpu(x) => Ok(Storage::Cpu(cpu::unary(op, &x[range]))),
+        Storage::Cuda(x) => Ok(Storage::Cuda(pool.cuda("unary")?.unary(op, x, range)?)),
+    }
+}
+
+/// `op` of two views broadcast to one shape.
+pub(crate) fn binary(
+    pool: &MemoryPool,
+    op: BinaryOp,
+    a: &Storage,
+    la: &Layout,
+    b: &Storage,
+    lb: &Layout,
+) -> Result<Storage> {
+    match (a, b) {
+        (Storage::Cpu(x), Storage::Cpu(y)) => Ok(Storage::Cpu(cpu::binary(op, x, la, y, lb))),
+        (Storage::Cuda(x), Storage::Cuda(y)) => Ok(Storage::Cuda(
+            pool.cuda("binary")?.binary(op, x, la, y, lb)?,
+        )),
+        _ => Err(internal("binary", pool)),
+    }
+}
+
+/// Reduction over the middle axis of a dense `[outer, n, inner]` view.
+pub(crate) fn reduce(
+    pool: &MemoryPool,
+    op: ReduceOp,
+    s: &Storage,
+    layout: &Layout,
+    dims: (usize, usize, usize),
+) -> Result<Storage> {
+    let (outer, n, inner) = dims;
+    let range = range_of(layout);
+    match s {
+        Storage::Cpu(x) => Ok(Storage::Cpu(cpu::reduce(op, &x[range], outer, n, inner))),
+        Storage::Cuda(x) => Ok(Storage::Cuda(
+            pool.cuda("reduce")?.reduce(op, x, range, outer, n, inner)?,
+        )),
+    }
+}
+
+pub(crate) fn argmax(
+    pool: &MemoryPool,
+    s: &Storage,
+    layout: &Layout,
+    dims: (usize, usize, usize),
+) -> Result<Storage> {
+    let (outer, n, inner) = dims;
+    let range = range_of(layout);
+    match s {
+        Storage::Cpu(x) => Ok(Storage::Cpu(cpu::argmax(&x[range], outer, n, inner))),
+        Storage::Cuda(x) => Ok(Storage::Cuda(
+            pool.cuda("argmax")?.argmax(x, range, outer, n, inner)?,
+        )),
+    }
+}
+
+pub(crate) fn softmax_last(
+    pool: &MemoryPool,
+    s: &Storage,
+    layout: &Layout,
+    n: usize,
+    log: bool,
+) -> Result<Storage> {
+    let range = range_of(layout);
+    match s {
+        Storage::Cpu(x) => Ok(Storage::Cpu(cpu::softmax_last(&x[range], n, log))),
+        Storage::Cuda(x) => Ok(Storage::Cuda(
+            pool.cuda("softmax")?.softmax_last(x, range, n, log)?,
+        )),
+    }
+}
+
+/// Per-row losses of dense logits and dense labels.
+pub(crate) fn cross_entropy(
+    pool: &MemoryPool,
+    (x, lx): (&Storage, &Layout),
+    (y, ly): (&Storage, &Layout),
+    classes: usize,
+) -> Result<Storage> {
+    let (rx, ry) = (range_of(lx), range_of(ly));
+    match (x, y) {
+        (Storage::Cpu(x), Storage::Cpu(y)) => {
+            Ok(Storage::Cpu(cpu::cross_entropy(&x[rx], &y[ry], classes)?))
+        }
+        (Storage::Cuda(x), Storage::Cuda(y)) => Ok(Storage::Cuda(
+            pool.cuda("cross_entropy")?
+                .cross_entropy(x, rx, y, ry, classes)?,
+        )),
+        _ => Err(internal("cross_entropy", pool)),
+    }
+}
+
+/// Gradient of the mean cross-entropy, scaled by the upstream scalar gradient `g`.
+pub(crate) fn cross_entropy_grad(
+    pool: &MemoryPool,
+    (x, lx): (&Storage, &Layout),
+    (y, ly): (&Storage, &Layout),
+    (g, lg): (&Storage, &Layout),
+    classes: usize,
+) -> Result<Storage> {
+    let (rx, ry, rg) = (range_of(lx), range_of(ly), range_of(lg));
+    match (x, y, g) {
+        (Storage::Cpu(x), Storage::Cpu(y), Storage::Cpu(g)) => {
+            let scale = g[rg.start] / ry.len().max(1) as f32;
+            Ok(Storage::Cpu(cpu::cross_entropy_grad(
+                &x[rx], &y[ry], classes, scale,
+            )?))
+        }
+        (Storage::Cuda(x), Storage::Cuda(y), Storage::Cuda(g)) => Ok(Storage::Cuda(
+            pool.cuda("cross_entropy")?
+                .cross_entropy_grad(x, rx, y, ry, g, rg, classes)?,
+        )),
+        _ => Err(internal("cross_entropy backward", pool)),
+    }
+}
+
+/// `[batch.., m, k] @ [batch.., k, n]` of views broadcast to one batch shape.
+pub(crate) fn matmul(
+    pool: &MemoryPool,
+    (a, la): (&Storage, &Layout),
+    (b, lb): (&Storage, &Layout),
+    mkn: (usize, usize, usize),
+) -> Result<Storage> {
+    let (m, k, n) = mkn;
+    match (a, b) {
+        (Storage::Cpu(x), Storage::Cpu(y)) => Ok(Storage::Cpu(cpu::matmul(x, la, y, lb, m, k, n))),
+        (Storage::Cuda(x), Storage::Cuda(y)) => Ok(Storage::Cuda(pool.cuda("matmul")?.matmul(
+            x,
+            la,
+            y,
+            lb,
+            mkn,
+            pool.allow_tf32(),
+        )?)),
+        _ => Err(internal("matmul", pool)),
+    }
+}
+
+/// One fused optimizer update of the dense range `pr` of `p`, with dense state buffers.
+pub(crate) fn update(
+    pool: &MemoryPool,
+    op: UpdateOp,
+    (p, pr): (&mut Storage, Range<usize>),
+    (g, gr): (&Storage, Range<usize>),
+    s1: Option<&mut Storage>,
+    s2: Option<&mut Storage>,
+) -> Result<()> {
+    match (p, g) {
+        (Storage::Cpu(p), Storage::Cpu(g)) => {
+            let (mut empty1, mut empty2): ([f32; 0], [f32; 0]) = ([], []);
+            let s1 = cpu_state(pool, s1)?.map_or(&mut empty1[..], |v| &mut v[..]);
+            let s2 = cpu_state(pool, s2)?.map_or(&mut empty2[..], |v| &mut v[..]);
+            cpu::update(op, &mut p[pr], &g[gr], s1, s2);
+            Ok(())
+        }
+        (Storage::Cuda(p), Storage::Cuda(g)) => {
+            let (s1, s2) = (cuda_state(pool, s1)?, cuda_state(pool, s2)?);
+            pool.cuda("optimizer step")?
+                .update(op, p, pr, (g, gr), s1, s2)
+        }
+        _ => Err(internal("optimizer step", pool)),
+    }
+}
+
+fn cpu_state<'a>(
+    pool: &MemoryPool,
+    s: Option<&'a mut Storage>,
+) -> Result<Option<&'a mut CpuStorage>> {
+    match s {
+        None => Ok(None),
+        Some(Storage::Cpu(v)) => Ok(Some(v)),
+        Some(Storage::Cuda(_)) => Err(internal("optimizer step", pool)),
+    }
+}
+
+fn cuda_state<'a>(
+    pool: &MemoryPool,
+    s: Option<&'a mut Storage>,
+) -> Result<Option<&'a mut CudaStorage>> {
+    match s {
+        None => Ok(None),
+        Some(Storage::Cuda(v)) => Ok(Some(v)),
+        Some(Storage::Cpu(_)) => Err(internal("optimizer step", pool)),
+    }
+}

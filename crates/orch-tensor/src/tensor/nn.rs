@@ -1,0 +1,122 @@
+//! Neural-network ops: softmax, log-softmax, fused softmax cross-entropy, MSE, accuracy.
+
+use super::Tensor;
+use super::elementwise::same_device;
+use crate::autograd::{self, Op};
+use crate::error::{Result, TensorError};
+use crate::layout::resolve_axis;
+use crate::storage;
+
+impl Tensor {
+    fn softmax_impl(&self, axis: isize, log: bool) -> Result<Tensor> {
+        let name = if log { "log_softmax" } else { "softmax" };
+        let a = resolve_axis(name, axis, self.rank())?;
+        let last = self.rank() - 1;
+        if a != last {
+            // The kernels work on rows: move the axis last and back (views; autograd follows).
+            let moved = self.transpose(a as isize, last as isize)?;
+            return moved
+                .softmax_impl(-1, log)?
+                .transpose(a as isize, last as isize);
+        }
+        let x = self.contiguous()?;
+        let n = x.shape()[last];
+        let pool = x.pool();
+        let buffer = storage::alloc(pool, x.numel(), || {
+            storage::softmax_last(pool, &x.buffer().read(), x.layout(), n, log)
+        })?;
+        let rec = autograd::record(&[&x], || {
+            if log {
+                Op::LogSoftmax(x.clone(), a)
+            } else {
+                Op::Softmax(x.clone(), a)
+            }
+        });
+        Ok(Tensor::dense(buffer, x.shape(), rec))
+    }
+
+    /// Softmax over `axis` (negative counts from the end).
+    pub fn softmax(&self, axis: isize) -> Result<Tensor> {
+        self.softmax_impl(axis, false)
+    }
+
+    /// Log-softmax over `axis`, computed stably.
+    pub fn log_softmax(&self, axis: isize) -> Result<Tensor> {
+        self.softmax_impl(axis, true)
+    }
+
+    /// Checks logits `[rows, classes]` against labels `[rows]`; returns `classes`.
+    fn check_labels(&self, labels: &Tensor, op: &'static str) -> Result<usize> {
+        same_device(op, self, labels)?;
+        match (self.shape(), labels.shape()) {
+            ([rows, classes], [n]) if rows == n => Ok(*classes),
+            _ => Err(TensorError::ShapeMismatch {
+                op,
+                lhs: self.shape().to_vec(),
+                rhs: labels.shape().to_vec(),
+            }),
+        }
+    }
+
+    /// Mean over the batch of `-log softmax(logits)[label]`, for logits `[rows, classes]` and
+    /// labels `[rows]` holding class indices as f32. Fused: no softmax tensor is kept. An invalid
+    /// label is an error on the CPU and a NaN loss on CUDA (checking would need a device sync).
+    pub fn cross_entropy(&self, labels: &Tensor) -> Result<Tensor> {
+        let classes = self.check_labels(labels, "cross_entropy")?;
+        let (x, y) = (
+            self.contiguous()?,
+            autograd::no_grad(|| labels.contiguous())?,
+        );
+        let pool = x.pool();
+        let rows = y.numel();
+        let losses = storage::alloc(pool, rows, || {
+            storage::read_two(x.buffer(), y.buffer(), |xs, ys| {
+                storage::cross_entropy(pool, (xs, x.layout()), (ys, y.layout()), classes)
+            })
+        })?;
+        let losses = Tensor::dense(losses, &[rows], None);
+        let mean = autograd::no_grad(|| losses.mean_all())?;
+        let rec = autograd::record(&[&x], || Op::CrossEntropy(x.clone(), y.clone()));
+        Ok(mean.view(mean.layout().clone(), rec))
+    }
+
+    /// Gradient of [`Tensor::cross_entropy`] for upstream scalar gradient `g`.
+    pub(crate) fn cross_entropy_backward(&self, labels: &Tensor, g: &Tensor) -> Result<Tensor> {
+        let classes = self.check_labels(labels, "cross_entropy backward")?;
+        let g = g.contiguous()?;
+        let pool = self.pool();
+        let buffer = storage::alloc(pool, self.numel(), || {
+            let (xs, ys, gs) = (
+                self.buffer().read(),
+                labels.buffer().read(),
+                g.buffer().read(),
+            );
+            storage::cross_entropy_grad(
+                pool,
+                (&xs, self.layout()),
+                (&ys, labels.layout()),
+                (&gs, g.layout()),
+                classes,
+            )
+        })?;
+        Ok(Tensor::dense(buffer, self.shape(), None))
+    }
+
+    /// Mean squared error against a target of the same shape.
+    pub fn mse(&self, target: &Tensor) -> Result<Tensor> {
+        if self.shape() != target.shape() {
+            return Err(TensorError::ShapeMismatch {
+                op: "mse",
+                lhs: self.shape().to_vec(),
+                rhs: target.shape().to_vec(),
+            });
+        }
+        self.sub(target)?.sqr()?.mean_all()
+    }
+
+    /// Fraction of rows whose largest logit is at the label's index, as a scalar tensor.
+    pub fn accuracy(&self, labels: &Tensor) -> Result<Tensor> {
+        self.check_labels(labels, "accuracy")?;
+        autograd::no_grad(|| self.argmax(-1, false)?.eq(labels)?.mean_all())
+    }
+}

@@ -1,0 +1,146 @@
+//! Views: new layouts over the same storage, and `contiguous` when a kernel needs dense data.
+
+use super::Tensor;
+use crate::autograd::{self, Op};
+use crate::error::{Result, TensorError};
+use crate::layout::{self, Layout, resolve_axis};
+use crate::storage;
+
+impl Tensor {
+    /// The same elements under `shape` (same element count). A view when the data is dense,
+    /// else a dense copy first.
+    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
+        if layout::checked_numel("reshape", shape)? != self.numel() {
+            return Err(TensorError::InvalidShape {
+                op: "reshape",
+                shape: shape.to_vec(),
+                reason: format!(
+                    "has {} elements, the tensor {:?} has {}",
+                    layout::numel(shape),
+                    self.shape(),
+                    self.numel()
+                ),
+            });
+        }
+        let src = self.contiguous()?;
+        let Some(view) = src.layout().reshape(shape) else {
+            return Err(TensorError::Internal {
+                op: "reshape",
+                reason: "contiguous() gave strided data".into(),
+            });
+        };
+        Ok(src.view(view, autograd::record(&[&src], || Op::Reshape(src.clone()))))
+    }
+
+    /// Reorders dimensions: dimension `i` of the result is dimension `perm[i]` of this tensor.
+    pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
+        let rank = self.rank();
+        let mut seen = vec![false; rank];
+        let valid = perm.len() == rank
+            && perm
+                .iter()
+                .all(|&p| p < rank && !std::mem::replace(&mut seen[p], true));
+        if !valid {
+            return Err(TensorError::InvalidShape {
+                op: "permute",
+                shape: self.shape().to_vec(),
+                reason: format!("{perm:?} is not a permutation of 0..{rank}"),
+            });
+        }
+        let view = self.layout().permute(perm);
+        Ok(self.view(
+            view,
+            autograd::record(&[self], || Op::Permute(self.clone(), perm.to_vec())),
+        ))
+    }
+
+    /// Swaps two dimensions (negative counts from the end).
+    pub fn transpose(&self, d0: isize, d1: isize) -> Result<Tensor> {
+        let rank = self.rank();
+        let (a, b) = (
+            resolve_axis("transpose", d0, rank)?,
+            resolve_axis("transpose", d1, rank)?,
+        );
+        let mut perm: Vec<usize> = (0..rank).collect();
+        perm.swap(a, b);
+        self.permute(&perm)
+    }
+
+    /// Swaps the last two dimensions (matrix transpose, batched).
+    pub fn t(&self) -> Result<Tensor> {
+        if self.rank() < 2 {
+            return Err(TensorError::InvalidShape {
+                op: "t",
+                shape: self.shape().to_vec(),
+                reason: "a matrix transpose needs at least two dimensions".into(),
+            });
+        }
+        self.transpose(-2, -1)
+    }
+
+    /// Entries `start..start + len` of dimension `dim`.
+    pub fn narrow(&self, dim: isize, start: usize, len: usize) -> Result<Tensor> {
+        let d = resolve_axis("narrow", dim, self.rank())?;
+        let size = self.shape()[d];
+        if start.checked_add(len).is_none_or(|end| end > size) {
+            return Err(TensorError::InvalidShape {
+                op: "narrow",
+                shape: self.shape().to_vec(),
+                reason: format!(
+                    "range {start}..{} is outside 0..{size} of dimension {d}",
+                    start.saturating_add(len)
+                ),
+            });
+        }
+        let view = self.layout().narrow(d, start, len);
+        Ok(self.view(
+            view,
+            autograd::record(&[self], || Op::Narrow(self.clone(), d, start)),
+        ))
+    }
+
+    /// This tensor repeated (numpy broadcasting, stride 0) to `shape`.
+    pub fn broadcast_to(&self, shape: &[usize]) -> Result<Tensor> {
+        if shape == self.shape() {
+            return Ok(self.clone());
+        }
+        let view = self.layout().broadcast_as("broadcast_to", shape)?;
+        Ok(self.view(
+            view,
+            autograd::record(&[self], || Op::Broadcast(self.clone())),
+        ))
+    }
+
+    /// This tensor when already dense, else a dense copy.
+    pub fn contiguous(&self) -> Result<Tensor> {
+        if self.is_contiguous() {
+            return Ok(self.clone());
+        }
+        let pool = self.pool();
+        let buffer = storage::alloc(pool, self.numel(), || {
+            storage::gather(pool, &self.buffer().read(), self.layout())
+        })?;
+        Ok(Tensor::dense(
+            buffer,
+            self.shape(),
+            autograd::record(&[self], || Op::Contiguous(self.clone())),
+        ))
+    }
+
+    /// Gradient of `narrow`: zeros of `shape` with `self` written at `start..` of `dim`.
+    pub(crate) fn narrow_backward(
+        &self,
+        shape: &[usize],
+        dim: usize,
+        start: usize,
+    ) -> Result<Tensor> {
+        let g = self.contiguous()?;
+        let out = Tensor::zeros(shape, self.pool())?;
+        let target = Layout::contiguous(shape).narrow(dim, start, g.shape()[dim]);
+        {
+            let mut dst = out.buffer().write();
+            storage::scatter(self.pool(), &mut dst, &target, &g.buffer().read())?;
+        }
+        Ok(out)
+    }
+}

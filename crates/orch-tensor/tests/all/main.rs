@@ -1,0 +1,10 @@
+//! orch-tensor's test suite, one binary. Every op and gradient test runs on every backend
+//! present through `test_device!` (common/mod.rs): cpu, sim, and cuda (skipped without a GPU,
+//! failing instead under `ORCH_REQUIRE_GPU=1`).
+
+mod common;
+mod errors;
+mod grads;
+mod ops;
+mod optim;
+mod quota;

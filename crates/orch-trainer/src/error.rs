@@ -1,0 +1,135 @@
+//! How a training job can fail. Every variant about the plugin names it, and where the run was.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where in the run a plugin call was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Instantiation and `init`.
+    Init,
+    /// `train-step` number `step` (0-based over the run), in `epoch` (0-based).
+    Step { step: u64, epoch: u32 },
+    /// `eval-step` at the end of `epoch`.
+    Eval { epoch: u32 },
+}
+
+impl fmt::Display for Stage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Stage::Init => f.write_str("in init"),
+            Stage::Step { step, epoch } => write!(f, "at step {} (epoch {})", step + 1, epoch + 1),
+            Stage::Eval { epoch } => write!(f, "evaluating epoch {}", epoch + 1),
+        }
+    }
+}
+
+/// A training job that could not start, or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error(
+        "unknown built-in trainer `{name}`: the built-ins are {}; or give a path to a .wasm component",
+        crate::builtin::names().join(", ")
+    )]
+    UnknownBuiltin { name: String },
+    #[error("cannot read trainer plugin {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "`{plugin}` is not a trainer component: {detail}; build one with `cargo build --release --target wasm32-wasip2` against wit/ (world `trainer`)"
+    )]
+    NotTrainer { plugin: String, detail: String },
+    #[error("trainer `{plugin}` cannot be loaded: {detail}")]
+    Load { plugin: String, detail: String },
+    #[error("training data: {0}")]
+    Data(String),
+    #[error("{0}")]
+    Setup(String),
+    #[error("device {device}: {reason}")]
+    Device { device: String, reason: String },
+    #[error(
+        "trainer `{plugin}` did not return {stage} within its deadline of {} s (train.step_timeout) and was stopped",
+        deadline.as_secs_f64()
+    )]
+    Timeout {
+        plugin: String,
+        stage: Stage,
+        deadline: Duration,
+    },
+    #[error(
+        "trainer `{plugin}` went over its linear-memory limit of {} MiB {stage} and was stopped",
+        limit >> 20
+    )]
+    MemoryLimit {
+        plugin: String,
+        stage: Stage,
+        limit: usize,
+    },
+    #[error("trainer `{plugin}` tried to read {what} {stage}, which plugins are not granted")]
+    Denied {
+        plugin: String,
+        stage: Stage,
+        what: &'static str,
+    },
+    #[error("trainer `{plugin}` crashed {stage} ({trap}){}", output_suffix(.output))]
+    Crashed {
+        plugin: String,
+        stage: Stage,
+        trap: String,
+        /// The last lines the plugin wrote (a panic message, typically).
+        output: Vec<String>,
+    },
+    #[error("trainer `{plugin}` failed {stage}: {message}")]
+    Failed {
+        plugin: String,
+        stage: Stage,
+        message: String,
+    },
+    /// The host stopped this replica because the job is stopping (another replica failed), or
+    /// the replicas could not meet at an exchange.
+    #[error("trainer `{plugin}` was stopped {stage}: {reason}")]
+    Stopped {
+        plugin: String,
+        stage: Stage,
+        reason: String,
+    },
+    #[error("cannot resume: {0}")]
+    Resume(String),
+    #[error("checkpoint {}: {reason}", path.display())]
+    Checkpoint { path: PathBuf, reason: String },
+    #[error("cannot write {}: {source}", path.display())]
+    Output {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the WebAssembly engine failed: {0}")]
+    Engine(String),
+}
+
+fn output_suffix(output: &[String]) -> String {
+    if output.is_empty() {
+        String::new()
+    } else {
+        format!("; it wrote: {}", output.join(" / "))
+    }
+}
+
+impl TrainError {
+    /// True when the user's input is at fault (a name, a file, the data, a resume without a
+    /// checkpoint), so the CLI exits 2; false for a job that ran and failed (exit 1).
+    pub fn is_bad_input(&self) -> bool {
+        matches!(
+            self,
+            TrainError::UnknownBuiltin { .. }
+                | TrainError::Read { .. }
+                | TrainError::NotTrainer { .. }
+                | TrainError::Load { .. }
+                | TrainError::Data(_)
+                | TrainError::Setup(_)
+                | TrainError::Resume(_)
+        )
+    }
+}

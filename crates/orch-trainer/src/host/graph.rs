@@ -1,0 +1,70 @@
+//! `orch:plugin/autograd` and `orch:plugin/params`.
+
+use super::ReplicaState;
+use super::convert::bad;
+use orch_tensor::no_grad;
+use orch_wit::trainer::orch::plugin::autograd::Host as Autograd;
+use orch_wit::trainer::orch::plugin::params::Host as Params;
+use orch_wit::trainer::orch::plugin::tensors::{Tensor as WitTensor, TensorError as WitError};
+use wasmtime::component::Resource;
+
+/// Most parameters one replica may register, and the longest name.
+const MAX_PARAMS: usize = 4096;
+const MAX_NAME: usize = 256;
+
+impl Autograd for ReplicaState {
+    fn backward(&mut self, loss: Resource<WitTensor>) -> wasmtime::Result<Result<(), WitError>> {
+        self.run(|s| Ok(s.tensor(&loss)?.backward()?))
+    }
+
+    fn grad(
+        &mut self,
+        param: Resource<WitTensor>,
+    ) -> wasmtime::Result<Result<Option<Resource<WitTensor>>, WitError>> {
+        self.run(|s| match s.tensor(&param)?.grad() {
+            Some(g) => s.give(g).map(Some),
+            None => Ok(None),
+        })
+    }
+
+    fn zero_grad(&mut self) -> wasmtime::Result<()> {
+        for (_, p) in &self.params {
+            p.zero_grad();
+        }
+        Ok(())
+    }
+}
+
+impl Params for ReplicaState {
+    fn register(
+        &mut self,
+        name: String,
+        init: Resource<WitTensor>,
+    ) -> wasmtime::Result<Result<Resource<WitTensor>, WitError>> {
+        self.run(|s| {
+            if name.is_empty() || name.len() > MAX_NAME || name.chars().any(char::is_control) {
+                return Err(bad(format!(
+                    "parameter name {name:?}: give 1 to {MAX_NAME} printable characters"
+                )));
+            }
+            if s.params.iter().any(|(n, _)| *n == name) {
+                return Err(bad(format!(
+                    "a parameter named `{name}` is registered already"
+                )));
+            }
+            if s.params.len() >= MAX_PARAMS {
+                return Err(bad(format!("more than {MAX_PARAMS} parameters")));
+            }
+            let init = s.tensor(&init)?;
+            // A dense copy of its own, cut off from any graph: the leaf that collects gradients.
+            let param = no_grad(|| init.detach().affine(1.0, 0.0))?.with_requires_grad();
+            let handle = s.give(param.clone())?;
+            s.params.push((name, param));
+            Ok(handle)
+        })
+    }
+
+    fn names(&mut self) -> wasmtime::Result<Vec<String>> {
+        Ok(self.params.iter().map(|(n, _)| n.clone()).collect())
+    }
+}

@@ -1,0 +1,305 @@
+//! `orch:plugin/tensors`: creation and ops, each one call into orch-tensor on the device.
+
+use super::ReplicaState;
+use super::convert::{Fail, axes, bad, to_u32, to_usize};
+use orch_tensor::{Tensor, no_grad};
+use orch_wit::trainer::orch::plugin::tensors::{
+    BinaryOp, DeviceIndex, Host, HostTensor, ReduceOp, Tensor as WitTensor,
+    TensorError as WitError, UnaryOp,
+};
+use wasmtime::component::Resource;
+
+/// Values one `from-list` or `to-list` may carry across the boundary.
+const MAX_LIST_VALUES: usize = 1 << 20;
+
+type Answer<T> = wasmtime::Result<Result<T, WitError>>;
+type Handle = Resource<WitTensor>;
+
+impl ReplicaState {
+    /// `f` of the tensor behind `x`, as a new handle.
+    fn map1(
+        &mut self,
+        x: &Handle,
+        f: impl FnOnce(&Tensor) -> Result<Tensor, Fail>,
+    ) -> Answer<Handle> {
+        self.run(|s| {
+            let out = f(&s.tensor(x)?)?;
+            s.give(out)
+        })
+    }
+
+    fn map2(
+        &mut self,
+        a: &Handle,
+        b: &Handle,
+        f: impl FnOnce(&Tensor, &Tensor) -> Result<Tensor, Fail>,
+    ) -> Answer<Handle> {
+        self.run(|s| {
+            let out = f(&s.tensor(a)?, &s.tensor(b)?)?;
+            s.give(out)
+        })
+    }
+
+    fn create(
+        &mut self,
+        device: Option<DeviceIndex>,
+        f: impl FnOnce(&std::sync::Arc<orch_tensor::MemoryPool>) -> Result<Tensor, Fail>,
+    ) -> Answer<Handle> {
+        self.run(|s| {
+            let pool = s.pool(device)?;
+            let out = f(&pool)?;
+            s.give(out)
+        })
+    }
+}
+
+impl HostTensor for ReplicaState {
+    fn shape(&mut self, this: Handle) -> wasmtime::Result<Vec<u32>> {
+        Ok(self
+            .tensor(&this)
+            .map(|t| to_u32(t.shape()))
+            .unwrap_or_default())
+    }
+
+    fn device(&mut self, this: Handle) -> wasmtime::Result<DeviceIndex> {
+        Ok(self
+            .tensor(&this)
+            .map_or(u32::MAX, |t| self.logical(t.device())))
+    }
+
+    fn requires_grad(&mut self, this: Handle) -> wasmtime::Result<bool> {
+        Ok(self.tensor(&this).is_ok_and(|t| t.requires_grad()))
+    }
+
+    fn item(&mut self, this: Handle) -> Answer<f32> {
+        self.run(|s| Ok(s.tensor(&this)?.to_scalar()?))
+    }
+
+    fn to_list(&mut self, this: Handle) -> Answer<Vec<f32>> {
+        self.run(|s| {
+            let t = s.tensor(&this)?;
+            if t.numel() > MAX_LIST_VALUES {
+                return Err(bad(format!(
+                    "to-list: {} elements; at most {MAX_LIST_VALUES} cross the boundary (reduce first)",
+                    t.numel()
+                )));
+            }
+            Ok(t.to_vec()?)
+        })
+    }
+
+    fn drop(&mut self, this: Handle) -> wasmtime::Result<()> {
+        self.drop_tensor(this)
+    }
+}
+
+impl Host for ReplicaState {
+    fn from_list(
+        &mut self,
+        data: Vec<f32>,
+        shape: Vec<u32>,
+        device: Option<DeviceIndex>,
+    ) -> Answer<Handle> {
+        self.create(device, |pool| {
+            if data.len() > MAX_LIST_VALUES {
+                return Err(bad(format!(
+                    "from-list: {} values; at most {MAX_LIST_VALUES} (bulk data comes from `data`)",
+                    data.len()
+                )));
+            }
+            Ok(Tensor::from_vec(data, &to_usize(&shape), pool)?)
+        })
+    }
+
+    fn full(&mut self, shape: Vec<u32>, value: f32, device: Option<DeviceIndex>) -> Answer<Handle> {
+        self.create(device, |pool| {
+            Ok(Tensor::full(&to_usize(&shape), value, pool)?)
+        })
+    }
+
+    fn randn(
+        &mut self,
+        shape: Vec<u32>,
+        std: f32,
+        seed: u64,
+        device: Option<DeviceIndex>,
+    ) -> Answer<Handle> {
+        self.create(device, |pool| {
+            if !std.is_finite() {
+                return Err(bad(format!("randn: std = {std}")));
+            }
+            let unit = Tensor::randn(&to_usize(&shape), seed, pool)?;
+            Ok(if std == 1.0 {
+                unit
+            } else {
+                unit.mul_scalar(std)?
+            })
+        })
+    }
+
+    fn uniform(
+        &mut self,
+        shape: Vec<u32>,
+        low: f32,
+        high: f32,
+        seed: u64,
+        device: Option<DeviceIndex>,
+    ) -> Answer<Handle> {
+        self.create(device, |pool| {
+            if !(low.is_finite() && high.is_finite() && low < high) {
+                return Err(bad(format!("uniform: [{low}, {high}) is not a range")));
+            }
+            Ok(Tensor::uniform(&to_usize(&shape), low, high, seed, pool)?)
+        })
+    }
+
+    fn matmul(
+        &mut self,
+        a: Handle,
+        b: Handle,
+        transpose_a: bool,
+        transpose_b: bool,
+    ) -> Answer<Handle> {
+        self.map2(&a, &b, |a, b| {
+            let a = if transpose_a { a.t()? } else { a.clone() };
+            let b = if transpose_b { b.t()? } else { b.clone() };
+            Ok(a.matmul(&b)?)
+        })
+    }
+
+    fn linear(&mut self, x: Handle, weight: Handle, bias: Option<Handle>) -> Answer<Handle> {
+        self.run(|s| {
+            let (x, w) = (s.tensor(&x)?, s.tensor(&weight)?);
+            if x.rank() != 2 || w.rank() != 2 {
+                return Err(bad(format!(
+                    "linear: x must be [rows, in] and weight [in, out]; got {:?} and {:?}",
+                    x.shape(),
+                    w.shape()
+                )));
+            }
+            let mut y = x.matmul(&w)?;
+            if let Some(bias) = &bias {
+                y = y.add(&s.tensor(bias)?)?;
+            }
+            s.give(y)
+        })
+    }
+
+    fn unary(&mut self, op: UnaryOp, x: Handle) -> Answer<Handle> {
+        self.map1(&x, |x| {
+            Ok(match op {
+                UnaryOp::Neg => x.neg()?,
+                UnaryOp::Relu => x.relu()?,
+                UnaryOp::Gelu => x.gelu()?,
+                UnaryOp::Tanh => x.tanh()?,
+                UnaryOp::Sigmoid => x.sigmoid()?,
+                UnaryOp::Exp => x.exp()?,
+                UnaryOp::Log => x.log()?,
+                UnaryOp::Sqr => x.sqr()?,
+            })
+        })
+    }
+
+    fn binary(&mut self, op: BinaryOp, a: Handle, b: Handle) -> Answer<Handle> {
+        self.map2(&a, &b, |a, b| {
+            Ok(match op {
+                BinaryOp::Add => a.add(b)?,
+                BinaryOp::Sub => a.sub(b)?,
+                BinaryOp::Mul => a.mul(b)?,
+                BinaryOp::Div => a.div(b)?,
+            })
+        })
+    }
+
+    fn scalar(&mut self, op: BinaryOp, x: Handle, value: f32) -> Answer<Handle> {
+        self.map1(&x, |x| {
+            Ok(match op {
+                BinaryOp::Add => x.add_scalar(value)?,
+                BinaryOp::Sub => x.sub_scalar(value)?,
+                BinaryOp::Mul => x.mul_scalar(value)?,
+                BinaryOp::Div => x.div_scalar(value)?,
+            })
+        })
+    }
+
+    fn affine(&mut self, x: Handle, mul: f32, add: f32) -> Answer<Handle> {
+        self.map1(&x, |x| Ok(x.affine(mul, add)?))
+    }
+
+    fn softmax(&mut self, x: Handle, axis: i32, log: bool) -> Answer<Handle> {
+        self.map1(&x, |x| {
+            Ok(if log {
+                x.log_softmax(axis as isize)?
+            } else {
+                x.softmax(axis as isize)?
+            })
+        })
+    }
+
+    fn cross_entropy(&mut self, logits: Handle, labels: Handle) -> Answer<Handle> {
+        self.map2(&logits, &labels, |x, y| Ok(x.cross_entropy(y)?))
+    }
+
+    fn mse(&mut self, prediction: Handle, target: Handle) -> Answer<Handle> {
+        self.map2(&prediction, &target, |x, y| Ok(x.mse(y)?))
+    }
+
+    fn reduce(&mut self, op: ReduceOp, x: Handle, over: Vec<i32>, keepdim: bool) -> Answer<Handle> {
+        self.map1(&x, |x| {
+            let over = axes(&over);
+            Ok(match op {
+                ReduceOp::Sum => x.sum(&over, keepdim)?,
+                ReduceOp::Mean => x.mean(&over, keepdim)?,
+                ReduceOp::Max => x.max(&over, keepdim)?,
+            })
+        })
+    }
+
+    fn argmax(&mut self, x: Handle, axis: i32) -> Answer<Handle> {
+        self.map1(&x, |x| Ok(x.argmax(axis as isize, false)?))
+    }
+
+    fn correct(&mut self, logits: Handle, labels: Handle) -> Answer<u32> {
+        self.run(|s| {
+            let (x, y) = (s.tensor(&logits)?, s.tensor(&labels)?);
+            let rows = match (x.shape(), y.shape()) {
+                ([rows, _], [n]) if rows == n => *rows,
+                _ => {
+                    return Err(Fail::Wit(WitError::ShapeMismatch(
+                        orch_wit::trainer::orch::plugin::tensors::ShapeMismatch {
+                            op: "correct".into(),
+                            lhs: to_u32(x.shape()),
+                            rhs: to_u32(y.shape()),
+                        },
+                    )));
+                }
+            };
+            let hits = no_grad(|| x.argmax(-1, false)?.eq(&y)?.sum_all()?.to_scalar())?;
+            Ok(hits.round().clamp(0.0, rows as f32) as u32)
+        })
+    }
+
+    fn reshape(&mut self, x: Handle, shape: Vec<u32>) -> Answer<Handle> {
+        self.map1(&x, |x| Ok(x.reshape(&to_usize(&shape))?))
+    }
+
+    fn transpose(&mut self, x: Handle, dim0: i32, dim1: i32) -> Answer<Handle> {
+        self.map1(&x, |x| Ok(x.transpose(dim0 as isize, dim1 as isize)?))
+    }
+
+    fn detach(&mut self, x: Handle) -> Answer<Handle> {
+        self.map1(&x, |x| Ok(x.detach()))
+    }
+
+    fn to_device(&mut self, x: Handle, device: DeviceIndex) -> Answer<Handle> {
+        self.run(|s| {
+            let (x, pool) = (s.tensor(&x)?, s.pool(Some(device))?);
+            let moved = x.to(&pool)?;
+            s.give(moved)
+        })
+    }
+
+    fn assign(&mut self, dst: Handle, src: Handle) -> Answer<()> {
+        self.run(|s| Ok(s.tensor(&dst)?.assign(&s.tensor(&src)?)?))
+    }
+}

@@ -1,0 +1,40 @@
+//! The trainer host of orch: runs a Wasm trainer plugin (world `trainer` of `wit/`) on host
+//! tensors, one replica per granted device, and turns the run into progress, metrics, a plot
+//! and checkpoints.
+//!
+//! Design decision: **the plugin computes nothing itself, the host computes everything on the
+//! plugin's behalf.** Tensors are host resources (handles in each replica's store), so data
+//! stays on the device, ops run on orch-tensor's backends, quotas are the job's memory pools,
+//! and a plugin can only name its own tensors. Ops are coarse (a fused linear layer, a fused
+//! cross-entropy), so a training step is tens of calls across the boundary. Replicas are
+//! independent instances in their own threads that meet only at two exchanges: the parameter
+//! broadcast after `init` and the gradient all-reduce inside every `optimizer.step`; both
+//! combine contributions in rank order, so N replicas reproduce one replica's run up to float
+//! rounding, and a run resumed from a checkpoint reproduces the uninterrupted one.
+//!
+//! ```text
+//! train()  ── loads plugin + data, makes device pools, spawns replicas, coordinates
+//!   ├─ replica 0 thread: Store<ReplicaState> → init → [train-step]* → eval-step* → snapshot
+//!   ├─ replica 1 thread: …                 (meets the others at broadcast / all-reduce)
+//!   └─ this thread: events → progress lines, metrics.jsonl, checkpoint/, plot.svg
+//! ```
+
+mod builtin;
+pub mod checkpoint;
+mod collective;
+mod coordinator;
+mod data;
+mod error;
+mod host;
+mod plot;
+mod progress;
+mod replica;
+pub mod report;
+mod run;
+pub mod safetensors;
+mod state;
+
+pub use builtin::{BUILTIN_TRAINERS, BuiltinTrainer, TRAINER_WASM_DIR, load_plugin};
+pub use error::{Stage, TrainError};
+pub use progress::ProgressMode;
+pub use run::{GrantedDevice, RunOptions, Summary, TrainJob, train};

@@ -1,0 +1,220 @@
+//! `plot.svg`: training loss and evaluation loss against steps on top, evaluation accuracy
+//! below, written without a plotting dependency.
+
+use crate::error::TrainError;
+use crate::report::Record;
+use std::path::Path;
+
+/// Writes `plot.svg`: training loss (thin line, averaged in buckets when there are many steps)
+/// and evaluation loss (dots) on top, evaluation accuracy below, both against steps.
+pub(crate) fn write_plot(path: &Path, records: &[Record], title: &str) -> Result<(), TrainError> {
+    let svg = plot(records, title);
+    std::fs::write(path, svg).map_err(|source| TrainError::Output {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+const W: f64 = 720.0;
+const PANEL_H: f64 = 220.0;
+const LEFT: f64 = 64.0;
+const RIGHT: f64 = 16.0;
+
+pub(crate) fn plot(records: &[Record], title: &str) -> String {
+    let steps: Vec<(f64, f64)> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Step { step, loss, .. } if loss.is_finite() => {
+                Some((*step as f64, f64::from(*loss)))
+            }
+            _ => None,
+        })
+        .collect();
+    let epochs: Vec<(f64, Option<f64>, Option<f64>)> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Epoch {
+                step,
+                eval_loss,
+                eval_accuracy,
+                ..
+            } => Some((*step as f64, *eval_loss, *eval_accuracy)),
+            _ => None,
+        })
+        .collect();
+    let max_step = steps
+        .iter()
+        .map(|s| s.0)
+        .chain(epochs.iter().map(|e| e.0))
+        .fold(1.0, f64::max);
+    let max_loss = steps
+        .iter()
+        .map(|s| s.1)
+        .chain(epochs.iter().filter_map(|e| e.1))
+        .fold(0.0, f64::max)
+        .max(1e-6)
+        * 1.05;
+    let mut svg = String::new();
+    let height = 40.0 + 2.0 * (PANEL_H + 50.0);
+    svg.push_str(&format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{LEFT}\" y=\"22\" font-size=\"15\">{}</text>\n",
+        escape(title)
+    ));
+    // Top panel: loss.
+    let top = 40.0;
+    let x = |s: f64| LEFT + (W - LEFT - RIGHT) * s / max_step;
+    let y_loss = |l: f64| top + PANEL_H - PANEL_H * l / max_loss;
+    axes(&mut svg, top, "loss", (0.0, max_loss), max_step, |v| {
+        format!("{v:.2}")
+    });
+    let buckets = bucket_means(&steps, 1000);
+    if !buckets.is_empty() {
+        let points: Vec<String> = buckets
+            .iter()
+            .map(|&(s, l)| format!("{:.1},{:.1}", x(s), y_loss(l)))
+            .collect();
+        svg.push_str(&format!(
+            "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.2\" points=\"{}\"/>\n",
+            points.join(" ")
+        ));
+    }
+    for (s, loss, _) in &epochs {
+        if let Some(l) = loss {
+            svg.push_str(&format!(
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3.5\" fill=\"#d62728\"/>\n",
+                x(*s),
+                y_loss(*l)
+            ));
+        }
+    }
+    legend(
+        &mut svg,
+        top,
+        &[("#1f77b4", "training loss"), ("#d62728", "evaluation loss")],
+    );
+    // Bottom panel: accuracy, from a round number below the lowest to 100 %.
+    let top = 40.0 + PANEL_H + 50.0;
+    let lowest = epochs.iter().filter_map(|e| e.2).fold(1.0, f64::min);
+    let floor = ((lowest - 0.02) * 20.0).floor().clamp(0.0, 19.0) / 20.0;
+    let y_acc = |a: f64| top + PANEL_H - PANEL_H * (a - floor) / (1.0 - floor);
+    axes(&mut svg, top, "accuracy", (floor, 1.0), max_step, |v| {
+        format!("{:.1}%", v * 100.0)
+    });
+    let acc: Vec<String> = epochs
+        .iter()
+        .filter_map(|(s, _, a)| a.map(|a| format!("{:.1},{:.1}", x(*s), y_acc(a))))
+        .collect();
+    if !acc.is_empty() {
+        svg.push_str(&format!(
+            "<polyline fill=\"none\" stroke=\"#2ca02c\" stroke-width=\"1.5\" points=\"{}\"/>\n",
+            acc.join(" ")
+        ));
+        for (s, _, a) in &epochs {
+            if let Some(a) = a {
+                svg.push_str(&format!(
+                    "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3.5\" fill=\"#2ca02c\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{:.2}%</text>\n",
+                    x(*s),
+                    y_acc(*a),
+                    x(*s) - 6.0,
+                    y_acc(*a) + 18.0,
+                    a * 100.0
+                ));
+            }
+        }
+    }
+    legend(&mut svg, top, &[("#2ca02c", "evaluation accuracy")]);
+    svg.push_str("</svg>\n");
+    svg
+}
+
+fn axes(
+    svg: &mut String,
+    top: f64,
+    label: &str,
+    (lo, hi): (f64, f64),
+    max_step: f64,
+    fmt: impl Fn(f64) -> String,
+) {
+    let bottom = top + PANEL_H;
+    svg.push_str(&format!(
+        "<rect x=\"{LEFT}\" y=\"{top}\" width=\"{}\" height=\"{PANEL_H}\" fill=\"none\" stroke=\"#999\"/>\n",
+        W - LEFT - RIGHT
+    ));
+    for i in 0..=4 {
+        let v = lo + (hi - lo) * f64::from(i) / 4.0;
+        let y = bottom - PANEL_H * f64::from(i) / 4.0;
+        svg.push_str(&format!(
+            "<line x1=\"{LEFT}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#eee\"/><text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\n",
+            W - RIGHT,
+            LEFT - 6.0,
+            y + 4.0,
+            fmt(v)
+        ));
+        let s = max_step * f64::from(i) / 4.0;
+        let x = LEFT + (W - LEFT - RIGHT) * f64::from(i) / 4.0;
+        svg.push_str(&format!(
+            "<text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{s:.0}</text>\n",
+            bottom + 16.0
+        ));
+    }
+    svg.push_str(&format!(
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">step</text><text x=\"14\" y=\"{:.1}\" transform=\"rotate(-90 14 {:.1})\" text-anchor=\"middle\">{}</text>\n",
+        LEFT + (W - LEFT - RIGHT) / 2.0,
+        bottom + 32.0,
+        top + PANEL_H / 2.0,
+        top + PANEL_H / 2.0,
+        escape(label)
+    ));
+}
+
+/// A row of entries above a panel, right-aligned.
+fn legend(svg: &mut String, top: f64, entries: &[(&str, &str)]) {
+    let y = top - 6.0;
+    let mut right = W - RIGHT;
+    for (color, text) in entries.iter().rev() {
+        svg.push_str(&format!(
+            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"10\" height=\"10\" fill=\"{color}\"/><text x=\"{:.1}\" y=\"{y:.1}\" text-anchor=\"end\">{}</text>\n",
+            right - 10.0,
+            y - 9.0,
+            right - 14.0,
+            escape(text)
+        ));
+        right -= 30.0 + 6.5 * text.len() as f64;
+    }
+}
+
+/// At most `max` points: the means of equal buckets of consecutive points.
+fn bucket_means(points: &[(f64, f64)], max: usize) -> Vec<(f64, f64)> {
+    let size = points.len().div_ceil(max.max(1)).max(1);
+    points
+        .chunks(size)
+        .map(|c| {
+            let n = c.len() as f64;
+            (
+                c.iter().map(|p| p.0).sum::<f64>() / n,
+                c.iter().map(|p| p.1).sum::<f64>() / n,
+            )
+        })
+        .collect()
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_average() {
+        let pts: Vec<(f64, f64)> = (0..10).map(|i| (f64::from(i), f64::from(i))).collect();
+        assert_eq!(
+            bucket_means(&pts, 5),
+            vec![(0.5, 0.5), (2.5, 2.5), (4.5, 4.5), (6.5, 6.5), (8.5, 8.5)]
+        );
+        assert_eq!(bucket_means(&pts, 100).len(), 10);
+    }
+}

@@ -1,0 +1,453 @@
+//! One replica: its own store and instance, in its own thread, walking the run's schedule.
+//!
+//! Every replica computes the same schedule from the seed, so they need no coordinator to stay
+//! in step: they meet only at the parameter broadcast after `init` and at every optimizer step
+//! (the gradient all-reduce). What they report (losses, evaluations, logs, replica 0's
+//! checkpoints) goes to the coordinator over a channel.
+
+use crate::checkpoint::Checkpoint;
+use crate::data::{Schedule, eval_order, my_shard};
+use crate::error::{Stage, TrainError};
+use crate::host::{BatchSlot, NamedValues, Phase, ReplicaState, Shared, printable};
+use crate::safetensors::NamedTensor;
+use crate::state::{assign_params, load, snapshot};
+use orch_host::{Limits, PluginState};
+use orch_tensor::TensorError;
+use orch_wit::trainer::orch::plugin::metrics::Level;
+use orch_wit::trainer::{RunInfo, StepInfo, Trainer, TrainerPre};
+use std::sync::Arc;
+use std::sync::mpsc::Sender;
+use wasmtime::{Engine, Store, Trap};
+
+/// Where a run starts: the step count and the data position of the next step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Start {
+    pub step: u64,
+    pub epoch: u32,
+    pub batch: u32,
+}
+
+/// What every replica of a run follows.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    pub plugin: String,
+    pub schedule: Schedule,
+    pub start: Start,
+    pub config: Vec<(String, String)>,
+    pub checkpoint_every: Option<u64>,
+    /// Stop (with a checkpoint) once this many steps are done: a simulated interruption.
+    pub stop_after: Option<u64>,
+    pub eval_batch: usize,
+    /// Epoch ticks one call may take.
+    pub ticks: u64,
+    pub limits: Limits,
+}
+
+/// What a replica reports.
+#[derive(Debug)]
+pub(crate) enum Event {
+    Step {
+        step: u64,
+        epoch: u32,
+        loss: f32,
+        rows: usize,
+        scalars: Vec<(String, f64)>,
+    },
+    Eval {
+        epoch: u32,
+        step: u64,
+        loss_sum: f64,
+        correct: u64,
+        rows: u64,
+        scalars: Vec<(String, f64)>,
+    },
+    Log {
+        rank: usize,
+        level: Level,
+        message: String,
+    },
+    /// Replica 0's state after `meta.step` steps, to be written as a checkpoint.
+    Snapshot(Box<Checkpoint>),
+    Done {
+        stopped_early: bool,
+    },
+    Failed {
+        rank: usize,
+        error: TrainError,
+    },
+}
+
+/// What one replica thread needs.
+pub(crate) struct Replica<'a> {
+    pub rank: usize,
+    pub shared: Arc<Shared>,
+    pub engine: &'a Engine,
+    pub pre: &'a TrainerPre<ReplicaState>,
+    pub plan: &'a Plan,
+    pub events: Sender<Event>,
+    pub resume: Option<&'a Checkpoint>,
+    /// The checkpoint's fields that are not replica state (job, plugin hash, ...).
+    pub meta_template: &'a crate::checkpoint::Meta,
+}
+
+impl Replica<'_> {
+    /// Runs the replica to the end of the schedule (or its failure), reporting as it goes.
+    pub fn run(self) {
+        let rank = self.rank;
+        let event = match self.drive() {
+            Ok(stopped_early) => Event::Done { stopped_early },
+            Err(error) => {
+                self.shared.stop(&format!("replica {rank} failed"));
+                Event::Failed { rank, error }
+            }
+        };
+        // The coordinator outlives every replica; a closed channel means it is gone already.
+        let _ = self.events.send(event);
+    }
+
+    fn drive(&self) -> Result<bool, TrainError> {
+        let plan = self.plan;
+        let state = ReplicaState::new(
+            PluginState::new(&plan.plugin, &plan.limits),
+            Arc::clone(&self.shared),
+            self.rank,
+        );
+        let mut store = Store::new(self.engine, state);
+        store.limiter(|s| &mut s.sandbox.limiter);
+        store.data_mut().phase = Phase::Init;
+        let trainer = self.call(&mut store, Stage::Init, |store| {
+            self.pre.instantiate(store).map(Ok)
+        })?;
+        let info = self.run_info();
+        self.call(&mut store, Stage::Init, |store| {
+            trainer.call_init(&mut *store, &plan.config, info)
+        })?;
+        store.data_mut().phase = Phase::Idle;
+        match self.resume {
+            Some(checkpoint) => load(store.data_mut(), checkpoint)?,
+            None => self.broadcast(store.data_mut())?,
+        }
+        self.train(&mut store, &trainer)
+    }
+
+    fn run_info(&self) -> RunInfo {
+        let s = &self.plan.schedule;
+        let data = &self.shared.data;
+        let u = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        RunInfo {
+            replica: u(self.rank),
+            replicas: u(s.replicas),
+            epochs: s.epochs,
+            batch_size: u(s.batch_size),
+            steps_per_epoch: s.batches_per_epoch(),
+            features: u(data.train.feature_dim),
+            classes: u(data.classes),
+            train_samples: u(data.train.len()),
+            eval_samples: u(data.eval.as_ref().map_or(0, |e| e.len())),
+            seed: s.seed,
+        }
+    }
+
+    /// The training loop from the plan's start; `Ok(true)` when stopped early on purpose.
+    fn train(
+        &self,
+        store: &mut Store<ReplicaState>,
+        trainer: &Trainer,
+    ) -> Result<bool, TrainError> {
+        let plan = self.plan;
+        let schedule = plan.schedule;
+        let batches = schedule.batches_per_epoch();
+        let replicas = schedule.replicas;
+        let mut step = plan.start.step;
+        for epoch in plan.start.epoch..schedule.epochs {
+            let first = if epoch == plan.start.epoch {
+                plan.start.batch
+            } else {
+                0
+            };
+            let order = schedule.order(epoch);
+            for batch in first..batches {
+                let global = order.batch(batch as usize);
+                store.data_mut().phase = Phase::Train(BatchSlot {
+                    indices: my_shard(global, replicas, self.rank).to_vec(),
+                    global_rows: global.len(),
+                    tensors: None,
+                });
+                let info = StepInfo {
+                    step,
+                    epoch,
+                    batch,
+                    batches,
+                };
+                let stage = Stage::Step { step, epoch };
+                let report = self.call(store, stage, |s| trainer.call_train_step(s, info))?;
+                let state = store.data_mut();
+                let rows = match std::mem::take(&mut state.phase) {
+                    Phase::Train(slot) => slot.indices.len(),
+                    _ => 0,
+                };
+                let scalars = std::mem::take(&mut state.scalars);
+                self.send(Event::Step {
+                    step,
+                    epoch,
+                    loss: report.loss,
+                    rows,
+                    scalars,
+                });
+                step += 1;
+                let end_of_epoch = batch + 1 == batches;
+                let stop = plan.stop_after == Some(step);
+                if !end_of_epoch && (stop || self.checkpoint_due(step)) {
+                    self.snapshot(store.data(), step, epoch, batch + 1)?;
+                }
+                if stop && !end_of_epoch {
+                    return Ok(true);
+                }
+            }
+            self.evaluate(store, trainer, epoch, step)?;
+            let last = epoch + 1 == schedule.epochs;
+            let stop = plan.stop_after == Some(step);
+            if last || stop || self.checkpoint_due(step) {
+                self.snapshot(store.data(), step, epoch + 1, 0)?;
+            }
+            if stop && !last {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    fn checkpoint_due(&self, step: u64) -> bool {
+        self.plan
+            .checkpoint_every
+            .is_some_and(|n| step.is_multiple_of(n))
+    }
+
+    /// Scores this replica's shard of every evaluation batch, autograd off.
+    fn evaluate(
+        &self,
+        store: &mut Store<ReplicaState>,
+        trainer: &Trainer,
+        epoch: u32,
+        step: u64,
+    ) -> Result<(), TrainError> {
+        let Some(eval) = self.shared.data.eval.clone() else {
+            // No evaluation set: the epoch still ends (with its training loss).
+            self.send(Event::Eval {
+                epoch,
+                step,
+                loss_sum: 0.0,
+                correct: 0,
+                rows: 0,
+                scalars: Vec::new(),
+            });
+            return Ok(());
+        };
+        let order = eval_order(eval.len(), self.plan.eval_batch);
+        let batches = u32::try_from(order.batches()).unwrap_or(u32::MAX);
+        let (mut loss_sum, mut correct, mut total) = (0.0f64, 0u64, 0u64);
+        for batch in 0..batches {
+            let global = order.batch(batch as usize);
+            let mine = my_shard(global, self.plan.schedule.replicas, self.rank);
+            if mine.is_empty() {
+                continue;
+            }
+            let rows = mine.len() as u64;
+            store.data_mut().phase = Phase::Eval(BatchSlot {
+                indices: mine.to_vec(),
+                global_rows: global.len(),
+                tensors: None,
+            });
+            let info = StepInfo {
+                step,
+                epoch,
+                batch,
+                batches,
+            };
+            let report = self.call(store, Stage::Eval { epoch }, |s| {
+                orch_tensor::no_grad(|| trainer.call_eval_step(s, info))
+            })?;
+            store.data_mut().phase = Phase::Idle;
+            loss_sum += f64::from(report.loss) * rows as f64;
+            correct += u64::from(report.correct).min(rows);
+            total += rows;
+        }
+        let scalars = std::mem::take(&mut store.data_mut().scalars);
+        self.send(Event::Eval {
+            epoch,
+            step,
+            loss_sum,
+            correct,
+            rows: total,
+            scalars,
+        });
+        Ok(())
+    }
+
+    /// Replica 0 sends its state as a checkpoint (the replicas are identical).
+    fn snapshot(
+        &self,
+        state: &ReplicaState,
+        step: u64,
+        epoch: u32,
+        batch: u32,
+    ) -> Result<(), TrainError> {
+        if self.rank != 0 {
+            return Ok(());
+        }
+        let failed = |e: TensorError| TrainError::Checkpoint {
+            path: "(snapshot)".into(),
+            reason: e.to_string(),
+        };
+        let (params, optimizers) = snapshot(state).map_err(failed)?;
+        let mut meta = self.meta_template.clone();
+        (meta.step, meta.epoch, meta.batch) = (step, epoch, batch);
+        self.send(Event::Snapshot(Box::new(Checkpoint {
+            meta,
+            params,
+            optimizers,
+        })));
+        Ok(())
+    }
+
+    /// Makes every replica's parameters replica 0's.
+    fn broadcast(&self, state: &mut ReplicaState) -> Result<(), TrainError> {
+        if self.shared.replicas < 2 {
+            return Ok(());
+        }
+        let mine =
+            if self.rank == 0 {
+                let values: Result<NamedValues, TensorError> = state
+                    .params
+                    .iter()
+                    .map(|(n, p)| Ok((n.clone(), p.shape().to_vec(), p.to_vec()?)))
+                    .collect();
+                Some(values.map_err(|e| {
+                    TrainError::Setup(format!("reading replica 0's parameters: {e}"))
+                })?)
+            } else {
+                None
+            };
+        let plugin = &self.plan.plugin;
+        let stopped = |reason: String| TrainError::Stopped {
+            plugin: plugin.clone(),
+            stage: Stage::Init,
+            reason,
+        };
+        let timeout = self.shared.exchange_timeout;
+        let result = self
+            .shared
+            .broadcast
+            .exchange(self.rank, mine, timeout, |v| v.into_iter().next().flatten())
+            .map_err(stopped)?;
+        let values = result
+            .as_ref()
+            .as_ref()
+            .ok_or_else(|| stopped("replica 0 sent nothing".into()))?;
+        let tensors: Vec<NamedTensor> = values
+            .iter()
+            .map(|(name, shape, data)| NamedTensor {
+                name: name.clone(),
+                shape: shape.clone(),
+                data: data.clone(),
+            })
+            .collect();
+        assign_params(state, &tensors).map_err(|why| {
+            TrainError::Setup(format!(
+                "trainer `{plugin}`: replica {} registered other parameters than replica 0: {why}",
+                self.rank
+            ))
+        })
+    }
+
+    /// Calls into the plugin under the deadline; a trap or an `Err` becomes a [`TrainError`].
+    fn call<T>(
+        &self,
+        store: &mut Store<ReplicaState>,
+        stage: Stage,
+        f: impl FnOnce(&mut Store<ReplicaState>) -> wasmtime::Result<Result<T, String>>,
+    ) -> Result<T, TrainError> {
+        store.set_epoch_deadline(self.plan.ticks);
+        store.data().sandbox.log.begin_call();
+        let outcome = f(store);
+        let output = store.data().sandbox.log.end_call();
+        for (level, message) in std::mem::take(&mut store.data_mut().logs) {
+            self.send(Event::Log {
+                rank: self.rank,
+                level,
+                message,
+            });
+        }
+        let plugin = self.plan.plugin.clone();
+        match outcome {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(message)) => Err(TrainError::Failed {
+                plugin,
+                stage,
+                message: printable(&message).chars().take(2000).collect(),
+            }),
+            Err(error) => Err(classify(
+                plugin,
+                stage,
+                &self.plan.limits,
+                store.data(),
+                &error,
+                output,
+            )),
+        }
+    }
+
+    fn send(&self, event: Event) {
+        let _ = self.events.send(event);
+    }
+}
+
+/// What stopped the plugin, in the user's words.
+fn classify(
+    plugin: String,
+    stage: Stage,
+    limits: &Limits,
+    state: &ReplicaState,
+    error: &wasmtime::Error,
+    output: Vec<String>,
+) -> TrainError {
+    if let Some(reason) = &state.abort {
+        return TrainError::Stopped {
+            plugin,
+            stage,
+            reason: reason.clone(),
+        };
+    }
+    if state.sandbox.limiter.memory_exceeded {
+        return TrainError::MemoryLimit {
+            plugin,
+            stage,
+            limit: limits.memory_bytes,
+        };
+    }
+    if let Some(what) = state.sandbox.denied {
+        return TrainError::Denied {
+            plugin,
+            stage,
+            what,
+        };
+    }
+    let trap = match error.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => {
+            return TrainError::Timeout {
+                plugin,
+                stage,
+                deadline: limits.deadline,
+            };
+        }
+        Some(Trap::StackOverflow) => "stack overflow".to_string(),
+        Some(trap) => trap.to_string(),
+        None => format!("{error:#}"),
+    };
+    TrainError::Crashed {
+        plugin,
+        stage,
+        trap: printable(&trap),
+        output,
+    }
+}

@@ -1,0 +1,445 @@
+//! A training job from start to end: load the plugin and the data, set up the devices' pools,
+//! start one replica thread per replica, and, in this thread, gather what they report into
+//! progress, metrics and checkpoints.
+
+use crate::builtin::load_plugin;
+use crate::checkpoint::{self, Checkpoint, FORMAT, Meta};
+use crate::collective::Collective;
+use crate::coordinator::Coordinator;
+use crate::data::{self, Schedule};
+use crate::error::TrainError;
+use crate::host::{DeviceSlot, ReplicaState, Shared};
+use crate::progress::{Progress, ProgressMode};
+use crate::replica::{Plan, Replica, Start};
+use crate::report::Metrics;
+use orch_core::job::TrainSpec;
+use orch_host::{
+    ComponentCache, Limits, Ticker, add_wasi, deadline_ticks, default_cache_dir, new_engine,
+};
+use orch_tensor::{Device, MemoryPool};
+use orch_wit::trainer::{Trainer, TrainerPre};
+use sha2::{Digest, Sha256};
+use std::path::PathBuf;
+use std::sync::Arc;
+use wasmtime::Engine;
+use wasmtime::component::{Component, HasSelf, Linker};
+
+/// A device the job was granted, as the trainer computes on it.
+#[derive(Debug, Clone)]
+pub struct GrantedDevice {
+    /// `Cpu`, `Sim(i)` (computed on the CPU, capped at the simulated memory) or `Cuda(i)`.
+    pub device: Device,
+    pub name: String,
+    pub memory_total: Option<u64>,
+    pub memory_free: Option<u64>,
+    /// The device-wide pool the job's pool nests in (jobs sharing a device share it); `None`:
+    /// one made here, capped at `memory_free`, else `memory_total` (the CPU: the host's
+    /// available memory).
+    pub pool: Option<Arc<MemoryPool>>,
+}
+
+/// The job to train.
+#[derive(Debug, Clone)]
+pub struct TrainJob<'a> {
+    pub name: &'a str,
+    pub spec: &'a TrainSpec,
+    /// `[resources] memory_limit`: the per-device quota of the job's tensors.
+    pub memory_limit: Option<u64>,
+}
+
+/// How to run it.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Continue from the checkpoint in the output folder.
+    pub resume: bool,
+    pub progress: ProgressMode,
+    /// Tensor handles one replica may hold at once.
+    pub max_tensors: u32,
+    /// A replica's linear memory, bytes (the plugin's own heap; tensors live outside it).
+    pub plugin_memory: usize,
+    /// Stop after this many steps, with a checkpoint (a deliberate interruption, for tests).
+    pub stop_after: Option<u64>,
+    /// Compiled-component cache (`None`: [`default_cache_dir`]).
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl Default for RunOptions {
+    fn default() -> RunOptions {
+        RunOptions {
+            resume: false,
+            progress: ProgressMode::Quiet,
+            max_tensors: 4096,
+            plugin_memory: 256 << 20,
+            stop_after: None,
+            cache_dir: None,
+        }
+    }
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    /// Steps done, over the run (a resumed run counts the steps before it too).
+    pub steps: u64,
+    pub final_loss: Option<f32>,
+    pub eval_loss: Option<f64>,
+    pub eval_accuracy: Option<f64>,
+    /// Stopped by `RunOptions::stop_after`.
+    pub stopped_early: bool,
+    pub seconds: f64,
+    pub samples_per_sec: f64,
+    pub out: PathBuf,
+    pub replicas: usize,
+}
+
+/// Trains `job` on `devices` (one replica per device unless `[train] replicas` says fewer).
+pub fn train(
+    job: &TrainJob<'_>,
+    devices: &[GrantedDevice],
+    options: &RunOptions,
+) -> Result<Summary, TrainError> {
+    let spec = job.spec;
+    let (plugin, wasm) = load_plugin(&spec.plugin)?;
+    let replicas = spec.replicas.map_or(devices.len(), |r| r as usize);
+    if devices.is_empty() || replicas == 0 || replicas > devices.len() {
+        return Err(TrainError::Setup(format!(
+            "[train] replicas = {replicas} with {} granted device(s): ask for more gpus or fewer replicas",
+            devices.len()
+        )));
+    }
+    if (spec.batch_size as usize) < replicas {
+        return Err(TrainError::Setup(format!(
+            "batch_size = {} is smaller than the {replicas} replicas: every replica needs a share of each batch",
+            spec.batch_size
+        )));
+    }
+    let data = data::load(&spec.data)?;
+    let schedule = Schedule {
+        samples: data.train.len(),
+        batch_size: spec.batch_size as usize,
+        seed: spec.seed,
+        epochs: spec.epochs,
+        replicas,
+    };
+    if schedule.batches_per_epoch() == 0 {
+        return Err(TrainError::Data(format!(
+            "{} samples cannot feed {replicas} replicas",
+            data.train.len()
+        )));
+    }
+    let slots = device_slots(devices, job.memory_limit)?;
+
+    let limits = Limits {
+        deadline: spec.step_timeout,
+        memory_bytes: options.plugin_memory,
+        ..Limits::default()
+    };
+    let engine = new_engine(&limits).map_err(|e| TrainError::Engine(e.to_string()))?;
+    let _ticker = Ticker::start(&engine)
+        .map_err(|e| TrainError::Engine(format!("cannot start the epoch ticker: {e}")))?;
+    let pre = prepare(&engine, &plugin, &wasm, options)?;
+
+    std::fs::create_dir_all(&spec.out).map_err(|source| TrainError::Output {
+        path: spec.out.clone(),
+        source,
+    })?;
+    let sha = hex(&Sha256::digest(&wasm));
+    let resume = if options.resume {
+        Some(resume_from(job, &sha, &schedule)?)
+    } else {
+        None
+    };
+    let start = resume.as_ref().map_or_else(Start::default, |c| Start {
+        step: c.meta.step,
+        epoch: c.meta.epoch,
+        batch: c.meta.batch,
+    });
+    if start.epoch >= spec.epochs {
+        let mut progress = Progress::new(options.progress, spec.epochs, 1, start.step);
+        progress.line(&format!(
+            "{}: the checkpoint is at the end of the run ({} steps, {} epochs): nothing to resume; raise [train] epochs to train further",
+            job.name, start.step, start.epoch
+        ));
+        return Ok(Summary {
+            steps: start.step,
+            final_loss: None,
+            eval_loss: None,
+            eval_accuracy: None,
+            stopped_early: false,
+            seconds: 0.0,
+            samples_per_sec: 0.0,
+            out: spec.out.clone(),
+            replicas,
+        });
+    }
+
+    let shared = Arc::new(Shared {
+        devices: slots,
+        data,
+        replicas,
+        max_tensors: options.max_tensors,
+        exchange_timeout: spec.step_timeout,
+        grads: Collective::new(replicas),
+        broadcast: Collective::new(replicas),
+    });
+    let plan = Plan {
+        plugin: plugin.clone(),
+        schedule,
+        start,
+        config: spec.config.clone(),
+        checkpoint_every: spec.checkpoint_every,
+        stop_after: options.stop_after,
+        eval_batch: (spec.batch_size as usize).max(256),
+        ticks: deadline_ticks(spec.step_timeout),
+        limits,
+    };
+    let meta_template = Meta {
+        format: FORMAT.into(),
+        job: job.name.to_string(),
+        plugin: plugin.clone(),
+        plugin_sha256: sha,
+        step: 0,
+        epoch: 0,
+        batch: 0,
+        batch_size: spec.batch_size,
+        seed: spec.seed,
+        train_samples: schedule.samples as u64,
+        replicas: u32::try_from(replicas).unwrap_or(u32::MAX),
+        optimizers: Vec::new(),
+    };
+
+    let metrics_path = spec.out.join("metrics.jsonl");
+    let metrics = Metrics::open(&metrics_path, resume.as_ref().map(|c| c.meta.step))?;
+    let mut progress = Progress::new(
+        options.progress,
+        spec.epochs,
+        schedule.batches_per_epoch(),
+        start.step,
+    );
+    progress.line(&intro(
+        job.name, &plugin, devices, replicas, &schedule, &shared, start,
+    ));
+    let mut coordinator = Coordinator::new(
+        replicas,
+        spec.epochs,
+        progress,
+        metrics,
+        spec.out.clone(),
+        Arc::clone(&shared),
+        plugin.clone(),
+    );
+
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| {
+        for rank in 0..replicas {
+            let replica = Replica {
+                rank,
+                shared: Arc::clone(&shared),
+                engine: &engine,
+                pre: &pre,
+                plan: &plan,
+                events: tx.clone(),
+                resume: resume.as_ref(),
+                meta_template: &meta_template,
+            };
+            let spawned = std::thread::Builder::new()
+                .name(format!("orch-replica-{rank}"))
+                .spawn_scoped(scope, move || replica.run());
+            if let Err(e) = spawned {
+                shared.stop("a replica thread could not start");
+                coordinator.fail(TrainError::Engine(format!(
+                    "cannot start replica thread {rank}: {e}"
+                )));
+            }
+        }
+        drop(tx);
+        for event in rx {
+            coordinator.handle(event);
+        }
+    });
+    coordinator.finish(job.name)
+}
+
+/// The job's pool on each device: the job's quota inside the device's own cap (a simulated
+/// GPU's memory, a real one's free memory, the host's available memory for the CPU).
+fn device_slots(
+    devices: &[GrantedDevice],
+    quota: Option<u64>,
+) -> Result<Vec<DeviceSlot>, TrainError> {
+    devices
+        .iter()
+        .map(|d| {
+            let device_pool = match &d.pool {
+                Some(pool) => Arc::clone(pool),
+                None => {
+                    let cap = d.memory_free.or(d.memory_total).or_else(|| match d.device {
+                        Device::Cpu => host_available_memory(),
+                        _ => None,
+                    });
+                    MemoryPool::new(d.device, cap).map_err(|e| TrainError::Device {
+                        device: d.device.to_string(),
+                        reason: e.to_string(),
+                    })?
+                }
+            };
+            Ok(DeviceSlot {
+                pool: MemoryPool::with_parent(&device_pool, quota),
+                kind: d.device.to_string(),
+                name: d.name.clone(),
+                memory_free: d.memory_free,
+                quota,
+            })
+        })
+        .collect()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `MemAvailable` of /proc/meminfo, bytes.
+fn host_available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Compiles (or finds compiled) the component, checks it is a trainer and links it.
+fn prepare(
+    engine: &Engine,
+    plugin: &str,
+    wasm: &[u8],
+    options: &RunOptions,
+) -> Result<TrainerPre<ReplicaState>, TrainError> {
+    let not_trainer = |detail: String| TrainError::NotTrainer {
+        plugin: plugin.to_string(),
+        detail,
+    };
+    if !wasm.starts_with(b"\0asm") {
+        return Err(not_trainer("it is not WebAssembly".into()));
+    }
+    let cache_dir = options.cache_dir.clone().or_else(default_cache_dir);
+    let mut cache = ComponentCache::new(engine, cache_dir);
+    let component: Component = cache
+        .get(engine, wasm)
+        .map_err(|e| not_trainer(format!("it does not load as a component ({e})")))?;
+    let exports: Vec<String> = component
+        .component_type()
+        .exports(engine)
+        .map(|(name, _)| name.to_string())
+        .collect();
+    for wanted in ["init", "train-step", "eval-step"] {
+        if !exports.iter().any(|e| e == wanted) {
+            return Err(not_trainer(format!(
+                "it exports {}, and a trainer exports init, train-step and eval-step",
+                if exports.is_empty() {
+                    "nothing".to_string()
+                } else {
+                    exports.join(", ")
+                }
+            )));
+        }
+    }
+    let mut linker = Linker::new(engine);
+    add_wasi(&mut linker).map_err(|e| TrainError::Engine(e.to_string()))?;
+    Trainer::add_to_linker::<ReplicaState, HasSelf<ReplicaState>>(&mut linker, |s| s)
+        .map_err(|e| TrainError::Engine(e.to_string()))?;
+    let pre = linker
+        .instantiate_pre(&component)
+        .map_err(|e| TrainError::Load {
+            plugin: plugin.to_string(),
+            detail: format!(
+                "{e:#} (trainers get the trainer world's imports and WASI with nothing behind it)"
+            ),
+        })?;
+    TrainerPre::new(pre).map_err(|e| {
+        not_trainer(format!(
+            "its exports do not match the contract ({e:#}); rebuild it against this wit/"
+        ))
+    })
+}
+
+/// The checkpoint to continue from, checked against this run.
+fn resume_from(
+    job: &TrainJob<'_>,
+    sha: &str,
+    schedule: &Schedule,
+) -> Result<Checkpoint, TrainError> {
+    let dir = checkpoint::dir(&job.spec.out);
+    if !dir.join("state.json").is_file() {
+        return Err(TrainError::Resume(format!(
+            "no checkpoint in {}; run without --resume to start afresh",
+            dir.display()
+        )));
+    }
+    let checkpoint = Checkpoint::load(&dir)?;
+    let meta = &checkpoint.meta;
+    let differs = |what: &str, then: String, now: String| {
+        TrainError::Resume(format!(
+            "the checkpoint was made with {what} {then}, the job now has {now}; resuming would change the run"
+        ))
+    };
+    if meta.batch_size as usize != schedule.batch_size {
+        return Err(differs(
+            "batch_size",
+            meta.batch_size.to_string(),
+            schedule.batch_size.to_string(),
+        ));
+    }
+    if meta.seed != schedule.seed {
+        return Err(differs(
+            "seed",
+            meta.seed.to_string(),
+            schedule.seed.to_string(),
+        ));
+    }
+    if meta.train_samples as usize != schedule.samples {
+        return Err(differs(
+            "training samples",
+            meta.train_samples.to_string(),
+            schedule.samples.to_string(),
+        ));
+    }
+    if meta.plugin_sha256 != sha {
+        tracing::warn!(
+            "resuming with a different build of trainer `{}` than the checkpoint's; its parameters must still fit",
+            meta.plugin
+        );
+    }
+    Ok(checkpoint)
+}
+
+fn intro(
+    job: &str,
+    plugin: &str,
+    devices: &[GrantedDevice],
+    replicas: usize,
+    schedule: &Schedule,
+    shared: &Shared,
+    start: Start,
+) -> String {
+    let names: Vec<String> = devices.iter().map(|d| d.device.to_string()).collect();
+    let eval = shared.data.eval.as_ref().map_or_else(
+        || "no evaluation set".to_string(),
+        |e| format!("{} to evaluate", e.len()),
+    );
+    let resumed = if start.step > 0 {
+        format!(
+            ", resuming after step {} (epoch {}, batch {})",
+            start.step,
+            start.epoch + 1,
+            start.batch
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "training {job}: trainer {plugin}, {replicas} replica(s) on {}; {} samples ({eval}), {} steps/epoch x {} epochs, batch {}{resumed}",
+        names.join(", "),
+        schedule.samples,
+        schedule.batches_per_epoch(),
+        schedule.epochs,
+        schedule.batch_size,
+    )
+}

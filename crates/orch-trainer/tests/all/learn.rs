@@ -1,0 +1,111 @@
+//! The built-in `mlp` trainer learns, and a run leaves its metrics, plot and checkpoint.
+
+use crate::common::*;
+use orch_trainer::report::{Record, read_metrics};
+
+#[test]
+fn mlp_learns_digits_and_records_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = job(
+        dir.path(),
+        "plugin = \"mlp\"\nepochs = 3\nbatch_size = 32\nseed = 7\n[train.config]\nhidden = \"32\"\nlr = 0.1",
+    );
+    let summary = run(&job, &cpu(), &options()).unwrap();
+    let steps_per_epoch = 1797u64.div_ceil(32);
+    assert_eq!(summary.steps, 3 * steps_per_epoch);
+    let accuracy = summary.eval_accuracy.expect("evaluated");
+    assert!(accuracy > 0.95, "accuracy {accuracy}");
+
+    let out = &spec(&job).out;
+    let records = read_metrics(&out.join("metrics.jsonl"));
+    let steps: Vec<&Record> = records
+        .iter()
+        .filter(|r| matches!(r, Record::Step { .. }))
+        .collect();
+    let epochs: Vec<&Record> = records
+        .iter()
+        .filter(|r| matches!(r, Record::Epoch { .. }))
+        .collect();
+    assert_eq!((steps.len() as u64, epochs.len()), (summary.steps, 3));
+    let (Record::Step { loss: first, .. }, Record::Step { loss: last, .. }) =
+        (steps[0], steps[steps.len() - 1])
+    else {
+        unreachable!()
+    };
+    assert!(last < first, "loss went from {first} to {last}");
+    let Record::Epoch {
+        step,
+        eval_accuracy,
+        ..
+    } = epochs[2]
+    else {
+        unreachable!()
+    };
+    assert_eq!(*step, summary.steps);
+    let recorded = eval_accuracy.expect("an accuracy in the epoch record");
+    assert!(
+        (recorded - accuracy).abs() < 1e-12,
+        "{recorded} vs {accuracy}"
+    );
+    let svg = std::fs::read_to_string(out.join("plot.svg")).unwrap();
+    assert!(svg.contains("<polyline") && svg.contains("accuracy"));
+    assert_eq!(
+        final_params(&job).len(),
+        4,
+        "two layers, weight and bias each"
+    );
+}
+
+#[test]
+fn a_component_of_another_world_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = std::path::Path::new(orch_host::PLUGIN_WASM_DIR).join("least_loaded.wasm");
+    let job = job(
+        dir.path(),
+        &format!(
+            "plugin = \"{}\"\nepochs = 1\nbatch_size = 32",
+            policy.display()
+        ),
+    );
+    let err = run(&job, &cpu(), &options()).unwrap_err();
+    assert!(err.is_bad_input());
+    let text = err.to_string();
+    assert!(
+        text.contains("least_loaded") && text.contains("init, train-step and eval-step"),
+        "{text}"
+    );
+    let unknown = job_named(dir.path(), "nope");
+    let err = run(&unknown, &cpu(), &options()).unwrap_err().to_string();
+    assert!(
+        err.contains("unknown built-in trainer `nope`") && err.contains("mlp"),
+        "{err}"
+    );
+}
+
+fn job_named(dir: &std::path::Path, plugin: &str) -> orch_core::JobSpec {
+    job(
+        dir,
+        &format!("plugin = \"{plugin}\"\nepochs = 1\nbatch_size = 32"),
+    )
+}
+
+/// The example job as shipped (3 epochs of MNIST), to 97.5% test accuracy. About 5 s in a
+/// release build on one CPU core pair; minutes in a debug build, hence ignored there.
+#[test]
+#[cfg_attr(
+    debug_assertions,
+    ignore = "full MNIST: cargo test --release -p orch-trainer"
+)]
+fn the_mnist_example_reaches_97_5_percent_in_3_epochs() {
+    let example =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/mnist/job.toml");
+    let mut job = orch_core::job::read(&example).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    if let orch_core::job::Work::Train(spec) = &mut job.work {
+        assert_eq!(spec.epochs, 3);
+        spec.out = out.path().to_path_buf();
+    }
+    let summary = run(&job, &cpu(), &options()).unwrap();
+    let accuracy = summary.eval_accuracy.expect("MNIST has a test set");
+    assert!(accuracy >= 0.975, "test accuracy {accuracy}");
+}

@@ -1,0 +1,10 @@
+//! The trainer host's integration tests, one binary: real Wasm trainers (the built-in `mlp`
+//! and the `trainer-fixture` component built from plugins/trainer-fixtures) on the bundled
+//! 8x8 digits, on the CPU and on simulated GPUs.
+
+mod common;
+mod hostile;
+mod learn;
+mod parallel;
+mod quota;
+mod resume;

@@ -1,0 +1,122 @@
+//! `orch run` of a `[train]` job: a Wasm trainer on the leased devices, its output, `--resume`,
+//! and how failures exit.
+
+use crate::*;
+use std::path::PathBuf;
+use std::process::Output;
+
+fn scratch(tag: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let dir = std::env::temp_dir().join(format!("orch-train-{tag}-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Writes `dir/job.toml`: `gpus` devices, the digits data (as its own test set), `train` lines.
+fn write_job(dir: &Path, gpus: u32, train: &str) -> PathBuf {
+    let digits = root().join("examples/digits/data/digits.csv.gz");
+    let text = format!(
+        "[job]\nname = \"digits\"\n[resources]\ngpus = {gpus}\nmemory_limit = \"256MiB\"\n[train]\n{train}\n[train.data]\nformat = \"csv\"\ntrain = \"{d}\"\ntest = \"{d}\"\nscale = 16\n",
+        d = digits.display()
+    );
+    let path = dir.join("job.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `orch ARGS` on the 8-GPU sim with `dir/state` as the state folder and a shared cache.
+fn orch_in(dir: &Path, args: &[&str]) -> Output {
+    let sim = lab_sim();
+    let state = dir.join("state").display().to_string();
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("orch-cli-cache")
+        .display()
+        .to_string();
+    orch(
+        args,
+        &[
+            ("ORCH_DEVICES", &sim),
+            ("ORCH_STATE_DIR", &state),
+            ("ORCH_CACHE_DIR", &cache),
+        ],
+    )
+}
+
+fn no_leases_left(dir: &Path) {
+    let out = orch_in(dir, &["leases", "--json"]);
+    assert_eq!(stdout(&out).trim(), "[]", "{}", stderr(&out));
+}
+
+#[test]
+fn a_train_job_runs_data_parallel_on_sim_gpus_and_resumes() {
+    let dir = scratch("dp");
+    let train = "plugin = \"mlp\"\nepochs = 1\nbatch_size = 64\nseed = 5\n[train.config]\nhidden = \"32\"\nlr = 0.1";
+    let job = write_job(&dir, 2, train);
+    let out = orch_in(&dir, &["run", job.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("2 replica(s) on sim:"), "{text}");
+    assert!(
+        text.contains("epoch 1/1: train loss") && text.contains("test accuracy"),
+        "{text}"
+    );
+    let run = dir.join("runs/digits");
+    for file in [
+        "metrics.jsonl",
+        "plot.svg",
+        "checkpoint/model.safetensors",
+        "checkpoint/state.json",
+    ] {
+        assert!(run.join(file).is_file(), "{file} written");
+    }
+    no_leases_left(&dir);
+
+    // One more epoch, from the checkpoint.
+    write_job(&dir, 2, &train.replace("epochs = 1", "epochs = 2"));
+    let out = orch_in(&dir, &["run", job.to_str().unwrap(), "--resume"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("resuming after step 29") && text.contains("epoch 2/2: train loss"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("epoch 1/2:"),
+        "epoch 1 is not trained again: {text}"
+    );
+    no_leases_left(&dir);
+}
+
+#[test]
+fn bad_trainers_and_bad_flags_exit_with_a_clear_reason() {
+    let dir = scratch("bad");
+    let job = write_job(&dir, 1, "plugin = \"nope\"\nepochs = 1\nbatch_size = 64");
+    let out = orch_in(&dir, &["run", job.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("unknown built-in trainer `nope`"),
+        "{}",
+        stderr(&out)
+    );
+
+    let fixture = std::path::Path::new(orch_trainer::TRAINER_WASM_DIR).join("trainer_fixture.wasm");
+    let trap = format!(
+        "plugin = \"{}\"\nepochs = 1\nbatch_size = 64\n[train.config]\nmode = \"trap\"\nat = 2",
+        fixture.display()
+    );
+    let job = write_job(&dir, 1, &trap);
+    let out = orch_in(&dir, &["run", job.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("trainer `trainer_fixture` crashed at step 2")
+            && err.contains("deliberate panic"),
+        "{err}"
+    );
+    no_leases_left(&dir);
+
+    let out = orch_in(&dir, &["run", "--resume", "--gpus", "1", "--", "true"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
