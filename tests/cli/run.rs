@@ -446,3 +446,13 @@ fn plan_and_run_see_the_leases_of_running_jobs() {
     holder.kill().unwrap();
     holder.wait().unwrap();
 }
+
+#[test]
+fn plugin_inspect_knows_trainers() {
+    let mlp = Path::new(orch_trainer::TRAINER_WASM_DIR).join("trainer_mlp.wasm");
+    let out = orch(&["plugin", "inspect", &mlp.display().to_string()], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("orch:plugin/trainer@0.1.0"), "{text}");
+    assert!(text.contains("train-step"), "{text}");
+}
