@@ -87,14 +87,7 @@ fn exit_status_and_signals_pass_through() {
         "trap 'touch {}; exit 3' TERM; sleep 30 & wait",
         marker.display()
     );
-    let mut child = Command::new(env!("CARGO_BIN_EXE_orch"))
-        .args(["run", "--gpus", "1", "--", "sh", "-c", &script])
-        .env("ORCH_DEVICES", lab_sim())
-        .env("ORCH_STATE_DIR", &state)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_orch(&state, &["run", "--gpus", "1", "--", "sh", "-c", &script]);
     wait_for_lease(&state, 1);
     std::thread::sleep(Duration::from_millis(200));
     unsafe { libc_kill(child.id() as i32, 15) };
@@ -214,8 +207,9 @@ fn kill_9_of_orch_and_its_job_frees_the_lease() {
     let state = scratch("kill9");
     let pidfile = state.join("job.pid");
     let script = format!("echo $$ > {}; sleep 60", pidfile.display());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_orch"))
-        .args([
+    let mut child = spawn_orch(
+        &state,
+        &[
             "run",
             "--gpus",
             "8",
@@ -224,13 +218,8 @@ fn kill_9_of_orch_and_its_job_frees_the_lease() {
             "sh",
             "-c",
             &script,
-        ])
-        .env("ORCH_DEVICES", lab_sim())
-        .env("ORCH_STATE_DIR", &state)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        ],
+    );
     wait_for_lease(&state, 1);
     let deadline = Instant::now() + Duration::from_secs(20);
     while !pidfile.exists() && Instant::now() < deadline {
@@ -323,6 +312,18 @@ fn fifty_concurrent_exclusive_runs_never_share_a_device() {
     }
 }
 
+/// `orch ARGS` in the background on the 8-GPU sim, output discarded.
+fn spawn_orch(state: &Path, args: &[&str]) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_orch"))
+        .args(args)
+        .env("ORCH_DEVICES", lab_sim())
+        .env("ORCH_STATE_DIR", state)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 fn lease_count(state: &Path) -> usize {
     let out = orch_run(state, &["leases", "--json"], &[]);
     serde_json::from_slice::<serde_json::Value>(&out.stdout)
@@ -392,8 +393,9 @@ fn the_three_everyday_examples_run_as_written() {
 #[test]
 fn plan_and_run_see_the_leases_of_running_jobs() {
     let state = scratch("seen");
-    let mut holder = Command::new(env!("CARGO_BIN_EXE_orch"))
-        .args([
+    let mut holder = spawn_orch(
+        &state,
+        &[
             "run",
             "--gpus",
             "1",
@@ -402,13 +404,8 @@ fn plan_and_run_see_the_leases_of_running_jobs() {
             "--",
             "sleep",
             "30",
-        ])
-        .env("ORCH_DEVICES", lab_sim())
-        .env("ORCH_STATE_DIR", &state)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        ],
+    );
     wait_for_lease(&state, 1);
     let plan = orch_run(
         &state,
