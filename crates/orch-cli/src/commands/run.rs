@@ -234,8 +234,13 @@ fn placed_line(job: &JobSpec, lease: &Lease, plan: &Plan) -> String {
         .chosen
         .iter()
         .map(|d| {
+            let kind = if d.uuid.starts_with("CPU") {
+                "device"
+            } else {
+                "GPU"
+            };
             format!(
-                "GPU {} ({})",
+                "{kind} {} ({})",
                 d.physical_index,
                 d.uuid.chars().take(12).collect::<String>()
             )
