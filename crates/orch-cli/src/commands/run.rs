@@ -36,6 +36,10 @@ pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
     let inventory = load_inventory(spec)?;
     let visibility = Visibility::resolve(&inventory.devices, &VisibilityEnv::from_process());
     let mut host = policy_host()?;
+    // Compile (or load from the disk cache) the policy before the lease transaction, so the
+    // store's write lock is held for the decision only. An error here resurfaces, with its
+    // location in the job file, from the plan inside the claim.
+    let _ = host.load(&job.policy.plugin);
     let mut store = open_store()?;
     let wait = args
         .wait
