@@ -1,8 +1,6 @@
 //! The built-in policies through the host: choices, typed refusals, leases, warm reuse.
 
-mod common;
-
-use common::{builtin, host, lab, request};
+use crate::common::{builtin, host, lab, request};
 use orch_host::types::Lease;
 use orch_host::{BUILTINS, PolicyError};
 

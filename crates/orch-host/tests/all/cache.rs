@@ -1,9 +1,7 @@
 //! Compiled components are cached on disk by content hash; a damaged entry is compiled again,
 //! never trusted.
 
-mod common;
-
-use common::{builtin, lab, request};
+use crate::common::{builtin, lab, request};
 use orch_host::{Limits, PolicyHost};
 use std::path::{Path, PathBuf};
 

@@ -1,7 +1,5 @@
 //! Candidates and requests for host tests: the 8-GPU lab of examples/sim/lab-8gpu.toml.
 
-#![allow(dead_code)]
-
 use orch_host::types::{Device, Request};
 use orch_host::{Limits, PluginRef, PolicyHost};
 use std::path::PathBuf;
