@@ -39,6 +39,10 @@ pub enum CudaUnavailable {
     NoSuchDevice { ordinal: usize, count: usize },
     #[error("creating a CUDA context on device {ordinal} failed: {reason}")]
     ContextFailed { ordinal: usize, reason: String },
+    #[error(
+        "no CUDA device in this process has id {uuid} (CUDA sees {seen}); is CUDA_VISIBLE_DEVICES hiding it?"
+    )]
+    NoSuchUuid { uuid: String, seen: String },
 }
 
 /// True when `libcuda` loads. Cached: the answer does not change within a process.
@@ -102,9 +106,83 @@ pub fn check_context(ordinal: usize) -> Result<String, CudaUnavailable> {
     Ok(name)
 }
 
+/// The CUDA ordinal, in this process, of the device NVML calls `uuid` (`GPU-…` or `MIG-…`).
+///
+/// A device's CUDA index depends on `CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER` (by default
+/// CUDA orders by its own idea of speed, not by PCI bus as NVML does), so a job's devices are
+/// found by their id, never by assuming the two numberings agree.
+pub fn ordinal_of_uuid(uuid: &str) -> Result<usize, CudaUnavailable> {
+    let info = probe()?;
+    let mut seen = Vec::with_capacity(info.device_count);
+    for ordinal in 0..info.device_count {
+        let id = i32::try_from(ordinal)
+            .ok()
+            .and_then(|o| result::device::get(o).ok())
+            .and_then(|dev| result::device::get_uuid(dev).ok());
+        let Some(id) = id else { continue };
+        let bytes = id.bytes.map(|b| b as u8);
+        if same_uuid(uuid, &bytes) {
+            return Ok(ordinal);
+        }
+        seen.push(format_uuid(&bytes));
+    }
+    Err(CudaUnavailable::NoSuchUuid {
+        uuid: uuid.to_string(),
+        seen: if seen.is_empty() {
+            "no device".to_string()
+        } else {
+            seen.join(", ")
+        },
+    })
+}
+
+/// `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, the way NVML prints a UUID after its `GPU-`/`MIG-`.
+pub fn format_uuid(bytes: &[u8; 16]) -> String {
+    let mut out = String::with_capacity(36);
+    for (i, b) in bytes.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            out.push('-');
+        }
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+/// Whether NVML's `GPU-…`/`MIG-…` id names the device whose CUDA UUID is `bytes` (CUDA reports
+/// a MIG instance's own UUID when the instance is what the process sees).
+pub fn same_uuid(nvml_id: &str, bytes: &[u8; 16]) -> bool {
+    let hex = nvml_id
+        .strip_prefix("GPU-")
+        .or_else(|| nvml_id.strip_prefix("MIG-"))
+        .unwrap_or(nvml_id);
+    hex.eq_ignore_ascii_case(&format_uuid(bytes))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn uuids_compare_as_nvml_prints_them() {
+        let bytes = [
+            0x5c, 0x6e, 0x2a, 0x11, 0x8f, 0x0b, 0x4d, 0x2e, 0x9a, 0x41, 0x00, 0x3b, 0xc1, 0xd2,
+            0xe3, 0xf4,
+        ];
+        assert_eq!(format_uuid(&bytes), "5c6e2a11-8f0b-4d2e-9a41-003bc1d2e3f4");
+        assert!(same_uuid(
+            "GPU-5c6e2a11-8f0b-4d2e-9a41-003bc1d2e3f4",
+            &bytes
+        ));
+        assert!(same_uuid(
+            "MIG-5C6E2A11-8F0B-4D2E-9A41-003BC1D2E3F4",
+            &bytes
+        ));
+        assert!(!same_uuid(
+            "GPU-5c6e2a11-8f0b-4d2e-9a41-003bc1d2e3f5",
+            &bytes
+        ));
+        assert!(!same_uuid("GPU-5c6e2a11", &bytes), "a prefix is not the id");
+    }
 
     #[test]
     fn absence_is_a_value_and_presence_gives_devices() {

@@ -94,11 +94,28 @@ impl Replica<'_> {
     /// Runs the replica to the end of the schedule (or its failure), reporting as it goes.
     pub fn run(self) {
         let rank = self.rank;
-        let event = match self.drive() {
-            Ok(stopped_early) => Event::Done { stopped_early },
-            Err(error) => {
+        // A panic here is a bug in the host, not the plugin's doing: it fails the job with a
+        // sentence (and the lease is released) instead of tearing down the process.
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.drive()));
+        let event = match outcome {
+            Ok(Ok(stopped_early)) => Event::Done { stopped_early },
+            Ok(Err(error)) => {
                 self.shared.stop(&format!("replica {rank} failed"));
                 Event::Failed { rank, error }
+            }
+            Err(panic) => {
+                self.shared.stop(&format!("replica {rank} failed"));
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "no message".to_string());
+                Event::Failed {
+                    rank,
+                    error: TrainError::Engine(format!(
+                        "replica {rank} stopped on an internal error in orch ({what}); please report it"
+                    )),
+                }
             }
         };
         // The coordinator outlives every replica; a closed channel means it is gone already.

@@ -1,6 +1,6 @@
 //! `orch run JOB.toml` for a `[train]` job: the Wasm trainer (orch-trainer) on the devices the
 //! lease holds. A simulated GPU computes on the CPU with its memory as the cap, the CPU
-//! inventory is the host CPU, an NVML GPU is its CUDA device (by its CUDA index); the job's
+//! inventory is the host CPU, an NVML GPU is the CUDA device with its UUID; the job's
 //! `memory_limit` is the per-device quota of its tensors.
 
 use crate::failure::{CmdResult, Failure};
@@ -15,7 +15,7 @@ pub fn run(job: &JobSpec, plan: &Plan, inventory: &Inventory, resume: bool) -> C
     let Work::Train(spec) = &job.work else {
         return Err(Failure::failed_msg("internal: not a [train] job"));
     };
-    let devices: Vec<GrantedDevice> = plan
+    let devices = plan
         .chosen
         .iter()
         .map(|chosen| {
@@ -23,19 +23,28 @@ pub fn run(job: &JobSpec, plan: &Plan, inventory: &Inventory, resume: bool) -> C
                 .devices
                 .iter()
                 .find(|d| d.index == chosen.physical_index);
-            GrantedDevice {
+            Ok(GrantedDevice {
                 device: match inventory.backend {
                     Backend::Cpu => Device::Cpu,
                     Backend::Sim => Device::Sim(chosen.physical_index as usize),
-                    Backend::Nvml => Device::Cuda(chosen.index as usize),
+                    // CUDA numbers devices its own way (CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES):
+                    // the UUID is the one name both NVML and CUDA agree on.
+                    Backend::Nvml => Device::Cuda(
+                        orch_devices::cuda::ordinal_of_uuid(&chosen.uuid).map_err(|e| {
+                            Failure::failed_msg(format!(
+                                "job {}: cannot open GPU {} for training: {e}",
+                                job.name, chosen.physical_index
+                            ))
+                        })?,
+                    ),
                 },
                 name: chosen.name.clone(),
                 memory_total: device.and_then(|d| d.memory_total_bytes),
                 memory_free: chosen.memory_free,
                 pool: None,
-            }
+            })
         })
-        .collect();
+        .collect::<Result<Vec<GrantedDevice>, Failure>>()?;
     let train_job = TrainJob {
         name: &job.name,
         spec,
