@@ -3,11 +3,13 @@
 The same model, batch, optimizer and data pipeline as the Wasm trainer `mlp` and its native twin:
 784-512-256-10 ReLU MLP, standardised MNIST, batch 128 from a seeded shuffle, cross-entropy,
 SGD(lr=0.05, momentum=0.9), 468 steps (one epoch less its last batch). Prints seconds and
-samples/s, best of 3. Run: /tmp/orch-bench-venv/bin/python scripts/bench_mnist_torch.py
+samples/s, best of the rounds, then `kv pytorch_seconds S` for the Rust bench that runs it between
+its own rounds. Run: /tmp/orch-bench-venv/bin/python scripts/bench_mnist_torch.py [ROUNDS [STEPS]]
 """
 
 import gzip
 import os
+import sys
 import time
 
 import numpy as np
@@ -28,9 +30,11 @@ def main():
     y = load("train-labels-idx1-ubyte.gz", 8).astype(np.int64)
     x = (x - x.mean()) / x.std()
     x, y = torch.from_numpy(x), torch.from_numpy(y)
-    batch, steps = 128, 468
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    batch = 128
+    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 468
     best = None
-    for _ in range(3):
+    for _ in range(rounds):
         model = torch.nn.Sequential(
             torch.nn.Linear(784, 512), torch.nn.ReLU(),
             torch.nn.Linear(512, 256), torch.nn.ReLU(),
@@ -52,6 +56,7 @@ def main():
         best = secs if best is None else min(best, secs)
     print(f"pytorch {torch.__version__} CPU, {torch.get_num_threads()} threads: {best:.2f} s "
           f"({steps * batch / best:.0f} samples/s)")
+    print(f"kv pytorch_seconds {best:.4f}")
 
 
 if __name__ == "__main__":

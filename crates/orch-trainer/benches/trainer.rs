@@ -6,9 +6,11 @@
 //!    cancel out.
 //! 2. An MNIST epoch (784-512-256-10 MLP, batch 128, SGD momentum) trained by the built-in `mlp`
 //!    Wasm trainer, beside the same model written natively against orch-tensor with the same
-//!    data pipeline, best of 3 alternating rounds. `ORCH_BENCH_STEPS=N` limits both to N steps.
-//!    PyTorch CPU with the same model, batch, optimizer and pipeline:
-//!    `scripts/bench_mnist_torch.py`.
+//!    data pipeline, and PyTorch CPU with the same model, batch, optimizer and pipeline
+//!    (`scripts/bench_mnist_torch.py`, run by the Python of `ORCH_BENCH_PYTHON`, default
+//!    `/tmp/orch-bench-venv/bin/python`, when it has torch). The sides alternate, round by round
+//!    (`ORCH_BENCH_ROUNDS`, default 5), and each keeps its best: the machines here are shared.
+//!    `ORCH_BENCH_STEPS=N` limits every side to N steps.
 
 use orch_core::job::{self, JobSpec, Work};
 use orch_data::{EpochOrder, Split, load_mnist};
@@ -150,26 +152,78 @@ fn mnist(dir: &Path) -> Result<()> {
     let mut train_set = load_mnist(&data, Split::Train)?;
     let (mean, std) = train_set.moments();
     train_set.standardize(mean, std);
-    // The machines are shared: alternate the two sides and keep each one's best round.
-    let (mut wasm, mut native) = (f64::MAX, f64::MAX);
-    for _ in 0..3 {
+    let torch = pytorch();
+    let rounds: usize = std::env::var("ORCH_BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    // The native side computes inside a rayon pool of all cores, as a trainer replica does.
+    let pool = rayon::ThreadPoolBuilder::new().build()?;
+    let (mut wasm, mut native, mut torch_best) = (f64::MAX, f64::MAX, f64::MAX);
+    for _ in 0..rounds {
         wasm = wasm.min(run_secs(&wasm_job, steps)?);
-        native = native.min(native_steps(&train_set, batch, steps)?);
+        let secs =
+            pool.install(|| native_steps(&train_set, batch, steps).map_err(|e| e.to_string()))?;
+        native = native.min(secs);
+        if let Some(python) = &torch {
+            torch_best = torch_best.min(pytorch_secs(python, steps)?);
+        }
     }
-    println!(
-        "  {:<44} {:>8.2} s  ({:.0} samples/s)",
-        "wasm trainer `mlp`",
-        wasm,
-        (steps as f64 * batch as f64) / wasm
-    );
-    println!(
-        "  {:<44} {:>8.2} s  ({:.0} samples/s)",
-        "native orch-tensor, same model and pipeline",
-        native,
-        (steps as f64 * batch as f64) / native
-    );
+    let line = |what: &str, secs: f64| {
+        println!(
+            "  {:<44} {:>8.2} s  ({:.0} samples/s)",
+            what,
+            secs,
+            (steps as f64 * batch as f64) / secs
+        );
+    };
+    line("wasm trainer `mlp`", wasm);
+    line("native orch-tensor, same model and pipeline", native);
+    match &torch {
+        Some(_) => line("PyTorch CPU, same model, batch and optimizer", torch_best),
+        None => println!(
+            "  PyTorch: no Python with torch (set ORCH_BENCH_PYTHON, or run scripts/bench-tensor.sh once to make /tmp/orch-bench-venv)"
+        ),
+    }
     println!("  wasm / native: {:.3}x", wasm / native);
+    if torch.is_some() {
+        println!("  wasm / PyTorch: {:.3}x", wasm / torch_best);
+    }
     Ok(())
+}
+
+/// A Python that imports torch: `ORCH_BENCH_PYTHON`, else the venv scripts/bench-tensor.sh makes.
+fn pytorch() -> Option<PathBuf> {
+    let python = std::env::var_os("ORCH_BENCH_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp/orch-bench-venv/bin/python"));
+    let ok = std::process::Command::new(&python)
+        .args(["-c", "import torch"])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    ok.then_some(python)
+}
+
+/// One round of scripts/bench_mnist_torch.py: its `kv pytorch_seconds` line.
+fn pytorch_secs(python: &Path, steps: u64) -> Result<f64> {
+    let out = std::process::Command::new(python)
+        .arg(root().join("scripts/bench_mnist_torch.py"))
+        .args(["1", &steps.to_string()])
+        .env_remove("OPENBLAS_CORETYPE")
+        .env_remove("OPENBLAS_L2_SIZE")
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("kv pytorch_seconds "))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| {
+            format!(
+                "bench_mnist_torch.py printed no time: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+            .into()
+        })
 }
 
 /// The `mlp` trainer's model and step, natively: gather the batch, upload it, forward,
