@@ -25,7 +25,8 @@ def load(name, offset):
 
 def main():
     torch.manual_seed(1)
-    torch.set_num_threads(os.cpu_count() or 1)
+    # The same thread count as the Rust side: RAYON_NUM_THREADS when set, else every core.
+    torch.set_num_threads(int(os.environ.get("RAYON_NUM_THREADS") or os.cpu_count() or 1))
     x = load("train-images-idx3-ubyte.gz", 16).reshape(-1, 784).astype(np.float32) / 255.0
     y = load("train-labels-idx1-ubyte.gz", 8).astype(np.int64)
     x = (x - x.mean()) / x.std()
