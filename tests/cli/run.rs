@@ -107,6 +107,11 @@ fn no_fit_exits_1_with_the_reason_and_wait_times_out() {
         "more GPUs than exist is bad input: {}",
         stderr(&out)
     );
+    let said = stderr(&out);
+    assert!(
+        said.contains("command line: gpus = 9, but this machine has 8 device(s)"),
+        "the quick form's errors name the command line, with no made-up position: {said}"
+    );
     let out = orch_run(
         &state,
         &[

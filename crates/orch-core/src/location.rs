@@ -3,7 +3,8 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-/// A position in a text file, 1-based, as editors show it.
+/// A position in a text file, 1-based, as editors show it. Line 0 means no position: the
+/// whole source (the command line of `orch run`'s quick form), shown by its name alone.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Location {
     pub file: PathBuf,
@@ -35,7 +36,11 @@ impl Location {
 
 impl fmt::Display for Location {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}:{}", self.file.display(), self.line, self.column)
+        if self.line == 0 {
+            write!(f, "{}", self.file.display())
+        } else {
+            write!(f, "{}:{}:{}", self.file.display(), self.line, self.column)
+        }
     }
 }
 

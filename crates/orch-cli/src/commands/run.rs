@@ -270,8 +270,8 @@ fn quick_job(args: &RunArgs) -> Result<JobSpec, Failure> {
     let here = std::env::current_dir().map_err(Failure::failed)?;
     let at = Location {
         file: "command line".into(),
-        line: 1,
-        column: 1,
+        line: 0,
+        column: 0,
     };
     let size = |flag: &str, text: &Option<String>| -> Result<Option<ByteSize>, Failure> {
         text.as_deref()
