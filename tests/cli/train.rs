@@ -120,3 +120,40 @@ fn bad_trainers_and_bad_flags_exit_with_a_clear_reason() {
     let out = orch_in(&dir, &["run", "--resume", "--gpus", "1", "--", "true"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
+
+#[test]
+fn bad_data_or_plugin_fails_before_any_device_is_leased() {
+    let dir = scratch("preflight");
+    let job = dir.join("job.toml");
+    std::fs::write(dir.join("fake.wasm"), "not a component").unwrap();
+    for (what, train) in [
+        (
+            "data",
+            "plugin = \"mlp\"\nepochs = 1\nbatch_size = 64\n[train.data]\nformat = \"mnist-idx\"\ntrain = \"nowhere\"",
+        ),
+        (
+            "plugin",
+            "plugin = \"fake.wasm\"\nepochs = 1\nbatch_size = 64\n[train.data]\nformat = \"mnist-idx\"\ntrain = \"nowhere\"",
+        ),
+    ] {
+        std::fs::write(
+            &job,
+            format!("[job]\nname = \"early\"\n[resources]\ngpus = 1\n[train]\n{train}\n"),
+        )
+        .unwrap();
+        let out = orch_in(&dir, &["run", job.to_str().unwrap()]);
+        let said = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "bad {what}: {said}");
+        assert!(
+            !said.contains(": lease "),
+            "bad {what} is found before placement, so no device was leased: {said}"
+        );
+        let expected = if what == "data" {
+            "no MNIST file found"
+        } else {
+            "is not a trainer component"
+        };
+        assert!(said.contains(expected), "bad {what}: {said}");
+    }
+    no_leases_left(&dir);
+}

@@ -13,7 +13,8 @@
 //! rounding, and a run resumed from a checkpoint reproduces the uninterrupted one.
 //!
 //! ```text
-//! train()  ── loads plugin + data, makes device pools, spawns replicas, coordinates
+//! Prepared::new() ── reads + compiles the plugin, loads the data (before any device is leased)
+//! Prepared::run()  ── makes device pools, spawns replicas, coordinates   (train() = both)
 //!   ├─ replica 0 thread: Store<ReplicaState> → init → [train-step]* → eval-step* → snapshot
 //!   ├─ replica 1 thread: …                 (meets the others at broadcast / all-reduce)
 //!   └─ this thread: events → progress lines, metrics.jsonl, checkpoint/, plot.svg
@@ -37,4 +38,4 @@ mod state;
 pub use builtin::{BUILTIN_TRAINERS, BuiltinTrainer, TRAINER_WASM_DIR, load_plugin};
 pub use error::{Stage, TrainError};
 pub use progress::ProgressMode;
-pub use run::{GrantedDevice, RunOptions, Summary, TrainJob, train};
+pub use run::{GrantedDevice, Prepared, RunOptions, Summary, TrainJob, train};

@@ -1,6 +1,7 @@
-//! A training job from start to end: load the plugin and the data, set up the devices' pools,
-//! start one replica thread per replica, and, in this thread, gather what they report into
-//! progress, metrics and checkpoints.
+//! A training job from start to end. [`Prepared::new`] does what needs no device (read and
+//! compile the plugin, load the data), so a caller can do it before it leases any; then
+//! [`Prepared::run`] sets up the devices' pools, starts one replica thread per replica, and, in
+//! this thread, gathers what they report into progress, metrics and checkpoints.
 
 use crate::builtin::load_plugin;
 use crate::checkpoint::{self, Checkpoint, FORMAT, Meta};
@@ -92,14 +93,100 @@ pub struct Summary {
     pub replicas: usize,
 }
 
-/// Trains `job` on `devices` (one replica per device unless `[train] replicas` says fewer).
+/// Trains `job` on `devices` (one replica per device unless `[train] replicas` says fewer):
+/// [`Prepared::new`], then [`Prepared::run`].
 pub fn train(
     job: &TrainJob<'_>,
     devices: &[GrantedDevice],
     options: &RunOptions,
 ) -> Result<Summary, TrainError> {
+    Prepared::new(job, options)?.run(devices)
+}
+
+/// A job with everything that needs no device done: the plugin read, compiled and checked to be
+/// a trainer, the data loaded. Bad input in either shows here, before any device is leased.
+pub struct Prepared<'a> {
+    job: TrainJob<'a>,
+    options: RunOptions,
+    plugin: String,
+    sha: String,
+    data: data::Data,
+    limits: Limits,
+    engine: Engine,
+    /// Drives the epoch deadlines while the job is prepared or runs.
+    _ticker: Ticker,
+    pre: TrainerPre<ReplicaState>,
+}
+
+impl std::fmt::Debug for Prepared<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared")
+            .field("job", &self.job.name)
+            .field("plugin", &self.plugin)
+            .field("samples", &self.data.train.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Prepared<'a> {
+    pub fn new(job: &TrainJob<'a>, options: &RunOptions) -> Result<Prepared<'a>, TrainError> {
+        let spec = job.spec;
+        let (plugin, wasm) = load_plugin(&spec.plugin)?;
+        let limits = Limits {
+            deadline: spec.step_timeout,
+            memory_bytes: options.plugin_memory,
+            ..Limits::default()
+        };
+        let engine = new_engine(&limits).map_err(|e| TrainError::Engine(e.to_string()))?;
+        let ticker = Ticker::start(&engine)
+            .map_err(|e| TrainError::Engine(format!("cannot start the epoch ticker: {e}")))?;
+        let pre = pre_instantiate(&engine, &plugin, &wasm, options)?;
+        let data = data::load(&spec.data)?;
+        Ok(Prepared {
+            job: job.clone(),
+            options: options.clone(),
+            sha: hex(&Sha256::digest(&wasm)),
+            plugin,
+            data,
+            limits,
+            engine,
+            _ticker: ticker,
+            pre,
+        })
+    }
+
+    /// Runs the job on `devices`, to its end or its failure.
+    pub fn run(self, devices: &[GrantedDevice]) -> Result<Summary, TrainError> {
+        let Prepared {
+            job,
+            options,
+            plugin,
+            sha,
+            data,
+            limits,
+            engine,
+            _ticker,
+            pre,
+        } = self;
+        run_prepared(
+            &job, devices, &options, plugin, sha, data, limits, &engine, &pre,
+        )
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_prepared(
+    job: &TrainJob<'_>,
+    devices: &[GrantedDevice],
+    options: &RunOptions,
+    plugin: String,
+    sha: String,
+    data: data::Data,
+    limits: Limits,
+    engine: &Engine,
+    pre: &TrainerPre<ReplicaState>,
+) -> Result<Summary, TrainError> {
     let spec = job.spec;
-    let (plugin, wasm) = load_plugin(&spec.plugin)?;
     let replicas = spec.replicas.map_or(devices.len(), |r| r as usize);
     if devices.is_empty() || replicas == 0 || replicas > devices.len() {
         return Err(TrainError::Setup(format!(
@@ -113,7 +200,6 @@ pub fn train(
             spec.batch_size
         )));
     }
-    let data = data::load(&spec.data)?;
     let schedule = Schedule {
         samples: data.train.len(),
         batch_size: spec.batch_size as usize,
@@ -129,21 +215,10 @@ pub fn train(
     }
     let slots = device_slots(devices, job.memory_limit)?;
 
-    let limits = Limits {
-        deadline: spec.step_timeout,
-        memory_bytes: options.plugin_memory,
-        ..Limits::default()
-    };
-    let engine = new_engine(&limits).map_err(|e| TrainError::Engine(e.to_string()))?;
-    let _ticker = Ticker::start(&engine)
-        .map_err(|e| TrainError::Engine(format!("cannot start the epoch ticker: {e}")))?;
-    let pre = prepare(&engine, &plugin, &wasm, options)?;
-
     std::fs::create_dir_all(&spec.out).map_err(|source| TrainError::Output {
         path: spec.out.clone(),
         source,
     })?;
-    let sha = hex(&Sha256::digest(&wasm));
     let resume = if options.resume {
         Some(resume_from(job, &sha, &schedule)?)
     } else {
@@ -235,8 +310,8 @@ pub fn train(
             let replica = Replica {
                 rank,
                 shared: Arc::clone(&shared),
-                engine: &engine,
-                pre: &pre,
+                engine,
+                pre,
                 plan: &plan,
                 events: tx.clone(),
                 resume: resume.as_ref(),
@@ -339,7 +414,7 @@ fn host_available_memory() -> Option<u64> {
 }
 
 /// Compiles (or finds compiled) the component, checks it is a trainer and links it.
-fn prepare(
+fn pre_instantiate(
     engine: &Engine,
     plugin: &str,
     wasm: &[u8],

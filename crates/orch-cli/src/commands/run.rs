@@ -34,6 +34,11 @@ pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
         )));
     }
     let inventory = load_inventory(spec)?;
+    // A [train] job's plugin and data are read before the lease: bad input fails at once.
+    let prepared = match &job.work {
+        Work::Train(_) => Some(super::train::prepare(&job, args.resume)?),
+        Work::Command(_) => None,
+    };
     let visibility = Visibility::resolve(&inventory.devices, &VisibilityEnv::from_process());
     let mut host = policy_host()?;
     // Compile (or load from the disk cache) the policy before the lease transaction, so the
@@ -46,9 +51,9 @@ pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
         .then(|| Instant::now() + timeout.unwrap_or(Duration::MAX / 4));
     let (lease, plan) = claim_until(&mut store, &mut host, &job, &inventory, &visibility, wait)?;
     tracing::info!("{}", placed_line(&job, &lease, &plan));
-    let Some(command) = command else {
+    if let Some(prepared) = prepared {
         // A [train] job: the Wasm trainer's replicas run in this process, on the leased devices.
-        let result = super::train::run(&job, &plan, &inventory, args.resume);
+        let result = super::train::run(prepared, &job, &plan, &inventory);
         if let Err(e) = store.release(&lease.id) {
             tracing::warn!(
                 "could not release lease {}: {e} (the next orch reclaims it)",
@@ -56,6 +61,11 @@ pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
             );
         }
         return result;
+    }
+    let Some(command) = command else {
+        return Err(Failure::failed_msg(
+            "internal: a job with neither a command nor [train]",
+        ));
     };
 
     let launch = LaunchSpec {

@@ -9,12 +9,30 @@ use orch_core::job::{JobSpec, Work};
 use orch_devices::{Backend, Inventory};
 use orch_runner::Plan;
 use orch_tensor::Device;
-use orch_trainer::{GrantedDevice, ProgressMode, RunOptions, TrainJob};
+use orch_trainer::{GrantedDevice, Prepared, ProgressMode, RunOptions, TrainError, TrainJob};
 
-pub fn run(job: &JobSpec, plan: &Plan, inventory: &Inventory, resume: bool) -> CmdResult {
+/// Everything the job needs that no device does: the trainer read, compiled and checked, the
+/// data loaded. Done before the lease, so a typo in a path fails at once, not after a wait for
+/// GPUs, and the leased devices do not sit idle while the data loads.
+pub fn prepare(job: &JobSpec, resume: bool) -> Result<Prepared<'_>, Failure> {
     let Work::Train(spec) = &job.work else {
         return Err(Failure::failed_msg("internal: not a [train] job"));
     };
+    let train_job = TrainJob {
+        name: &job.name,
+        spec,
+        memory_limit: job.resources.memory_limit.map(ByteSize::bytes),
+    };
+    let options = RunOptions {
+        resume,
+        progress: ProgressMode::detect(),
+        ..RunOptions::default()
+    };
+    Prepared::new(&train_job, &options).map_err(train_failure)
+}
+
+/// Runs the prepared job on the devices of `plan`.
+pub fn run(prepared: Prepared<'_>, job: &JobSpec, plan: &Plan, inventory: &Inventory) -> CmdResult {
     let devices = plan
         .chosen
         .iter()
@@ -45,19 +63,13 @@ pub fn run(job: &JobSpec, plan: &Plan, inventory: &Inventory, resume: bool) -> C
             })
         })
         .collect::<Result<Vec<GrantedDevice>, Failure>>()?;
-    let train_job = TrainJob {
-        name: &job.name,
-        spec,
-        memory_limit: job.resources.memory_limit.map(ByteSize::bytes),
-    };
-    let options = RunOptions {
-        resume,
-        progress: ProgressMode::detect(),
-        ..RunOptions::default()
-    };
-    match orch_trainer::train(&train_job, &devices, &options) {
-        Ok(_) => Ok(()),
-        Err(e) if e.is_bad_input() => Err(Failure::bad_input(e)),
-        Err(e) => Err(Failure::failed(e)),
+    prepared.run(&devices).map(drop).map_err(train_failure)
+}
+
+fn train_failure(e: TrainError) -> Failure {
+    if e.is_bad_input() {
+        Failure::bad_input(e)
+    } else {
+        Failure::failed(e)
     }
 }
