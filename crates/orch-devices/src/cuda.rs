@@ -40,7 +40,7 @@ pub enum CudaUnavailable {
     #[error("creating a CUDA context on device {ordinal} failed: {reason}")]
     ContextFailed { ordinal: usize, reason: String },
     #[error(
-        "no CUDA device in this process has id {uuid} (CUDA sees {seen}); is CUDA_VISIBLE_DEVICES hiding it?"
+        "no CUDA device in this process has id {uuid} (CUDA sees {seen}): check CUDA_VISIBLE_DEVICES, and on a GPU in MIG mode name the MIG instance there"
     )]
     NoSuchUuid { uuid: String, seen: String },
 }
@@ -113,6 +113,11 @@ pub fn check_context(ordinal: usize) -> Result<String, CudaUnavailable> {
 /// found by their id, never by assuming the two numberings agree.
 pub fn ordinal_of_uuid(uuid: &str) -> Result<usize, CudaUnavailable> {
     let info = probe()?;
+    // The older `MIG-GPU-<uuid>/<gi>/<ci>` form names an instance by its parent and ids, which
+    // CUDA does not report. A process sees one MIG instance at most: then it is the only device.
+    if uuid.starts_with("MIG-GPU-") && info.device_count == 1 {
+        return Ok(0);
+    }
     let mut seen = Vec::with_capacity(info.device_count);
     for ordinal in 0..info.device_count {
         let id = i32::try_from(ordinal)
@@ -124,7 +129,7 @@ pub fn ordinal_of_uuid(uuid: &str) -> Result<usize, CudaUnavailable> {
         if same_uuid(uuid, &bytes) {
             return Ok(ordinal);
         }
-        seen.push(format_uuid(&bytes));
+        seen.push(format!("cuda:{ordinal} = {}", format_uuid(&bytes)));
     }
     Err(CudaUnavailable::NoSuchUuid {
         uuid: uuid.to_string(),

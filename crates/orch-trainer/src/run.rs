@@ -113,8 +113,6 @@ pub struct Prepared<'a> {
     data: data::Data,
     limits: Limits,
     engine: Engine,
-    /// Drives the epoch deadlines while the job is prepared or runs.
-    _ticker: Ticker,
     pre: TrainerPre<ReplicaState>,
 }
 
@@ -138,8 +136,6 @@ impl<'a> Prepared<'a> {
             ..Limits::default()
         };
         let engine = new_engine(&limits).map_err(|e| TrainError::Engine(e.to_string()))?;
-        let ticker = Ticker::start(&engine)
-            .map_err(|e| TrainError::Engine(format!("cannot start the epoch ticker: {e}")))?;
         let pre = pre_instantiate(&engine, &plugin, &wasm, options)?;
         let data = data::load(&spec.data)?;
         Ok(Prepared {
@@ -150,7 +146,6 @@ impl<'a> Prepared<'a> {
             data,
             limits,
             engine,
-            _ticker: ticker,
             pre,
         })
     }
@@ -165,9 +160,11 @@ impl<'a> Prepared<'a> {
             data,
             limits,
             engine,
-            _ticker,
             pre,
         } = self;
+        // Epoch deadlines tick only while the plugin runs (not while `orch run --wait` waits).
+        let _ticker = Ticker::start(&engine)
+            .map_err(|e| TrainError::Engine(format!("cannot start the epoch ticker: {e}")))?;
         run_prepared(
             &job, devices, &options, plugin, sha, data, limits, &engine, &pre,
         )

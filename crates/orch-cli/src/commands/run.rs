@@ -23,11 +23,7 @@ pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
         None => quick_job(args)?,
     };
     let timeout = args.timeout.as_deref().map(parse_duration).transpose()?;
-    let command = match &job.work {
-        Work::Command(command) => Some(command.clone()),
-        Work::Train(_) => None,
-    };
-    if args.resume && command.is_some() {
+    if args.resume && matches!(job.work, Work::Command(_)) {
         return Err(Failure::bad_input_msg(format!(
             "{}: --resume is for [train] jobs",
             job.path.display()
@@ -35,9 +31,9 @@ pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
     }
     let inventory = load_inventory(spec)?;
     // A [train] job's plugin and data are read before the lease: bad input fails at once.
-    let prepared = match &job.work {
-        Work::Train(_) => Some(super::train::prepare(&job, args.resume)?),
-        Work::Command(_) => None,
+    let work = match &job.work {
+        Work::Train(_) => Ready::Train(Box::new(super::train::prepare(&job, args.resume)?)),
+        Work::Command(command) => Ready::Command(command.clone()),
     };
     let visibility = Visibility::resolve(&inventory.devices, &VisibilityEnv::from_process());
     let mut host = policy_host()?;
@@ -51,21 +47,19 @@ pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
         .then(|| Instant::now() + timeout.unwrap_or(Duration::MAX / 4));
     let (lease, plan) = claim_until(&mut store, &mut host, &job, &inventory, &visibility, wait)?;
     tracing::info!("{}", placed_line(&job, &lease, &plan));
-    if let Some(prepared) = prepared {
-        // A [train] job: the Wasm trainer's replicas run in this process, on the leased devices.
-        let result = super::train::run(prepared, &job, &plan, &inventory);
-        if let Err(e) = store.release(&lease.id) {
-            tracing::warn!(
-                "could not release lease {}: {e} (the next orch reclaims it)",
-                lease.id
-            );
+    let command = match work {
+        Ready::Command(command) => command,
+        Ready::Train(prepared) => {
+            // The Wasm trainer's replicas run in this process, on the leased devices.
+            let result = super::train::run(*prepared, &job, &plan, &inventory);
+            if let Err(e) = store.release(&lease.id) {
+                tracing::warn!(
+                    "could not release lease {}: {e} (the next orch reclaims it)",
+                    lease.id
+                );
+            }
+            return result;
         }
-        return result;
-    }
-    let Some(command) = command else {
-        return Err(Failure::failed_msg(
-            "internal: a job with neither a command nor [train]",
-        ));
     };
 
     let launch = LaunchSpec {
@@ -164,6 +158,12 @@ fn claim_until(
         std::thread::sleep(delay + jitter());
         delay = (delay * 3 / 2).min(Duration::from_secs(2));
     }
+}
+
+/// What a job runs once it holds its lease, made ready before the lease is taken.
+enum Ready<'a> {
+    Command(CommandSpec),
+    Train(Box<orch_trainer::Prepared<'a>>),
 }
 
 /// On real GPUs with a `memory_limit`, watches the job's processes' memory (NVML's per-process
