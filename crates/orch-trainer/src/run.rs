@@ -165,174 +165,158 @@ impl<'a> Prepared<'a> {
         // Epoch deadlines tick only while the plugin runs (not while `orch run --wait` waits).
         let _ticker = Ticker::start(&engine)
             .map_err(|e| TrainError::Engine(format!("cannot start the epoch ticker: {e}")))?;
-        run_prepared(
-            &job, devices, &options, plugin, sha, data, limits, &engine, &pre,
-        )
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn run_prepared(
-    job: &TrainJob<'_>,
-    devices: &[GrantedDevice],
-    options: &RunOptions,
-    plugin: String,
-    sha: String,
-    data: data::Data,
-    limits: Limits,
-    engine: &Engine,
-    pre: &TrainerPre<ReplicaState>,
-) -> Result<Summary, TrainError> {
-    let spec = job.spec;
-    let replicas = spec.replicas.map_or(devices.len(), |r| r as usize);
-    if devices.is_empty() || replicas == 0 || replicas > devices.len() {
-        return Err(TrainError::Setup(format!(
-            "[train] replicas = {replicas} with {} granted device(s): ask for more gpus or fewer replicas",
-            devices.len()
-        )));
-    }
-    if (spec.batch_size as usize) < replicas {
-        return Err(TrainError::Setup(format!(
-            "batch_size = {} is smaller than the {replicas} replicas: every replica needs a share of each batch",
-            spec.batch_size
-        )));
-    }
-    let schedule = Schedule {
-        samples: data.train.len(),
-        batch_size: spec.batch_size as usize,
-        seed: spec.seed,
-        epochs: spec.epochs,
-        replicas,
-    };
-    if schedule.batches_per_epoch() == 0 {
-        return Err(TrainError::Data(format!(
-            "{} samples cannot feed {replicas} replicas",
-            data.train.len()
-        )));
-    }
-    let slots = device_slots(devices, job.memory_limit)?;
-
-    std::fs::create_dir_all(&spec.out).map_err(|source| TrainError::Output {
-        path: spec.out.clone(),
-        source,
-    })?;
-    let resume = if options.resume {
-        Some(resume_from(job, &sha, &schedule)?)
-    } else {
-        None
-    };
-    let start = resume.as_ref().map_or_else(Start::default, |c| Start {
-        step: c.meta.step,
-        epoch: c.meta.epoch,
-        batch: c.meta.batch,
-    });
-    if start.epoch >= spec.epochs {
-        let mut progress = Progress::new(options.progress, spec.epochs, 1, start.step);
-        progress.line(&format!(
-            "{}: the checkpoint is at the end of the run ({} steps, {} epochs): nothing to resume; raise [train] epochs to train further",
-            job.name, start.step, start.epoch
-        ));
-        return Ok(Summary {
-            steps: start.step,
-            final_loss: None,
-            eval_loss: None,
-            eval_accuracy: None,
-            stopped_early: false,
-            seconds: 0.0,
-            samples_per_sec: 0.0,
-            out: spec.out.clone(),
+        let (job, options, engine, pre) = (&job, &options, &engine, &pre);
+        let spec = job.spec;
+        let replicas = spec.replicas.map_or(devices.len(), |r| r as usize);
+        if devices.is_empty() || replicas == 0 || replicas > devices.len() {
+            return Err(TrainError::Setup(format!(
+                "[train] replicas = {replicas} with {} granted device(s): ask for more gpus or fewer replicas",
+                devices.len()
+            )));
+        }
+        if (spec.batch_size as usize) < replicas {
+            return Err(TrainError::Setup(format!(
+                "batch_size = {} is smaller than the {replicas} replicas: every replica needs a share of each batch",
+                spec.batch_size
+            )));
+        }
+        let schedule = Schedule {
+            samples: data.train.len(),
+            batch_size: spec.batch_size as usize,
+            seed: spec.seed,
+            epochs: spec.epochs,
             replicas,
+        };
+        if schedule.batches_per_epoch() == 0 {
+            return Err(TrainError::Data(format!(
+                "{} samples cannot feed {replicas} replicas",
+                data.train.len()
+            )));
+        }
+        let slots = device_slots(devices, job.memory_limit)?;
+
+        std::fs::create_dir_all(&spec.out).map_err(|source| TrainError::Output {
+            path: spec.out.clone(),
+            source,
+        })?;
+        let resume = if options.resume {
+            Some(resume_from(job, &sha, &schedule)?)
+        } else {
+            None
+        };
+        let start = resume.as_ref().map_or_else(Start::default, |c| Start {
+            step: c.meta.step,
+            epoch: c.meta.epoch,
+            batch: c.meta.batch,
         });
-    }
+        if start.epoch >= spec.epochs {
+            let mut progress = Progress::new(options.progress, spec.epochs, 1, start.step);
+            progress.line(&format!(
+                "{}: the checkpoint is at the end of the run ({} steps, {} epochs): nothing to resume; raise [train] epochs to train further",
+                job.name, start.step, start.epoch
+            ));
+            return Ok(Summary {
+                steps: start.step,
+                final_loss: None,
+                eval_loss: None,
+                eval_accuracy: None,
+                stopped_early: false,
+                seconds: 0.0,
+                samples_per_sec: 0.0,
+                out: spec.out.clone(),
+                replicas,
+            });
+        }
 
-    let shared = Arc::new(Shared {
-        devices: slots,
-        data,
-        replicas,
-        max_tensors: options.max_tensors,
-        exchange_timeout: spec.step_timeout,
-        grads: Collective::new(replicas),
-        broadcast: Collective::new(replicas),
-    });
-    let plan = Plan {
-        plugin: plugin.clone(),
-        schedule,
-        start,
-        config: spec.config.clone(),
-        checkpoint_every: spec.checkpoint_every,
-        stop_after: options.stop_after,
-        eval_batch: (spec.batch_size as usize).max(256),
-        ticks: deadline_ticks(spec.step_timeout),
-        limits,
-    };
-    let meta_template = Meta {
-        format: FORMAT.into(),
-        job: job.name.to_string(),
-        plugin: plugin.clone(),
-        plugin_sha256: sha,
-        step: 0,
-        epoch: 0,
-        batch: 0,
-        batch_size: spec.batch_size,
-        seed: spec.seed,
-        train_samples: schedule.samples as u64,
-        replicas: u32::try_from(replicas).unwrap_or(u32::MAX),
-        optimizers: Vec::new(),
-    };
+        let shared = Arc::new(Shared {
+            devices: slots,
+            data,
+            replicas,
+            max_tensors: options.max_tensors,
+            exchange_timeout: spec.step_timeout,
+            grads: Collective::new(replicas),
+            broadcast: Collective::new(replicas),
+        });
+        let plan = Plan {
+            plugin: plugin.clone(),
+            schedule,
+            start,
+            config: spec.config.clone(),
+            checkpoint_every: spec.checkpoint_every,
+            stop_after: options.stop_after,
+            eval_batch: (spec.batch_size as usize).max(256),
+            ticks: deadline_ticks(spec.step_timeout),
+            limits,
+        };
+        let meta_template = Meta {
+            format: FORMAT.into(),
+            job: job.name.to_string(),
+            plugin: plugin.clone(),
+            plugin_sha256: sha,
+            step: 0,
+            epoch: 0,
+            batch: 0,
+            batch_size: spec.batch_size,
+            seed: spec.seed,
+            train_samples: schedule.samples as u64,
+            replicas: u32::try_from(replicas).unwrap_or(u32::MAX),
+            optimizers: Vec::new(),
+        };
 
-    let metrics_path = spec.out.join("metrics.jsonl");
-    let metrics = Metrics::open(&metrics_path, resume.as_ref().map(|c| c.meta.step))?;
-    let mut progress = Progress::new(
-        options.progress,
-        spec.epochs,
-        schedule.batches_per_epoch(),
-        start.step,
-    );
-    progress.line(&intro(
-        job.name, &plugin, devices, replicas, &schedule, &shared, start,
-    ));
-    let mut coordinator = Coordinator::new(
-        replicas,
-        spec.epochs,
-        progress,
-        metrics,
-        spec.out.clone(),
-        Arc::clone(&shared),
-        plugin.clone(),
-    );
+        let metrics_path = spec.out.join("metrics.jsonl");
+        let metrics = Metrics::open(&metrics_path, resume.as_ref().map(|c| c.meta.step))?;
+        let mut progress = Progress::new(
+            options.progress,
+            spec.epochs,
+            schedule.batches_per_epoch(),
+            start.step,
+        );
+        progress.line(&intro(
+            job.name, &plugin, devices, replicas, &schedule, &shared, start,
+        ));
+        let mut coordinator = Coordinator::new(
+            replicas,
+            spec.epochs,
+            progress,
+            metrics,
+            spec.out.clone(),
+            Arc::clone(&shared),
+            plugin.clone(),
+        );
 
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::scope(|scope| {
-        for rank in 0..replicas {
-            let replica = Replica {
-                rank,
-                shared: Arc::clone(&shared),
-                engine,
-                pre,
-                plan: &plan,
-                events: tx.clone(),
-                resume: resume.as_ref(),
-                meta_template: &meta_template,
-            };
-            let spawned = std::thread::Builder::new()
-                .name(format!("orch-replica-{rank}"))
-                .spawn_scoped(scope, move || match replica_pool(rank, replicas) {
-                    Some(pool) => pool.install(move || replica.run()),
-                    None => replica.run(),
-                });
-            if let Err(e) = spawned {
-                shared.stop("a replica thread could not start");
-                coordinator.fail(TrainError::Engine(format!(
-                    "cannot start replica thread {rank}: {e}"
-                )));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|scope| {
+            for rank in 0..replicas {
+                let replica = Replica {
+                    rank,
+                    shared: Arc::clone(&shared),
+                    engine,
+                    pre,
+                    plan: &plan,
+                    events: tx.clone(),
+                    resume: resume.as_ref(),
+                    meta_template: &meta_template,
+                };
+                let spawned = std::thread::Builder::new()
+                    .name(format!("orch-replica-{rank}"))
+                    .spawn_scoped(scope, move || match replica_pool(rank, replicas) {
+                        Some(pool) => pool.install(move || replica.run()),
+                        None => replica.run(),
+                    });
+                if let Err(e) = spawned {
+                    shared.stop("a replica thread could not start");
+                    coordinator.fail(TrainError::Engine(format!(
+                        "cannot start replica thread {rank}: {e}"
+                    )));
+                }
             }
-        }
-        drop(tx);
-        for event in rx {
-            coordinator.handle(event);
-        }
-    });
-    coordinator.finish(job.name)
+            drop(tx);
+            for event in rx {
+                coordinator.handle(event);
+            }
+        });
+        coordinator.finish(job.name)
+    }
 }
 
 /// The CPU threads replica `rank` computes with: a rayon pool of its own, its share of the
