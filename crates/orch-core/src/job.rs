@@ -23,6 +23,13 @@ pub struct JobSpec {
     pub name: String,
     pub tenant: Option<String>,
     pub priority: i64,
+    /// `[job] max_runtime`: the daemon stops the job after this long.
+    pub max_runtime: Option<std::time::Duration>,
+    /// `[job] requeue`: a daemon that finds the job's processes gone after a crash queues it
+    /// again instead of marking it lost.
+    pub requeue: bool,
+    /// `[job] preemptible`: the daemon may stop the job for a tenant under its share.
+    pub preemptible: bool,
     pub resources: Resources,
     pub policy: PolicySpec,
     pub work: Work,
@@ -211,6 +218,11 @@ struct RawJobTable {
     tenant: Option<String>,
     #[serde(default)]
     priority: i64,
+    max_runtime: Option<Spanned<String>>,
+    #[serde(default)]
+    requeue: bool,
+    #[serde(default)]
+    preemptible: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -272,7 +284,7 @@ struct RawData {
 /// The default `[train] step_timeout`.
 pub const DEFAULT_STEP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// `90s`, `15m`, `2h`, `500ms`, or plain seconds; `None` when malformed or not positive.
+/// `90s`, `15m`, `2h`, `3d`, `500ms`, or plain seconds; `None` when malformed or not positive.
 pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
     let t = text.trim();
     let split = t
@@ -285,6 +297,7 @@ pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
         "ms" => value / 1000.0,
         "m" => value * 60.0,
         "h" => value * 3600.0,
+        "d" => value * 86400.0,
         _ => return None,
     };
     std::time::Duration::try_from_secs_f64(secs)
@@ -320,12 +333,25 @@ impl Checker<'_> {
                 .with_hint("name the job, such as name = \"mnist-mlp\""));
         }
         let work = self.work(raw.command, raw.train, name.get_ref().trim())?;
+        let max_runtime = match &raw.job.max_runtime {
+            None => None,
+            Some(text) => Some(parse_duration(text.get_ref()).ok_or_else(|| {
+                self.at(
+                    text.span(),
+                    format!("max_runtime = \"{}\" is not a duration", text.get_ref()),
+                )
+                .with_hint("give a positive duration such as \"90m\", \"12h\" or \"3d\"")
+            })?),
+        };
         Ok(JobSpec {
             path: self.path.to_path_buf(),
             dir: self.dir(),
             name: name.into_inner(),
             tenant: raw.job.tenant,
             priority: raw.job.priority,
+            max_runtime,
+            requeue: raw.job.requeue,
+            preemptible: raw.job.preemptible,
             resources: self.resources(raw.resources)?,
             policy: self.policy(raw.policy)?,
             work,

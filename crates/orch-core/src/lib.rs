@@ -7,6 +7,7 @@
 pub mod job;
 pub mod lease;
 pub mod location;
+pub mod process;
 pub mod size;
 
 pub use job::{JobSpec, PluginRef};

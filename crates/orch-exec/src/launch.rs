@@ -22,6 +22,38 @@ pub struct LaunchSpec {
     pub per_device: bool,
     /// Between SIGTERM and SIGKILL when the other processes of a failed per-device job are stopped.
     pub grace: Duration,
+    /// Where the processes read and write.
+    pub stdio: StdioMode,
+    /// Start the processes as this user (the daemon, as root, runs each job as its submitter).
+    pub credentials: Option<Credentials>,
+    /// The environment to start from instead of this process's own (the daemon passes the
+    /// submitting client's, as `sbatch` does); the job's variables are set on top.
+    pub base_env: Option<Vec<(String, String)>>,
+    /// The job's cgroup ([`crate::JobCgroup`]): every process starts inside it.
+    pub cgroup: Option<PathBuf>,
+    /// Forward SIGINT, SIGTERM and SIGHUP that reach this process to the job (`orch run`).
+    pub forward_signals: bool,
+}
+
+/// Where a job's processes read and write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StdioMode {
+    /// Share orch's. In a terminal the job (rank 0 of a per-device launch) becomes the
+    /// terminal's foreground process group while it runs, so it can read the keyboard (pdb,
+    /// `input()`, a password prompt) and gets Ctrl-C itself; otherwise rank 0 reads orch's stdin.
+    /// Other ranks read nothing.
+    Inherit,
+    /// No input; output appended to these files (the daemon's logs).
+    Files { stdout: PathBuf, stderr: PathBuf },
+}
+
+/// A Unix identity to run as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups.
+    pub groups: Vec<u32>,
 }
 
 /// How the job ended.
@@ -100,9 +132,44 @@ pub enum ExecError {
 /// Returns the first failure's outcome, else success.
 pub fn launch(
     spec: &LaunchSpec,
-    mut on_spawn: impl FnMut(u32),
+    on_spawn: impl FnMut(u32),
     monitor: Option<Monitor>,
 ) -> Result<ExitOutcome, ExecError> {
+    Ok(start(spec, on_spawn)?.wait(monitor))
+}
+
+/// A job whose processes run; [`Launched::wait`] supervises them to the end.
+#[derive(Debug)]
+pub struct Launched {
+    groups: Arc<Mutex<BTreeSet<i32>>>,
+    events: mpsc::Receiver<Event>,
+    sender: mpsc::Sender<Event>,
+    count: usize,
+    grace: Duration,
+    cgroup: Option<PathBuf>,
+    forwarder: Option<SignalForwarder>,
+    terminal: Option<crate::terminal::Foreground>,
+}
+
+/// Stops a launched job from another thread: SIGTERM to every process, SIGKILL after the grace
+/// period; the job's outcome becomes [`ExitOutcome::Stopped`] with the reason given.
+#[derive(Debug, Clone)]
+pub struct Stopper(mpsc::Sender<Event>);
+
+impl Stopper {
+    pub fn stop(&self, reason: impl Into<String>) {
+        let _ = self.0.send(Event::Stop(reason.into()));
+    }
+}
+
+#[derive(Debug)]
+enum Event {
+    Exited(usize, ExitOutcome),
+    Stop(String),
+}
+
+/// Starts the job's processes and returns at once.
+pub fn start(spec: &LaunchSpec, mut on_spawn: impl FnMut(u32)) -> Result<Launched, ExecError> {
     let (program, args) = spec.argv.split_first().ok_or(ExecError::EmptyCommand)?;
     let ranks: Vec<Option<usize>> = if spec.per_device {
         (0..spec.job.devices.len()).map(Some).collect()
@@ -111,25 +178,33 @@ pub fn launch(
     };
     let master_port = if spec.per_device { free_port()? } else { 0 };
     let groups: Arc<Mutex<BTreeSet<i32>>> = Arc::default();
-    let forwarder = SignalForwarder::start(Arc::clone(&groups))?;
+    let forwarder = if spec.forward_signals {
+        Some(SignalForwarder::start(Arc::clone(&groups))?)
+    } else {
+        None
+    };
+    let terminal = match spec.stdio {
+        StdioMode::Inherit => crate::terminal::Foreground::available(),
+        StdioMode::Files { .. } => None,
+    };
+    let setup = crate::setup::ChildSetup::new(spec, terminal.is_some())?;
 
-    let (done_tx, done_rx) = mpsc::channel::<(usize, ExitOutcome)>();
+    let (sender, events) = mpsc::channel::<Event>();
     for (slot, rank) in ranks.iter().enumerate() {
         let mut command = Command::new(program);
-        command
-            .args(args)
-            .envs(process_env(&spec.job, *rank, master_port))
-            .process_group(0);
-        if let Some(cwd) = &spec.cwd {
+        command.args(args).process_group(0);
+        if let Some(base) = &spec.base_env {
+            command.env_clear().envs(base.iter().cloned());
+        }
+        command.envs(process_env(&spec.job, *rank, master_port));
+        let reads_input = slot == 0;
+        setup.stdio(&mut command, reads_input)?;
+        if spec.credentials.is_none()
+            && let Some(cwd) = &spec.cwd
+        {
             command.current_dir(cwd);
         }
-        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
-        unsafe {
-            command.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-                Ok(())
-            });
-        }
+        setup.install(&mut command, reads_input);
         let child = match command.spawn() {
             Ok(child) => child,
             Err(e) => {
@@ -144,31 +219,80 @@ pub fn launch(
         lock(&groups).insert(pid as i32);
         on_spawn(pid);
         tracing::debug!("started {program} as pid {pid} (rank {rank:?})");
-        wait_in_thread(slot, child, done_tx.clone());
+        wait_in_thread(slot, child, sender.clone());
     }
-    drop(done_tx);
-    let outcome = supervise(&groups, done_rx, ranks.len(), spec.grace, monitor);
-    forwarder.stop();
-    Ok(outcome)
+    Ok(Launched {
+        groups,
+        events,
+        sender,
+        count: ranks.len(),
+        grace: spec.grace,
+        cgroup: spec.cgroup.clone(),
+        forwarder,
+        terminal,
+    })
 }
 
-/// Collects exits; on the first failure stops the others (SIGTERM, then SIGKILL after `grace`).
+impl Launched {
+    /// A handle to stop the job from elsewhere (a cancel, a time limit).
+    pub fn stopper(&self) -> Stopper {
+        Stopper(self.sender.clone())
+    }
+
+    /// The process group ids of the job's processes (one per rank).
+    pub fn process_groups(&self) -> Vec<u32> {
+        lock(&self.groups).iter().map(|&g| g as u32).collect()
+    }
+
+    /// Supervises the job to its end, then ends whatever its processes left behind in their
+    /// groups or cgroup (as Slurm ends a step's leftovers), so nothing of the job outlives it.
+    pub fn wait(self, monitor: Option<Monitor>) -> ExitOutcome {
+        let Launched {
+            groups,
+            events,
+            sender,
+            count,
+            grace,
+            cgroup,
+            forwarder,
+            terminal,
+        } = self;
+        drop(sender);
+        let outcome = supervise(&groups, events, count, grace, monitor, cgroup.as_deref());
+        if let Some(terminal) = terminal {
+            terminal.restore();
+        }
+        end_leftovers(&groups, cgroup.as_deref(), grace);
+        if let Some(forwarder) = forwarder {
+            forwarder.stop();
+        }
+        outcome
+    }
+}
+
+/// Collects exits; on the first failure (or a stop) ends the others (SIGTERM, then SIGKILL after
+/// `grace`).
 fn supervise(
     groups: &Mutex<BTreeSet<i32>>,
-    done: mpsc::Receiver<(usize, ExitOutcome)>,
+    events: mpsc::Receiver<Event>,
     count: usize,
     grace: Duration,
     mut monitor: Option<Monitor>,
+    cgroup: Option<&std::path::Path>,
 ) -> ExitOutcome {
     let mut first_failure: Option<ExitOutcome> = None;
     let mut kill_at: Option<Instant> = None;
     let mut remaining = count;
     let mut next_check = monitor.as_ref().map(|m| Instant::now() + m.interval);
+    let stop = |failure: &mut Option<ExitOutcome>, outcome: ExitOutcome| {
+        failure.get_or_insert(outcome);
+        stop_all(groups, libc::SIGTERM);
+    };
     while remaining > 0 {
         let wake = [kill_at, next_check].into_iter().flatten().min();
         let received = match wake {
-            Some(at) => done.recv_timeout(at.saturating_duration_since(Instant::now())),
-            None => done
+            Some(at) => events.recv_timeout(at.saturating_duration_since(Instant::now())),
+            None => events
                 .recv()
                 .map_err(|_| mpsc::RecvTimeoutError::Disconnected),
         };
@@ -179,26 +303,29 @@ fn supervise(
             let roots: Vec<u32> = lock(groups).iter().map(|&g| g as u32).collect();
             if let Verdict::Stop(reason) = (m.check)(&crate::watch::descendants(&roots)) {
                 tracing::warn!("stopping the job: {reason}");
-                first_failure.get_or_insert(ExitOutcome::Stopped(reason));
-                stop_all(groups, libc::SIGTERM);
+                stop(&mut first_failure, ExitOutcome::Stopped(reason));
                 kill_at = kill_at.or(Some(Instant::now() + grace));
                 next_check = None;
             }
         }
         match received {
-            Ok((slot, outcome)) => {
+            Ok(Event::Exited(slot, outcome)) => {
                 remaining -= 1;
                 tracing::debug!("process {slot} ended: {outcome}");
                 if !outcome.success() && first_failure.is_none() {
-                    first_failure = Some(outcome.clone());
                     if remaining > 0 {
                         tracing::warn!(
                             "process {slot} failed ({outcome}): stopping the other {remaining}"
                         );
-                        stop_all(groups, libc::SIGTERM);
                         kill_at = Some(Instant::now() + grace);
                     }
+                    stop(&mut first_failure, outcome);
                 }
+            }
+            Ok(Event::Stop(reason)) => {
+                tracing::info!("stopping the job: {reason}");
+                stop(&mut first_failure, ExitOutcome::Stopped(reason));
+                kill_at = kill_at.or(Some(Instant::now() + grace));
             }
             Err(mpsc::RecvTimeoutError::Timeout)
                 if kill_at.is_some_and(|at| Instant::now() >= at) =>
@@ -207,6 +334,9 @@ fn supervise(
                     "{remaining} process(es) still running after {grace:?}: killing them"
                 );
                 stop_all(groups, libc::SIGKILL);
+                if let Some(cgroup) = cgroup {
+                    crate::cgroup::kill(cgroup);
+                }
                 kill_at = None;
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -216,13 +346,45 @@ fn supervise(
     first_failure.unwrap_or(ExitOutcome::Exited(0))
 }
 
-fn wait_in_thread(slot: usize, mut child: Child, done: mpsc::Sender<(usize, ExitOutcome)>) {
+/// After the main processes ended: SIGTERM to what is left in their process groups or cgroup,
+/// SIGKILL after `grace`, and wait (bounded) until nothing is left.
+fn end_leftovers(groups: &Mutex<BTreeSet<i32>>, cgroup: Option<&std::path::Path>, grace: Duration) {
+    let left = || {
+        cgroup.is_some_and(orch_core::process::cgroup_populated)
+            || lock(groups)
+                .iter()
+                .any(|&g| orch_core::process::group_running(g as u32))
+    };
+    if !left() {
+        return;
+    }
+    tracing::info!("the job's main process ended: stopping what it left running");
+    stop_all(groups, libc::SIGTERM);
+    if let Some(cgroup) = cgroup {
+        crate::cgroup::signal_all(cgroup, libc::SIGTERM);
+    }
+    let kill_at = Instant::now() + grace;
+    let give_up = kill_at + Duration::from_secs(5);
+    let mut killed = false;
+    while left() && Instant::now() < give_up {
+        if !killed && Instant::now() >= kill_at {
+            stop_all(groups, libc::SIGKILL);
+            if let Some(cgroup) = cgroup {
+                crate::cgroup::kill(cgroup);
+            }
+            killed = true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn wait_in_thread(slot: usize, mut child: Child, done: mpsc::Sender<Event>) {
     std::thread::spawn(move || {
         let outcome = match child.wait() {
             Ok(status) => ExitOutcome::from_status(status),
             Err(_) => ExitOutcome::Exited(1),
         };
-        let _ = done.send((slot, outcome));
+        let _ = done.send(Event::Exited(slot, outcome));
     });
 }
 
@@ -259,6 +421,7 @@ fn free_port() -> Result<u16, ExecError> {
 }
 
 /// Forwards SIGINT, SIGTERM and SIGHUP to every process group of the job while it runs.
+#[derive(Debug)]
 struct SignalForwarder {
     handle: signal_hook::iterator::Handle,
     thread: std::thread::JoinHandle<()>,

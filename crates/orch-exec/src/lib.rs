@@ -9,12 +9,22 @@
 //! Design decision: each process runs in its own process group, so a terminal's Ctrl-C reaches
 //! orch alone, and orch forwards SIGINT/SIGTERM to every group it started; the children also get
 //! `PR_SET_PDEATHSIG`, so a job cannot outlive an `orch` that was killed with SIGKILL and keep
-//! using devices whose lease is gone.
+//! using devices whose lease is gone. In a terminal, the job's group becomes the foreground group
+//! while it runs (it reads the keyboard and gets Ctrl-C itself). Where orch may, each job also
+//! gets a cgroup of its own, which no process of the job can leave; when the main process ends,
+//! whatever it left in its groups or cgroup is ended too.
 
+mod cgroup;
 mod env;
 mod launch;
+mod setup;
+mod terminal;
 mod watch;
 
+pub use cgroup::JobCgroup;
 pub use env::{AssignedDevice, JobEnv, process_env};
-pub use launch::{ExecError, ExitOutcome, LaunchSpec, Monitor, launch};
+pub use launch::{
+    Credentials, ExecError, ExitOutcome, LaunchSpec, Launched, Monitor, StdioMode, Stopper,
+    launch, start,
+};
 pub use watch::{MemoryWatch, ProcessMemory, Verdict, descendants};

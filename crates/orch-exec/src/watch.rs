@@ -69,19 +69,8 @@ impl MemoryWatch {
 /// `roots` and every process descended from them, from `/proc`.
 pub fn descendants(roots: &[u32]) -> BTreeSet<u32> {
     let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
-    if let Ok(entries) = std::fs::read_dir("/proc") {
-        for entry in entries.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            if let Some(ppid) = parent_of(pid) {
-                children.entry(ppid).or_default().push(pid);
-            }
-        }
+    for (pid, stat) in orch_core::process::all() {
+        children.entry(stat.ppid).or_default().push(pid);
     }
     let mut all: BTreeSet<u32> = roots.iter().copied().collect();
     let mut stack: Vec<u32> = roots.to_vec();
@@ -93,15 +82,6 @@ pub fn descendants(roots: &[u32]) -> BTreeSet<u32> {
         }
     }
     all
-}
-
-fn parent_of(pid: u32) -> Option<u32> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    text[text.rfind(')')? + 1..]
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
 }
 
 #[cfg(test)]

@@ -1,13 +1,29 @@
-//! A process that holds a lease, identified by pid and start time so a reused pid is not mistaken
-//! for the holder.
+//! What keeps a lease alive: a process, identified by pid and start time so a reused pid is not
+//! mistaken for the holder, and optionally the whole job it started (its process group, or its
+//! cgroup), so that a grandchild that outlives its parent still holds the devices it uses.
 
+use orch_core::process;
 use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Holder {
     pub pid: u32,
     /// Start time in clock ticks after boot (`/proc/PID/stat`, field 22).
     pub start_time: u64,
+    /// The machine the process runs on. A holder on another machine cannot be checked from this
+    /// one, so it is never taken for dead (a state folder on a shared home must not let machine B
+    /// reclaim machine A's leases). Absent in leases written before hosts were recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// The job's process group: alive while any process of the group lives, even after `pid`
+    /// (its leader) has exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pgid: Option<u32>,
+    /// The job's own cgroup (v2) folder: alive while the cgroup holds any process. A process
+    /// cannot leave a cgroup by itself the way it can leave a process group (`setsid`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<PathBuf>,
 }
 
 impl Holder {
@@ -17,42 +33,100 @@ impl Holder {
         Holder {
             pid,
             start_time: start_time(pid).unwrap_or(0),
+            host: this_host(),
+            pgid: None,
+            cgroup: None,
         }
     }
 
     /// Process `pid`, if it exists.
     pub fn of_pid(pid: u32) -> Option<Holder> {
-        start_time(pid).map(|start_time| Holder { pid, start_time })
+        start_time(pid).map(|start_time| Holder {
+            pid,
+            start_time,
+            host: this_host(),
+            pgid: None,
+            cgroup: None,
+        })
     }
 
-    /// True while the same process (same pid, same start time) runs and is not a zombie.
-    pub fn is_alive(&self) -> bool {
-        match read_stat(self.pid) {
-            Some((state, start)) => start == self.start_time && state != 'Z' && state != 'X',
-            None => false,
-        }
+    /// Process `pid` and, with it, the process group it leads: the holder lives while any
+    /// process of the group does.
+    pub fn of_group_leader(pid: u32) -> Option<Holder> {
+        Holder::of_pid(pid).map(|h| Holder {
+            pgid: Some(pid),
+            ..h
+        })
     }
+
+    /// The same holder, alive also while `cgroup` holds a process.
+    pub fn with_cgroup(self, cgroup: Option<PathBuf>) -> Holder {
+        Holder { cgroup, ..self }
+    }
+
+    /// True while the holder may still use its devices: the same process (pid and start time)
+    /// runs and is not a zombie, or its process group or cgroup still has a member, or it runs on
+    /// another machine (which this one cannot check).
+    pub fn is_alive(&self) -> bool {
+        if let Some(host) = &self.host
+            && this_host().is_some_and(|here| &here != host)
+        {
+            return true;
+        }
+        if self.cgroup.as_deref().is_some_and(process::cgroup_populated) {
+            return true;
+        }
+        if self.pgid.is_some_and(group_has_members) {
+            return true;
+        }
+        self.process_alive()
+    }
+
+    /// The process itself (not its group) runs.
+    pub fn process_alive(&self) -> bool {
+        process::stat(self.pid).is_some_and(|s| s.start_time == self.start_time && s.is_running())
+    }
+}
+
+/// This machine's host name, as `hostname` prints it.
+pub fn this_host() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates on success (and we
+    // stop at the buffer's end if it did not).
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return None;
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    let name = String::from_utf8_lossy(&buf[..end]).into_owned();
+    (!name.is_empty()).then_some(name)
+}
+
+/// `kill(-pgid, 0)` answers "no such group" cheaply (EPERM means it exists but belongs to another
+/// user); when the group exists, `/proc` tells whether a member still runs.
+fn group_has_members(pgid: u32) -> bool {
+    let Ok(group) = i32::try_from(pgid) else {
+        return false;
+    };
+    if group <= 1 {
+        return false;
+    }
+    // SAFETY: signal 0 checks for existence and permission; it delivers nothing.
+    let rc = unsafe { libc::kill(-group, 0) };
+    if rc != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EPERM) {
+        return false;
+    }
+    process::group_running(pgid)
 }
 
 fn start_time(pid: u32) -> Option<u64> {
-    read_stat(pid).map(|(_, start)| start)
-}
-
-/// `(state, starttime)` from `/proc/PID/stat`. The command name may contain spaces and
-/// parentheses, so fields are counted after the last `)`.
-fn read_stat(pid: u32) -> Option<(char, u64)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &text[text.rfind(')')? + 1..];
-    let mut fields = after.split_whitespace();
-    let state = fields.next()?.chars().next()?;
-    // After the state come fields 4..; starttime is field 22, so 19 further fields on.
-    let start = fields.nth(18)?.parse().ok()?;
-    Some((state, start))
+    process::stat(pid).map(|s| s.start_time)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::process::CommandExt;
 
     #[test]
     fn this_process_is_alive_and_a_reused_pid_is_not() {
@@ -72,8 +146,56 @@ mod tests {
         let holder = Holder::of_pid(child.id()).unwrap_or(Holder {
             pid: child.id(),
             start_time: 0,
+            host: this_host(),
+            pgid: None,
+            cgroup: None,
         });
         child.wait().unwrap();
         assert!(!holder.is_alive());
+    }
+
+    #[test]
+    fn a_group_lives_while_a_grandchild_does() {
+        // The leader exits at once; the background sleep keeps the group.
+        let mut leader = std::process::Command::new("sh")
+            .args(["-c", "sleep 30 & exit 0"])
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let holder = Holder::of_group_leader(leader.id()).unwrap();
+        leader.wait().unwrap();
+        assert!(!holder.process_alive(), "the leader has exited");
+        assert!(holder.is_alive(), "its grandchild still runs in the group");
+        // SAFETY: our own test's process group.
+        unsafe { libc::kill(-(holder.pgid.unwrap() as i32), libc::SIGKILL) };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while holder.is_alive() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(!holder.is_alive(), "the group is empty");
+    }
+
+    #[test]
+    fn a_holder_on_another_machine_is_never_taken_for_dead() {
+        let holder = Holder {
+            pid: u32::MAX - 1,
+            start_time: 1,
+            host: Some("some-other-machine.invalid".into()),
+            pgid: None,
+            cgroup: None,
+        };
+        assert!(holder.is_alive());
+        let here = Holder {
+            host: this_host(),
+            ..holder
+        };
+        assert!(!here.is_alive());
+    }
+
+    #[test]
+    fn holders_written_before_hosts_were_recorded_still_read() {
+        let old: Holder = serde_json::from_str(r#"{"pid": 1, "start_time": 2}"#).unwrap();
+        assert_eq!(old.host, None);
+        assert_eq!(old.pgid, None);
     }
 }

@@ -80,7 +80,12 @@ pub enum ClaimError<E> {
     Store(#[from] LeaseError),
 }
 
-/// `ORCH_STATE_DIR`, else `$XDG_STATE_HOME/orch`, else `~/.local/state/orch`.
+/// The state folder: `ORCH_STATE_DIR`; else, for root, `/var/lib/orch` (the machine's, shared
+/// with a root `orch serve`); else `$XDG_STATE_HOME/orch` or `~/.local/state/orch`, unless that
+/// folder lies on a network file system, where it becomes `/var/tmp/orch-UID`.
+///
+/// Why: leases describe one machine's devices, and SQLite's locking (WAL in particular) does not
+/// work over NFS and its kin; a home folder shared by many machines would also mix their leases.
 pub fn default_state_dir() -> PathBuf {
     let env = |name| {
         std::env::var_os(name)
@@ -90,12 +95,48 @@ pub fn default_state_dir() -> PathBuf {
     if let Some(dir) = env("ORCH_STATE_DIR") {
         return dir;
     }
-    if let Some(dir) = env("XDG_STATE_HOME") {
-        return dir.join("orch");
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    if uid == 0 {
+        return PathBuf::from("/var/lib/orch");
     }
-    env("HOME")
-        .unwrap_or_else(|| PathBuf::from("/tmp"))
-        .join(".local/state/orch")
+    let home_state = env("XDG_STATE_HOME")
+        .map(|d| d.join("orch"))
+        .or_else(|| env("HOME").map(|h| h.join(".local/state/orch")));
+    match home_state {
+        Some(dir) if !on_network_fs(&dir) => dir,
+        _ => PathBuf::from(format!("/var/tmp/orch-{uid}")),
+    }
+}
+
+/// The nearest existing folder of `path` is on NFS, CIFS/SMB, Lustre, GPFS, CephFS, BeeGFS or
+/// another file system shared between machines.
+pub fn on_network_fs(path: &Path) -> bool {
+    const NETWORK: [i64; 9] = [
+        0x6969,             // NFS
+        0xFF53_4D42,        // CIFS
+        0xFE53_4D42,        // SMB2
+        0x517B,             // SMB
+        0x0BD0_0BD0,        // Lustre
+        0x4750_4653,        // GPFS
+        0x00C3_6400,        // CephFS
+        0x1983_0326,        // BeeGFS
+        0x0102_1997,        // 9p
+    ];
+    let Some(existing) = path.ancestors().find(|p| p.exists()) else {
+        return false;
+    };
+    let Ok(c_path) = std::ffi::CString::new(existing.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a zeroed statfs buffer of the right type.
+    if unsafe { libc::statfs(c_path.as_ptr(), &mut stat) } != 0 {
+        return false;
+    }
+    #[allow(clippy::unnecessary_cast)]
+    let kind = stat.f_type as i64;
+    NETWORK.contains(&kind)
 }
 
 /// The lease store of one machine (or one user, by the state folder).
@@ -225,7 +266,7 @@ impl LeaseStore {
             devices,
             exclusive: request.exclusive,
             memory_reserved_bytes: request.memory_reserved_bytes,
-            holders: vec![request.holder],
+            holders: vec![request.holder.clone()],
             created_at_ms: now_ms(),
         };
         insert(&tx, &lease)?;

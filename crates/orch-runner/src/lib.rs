@@ -1,11 +1,22 @@
 //! How a job flows through orch: [`plan`] asks the job's policy which devices it gets (and why
-//! the others not); leasing, running and releasing follow in later issues.
+//! the others not); [`place::claim`] makes that choice a lease in one atomic transaction;
+//! [`prepare`] and [`start`] run the job on exactly its devices; [`RunningJob::wait`] waits for
+//! it (or [`orch_exec::Stopper`] stops it) and releases the lease through a guard, so no path
+//! leaves it held.
 //!
 //! Design decision: the plan is a pure function of its inputs (the job spec, the inventory,
 //! the visibility rules' result, the current leases, the environment the job's config names)
-//! plus the policy host, so `orch plan`, `orch run` and the daemon share it, and tests drive it
-//! with a simulated inventory and hand-made leases.
+//! plus the policy host, and the lifecycle is a library, so `orch plan`, `orch run` and the
+//! daemon (`orch serve` and its per-job supervisors) share one path and the CLI only parses and
+//! prints.
 
+pub mod command;
+pub mod place;
 pub mod plan;
+mod runner;
+mod train;
 
+pub use command::{GRACE, ProcessOptions, placed_line};
+pub use place::{LeaseGuard, Machine, PlaceError, claim, claim_until};
 pub use plan::{Plan, PlanError, PlanInput, PlannedDevice, Rejection, plan};
+pub use runner::{Outcome, Placement, Prepared, RunError, RunningJob, prepare, start};

@@ -5,7 +5,6 @@ mod leases;
 mod plan;
 mod plugin;
 mod run;
-mod train;
 
 use crate::cli::{Cli, Command};
 use crate::failure::{CmdResult, Failure};

@@ -18,6 +18,11 @@ fn spec(script: &str, devices: usize, per_device: bool) -> LaunchSpec {
         },
         per_device,
         grace: Duration::from_secs(5),
+        stdio: StdioMode::Inherit,
+        credentials: None,
+        base_env: None,
+        cgroup: None,
+        forward_signals: true,
     }
 }
 

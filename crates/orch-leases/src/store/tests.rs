@@ -82,7 +82,7 @@ fn dead_holders_lose_their_lease_and_live_children_keep_it() {
     let dead_holder = Holder::of_pid(dead.id()).unwrap();
     dead.wait().unwrap();
     let gone = ClaimRequest {
-        holder: dead_holder,
+        holder: dead_holder.clone(),
         ..request("gone", true)
     };
     store.claim(&gone, take(&["GPU-a"])).unwrap();

@@ -1,22 +1,24 @@
-//! `orch run JOB.toml` for a `[train]` job: the Wasm trainer (orch-trainer) on the devices the
-//! lease holds. A simulated GPU computes on the CPU with its memory as the cap, the CPU
-//! inventory is the host CPU, an NVML GPU is the CUDA device with its UUID; the job's
-//! `memory_limit` is the per-device quota of its tensors.
+//! A `[train]` job: the Wasm trainer (orch-trainer) on the devices the lease holds. A simulated
+//! GPU computes on the CPU with its memory as the cap, the CPU inventory is the host CPU, an NVML
+//! GPU is the CUDA device with its UUID; the job's `memory_limit` is the per-device quota.
 
-use crate::failure::{CmdResult, Failure};
+use crate::plan::Plan;
+use crate::runner::RunError;
 use orch_core::ByteSize;
 use orch_core::job::{JobSpec, Work};
 use orch_devices::{Backend, Inventory};
-use orch_runner::Plan;
 use orch_tensor::Device;
-use orch_trainer::{GrantedDevice, Prepared, ProgressMode, RunOptions, TrainError, TrainJob};
+use orch_trainer::{GrantedDevice, Prepared, ProgressMode, RunOptions, TrainJob};
 
 /// Everything the job needs that no device does: the trainer read, compiled and checked, the
 /// data loaded. Done before the lease, so a typo in a path fails at once, not after a wait for
 /// GPUs, and the leased devices do not sit idle while the data loads.
-pub fn prepare(job: &JobSpec, resume: bool) -> Result<Prepared<'_>, Failure> {
+pub(crate) fn prepare(job: &JobSpec, resume: bool) -> Result<Prepared<'_>, RunError> {
     let Work::Train(spec) = &job.work else {
-        return Err(Failure::failed_msg("internal: not a [train] job"));
+        return Err(RunError::BadInput(format!(
+            "{}: --resume is for [train] jobs",
+            job.path.display()
+        )));
     };
     let train_job = TrainJob {
         name: &job.name,
@@ -28,13 +30,16 @@ pub fn prepare(job: &JobSpec, resume: bool) -> Result<Prepared<'_>, Failure> {
         progress: ProgressMode::detect(),
         ..RunOptions::default()
     };
-    Prepared::new(&train_job, &options).map_err(train_failure)
+    Ok(Prepared::new(&train_job, &options)?)
 }
 
-/// Runs the prepared job on the devices of `plan`.
-pub fn run(prepared: Prepared<'_>, job: &JobSpec, plan: &Plan, inventory: &Inventory) -> CmdResult {
-    let devices = plan
-        .chosen
+/// The devices of `plan`, as the trainer opens them.
+pub(crate) fn granted(
+    job: &JobSpec,
+    plan: &Plan,
+    inventory: &Inventory,
+) -> Result<Vec<GrantedDevice>, RunError> {
+    plan.chosen
         .iter()
         .map(|chosen| {
             let device = inventory
@@ -49,7 +54,7 @@ pub fn run(prepared: Prepared<'_>, job: &JobSpec, plan: &Plan, inventory: &Inven
                     // the UUID is the one name both NVML and CUDA agree on.
                     Backend::Nvml => Device::Cuda(
                         orch_devices::cuda::ordinal_of_uuid(&chosen.uuid).map_err(|e| {
-                            Failure::failed_msg(format!(
+                            RunError::Device(format!(
                                 "job {}: cannot open GPU {} for training: {e}",
                                 job.name, chosen.physical_index
                             ))
@@ -62,14 +67,5 @@ pub fn run(prepared: Prepared<'_>, job: &JobSpec, plan: &Plan, inventory: &Inven
                 pool: None,
             })
         })
-        .collect::<Result<Vec<GrantedDevice>, Failure>>()?;
-    prepared.run(&devices).map(drop).map_err(train_failure)
-}
-
-fn train_failure(e: TrainError) -> Failure {
-    if e.is_bad_input() {
-        Failure::bad_input(e)
-    } else {
-        Failure::failed(e)
-    }
+        .collect()
 }

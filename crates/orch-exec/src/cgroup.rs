@@ -1,0 +1,116 @@
+//! A job's own cgroup (v2): every process the job starts stays in it, whatever it does with
+//! process groups and sessions, so orch can tell when the last one ended and end them all at once.
+//!
+//! Where: a child of the cgroup orch itself runs in, on the cgroup2 mount (`/sys/fs/cgroup`, or
+//! `/sys/fs/cgroup/unified` on hybrid systems). Creating one needs write access there: root, or a
+//! delegated subtree (systemd's `Delegate=yes`). Where orch may not create one, the job is tracked
+//! by its process groups instead (see `orch-leases`' holders); nothing fails.
+
+use std::path::{Path, PathBuf};
+
+/// The cgroup of one job; removed (after its processes are gone) when dropped.
+#[derive(Debug)]
+pub struct JobCgroup {
+    path: PathBuf,
+}
+
+impl JobCgroup {
+    /// Creates `orch-job-NAME` under this process's own cgroup, if this machine and these
+    /// permissions allow it.
+    pub fn create(name: &str) -> Option<JobCgroup> {
+        let root = mount_point()?;
+        let own = own_cgroup()?;
+        let safe: String = name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' })
+            .collect();
+        let path = root.join(own.trim_start_matches('/')).join(format!("orch-job-{safe}"));
+        match std::fs::create_dir(&path) {
+            Ok(()) => Some(JobCgroup { path }),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Some(JobCgroup { path }),
+            Err(e) => {
+                tracing::debug!("no cgroup for job {name} ({}): {e}", path.display());
+                None
+            }
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for JobCgroup {
+    fn drop(&mut self) {
+        // Fails while a process is left, which the launcher has already ended; harmless then.
+        let _ = std::fs::remove_dir(&self.path);
+    }
+}
+
+/// Kills every process in the cgroup (`cgroup.kill`, Linux 5.14+; else SIGKILL one by one).
+pub fn kill(dir: &Path) {
+    if std::fs::write(dir.join("cgroup.kill"), "1").is_err() {
+        signal_all(dir, libc::SIGKILL);
+    }
+}
+
+/// Sends `signal` to every process in the cgroup.
+pub fn signal_all(dir: &Path, signal: i32) {
+    let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) else {
+        return;
+    };
+    for pid in text.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+        // SAFETY: kill(2) on a process of the job's own cgroup.
+        unsafe {
+            libc::kill(pid, signal);
+        }
+    }
+}
+
+/// Where the cgroup2 hierarchy is mounted, from `/proc/self/mountinfo`.
+fn mount_point() -> Option<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    text.lines().find_map(|line| {
+        let (before, after) = line.split_once(" - ")?;
+        let fstype = after.split_whitespace().next()?;
+        let point = before.split_whitespace().nth(4)?;
+        (fstype == "cgroup2").then(|| PathBuf::from(point))
+    })
+}
+
+/// This process's cgroup on the v2 hierarchy (`0::/path` in `/proc/self/cgroup`).
+fn own_cgroup() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix("0::").map(str::to_string))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_cgroup_holds_its_processes_until_they_end() {
+        let Some(cgroup) = JobCgroup::create(&format!("test-{}", std::process::id())) else {
+            // Not root, or no cgroup2 mount: the process-group fallback is tested elsewhere.
+            assert!(
+                std::env::var_os("ORCH_REQUIRE_CGROUP").is_none(),
+                "ORCH_REQUIRE_CGROUP is set but no cgroup could be created"
+            );
+            return;
+        };
+        let procs = cgroup.path().join("cgroup.procs");
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", &format!("echo 0 > {} && exec sleep 30", procs.display())])
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !orch_core::process::cgroup_populated(cgroup.path()) {
+            assert!(std::time::Instant::now() < deadline, "the child never joined");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        kill(cgroup.path());
+        child.wait().unwrap();
+        assert!(!orch_core::process::cgroup_populated(cgroup.path()));
+    }
+}

@@ -1,0 +1,161 @@
+//! A `[command]` job's launch: the environment its processes get and the memory watch.
+
+use crate::plan::Plan;
+use orch_core::ByteSize;
+use orch_core::job::{CommandSpec, JobSpec, Launch};
+use orch_devices::{Backend, Inventory};
+use orch_exec::{AssignedDevice, JobEnv, LaunchSpec, MemoryWatch, Monitor, ProcessMemory, Verdict};
+use orch_leases::Lease;
+use std::time::Duration;
+
+/// Between SIGTERM and SIGKILL when a job's processes are stopped.
+pub const GRACE: Duration = Duration::from_secs(10);
+
+/// How the job's processes run, beyond what the job file says.
+#[derive(Debug, Clone)]
+pub struct ProcessOptions {
+    pub stdio: orch_exec::StdioMode,
+    pub credentials: Option<orch_exec::Credentials>,
+    /// The environment to start from (the daemon passes its client's); `None`: orch's own.
+    pub base_env: Option<Vec<(String, String)>>,
+    /// The working folder; `None`: the job file's folder.
+    pub cwd: Option<std::path::PathBuf>,
+    /// Forward the signals orch receives to the job (`orch run`).
+    pub forward_signals: bool,
+    pub grace: Duration,
+}
+
+impl Default for ProcessOptions {
+    fn default() -> Self {
+        ProcessOptions {
+            stdio: orch_exec::StdioMode::Inherit,
+            credentials: None,
+            base_env: None,
+            cwd: None,
+            forward_signals: true,
+            grace: GRACE,
+        }
+    }
+}
+
+pub(crate) fn launch_spec(
+    job: &JobSpec,
+    command: &CommandSpec,
+    lease: &Lease,
+    plan: &Plan,
+    inventory: &Inventory,
+    options: &ProcessOptions,
+    cgroup: Option<std::path::PathBuf>,
+) -> LaunchSpec {
+    LaunchSpec {
+        argv: command.argv.clone(),
+        // A job file's command runs in the job's folder, where its relative paths resolve.
+        cwd: Some(options.cwd.clone().unwrap_or_else(|| job.dir.clone())),
+        job: job_env(job, command, lease, plan, inventory),
+        per_device: command.launch == Launch::PerDevice,
+        grace: options.grace,
+        stdio: options.stdio.clone(),
+        credentials: options.credentials.clone(),
+        base_env: options.base_env.clone(),
+        cgroup,
+        forward_signals: options.forward_signals,
+    }
+}
+
+fn job_env(
+    job: &JobSpec,
+    command: &CommandSpec,
+    lease: &Lease,
+    plan: &Plan,
+    inventory: &Inventory,
+) -> JobEnv {
+    let assigned = plan
+        .chosen
+        .iter()
+        .map(|chosen| {
+            let device = inventory
+                .devices
+                .iter()
+                .find(|d| d.index == chosen.physical_index);
+            // The kind comes from the inventory: NVML and simulated GPUs are named to CUDA by
+            // UUID; the CPU device is no CUDA device at all.
+            let is_gpu = inventory.backend != Backend::Cpu;
+            AssignedDevice {
+                cuda_id: if is_gpu {
+                    chosen.uuid.clone()
+                } else {
+                    String::new()
+                },
+                memory_total_bytes: device.and_then(|d| d.memory_total_bytes),
+            }
+        })
+        .collect();
+    JobEnv {
+        job_id: lease.id.clone(),
+        devices: assigned,
+        memory_limit_bytes: job.resources.memory_limit.map(ByteSize::bytes),
+        exclusive: job.resources.exclusive,
+        extra: command.env.clone(),
+    }
+}
+
+/// On real GPUs with a `memory_limit`, watches the job's processes' memory (NVML's per-process
+/// readings) every two seconds: an excess is reported, and with `enforce_memory_limit` the job is
+/// stopped. Simulated and CPU devices have no per-process readings to watch.
+pub(crate) fn memory_monitor(job: &JobSpec, plan: &Plan, backend: Backend) -> Option<Monitor> {
+    let limit = job.resources.memory_limit?.bytes();
+    if backend != Backend::Nvml {
+        return None;
+    }
+    let devices = plan.chosen.iter().map(|d| d.uuid.clone()).collect();
+    let mut watch = MemoryWatch::new(devices, limit, job.resources.enforce_memory_limit);
+    Some(Monitor {
+        interval: Duration::from_secs(2),
+        check: Box::new(move |pids| {
+            let Ok(devices) = orch_devices::nvml::read() else {
+                return Verdict::Continue;
+            };
+            let readings: Vec<ProcessMemory> = devices
+                .iter()
+                .flat_map(|d| {
+                    d.processes.iter().flatten().filter_map(|p| {
+                        Some(ProcessMemory {
+                            device_uuid: d.uuid.clone(),
+                            pid: p.pid,
+                            used_bytes: p.used_memory_bytes?,
+                        })
+                    })
+                })
+                .collect();
+            watch.check(pids, &readings)
+        }),
+    })
+}
+
+/// The line `orch run` prints once the job holds its devices.
+pub fn placed_line(job: &JobSpec, lease: &Lease, plan: &Plan, inventory: &Inventory) -> String {
+    let kind = if inventory.backend == Backend::Cpu {
+        "device"
+    } else {
+        "GPU"
+    };
+    let devices: Vec<String> = plan
+        .chosen
+        .iter()
+        .map(|d| {
+            format!(
+                "{kind} {} ({})",
+                d.physical_index,
+                d.uuid.chars().take(12).collect::<String>()
+            )
+        })
+        .collect();
+    format!(
+        "job {}: lease {} on {} by {}: {}",
+        job.name,
+        lease.id,
+        devices.join(", "),
+        plan.policy,
+        plan.reason
+    )
+}

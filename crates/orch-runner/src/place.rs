@@ -1,0 +1,195 @@
+//! Plan and claim in one lease transaction, and the guard that releases the lease.
+
+use crate::plan::{Plan, PlanError, PlanInput};
+use orch_core::{ByteSize, JobSpec};
+use orch_devices::{Inventory, Visibility};
+use orch_host::PolicyHost;
+use orch_leases::{ClaimError, ClaimRequest, Holder, Lease, LeaseError, LeaseStore};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Why a job holds no lease.
+#[derive(Debug, thiserror::Error)]
+pub enum PlaceError {
+    /// The job file asks for the impossible or names an unusable policy (exit 2).
+    #[error(transparent)]
+    BadInput(PlanError),
+    /// Nothing fits now: the policy's refusal, or a conflict with a lease taken meanwhile.
+    #[error("{0}")]
+    NoFit(String),
+    /// The policy failed (a trap, a wrong answer).
+    #[error(transparent)]
+    Policy(PlanError),
+    #[error(transparent)]
+    Store(#[from] LeaseError),
+    #[error("gave up waiting after {waited:?}: {reason}")]
+    GaveUp { waited: Duration, reason: String },
+}
+
+/// What placement needs of the machine.
+pub struct Machine<'a> {
+    pub inventory: &'a Inventory,
+    pub visibility: &'a Visibility,
+    /// Reads the environment variables a policy's config names (`var`).
+    pub env: &'a dyn Fn(&str) -> Option<String>,
+}
+
+impl std::fmt::Debug for Machine<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Machine")
+            .field("devices", &self.inventory.devices.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A lease, released when dropped (or by [`LeaseGuard::release`]): no path leaves it held.
+#[derive(Debug)]
+pub struct LeaseGuard {
+    state_dir: PathBuf,
+    lease: Lease,
+    released: bool,
+}
+
+impl LeaseGuard {
+    pub fn new(state_dir: PathBuf, lease: Lease) -> LeaseGuard {
+        LeaseGuard {
+            state_dir,
+            lease,
+            released: false,
+        }
+    }
+
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// Adds a holder (a process of the job) to the lease.
+    pub fn add_holder(&self, holder: Holder) {
+        let result = LeaseStore::open(&self.state_dir)
+            .and_then(|mut store| store.add_holder(&self.lease.id, holder.clone()));
+        if let Err(e) = result {
+            tracing::warn!(
+                "could not record pid {} as a holder of lease {}: {e}",
+                holder.pid,
+                self.lease.id
+            );
+        }
+    }
+
+    /// Releases the lease now.
+    pub fn release(mut self) {
+        self.release_once();
+    }
+
+    /// Keeps the lease held past this guard (a supervisor that releases it takes over).
+    pub fn keep(mut self) -> Lease {
+        self.released = true;
+        self.lease.clone()
+    }
+
+    fn release_once(&mut self) {
+        if std::mem::replace(&mut self.released, true) {
+            return;
+        }
+        let result = LeaseStore::open(&self.state_dir).and_then(|mut s| s.release(&self.lease.id));
+        if let Err(e) = result {
+            tracing::warn!(
+                "could not release lease {}: {e} (the next orch reclaims it once the job's processes are gone)",
+                self.lease.id
+            );
+        }
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        self.release_once();
+    }
+}
+
+/// One attempt: plan and claim in one transaction of `store`.
+pub fn claim(
+    store: &mut LeaseStore,
+    host: &mut PolicyHost,
+    job: &JobSpec,
+    machine: &Machine<'_>,
+    holder: Holder,
+) -> Result<(Lease, Plan), PlaceError> {
+    let request = ClaimRequest {
+        job_name: job.name.clone(),
+        exclusive: job.resources.exclusive,
+        memory_reserved_bytes: job.resources.memory_limit.map_or(0, ByteSize::bytes),
+        holder,
+    };
+    let mut planned: Option<Plan> = None;
+    let claimed = store.claim(&request, |leases| {
+        let input = PlanInput {
+            job,
+            devices: &machine.inventory.devices,
+            visibility: machine.visibility,
+            leases,
+        };
+        let plan = crate::plan(input, host, machine.env)?;
+        let uuids = plan.chosen.iter().map(|d| d.uuid.clone()).collect();
+        planned = Some(plan);
+        Ok::<_, PlanError>(uuids)
+    });
+    match claimed {
+        Ok(lease) => match planned {
+            Some(plan) => Ok((lease, plan)),
+            None => Err(PlaceError::NoFit("the plan was lost".into())),
+        },
+        Err(ClaimError::Choose(e)) if e.is_bad_input() => Err(PlaceError::BadInput(e)),
+        Err(ClaimError::Choose(e)) if is_no_fit(&e) => Err(PlaceError::NoFit(e.to_string())),
+        Err(ClaimError::Choose(e)) => Err(PlaceError::Policy(e)),
+        Err(ClaimError::Store(e)) => Err(PlaceError::Store(e)),
+        Err(conflict @ ClaimError::Conflict { .. }) => Err(PlaceError::NoFit(conflict.to_string())),
+    }
+}
+
+/// Claims, and with `wait` retries (backing off, saying why once per new reason) until a fit
+/// appears or the deadline passes.
+pub fn claim_until(
+    store: &mut LeaseStore,
+    host: &mut PolicyHost,
+    job: &JobSpec,
+    machine: &Machine<'_>,
+    wait: Option<Instant>,
+) -> Result<(Lease, Plan), PlaceError> {
+    let started = Instant::now();
+    let mut delay = Duration::from_millis(50);
+    let mut last_reason = String::new();
+    loop {
+        let reason = match claim(store, host, job, machine, Holder::current()) {
+            Err(PlaceError::NoFit(reason)) => reason,
+            other => return other,
+        };
+        let Some(deadline) = wait else {
+            return Err(PlaceError::NoFit(reason));
+        };
+        if Instant::now() + delay > deadline {
+            return Err(PlaceError::GaveUp {
+                waited: started.elapsed(),
+                reason,
+            });
+        }
+        if reason != last_reason {
+            tracing::info!("waiting: {reason}");
+            last_reason = reason;
+        }
+        std::thread::sleep(delay + jitter());
+        delay = (delay * 3 / 2).min(Duration::from_secs(2));
+    }
+}
+
+fn is_no_fit(e: &PlanError) -> bool {
+    matches!(e, PlanError::Policy(p) if p.refusal().is_some_and(|(kind, _)| kind == orch_host::RefusalKind::NoFit))
+}
+
+/// Up to 50 ms, different in every process, so waiters do not retry in lockstep.
+fn jitter() -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    Duration::from_millis(u64::from((nanos ^ std::process::id()) % 50))
+}

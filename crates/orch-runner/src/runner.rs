@@ -1,0 +1,200 @@
+//! The job lifecycle as a library: prepare → place (lease) → start → wait or stop → release.
+//! `orch run` drives it in one process; the daemon places jobs itself and hands each to a
+//! supervisor process that starts and waits on it.
+
+use crate::command::{ProcessOptions, launch_spec, memory_monitor};
+use crate::place::{LeaseGuard, PlaceError};
+use crate::plan::Plan;
+use orch_core::job::{CommandSpec, JobSpec, Work};
+use orch_devices::Inventory;
+use orch_exec::{ExecError, ExitOutcome, JobCgroup, Launched, Monitor, Stopper};
+use orch_leases::Holder;
+use orch_trainer::{GrantedDevice, Summary, TrainError};
+
+/// Why a job could not run (its own failure is an [`Outcome`], not an error).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Place(#[from] PlaceError),
+    #[error(transparent)]
+    Train(#[from] TrainError),
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+    #[error("{0}")]
+    Device(String),
+    #[error("{0}")]
+    BadInput(String),
+}
+
+impl RunError {
+    /// The user's input is at fault (exit 2), not the machine or the job.
+    pub fn is_bad_input(&self) -> bool {
+        match self {
+            RunError::Place(PlaceError::BadInput(_)) | RunError::BadInput(_) => true,
+            RunError::Train(e) => e.is_bad_input(),
+            RunError::Exec(ExecError::EmptyCommand) => true,
+            _ => false,
+        }
+    }
+}
+
+/// What a job runs once it holds its lease, made ready before the lease is taken.
+#[derive(Debug)]
+pub enum Prepared<'a> {
+    Command(CommandSpec),
+    Train(Box<orch_trainer::Prepared<'a>>),
+}
+
+/// Reads what the job needs before any device is leased: a trainer is read, compiled and
+/// checked and its data loaded, so bad input fails at once and leased devices never wait.
+pub fn prepare(job: &JobSpec, resume: bool) -> Result<Prepared<'_>, RunError> {
+    match &job.work {
+        Work::Command(_) if resume => Err(RunError::BadInput(format!(
+            "{}: --resume is for [train] jobs",
+            job.path.display()
+        ))),
+        Work::Command(command) => Ok(Prepared::Command(command.clone())),
+        Work::Train(_) => Ok(Prepared::Train(Box::new(crate::train::prepare(job, resume)?))),
+    }
+}
+
+/// A placed job: its lease (released when this is dropped) and the plan that chose it.
+#[derive(Debug)]
+pub struct Placement {
+    pub lease: LeaseGuard,
+    pub plan: Plan,
+}
+
+/// How a job ended.
+#[derive(Debug)]
+pub enum Outcome {
+    Command(ExitOutcome),
+    Train(Summary),
+}
+
+impl Outcome {
+    pub fn success(&self) -> bool {
+        match self {
+            Outcome::Command(exit) => exit.success(),
+            Outcome::Train(_) => true,
+        }
+    }
+
+    /// The exit status a process reporting this job should end with.
+    pub fn code(&self) -> u8 {
+        match self {
+            Outcome::Command(exit) => exit.code(),
+            Outcome::Train(_) => 0,
+        }
+    }
+}
+
+/// A started job. Dropping it without [`RunningJob::wait`] still releases the lease.
+#[derive(Debug)]
+pub struct RunningJob<'a> {
+    placement: Placement,
+    work: Running<'a>,
+}
+
+#[derive(Debug)]
+enum Running<'a> {
+    Command {
+        launched: Launched,
+        monitor: Option<Monitor>,
+        // Kept until the job's processes are gone; removed on drop.
+        cgroup: Option<JobCgroup>,
+    },
+    Train {
+        prepared: Box<orch_trainer::Prepared<'a>>,
+        devices: Vec<GrantedDevice>,
+    },
+}
+
+/// Starts the prepared job on its placement. Every process of a command job is recorded as a
+/// holder of the lease, with its process group and, where orch may create one, the job's own
+/// cgroup: the lease lives as long as any process of the job, whatever happens to orch.
+pub fn start<'a>(
+    job: &JobSpec,
+    prepared: Prepared<'a>,
+    placement: Placement,
+    inventory: &Inventory,
+    options: &ProcessOptions,
+) -> Result<RunningJob<'a>, RunError> {
+    let work = match prepared {
+        Prepared::Command(command) => {
+            let lease = placement.lease.lease();
+            let cgroup = JobCgroup::create(&lease.id);
+            let cgroup_path = cgroup.as_ref().map(|c| c.path().to_path_buf());
+            let spec = launch_spec(
+                job,
+                &command,
+                lease,
+                &placement.plan,
+                inventory,
+                options,
+                cgroup_path.clone(),
+            );
+            let launched = orch_exec::start(&spec, |pid| {
+                if let Some(holder) = Holder::of_group_leader(pid) {
+                    placement
+                        .lease
+                        .add_holder(holder.with_cgroup(cgroup_path.clone()));
+                }
+            })?;
+            Running::Command {
+                launched,
+                monitor: memory_monitor(job, &placement.plan, inventory.backend),
+                cgroup,
+            }
+        }
+        Prepared::Train(prepared) => Running::Train {
+            devices: crate::train::granted(job, &placement.plan, inventory)?,
+            prepared,
+        },
+    };
+    Ok(RunningJob { placement, work })
+}
+
+impl RunningJob<'_> {
+    /// Stops a command job from another thread (a cancel, a time limit). Trainers run in this
+    /// process and stop with it.
+    pub fn stopper(&self) -> Option<Stopper> {
+        match &self.work {
+            Running::Command { launched, .. } => Some(launched.stopper()),
+            Running::Train { .. } => None,
+        }
+    }
+
+    /// The process groups of a command job's processes.
+    pub fn process_groups(&self) -> Vec<u32> {
+        match &self.work {
+            Running::Command { launched, .. } => launched.process_groups(),
+            Running::Train { .. } => Vec::new(),
+        }
+    }
+
+    pub fn plan(&self) -> &Plan {
+        &self.placement.plan
+    }
+
+    /// Runs the job to its end and releases the lease once nothing of it is left.
+    pub fn wait(self) -> Result<Outcome, RunError> {
+        let RunningJob { placement, work } = self;
+        let outcome = match work {
+            Running::Command {
+                launched,
+                monitor,
+                cgroup,
+            } => {
+                let exit = launched.wait(monitor);
+                drop(cgroup);
+                Ok(Outcome::Command(exit))
+            }
+            Running::Train { prepared, devices } => {
+                prepared.run(&devices).map(Outcome::Train).map_err(RunError::from)
+            }
+        };
+        placement.lease.release();
+        outcome
+    }
+}
