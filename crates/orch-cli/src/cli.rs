@@ -35,6 +35,87 @@ pub enum Command {
     Run(RunArgs),
     /// Work with plugin components.
     Plugin(PluginArgs),
+    /// The daemon: owns this machine's devices, queues jobs and runs each as its user.
+    Serve(ServeArgs),
+    /// Submit a job to the daemon; prints its id.
+    Submit(SubmitArgs),
+    /// List your jobs on the daemon (queued and running; --all for finished ones too).
+    Jobs(JobsArgs),
+    /// One job's state, devices and reason.
+    Status(JobIdArgs),
+    /// Cancel a queued or running job (its whole process tree ends, its devices are freed).
+    Cancel(JobIdArgs),
+    /// A job's output (stdout; --stderr for the other).
+    Logs(LogsArgs),
+    /// Wait for a job to end; exit with its status.
+    Wait(JobIdArgs),
+    /// The daemon's per-job supervisor (started by `orch serve`, not by hand).
+    #[command(name = "__supervise", hide = true)]
+    Supervise {
+        dir: std::path::PathBuf,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// The tenants and limits (serve.toml); without it, serve the user who starts the daemon.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<std::path::PathBuf>,
+    /// The socket to listen on (default: $ORCH_STATE_DIR/orch.sock, /run/orch/orch.sock for root,
+    /// else $XDG_RUNTIME_DIR/orch.sock).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:\n  orch submit job.toml\n  orch submit --gpus 2 -- python train.py")]
+pub struct SubmitArgs {
+    /// The job file; omit it and give the command after `--` for the quick form.
+    #[arg(value_name = "JOB.toml", conflicts_with_all = ["gpus", "policy", "tenant"])]
+    pub job: Option<std::path::PathBuf>,
+    /// Quick form: how many devices.
+    #[arg(long, value_name = "N")]
+    pub gpus: Option<u32>,
+    /// Quick form: the placement policy.
+    #[arg(long, value_name = "P")]
+    pub policy: Option<String>,
+    /// Quick form: the tenant, when you belong to several.
+    #[arg(long, value_name = "NAME")]
+    pub tenant: Option<String>,
+    /// Quick form: the command and its arguments.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct JobsArgs {
+    /// Finished jobs too.
+    #[arg(long)]
+    pub all: bool,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct JobIdArgs {
+    /// The job id `orch submit` printed.
+    pub id: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct LogsArgs {
+    /// The job id.
+    pub id: String,
+    /// Keep printing as the job writes, until it ends.
+    #[arg(long, short)]
+    pub follow: bool,
+    /// The job's stderr instead of its stdout.
+    #[arg(long)]
+    pub stderr: bool,
 }
 
 #[derive(Debug, clap::Args)]

@@ -3,6 +3,7 @@
 //! lives here and nowhere below.
 
 mod cli;
+mod client;
 mod commands;
 mod failure;
 mod table;
@@ -26,7 +27,7 @@ fn main() -> ExitCode {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(
-            "warn,orch=info,orch_devices=info,orch_leases=info,orch_exec=info,orch_runner=info,orch_host=info",
+            "warn,orch=info,orch_devices=info,orch_leases=info,orch_exec=info,orch_runner=info,orch_host=info,orch_serve=info",
         ));
     tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -12,7 +12,7 @@ const SCHEMA_VERSION: i64 = 1;
 const BUSY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A placement: one job holding devices.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Lease {
     pub id: String,
     pub job_name: String,

@@ -23,7 +23,7 @@ pub struct PlanInput<'a> {
 }
 
 /// The policy's choice.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Plan {
     pub job: String,
     /// The policy's name (built-in name or file name).
@@ -37,7 +37,7 @@ pub struct Plan {
     pub hidden: usize,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PlannedDevice {
     /// CUDA index among the visible devices.
     pub index: u32,
@@ -49,7 +49,7 @@ pub struct PlannedDevice {
     pub utilization_gpu: Option<u32>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Rejection {
     pub index: u32,
     pub physical_index: u32,

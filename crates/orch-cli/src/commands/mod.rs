@@ -1,10 +1,12 @@
 //! One module per command.
 
 mod devices;
+mod jobs;
 mod leases;
 mod plan;
 mod plugin;
 mod run;
+mod serve;
 
 use crate::cli::{Cli, Command};
 use crate::failure::{CmdResult, Failure};
@@ -18,6 +20,14 @@ pub fn dispatch(cli: Cli) -> CmdResult {
         Command::Plan(args) => plan::run(&spec, &args),
         Command::Run(args) => run::run(&spec, &args),
         Command::Plugin(args) => plugin::run(&args),
+        Command::Serve(args) => serve::run(&cli.devices, &args),
+        Command::Submit(args) => jobs::submit(&args),
+        Command::Jobs(args) => jobs::list(&args),
+        Command::Status(args) => jobs::status(&args),
+        Command::Cancel(args) => jobs::cancel(&args),
+        Command::Logs(args) => jobs::logs(&args),
+        Command::Wait(args) => jobs::wait(&args),
+        Command::Supervise { dir } => serve::supervise(&dir),
     }
 }
 

@@ -1,0 +1,234 @@
+//! The daemon's client commands: `orch submit`, `jobs`, `status`, `cancel`, `logs`, `wait`.
+
+use crate::cli::{JobIdArgs, JobsArgs, LogsArgs, SubmitArgs};
+use crate::client::{Client, answer_failure};
+use crate::failure::{CmdResult, Failure};
+use crate::table;
+use hyper::{Method, StatusCode};
+use orch_serve::{JobRow, State, SubmitRequest, SubmitResponse};
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+pub fn submit(args: &SubmitArgs) -> CmdResult {
+    let cwd = std::env::current_dir().map_err(Failure::failed)?;
+    let (job_text, job_path) = match &args.job {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                Failure::bad_input_msg(format!("cannot read {}: {e}", path.display()))
+            })?;
+            (text, std::path::absolute(path).map_err(Failure::failed)?)
+        }
+        None => (quick_job_text(args)?, cwd.join("command line")),
+    };
+    let request = SubmitRequest {
+        job_text,
+        job_path: job_path.display().to_string(),
+        cwd: cwd.display().to_string(),
+        env: std::env::vars().collect(),
+    };
+    let body = serde_json::to_vec(&request).map_err(Failure::failed)?;
+    let client = Client::from_env()?;
+    let (status, answer) = client.call(Method::POST, "/v1/jobs", Some(body))?;
+    if status != StatusCode::CREATED {
+        return Err(answer_failure(status, &answer));
+    }
+    let created: SubmitResponse = serde_json::from_slice(&answer).map_err(Failure::failed)?;
+    println!("{}", created.id);
+    Ok(())
+}
+
+/// The quick form as a job file: what `orch run --gpus N -- CMD` would run.
+fn quick_job_text(args: &SubmitArgs) -> Result<String, Failure> {
+    let Some(program) = args.command.first() else {
+        return Err(Failure::bad_input_msg(
+            "orch submit needs a job file or a command: orch submit JOB.toml, or orch submit --gpus N -- CMD ARGS",
+        ));
+    };
+    let gpus = args.gpus.unwrap_or(1);
+    if gpus == 0 {
+        return Err(Failure::bad_input_msg("--gpus must be at least 1"));
+    }
+    let quote = |s: &str| toml::Value::String(s.to_string()).to_string();
+    let name = std::path::Path::new(program)
+        .file_name()
+        .map_or_else(|| program.clone(), |n| n.to_string_lossy().into_owned());
+    let argv: Vec<String> = args.command.iter().map(|a| quote(a)).collect();
+    let mut text = format!("[job]\nname = {}\n", quote(&name));
+    if let Some(t) = &args.tenant {
+        text.push_str(&format!("tenant = {}\n", quote(t)));
+    }
+    text.push_str(&format!("[resources]\ngpus = {gpus}\n"));
+    if let Some(p) = &args.policy {
+        text.push_str(&format!("[policy]\nplugin = {}\n", quote(p)));
+    }
+    text.push_str(&format!("[command]\nargv = [{}]\n", argv.join(", ")));
+    Ok(text)
+}
+
+pub fn list(args: &JobsArgs) -> CmdResult {
+    let client = Client::from_env()?;
+    let path = if args.all { "/v1/jobs?all=true" } else { "/v1/jobs" };
+    let (status, body) = client.call(Method::GET, path, None)?;
+    if status != StatusCode::OK {
+        return Err(answer_failure(status, &body));
+    }
+    if args.json {
+        println!("{}", String::from_utf8_lossy(&body));
+        return Ok(());
+    }
+    let jobs: Vec<JobRow> = serde_json::from_slice(&body).map_err(Failure::failed)?;
+    let now = orch_serve::db::now_ms();
+    let rows: Vec<Vec<String>> = jobs
+        .iter()
+        .map(|j| {
+            vec![
+                j.id.clone(),
+                j.name.clone(),
+                j.tenant.clone(),
+                j.user.clone(),
+                j.state.as_str().to_string(),
+                j.gpus.to_string(),
+                age(now.saturating_sub(j.submitted_at_ms)),
+                j.reason.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table::render(
+            &["ID", "NAME", "TENANT", "USER", "STATE", "GPUS", "AGE", "REASON"],
+            &rows
+        )
+    );
+    Ok(())
+}
+
+fn age(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m", s / 60),
+        3600..=86399 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{}h", s / 86400, s % 86400 / 3600),
+    }
+}
+
+fn fetch(client: &Client, id: &str) -> Result<JobRow, Failure> {
+    let (status, body) = client.call(Method::GET, &format!("/v1/jobs/{}", encode(id)), None)?;
+    if status != StatusCode::OK {
+        return Err(answer_failure(status, &body));
+    }
+    serde_json::from_slice(&body).map_err(Failure::failed)
+}
+
+/// Job ids are numbers; anything else is sent escaped and gets its 404.
+fn encode(id: &str) -> String {
+    id.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+pub fn status(args: &JobIdArgs) -> CmdResult {
+    let client = Client::from_env()?;
+    let job = fetch(&client, &args.id)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&job).map_err(Failure::failed)?);
+        return Ok(());
+    }
+    let mut lines = vec![
+        ("job", format!("{} ({})", job.id, job.name)),
+        ("tenant", format!("{} (user {})", job.tenant, job.user)),
+        ("state", job.state.as_str().to_string()),
+        ("gpus", job.gpus.to_string()),
+    ];
+    if !job.devices.is_empty() {
+        lines.push(("devices", job.devices.join(", ")));
+    }
+    if let Some(code) = job.exit_code {
+        lines.push(("exit status", code.to_string()));
+    }
+    if let Some(reason) = &job.reason {
+        lines.push(("reason", reason.clone()));
+    }
+    for (key, value) in lines {
+        println!("{key:<12} {value}");
+    }
+    Ok(())
+}
+
+pub fn cancel(args: &JobIdArgs) -> CmdResult {
+    let client = Client::from_env()?;
+    let (status, body) = client.call(
+        Method::POST,
+        &format!("/v1/jobs/{}/cancel", encode(&args.id)),
+        None,
+    )?;
+    match status {
+        StatusCode::OK => println!("job {} cancelled", args.id),
+        StatusCode::ACCEPTED => println!("job {} is being stopped", args.id),
+        _ => return Err(answer_failure(status, &body)),
+    }
+    Ok(())
+}
+
+pub fn logs(args: &LogsArgs) -> CmdResult {
+    let client = Client::from_env()?;
+    let stream = if args.stderr { "stderr" } else { "stdout" };
+    let path = format!(
+        "/v1/jobs/{}/logs?stream={stream}{}",
+        encode(&args.id),
+        if args.follow { "&follow=true" } else { "" }
+    );
+    let mut out = std::io::stdout().lock();
+    let mut error_body = Vec::new();
+    let status = client.stream(Method::GET, &path, None, |chunk| {
+        error_body.extend_from_slice(&chunk[..chunk.len().min(4096 - error_body.len().min(4096))]);
+        out.write_all(chunk)?;
+        out.flush()
+    });
+    let status = status?;
+    if status != StatusCode::OK {
+        return Err(answer_failure(status, &error_body));
+    }
+    Ok(())
+}
+
+/// Waits for the job to end; exits with its status (0 succeeded, its exit code when it failed
+/// with one, 1 otherwise).
+pub fn wait(args: &JobIdArgs) -> CmdResult {
+    let client = Client::from_env()?;
+    let mut delay = Duration::from_millis(20);
+    let started = Instant::now();
+    loop {
+        let job = fetch(&client, &args.id)?;
+        if job.state.is_final() {
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&job).map_err(Failure::failed)?);
+            }
+            return match job.state {
+                State::Succeeded => Ok(()),
+                state => Err(Failure {
+                    code: job.exit_code.filter(|c| *c > 0).map_or(1, |c| (c & 0xff) as u8),
+                    error: anyhow::anyhow!(
+                        "job {} {}{}",
+                        job.id,
+                        state.as_str(),
+                        job.reason.map(|r| format!(": {r}")).unwrap_or_default()
+                    ),
+                }),
+            };
+        }
+        std::thread::sleep(delay);
+        delay = (delay * 2).min(if started.elapsed() < Duration::from_secs(10) {
+            Duration::from_millis(200)
+        } else {
+            Duration::from_secs(1)
+        });
+    }
+}

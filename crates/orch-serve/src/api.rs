@@ -1,0 +1,381 @@
+//! HTTP + JSON under `/v1`, as DESIGN.md fixes it. Errors are `{"error": "one sentence"}` with
+//! the status that fits (400 bad job file, 403, 404, 409 wrong state, 429 over a queue limit).
+
+use crate::db::{JobRow, State, Submission, now_ms};
+use crate::engine::{Kick, Shared, lock};
+use crate::users::Identity;
+use axum::extract::{Extension, Path, Query, State as AxState};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// The body of `POST /v1/jobs`: the job file's text and where it was, the client's working
+/// folder and environment (as `sbatch` passes them by default).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SubmitRequest {
+    pub job_text: String,
+    /// The job file's absolute path (relative paths in it resolve against its folder); for a
+    /// quick-form job, a file name in the working folder.
+    pub job_path: String,
+    pub cwd: String,
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SubmitResponse {
+    pub id: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+}
+
+/// A tenant as `GET /v1/tenants` shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TenantRow {
+    pub name: String,
+    pub share: f64,
+    pub max_gpus: Option<u32>,
+    pub max_queued: Option<u32>,
+    pub gpus_held: u32,
+    pub jobs_queued: u32,
+    pub jobs_running: u32,
+}
+
+/// Who is asking, from the socket's peer credentials.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub identity: Identity,
+    pub tenants: Vec<String>,
+    pub admin: bool,
+    /// Set when this daemon does not serve the caller at all: the sentence to answer with.
+    pub refused: Option<String>,
+}
+
+#[derive(Debug)]
+pub struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(ErrorBody { error: self.1 })).into_response()
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+fn err(status: StatusCode, message: impl Into<String>) -> ApiError {
+    ApiError(status, message.into())
+}
+
+fn internal(e: impl std::fmt::Display) -> ApiError {
+    tracing::error!("{e}");
+    err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+}
+
+/// Largest request body accepted (a job file and an environment).
+pub const BODY_LIMIT: usize = 1 << 20;
+
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/jobs", post(submit).get(list))
+        .route("/v1/jobs/{id}", get(status))
+        .route("/v1/jobs/{id}/cancel", post(cancel))
+        .route("/v1/jobs/{id}/logs", get(logs))
+        .route("/v1/devices", get(devices))
+        .route("/v1/tenants", get(tenants))
+        .fallback(|| async { err(StatusCode::NOT_FOUND, "no such endpoint: see docs/SERVE.md for the API") })
+        .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(shared)
+}
+
+fn admitted(caller: &Caller) -> ApiResult<()> {
+    match &caller.refused {
+        Some(why) => Err(err(StatusCode::FORBIDDEN, why.clone())),
+        None => Ok(()),
+    }
+}
+
+async fn submit(
+    AxState(shared): AxState<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    body: axum::body::Bytes,
+) -> ApiResult<(StatusCode, Json<SubmitResponse>)> {
+    admitted(&caller)?;
+    let request: SubmitRequest = serde_json::from_slice(&body).map_err(|e| {
+        err(StatusCode::BAD_REQUEST, format!("the request body is not a job submission: {e}"))
+    })?;
+    let spec = orch_core::job::parse(std::path::Path::new(&request.job_path), &request.job_text)
+        .map_err(|e| err(StatusCode::BAD_REQUEST, e.to_string()))?;
+    if matches!(spec.work, orch_core::job::Work::Train(_)) {
+        return Err(err(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "{}: the daemon runs [command] jobs; run a [train] job with `orch run`, or submit a command job whose argv is [\"orch\", \"run\", \"JOB.toml\"]",
+                request.job_path
+            ),
+        ));
+    }
+    if spec.resources.gpus as usize > shared.visible_devices {
+        return Err(err(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "{}: gpus = {} is more than the {} device(s) this daemon places on",
+                spec.resources.gpus_at, spec.resources.gpus, shared.visible_devices
+            ),
+        ));
+    }
+    let tenant = match &spec.tenant {
+        Some(t) if caller.tenants.contains(t) || (caller.admin && shared.config.tenant(t).is_some()) => t.clone(),
+        Some(t) => {
+            return Err(err(
+                StatusCode::FORBIDDEN,
+                format!("{}: user {} is not in tenant \"{t}\"", request.job_path, caller.identity.name),
+            ));
+        }
+        None => caller.tenants.first().cloned().ok_or_else(|| {
+            err(
+                StatusCode::FORBIDDEN,
+                format!("user {} is in no tenant of this daemon; ask its admin to add them", caller.identity.name),
+            )
+        })?,
+    };
+    let max_queued = shared.config.tenant(&tenant).and_then(|t| t.max_queued);
+    if let Some(max) = max_queued {
+        let queued = shared
+            .db
+            .jobs(&[State::Queued], u32::MAX)
+            .map_err(internal)?
+            .iter()
+            .filter(|j| j.tenant == tenant)
+            .count();
+        if queued >= max as usize {
+            return Err(err(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("tenant {tenant} has {queued} jobs queued, its max_queued = {max}: wait for some to start"),
+            ));
+        }
+    }
+    let row = JobRow {
+        id: String::new(),
+        name: spec.name.clone(),
+        tenant,
+        user: caller.identity.name.clone(),
+        uid: caller.identity.uid,
+        state: State::Queued,
+        gpus: spec.resources.gpus,
+        priority: spec.priority,
+        requeue: spec.requeue,
+        submitted_at_ms: now_ms(),
+        started_at_ms: None,
+        ended_at_ms: None,
+        exit_code: None,
+        reason: None,
+        lease_id: None,
+        devices: Vec::new(),
+        attempt: 0,
+    };
+    let submission = Submission {
+        job_text: request.job_text,
+        job_path: request.job_path,
+        cwd: request.cwd,
+        env: request.env,
+        identity: caller.identity.clone(),
+    };
+    let id = shared
+        .db
+        .write(move |tx| crate::db::insert_job(tx, &row, &submission))
+        .await
+        .map_err(internal)?;
+    shared.kick(Kick::Submitted(id));
+    Ok((StatusCode::CREATED, Json(SubmitResponse { id: id.to_string() })))
+}
+
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    #[serde(default)]
+    all: bool,
+}
+
+/// Most jobs one listing returns.
+const LIST_LIMIT: u32 = 10_000;
+
+async fn list(
+    AxState(shared): AxState<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Query(q): Query<ListQuery>,
+) -> ApiResult<Json<Vec<JobRow>>> {
+    admitted(&caller)?;
+    let states: &[State] = if q.all { &[] } else { &[State::Queued, State::Running] };
+    let rows = shared.db.jobs(states, LIST_LIMIT).map_err(internal)?;
+    let reasons = lock(&shared.reasons).clone();
+    Ok(Json(
+        rows.into_iter()
+            .filter(|r| visible_to(&caller, r))
+            .map(|r| with_reason(r, &reasons))
+            .collect(),
+    ))
+}
+
+fn visible_to(caller: &Caller, row: &JobRow) -> bool {
+    caller.admin || caller.tenants.contains(&row.tenant)
+}
+
+fn with_reason(mut row: JobRow, reasons: &std::collections::HashMap<i64, String>) -> JobRow {
+    if row.state == State::Queued
+        && let Some(why) = row.id.parse().ok().and_then(|id: i64| reasons.get(&id))
+    {
+        row.reason = Some(why.clone());
+    }
+    row
+}
+
+/// The job, if it exists and the caller may see it; 404 alike otherwise, so that another
+/// tenant's jobs are not revealed.
+fn find(shared: &Shared, caller: &Caller, id: &str) -> ApiResult<(i64, JobRow)> {
+    admitted(caller)?;
+    let not_found = || err(StatusCode::NOT_FOUND, format!("no job {id} (orch jobs --all lists yours)"));
+    let n: i64 = id.parse().map_err(|_| not_found())?;
+    match shared.db.job(n).map_err(internal)? {
+        Some(row) if visible_to(caller, &row) => Ok((n, row)),
+        _ => Err(not_found()),
+    }
+}
+
+async fn status(
+    AxState(shared): AxState<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<JobRow>> {
+    let (_, row) = find(&shared, &caller, &id)?;
+    let reasons = lock(&shared.reasons).clone();
+    Ok(Json(with_reason(row, &reasons)))
+}
+
+async fn cancel(
+    AxState(shared): AxState<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<(StatusCode, Json<JobRow>)> {
+    let (n, row) = find(&shared, &caller, &id)?;
+    match row.state {
+        State::Queued => {
+            let change = crate::db::Change {
+                state: Some(State::Cancelled),
+                ended_at_ms: Some(now_ms()),
+                reason: Some(format!("cancelled by {}", caller.identity.name)),
+                only_if: Some(State::Queued),
+                ..Default::default()
+            };
+            let changed = shared
+                .db
+                .write(move |tx| crate::db::apply(tx, n, &change))
+                .await
+                .map_err(internal)?;
+            if changed == 1 {
+                shared.kick(Kick::Dequeued(n));
+                let row = shared.db.job(n).map_err(internal)?.unwrap_or(row);
+                return Ok((StatusCode::OK, Json(row)));
+            }
+            // It started meanwhile: stop it.
+            shared.kick(Kick::Cancel(n));
+            Ok((StatusCode::ACCEPTED, Json(row)))
+        }
+        State::Running => {
+            shared.kick(Kick::Cancel(n));
+            Ok((StatusCode::ACCEPTED, Json(row)))
+        }
+        other => Err(err(
+            StatusCode::CONFLICT,
+            format!("job {id} has already ended ({})", other.as_str()),
+        )),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct LogsQuery {
+    #[serde(default)]
+    follow: bool,
+    #[serde(default)]
+    stream: Option<String>,
+}
+
+async fn logs(
+    AxState(shared): AxState<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    Query(q): Query<LogsQuery>,
+) -> ApiResult<Response> {
+    let (n, row) = find(&shared, &caller, &id)?;
+    let name = match q.stream.as_deref() {
+        None | Some("stdout") => "stdout",
+        Some("stderr") => "stderr",
+        Some(other) => {
+            return Err(err(StatusCode::BAD_REQUEST, format!("stream={other}: give stdout or stderr")));
+        }
+    };
+    let file = shared.job_dir(n, row.attempt.max(1)).join(name);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(8);
+    let follow = q.follow;
+    tokio::spawn(crate::logs::pump(shared.clone(), n, file, follow, tx));
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    Ok(Response::builder()
+        .header("content-type", "text/plain; charset=utf-8")
+        .body(axum::body::Body::from_stream(stream))
+        .map_err(internal)?)
+}
+
+async fn devices(
+    AxState(shared): AxState<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+) -> ApiResult<Json<serde_json::Value>> {
+    admitted(&caller)?;
+    let spec = shared.devices.clone();
+    let inventory = tokio::task::spawn_blocking(move || {
+        spec.parse::<orch_devices::InventorySpec>()
+            .and_then(|s| orch_devices::Inventory::load(&s))
+    })
+    .await
+    .map_err(internal)?
+    .map_err(internal)?;
+    Ok(Json(serde_json::to_value(&inventory.devices).map_err(internal)?))
+}
+
+async fn tenants(
+    AxState(shared): AxState<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+) -> ApiResult<Json<Vec<TenantRow>>> {
+    admitted(&caller)?;
+    let active = shared
+        .db
+        .jobs(&[State::Queued, State::Running], u32::MAX)
+        .map_err(internal)?;
+    Ok(Json(
+        shared
+            .config
+            .tenants
+            .iter()
+            .filter(|t| caller.admin || caller.tenants.contains(&t.name))
+            .map(|t| {
+                let mine = active.iter().filter(|j| j.tenant == t.name);
+                let running: Vec<&JobRow> =
+                    mine.clone().filter(|j| j.state == State::Running).collect();
+                TenantRow {
+                    name: t.name.clone(),
+                    share: t.share,
+                    max_gpus: t.max_gpus,
+                    max_queued: t.max_queued,
+                    gpus_held: running.iter().map(|j| j.gpus).sum(),
+                    jobs_queued: mine.filter(|j| j.state == State::Queued).count() as u32,
+                    jobs_running: running.len() as u32,
+                }
+            })
+            .collect(),
+    ))
+}

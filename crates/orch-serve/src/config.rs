@@ -1,0 +1,260 @@
+//! `serve.toml`: who the daemon serves and within which limits. No file: the user who started
+//! the daemon, alone, as one tenant.
+
+use crate::users::Identity;
+use orch_core::InputError;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The daemon's configuration, validated.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where it came from (`None`: the single-tenant default).
+    pub path: Option<PathBuf>,
+    pub admins: Vec<String>,
+    pub queue_policy: String,
+    pub usage_half_life: Duration,
+    /// How long finished jobs and their logs are kept.
+    pub retention: Duration,
+    pub tenants: Vec<Tenant>,
+}
+
+/// A named group of users sharing limits.
+#[derive(Debug, Clone)]
+pub struct Tenant {
+    pub name: String,
+    pub users: Vec<String>,
+    pub groups: Vec<String>,
+    pub share: f64,
+    pub max_gpus: Option<u32>,
+    pub max_queued: Option<u32>,
+    pub max_runtime: Option<Duration>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    listen: Option<String>,
+    #[serde(default)]
+    admins: Vec<String>,
+    queue_policy: Option<String>,
+    usage_half_life: Option<String>,
+    retention: Option<String>,
+    #[serde(default)]
+    tenant: Vec<RawTenant>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTenant {
+    name: String,
+    #[serde(default)]
+    users: Vec<String>,
+    #[serde(default)]
+    groups: Vec<String>,
+    #[serde(default)]
+    tokens: Vec<String>,
+    share: Option<f64>,
+    max_gpus: Option<u32>,
+    max_queued: Option<u32>,
+    max_runtime: Option<String>,
+    idle_timeout: Option<String>,
+}
+
+const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 86400);
+
+impl Config {
+    /// One tenant, `user`, with no limits: `orch serve` with no config.
+    pub fn single_user(user: &str) -> Config {
+        Config {
+            path: None,
+            admins: vec![user.to_string()],
+            queue_policy: "fifo".into(),
+            usage_half_life: Duration::from_secs(7 * 86400),
+            retention: DEFAULT_RETENTION,
+            tenants: vec![Tenant {
+                name: user.to_string(),
+                users: vec![user.to_string()],
+                groups: Vec::new(),
+                share: 1.0,
+                max_gpus: None,
+                max_queued: None,
+                max_runtime: None,
+            }],
+        }
+    }
+
+    pub fn read(path: &Path) -> Result<Config, InputError> {
+        let text = std::fs::read_to_string(path).map_err(|e| InputError {
+            location: orch_core::Location {
+                file: path.to_path_buf(),
+                line: 0,
+                column: 0,
+            },
+            message: format!("cannot read the daemon's config: {e}"),
+            hint: Some("give --config FILE, or leave it out to serve yourself alone".into()),
+        })?;
+        Config::parse(path, &text)
+    }
+
+    pub fn parse(path: &Path, text: &str) -> Result<Config, InputError> {
+        let raw: RawConfig =
+            toml::from_str(text).map_err(|e| InputError::from_toml(path, text, &e))?;
+        let at = |needle: &str, message: String, hint: &str| {
+            let offset = text.find(needle).unwrap_or(0);
+            InputError::at(path, text, offset, message).with_hint(hint)
+        };
+        let duration = |key: &str, value: &Option<String>| -> Result<Option<Duration>, InputError> {
+            match value {
+                None => Ok(None),
+                Some(v) => orch_core::job::parse_duration(v).map(Some).ok_or_else(|| {
+                    at(
+                        key,
+                        format!("{key} = \"{v}\" is not a duration"),
+                        "give a positive duration such as \"90m\", \"12h\" or \"7d\"",
+                    )
+                }),
+            }
+        };
+        if raw.listen.is_some() {
+            return Err(at(
+                "listen",
+                "listen: this orch serves its Unix socket only; the TCP listener with tokens is not built yet".into(),
+                "remove listen, and reach the daemon through its socket",
+            ));
+        }
+        let mut tenants = Vec::new();
+        for t in &raw.tenant {
+            if t.name.trim().is_empty() {
+                return Err(at("[[tenant]]", "a tenant has an empty name".into(), "name every tenant"));
+            }
+            if tenants.iter().any(|o: &Tenant| o.name == t.name) {
+                return Err(at(
+                    &format!("\"{}\"", t.name),
+                    format!("tenant \"{}\" is listed twice", t.name),
+                    "give each tenant one [[tenant]] table",
+                ));
+            }
+            if t.users.is_empty() && t.groups.is_empty() {
+                return Err(at(
+                    &format!("\"{}\"", t.name),
+                    format!("tenant \"{}\" has no users and no groups", t.name),
+                    "add users = [\"alice\"] or groups = [\"vision-lab\"]",
+                ));
+            }
+            if !t.tokens.is_empty() {
+                tracing::warn!(
+                    "tenant {}: tokens are for the TCP listener, which this orch does not serve yet",
+                    t.name
+                );
+            }
+            if t.share.is_some_and(|s| !(s > 0.0 && s.is_finite())) {
+                return Err(at(
+                    "share",
+                    format!("tenant \"{}\": share must be a positive number", t.name),
+                    "give a weight such as share = 2",
+                ));
+            }
+            let _ = duration("idle_timeout", &t.idle_timeout)?;
+            tenants.push(Tenant {
+                name: t.name.clone(),
+                users: t.users.clone(),
+                groups: t.groups.clone(),
+                share: t.share.unwrap_or(1.0),
+                max_gpus: t.max_gpus,
+                max_queued: t.max_queued,
+                max_runtime: duration("max_runtime", &t.max_runtime)?,
+            });
+        }
+        if tenants.is_empty() {
+            return Err(InputError::at(path, text, 0, "the config lists no [[tenant]]")
+                .with_hint("add a [[tenant]] with name and users (docs/SERVE.md has an example)"));
+        }
+        let queue_policy = raw.queue_policy.unwrap_or_else(|| "fifo".into());
+        if queue_policy != "fifo" {
+            return Err(at(
+                "queue_policy",
+                format!("queue_policy = \"{queue_policy}\": this orch orders its queue first in, first out (with backfill) only"),
+                "use queue_policy = \"fifo\", or leave it out",
+            ));
+        }
+        Ok(Config {
+            path: Some(path.to_path_buf()),
+            admins: raw.admins,
+            queue_policy,
+            usage_half_life: duration("usage_half_life", &raw.usage_half_life)?
+                .unwrap_or(Duration::from_secs(7 * 86400)),
+            retention: duration("retention", &raw.retention)?.unwrap_or(DEFAULT_RETENTION),
+            tenants,
+        })
+    }
+
+    /// The tenants `who` belongs to (by user name, then by group).
+    pub fn tenants_of(&self, who: &Identity) -> Vec<&Tenant> {
+        let groups = who.group_names();
+        self.tenants
+            .iter()
+            .filter(|t| {
+                t.users.iter().any(|u| u == &who.name)
+                    || t.groups.iter().any(|g| groups.contains(g))
+            })
+            .collect()
+    }
+
+    pub fn is_admin(&self, who: &Identity) -> bool {
+        self.admins.iter().any(|a| a == &who.name)
+    }
+
+    pub fn tenant(&self, name: &str) -> Option<&Tenant> {
+        self.tenants.iter().find(|t| t.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, String> {
+        Config::parse(Path::new("serve.toml"), text).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn two_tenants() {
+        let c = parse(
+            r#"
+admins = ["root"]
+[[tenant]]
+name = "vision"
+users = ["alice", "bob"]
+share = 2
+max_gpus = 6
+max_queued = 200
+max_runtime = "72h"
+[[tenant]]
+name = "nlp"
+groups = ["nlp-lab"]
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.tenants.len(), 2);
+        assert_eq!(c.tenants[0].max_runtime, Some(Duration::from_secs(72 * 3600)));
+        let alice = Identity {
+            uid: 1000,
+            gid: 1000,
+            name: "alice".into(),
+            groups: vec![],
+        };
+        assert_eq!(c.tenants_of(&alice)[0].name, "vision");
+    }
+
+    #[test]
+    fn mistakes_name_their_place() {
+        let e = parse("[[tenant]]\nname = \"a\"\nusers = [\"x\"]\nshare = -1\n").unwrap_err();
+        assert!(e.contains("serve.toml:4") && e.contains("share"), "{e}");
+        let e = parse("[[tenant]]\nname = \"a\"\nuser = [\"x\"]\n").unwrap_err();
+        assert!(e.contains("serve.toml:3") && e.contains("unknown field"), "{e}");
+        let e = parse("[[tenant]]\nname = \"a\"\n").unwrap_err();
+        assert!(e.contains("no users"), "{e}");
+    }
+}

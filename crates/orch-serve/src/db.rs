@@ -1,0 +1,453 @@
+//! The daemon's durable state: one SQLite file (WAL) with a row per job. Every state change is
+//! committed (and fsynced, `synchronous = FULL`) before the daemon answers or acts on it.
+//!
+//! Design decision: one writer thread owns the write connection and commits whatever writes are
+//! waiting in one transaction (group commit): 32 clients submitting at once cost one fsync, not
+//! 32, so durability does not cap throughput. Reads use a connection of their own; WAL lets them
+//! run beside the writer.
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use std::sync::{Mutex, mpsc};
+
+/// A job's state (DESIGN.md: `queued -> running -> succeeded | failed | cancelled`, and `lost`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+    Lost,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Queued => "queued",
+            State::Running => "running",
+            State::Succeeded => "succeeded",
+            State::Failed => "failed",
+            State::Cancelled => "cancelled",
+            State::Lost => "lost",
+        }
+    }
+
+    fn parse(text: &str) -> State {
+        match text {
+            "queued" => State::Queued,
+            "running" => State::Running,
+            "succeeded" => State::Succeeded,
+            "failed" => State::Failed,
+            "cancelled" => State::Cancelled,
+            _ => State::Lost,
+        }
+    }
+
+    pub fn is_final(self) -> bool {
+        !matches!(self, State::Queued | State::Running)
+    }
+}
+
+/// What a client sent: everything needed to start the job later, as the client would have.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Submission {
+    pub job_text: String,
+    pub job_path: String,
+    pub cwd: String,
+    pub env: Vec<(String, String)>,
+    pub identity: crate::users::Identity,
+}
+
+/// A job as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobRow {
+    pub id: String,
+    pub name: String,
+    pub tenant: String,
+    pub user: String,
+    pub uid: u32,
+    pub state: State,
+    pub gpus: u32,
+    pub priority: i64,
+    pub requeue: bool,
+    pub submitted_at_ms: u64,
+    pub started_at_ms: Option<u64>,
+    pub ended_at_ms: Option<u64>,
+    pub exit_code: Option<i32>,
+    /// Why it is in its state: waiting for what, how it ended.
+    pub reason: Option<String>,
+    pub lease_id: Option<String>,
+    /// Device uuids, while running and after.
+    pub devices: Vec<String>,
+    /// 1 for the first run, more after requeues.
+    pub attempt: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the job database failed while {op}: {reason}")]
+pub struct DbError {
+    pub op: &'static str,
+    pub reason: String,
+}
+
+fn db(op: &'static str) -> impl FnOnce(rusqlite::Error) -> DbError {
+    move |e| DbError {
+        op,
+        reason: e.to_string(),
+    }
+}
+
+type WriteFn = Box<dyn FnOnce(&rusqlite::Transaction<'_>) -> Result<i64, DbError> + Send>;
+
+struct WriteRequest {
+    op: WriteFn,
+    reply: tokio::sync::oneshot::Sender<Result<i64, DbError>>,
+}
+
+/// The job database.
+pub struct Db {
+    writer: mpsc::Sender<WriteRequest>,
+    reader: Mutex<Connection>,
+}
+
+impl std::fmt::Debug for Db {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Db").finish_non_exhaustive()
+    }
+}
+
+const COLUMNS: &str = "id, name, tenant, user, uid, state, gpus, priority, requeue, submitted_at_ms,
+    started_at_ms, ended_at_ms, exit_code, reason, lease_id, devices, attempt";
+
+impl Db {
+    pub fn open(dir: &Path) -> Result<Db, DbError> {
+        let path = dir.join("jobs.sqlite3");
+        let open = |_: ()| -> Result<Connection, DbError> {
+            let conn = Connection::open(&path).map_err(db("opening"))?;
+            conn.busy_timeout(std::time::Duration::from_secs(30))
+                .map_err(db("opening"))?;
+            conn.pragma_update(None, "journal_mode", "WAL")
+                .map_err(db("opening"))?;
+            conn.pragma_update(None, "synchronous", "FULL")
+                .map_err(db("opening"))?;
+            Ok(conn)
+        };
+        let writer_conn = open(())?;
+        writer_conn
+            .execute_batch(
+                "CREATE TABLE IF NOT EXISTS jobs (
+                    id INTEGER PRIMARY KEY AUTOINCREMENT,
+                    name TEXT NOT NULL, tenant TEXT NOT NULL, user TEXT NOT NULL,
+                    uid INTEGER NOT NULL, state TEXT NOT NULL, gpus INTEGER NOT NULL,
+                    priority INTEGER NOT NULL, requeue INTEGER NOT NULL,
+                    submitted_at_ms INTEGER NOT NULL, started_at_ms INTEGER,
+                    ended_at_ms INTEGER, exit_code INTEGER, reason TEXT, lease_id TEXT,
+                    devices TEXT NOT NULL DEFAULT '[]', attempt INTEGER NOT NULL DEFAULT 0,
+                    supervisor TEXT, submission TEXT NOT NULL
+                 );
+                 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state);",
+            )
+            .map_err(db("creating the schema"))?;
+        let reader = open(())?;
+        let (writer, requests) = mpsc::channel::<WriteRequest>();
+        std::thread::Builder::new()
+            .name("orch-db-writer".into())
+            .spawn(move || write_loop(writer_conn, requests))
+            .map_err(|e| DbError {
+                op: "starting the writer",
+                reason: e.to_string(),
+            })?;
+        Ok(Db {
+            writer,
+            reader: Mutex::new(reader),
+        })
+    }
+
+    /// Runs `op` in a committed transaction (batched with other writes waiting at the time).
+    pub async fn write(
+        &self,
+        op: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<i64, DbError> + Send + 'static,
+    ) -> Result<i64, DbError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.writer
+            .send(WriteRequest {
+                op: Box::new(op),
+                reply,
+            })
+            .map_err(|_| DbError {
+                op: "writing",
+                reason: "the writer thread is gone".into(),
+            })?;
+        answer.await.map_err(|_| DbError {
+            op: "writing",
+            reason: "the writer thread is gone".into(),
+        })?
+    }
+
+    /// The same, from a thread outside the async runtime.
+    pub fn write_blocking(
+        &self,
+        op: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<i64, DbError> + Send + 'static,
+    ) -> Result<i64, DbError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.writer
+            .send(WriteRequest {
+                op: Box::new(op),
+                reply,
+            })
+            .map_err(|_| DbError {
+                op: "writing",
+                reason: "the writer thread is gone".into(),
+            })?;
+        answer.blocking_recv().map_err(|_| DbError {
+            op: "writing",
+            reason: "the writer thread is gone".into(),
+        })?
+    }
+
+    fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T, DbError>) -> Result<T, DbError> {
+        let conn = self
+            .reader
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(&conn)
+    }
+
+    pub fn job(&self, id: i64) -> Result<Option<JobRow>, DbError> {
+        self.read(|c| {
+            c.query_row(
+                &format!("SELECT {COLUMNS} FROM jobs WHERE id = ?1"),
+                [id],
+                row_to_job,
+            )
+            .optional()
+            .map_err(db("reading a job"))
+        })
+    }
+
+    /// Jobs in the given states (all when empty), oldest first, at most `limit` of the newest.
+    pub fn jobs(&self, states: &[State], limit: u32) -> Result<Vec<JobRow>, DbError> {
+        self.read(|c| {
+            let filter = if states.is_empty() {
+                String::new()
+            } else {
+                let list: Vec<String> =
+                    states.iter().map(|s| format!("'{}'", s.as_str())).collect();
+                format!("WHERE state IN ({})", list.join(","))
+            };
+            let mut stmt = c
+                .prepare(&format!(
+                    "SELECT * FROM (SELECT {COLUMNS} FROM jobs {filter} ORDER BY id DESC LIMIT ?1) ORDER BY id"
+                ))
+                .map_err(db("listing jobs"))?;
+            let rows = stmt
+                .query_map([limit], row_to_job)
+                .map_err(db("listing jobs"))?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(db("listing jobs"))
+        })
+    }
+
+    /// A job's submission and recorded supervisor.
+    pub fn submission(&self, id: i64) -> Result<Option<(Submission, Option<String>)>, DbError> {
+        self.read(|c| {
+            let row: Option<(String, Option<String>)> = c
+                .query_row(
+                    "SELECT submission, supervisor FROM jobs WHERE id = ?1",
+                    [id],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()
+                .map_err(db("reading a submission"))?;
+            row.map(|(text, sup)| {
+                serde_json::from_str(&text)
+                    .map(|s| (s, sup))
+                    .map_err(|e| DbError {
+                        op: "reading a submission",
+                        reason: e.to_string(),
+                    })
+            })
+            .transpose()
+        })
+    }
+}
+
+fn write_loop(mut conn: Connection, requests: mpsc::Receiver<WriteRequest>) {
+    while let Ok(first) = requests.recv() {
+        let mut batch = vec![first];
+        while batch.len() < 512 {
+            match requests.try_recv() {
+                Ok(more) => batch.push(more),
+                Err(_) => break,
+            }
+        }
+        let tx = match conn.transaction() {
+            Ok(tx) => tx,
+            Err(e) => {
+                for request in batch {
+                    let _ = request.reply.send(Err(db("starting a write")(e.clone_shallow())));
+                }
+                continue;
+            }
+        };
+        let mut results = Vec::with_capacity(batch.len());
+        let mut replies = Vec::with_capacity(batch.len());
+        for (n, request) in batch.into_iter().enumerate() {
+            // Each write in a savepoint of its own: one failing write does not undo the others.
+            let name = format!("w{n}");
+            let _ = tx.execute_batch(&format!("SAVEPOINT {name}"));
+            let result = (request.op)(&tx);
+            let end = if result.is_ok() {
+                format!("RELEASE {name}")
+            } else {
+                format!("ROLLBACK TO {name}; RELEASE {name}")
+            };
+            let _ = tx.execute_batch(&end);
+            results.push(result);
+            replies.push(request.reply);
+        }
+        let committed = tx.commit().map_err(db("committing"));
+        for (reply, result) in replies.into_iter().zip(results) {
+            let _ = reply.send(match &committed {
+                Ok(()) => result,
+                Err(e) => Err(DbError {
+                    op: e.op,
+                    reason: e.reason.clone(),
+                }),
+            });
+        }
+    }
+}
+
+trait CloneShallow {
+    fn clone_shallow(&self) -> rusqlite::Error;
+}
+
+impl CloneShallow for rusqlite::Error {
+    fn clone_shallow(&self) -> rusqlite::Error {
+        rusqlite::Error::InvalidParameterName(self.to_string())
+    }
+}
+
+fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<JobRow> {
+    let opt_u64 = |v: Option<i64>| v.map(|v| u64::try_from(v).unwrap_or(0));
+    Ok(JobRow {
+        id: r.get::<_, i64>(0)?.to_string(),
+        name: r.get(1)?,
+        tenant: r.get(2)?,
+        user: r.get(3)?,
+        uid: r.get(4)?,
+        state: State::parse(&r.get::<_, String>(5)?),
+        gpus: r.get(6)?,
+        priority: r.get(7)?,
+        requeue: r.get(8)?,
+        submitted_at_ms: u64::try_from(r.get::<_, i64>(9)?).unwrap_or(0),
+        started_at_ms: opt_u64(r.get(10)?),
+        ended_at_ms: opt_u64(r.get(11)?),
+        exit_code: r.get(12)?,
+        reason: r.get(13)?,
+        lease_id: r.get(14)?,
+        devices: serde_json::from_str(&r.get::<_, String>(15)?).unwrap_or_default(),
+        attempt: r.get(16)?,
+    })
+}
+
+/// Inserts a new queued job; returns its id.
+pub fn insert_job(
+    tx: &rusqlite::Transaction<'_>,
+    row: &JobRow,
+    submission: &Submission,
+) -> Result<i64, DbError> {
+    let text = serde_json::to_string(submission).map_err(|e| DbError {
+        op: "writing a job",
+        reason: e.to_string(),
+    })?;
+    tx.execute(
+        "INSERT INTO jobs (name, tenant, user, uid, state, gpus, priority, requeue,
+            submitted_at_ms, submission) VALUES (?1, ?2, ?3, ?4, 'queued', ?5, ?6, ?7, ?8, ?9)",
+        params![
+            row.name,
+            row.tenant,
+            row.user,
+            row.uid,
+            row.gpus,
+            row.priority,
+            row.requeue,
+            row.submitted_at_ms as i64,
+            text
+        ],
+    )
+    .map_err(db("writing a job"))?;
+    Ok(tx.last_insert_rowid())
+}
+
+/// Sets a job's state and the fields that go with it.
+#[derive(Debug, Clone, Default)]
+pub struct Change {
+    pub state: Option<State>,
+    pub started_at_ms: Option<u64>,
+    pub ended_at_ms: Option<u64>,
+    pub exit_code: Option<i32>,
+    pub reason: Option<String>,
+    pub lease_id: Option<String>,
+    pub devices: Option<Vec<String>>,
+    pub attempt: Option<u32>,
+    pub supervisor: Option<String>,
+    /// Only when the job is in this state (a cancel racing an end must not overwrite it).
+    pub only_if: Option<State>,
+}
+
+pub fn apply(tx: &rusqlite::Transaction<'_>, id: i64, c: &Change) -> Result<i64, DbError> {
+    let devices = c
+        .devices
+        .as_ref()
+        .map(|d| serde_json::to_string(d).unwrap_or_else(|_| "[]".into()));
+    let n = tx
+        .execute(
+            "UPDATE jobs SET
+                state = COALESCE(?2, state),
+                started_at_ms = COALESCE(?3, started_at_ms),
+                ended_at_ms = COALESCE(?4, ended_at_ms),
+                exit_code = COALESCE(?5, exit_code),
+                reason = CASE WHEN ?6 IS NULL THEN reason WHEN ?6 = '' THEN NULL ELSE ?6 END,
+                lease_id = COALESCE(?7, lease_id),
+                devices = COALESCE(?8, devices),
+                attempt = COALESCE(?9, attempt),
+                supervisor = COALESCE(?10, supervisor)
+             WHERE id = ?1 AND (?11 IS NULL OR state = ?11)",
+            params![
+                id,
+                c.state.map(State::as_str),
+                c.started_at_ms.map(|v| v as i64),
+                c.ended_at_ms.map(|v| v as i64),
+                c.exit_code,
+                c.reason,
+                c.lease_id,
+                devices,
+                c.attempt,
+                c.supervisor,
+                c.only_if.map(State::as_str),
+            ],
+        )
+        .map_err(db("changing a job"))?;
+    Ok(n as i64)
+}
+
+/// Deletes finished jobs that ended before `before_ms`; returns their ids.
+pub fn purge(tx: &rusqlite::Transaction<'_>, before_ms: u64) -> Result<i64, DbError> {
+    let n = tx
+        .execute(
+            "DELETE FROM jobs WHERE state NOT IN ('queued', 'running') AND ended_at_ms < ?1",
+            [before_ms as i64],
+        )
+        .map_err(db("purging old jobs"))?;
+    Ok(n as i64)
+}
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}

@@ -1,0 +1,590 @@
+//! The daemon's engine: one thread that owns the queue, the lease store and the policy host.
+//! It recovers after a crash, places queued jobs (first in, first out, with backfill), starts a
+//! supervisor per job, learns how jobs end, and carries out cancels.
+
+use crate::config::Config;
+use crate::db::{Change, Db, JobRow, State, Submission, now_ms};
+use crate::supervisor::{self, ExitRecord, Fence, SuperviseSpec};
+use orch_core::JobSpec;
+use orch_devices::{Inventory, InventorySpec, Visibility, VisibilityEnv};
+use orch_host::{Limits, PolicyHost};
+use orch_leases::{Holder, LeaseStore};
+use orch_runner::{Machine, PlaceError};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+/// What wakes the engine.
+#[derive(Debug)]
+pub enum Kick {
+    /// A job was committed to the queue.
+    Submitted(i64),
+    /// A running job is to be stopped (its row says so already for a queued one).
+    Cancel(i64),
+    /// A queued job was cancelled in the database: forget it.
+    Dequeued(i64),
+    /// A supervisor process ended.
+    SupervisorExited,
+}
+
+/// What the API and the engine share.
+#[derive(Debug)]
+pub struct Shared {
+    pub db: Db,
+    pub config: Config,
+    pub state_dir: PathBuf,
+    pub devices: String,
+    pub kick: Mutex<mpsc::Sender<Kick>>,
+    /// Why each queued job waits, from the last scheduling pass.
+    pub reasons: Mutex<HashMap<i64, String>>,
+    /// Devices orch may place on (visible to the daemon).
+    pub visible_devices: usize,
+    /// The orch binary, started as `orch __supervise DIR` per job.
+    pub exe: PathBuf,
+    pub root: bool,
+}
+
+impl Shared {
+    pub fn kick(&self, kick: Kick) {
+        let _ = lock(&self.kick).send(kick);
+    }
+
+    pub fn job_dir(&self, id: i64, attempt: u32) -> PathBuf {
+        self.state_dir.join("jobs").join(format!("{id}-{attempt}"))
+    }
+}
+
+struct Queued {
+    row: JobRow,
+    spec: JobSpec,
+    submission: Submission,
+}
+
+struct Running {
+    tenant: String,
+    gpus: u32,
+    attempt: u32,
+    lease_id: String,
+    supervisor: Option<Holder>,
+    requeue: bool,
+    /// When the daemon last saw no supervisor: it is given a moment to write its fence.
+    spawned_at: Instant,
+}
+
+pub struct Engine {
+    shared: Arc<Shared>,
+    kicks: mpsc::Receiver<Kick>,
+    store: LeaseStore,
+    host: PolicyHost,
+    inventory: Inventory,
+    inventory_at: Instant,
+    visibility: Visibility,
+    queue: BTreeMap<i64, Queued>,
+    running: HashMap<i64, Running>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("queued", &self.queue.len())
+            .field("running", &self.running.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// How often the engine looks at running jobs and the queue without being woken.
+const TICK: Duration = Duration::from_millis(100);
+const INVENTORY_MAX_AGE: Duration = Duration::from_secs(1);
+
+impl Engine {
+    pub fn new(
+        shared: Arc<Shared>,
+        kicks: mpsc::Receiver<Kick>,
+        inventory: Inventory,
+    ) -> Result<Engine, String> {
+        let store = LeaseStore::open(&shared.state_dir).map_err(|e| e.to_string())?;
+        let host = PolicyHost::new(Limits::default()).map_err(|e| e.to_string())?;
+        let visibility = Visibility::resolve(&inventory.devices, &VisibilityEnv::from_process());
+        Ok(Engine {
+            shared,
+            kicks,
+            store,
+            host,
+            inventory,
+            inventory_at: Instant::now(),
+            visibility,
+            queue: BTreeMap::new(),
+            running: HashMap::new(),
+        })
+    }
+
+    /// After a crash or a restart: finish what ended meanwhile, adopt what still runs, fence off
+    /// and queue again what never started, mark the rest lost (or queue it with `requeue`).
+    pub fn recover(&mut self) -> Result<(), String> {
+        let shared = Arc::clone(&self.shared);
+        let db = &shared.db;
+        for row in db.jobs(&[State::Running], u32::MAX).map_err(|e| e.to_string())? {
+            let id: i64 = row.id.parse().unwrap_or(0);
+            let dir = self.shared.job_dir(id, row.attempt);
+            if let Some(exit) = supervisor::read_exit(&dir) {
+                self.finish(id, &row.lease_id, exit);
+                continue;
+            }
+            let never_started = supervisor::read_fence(&dir).is_none()
+                && supervisor::take_fence(&dir, &Fence { supervisor: None }).unwrap_or(false);
+            let fence = supervisor::read_fence(&dir);
+            let supervisor = fence.and_then(|f| f.supervisor);
+            match supervisor {
+                Some(holder) if holder.process_alive() => {
+                    tracing::info!("job {id}: adopted again (supervisor pid {})", holder.pid);
+                    self.running.insert(
+                        id,
+                        Running {
+                            tenant: row.tenant.clone(),
+                            gpus: row.gpus,
+                            attempt: row.attempt,
+                            lease_id: row.lease_id.clone().unwrap_or_default(),
+                            supervisor: Some(holder),
+                            requeue: row.requeue,
+                            spawned_at: Instant::now(),
+                        },
+                    );
+                }
+                _ if never_started => {
+                    tracing::info!("job {id}: never started before the daemon stopped; queued again");
+                    self.release(&row.lease_id);
+                    self.write(id, Change {
+                        state: Some(State::Queued),
+                        reason: Some("queued again: the daemon stopped before the job started".into()),
+                        only_if: Some(State::Running),
+                        ..Change::default()
+                    });
+                }
+                _ => self.vanished(id, &row.lease_id, row.requeue),
+            }
+        }
+        for row in db.jobs(&[State::Queued], u32::MAX).map_err(|e| e.to_string())? {
+            self.enqueue(row.id.parse().unwrap_or(0));
+        }
+        Ok(())
+    }
+
+    /// The engine's loop; returns when every sender is gone.
+    pub fn run(mut self) {
+        let mut last_pass = Instant::now() - TICK;
+        loop {
+            let mut changed = false;
+            match self.kicks.recv_timeout(TICK) {
+                Ok(kick) => changed |= self.handle(kick),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+            while let Ok(kick) = self.kicks.try_recv() {
+                changed |= self.handle(kick);
+            }
+            changed |= self.check_running();
+            if changed || last_pass.elapsed() >= Duration::from_secs(1) {
+                self.pass();
+                last_pass = Instant::now();
+            }
+        }
+    }
+
+    fn handle(&mut self, kick: Kick) -> bool {
+        match kick {
+            Kick::Submitted(id) => self.enqueue(id),
+            Kick::Dequeued(id) => {
+                self.queue.remove(&id);
+                lock(&self.shared.reasons).remove(&id);
+            }
+            Kick::Cancel(id) => {
+                if let Some(holder) = self.running.get(&id).and_then(|r| r.supervisor.clone())
+                    && holder.process_alive()
+                {
+                    // SAFETY: kill(2) on the supervisor we verified by pid and start time.
+                    unsafe {
+                        libc::kill(holder.pid as i32, libc::SIGTERM);
+                    }
+                }
+            }
+            Kick::SupervisorExited => {}
+        }
+        true
+    }
+
+    fn enqueue(&mut self, id: i64) {
+        let loaded = self.shared.db.job(id).ok().flatten().zip(
+            self.shared
+                .db
+                .submission(id)
+                .ok()
+                .flatten()
+                .map(|(s, _)| s),
+        );
+        let Some((row, submission)) = loaded else {
+            return;
+        };
+        if row.state != State::Queued {
+            return;
+        }
+        match orch_core::job::parse(Path::new(&submission.job_path), &submission.job_text) {
+            Ok(spec) => {
+                self.queue.insert(
+                    id,
+                    Queued {
+                        row,
+                        spec,
+                        submission,
+                    },
+                );
+            }
+            Err(e) => self.fail(id, e.to_string()),
+        }
+    }
+
+    /// Looks at every running job: an exit record finishes it; a supervisor gone without one
+    /// makes it lost (or queued again).
+    fn check_running(&mut self) -> bool {
+        let mut changed = false;
+        let ids: Vec<i64> = self.running.keys().copied().collect();
+        for id in ids {
+            let Some(job) = self.running.get_mut(&id) else {
+                continue;
+            };
+            let dir = self.shared.job_dir(id, job.attempt);
+            if let Some(exit) = supervisor::read_exit(&dir) {
+                let lease = Some(job.lease_id.clone());
+                self.running.remove(&id);
+                self.finish(id, &lease, exit);
+                changed = true;
+                continue;
+            }
+            if job.supervisor.is_none() {
+                job.supervisor = supervisor::read_fence(&dir).and_then(|f| f.supervisor);
+            }
+            let gone = match &job.supervisor {
+                Some(holder) => !holder.process_alive(),
+                None => job.spawned_at.elapsed() > Duration::from_secs(30),
+            };
+            if gone && supervisor::read_exit(&dir).is_none() {
+                let (lease, requeue) = (Some(job.lease_id.clone()), job.requeue);
+                self.running.remove(&id);
+                self.vanished(id, &lease, requeue);
+                changed = true;
+            }
+        }
+        changed
+    }
+
+    /// One scheduling pass: the queue in order (the seam where a queue policy plugs in), each
+    /// job placed if it fits; a job that does not fit does not block smaller ones behind it.
+    fn pass(&mut self) {
+        if self.queue.is_empty() {
+            return;
+        }
+        self.refresh_inventory();
+        let leases = match self.store.active() {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!("scheduling pass skipped: {e}");
+                return;
+            }
+        };
+        let held: std::collections::HashSet<&str> = leases
+            .iter()
+            .filter(|l| l.exclusive)
+            .flat_map(|l| l.devices.iter().map(String::as_str))
+            .collect();
+        let visible: Vec<&str> = self
+            .visibility
+            .devices
+            .iter()
+            .filter_map(|v| self.inventory.devices.iter().find(|d| d.index == v.physical))
+            .map(|d| d.uuid.as_str())
+            .collect();
+        let mut free = visible.iter().filter(|u| !held.contains(*u)).count() as u32;
+        let mut tenant_gpus: HashMap<String, u32> = HashMap::new();
+        for r in self.running.values() {
+            *tenant_gpus.entry(r.tenant.clone()).or_default() += r.gpus;
+        }
+        let mut reasons = HashMap::new();
+        let order: Vec<i64> = self.queue.keys().copied().collect();
+        for id in order {
+            let Some(job) = self.queue.get(&id) else {
+                continue;
+            };
+            let gpus = job.spec.resources.gpus;
+            if free == 0 && job.spec.resources.exclusive {
+                reasons.insert(id, format!("waiting for {gpus} free device(s); none is free"));
+                continue;
+            }
+            if job.spec.resources.exclusive && gpus > free {
+                reasons.insert(id, format!("waiting for {gpus} free device(s); {free} free"));
+                continue;
+            }
+            if let Some(max) = self
+                .shared
+                .config
+                .tenant(&job.row.tenant)
+                .and_then(|t| t.max_gpus)
+            {
+                let holds = tenant_gpus.get(&job.row.tenant).copied().unwrap_or(0);
+                if holds + gpus > max {
+                    reasons.insert(
+                        id,
+                        format!(
+                            "tenant {} holds {holds} device(s) of its max_gpus = {max}",
+                            job.row.tenant
+                        ),
+                    );
+                    continue;
+                }
+            }
+            match self.place(id) {
+                Ok(true) => {
+                    free = free.saturating_sub(gpus);
+                    *tenant_gpus.entry(self.tenant_of_running(id)).or_default() += gpus;
+                }
+                Ok(false) => {}
+                Err(reason) => {
+                    reasons.insert(id, reason);
+                }
+            }
+        }
+        *lock(&self.shared.reasons) = reasons;
+    }
+
+    fn tenant_of_running(&self, id: i64) -> String {
+        self.running
+            .get(&id)
+            .map(|r| r.tenant.clone())
+            .unwrap_or_default()
+    }
+
+    /// Claims devices for queued job `id` and starts its supervisor. Ok(true): started;
+    /// Ok(false): it left the queue (failed or cancelled meanwhile); Err: why it waits.
+    fn place(&mut self, id: i64) -> Result<bool, String> {
+        let Some(job) = self.queue.get(&id) else {
+            return Ok(false);
+        };
+        let env_map: HashMap<&str, &str> = job
+            .submission
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let env = |name: &str| env_map.get(name).map(|v| v.to_string());
+        let machine = Machine {
+            inventory: &self.inventory,
+            visibility: &self.visibility,
+            env: &env,
+        };
+        let claimed = orch_runner::claim(
+            &mut self.store,
+            &mut self.host,
+            &job.spec,
+            &machine,
+            Holder::current(),
+        );
+        let (lease, plan) = match claimed {
+            Ok(placed) => placed,
+            Err(PlaceError::NoFit(reason)) => return Err(reason),
+            Err(PlaceError::Store(e)) => return Err(format!("the lease store failed: {e}")),
+            Err(e) => {
+                let message = e.to_string();
+                self.queue.remove(&id);
+                self.fail(id, message);
+                return Ok(false);
+            }
+        };
+        let Some(job) = self.queue.remove(&id) else {
+            return Ok(false);
+        };
+        let attempt = job.row.attempt + 1;
+        let started = self.shared.db.write_blocking({
+            let change = Change {
+                state: Some(State::Running),
+                started_at_ms: Some(now_ms()),
+                reason: Some(String::new()),
+                lease_id: Some(lease.id.clone()),
+                devices: Some(lease.devices.clone()),
+                attempt: Some(attempt),
+                only_if: Some(State::Queued),
+                ..Change::default()
+            };
+            move |tx| crate::db::apply(tx, id, &change)
+        });
+        if !matches!(started, Ok(1)) {
+            // Cancelled meanwhile, or the database failed: the devices go back.
+            let _ = self.store.release(&lease.id);
+            if let Err(e) = started {
+                tracing::warn!("job {id}: {e}");
+            }
+            return Ok(false);
+        }
+        let dir = self.shared.job_dir(id, attempt);
+        let max_runtime = job
+            .spec
+            .max_runtime
+            .into_iter()
+            .chain(self.shared.config.tenant(&job.row.tenant).and_then(|t| t.max_runtime))
+            .min();
+        let spec = SuperviseSpec {
+            job_id: id.to_string(),
+            submission: job.submission.clone(),
+            lease: lease.clone(),
+            plan,
+            devices: self.shared.devices.clone(),
+            state_dir: self.shared.state_dir.clone(),
+            switch_user: self.shared.root,
+            max_runtime_s: max_runtime.map(|d| d.as_secs_f64()),
+            grace_s: orch_runner::GRACE.as_secs_f64(),
+        };
+        self.running.insert(
+            id,
+            Running {
+                tenant: job.row.tenant.clone(),
+                gpus: job.spec.resources.gpus,
+                attempt,
+                lease_id: lease.id.clone(),
+                supervisor: None,
+                requeue: job.row.requeue,
+                spawned_at: Instant::now(),
+            },
+        );
+        if let Err(e) = self.spawn_supervisor(&dir, &spec) {
+            // Nothing started: fence the folder so nothing ever will, and fail the job.
+            let _ = supervisor::take_fence(&dir, &Fence { supervisor: None });
+            let _ = supervisor::write_exit(
+                &dir,
+                &ExitRecord {
+                    state: State::Failed,
+                    exit_code: None,
+                    reason: Some(format!("the daemon could not start the job's supervisor: {e}")),
+                    ended_at_ms: now_ms(),
+                },
+            );
+        }
+        Ok(true)
+    }
+
+    fn spawn_supervisor(&self, dir: &Path, spec: &SuperviseSpec) -> std::io::Result<()> {
+        use std::os::unix::fs::DirBuilderExt;
+        use std::os::unix::process::CommandExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        let text = serde_json::to_string(spec).map_err(std::io::Error::other)?;
+        std::fs::write(dir.join("spec.json"), text)?;
+        let log = std::fs::File::create(dir.join("supervisor.log"))?;
+        let mut child = std::process::Command::new(&self.shared.exe)
+            .arg("__supervise")
+            .arg(dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            // Its own group: a Ctrl-C meant for the daemon does not reach the jobs.
+            .process_group(0)
+            .spawn()?;
+        let shared = Arc::clone(&self.shared);
+        std::thread::spawn(move || {
+            let _ = child.wait();
+            shared.kick(Kick::SupervisorExited);
+        });
+        Ok(())
+    }
+
+    fn refresh_inventory(&mut self) {
+        if self.inventory_at.elapsed() < INVENTORY_MAX_AGE {
+            return;
+        }
+        let loaded = self
+            .shared
+            .devices
+            .parse::<InventorySpec>()
+            .and_then(|s| Inventory::load(&s));
+        match loaded {
+            Ok(inventory) => {
+                self.visibility =
+                    Visibility::resolve(&inventory.devices, &VisibilityEnv::from_process());
+                self.inventory = inventory;
+            }
+            Err(e) => tracing::warn!("could not read the devices again, using the last reading: {e}"),
+        }
+        self.inventory_at = Instant::now();
+    }
+
+    fn finish(&mut self, id: i64, lease_id: &Option<String>, exit: ExitRecord) {
+        self.release(lease_id);
+        tracing::info!("job {id}: {}", exit.state.as_str());
+        self.write(
+            id,
+            Change {
+                state: Some(exit.state),
+                ended_at_ms: Some(exit.ended_at_ms),
+                exit_code: exit.exit_code,
+                reason: exit.reason.or(Some(String::new())),
+                only_if: Some(State::Running),
+                ..Change::default()
+            },
+        );
+    }
+
+    fn vanished(&mut self, id: i64, lease_id: &Option<String>, requeue: bool) {
+        self.release(lease_id);
+        if requeue {
+            tracing::warn!("job {id}: its supervisor is gone; queued again (requeue = true)");
+            self.write(id, Change {
+                state: Some(State::Queued),
+                reason: Some("queued again: its processes vanished while no daemon watched (requeue = true)".into()),
+                only_if: Some(State::Running),
+                ..Change::default()
+            });
+            self.enqueue(id);
+        } else {
+            tracing::warn!("job {id}: lost (its supervisor ended without an exit record)");
+            self.write(id, Change {
+                state: Some(State::Lost),
+                ended_at_ms: Some(now_ms()),
+                reason: Some("its processes vanished while no daemon watched them".into()),
+                only_if: Some(State::Running),
+                ..Change::default()
+            });
+        }
+    }
+
+    fn fail(&mut self, id: i64, reason: String) {
+        tracing::info!("job {id}: failed: {reason}");
+        self.write(id, Change {
+            state: Some(State::Failed),
+            ended_at_ms: Some(now_ms()),
+            reason: Some(reason),
+            only_if: Some(State::Queued),
+            ..Change::default()
+        });
+    }
+
+    fn release(&mut self, lease_id: &Option<String>) {
+        if let Some(lease) = lease_id
+            && let Err(e) = self.store.release(lease)
+        {
+            tracing::warn!("could not release lease {lease}: {e}");
+        }
+    }
+
+    fn write(&self, id: i64, change: Change) {
+        if let Err(e) = self
+            .shared
+            .db
+            .write_blocking(move |tx| crate::db::apply(tx, id, &change))
+        {
+            tracing::error!("job {id}: {e}");
+        }
+    }
+}
+
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -1,0 +1,221 @@
+//! The daemon's start-up and its socket: one daemon per state folder (a lock), recovery before
+//! the first request, then HTTP/1.1 over a Unix socket whose peer credentials say who asks.
+
+use crate::api::{Caller, router};
+use crate::config::Config;
+use crate::db::Db;
+use crate::engine::{Engine, Kick, Shared};
+use crate::users::{Identity, current_uid};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tower::Service;
+
+/// How `orch serve` runs.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub state_dir: PathBuf,
+    pub socket: PathBuf,
+    pub config: Config,
+    /// The inventory (`--devices`).
+    pub devices: String,
+    /// The orch binary (started as each job's supervisor).
+    pub exe: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("another orch serve is running on {dir}{pid}: stop it first, or give this one another ORCH_STATE_DIR")]
+    AlreadyRunning { dir: PathBuf, pid: String },
+    #[error("cannot use the state folder {dir}: {reason}")]
+    State { dir: PathBuf, reason: String },
+    #[error("cannot listen on {socket}: {reason}")]
+    Listen { socket: PathBuf, reason: String },
+    #[error("{0}")]
+    Start(String),
+}
+
+/// The default socket: `$ORCH_STATE_DIR/orch.sock` when set; `/run/orch/orch.sock` for root;
+/// `$XDG_RUNTIME_DIR/orch.sock` for a user (else the state folder's).
+pub fn default_socket() -> PathBuf {
+    if let Some(dir) = std::env::var_os("ORCH_STATE_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir).join("orch.sock");
+    }
+    if current_uid() == 0 {
+        return PathBuf::from("/run/orch/orch.sock");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(dir) => PathBuf::from(dir).join("orch.sock"),
+        None => orch_leases::default_state_dir().join("orch.sock"),
+    }
+}
+
+/// Runs the daemon until SIGINT or SIGTERM. Jobs keep running under their supervisors when it
+/// stops; the next start adopts them.
+pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
+    let state = |reason: String| ServeError::State {
+        dir: options.state_dir.clone(),
+        reason,
+    };
+    std::fs::create_dir_all(options.state_dir.join("jobs")).map_err(|e| state(e.to_string()))?;
+    let _ = std::fs::set_permissions(&options.state_dir, std::fs::Permissions::from_mode(0o700));
+    let _lock = lock_state(&options.state_dir)?;
+    let db = Db::open(&options.state_dir).map_err(|e| state(e.to_string()))?;
+    let inventory = options
+        .devices
+        .parse::<orch_devices::InventorySpec>()
+        .and_then(|s| orch_devices::Inventory::load(&s))
+        .map_err(|e| ServeError::Start(format!("--devices {}: {e}", options.devices)))?;
+    let visible = orch_devices::Visibility::resolve(
+        &inventory.devices,
+        &orch_devices::VisibilityEnv::from_process(),
+    )
+    .devices
+    .len();
+    let (kick, kicks) = std::sync::mpsc::channel::<Kick>();
+    let shared = Arc::new(Shared {
+        db,
+        config: options.config.clone(),
+        state_dir: options.state_dir.clone(),
+        devices: options.devices.clone(),
+        kick: Mutex::new(kick),
+        reasons: Mutex::default(),
+        visible_devices: visible,
+        exe: options.exe.clone(),
+        root: current_uid() == 0,
+    });
+    let mut engine = Engine::new(Arc::clone(&shared), kicks, inventory).map_err(ServeError::Start)?;
+    engine.recover().map_err(ServeError::Start)?;
+    std::thread::Builder::new()
+        .name("orch-engine".into())
+        .spawn(move || engine.run())
+        .map_err(|e| ServeError::Start(e.to_string()))?;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ServeError::Start(e.to_string()))?;
+    runtime.block_on(listen(shared, &options.socket))
+}
+
+/// `flock` on `STATE/serve.lock`, held for the daemon's life; the file names the holder's pid.
+fn lock_state(dir: &Path) -> Result<std::fs::File, ServeError> {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+    let path = dir.join("serve.lock");
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| ServeError::State {
+            dir: dir.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let mut pid = String::new();
+        let _ = file.read_to_string(&mut pid);
+        let pid = pid.trim();
+        return Err(ServeError::AlreadyRunning {
+            dir: dir.to_path_buf(),
+            pid: if pid.is_empty() {
+                String::new()
+            } else {
+                format!(" (pid {pid})")
+            },
+        });
+    }
+    let _ = file.set_len(0);
+    let _ = file.rewind();
+    let _ = writeln!(file, "{}", std::process::id());
+    Ok(file)
+}
+
+async fn listen(shared: Arc<Shared>, socket: &Path) -> Result<(), ServeError> {
+    let listen_err = |reason: String| ServeError::Listen {
+        socket: socket.to_path_buf(),
+        reason,
+    };
+    if let Some(parent) = socket.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| listen_err(e.to_string()))?;
+    }
+    // The state lock is held: a socket file left here is a dead daemon's.
+    let _ = std::fs::remove_file(socket);
+    let listener = tokio::net::UnixListener::bind(socket).map_err(|e| listen_err(e.to_string()))?;
+    // Anyone may connect; the peer credentials decide what they may do.
+    let _ = std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o666));
+    tracing::info!("orch serve: listening on {}", socket.display());
+    let app = router(Arc::clone(&shared));
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| ServeError::Start(e.to_string()))?;
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, _) = match accepted {
+                    Ok(pair) => pair,
+                    Err(e) => {
+                        tracing::warn!("accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let caller = match stream.peer_cred() {
+                    Ok(cred) => caller_of(&shared.config, Identity::of_uid(cred.uid(), cred.gid())),
+                    Err(e) => {
+                        tracing::warn!("a connection without peer credentials was dropped: {e}");
+                        continue;
+                    }
+                };
+                tokio::spawn(serve_connection(app.clone(), stream, caller));
+            }
+            _ = tokio::signal::ctrl_c() => break,
+            _ = terminate.recv() => break,
+        }
+    }
+    let _ = std::fs::remove_file(socket);
+    tracing::info!("orch serve: stopped; running jobs continue under their supervisors");
+    Ok(())
+}
+
+/// Time a client has to send its request headers (slow or half-open connections end here).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+async fn serve_connection(app: axum::Router, stream: tokio::net::UnixStream, caller: Caller) {
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+        request.extensions_mut().insert(caller.clone());
+        let mut app = app.clone();
+        async move { app.call(request.map(axum::body::Body::new)).await }
+    });
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .serve_connection(TokioIo::new(stream), service);
+    if let Err(e) = connection.await {
+        tracing::debug!("connection ended: {e}");
+    }
+}
+
+/// Who the caller is to this daemon.
+fn caller_of(config: &Config, identity: Identity) -> Caller {
+    let own = current_uid();
+    let refused = (own != 0 && identity.uid != own).then(|| {
+        format!(
+            "this daemon runs as uid {own} and serves that user alone; start your own `orch serve`, or ask an admin for a machine-wide one (root, with a config)"
+        )
+    });
+    let tenants = config
+        .tenants_of(&identity)
+        .into_iter()
+        .map(|t| t.name.clone())
+        .collect();
+    Caller {
+        admin: config.is_admin(&identity),
+        tenants,
+        identity,
+        refused,
+    }
+}

@@ -1,0 +1,239 @@
+//! The per-job supervisor: a small process the daemon starts for each job (as slurmstepd and
+//! containerd's shims are), which starts the job's processes as its user, waits for them and
+//! writes their exit status to the job's folder. It does not die with the daemon, so a restarted
+//! daemon adopts the job again and still learns how it ended.
+//!
+//! The job folder (`STATE/jobs/ID-ATTEMPT/`, root's alone when the daemon is root):
+//! - `spec.json`: what to run, written by the daemon;
+//! - `started`: the fence, created exclusively by whoever comes first: the supervisor (with its
+//!   pid and start time) or a restarted daemon that found no supervisor (so the job was never
+//!   started, and can never be started twice);
+//! - `stdout`, `stderr`: the job's output;
+//! - `exit.json`: how it ended, written atomically once every process of the job is gone and its
+//!   lease released.
+
+use crate::db::Submission;
+use orch_core::job;
+use orch_devices::{Inventory, InventorySpec};
+use orch_exec::{Credentials, ExitOutcome, StdioMode};
+use orch_leases::{Holder, Lease};
+use orch_runner::{LeaseGuard, Outcome, Placement, Plan, ProcessOptions};
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// What the daemon hands a supervisor.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SuperviseSpec {
+    pub job_id: String,
+    pub submission: Submission,
+    pub lease: Lease,
+    pub plan: Plan,
+    /// The daemon's `--devices`.
+    pub devices: String,
+    /// The lease store's folder.
+    pub state_dir: PathBuf,
+    /// Start the job as the submitting user (the daemon runs as root).
+    pub switch_user: bool,
+    /// The job's time limit, in seconds.
+    pub max_runtime_s: Option<f64>,
+    pub grace_s: f64,
+}
+
+/// How a job ended, as the supervisor records it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ExitRecord {
+    /// `succeeded`, `failed` or `cancelled`.
+    pub state: crate::db::State,
+    pub exit_code: Option<i32>,
+    pub reason: Option<String>,
+    pub ended_at_ms: u64,
+}
+
+pub const CANCELLED: &str = "cancelled";
+pub const TIME_LIMIT: &str = "time limit";
+
+/// Who holds the fence: the supervisor that started the job, or the daemon's recovery.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Fence {
+    /// `None`: fenced by a recovering daemon; the job never started.
+    pub supervisor: Option<Holder>,
+}
+
+/// Creates the fence; false when someone else already did.
+pub fn take_fence(dir: &Path, fence: &Fence) -> std::io::Result<bool> {
+    let path = dir.join("started");
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+    {
+        Ok(mut file) => {
+            file.write_all(serde_json::to_string(fence).unwrap_or_default().as_bytes())?;
+            file.sync_all()?;
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+pub fn read_fence(dir: &Path) -> Option<Fence> {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("started")).ok()?).ok()
+}
+
+pub fn read_exit(dir: &Path) -> Option<ExitRecord> {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("exit.json")).ok()?).ok()
+}
+
+/// Writes `exit.json` atomically (temporary file, fsync, rename, fsync of the folder).
+pub fn write_exit(dir: &Path, record: &ExitRecord) -> std::io::Result<()> {
+    let tmp = dir.join("exit.json.tmp");
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(serde_json::to_string(record).unwrap_or_default().as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, dir.join("exit.json"))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// The supervisor's whole life; returns its exit status.
+pub fn supervise(dir: &Path) -> i32 {
+    let spec: SuperviseSpec = match std::fs::read_to_string(dir.join("spec.json"))
+        .map_err(|e| e.to_string())
+        .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+    {
+        Ok(spec) => spec,
+        Err(e) => {
+            eprintln!("orch supervisor: cannot read {}/spec.json: {e}", dir.display());
+            return 2;
+        }
+    };
+    let me = Fence {
+        supervisor: Some(Holder::current()),
+    };
+    match take_fence(dir, &me) {
+        Ok(true) => {}
+        Ok(false) => {
+            eprintln!("orch supervisor: job {} was fenced off before it started", spec.job_id);
+            return 3;
+        }
+        Err(e) => {
+            eprintln!("orch supervisor: cannot write {}/started: {e}", dir.display());
+            return 2;
+        }
+    }
+    let record = run(dir, &spec);
+    if let Err(e) = write_exit(dir, &record) {
+        eprintln!("orch supervisor: cannot write {}/exit.json: {e}", dir.display());
+        return 1;
+    }
+    0
+}
+
+fn run(dir: &Path, spec: &SuperviseSpec) -> ExitRecord {
+    let failed = |reason: String| ExitRecord {
+        state: crate::db::State::Failed,
+        exit_code: None,
+        reason: Some(reason),
+        ended_at_ms: crate::db::now_ms(),
+    };
+    let lease = LeaseGuard::new(spec.state_dir.clone(), spec.lease.clone());
+    lease.add_holder(Holder::current());
+    let sub = &spec.submission;
+    let job = match job::parse(Path::new(&sub.job_path), &sub.job_text) {
+        Ok(job) => job,
+        Err(e) => return failed(e.to_string()),
+    };
+    let inventory = match spec
+        .devices
+        .parse::<InventorySpec>()
+        .and_then(|s| Inventory::load(&s))
+    {
+        Ok(inventory) => inventory,
+        Err(e) => return failed(format!("cannot read the devices: {e}")),
+    };
+    let prepared = match orch_runner::prepare(&job, false) {
+        Ok(p) => p,
+        Err(e) => return failed(e.to_string()),
+    };
+    let id = &sub.identity;
+    let options = ProcessOptions {
+        stdio: StdioMode::Files {
+            stdout: dir.join("stdout"),
+            stderr: dir.join("stderr"),
+        },
+        credentials: spec.switch_user.then(|| Credentials {
+            uid: id.uid,
+            gid: id.gid,
+            groups: id.groups.clone(),
+        }),
+        base_env: Some(sub.env.clone()),
+        cwd: Some(PathBuf::from(&sub.cwd)),
+        forward_signals: false,
+        grace: Duration::from_secs_f64(spec.grace_s),
+    };
+    let placement = Placement {
+        lease,
+        plan: spec.plan.clone(),
+    };
+    // A cancel is SIGTERM to the supervisor; the handler is in place before the job starts, so
+    // an early cancel waits for it instead of killing the supervisor.
+    let signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ]);
+    let running = match orch_runner::start(&job, prepared, placement, &inventory, &options) {
+        Ok(r) => r,
+        Err(e) => return failed(e.to_string()),
+    };
+    if let Some(stopper) = running.stopper() {
+        if let Ok(mut signals) = signals {
+            let stopper = stopper.clone();
+            std::thread::spawn(move || {
+                if signals.forever().next().is_some() {
+                    stopper.stop(CANCELLED);
+                }
+            });
+        }
+        if let Some(limit) = spec.max_runtime_s {
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_secs_f64(limit));
+                stopper.stop(TIME_LIMIT);
+            });
+        }
+    }
+    match running.wait() {
+        Ok(outcome) => record_of(&outcome),
+        Err(e) => failed(e.to_string()),
+    }
+}
+
+fn record_of(outcome: &Outcome) -> ExitRecord {
+    use crate::db::State;
+    let (state, exit_code, reason) = match outcome {
+        Outcome::Command(ExitOutcome::Exited(0)) | Outcome::Train(_) => {
+            (State::Succeeded, Some(0), None)
+        }
+        Outcome::Command(ExitOutcome::Exited(code)) => {
+            (State::Failed, Some(*code), Some(format!("exit status {code}")))
+        }
+        Outcome::Command(ExitOutcome::Signaled(signal)) => (
+            State::Failed,
+            Some(128 + signal),
+            Some(format!("killed by signal {signal}")),
+        ),
+        Outcome::Command(ExitOutcome::Stopped(reason)) if reason == CANCELLED => {
+            (State::Cancelled, None, Some("cancelled".into()))
+        }
+        Outcome::Command(ExitOutcome::Stopped(reason)) => {
+            (State::Failed, None, Some(reason.clone()))
+        }
+    };
+    ExitRecord {
+        state,
+        exit_code,
+        reason,
+        ended_at_ms: crate::db::now_ms(),
+    }
+}
