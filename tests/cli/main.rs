@@ -3,6 +3,7 @@
 mod devices;
 mod plan;
 mod run;
+mod serve;
 mod train;
 
 use std::path::{Path, PathBuf};

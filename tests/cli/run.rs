@@ -208,7 +208,7 @@ fn per_device_launch_and_failure_propagation() {
 }
 
 #[test]
-fn kill_9_of_orch_and_its_job_frees_the_lease() {
+fn kill_9_of_orch_keeps_the_lease_while_a_grandchild_lives_then_frees_it() {
     let state = scratch("kill9");
     let pidfile = state.join("job.pid");
     let script = format!("echo $$ > {}; sleep 60", pidfile.display());
@@ -235,17 +235,37 @@ fn kill_9_of_orch_and_its_job_frees_the_lease() {
         .trim()
         .parse()
         .unwrap();
+    // orch and the job's shell die; the shell's child (sleep, a grandchild of orch) lives on
+    // and still uses the devices: the lease must outlive orch and the shell.
     unsafe {
         libc_kill(child.id() as i32, 9);
         libc_kill(job_pid, 9);
     }
     child.wait().unwrap();
-    // The next orch reclaims the lease and can take all eight devices again.
     let out = orch_run(
         &state,
         &["run", "--gpus", "8", "--exclusive", "--", "true"],
         &[],
     );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no fit"), "{}", stderr(&out));
+    // Once the last process of the job is gone, the next orch reclaims the lease and can take
+    // all eight devices again.
+    unsafe {
+        libc_kill(-job_pid, 9);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let out = loop {
+        let out = orch_run(
+            &state,
+            &["run", "--gpus", "8", "--exclusive", "--", "true"],
+            &[],
+        );
+        if out.status.success() || Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stderr(&out).contains("reclaimed"), "{}", stderr(&out));
 }

@@ -47,7 +47,10 @@ impl Client {
         Ok((status, Bytes::from(body_out)))
     }
 
-    /// Sends a request and hands the response body to `sink` as it arrives.
+    /// Sends a request and hands the response body to `sink` as it arrives. While the daemon
+    /// restarts (its socket is there but nobody answers, or it hung up before answering), the
+    /// request is sent again for up to [`RESTART_PATIENCE`]; a submission carries a key that
+    /// makes sending it twice harmless. No socket at all fails at once.
     pub fn stream(
         &self,
         method: Method,
@@ -55,14 +58,46 @@ impl Client {
         body: Option<Vec<u8>>,
         mut sink: impl FnMut(&[u8]) -> std::io::Result<()>,
     ) -> Result<StatusCode, Failure> {
+        let started = std::time::Instant::now();
+        let mut delay = std::time::Duration::from_millis(20);
+        loop {
+            let mut received_any = false;
+            let result = self.once(method.clone(), path, body.clone(), &mut |chunk| {
+                received_any = true;
+                sink(chunk)
+            });
+            match result {
+                Err(Attempt::Unreachable(e))
+                    if self.socket.exists()
+                        && !received_any
+                        && started.elapsed() < RESTART_PATIENCE =>
+                {
+                    tracing::debug!("the daemon did not answer ({e}); trying again");
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(std::time::Duration::from_millis(500));
+                }
+                Err(Attempt::Unreachable(e)) => return Err(self.unreachable(&e)),
+                Err(Attempt::Failed(f)) => return Err(f),
+                Ok(status) => return Ok(status),
+            }
+        }
+    }
+
+    fn once(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        sink: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> Result<StatusCode, Attempt> {
         self.runtime.block_on(async {
             let stream = tokio::net::UnixStream::connect(&self.socket)
                 .await
-                .map_err(|e| self.unreachable(&e))?;
+                .map_err(|e| Attempt::Unreachable(e.to_string()))?;
             let (mut sender, connection) =
                 hyper::client::conn::http1::handshake(TokioIo::new(stream))
                     .await
-                    .map_err(Failure::failed)?;
+                    .map_err(|e| Attempt::Unreachable(e.to_string()))?;
             tokio::spawn(connection);
             let request = Request::builder()
                 .method(method)
@@ -70,13 +105,19 @@ impl Client {
                 .header("host", "orch")
                 .header("content-type", "application/json")
                 .body(Full::new(Bytes::from(body.unwrap_or_default())))
-                .map_err(Failure::failed)?;
-            let mut response = sender.send_request(request).await.map_err(|e| {
-                Failure::failed_msg(format!("the orch daemon at {} hung up: {e}", self.socket.display()))
-            })?;
+                .map_err(|e| Attempt::Failed(Failure::failed(e)))?;
+            let mut response = sender
+                .send_request(request)
+                .await
+                .map_err(|e| Attempt::Unreachable(format!("it hung up: {e}")))?;
             let status = response.status();
             while let Some(frame) = response.body_mut().frame().await {
-                let frame = frame.map_err(Failure::failed)?;
+                let frame = frame.map_err(|e| {
+                    Attempt::Failed(Failure::failed_msg(format!(
+                        "the orch daemon at {} hung up mid-answer: {e}",
+                        self.socket.display()
+                    )))
+                })?;
                 if let Some(data) = frame.data_ref()
                     && sink(data).is_err()
                 {
@@ -87,12 +128,21 @@ impl Client {
         })
     }
 
-    fn unreachable(&self, e: &std::io::Error) -> Failure {
+    fn unreachable(&self, e: &str) -> Failure {
         Failure::failed_msg(format!(
             "no orch daemon answers at {} ({e}): start one with `orch serve`, or set ORCH_SERVER to its socket",
             self.socket.display()
         ))
     }
+}
+
+/// How long a client keeps trying while a daemon restarts.
+pub const RESTART_PATIENCE: std::time::Duration = std::time::Duration::from_secs(15);
+
+enum Attempt {
+    /// Nothing was answered: the request may be sent again.
+    Unreachable(String),
+    Failed(Failure),
 }
 
 /// Turns an error answer into a failure with its sentence: bad input (400, 404) exits 2.

@@ -323,6 +323,10 @@ fn live_leases(tx: &rusqlite::Transaction<'_>) -> Result<Vec<Lease>, LeaseError>
                 lease.devices.len()
             );
             delete(tx, &lease.id)?;
+            // The job's empty cgroups go with it (removal fails, harmlessly, if not empty).
+            for cgroup in lease.holders.iter().filter_map(|h| h.cgroup.as_deref()) {
+                let _ = std::fs::remove_dir(cgroup);
+            }
         }
     }
     Ok(live)

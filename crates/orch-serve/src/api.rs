@@ -23,6 +23,10 @@ pub struct SubmitRequest {
     pub cwd: String,
     #[serde(default)]
     pub env: Vec<(String, String)>,
+    /// A key unique to this submission, chosen by the client: sent again (after a daemon
+    /// restart lost the answer), it returns the job already accepted instead of a second one.
+    #[serde(default)]
+    pub key: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -179,6 +183,7 @@ async fn submit(
         devices: Vec::new(),
         attempt: 0,
     };
+    let key = request.key.filter(|k| !k.is_empty() && k.len() <= 128);
     let submission = Submission {
         job_text: request.job_text,
         job_path: request.job_path,
@@ -188,7 +193,7 @@ async fn submit(
     };
     let id = shared
         .db
-        .write(move |tx| crate::db::insert_job(tx, &row, &submission))
+        .write(move |tx| crate::db::insert_job(tx, &row, &submission, key.as_deref()))
         .await
         .map_err(internal)?;
     shared.kick(Kick::Submitted(id));

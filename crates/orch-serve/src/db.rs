@@ -146,9 +146,11 @@ impl Db {
                     submitted_at_ms INTEGER NOT NULL, started_at_ms INTEGER,
                     ended_at_ms INTEGER, exit_code INTEGER, reason TEXT, lease_id TEXT,
                     devices TEXT NOT NULL DEFAULT '[]', attempt INTEGER NOT NULL DEFAULT 0,
-                    supervisor TEXT, submission TEXT NOT NULL
+                    supervisor TEXT, submission TEXT NOT NULL, submit_key TEXT
                  );
-                 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state);",
+                 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state);
+                 CREATE UNIQUE INDEX IF NOT EXISTS jobs_by_key ON jobs(submit_key)
+                    WHERE submit_key IS NOT NULL;",
             )
             .map_err(db("creating the schema"))?;
         let reader = open(())?;
@@ -354,19 +356,30 @@ fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<JobRow> {
     })
 }
 
-/// Inserts a new queued job; returns its id.
+/// Inserts a new queued job; returns its id. A `key` seen before returns that job's id instead.
 pub fn insert_job(
     tx: &rusqlite::Transaction<'_>,
     row: &JobRow,
     submission: &Submission,
+    key: Option<&str>,
 ) -> Result<i64, DbError> {
+    if let Some(key) = key {
+        let existing: Option<i64> = tx
+            .query_row("SELECT id FROM jobs WHERE submit_key = ?1", [key], |r| r.get(0))
+            .optional()
+            .map_err(db("writing a job"))?;
+        if let Some(id) = existing {
+            return Ok(id);
+        }
+    }
     let text = serde_json::to_string(submission).map_err(|e| DbError {
         op: "writing a job",
         reason: e.to_string(),
     })?;
     tx.execute(
         "INSERT INTO jobs (name, tenant, user, uid, state, gpus, priority, requeue,
-            submitted_at_ms, submission) VALUES (?1, ?2, ?3, ?4, 'queued', ?5, ?6, ?7, ?8, ?9)",
+            submitted_at_ms, submission, submit_key)
+         VALUES (?1, ?2, ?3, ?4, 'queued', ?5, ?6, ?7, ?8, ?9, ?10)",
         params![
             row.name,
             row.tenant,
@@ -376,7 +389,8 @@ pub fn insert_job(
             row.priority,
             row.requeue,
             row.submitted_at_ms as i64,
-            text
+            text,
+            key
         ],
     )
     .map_err(db("writing a job"))?;

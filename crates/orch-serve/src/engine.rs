@@ -131,7 +131,9 @@ impl Engine {
                 self.finish(id, &row.lease_id, exit);
                 continue;
             }
+            // The daemon may have stopped before it even made the job's folder.
             let never_started = supervisor::read_fence(&dir).is_none()
+                && std::fs::create_dir_all(&dir).is_ok()
                 && supervisor::take_fence(&dir, &Fence { supervisor: None }).unwrap_or(false);
             let fence = supervisor::read_fence(&dir);
             let supervisor = fence.and_then(|f| f.supervisor);

@@ -25,6 +25,7 @@ pub fn submit(args: &SubmitArgs) -> CmdResult {
         job_path: job_path.display().to_string(),
         cwd: cwd.display().to_string(),
         env: std::env::vars().collect(),
+        key: Some(submission_key()),
     };
     let body = serde_json::to_vec(&request).map_err(Failure::failed)?;
     let client = Client::from_env()?;
@@ -35,6 +36,22 @@ pub fn submit(args: &SubmitArgs) -> CmdResult {
     let created: SubmitResponse = serde_json::from_slice(&answer).map_err(Failure::failed)?;
     println!("{}", created.id);
     Ok(())
+}
+
+/// 128 random bits, so a submission sent again after a daemon restart is recognised.
+fn submission_key() -> String {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .is_err()
+    {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        bytes = (nanos ^ (u128::from(std::process::id()) << 64)).to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The quick form as a job file: what `orch run --gpus N -- CMD` would run.

@@ -1,0 +1,520 @@
+//! `orch serve` and its clients, with real processes: a daemon on a temporary socket and state
+//! folder over the 8-GPU sim, clients as separate `orch` processes.
+
+use crate::*;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Daemon {
+    pub state: PathBuf,
+    pub child: Option<Child>,
+    config: Option<PathBuf>,
+}
+
+impl Daemon {
+    pub fn start(tag: &str) -> Daemon {
+        let state = std::env::temp_dir().join(format!(
+            "orch-serve-{tag}-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        std::fs::create_dir_all(&state).unwrap();
+        let mut d = Daemon {
+            state,
+            child: None,
+            config: None,
+        };
+        d.restart();
+        d
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.state.join("orch.sock")
+    }
+
+    /// Starts (again) on the same state folder and waits for the socket to answer.
+    pub fn restart(&mut self) {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_orch"));
+        cmd.arg("serve")
+            .env("ORCH_DEVICES", lab_sim())
+            .env("ORCH_STATE_DIR", &self.state)
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(self.state.join("daemon.log"))
+                    .unwrap(),
+            );
+        if let Some(config) = &self.config {
+            cmd.arg("--config").arg(config);
+        }
+        self.child = Some(cmd.spawn().unwrap());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if std::os::unix::net::UnixStream::connect(self.socket()).is_ok() {
+                return;
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("orch serve exited with {status}: {}", self.log());
+            }
+            assert!(Instant::now() < deadline, "the daemon never listened: {}", self.log());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.state.join("daemon.log")).unwrap_or_default()
+    }
+
+    /// `orch ARGS` as a client of this daemon.
+    pub fn client(&self, args: &[&str]) -> std::process::Output {
+        let socket = self.socket().display().to_string();
+        let state = self.state.display().to_string();
+        let sim = lab_sim();
+        orch(
+            args,
+            &[
+                ("ORCH_SERVER", &socket),
+                ("ORCH_STATE_DIR", &state),
+                ("ORCH_DEVICES", &sim),
+            ],
+        )
+    }
+
+    pub fn submit(&self, args: &[&str]) -> String {
+        let mut all = vec!["submit"];
+        all.extend_from_slice(args);
+        let out = self.client(&all);
+        assert!(out.status.success(), "submit failed: {}", stderr(&out));
+        stdout(&out).trim().to_string()
+    }
+
+    pub fn status(&self, id: &str) -> serde_json::Value {
+        let out = self.client(&["status", id, "--json"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    pub fn wait_state(&self, id: &str, want: &str) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let s = self.status(id);
+            if s["state"] == want {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "job {id} never became {want}: {s}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn job_file(dir: &std::path::Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn submit_wait_logs_status() {
+    let d = Daemon::start("basic");
+    let id = d.submit(&["--gpus", "2", "--", "sh", "-c", "echo out $CUDA_VISIBLE_DEVICES; echo err >&2; exit 3"]);
+    let out = d.client(&["wait", &id]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("failed"), "{}", stderr(&out));
+    let logs = stdout(&d.client(&["logs", &id]));
+    assert!(logs.starts_with("out GPU-"), "{logs}");
+    assert_eq!(logs.trim().split(',').count(), 2, "two devices: {logs}");
+    assert_eq!(stdout(&d.client(&["logs", "--stderr", &id])).trim(), "err");
+    let s = d.status(&id);
+    assert_eq!((s["state"].as_str(), s["exit_code"].as_i64()), (Some("failed"), Some(3)));
+    assert_eq!(s["devices"].as_array().unwrap().len(), 2);
+    let jobs = stdout(&d.client(&["jobs", "--all"]));
+    assert!(jobs.contains("failed") && jobs.contains("STATE"), "{jobs}");
+}
+
+#[test]
+fn the_job_runs_in_the_clients_folder_with_the_clients_environment() {
+    let d = Daemon::start("env");
+    let here = d.state.join("work");
+    std::fs::create_dir_all(&here).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_orch"))
+        .args(["submit", "--", "sh", "-c", "pwd; echo $ORCH_TEST_MARK"])
+        .current_dir(&here)
+        .env("ORCH_SERVER", d.socket())
+        .env("ORCH_TEST_MARK", "from-the-client")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = stdout(&out).trim().to_string();
+    assert!(d.client(&["wait", &id]).status.success());
+    let logs = stdout(&d.client(&["logs", &id]));
+    assert_eq!(logs, format!("{}\nfrom-the-client\n", here.display()));
+}
+
+#[test]
+fn bad_input_and_unknown_ids() {
+    let d = Daemon::start("bad");
+    let file = job_file(&d.state, "bad.toml", "[job]\nname = \"x\"\n[resources]\ngpus = 2\nbogus = 1\n[command]\nargv = [\"true\"]\n");
+    let out = d.client(&["submit", &file]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("bad.toml:5:1"), "{}", stderr(&out));
+    let too_many = job_file(&d.state, "many.toml", "[job]\nname = \"x\"\n[resources]\ngpus = 9\n[command]\nargv = [\"true\"]\n");
+    let out = d.client(&["submit", &too_many]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("many.toml:4") && stderr(&out).contains("8 device"), "{}", stderr(&out));
+    for id in ["424242", "../etc", "x y"] {
+        let out = d.client(&["status", id]);
+        assert_eq!(out.status.code(), Some(2), "{id}: {}", stderr(&out));
+        assert!(stderr(&out).contains("no job"), "{}", stderr(&out));
+    }
+    let done = d.submit(&["--", "true"]);
+    d.wait_state(&done, "succeeded");
+    let out = d.client(&["cancel", &done]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("already ended"), "{}", stderr(&out));
+}
+
+#[test]
+fn no_daemon_is_one_sentence_saying_how_to_start_one() {
+    let out = orch(
+        &["jobs"],
+        &[("ORCH_SERVER", "/nonexistent/orch-test.sock")],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(err.contains("no orch daemon answers") && err.contains("orch serve"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
+
+#[test]
+fn a_second_daemon_on_the_same_state_folder_refuses() {
+    let d = Daemon::start("second");
+    let out = orch(
+        &["serve"],
+        &[
+            ("ORCH_STATE_DIR", &d.state.display().to_string()),
+            ("ORCH_DEVICES", &lab_sim()),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("another orch serve is running"), "{}", stderr(&out));
+    // The first one still serves.
+    assert!(d.client(&["jobs"]).status.success());
+}
+
+/// A process group with a running member.
+fn group_alive(pgid: i32) -> bool {
+    orch_core::process::group_running(pgid as u32)
+}
+
+#[test]
+fn cancel_of_a_queued_and_of_a_running_job() {
+    let d = Daemon::start("cancel");
+    // The running one starts a grandchild: the whole tree must end.
+    let pidfile = d.state.join("pid");
+    let script = format!("echo $$ > {}; sleep 300 & sleep 300", pidfile.display());
+    let running = d.submit(&["--gpus", "8", "--", "sh", "-c", &script]);
+    d.wait_state(&running, "running");
+    let queued = d.submit(&["--gpus", "8", "--", "true"]);
+    assert_eq!(d.status(&queued)["state"], "queued");
+    let out = d.client(&["cancel", &queued]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(d.status(&queued)["state"], "cancelled");
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !pidfile.exists() {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let pgid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    assert!(group_alive(pgid));
+    assert!(d.client(&["cancel", &running]).status.success());
+    let s = d.wait_state(&running, "cancelled");
+    assert_eq!(s["reason"], "cancelled");
+    assert!(!group_alive(pgid), "a process of the cancelled job survived");
+    let leases = d.client(&["leases", "--json"]);
+    assert_eq!(stdout(&leases).trim(), "[]", "the lease is freed");
+    // The devices are free for the next job at once.
+    let next = d.submit(&["--gpus", "8", "--", "true"]);
+    d.wait_state(&next, "succeeded");
+}
+
+#[test]
+fn max_runtime_stops_a_job_with_the_reason_time_limit() {
+    let d = Daemon::start("timelimit");
+    let file = job_file(
+        &d.state,
+        "slow.toml",
+        "[job]\nname = \"slow\"\nmax_runtime = \"500ms\"\n[command]\nargv = [\"sleep\", \"60\"]\n",
+    );
+    let id = d.submit(&[&file]);
+    let s = d.wait_state(&id, "failed");
+    assert_eq!(s["reason"], "time limit", "{s}");
+}
+
+#[test]
+fn a_big_job_does_not_block_smaller_ones_behind_it() {
+    let d = Daemon::start("backfill");
+    let hold = d.submit(&["--gpus", "4", "--", "sleep", "30"]);
+    d.wait_state(&hold, "running");
+    let big = d.submit(&["--gpus", "8", "--", "true"]);
+    let small = d.submit(&["--gpus", "2", "--", "true"]);
+    d.wait_state(&small, "succeeded");
+    let s = d.status(&big);
+    assert_eq!(s["state"], "queued");
+    assert!(s["reason"].as_str().unwrap_or("").contains("waiting for 8"), "{s}");
+    assert!(d.client(&["cancel", &hold]).status.success());
+    d.wait_state(&big, "succeeded");
+}
+
+#[test]
+fn following_logs_streams_until_the_job_ends_and_a_vanishing_reader_harms_nothing() {
+    let d = Daemon::start("follow");
+    let id = d.submit(&["--", "sh", "-c", "for i in 1 2 3; do echo line $i; sleep 0.2; done"]);
+    // A reader that goes away at once.
+    let mut early = Command::new(env!("CARGO_BIN_EXE_orch"))
+        .args(["logs", "--follow", &id])
+        .env("ORCH_SERVER", d.socket())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _ = early.kill();
+    let _ = early.wait();
+    let out = d.client(&["logs", "--follow", &id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "line 1\nline 2\nline 3\n");
+    assert_eq!(d.status(&id)["state"], "succeeded");
+}
+
+#[test]
+fn hostile_clients_do_not_stop_the_daemon() {
+    use std::io::{Read, Write};
+    let d = Daemon::start("hostile");
+    // A half-open connection that never sends a request, and one that sends half a header.
+    let _silent = std::os::unix::net::UnixStream::connect(d.socket()).unwrap();
+    let mut half = std::os::unix::net::UnixStream::connect(d.socket()).unwrap();
+    half.write_all(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\n").unwrap();
+    // A body over the limit.
+    let mut big = std::os::unix::net::UnixStream::connect(d.socket()).unwrap();
+    let body = vec![b'a'; 4 << 20];
+    let head = format!(
+        "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    big.write_all(head.as_bytes()).unwrap();
+    let _ = big.write_all(&body);
+    let mut answer = String::new();
+    let _ = big.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    // Garbage instead of JSON.
+    let mut junk = std::os::unix::net::UnixStream::connect(d.socket()).unwrap();
+    junk.write_all(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\n{{{{{").unwrap();
+    let mut answer = String::new();
+    junk.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 400") && answer.contains("\"error\""), "{answer}");
+    // Everyone else is served meanwhile.
+    let id = d.submit(&["--", "true"]);
+    d.wait_state(&id, "succeeded");
+}
+
+/// 200 one-GPU jobs from 8 clients at once, `orch run` jobs beside them, and three kill -9 of
+/// the daemon meanwhile: every accepted job runs exactly once, no two jobs overlap on a device.
+#[test]
+fn two_hundred_jobs_from_eight_clients_through_three_crashes() {
+    let mut d = Daemon::start("crash");
+    let log = d.state.join("intervals.log");
+    let record = format!(
+        "s=$(date +%s%N); sleep 0.05; e=$(date +%s%N); echo \"$CUDA_VISIBLE_DEVICES $s $e $MARK\" >> {}",
+        log.display()
+    );
+    let socket = d.socket();
+    let state_dir = d.state.clone();
+    let accepted: std::sync::Mutex<Vec<(String, String)>> = Default::default();
+    std::thread::scope(|scope| {
+        for client in 0..8 {
+            let (record, socket, accepted) = (&record, &socket, &accepted);
+            scope.spawn(move || {
+                for i in 0..25 {
+                    let mark = format!("daemon-{client}-{i}");
+                    let script = format!("MARK={mark}; {record}");
+                    // The daemon may be down for a moment: orch submit waits for it and sends
+                    // again with the same key, so nothing is accepted twice.
+                    let out = Command::new(env!("CARGO_BIN_EXE_orch"))
+                        .args(["submit", "--", "sh", "-c", &script])
+                        .env("ORCH_SERVER", socket)
+                        .output()
+                        .unwrap();
+                    assert!(out.status.success(), "{}", stderr(&out));
+                    let id = stdout(&out).trim().to_string();
+                    accepted.lock().unwrap().push((id, mark));
+                }
+            });
+        }
+        // `orch run` jobs on the same lease store at the same time.
+        for n in 0..4 {
+            let (record, state) = (&record, &state_dir);
+            scope.spawn(move || {
+                for i in 0..5 {
+                    let script = format!("MARK=run-{n}-{i}; {record}");
+                    let out = Command::new(env!("CARGO_BIN_EXE_orch"))
+                        .args(["run", "--wait", "--timeout", "120s", "--", "sh", "-c", &script])
+                        .env("ORCH_DEVICES", lab_sim())
+                        .env("ORCH_STATE_DIR", state)
+                        .output()
+                        .unwrap();
+                    assert!(out.status.success(), "{}", stderr(&out));
+                }
+            });
+        }
+        for _ in 0..3 {
+            std::thread::sleep(Duration::from_millis(400));
+            d.kill9();
+            std::thread::sleep(Duration::from_millis(100));
+            d.restart();
+        }
+    });
+    let accepted = accepted.into_inner().unwrap();
+    assert_eq!(accepted.len(), 200);
+    let mut states = BTreeMap::new();
+    for (id, _) in &accepted {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let state = loop {
+            let s = d.status(id);
+            let state = s["state"].as_str().unwrap().to_string();
+            if state != "queued" && state != "running" {
+                break state;
+            }
+            assert!(Instant::now() < deadline, "job {id} never ended: {s}");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        *states.entry(state).or_insert(0) += 1;
+    }
+    // Supervisors outlive the daemon, so every job is adopted and ends by itself.
+    assert_eq!(states.get("succeeded"), Some(&200), "{states:?}\n{}", d.log());
+    let text = std::fs::read_to_string(&log).unwrap();
+    let mut runs: HashMap<String, usize> = HashMap::new();
+    let mut by_device: HashMap<String, Vec<(u128, u128)>> = HashMap::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(f.len(), 4, "{line}");
+        *runs.entry(f[3].to_string()).or_default() += 1;
+        by_device
+            .entry(f[0].to_string())
+            .or_default()
+            .push((f[1].parse().unwrap(), f[2].parse().unwrap()));
+    }
+    for (_, mark) in &accepted {
+        assert_eq!(runs.get(mark), Some(&1), "{mark} ran {:?} times", runs.get(mark));
+    }
+    assert_eq!(runs.len(), 220, "200 daemon jobs and 20 orch run jobs, each once");
+    for (device, mut spans) in by_device {
+        spans.sort();
+        for pair in spans.windows(2) {
+            assert!(pair[0].1 <= pair[1].0, "two jobs overlapped on {device}: {pair:?}");
+        }
+    }
+    let unique: BTreeSet<&String> = accepted.iter().map(|(id, _)| id).collect();
+    assert_eq!(unique.len(), 200, "every job has an id of its own");
+}
+
+/// The supervisor's pid, from the job's fence file.
+fn supervisor_pid(d: &Daemon, id: &str, attempt: u32) -> i32 {
+    let fence = d.state.join("jobs").join(format!("{id}-{attempt}")).join("started");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(&fence)
+            && let Ok(v) = serde_json::from_str::<serde_json::Value>(&text)
+            && let Some(pid) = v["supervisor"]["pid"].as_i64()
+        {
+            return pid as i32;
+        }
+        assert!(Instant::now() < deadline, "no supervisor for job {id}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn after_a_crash_running_jobs_are_adopted_lost_or_queued_again() {
+    let mut d = Daemon::start("recovery");
+    let adopted = d.submit(&["--", "sh", "-c", "sleep 1; echo done"]);
+    let lost = d.submit(&["--", "sleep", "60"]);
+    let marker = d.state.join("second-attempt");
+    let requeued_file = job_file(
+        &d.state,
+        "requeue.toml",
+        &format!(
+            "[job]\nname = \"again\"\nrequeue = true\n[command]\nargv = [\"sh\", \"-c\", \"if [ -f {m} ]; then echo second; exit 0; fi; touch {m}; sleep 60\"]\n",
+            m = marker.display()
+        ),
+    );
+    let requeued = d.submit(&[&requeued_file]);
+    for id in [&adopted, &lost, &requeued] {
+        d.wait_state(id, "running");
+    }
+    let doomed = [supervisor_pid(&d, &lost, 1), supervisor_pid(&d, &requeued, 1)];
+    // Wait for the requeue job to have made its marker, so its first attempt is a real one.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !marker.exists() {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    d.kill9();
+    for pid in doomed {
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    d.restart();
+    let s = d.wait_state(&lost, "lost");
+    assert!(s["reason"].as_str().unwrap().contains("vanished"), "{s}");
+    d.wait_state(&adopted, "succeeded");
+    assert_eq!(stdout(&d.client(&["logs", &adopted])), "done\n");
+    let s = d.wait_state(&requeued, "succeeded");
+    assert_eq!(s["attempt"], 2, "{s}");
+    assert_eq!(stdout(&d.client(&["logs", &requeued])), "second\n");
+    let leases = d.client(&["leases", "--json"]);
+    assert_eq!(stdout(&leases).trim(), "[]", "{}", d.log());
+}
+
+#[test]
+fn queued_jobs_stay_queued_in_order_across_a_crash() {
+    let mut d = Daemon::start("order");
+    let order = d.state.join("order.log");
+    let hold = d.submit(&["--gpus", "8", "--", "sleep", "60"]);
+    d.wait_state(&hold, "running");
+    let queued: Vec<String> = (0..4)
+        .map(|i| {
+            d.submit(&["--gpus", "8", "--", "sh", "-c", &format!("echo {i} >> {}", order.display())])
+        })
+        .collect();
+    d.kill9();
+    d.restart();
+    for id in &queued {
+        assert_eq!(d.status(id)["state"], "queued");
+    }
+    assert_eq!(d.status(&hold)["state"], "running");
+    assert!(d.client(&["cancel", &hold]).status.success());
+    for id in &queued {
+        d.wait_state(id, "succeeded");
+    }
+    assert_eq!(std::fs::read_to_string(&order).unwrap(), "0\n1\n2\n3\n");
+}
