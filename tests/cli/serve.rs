@@ -11,6 +11,8 @@ pub struct Daemon {
     pub state: PathBuf,
     pub child: Option<Child>,
     config: Option<PathBuf>,
+    socket: Option<PathBuf>,
+    run_as: Option<(u32, u32)>,
 }
 
 impl Daemon {
@@ -28,13 +30,34 @@ impl Daemon {
             state,
             child: None,
             config: None,
+            socket: None,
+            run_as: None,
         };
         d.restart();
         d
     }
 
+    /// Not started yet: set a config, a socket or a user first, then [`Daemon::restart`].
+    pub fn prepare(tag: &str) -> Daemon {
+        let state = std::env::temp_dir().join(format!(
+            "orch-serve-{tag}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&state);
+        std::fs::create_dir_all(&state).unwrap();
+        Daemon {
+            state,
+            child: None,
+            config: None,
+            socket: None,
+            run_as: None,
+        }
+    }
+
     pub fn socket(&self) -> PathBuf {
-        self.state.join("orch.sock")
+        self.socket
+            .clone()
+            .unwrap_or_else(|| self.state.join("orch.sock"))
     }
 
     /// Starts (again) on the same state folder and waits for the socket to answer.
@@ -55,6 +78,13 @@ impl Daemon {
             );
         if let Some(config) = &self.config {
             cmd.arg("--config").arg(config);
+        }
+        if let Some(socket) = &self.socket {
+            cmd.arg("--socket").arg(socket);
+        }
+        if let Some((uid, gid)) = self.run_as {
+            use std::os::unix::process::CommandExt;
+            cmd.uid(uid).gid(gid);
         }
         self.child = Some(cmd.spawn().unwrap());
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -517,4 +547,146 @@ fn queued_jobs_stay_queued_in_order_across_a_crash() {
         d.wait_state(id, "succeeded");
     }
     assert_eq!(std::fs::read_to_string(&order).unwrap(), "0\n1\n2\n3\n");
+}
+
+/// Creates (once) a Unix user for the tenant tests; returns (uid, gid).
+fn test_user(name: &str) -> (u32, u32) {
+    // Tests run in parallel threads: two useradd at once race on /etc/passwd.
+    static CREATING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = CREATING.lock().unwrap_or_else(|e| e.into_inner());
+    let id = |flag: &str| {
+        Command::new("id")
+            .args([flag, name])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| stdout(&o).trim().parse::<u32>().ok())
+    };
+    if id("-u").is_none() {
+        let out = Command::new("useradd")
+            .args(["--no-create-home", "--shell", "/bin/sh", name])
+            .output()
+            .expect("useradd runs");
+        assert!(
+            out.status.success() || id("-u").is_some(),
+            "useradd {name}: {}",
+            stderr(&out)
+        );
+    }
+    (id("-u").unwrap(), id("-g").unwrap())
+}
+
+/// True when the tests run as root; with ORCH_REQUIRE_ROOT set, not being root is a failure.
+fn root_or_skip(test: &str) -> bool {
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    assert!(
+        std::env::var_os("ORCH_REQUIRE_ROOT").is_none(),
+        "{test} needs root and ORCH_REQUIRE_ROOT is set"
+    );
+    eprintln!("{test}: skipped (needs root to create users)");
+    false
+}
+
+/// `orch ARGS` as another user, from a folder everyone may enter.
+fn as_user(user: (u32, u32), socket: &std::path::Path, cwd: &std::path::Path, args: &[&str]) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
+    Command::new(env!("CARGO_BIN_EXE_orch"))
+        .args(args)
+        .current_dir(cwd)
+        .env("ORCH_SERVER", socket)
+        .env_remove("ORCH_STATE_DIR")
+        .uid(user.0)
+        .gid(user.1)
+        .output()
+        .unwrap()
+}
+
+fn world_dir(path: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(path).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o1777)).unwrap();
+}
+
+#[test]
+fn as_root_each_job_runs_as_its_user_and_tenants_see_only_their_own() {
+    if !root_or_skip("as_root_each_job_runs_as_its_user") {
+        return;
+    }
+    let alice = test_user("orchtesta");
+    let bob = test_user("orchtestb");
+    let mut d = Daemon::prepare("tenants");
+    let public = std::env::temp_dir().join(format!("orch-tenants-public-{}", std::process::id()));
+    world_dir(&public);
+    let config = d.state.join("serve.toml");
+    std::fs::write(
+        &config,
+        "admins = [\"root\"]\n[[tenant]]\nname = \"vision\"\nusers = [\"orchtesta\"]\n[[tenant]]\nname = \"nlp\"\nusers = [\"orchtestb\"]\n",
+    )
+    .unwrap();
+    d.config = Some(config);
+    d.socket = Some(public.join("orch.sock"));
+    d.restart();
+    let socket = d.socket();
+
+    let out = as_user(alice, &socket, &public, &["submit", "--", "sh", "-c", "id -u; id -g; pwd"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = stdout(&out).trim().to_string();
+    let out = as_user(alice, &socket, &public, &["wait", &id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let logs = stdout(&as_user(alice, &socket, &public, &["logs", &id]));
+    assert_eq!(logs, format!("{}\n{}\n{}\n", alice.0, alice.1, public.display()));
+    assert_eq!(d.status(&id)["tenant"], "vision");
+
+    // Bob cannot see, cancel or read Alice's job: to him it does not exist.
+    for args in [vec!["status", &id], vec!["cancel", &id], vec!["logs", &id]] {
+        let out = as_user(bob, &socket, &public, &args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(&format!("no job {id}")), "{}", stderr(&out));
+    }
+    let listed = stdout(&as_user(bob, &socket, &public, &["jobs", "--all", "--json"]));
+    assert_eq!(listed.trim(), "[]");
+    // A running job of Alice's cannot be cancelled by Bob either.
+    let out = as_user(alice, &socket, &public, &["submit", "--", "sleep", "30"]);
+    let running = stdout(&out).trim().to_string();
+    d.wait_state(&running, "running");
+    let out = as_user(bob, &socket, &public, &["cancel", &running]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(d.status(&running)["state"], "running");
+    // The admin (root) sees and cancels it.
+    assert!(d.client(&["cancel", &running]).status.success());
+    d.wait_state(&running, "cancelled");
+}
+
+#[test]
+fn a_daemon_that_is_not_root_serves_its_own_user_alone() {
+    if !root_or_skip("a_daemon_that_is_not_root_serves_its_own_user_alone") {
+        return;
+    }
+    let alice = test_user("orchtesta");
+    let bob = test_user("orchtestb");
+    let mut d = Daemon::prepare("nonroot");
+    let public = std::env::temp_dir().join(format!("orch-nonroot-public-{}", std::process::id()));
+    world_dir(&public);
+    std::os::unix::fs::chown(&d.state, Some(alice.0), Some(alice.1)).unwrap();
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(d.state.join("daemon.log"))
+        .unwrap();
+    std::os::unix::fs::chown(d.state.join("daemon.log"), Some(alice.0), Some(alice.1)).unwrap();
+    d.socket = Some(public.join("alice.sock"));
+    d.run_as = Some(alice);
+    d.restart();
+    let socket = d.socket();
+    let out = as_user(bob, &socket, &public, &["submit", "--", "true"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("serves that user alone"), "{}", stderr(&out));
+    let out = as_user(alice, &socket, &public, &["submit", "--", "id", "-u"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = stdout(&out).trim().to_string();
+    assert!(as_user(alice, &socket, &public, &["wait", &id]).status.success());
+    let logs = stdout(&as_user(alice, &socket, &public, &["logs", &id]));
+    assert_eq!(logs.trim(), alice.0.to_string());
 }

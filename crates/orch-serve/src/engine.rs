@@ -61,6 +61,13 @@ struct Queued {
     submission: Submission,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cancel {
+    None,
+    Requested,
+    Sent,
+}
+
 struct Running {
     tenant: String,
     gpus: u32,
@@ -68,6 +75,8 @@ struct Running {
     lease_id: String,
     supervisor: Option<Holder>,
     requeue: bool,
+    /// A cancel was asked for; sent to the supervisor once it is known.
+    cancel: Cancel,
     /// When the daemon last saw no supervisor: it is given a moment to write its fence.
     spawned_at: Instant,
 }
@@ -149,6 +158,7 @@ impl Engine {
                             lease_id: row.lease_id.clone().unwrap_or_default(),
                             supervisor: Some(holder),
                             requeue: row.requeue,
+                            cancel: Cancel::None,
                             spawned_at: Instant::now(),
                         },
                     );
@@ -201,13 +211,10 @@ impl Engine {
                 lock(&self.shared.reasons).remove(&id);
             }
             Kick::Cancel(id) => {
-                if let Some(holder) = self.running.get(&id).and_then(|r| r.supervisor.clone())
-                    && holder.process_alive()
+                if let Some(job) = self.running.get_mut(&id)
+                    && job.cancel == Cancel::None
                 {
-                    // SAFETY: kill(2) on the supervisor we verified by pid and start time.
-                    unsafe {
-                        libc::kill(holder.pid as i32, libc::SIGTERM);
-                    }
+                    job.cancel = Cancel::Requested;
                 }
             }
             Kick::SupervisorExited => {}
@@ -264,6 +271,17 @@ impl Engine {
             }
             if job.supervisor.is_none() {
                 job.supervisor = supervisor::read_fence(&dir).and_then(|f| f.supervisor);
+            }
+            if job.cancel == Cancel::Requested
+                && let Some(holder) = &job.supervisor
+            {
+                if holder.process_alive() {
+                    // SAFETY: kill(2) on the supervisor, verified by pid and start time.
+                    unsafe {
+                        libc::kill(holder.pid as i32, libc::SIGTERM);
+                    }
+                }
+                job.cancel = Cancel::Sent;
             }
             let gone = match &job.supervisor {
                 Some(holder) => !holder.process_alive(),
@@ -452,6 +470,7 @@ impl Engine {
                 lease_id: lease.id.clone(),
                 supervisor: None,
                 requeue: job.row.requeue,
+                cancel: Cancel::None,
                 spawned_at: Instant::now(),
             },
         );

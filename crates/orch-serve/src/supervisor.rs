@@ -109,6 +109,12 @@ pub fn supervise(dir: &Path) -> i32 {
             return 2;
         }
     };
+    // A cancel is SIGTERM to the supervisor; the handler is in place before the fence names this
+    // process, so a cancel that comes early waits for the job instead of killing the supervisor.
+    let signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ]);
     let me = Fence {
         supervisor: Some(Holder::current()),
     };
@@ -123,7 +129,7 @@ pub fn supervise(dir: &Path) -> i32 {
             return 2;
         }
     }
-    let record = run(dir, &spec);
+    let record = run(dir, &spec, signals.ok());
     if let Err(e) = write_exit(dir, &record) {
         eprintln!("orch supervisor: cannot write {}/exit.json: {e}", dir.display());
         return 1;
@@ -131,7 +137,11 @@ pub fn supervise(dir: &Path) -> i32 {
     0
 }
 
-fn run(dir: &Path, spec: &SuperviseSpec) -> ExitRecord {
+fn run(
+    dir: &Path,
+    spec: &SuperviseSpec,
+    signals: Option<signal_hook::iterator::Signals>,
+) -> ExitRecord {
     let failed = |reason: String| ExitRecord {
         state: crate::db::State::Failed,
         exit_code: None,
@@ -177,18 +187,12 @@ fn run(dir: &Path, spec: &SuperviseSpec) -> ExitRecord {
         lease,
         plan: spec.plan.clone(),
     };
-    // A cancel is SIGTERM to the supervisor; the handler is in place before the job starts, so
-    // an early cancel waits for it instead of killing the supervisor.
-    let signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGINT,
-    ]);
     let running = match orch_runner::start(&job, prepared, placement, &inventory, &options) {
         Ok(r) => r,
         Err(e) => return failed(e.to_string()),
     };
     if let Some(stopper) = running.stopper() {
-        if let Ok(mut signals) = signals {
+        if let Some(mut signals) = signals {
             let stopper = stopper.clone();
             std::thread::spawn(move || {
                 if signals.forever().next().is_some() {
