@@ -478,3 +478,88 @@ fn plugin_inspect_knows_trainers() {
     assert!(text.contains("orch:plugin/trainer@0.1.0"), "{text}");
     assert!(text.contains("train-step"), "{text}");
 }
+
+/// `orch ARGS` on the 8-GPU sim with `input` on its stdin; killed after 30 s.
+fn orch_with_input(state: &Path, args: &[&str], input: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_orch"))
+        .args(args)
+        .env("ORCH_DEVICES", lab_sim())
+        .env("ORCH_STATE_DIR", state)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.as_bytes()).unwrap();
+    drop(stdin);
+    let pid = child.id() as i32;
+    let watchdog = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(30));
+        unsafe { libc_kill(pid, 9) };
+    });
+    let out = child.wait_with_output().unwrap();
+    drop(watchdog);
+    out
+}
+
+#[test]
+fn a_job_reads_the_stdin_orch_was_given() {
+    let state = scratch("stdin");
+    let out = orch_with_input(&state, &["run", "--", "sh", "-c", "read x; echo got:$x"], "hello\n");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "got:hello\n");
+}
+
+#[test]
+fn with_per_device_launch_only_rank_0_reads_stdin() {
+    let state = scratch("stdin-ranks");
+    let out = orch_with_input(
+        &state,
+        &["run", "--gpus", "2", "--per-device", "--", "sh", "-c", "read x; echo $RANK:$x"],
+        "hello\n",
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut lines: Vec<&str> = std::str::from_utf8(&out.stdout).unwrap().lines().collect();
+    lines.sort();
+    assert_eq!(lines, ["0:hello", "1:"]);
+}
+
+/// In a terminal (a pseudo-terminal from `script`), the job reads the keyboard instead of
+/// stopping on SIGTTIN, and the shell gets the terminal back when orch ends.
+#[test]
+fn in_a_terminal_the_job_gets_the_terminal_and_gives_it_back() {
+    let state = scratch("tty");
+    let orch = env!("CARGO_BIN_EXE_orch");
+    let inner = format!("{orch} run -- sh -c 'read x; echo got:$x'; read y; echo back:$y");
+    let mut child = Command::new("script")
+        .args(["-qec", &inner, "/dev/null"])
+        .env("ORCH_DEVICES", lab_sim())
+        .env("ORCH_STATE_DIR", &state)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script (util-linux) runs");
+    let mut stdin = child.stdin.take().unwrap();
+    let pid = child.id() as i32;
+    let feeder = std::thread::spawn(move || {
+        use std::io::Write;
+        std::thread::sleep(Duration::from_millis(500));
+        let _ = stdin.write_all(b"hello\nworld\n");
+        // Keep the terminal open while the job reads; close it afterwards.
+        std::thread::sleep(Duration::from_secs(3));
+        drop(stdin);
+    });
+    let watchdog = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(30));
+        unsafe { libc_kill(pid, 9) };
+    });
+    let out = child.wait_with_output().unwrap();
+    feeder.join().unwrap();
+    drop(watchdog);
+    let text = stdout(&out);
+    assert!(text.contains("got:hello"), "the job did not read the terminal: {text}");
+    assert!(text.contains("back:world"), "the shell did not get the terminal back: {text}");
+}
