@@ -60,7 +60,10 @@ impl Client {
     ) -> Result<StatusCode, Failure> {
         let started = std::time::Instant::now();
         let mut delay = std::time::Duration::from_millis(20);
+        let mut seen_socket = false;
+        let mut told = false;
         loop {
+            seen_socket |= self.socket.exists();
             let mut received_any = false;
             let result = self.once(method.clone(), path, body.clone(), &mut |chunk| {
                 received_any = true;
@@ -68,11 +71,18 @@ impl Client {
             });
             match result {
                 Err(Attempt::Unreachable(e))
-                    if self.socket.exists()
+                    if seen_socket
                         && !received_any
                         && started.elapsed() < RESTART_PATIENCE =>
                 {
-                    tracing::debug!("the daemon did not answer ({e}); trying again");
+                    if !told {
+                        tracing::info!(
+                            "the daemon at {} does not answer ({e}); waiting up to {}s for it to start",
+                            self.socket.display(),
+                            RESTART_PATIENCE.as_secs()
+                        );
+                        told = true;
+                    }
                     std::thread::sleep(delay);
                     delay = (delay * 2).min(std::time::Duration::from_millis(500));
                 }

@@ -299,7 +299,7 @@ impl Engine {
 
     /// One scheduling pass: the queue in order (the seam where a queue policy plugs in), each
     /// job placed if it fits; a job that does not fit does not block smaller ones behind it.
-    fn pass(&mut self) {
+    pub fn pass(&mut self) {
         if self.queue.is_empty() {
             return;
         }

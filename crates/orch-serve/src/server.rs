@@ -143,11 +143,15 @@ async fn listen(shared: Arc<Shared>, socket: &Path) -> Result<(), ServeError> {
     if let Some(parent) = socket.parent() {
         std::fs::create_dir_all(parent).map_err(|e| listen_err(e.to_string()))?;
     }
-    // The state lock is held: a socket file left here is a dead daemon's.
-    let _ = std::fs::remove_file(socket);
-    let listener = tokio::net::UnixListener::bind(socket).map_err(|e| listen_err(e.to_string()))?;
+    // The state lock is held: a socket file left here is a dead daemon's. The new socket is
+    // bound beside it and renamed over it, so clients waiting out a restart never find the path
+    // missing (which means "no daemon" to them).
+    let fresh = socket.with_extension(format!("sock.{}", std::process::id()));
+    let _ = std::fs::remove_file(&fresh);
+    let listener = tokio::net::UnixListener::bind(&fresh).map_err(|e| listen_err(e.to_string()))?;
     // Anyone may connect; the peer credentials decide what they may do.
-    let _ = std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o666));
+    let _ = std::fs::set_permissions(&fresh, std::fs::Permissions::from_mode(0o666));
+    std::fs::rename(&fresh, socket).map_err(|e| listen_err(e.to_string()))?;
     tracing::info!("orch serve: listening on {}", socket.display());
     let app = router(Arc::clone(&shared));
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
