@@ -297,6 +297,42 @@ impl LeaseStore {
         tx.commit().map_err(db("adding a holder"))
     }
 
+    /// Gives up `holder`'s hold on a lease: the lease is deleted unless another of its holders
+    /// still lives (a process of the job that outlived the one that watched it). Returns true
+    /// when the lease is gone.
+    pub fn release_unless_held(&mut self, id: &str, holder: &Holder) -> Result<bool, LeaseError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(db("releasing a lease"))?;
+        let text: Option<String> = tx
+            .query_row("SELECT holders FROM leases WHERE id = ?1", [id], |row| {
+                row.get(0)
+            })
+            .optional()
+            .map_err(db("releasing a lease"))?;
+        let Some(text) = text else {
+            return Ok(true);
+        };
+        let others: Vec<Holder> = parse_holders(&text)?
+            .into_iter()
+            .filter(|h| h != holder)
+            .collect();
+        let gone = if others.iter().any(Holder::is_alive) {
+            tx.execute(
+                "UPDATE leases SET holders = ?1 WHERE id = ?2",
+                params![holders_json(&others), id],
+            )
+            .map_err(db("releasing a lease"))?;
+            false
+        } else {
+            delete(&tx, id)?;
+            true
+        };
+        tx.commit().map_err(db("releasing a lease"))?;
+        Ok(gone)
+    }
+
     /// Releases a lease. Returns false when it was already gone.
     pub fn release(&mut self, id: &str) -> Result<bool, LeaseError> {
         let tx = self

@@ -63,6 +63,13 @@ impl LeaseGuard {
         &self.lease
     }
 
+    /// Adds a holder to the lease, which must still exist: a process that takes over a lease
+    /// claimed by another (the daemon's supervisor) joins it before it starts anything, and finds
+    /// out here if the lease was reclaimed meanwhile.
+    pub fn join(&self, holder: Holder) -> Result<(), LeaseError> {
+        LeaseStore::open(&self.state_dir)?.add_holder(&self.lease.id, holder)
+    }
+
     /// Adds a holder (a process of the job) to the lease.
     pub fn add_holder(&self, holder: Holder) {
         let result = LeaseStore::open(&self.state_dir)

@@ -125,6 +125,13 @@ pub fn start<'a>(
             let lease = placement.lease.lease();
             let cgroup = JobCgroup::create(&lease.id);
             let cgroup_path = cgroup.as_ref().map(|c| c.path().to_path_buf());
+            // The cgroup holds the lease from the moment the first process joins it, even if
+            // this process dies before it records that process.
+            if cgroup_path.is_some() {
+                placement
+                    .lease
+                    .add_holder(Holder::current().with_cgroup(cgroup_path.clone()));
+            }
             let spec = launch_spec(
                 job,
                 &command,

@@ -156,7 +156,13 @@ impl Config {
                     "give a weight such as share = 2",
                 ));
             }
-            let _ = duration("idle_timeout", &t.idle_timeout)?;
+            if t.idle_timeout.is_some() {
+                return Err(at(
+                    "idle_timeout",
+                    format!("tenant \"{}\": idle_timeout is not enforced by this orch yet", t.name),
+                    "remove idle_timeout, so the config does not promise what the daemon does not do",
+                ));
+            }
             tenants.push(Tenant {
                 name: t.name.clone(),
                 users: t.users.clone(),

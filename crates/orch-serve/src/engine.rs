@@ -539,6 +539,17 @@ impl Engine {
 
     fn finish(&mut self, id: i64, lease_id: &Option<String>, exit: ExitRecord) {
         self.release(lease_id);
+        if exit.state == State::Queued {
+            tracing::warn!("job {id}: {}", exit.reason.as_deref().unwrap_or("queued again"));
+            self.write(id, Change {
+                state: Some(State::Queued),
+                reason: exit.reason,
+                only_if: Some(State::Running),
+                ..Change::default()
+            });
+            self.enqueue(id);
+            return;
+        }
         tracing::info!("job {id}: {}", exit.state.as_str());
         self.write(
             id,
@@ -587,11 +598,17 @@ impl Engine {
         });
     }
 
+    /// Gives up the daemon's hold on a lease. A process of the job that is still alive (one that
+    /// ignored its supervisor's end) keeps it, and with it the devices, until it ends.
     fn release(&mut self, lease_id: &Option<String>) {
-        if let Some(lease) = lease_id
-            && let Err(e) = self.store.release(lease)
-        {
-            tracing::warn!("could not release lease {lease}: {e}");
+        if let Some(lease) = lease_id {
+            match self.store.release_unless_held(lease, &Holder::current()) {
+                Ok(true) => {}
+                Ok(false) => tracing::warn!(
+                    "lease {lease} stays: a process of its job still runs; the devices are free once it ends"
+                ),
+                Err(e) => tracing::warn!("could not release lease {lease}: {e}"),
+            }
         }
     }
 

@@ -44,7 +44,8 @@ pub struct SuperviseSpec {
 /// How a job ended, as the supervisor records it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ExitRecord {
-    /// `succeeded`, `failed` or `cancelled`.
+    /// `succeeded`, `failed` or `cancelled`; `queued` when it never started and goes back to the
+    /// queue.
     pub state: crate::db::State,
     pub exit_code: Option<i32>,
     pub reason: Option<String>,
@@ -149,7 +150,20 @@ fn run(
         ended_at_ms: crate::db::now_ms(),
     };
     let lease = LeaseGuard::new(spec.state_dir.clone(), spec.lease.clone());
-    lease.add_holder(Holder::current());
+    // Until this process holds the lease, only the daemon does; if the daemon died meanwhile, the
+    // lease may have been reclaimed and its devices handed to another job: then this job must not
+    // start on them. It goes back to the queue instead (it never ran).
+    if let Err(e) = lease.join(Holder::current()) {
+        lease.keep();
+        return ExitRecord {
+            state: crate::db::State::Queued,
+            exit_code: None,
+            reason: Some(format!(
+                "queued again: its lease was gone before it started ({e})"
+            )),
+            ended_at_ms: crate::db::now_ms(),
+        };
+    }
     let sub = &spec.submission;
     let job = match job::parse(Path::new(&sub.job_path), &sub.job_text) {
         Ok(job) => job,
