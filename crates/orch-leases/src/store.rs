@@ -297,6 +297,14 @@ impl LeaseStore {
         tx.commit().map_err(db("adding a holder"))
     }
 
+    /// The lease with this id, live or not (its holders are not checked).
+    pub fn get(&mut self, id: &str) -> Result<Option<Lease>, LeaseError> {
+        let tx = self.conn.transaction().map_err(db("reading a lease"))?;
+        let lease = read_all(&tx)?.into_iter().find(|l| l.id == id);
+        tx.commit().map_err(db("reading a lease"))?;
+        Ok(lease)
+    }
+
     /// Gives up `holder`'s hold on a lease: the lease is deleted unless another of its holders
     /// still lives (a process of the job that outlived the one that watched it). Returns true
     /// when the lease is gone.

@@ -565,6 +565,9 @@ impl Engine {
     }
 
     fn vanished(&mut self, id: i64, lease_id: &Option<String>, requeue: bool) {
+        // Nobody can report how the job ends any more: end what is left of it, so that a job
+        // queued again never runs beside its own remains, and its devices come back.
+        self.end_remains(lease_id);
         self.release(lease_id);
         if requeue {
             tracing::warn!("job {id}: its supervisor is gone; queued again (requeue = true)");
@@ -596,6 +599,32 @@ impl Engine {
             only_if: Some(State::Queued),
             ..Change::default()
         });
+    }
+
+    /// SIGKILL to every process group and cgroup the lease's holders name.
+    fn end_remains(&mut self, lease_id: &Option<String>) {
+        let Some(id) = lease_id else { return };
+        let Ok(Some(lease)) = self.store.get(id) else { return };
+        for holder in &lease.holders {
+            if let Some(pgid) = holder.pgid.filter(|&g| g > 1) {
+                // SAFETY: kill(2) on a process group the job's supervisor created and recorded.
+                unsafe {
+                    libc::kill(-(pgid as i32), libc::SIGKILL);
+                }
+            }
+            if let Some(cgroup) = &holder.cgroup {
+                orch_exec::kill_cgroup(cgroup);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while lease
+            .holders
+            .iter()
+            .any(|h| h.pgid.is_some_and(orch_core::process::group_running) || h.cgroup.as_deref().is_some_and(orch_core::process::cgroup_populated))
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// Gives up the daemon's hold on a lease. A process of the job that is still alive (one that
