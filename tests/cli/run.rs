@@ -507,7 +507,11 @@ fn orch_with_input(state: &Path, args: &[&str], input: &str) -> std::process::Ou
 #[test]
 fn a_job_reads_the_stdin_orch_was_given() {
     let state = scratch("stdin");
-    let out = orch_with_input(&state, &["run", "--", "sh", "-c", "read x; echo got:$x"], "hello\n");
+    let out = orch_with_input(
+        &state,
+        &["run", "--", "sh", "-c", "read x; echo got:$x"],
+        "hello\n",
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out), "got:hello\n");
 }
@@ -517,7 +521,16 @@ fn with_per_device_launch_only_rank_0_reads_stdin() {
     let state = scratch("stdin-ranks");
     let out = orch_with_input(
         &state,
-        &["run", "--gpus", "2", "--per-device", "--", "sh", "-c", "read x; echo $RANK:$x"],
+        &[
+            "run",
+            "--gpus",
+            "2",
+            "--per-device",
+            "--",
+            "sh",
+            "-c",
+            "read x; echo $RANK:$x",
+        ],
         "hello\n",
     );
     assert!(out.status.success(), "{}", stderr(&out));
@@ -560,6 +573,12 @@ fn in_a_terminal_the_job_gets_the_terminal_and_gives_it_back() {
     feeder.join().unwrap();
     drop(watchdog);
     let text = stdout(&out);
-    assert!(text.contains("got:hello"), "the job did not read the terminal: {text}");
-    assert!(text.contains("back:world"), "the shell did not get the terminal back: {text}");
+    assert!(
+        text.contains("got:hello"),
+        "the job did not read the terminal: {text}"
+    );
+    assert!(
+        text.contains("back:world"),
+        "the shell did not get the terminal back: {text}"
+    );
 }

@@ -39,10 +39,7 @@ impl Daemon {
 
     /// Not started yet: set a config, a socket or a user first, then [`Daemon::restart`].
     pub fn prepare(tag: &str) -> Daemon {
-        let state = std::env::temp_dir().join(format!(
-            "orch-serve-{tag}-{}",
-            std::process::id()
-        ));
+        let state = std::env::temp_dir().join(format!("orch-serve-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&state);
         std::fs::create_dir_all(&state).unwrap();
         Daemon {
@@ -95,7 +92,11 @@ impl Daemon {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("orch serve exited with {status}: {}", self.log());
             }
-            assert!(Instant::now() < deadline, "the daemon never listened: {}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "the daemon never listened: {}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -147,7 +148,10 @@ impl Daemon {
             if s["state"] == want {
                 return s;
             }
-            assert!(Instant::now() < deadline, "job {id} never became {want}: {s}");
+            assert!(
+                Instant::now() < deadline,
+                "job {id} never became {want}: {s}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -168,7 +172,14 @@ fn job_file(dir: &std::path::Path, name: &str, text: &str) -> String {
 #[test]
 fn submit_wait_logs_status() {
     let d = Daemon::start("basic");
-    let id = d.submit(&["--gpus", "2", "--", "sh", "-c", "echo out $CUDA_VISIBLE_DEVICES; echo err >&2; exit 3"]);
+    let id = d.submit(&[
+        "--gpus",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "echo out $CUDA_VISIBLE_DEVICES; echo err >&2; exit 3",
+    ]);
     let out = d.client(&["wait", &id]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     assert!(stderr(&out).contains("failed"), "{}", stderr(&out));
@@ -177,7 +188,10 @@ fn submit_wait_logs_status() {
     assert_eq!(logs.trim().split(',').count(), 2, "two devices: {logs}");
     assert_eq!(stdout(&d.client(&["logs", "--stderr", &id])).trim(), "err");
     let s = d.status(&id);
-    assert_eq!((s["state"].as_str(), s["exit_code"].as_i64()), (Some("failed"), Some(3)));
+    assert_eq!(
+        (s["state"].as_str(), s["exit_code"].as_i64()),
+        (Some("failed"), Some(3))
+    );
     assert_eq!(s["devices"].as_array().unwrap().len(), 2);
     let jobs = stdout(&d.client(&["jobs", "--all"]));
     assert!(jobs.contains("failed") && jobs.contains("STATE"), "{jobs}");
@@ -205,14 +219,26 @@ fn the_job_runs_in_the_clients_folder_with_the_clients_environment() {
 #[test]
 fn bad_input_and_unknown_ids() {
     let d = Daemon::start("bad");
-    let file = job_file(&d.state, "bad.toml", "[job]\nname = \"x\"\n[resources]\ngpus = 2\nbogus = 1\n[command]\nargv = [\"true\"]\n");
+    let file = job_file(
+        &d.state,
+        "bad.toml",
+        "[job]\nname = \"x\"\n[resources]\ngpus = 2\nbogus = 1\n[command]\nargv = [\"true\"]\n",
+    );
     let out = d.client(&["submit", &file]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("bad.toml:5:1"), "{}", stderr(&out));
-    let too_many = job_file(&d.state, "many.toml", "[job]\nname = \"x\"\n[resources]\ngpus = 9\n[command]\nargv = [\"true\"]\n");
+    let too_many = job_file(
+        &d.state,
+        "many.toml",
+        "[job]\nname = \"x\"\n[resources]\ngpus = 9\n[command]\nargv = [\"true\"]\n",
+    );
     let out = d.client(&["submit", &too_many]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("many.toml:4") && stderr(&out).contains("8 device"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("many.toml:4") && stderr(&out).contains("8 device"),
+        "{}",
+        stderr(&out)
+    );
     for id in ["424242", "../etc", "x y"] {
         let out = d.client(&["status", id]);
         assert_eq!(out.status.code(), Some(2), "{id}: {}", stderr(&out));
@@ -227,13 +253,13 @@ fn bad_input_and_unknown_ids() {
 
 #[test]
 fn no_daemon_is_one_sentence_saying_how_to_start_one() {
-    let out = orch(
-        &["jobs"],
-        &[("ORCH_SERVER", "/nonexistent/orch-test.sock")],
-    );
+    let out = orch(&["jobs"], &[("ORCH_SERVER", "/nonexistent/orch-test.sock")]);
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
-    assert!(err.contains("no orch daemon answers") && err.contains("orch serve"), "{err}");
+    assert!(
+        err.contains("no orch daemon answers") && err.contains("orch serve"),
+        "{err}"
+    );
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
 
@@ -248,7 +274,11 @@ fn a_second_daemon_on_the_same_state_folder_refuses() {
         ],
     );
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    assert!(stderr(&out).contains("another orch serve is running"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("another orch serve is running"),
+        "{}",
+        stderr(&out)
+    );
     // The first one still serves.
     assert!(d.client(&["jobs"]).status.success());
 }
@@ -277,12 +307,19 @@ fn cancel_of_a_queued_and_of_a_running_job() {
         assert!(Instant::now() < deadline);
         std::thread::sleep(Duration::from_millis(10));
     }
-    let pgid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    let pgid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     assert!(group_alive(pgid));
     assert!(d.client(&["cancel", &running]).status.success());
     let s = d.wait_state(&running, "cancelled");
     assert_eq!(s["reason"], "cancelled");
-    assert!(!group_alive(pgid), "a process of the cancelled job survived");
+    assert!(
+        !group_alive(pgid),
+        "a process of the cancelled job survived"
+    );
     let leases = d.client(&["leases", "--json"]);
     assert_eq!(stdout(&leases).trim(), "[]", "the lease is freed");
     // The devices are free for the next job at once.
@@ -313,7 +350,10 @@ fn a_big_job_does_not_block_smaller_ones_behind_it() {
     d.wait_state(&small, "succeeded");
     let s = d.status(&big);
     assert_eq!(s["state"], "queued");
-    assert!(s["reason"].as_str().unwrap_or("").contains("waiting for 8"), "{s}");
+    assert!(
+        s["reason"].as_str().unwrap_or("").contains("waiting for 8"),
+        "{s}"
+    );
     assert!(d.client(&["cancel", &hold]).status.success());
     d.wait_state(&big, "succeeded");
 }
@@ -321,7 +361,12 @@ fn a_big_job_does_not_block_smaller_ones_behind_it() {
 #[test]
 fn following_logs_streams_until_the_job_ends_and_a_vanishing_reader_harms_nothing() {
     let d = Daemon::start("follow");
-    let id = d.submit(&["--", "sh", "-c", "for i in 1 2 3; do echo line $i; sleep 0.2; done"]);
+    let id = d.submit(&[
+        "--",
+        "sh",
+        "-c",
+        "for i in 1 2 3; do echo line $i; sleep 0.2; done",
+    ]);
     // A reader that goes away at once.
     let mut early = Command::new(env!("CARGO_BIN_EXE_orch"))
         .args(["logs", "--follow", &id])
@@ -344,7 +389,8 @@ fn hostile_clients_do_not_stop_the_daemon() {
     // A half-open connection that never sends a request, and one that sends half a header.
     let _silent = std::os::unix::net::UnixStream::connect(d.socket()).unwrap();
     let mut half = std::os::unix::net::UnixStream::connect(d.socket()).unwrap();
-    half.write_all(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\n").unwrap();
+    half.write_all(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
     // A body over the limit.
     let mut big = std::os::unix::net::UnixStream::connect(d.socket()).unwrap();
     let body = vec![b'a'; 4 << 20];
@@ -359,10 +405,16 @@ fn hostile_clients_do_not_stop_the_daemon() {
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     // Garbage instead of JSON.
     let mut junk = std::os::unix::net::UnixStream::connect(d.socket()).unwrap();
-    junk.write_all(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\n{{{{{").unwrap();
+    junk.write_all(
+        b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\n{{{{{",
+    )
+    .unwrap();
     let mut answer = String::new();
     junk.read_to_string(&mut answer).unwrap();
-    assert!(answer.starts_with("HTTP/1.1 400") && answer.contains("\"error\""), "{answer}");
+    assert!(
+        answer.starts_with("HTTP/1.1 400") && answer.contains("\"error\""),
+        "{answer}"
+    );
     // Everyone else is served meanwhile.
     let id = d.submit(&["--", "true"]);
     d.wait_state(&id, "succeeded");
@@ -408,7 +460,16 @@ fn two_hundred_jobs_from_eight_clients_through_three_crashes() {
                 for i in 0..5 {
                     let script = format!("MARK=run-{n}-{i}; {record}");
                     let out = Command::new(env!("CARGO_BIN_EXE_orch"))
-                        .args(["run", "--wait", "--timeout", "120s", "--", "sh", "-c", &script])
+                        .args([
+                            "run",
+                            "--wait",
+                            "--timeout",
+                            "120s",
+                            "--",
+                            "sh",
+                            "-c",
+                            &script,
+                        ])
                         .env("ORCH_DEVICES", lab_sim())
                         .env("ORCH_STATE_DIR", state)
                         .output()
@@ -441,7 +502,12 @@ fn two_hundred_jobs_from_eight_clients_through_three_crashes() {
         *states.entry(state).or_insert(0) += 1;
     }
     // Supervisors outlive the daemon, so every job is adopted and ends by itself.
-    assert_eq!(states.get("succeeded"), Some(&200), "{states:?}\n{}", d.log());
+    assert_eq!(
+        states.get("succeeded"),
+        Some(&200),
+        "{states:?}\n{}",
+        d.log()
+    );
     let text = std::fs::read_to_string(&log).unwrap();
     let mut runs: HashMap<String, usize> = HashMap::new();
     let mut by_device: HashMap<String, Vec<(u128, u128)>> = HashMap::new();
@@ -455,13 +521,25 @@ fn two_hundred_jobs_from_eight_clients_through_three_crashes() {
             .push((f[1].parse().unwrap(), f[2].parse().unwrap()));
     }
     for (_, mark) in &accepted {
-        assert_eq!(runs.get(mark), Some(&1), "{mark} ran {:?} times", runs.get(mark));
+        assert_eq!(
+            runs.get(mark),
+            Some(&1),
+            "{mark} ran {:?} times",
+            runs.get(mark)
+        );
     }
-    assert_eq!(runs.len(), 220, "200 daemon jobs and 20 orch run jobs, each once");
+    assert_eq!(
+        runs.len(),
+        220,
+        "200 daemon jobs and 20 orch run jobs, each once"
+    );
     for (device, mut spans) in by_device {
         spans.sort();
         for pair in spans.windows(2) {
-            assert!(pair[0].1 <= pair[1].0, "two jobs overlapped on {device}: {pair:?}");
+            assert!(
+                pair[0].1 <= pair[1].0,
+                "two jobs overlapped on {device}: {pair:?}"
+            );
         }
     }
     let unique: BTreeSet<&String> = accepted.iter().map(|(id, _)| id).collect();
@@ -470,7 +548,11 @@ fn two_hundred_jobs_from_eight_clients_through_three_crashes() {
 
 /// The supervisor's pid, from the job's fence file.
 fn supervisor_pid(d: &Daemon, id: &str, attempt: u32) -> i32 {
-    let fence = d.state.join("jobs").join(format!("{id}-{attempt}")).join("started");
+    let fence = d
+        .state
+        .join("jobs")
+        .join(format!("{id}-{attempt}"))
+        .join("started");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if let Ok(text) = std::fs::read_to_string(&fence)
@@ -502,7 +584,10 @@ fn after_a_crash_running_jobs_are_adopted_lost_or_queued_again() {
     for id in [&adopted, &lost, &requeued] {
         d.wait_state(id, "running");
     }
-    let doomed = [supervisor_pid(&d, &lost, 1), supervisor_pid(&d, &requeued, 1)];
+    let doomed = [
+        supervisor_pid(&d, &lost, 1),
+        supervisor_pid(&d, &requeued, 1),
+    ];
     // Wait for the requeue job to have made its marker, so its first attempt is a real one.
     let deadline = Instant::now() + Duration::from_secs(10);
     while !marker.exists() {
@@ -533,7 +618,14 @@ fn queued_jobs_stay_queued_in_order_across_a_crash() {
     d.wait_state(&hold, "running");
     let queued: Vec<String> = (0..4)
         .map(|i| {
-            d.submit(&["--gpus", "8", "--", "sh", "-c", &format!("echo {i} >> {}", order.display())])
+            d.submit(&[
+                "--gpus",
+                "8",
+                "--",
+                "sh",
+                "-c",
+                &format!("echo {i} >> {}", order.display()),
+            ])
         })
         .collect();
     d.kill9();
@@ -590,7 +682,12 @@ fn root_or_skip(test: &str) -> bool {
 }
 
 /// `orch ARGS` as another user, from a folder everyone may enter.
-fn as_user(user: (u32, u32), socket: &std::path::Path, cwd: &std::path::Path, args: &[&str]) -> std::process::Output {
+fn as_user(
+    user: (u32, u32),
+    socket: &std::path::Path,
+    cwd: &std::path::Path,
+    args: &[&str],
+) -> std::process::Output {
     use std::os::unix::process::CommandExt;
     Command::new(env!("CARGO_BIN_EXE_orch"))
         .args(args)
@@ -630,22 +727,39 @@ fn as_root_each_job_runs_as_its_user_and_tenants_see_only_their_own() {
     d.restart();
     let socket = d.socket();
 
-    let out = as_user(alice, &socket, &public, &["submit", "--", "sh", "-c", "id -u; id -g; pwd"]);
+    let out = as_user(
+        alice,
+        &socket,
+        &public,
+        &["submit", "--", "sh", "-c", "id -u; id -g; pwd"],
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     let id = stdout(&out).trim().to_string();
     let out = as_user(alice, &socket, &public, &["wait", &id]);
     assert!(out.status.success(), "{}", stderr(&out));
     let logs = stdout(&as_user(alice, &socket, &public, &["logs", &id]));
-    assert_eq!(logs, format!("{}\n{}\n{}\n", alice.0, alice.1, public.display()));
+    assert_eq!(
+        logs,
+        format!("{}\n{}\n{}\n", alice.0, alice.1, public.display())
+    );
     assert_eq!(d.status(&id)["tenant"], "vision");
 
     // Bob cannot see, cancel or read Alice's job: to him it does not exist.
     for args in [vec!["status", &id], vec!["cancel", &id], vec!["logs", &id]] {
         let out = as_user(bob, &socket, &public, &args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
-        assert!(stderr(&out).contains(&format!("no job {id}")), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains(&format!("no job {id}")),
+            "{}",
+            stderr(&out)
+        );
     }
-    let listed = stdout(&as_user(bob, &socket, &public, &["jobs", "--all", "--json"]));
+    let listed = stdout(&as_user(
+        bob,
+        &socket,
+        &public,
+        &["jobs", "--all", "--json"],
+    ));
     assert_eq!(listed.trim(), "[]");
     // A running job of Alice's cannot be cancelled by Bob either.
     let out = as_user(alice, &socket, &public, &["submit", "--", "sleep", "30"]);
@@ -682,11 +796,19 @@ fn a_daemon_that_is_not_root_serves_its_own_user_alone() {
     let socket = d.socket();
     let out = as_user(bob, &socket, &public, &["submit", "--", "true"]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    assert!(stderr(&out).contains("serves that user alone"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("serves that user alone"),
+        "{}",
+        stderr(&out)
+    );
     let out = as_user(alice, &socket, &public, &["submit", "--", "id", "-u"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let id = stdout(&out).trim().to_string();
-    assert!(as_user(alice, &socket, &public, &["wait", &id]).status.success());
+    assert!(
+        as_user(alice, &socket, &public, &["wait", &id])
+            .status
+            .success()
+    );
     let logs = stdout(&as_user(alice, &socket, &public, &["logs", &id]));
     assert_eq!(logs.trim(), alice.0.to_string());
 }

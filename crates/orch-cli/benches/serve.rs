@@ -89,7 +89,10 @@ fn http(socket: &Path, method: &str, path: &str, body: &str) -> (u16, String) {
     let mut answer = String::new();
     s.read_to_string(&mut answer).unwrap();
     let status = answer[9..12].parse().unwrap();
-    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
     (status, body)
 }
 
@@ -124,7 +127,12 @@ fn submits_per_second(clients: usize, per_client: usize) -> f64 {
     let dir = scratch(&format!("submit-{clients}"));
     let sim = sim_file(&dir, 8);
     let d = Daemon::start(&dir, &sim);
-    let (status, _) = http(&d.socket, "POST", "/v1/jobs", &submit_body(&["sleep", "600"], 8, &dir));
+    let (status, _) = http(
+        &d.socket,
+        "POST",
+        "/v1/jobs",
+        &submit_body(&["sleep", "600"], 8, &dir),
+    );
     assert_eq!(status, 201);
     std::thread::sleep(Duration::from_millis(300));
     let body = submit_body(&["true"], 8, &dir);
@@ -300,7 +308,10 @@ fn memory_with_history(finished: usize) -> (f64, f64) {
 }
 
 fn main() {
-    println!("orch serve benchmarks (release build, {} CPUs)", std::thread::available_parallelism().map_or(1, |n| n.get()));
+    println!(
+        "orch serve benchmarks (release build, {} CPUs)",
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
     for (clients, per) in [(1, 1000), (8, 500), (32, 200)] {
         let rate = submits_per_second(clients, per);
         println!("durable submits/s, {clients:>2} client(s): {rate:>7.0}   (goal >= 2000)");
@@ -312,9 +323,15 @@ fn main() {
         percentile(&latency, 0.99)
     );
     for free in [0, 8] {
-        let ms = (0..3).map(|_| scheduling_pass(10_000, free)).fold(f64::MAX, f64::min);
-        println!("one scheduling pass, 10,000 queued, 64 GPUs, {free} free: {ms:.1} ms   (goal <= 50 ms)");
+        let ms = (0..3)
+            .map(|_| scheduling_pass(10_000, free))
+            .fold(f64::MAX, f64::min);
+        println!(
+            "one scheduling pass, 10,000 queued, 64 GPUs, {free} free: {ms:.1} ms   (goal <= 50 ms)"
+        );
     }
     let (start, listed) = memory_with_history(100_000);
-    println!("RSS with 100,000 finished jobs: {start:.1} MiB at start, {listed:.1} MiB after listing   (goal <= 200 MiB)");
+    println!(
+        "RSS with 100,000 finished jobs: {start:.1} MiB at start, {listed:.1} MiB after listing   (goal <= 200 MiB)"
+    );
 }

@@ -51,9 +51,7 @@ pub enum Command {
     Wait(JobIdArgs),
     /// The daemon's per-job supervisor (started by `orch serve`, not by hand).
     #[command(name = "__supervise", hide = true)]
-    Supervise {
-        dir: std::path::PathBuf,
-    },
+    Supervise { dir: std::path::PathBuf },
 }
 
 #[derive(Debug, clap::Args)]
@@ -68,7 +66,9 @@ pub struct ServeArgs {
 }
 
 #[derive(Debug, clap::Args)]
-#[command(after_help = "Examples:\n  orch submit job.toml\n  orch submit --gpus 2 -- python train.py")]
+#[command(
+    after_help = "Examples:\n  orch submit job.toml\n  orch submit --gpus 2 -- python train.py"
+)]
 pub struct SubmitArgs {
     /// The job file; omit it and give the command after `--` for the quick form.
     #[arg(value_name = "JOB.toml", conflicts_with_all = ["gpus", "policy", "tenant"])]

@@ -71,9 +71,7 @@ impl Client {
             });
             match result {
                 Err(Attempt::Unreachable(e))
-                    if seen_socket
-                        && !received_any
-                        && started.elapsed() < RESTART_PATIENCE =>
+                    if seen_socket && !received_any && started.elapsed() < RESTART_PATIENCE =>
                 {
                     if !told {
                         tracing::info!(
@@ -159,7 +157,12 @@ enum Attempt {
 pub fn answer_failure(status: StatusCode, body: &[u8]) -> Failure {
     let message = serde_json::from_slice::<orch_serve::ErrorBody>(body)
         .map(|e| e.error)
-        .unwrap_or_else(|_| format!("the daemon answered {status}: {}", String::from_utf8_lossy(body)));
+        .unwrap_or_else(|_| {
+            format!(
+                "the daemon answered {status}: {}",
+                String::from_utf8_lossy(body)
+            )
+        });
     match status {
         StatusCode::BAD_REQUEST | StatusCode::NOT_FOUND => Failure::bad_input_msg(message),
         _ => Failure::failed_msg(message),

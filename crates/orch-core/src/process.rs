@@ -76,7 +76,10 @@ mod tests {
     fn names_with_spaces_and_parentheses() {
         let line = "42 (my (odd) name) S 7 42 42 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 123456 0 0";
         let s = parse_stat(line).unwrap();
-        assert_eq!((s.state, s.ppid, s.pgrp, s.start_time), ('S', 7, 42, 123456));
+        assert_eq!(
+            (s.state, s.ppid, s.pgrp, s.start_time),
+            ('S', 7, 42, 123456)
+        );
     }
 
     #[test]

@@ -22,9 +22,17 @@ impl JobCgroup {
         let own = own_cgroup()?;
         let safe: String = name
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '-'
+                }
+            })
             .collect();
-        let path = root.join(own.trim_start_matches('/')).join(format!("orch-job-{safe}"));
+        let path = root
+            .join(own.trim_start_matches('/'))
+            .join(format!("orch-job-{safe}"));
         match std::fs::create_dir(&path) {
             Ok(()) => Some(JobCgroup { path }),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Some(JobCgroup { path }),
@@ -101,12 +109,18 @@ mod tests {
         };
         let procs = cgroup.path().join("cgroup.procs");
         let mut child = std::process::Command::new("sh")
-            .args(["-c", &format!("echo 0 > {} && exec sleep 30", procs.display())])
+            .args([
+                "-c",
+                &format!("echo 0 > {} && exec sleep 30", procs.display()),
+            ])
             .spawn()
             .unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         while !orch_core::process::cgroup_populated(cgroup.path()) {
-            assert!(std::time::Instant::now() < deadline, "the child never joined");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child never joined"
+            );
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         kill(cgroup.path());

@@ -24,7 +24,7 @@ mod watch;
 pub use cgroup::{JobCgroup, kill as kill_cgroup};
 pub use env::{AssignedDevice, JobEnv, process_env};
 pub use launch::{
-    Credentials, ExecError, ExitOutcome, LaunchSpec, Launched, Monitor, StdioMode, Stopper,
-    launch, start,
+    Credentials, ExecError, ExitOutcome, LaunchSpec, Launched, Monitor, StdioMode, Stopper, launch,
+    start,
 };
 pub use watch::{MemoryWatch, ProcessMemory, Verdict, descendants};

@@ -73,7 +73,11 @@ impl Holder {
         {
             return true;
         }
-        if self.cgroup.as_deref().is_some_and(process::cgroup_populated) {
+        if self
+            .cgroup
+            .as_deref()
+            .is_some_and(process::cgroup_populated)
+        {
             return true;
         }
         if self.pgid.is_some_and(group_has_members) {

@@ -113,15 +113,15 @@ pub fn default_state_dir() -> PathBuf {
 /// another file system shared between machines.
 pub fn on_network_fs(path: &Path) -> bool {
     const NETWORK: [i64; 9] = [
-        0x6969,             // NFS
-        0xFF53_4D42,        // CIFS
-        0xFE53_4D42,        // SMB2
-        0x517B,             // SMB
-        0x0BD0_0BD0,        // Lustre
-        0x4750_4653,        // GPFS
-        0x00C3_6400,        // CephFS
-        0x1983_0326,        // BeeGFS
-        0x0102_1997,        // 9p
+        0x6969,      // NFS
+        0xFF53_4D42, // CIFS
+        0xFE53_4D42, // SMB2
+        0x517B,      // SMB
+        0x0BD0_0BD0, // Lustre
+        0x4750_4653, // GPFS
+        0x00C3_6400, // CephFS
+        0x1983_0326, // BeeGFS
+        0x0102_1997, // 9p
     ];
     let Some(existing) = path.ancestors().find(|p| p.exists()) else {
         return false;
@@ -129,6 +129,7 @@ pub fn on_network_fs(path: &Path) -> bool {
     let Ok(c_path) = std::ffi::CString::new(existing.as_os_str().as_encoded_bytes()) else {
         return false;
     };
+    // SAFETY: statfs is plain old data, for which all zeroes is a valid value.
     let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: a NUL-terminated path and a zeroed statfs buffer of the right type.
     if unsafe { libc::statfs(c_path.as_ptr(), &mut stat) } != 0 {

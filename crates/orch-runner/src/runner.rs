@@ -54,7 +54,9 @@ pub fn prepare(job: &JobSpec, resume: bool) -> Result<Prepared<'_>, RunError> {
             job.path.display()
         ))),
         Work::Command(command) => Ok(Prepared::Command(command.clone())),
-        Work::Train(_) => Ok(Prepared::Train(Box::new(crate::train::prepare(job, resume)?))),
+        Work::Train(_) => Ok(Prepared::Train(Box::new(crate::train::prepare(
+            job, resume,
+        )?))),
     }
 }
 
@@ -197,9 +199,10 @@ impl RunningJob<'_> {
                 drop(cgroup);
                 Ok(Outcome::Command(exit))
             }
-            Running::Train { prepared, devices } => {
-                prepared.run(&devices).map(Outcome::Train).map_err(RunError::from)
-            }
+            Running::Train { prepared, devices } => prepared
+                .run(&devices)
+                .map(Outcome::Train)
+                .map_err(RunError::from),
         };
         placement.lease.release();
         outcome

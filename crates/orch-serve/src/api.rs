@@ -92,7 +92,12 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/jobs/{id}/logs", get(logs))
         .route("/v1/devices", get(devices))
         .route("/v1/tenants", get(tenants))
-        .fallback(|| async { err(StatusCode::NOT_FOUND, "no such endpoint: see docs/SERVE.md for the API") })
+        .fallback(|| async {
+            err(
+                StatusCode::NOT_FOUND,
+                "no such endpoint: see docs/SERVE.md for the API",
+            )
+        })
         .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(shared)
 }
@@ -111,7 +116,10 @@ async fn submit(
 ) -> ApiResult<(StatusCode, Json<SubmitResponse>)> {
     admitted(&caller)?;
     let request: SubmitRequest = serde_json::from_slice(&body).map_err(|e| {
-        err(StatusCode::BAD_REQUEST, format!("the request body is not a job submission: {e}"))
+        err(
+            StatusCode::BAD_REQUEST,
+            format!("the request body is not a job submission: {e}"),
+        )
     })?;
     let spec = orch_core::job::parse(std::path::Path::new(&request.job_path), &request.job_text)
         .map_err(|e| err(StatusCode::BAD_REQUEST, e.to_string()))?;
@@ -134,17 +142,28 @@ async fn submit(
         ));
     }
     let tenant = match &spec.tenant {
-        Some(t) if caller.tenants.contains(t) || (caller.admin && shared.config.tenant(t).is_some()) => t.clone(),
+        Some(t)
+            if caller.tenants.contains(t)
+                || (caller.admin && shared.config.tenant(t).is_some()) =>
+        {
+            t.clone()
+        }
         Some(t) => {
             return Err(err(
                 StatusCode::FORBIDDEN,
-                format!("{}: user {} is not in tenant \"{t}\"", request.job_path, caller.identity.name),
+                format!(
+                    "{}: user {} is not in tenant \"{t}\"",
+                    request.job_path, caller.identity.name
+                ),
             ));
         }
         None => caller.tenants.first().cloned().ok_or_else(|| {
             err(
                 StatusCode::FORBIDDEN,
-                format!("user {} is in no tenant of this daemon; ask its admin to add them", caller.identity.name),
+                format!(
+                    "user {} is in no tenant of this daemon; ask its admin to add them",
+                    caller.identity.name
+                ),
             )
         })?,
     };
@@ -160,7 +179,9 @@ async fn submit(
         if queued >= max as usize {
             return Err(err(
                 StatusCode::TOO_MANY_REQUESTS,
-                format!("tenant {tenant} has {queued} jobs queued, its max_queued = {max}: wait for some to start"),
+                format!(
+                    "tenant {tenant} has {queued} jobs queued, its max_queued = {max}: wait for some to start"
+                ),
             ));
         }
     }
@@ -197,7 +218,10 @@ async fn submit(
         .await
         .map_err(internal)?;
     shared.kick(Kick::Submitted(id));
-    Ok((StatusCode::CREATED, Json(SubmitResponse { id: id.to_string() })))
+    Ok((
+        StatusCode::CREATED,
+        Json(SubmitResponse { id: id.to_string() }),
+    ))
 }
 
 #[derive(Debug, Deserialize)]
@@ -215,7 +239,11 @@ async fn list(
     Query(q): Query<ListQuery>,
 ) -> ApiResult<Json<Vec<JobRow>>> {
     admitted(&caller)?;
-    let states: &[State] = if q.all { &[] } else { &[State::Queued, State::Running] };
+    let states: &[State] = if q.all {
+        &[]
+    } else {
+        &[State::Queued, State::Running]
+    };
     let rows = shared.db.jobs(states, LIST_LIMIT).map_err(internal)?;
     let reasons = lock(&shared.reasons).clone();
     Ok(Json(
@@ -243,7 +271,12 @@ fn with_reason(mut row: JobRow, reasons: &std::collections::HashMap<i64, String>
 /// tenant's jobs are not revealed.
 fn find(shared: &Shared, caller: &Caller, id: &str) -> ApiResult<(i64, JobRow)> {
     admitted(caller)?;
-    let not_found = || err(StatusCode::NOT_FOUND, format!("no job {id} (orch jobs --all lists yours)"));
+    let not_found = || {
+        err(
+            StatusCode::NOT_FOUND,
+            format!("no job {id} (orch jobs --all lists yours)"),
+        )
+    };
     let n: i64 = id.parse().map_err(|_| not_found())?;
     match shared.db.job(n).map_err(internal)? {
         Some(row) if visible_to(caller, &row) => Ok((n, row)),
@@ -320,7 +353,10 @@ async fn logs(
         None | Some("stdout") => "stdout",
         Some("stderr") => "stderr",
         Some(other) => {
-            return Err(err(StatusCode::BAD_REQUEST, format!("stream={other}: give stdout or stderr")));
+            return Err(err(
+                StatusCode::BAD_REQUEST,
+                format!("stream={other}: give stdout or stderr"),
+            ));
         }
     };
     let file = shared.job_dir(n, row.attempt.max(1)).join(name);
@@ -330,10 +366,10 @@ async fn logs(
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
     });
-    Ok(Response::builder()
+    Response::builder()
         .header("content-type", "text/plain; charset=utf-8")
         .body(axum::body::Body::from_stream(stream))
-        .map_err(internal)?)
+        .map_err(internal)
 }
 
 async fn devices(
@@ -349,7 +385,9 @@ async fn devices(
     .await
     .map_err(internal)?
     .map_err(internal)?;
-    Ok(Json(serde_json::to_value(&inventory.devices).map_err(internal)?))
+    Ok(Json(
+        serde_json::to_value(&inventory.devices).map_err(internal)?,
+    ))
 }
 
 async fn tenants(

@@ -105,18 +105,19 @@ impl Config {
             let offset = text.find(needle).unwrap_or(0);
             InputError::at(path, text, offset, message).with_hint(hint)
         };
-        let duration = |key: &str, value: &Option<String>| -> Result<Option<Duration>, InputError> {
-            match value {
-                None => Ok(None),
-                Some(v) => orch_core::job::parse_duration(v).map(Some).ok_or_else(|| {
-                    at(
-                        key,
-                        format!("{key} = \"{v}\" is not a duration"),
-                        "give a positive duration such as \"90m\", \"12h\" or \"7d\"",
-                    )
-                }),
-            }
-        };
+        let duration =
+            |key: &str, value: &Option<String>| -> Result<Option<Duration>, InputError> {
+                match value {
+                    None => Ok(None),
+                    Some(v) => orch_core::job::parse_duration(v).map(Some).ok_or_else(|| {
+                        at(
+                            key,
+                            format!("{key} = \"{v}\" is not a duration"),
+                            "give a positive duration such as \"90m\", \"12h\" or \"7d\"",
+                        )
+                    }),
+                }
+            };
         if raw.listen.is_some() {
             return Err(at(
                 "listen",
@@ -127,7 +128,11 @@ impl Config {
         let mut tenants = Vec::new();
         for t in &raw.tenant {
             if t.name.trim().is_empty() {
-                return Err(at("[[tenant]]", "a tenant has an empty name".into(), "name every tenant"));
+                return Err(at(
+                    "[[tenant]]",
+                    "a tenant has an empty name".into(),
+                    "name every tenant",
+                ));
             }
             if tenants.iter().any(|o: &Tenant| o.name == t.name) {
                 return Err(at(
@@ -159,7 +164,10 @@ impl Config {
             if t.idle_timeout.is_some() {
                 return Err(at(
                     "idle_timeout",
-                    format!("tenant \"{}\": idle_timeout is not enforced by this orch yet", t.name),
+                    format!(
+                        "tenant \"{}\": idle_timeout is not enforced by this orch yet",
+                        t.name
+                    ),
                     "remove idle_timeout, so the config does not promise what the daemon does not do",
                 ));
             }
@@ -174,14 +182,19 @@ impl Config {
             });
         }
         if tenants.is_empty() {
-            return Err(InputError::at(path, text, 0, "the config lists no [[tenant]]")
-                .with_hint("add a [[tenant]] with name and users (docs/SERVE.md has an example)"));
+            return Err(
+                InputError::at(path, text, 0, "the config lists no [[tenant]]").with_hint(
+                    "add a [[tenant]] with name and users (docs/SERVE.md has an example)",
+                ),
+            );
         }
         let queue_policy = raw.queue_policy.unwrap_or_else(|| "fifo".into());
         if queue_policy != "fifo" {
             return Err(at(
                 "queue_policy",
-                format!("queue_policy = \"{queue_policy}\": this orch orders its queue first in, first out (with backfill) only"),
+                format!(
+                    "queue_policy = \"{queue_policy}\": this orch orders its queue first in, first out (with backfill) only"
+                ),
                 "use queue_policy = \"fifo\", or leave it out",
             ));
         }
@@ -244,7 +257,10 @@ groups = ["nlp-lab"]
         )
         .unwrap();
         assert_eq!(c.tenants.len(), 2);
-        assert_eq!(c.tenants[0].max_runtime, Some(Duration::from_secs(72 * 3600)));
+        assert_eq!(
+            c.tenants[0].max_runtime,
+            Some(Duration::from_secs(72 * 3600))
+        );
         let alice = Identity {
             uid: 1000,
             gid: 1000,
@@ -259,7 +275,10 @@ groups = ["nlp-lab"]
         let e = parse("[[tenant]]\nname = \"a\"\nusers = [\"x\"]\nshare = -1\n").unwrap_err();
         assert!(e.contains("serve.toml:4") && e.contains("share"), "{e}");
         let e = parse("[[tenant]]\nname = \"a\"\nuser = [\"x\"]\n").unwrap_err();
-        assert!(e.contains("serve.toml:3") && e.contains("unknown field"), "{e}");
+        assert!(
+            e.contains("serve.toml:3") && e.contains("unknown field"),
+            "{e}"
+        );
         let e = parse("[[tenant]]\nname = \"a\"\n").unwrap_err();
         assert!(e.contains("no users"), "{e}");
     }

@@ -119,7 +119,8 @@ impl std::fmt::Debug for Db {
     }
 }
 
-const COLUMNS: &str = "id, name, tenant, user, uid, state, gpus, priority, requeue, submitted_at_ms,
+const COLUMNS: &str =
+    "id, name, tenant, user, uid, state, gpus, priority, requeue, submitted_at_ms,
     started_at_ms, ended_at_ms, exit_code, reason, lease_id, devices, attempt";
 
 impl Db {
@@ -289,7 +290,9 @@ fn write_loop(mut conn: Connection, requests: mpsc::Receiver<WriteRequest>) {
             Ok(tx) => tx,
             Err(e) => {
                 for request in batch {
-                    let _ = request.reply.send(Err(db("starting a write")(e.clone_shallow())));
+                    let _ = request
+                        .reply
+                        .send(Err(db("starting a write")(e.clone_shallow())));
                 }
                 continue;
             }
@@ -365,7 +368,9 @@ pub fn insert_job(
 ) -> Result<i64, DbError> {
     if let Some(key) = key {
         let existing: Option<i64> = tx
-            .query_row("SELECT id FROM jobs WHERE submit_key = ?1", [key], |r| r.get(0))
+            .query_row("SELECT id FROM jobs WHERE submit_key = ?1", [key], |r| {
+                r.get(0)
+            })
             .optional()
             .map_err(db("writing a job"))?;
         if let Some(id) = existing {

@@ -133,7 +133,10 @@ impl Engine {
     pub fn recover(&mut self) -> Result<(), String> {
         let shared = Arc::clone(&self.shared);
         let db = &shared.db;
-        for row in db.jobs(&[State::Running], u32::MAX).map_err(|e| e.to_string())? {
+        for row in db
+            .jobs(&[State::Running], u32::MAX)
+            .map_err(|e| e.to_string())?
+        {
             let id: i64 = row.id.parse().unwrap_or(0);
             let dir = self.shared.job_dir(id, row.attempt);
             if let Some(exit) = supervisor::read_exit(&dir) {
@@ -164,19 +167,29 @@ impl Engine {
                     );
                 }
                 _ if never_started => {
-                    tracing::info!("job {id}: never started before the daemon stopped; queued again");
+                    tracing::info!(
+                        "job {id}: never started before the daemon stopped; queued again"
+                    );
                     self.release(&row.lease_id);
-                    self.write(id, Change {
-                        state: Some(State::Queued),
-                        reason: Some("queued again: the daemon stopped before the job started".into()),
-                        only_if: Some(State::Running),
-                        ..Change::default()
-                    });
+                    self.write(
+                        id,
+                        Change {
+                            state: Some(State::Queued),
+                            reason: Some(
+                                "queued again: the daemon stopped before the job started".into(),
+                            ),
+                            only_if: Some(State::Running),
+                            ..Change::default()
+                        },
+                    );
                 }
                 _ => self.vanished(id, &row.lease_id, row.requeue),
             }
         }
-        for row in db.jobs(&[State::Queued], u32::MAX).map_err(|e| e.to_string())? {
+        for row in db
+            .jobs(&[State::Queued], u32::MAX)
+            .map_err(|e| e.to_string())?
+        {
             self.enqueue(row.id.parse().unwrap_or(0));
         }
         Ok(())
@@ -223,14 +236,13 @@ impl Engine {
     }
 
     fn enqueue(&mut self, id: i64) {
-        let loaded = self.shared.db.job(id).ok().flatten().zip(
-            self.shared
-                .db
-                .submission(id)
-                .ok()
-                .flatten()
-                .map(|(s, _)| s),
-        );
+        let loaded = self
+            .shared
+            .db
+            .job(id)
+            .ok()
+            .flatten()
+            .zip(self.shared.db.submission(id).ok().flatten().map(|(s, _)| s));
         let Some((row, submission)) = loaded else {
             return;
         };
@@ -320,7 +332,12 @@ impl Engine {
             .visibility
             .devices
             .iter()
-            .filter_map(|v| self.inventory.devices.iter().find(|d| d.index == v.physical))
+            .filter_map(|v| {
+                self.inventory
+                    .devices
+                    .iter()
+                    .find(|d| d.index == v.physical)
+            })
             .map(|d| d.uuid.as_str())
             .collect();
         let mut free = visible.iter().filter(|u| !held.contains(*u)).count() as u32;
@@ -336,11 +353,17 @@ impl Engine {
             };
             let gpus = job.spec.resources.gpus;
             if free == 0 && job.spec.resources.exclusive {
-                reasons.insert(id, format!("waiting for {gpus} free device(s); none is free"));
+                reasons.insert(
+                    id,
+                    format!("waiting for {gpus} free device(s); none is free"),
+                );
                 continue;
             }
             if job.spec.resources.exclusive && gpus > free {
-                reasons.insert(id, format!("waiting for {gpus} free device(s); {free} free"));
+                reasons.insert(
+                    id,
+                    format!("waiting for {gpus} free device(s); {free} free"),
+                );
                 continue;
             }
             if let Some(max) = self
@@ -448,7 +471,12 @@ impl Engine {
             .spec
             .max_runtime
             .into_iter()
-            .chain(self.shared.config.tenant(&job.row.tenant).and_then(|t| t.max_runtime))
+            .chain(
+                self.shared
+                    .config
+                    .tenant(&job.row.tenant)
+                    .and_then(|t| t.max_runtime),
+            )
             .min();
         let spec = SuperviseSpec {
             job_id: id.to_string(),
@@ -482,7 +510,9 @@ impl Engine {
                 &ExitRecord {
                     state: State::Failed,
                     exit_code: None,
-                    reason: Some(format!("the daemon could not start the job's supervisor: {e}")),
+                    reason: Some(format!(
+                        "the daemon could not start the job's supervisor: {e}"
+                    )),
                     ended_at_ms: now_ms(),
                 },
             );
@@ -532,7 +562,9 @@ impl Engine {
                     Visibility::resolve(&inventory.devices, &VisibilityEnv::from_process());
                 self.inventory = inventory;
             }
-            Err(e) => tracing::warn!("could not read the devices again, using the last reading: {e}"),
+            Err(e) => {
+                tracing::warn!("could not read the devices again, using the last reading: {e}")
+            }
         }
         self.inventory_at = Instant::now();
     }
@@ -540,13 +572,19 @@ impl Engine {
     fn finish(&mut self, id: i64, lease_id: &Option<String>, exit: ExitRecord) {
         self.release(lease_id);
         if exit.state == State::Queued {
-            tracing::warn!("job {id}: {}", exit.reason.as_deref().unwrap_or("queued again"));
-            self.write(id, Change {
-                state: Some(State::Queued),
-                reason: exit.reason,
-                only_if: Some(State::Running),
-                ..Change::default()
-            });
+            tracing::warn!(
+                "job {id}: {}",
+                exit.reason.as_deref().unwrap_or("queued again")
+            );
+            self.write(
+                id,
+                Change {
+                    state: Some(State::Queued),
+                    reason: exit.reason,
+                    only_if: Some(State::Running),
+                    ..Change::default()
+                },
+            );
             self.enqueue(id);
             return;
         }
@@ -580,31 +618,39 @@ impl Engine {
             self.enqueue(id);
         } else {
             tracing::warn!("job {id}: lost (its supervisor ended without an exit record)");
-            self.write(id, Change {
-                state: Some(State::Lost),
-                ended_at_ms: Some(now_ms()),
-                reason: Some("its processes vanished while no daemon watched them".into()),
-                only_if: Some(State::Running),
-                ..Change::default()
-            });
+            self.write(
+                id,
+                Change {
+                    state: Some(State::Lost),
+                    ended_at_ms: Some(now_ms()),
+                    reason: Some("its processes vanished while no daemon watched them".into()),
+                    only_if: Some(State::Running),
+                    ..Change::default()
+                },
+            );
         }
     }
 
     fn fail(&mut self, id: i64, reason: String) {
         tracing::info!("job {id}: failed: {reason}");
-        self.write(id, Change {
-            state: Some(State::Failed),
-            ended_at_ms: Some(now_ms()),
-            reason: Some(reason),
-            only_if: Some(State::Queued),
-            ..Change::default()
-        });
+        self.write(
+            id,
+            Change {
+                state: Some(State::Failed),
+                ended_at_ms: Some(now_ms()),
+                reason: Some(reason),
+                only_if: Some(State::Queued),
+                ..Change::default()
+            },
+        );
     }
 
     /// SIGKILL to every process group and cgroup the lease's holders name.
     fn end_remains(&mut self, lease_id: &Option<String>) {
         let Some(id) = lease_id else { return };
-        let Ok(Some(lease)) = self.store.get(id) else { return };
+        let Ok(Some(lease)) = self.store.get(id) else {
+            return;
+        };
         for holder in &lease.holders {
             if let Some(pgid) = holder.pgid.filter(|&g| g > 1) {
                 // SAFETY: kill(2) on a process group the job's supervisor created and recorded.
@@ -617,11 +663,12 @@ impl Engine {
             }
         }
         let deadline = Instant::now() + Duration::from_secs(2);
-        while lease
-            .holders
-            .iter()
-            .any(|h| h.pgid.is_some_and(orch_core::process::group_running) || h.cgroup.as_deref().is_some_and(orch_core::process::cgroup_populated))
-            && Instant::now() < deadline
+        while lease.holders.iter().any(|h| {
+            h.pgid.is_some_and(orch_core::process::group_running)
+                || h.cgroup
+                    .as_deref()
+                    .is_some_and(orch_core::process::cgroup_populated)
+        }) && Instant::now() < deadline
         {
             std::thread::sleep(Duration::from_millis(10));
         }

@@ -27,7 +27,9 @@ pub struct ServeOptions {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("another orch serve is running on {dir}{pid}: stop it first, or give this one another ORCH_STATE_DIR")]
+    #[error(
+        "another orch serve is running on {dir}{pid}: stop it first, or give this one another ORCH_STATE_DIR"
+    )]
     AlreadyRunning { dir: PathBuf, pid: String },
     #[error("cannot use the state folder {dir}: {reason}")]
     State { dir: PathBuf, reason: String },
@@ -86,7 +88,8 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         exe: options.exe.clone(),
         root: current_uid() == 0,
     });
-    let mut engine = Engine::new(Arc::clone(&shared), kicks, inventory).map_err(ServeError::Start)?;
+    let mut engine =
+        Engine::new(Arc::clone(&shared), kicks, inventory).map_err(ServeError::Start)?;
     engine.recover().map_err(ServeError::Start)?;
     std::thread::Builder::new()
         .name("orch-engine".into())
@@ -189,11 +192,12 @@ async fn listen(shared: Arc<Shared>, socket: &Path) -> Result<(), ServeError> {
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
 async fn serve_connection(app: axum::Router, stream: tokio::net::UnixStream, caller: Caller) {
-    let service = hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
-        request.extensions_mut().insert(caller.clone());
-        let mut app = app.clone();
-        async move { app.call(request.map(axum::body::Body::new)).await }
-    });
+    let service =
+        hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+            request.extensions_mut().insert(caller.clone());
+            let mut app = app.clone();
+            async move { app.call(request.map(axum::body::Body::new)).await }
+        });
     let connection = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)

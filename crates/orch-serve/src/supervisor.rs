@@ -106,7 +106,10 @@ pub fn supervise(dir: &Path) -> i32 {
     {
         Ok(spec) => spec,
         Err(e) => {
-            eprintln!("orch supervisor: cannot read {}/spec.json: {e}", dir.display());
+            eprintln!(
+                "orch supervisor: cannot read {}/spec.json: {e}",
+                dir.display()
+            );
             return 2;
         }
     };
@@ -122,17 +125,26 @@ pub fn supervise(dir: &Path) -> i32 {
     match take_fence(dir, &me) {
         Ok(true) => {}
         Ok(false) => {
-            eprintln!("orch supervisor: job {} was fenced off before it started", spec.job_id);
+            eprintln!(
+                "orch supervisor: job {} was fenced off before it started",
+                spec.job_id
+            );
             return 3;
         }
         Err(e) => {
-            eprintln!("orch supervisor: cannot write {}/started: {e}", dir.display());
+            eprintln!(
+                "orch supervisor: cannot write {}/started: {e}",
+                dir.display()
+            );
             return 2;
         }
     }
     let record = run(dir, &spec, signals.ok());
     if let Err(e) = write_exit(dir, &record) {
-        eprintln!("orch supervisor: cannot write {}/exit.json: {e}", dir.display());
+        eprintln!(
+            "orch supervisor: cannot write {}/exit.json: {e}",
+            dir.display()
+        );
         return 1;
     }
     0
@@ -233,9 +245,11 @@ fn record_of(outcome: &Outcome) -> ExitRecord {
         Outcome::Command(ExitOutcome::Exited(0)) | Outcome::Train(_) => {
             (State::Succeeded, Some(0), None)
         }
-        Outcome::Command(ExitOutcome::Exited(code)) => {
-            (State::Failed, Some(*code), Some(format!("exit status {code}")))
-        }
+        Outcome::Command(ExitOutcome::Exited(code)) => (
+            State::Failed,
+            Some(*code),
+            Some(format!("exit status {code}")),
+        ),
         Outcome::Command(ExitOutcome::Signaled(signal)) => (
             State::Failed,
             Some(128 + signal),

@@ -46,7 +46,13 @@ fn passwd(uid: u32) -> Option<(String, u32)> {
     unsafe {
         let mut pwd: libc::passwd = std::mem::zeroed();
         let mut result: *mut libc::passwd = std::ptr::null_mut();
-        let rc = libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr().cast(), buf.len(), &mut result);
+        let rc = libc::getpwuid_r(
+            uid,
+            &mut pwd,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut result,
+        );
         if rc != 0 || result.is_null() {
             return None;
         }
@@ -81,9 +87,8 @@ fn group_list(name: &str, gid: u32) -> Option<Vec<u32>> {
         let mut groups = vec![0 as libc::gid_t; count as usize];
         // SAFETY: `groups` has room for `count` entries; getgrouplist writes at most that many
         // and sets `count` to the number it needs.
-        let rc = unsafe {
-            libc::getgrouplist(c_name.as_ptr(), gid, groups.as_mut_ptr(), &mut count)
-        };
+        let rc =
+            unsafe { libc::getgrouplist(c_name.as_ptr(), gid, groups.as_mut_ptr(), &mut count) };
         if rc >= 0 {
             groups.truncate(count as usize);
             return Some(groups);
@@ -100,7 +105,13 @@ fn group_name(gid: u32) -> Option<String> {
     unsafe {
         let mut grp: libc::group = std::mem::zeroed();
         let mut result: *mut libc::group = std::ptr::null_mut();
-        let rc = libc::getgrgid_r(gid, &mut grp, buf.as_mut_ptr().cast(), buf.len(), &mut result);
+        let rc = libc::getgrgid_r(
+            gid,
+            &mut grp,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut result,
+        );
         if rc != 0 || result.is_null() {
             return None;
         }

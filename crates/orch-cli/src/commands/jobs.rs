@@ -84,7 +84,11 @@ fn quick_job_text(args: &SubmitArgs) -> Result<String, Failure> {
 
 pub fn list(args: &JobsArgs) -> CmdResult {
     let client = Client::from_env()?;
-    let path = if args.all { "/v1/jobs?all=true" } else { "/v1/jobs" };
+    let path = if args.all {
+        "/v1/jobs?all=true"
+    } else {
+        "/v1/jobs"
+    };
     let (status, body) = client.call(Method::GET, path, None)?;
     if status != StatusCode::OK {
         return Err(answer_failure(status, &body));
@@ -113,7 +117,9 @@ pub fn list(args: &JobsArgs) -> CmdResult {
     print!(
         "{}",
         table::render(
-            &["ID", "NAME", "TENANT", "USER", "STATE", "GPUS", "AGE", "REASON"],
+            &[
+                "ID", "NAME", "TENANT", "USER", "STATE", "GPUS", "AGE", "REASON"
+            ],
             &rows
         )
     );
@@ -155,7 +161,10 @@ pub fn status(args: &JobIdArgs) -> CmdResult {
     let client = Client::from_env()?;
     let job = fetch(&client, &args.id)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&job).map_err(Failure::failed)?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&job).map_err(Failure::failed)?
+        );
         return Ok(());
     }
     let mut lines = vec![
@@ -226,12 +235,18 @@ pub fn wait(args: &JobIdArgs) -> CmdResult {
         let job = fetch(&client, &args.id)?;
         if job.state.is_final() {
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&job).map_err(Failure::failed)?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&job).map_err(Failure::failed)?
+                );
             }
             return match job.state {
                 State::Succeeded => Ok(()),
                 state => Err(Failure {
-                    code: job.exit_code.filter(|c| *c > 0).map_or(1, |c| (c & 0xff) as u8),
+                    code: job
+                        .exit_code
+                        .filter(|c| *c > 0)
+                        .map_or(1, |c| (c & 0xff) as u8),
                     error: anyhow::anyhow!(
                         "job {} {}{}",
                         job.id,

@@ -168,14 +168,33 @@ fn a_lease_outlives_its_watcher_while_a_process_of_the_job_lives() {
     let lease = store
         .claim(&request("job", true), take(&["GPU-a"]))
         .unwrap();
-    let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
     store
         .add_holder(&lease.id, Holder::of_pid(child.id()).unwrap())
         .unwrap();
-    assert!(!store.release_unless_held(&lease.id, &Holder::current()).unwrap());
-    assert_eq!(store.active().unwrap().len(), 1, "the job's process still holds it");
+    assert!(
+        !store
+            .release_unless_held(&lease.id, &Holder::current())
+            .unwrap()
+    );
+    assert_eq!(
+        store.active().unwrap().len(),
+        1,
+        "the job's process still holds it"
+    );
     child.kill().unwrap();
     child.wait().unwrap();
-    assert_eq!(store.active().unwrap().len(), 0, "reclaimed once the process is gone");
-    assert!(store.release_unless_held(&lease.id, &Holder::current()).unwrap());
+    assert_eq!(
+        store.active().unwrap().len(),
+        0,
+        "reclaimed once the process is gone"
+    );
+    assert!(
+        store
+            .release_unless_held(&lease.id, &Holder::current())
+            .unwrap()
+    );
 }
