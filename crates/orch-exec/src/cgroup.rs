@@ -16,8 +16,11 @@ pub struct JobCgroup {
 
 impl JobCgroup {
     /// Creates `orch-job-NAME` under this process's own cgroup, if this machine and these
-    /// permissions allow it.
+    /// permissions allow it and `ORCH_CGROUPS` is not `off`.
     pub fn create(name: &str) -> Option<JobCgroup> {
+        if std::env::var("ORCH_CGROUPS").is_ok_and(|v| v == "off") {
+            return None;
+        }
         let root = mount_point()?;
         let own = own_cgroup()?;
         let safe: String = name
