@@ -27,6 +27,13 @@ pub enum TensorError {
         rank: usize,
     },
 
+    #[error("{op}: axis list {axes:?} names an axis twice (a tensor of rank {rank})")]
+    RepeatedAxis {
+        op: &'static str,
+        axes: Vec<isize>,
+        rank: usize,
+    },
+
     #[error("{op}: tensors live on different devices ({lhs} and {rhs}); move one with `to`")]
     DeviceMismatch {
         op: &'static str,
@@ -60,6 +67,11 @@ pub enum TensorError {
 
     #[error("CUDA is not usable: {0}")]
     CudaUnavailable(String),
+
+    #[error(
+        "autograd: {limit} graph nodes are alive, the most allowed; drop tensors computed from parameters, or compute under no-grad"
+    )]
+    GraphLimit { limit: usize },
 
     #[error("backward: {0}")]
     Autograd(String),

@@ -18,16 +18,38 @@ pub fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
 }
 
-/// Number of elements, or an error when the product overflows (shapes come from plugins).
+/// Most dimensions a tensor may have (a plugin's shape list is bounded by it, so a layout's
+/// host memory is too).
+pub const MAX_RANK: usize = 32;
+
+/// Most elements a tensor may have: its f32 bytes must be addressable (`isize::MAX`, Rust's
+/// limit on one allocation), so every byte count computed from a shape is exact.
+pub const MAX_NUMEL: usize = isize::MAX as usize / std::mem::size_of::<f32>();
+
+/// The one check every new tensor's shape passes (through [`crate::storage::alloc`], which
+/// every op's output goes through): at most [`MAX_RANK`] dimensions and at most [`MAX_NUMEL`]
+/// elements, a zero dimension included (a shape holding nothing is still refused when its
+/// other dimensions multiply past the limit). Returns the element count.
 pub fn checked_numel(op: &'static str, shape: &[usize]) -> Result<usize> {
-    shape
+    let invalid = |reason: String| TensorError::InvalidShape {
+        op,
+        shape: shape.to_vec(),
+        reason,
+    };
+    if shape.len() > MAX_RANK {
+        return Err(invalid(format!(
+            "{} dimensions; at most {MAX_RANK}",
+            shape.len()
+        )));
+    }
+    // The product of the non-zero dimensions: a zero must not hide an overflow elsewhere.
+    let nonzero = shape
         .iter()
+        .filter(|&&d| d != 0)
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-        .ok_or_else(|| TensorError::InvalidShape {
-            op,
-            shape: shape.to_vec(),
-            reason: "the element count overflows".into(),
-        })
+        .filter(|&n| n <= MAX_NUMEL)
+        .ok_or_else(|| invalid(format!("more than {MAX_NUMEL} elements")))?;
+    Ok(if shape.contains(&0) { 0 } else { nonzero })
 }
 
 /// Row-major strides of a dense tensor of this shape.
@@ -60,10 +82,10 @@ pub fn resolve_axes(op: &'static str, axes: &[isize], rank: usize) -> Result<Vec
         .collect::<Result<Vec<_>>>()?;
     out.sort_unstable();
     if out.windows(2).any(|w| w[0] == w[1]) {
-        return Err(TensorError::InvalidShape {
+        return Err(TensorError::RepeatedAxis {
             op,
-            shape: vec![],
-            reason: format!("axis list {axes:?} names an axis twice"),
+            axes: axes.to_vec(),
+            rank,
         });
     }
     Ok(out)
@@ -315,7 +337,26 @@ mod tests {
     fn axes_resolve_negative_and_reject_repeats() {
         assert_eq!(resolve_axis("t", -1, 3).unwrap(), 2);
         assert!(resolve_axis("t", 3, 3).is_err());
-        assert!(resolve_axes("t", &[0, -3], 3).is_err());
+        let repeated = resolve_axes("t", &[0, -3], 3).unwrap_err();
+        assert_eq!(
+            repeated.to_string(),
+            "t: axis list [0, -3] names an axis twice (a tensor of rank 3)"
+        );
         assert_eq!(resolve_axes("t", &[], 2).unwrap(), vec![0, 1]);
+    }
+
+    #[test]
+    fn shapes_are_checked_for_rank_and_element_count() {
+        assert_eq!(checked_numel("t", &[2, 3]).unwrap(), 6);
+        assert_eq!(checked_numel("t", &[]).unwrap(), 1);
+        assert_eq!(checked_numel("t", &[4, 0]).unwrap(), 0);
+        // 2^64 elements that hold nothing (a zero) are refused all the same.
+        let huge = [65536, 65536, 65536, 65536, 0];
+        assert!(checked_numel("t", &huge).is_err());
+        assert!(checked_numel("t", &[1 << 62, 1]).is_err(), "bytes overflow");
+        assert!(checked_numel("t", &[MAX_NUMEL]).is_ok());
+        assert!(checked_numel("t", &[1; MAX_RANK]).is_ok());
+        let err = checked_numel("t", &[1; MAX_RANK + 1]).unwrap_err();
+        assert!(err.to_string().contains("at most 32"), "{err}");
     }
 }

@@ -40,8 +40,9 @@ mod rng;
 mod storage;
 mod tensor;
 
-pub use autograd::{is_grad_enabled, no_grad};
+pub use autograd::{GraphBudget, is_grad_enabled, no_grad, with_graph_budget};
 pub use device::Device;
 pub use error::{Result, TensorError};
+pub use layout::{MAX_NUMEL, MAX_RANK};
 pub use memory::{MemoryPool, MemoryStats, Reservation};
 pub use tensor::Tensor;

@@ -152,6 +152,19 @@ impl MemoryPool {
 
     /// Reserves `bytes`, or fails without changing anything when the limit would be passed.
     pub fn reserve(self: &Arc<Self>, bytes: u64) -> Result<Reservation> {
+        // A request this pool refuses on its own is refused in its own words (the job's quota),
+        // not the device's, whichever is smaller.
+        let current = self.in_use.load(Ordering::Acquire);
+        if let Some(limit) = self.limit
+            && current.saturating_add(bytes) > limit
+        {
+            return Err(TensorError::OutOfMemory {
+                requested: bytes,
+                in_use: current,
+                limit,
+                device: self.device,
+            });
+        }
         // The parent's share is taken first and given back (by drop) if this pool refuses.
         let parent = self.parent.as_ref().map(|p| p.reserve(bytes)).transpose()?;
         let mut current = self.in_use.load(Ordering::Acquire);
@@ -269,6 +282,16 @@ mod tests {
             (70, 0),
             "refusals change nothing"
         );
+        // Past both the quota and the device: the quota is what the job is told about.
+        assert!(matches!(
+            job_a.reserve(1000),
+            Err(TensorError::OutOfMemory {
+                limit: 80,
+                in_use: 70,
+                requested: 1000,
+                ..
+            })
+        ));
         let b = job_b.reserve(30).unwrap();
         assert_eq!(device.in_use(), 100);
         drop((a, b));

@@ -14,6 +14,23 @@ pub(crate) enum UnaryOp {
     Affine { mul: f32, add: f32 },
 }
 
+impl UnaryOp {
+    /// The op's name in errors.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Gelu => "gelu",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Sqr => "sqr",
+            UnaryOp::Affine { .. } => "affine",
+        }
+    }
+}
+
 /// Elementwise maps of two broadcast tensors. The `*Grad` ops are backward rules:
 /// `ReluGrad(g, x)`, `GeluGrad(g, x)` take the op's input, `TanhGrad(g, y)` and
 /// `SigmoidGrad(g, y)` its output. `Eq` yields 1.0 or 0.0.
@@ -35,6 +52,16 @@ pub(crate) enum BinaryOp {
 pub(crate) enum ReduceOp {
     Sum,
     Max,
+}
+
+impl ReduceOp {
+    /// The op's name in errors.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Max => "max",
+        }
+    }
 }
 
 /// The fused optimizer updates, with their hyper-parameters for one step.

@@ -8,7 +8,7 @@
 use crate::cpu::{self, CpuStorage};
 use crate::cuda::CudaStorage;
 use crate::error::{Result, TensorError};
-use crate::layout::Layout;
+use crate::layout::{self, Layout};
 use crate::memory::{MemoryPool, Reservation};
 use crate::ops::{BinaryOp, ReduceOp, UnaryOp, UpdateOp};
 use std::ops::Range;
@@ -40,13 +40,17 @@ impl Buffer {
     }
 }
 
-/// Reserves `numel` floats in `pool`, then runs `make` to produce the storage.
+/// Checks `shape` (the one shape check every op's output passes: [`layout::checked_numel`]),
+/// reserves its floats in `pool`, then runs `make` to produce the storage.
 pub(crate) fn alloc(
     pool: &Arc<MemoryPool>,
-    numel: usize,
+    op: &'static str,
+    shape: &[usize],
     make: impl FnOnce() -> Result<Storage>,
 ) -> Result<Arc<Buffer>> {
-    let reservation = pool.reserve((numel as u64).saturating_mul(4))?;
+    let numel = layout::checked_numel(op, shape)?;
+    // Exact: `checked_numel` keeps the byte count within `isize::MAX`.
+    let reservation = pool.reserve((numel * std::mem::size_of::<f32>()) as u64)?;
     let storage = make()?;
     Ok(Arc::new(Buffer {
         storage: RwLock::new(storage),

@@ -6,14 +6,90 @@
 //! topologically and applies each op's rule (rules.rs) from the loss down, adding gradients into
 //! the leaves.
 //! Gradient computations themselves run with recording off ([`no_grad`]).
+//!
+//! A recorded op is host memory (the node, its layout, the handles it keeps) that no device
+//! quota sees, and a graph lives as long as any tensor computed from it. A [`GraphBudget`]
+//! bounds how many nodes one holder (a trainer replica) keeps alive: ops run inside
+//! [`with_graph_budget`] take a node from it when they record, give it back when the node is
+//! dropped, and fail with [`TensorError::GraphLimit`] when none is left.
 
 mod rules;
 
 use crate::error::{Result, TensorError};
 use crate::ops::{BinaryOp, UnaryOp};
 use crate::tensor::Tensor;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// How many autograd graph nodes may be alive at once, for the ops run inside
+/// [`with_graph_budget`]. Shared by every thread that runs under it.
+#[derive(Debug)]
+pub struct GraphBudget {
+    limit: usize,
+    live: AtomicUsize,
+}
+
+impl GraphBudget {
+    pub fn new(limit: usize) -> Arc<GraphBudget> {
+        Arc::new(GraphBudget {
+            limit,
+            live: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Nodes alive now.
+    pub fn live(&self) -> usize {
+        self.live.load(Ordering::Acquire)
+    }
+
+    /// One node, or an error when `limit` are alive; never passes the limit.
+    fn take(self: &Arc<Self>) -> Result<NodeToken> {
+        self.live
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.limit).then_some(n + 1)
+            })
+            .map_err(|_| TensorError::GraphLimit { limit: self.limit })?;
+        Ok(NodeToken(Arc::clone(self)))
+    }
+}
+
+/// A node counted in a budget; given back on drop (when the node is).
+pub(crate) struct NodeToken(Arc<GraphBudget>);
+
+impl Drop for NodeToken {
+    fn drop(&mut self) {
+        self.0.live.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A recorded op and the budget node it holds (none outside any budget).
+pub(crate) struct Recorded {
+    pub op: Op,
+    pub node: Option<NodeToken>,
+}
+
+thread_local! {
+    static BUDGET: RefCell<Option<Arc<GraphBudget>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with every op it records on this thread counted in `budget` (the previous budget,
+/// if any, is restored afterwards, also on a panic).
+pub fn with_graph_budget<T>(budget: &Arc<GraphBudget>, f: impl FnOnce() -> T) -> T {
+    struct Restore(Option<Arc<GraphBudget>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            BUDGET.with(|b| *b.borrow_mut() = self.0.take());
+        }
+    }
+    let _restore = Restore(BUDGET.with(|b| b.borrow_mut().replace(Arc::clone(budget))));
+    f()
+}
 
 /// How a tensor was computed, with the inputs its gradient rule needs.
 pub(crate) enum Op {
@@ -100,9 +176,16 @@ pub fn is_grad_enabled() -> bool {
     GRAD_ENABLED.with(Cell::get)
 }
 
-/// `Some(op)` when recording is on and any input requires grad.
-pub(crate) fn record(inputs: &[&Tensor], op: impl FnOnce() -> Op) -> Option<Op> {
-    (is_grad_enabled() && inputs.iter().any(|t| t.requires_grad())).then(op)
+/// `Some(op)` when recording is on and any input requires grad, counted in the thread's
+/// [`GraphBudget`] (an error when it is spent).
+pub(crate) fn record(inputs: &[&Tensor], op: impl FnOnce() -> Op) -> Result<Option<Recorded>> {
+    if !(is_grad_enabled() && inputs.iter().any(|t| t.requires_grad())) {
+        return Ok(None);
+    }
+    let node = BUDGET
+        .with(|b| b.borrow().as_ref().map(GraphBudget::take))
+        .transpose()?;
+    Ok(Some(Recorded { op: op(), node }))
 }
 
 /// Every tensor the root depends on through tensors that require grad, inputs before outputs.

@@ -11,7 +11,7 @@ mod strided;
 
 pub(crate) use elementwise::{binary, unary};
 pub(crate) use matmul::matmul;
-pub(crate) use nn::{cross_entropy, cross_entropy_grad, softmax_last};
+pub(crate) use nn::{cross_entropy, cross_entropy_grad, label_index, softmax_last};
 pub(crate) use optim::update;
 pub(crate) use reduce::{argmax, reduce};
 pub(crate) use strided::{gather, scatter};

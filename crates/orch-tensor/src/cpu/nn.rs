@@ -54,7 +54,8 @@ pub(crate) fn softmax_last(x: &[f32], n: usize, log: bool) -> CpuStorage {
     out
 }
 
-fn label_index(op: &'static str, label: f32, classes: usize) -> Result<usize> {
+/// `label` as a class index in `0..classes`, or an error (NaN, negative, fractional, too big).
+pub(crate) fn label_index(op: &'static str, label: f32, classes: usize) -> Result<usize> {
     if label >= 0.0 && label.fract() == 0.0 && (label as usize) < classes {
         Ok(label as usize)
     } else {

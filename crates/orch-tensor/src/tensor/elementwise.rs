@@ -3,7 +3,7 @@
 use super::Tensor;
 use crate::autograd::{self, Op};
 use crate::error::{Result, TensorError};
-use crate::layout::{self, broadcast_shape};
+use crate::layout::broadcast_shape;
 use crate::ops::{BinaryOp, UnaryOp};
 use crate::storage;
 
@@ -26,7 +26,7 @@ impl Tensor {
         let la = self.layout().broadcast_as(name, &shape)?;
         let lb = rhs.layout().broadcast_as(name, &shape)?;
         let pool = self.pool();
-        let buffer = storage::alloc(pool, layout::numel(&shape), || {
+        let buffer = storage::alloc(pool, name, &shape, || {
             storage::read_two(self.buffer(), rhs.buffer(), |a, b| {
                 storage::binary(pool, op, a, &la, b, &lb)
             })
@@ -36,7 +36,7 @@ impl Tensor {
             BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div
         );
         let rec = if differentiable {
-            autograd::record(&[self, rhs], || Op::Binary(op, self.clone(), rhs.clone()))
+            autograd::record(&[self, rhs], || Op::Binary(op, self.clone(), rhs.clone()))?
         } else {
             None
         };
@@ -68,10 +68,10 @@ impl Tensor {
     fn unary(&self, op: UnaryOp, record_as: impl FnOnce(Tensor) -> Op) -> Result<Tensor> {
         let x = self.contiguous()?;
         let pool = x.pool();
-        let buffer = storage::alloc(pool, x.numel(), || {
+        let buffer = storage::alloc(pool, op.name(), x.shape(), || {
             storage::unary(pool, op, &x.buffer().read(), x.layout())
         })?;
-        let rec = autograd::record(&[&x], || record_as(x.clone()));
+        let rec = autograd::record(&[&x], || record_as(x.clone()))?;
         Ok(Tensor::dense(buffer, x.shape(), rec))
     }
 

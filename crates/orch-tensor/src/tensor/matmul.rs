@@ -46,13 +46,12 @@ impl Tensor {
         })?;
         let out_shape = full(m, n);
         let pool = self.pool();
-        let count: usize = out_shape.iter().product();
-        let buffer = storage::alloc(pool, count, || {
+        let buffer = storage::alloc(pool, "matmul", &out_shape, || {
             storage::read_two(a.buffer(), b.buffer(), |sa, sb| {
                 storage::matmul(pool, (sa, a.layout()), (sb, b.layout()), (m, k, n))
             })
         })?;
-        let rec = autograd::record(&[self, rhs], || Op::Matmul(self.clone(), rhs.clone()));
+        let rec = autograd::record(&[self, rhs], || Op::Matmul(self.clone(), rhs.clone()))?;
         Ok(Tensor::dense(buffer, &out_shape, rec))
     }
 }

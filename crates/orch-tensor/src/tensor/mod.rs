@@ -7,7 +7,7 @@ mod nn;
 mod reduce;
 mod view;
 
-use crate::autograd::{self, Op};
+use crate::autograd::{self, NodeToken, Op, Recorded};
 use crate::device::Device;
 use crate::error::{Result, TensorError};
 use crate::layout::{self, Layout};
@@ -28,6 +28,8 @@ struct Inner {
     layout: Layout,
     requires_grad: bool,
     op: Option<Op>,
+    /// The graph budget's count of this node (given back when the node goes).
+    _node: Option<NodeToken>,
     grad: Mutex<Option<Tensor>>,
 }
 
@@ -70,25 +72,29 @@ impl fmt::Debug for Tensor {
 }
 
 impl Tensor {
-    pub(crate) fn from_parts(buffer: Arc<Buffer>, layout: Layout, op: Option<Op>) -> Tensor {
-        let requires_grad = op.is_some();
+    pub(crate) fn from_parts(buffer: Arc<Buffer>, layout: Layout, op: Option<Recorded>) -> Tensor {
+        let (op, node) = match op {
+            Some(Recorded { op, node }) => (Some(op), node),
+            None => (None, None),
+        };
         Tensor(Arc::new(Inner {
             id: next_id(),
             buffer,
             layout,
-            requires_grad,
+            requires_grad: op.is_some(),
             op,
+            _node: node,
             grad: Mutex::new(None),
         }))
     }
 
     /// A dense tensor from a fresh buffer, recording `op` when autograd wants it.
-    pub(crate) fn dense(buffer: Arc<Buffer>, shape: &[usize], op: Option<Op>) -> Tensor {
+    pub(crate) fn dense(buffer: Arc<Buffer>, shape: &[usize], op: Option<Recorded>) -> Tensor {
         Tensor::from_parts(buffer, Layout::contiguous(shape), op)
     }
 
     /// A view of this tensor's storage under another layout.
-    pub(crate) fn view(&self, layout: Layout, op: Option<Op>) -> Tensor {
+    pub(crate) fn view(&self, layout: Layout, op: Option<Recorded>) -> Tensor {
         Tensor::from_parts(Arc::clone(&self.0.buffer), layout, op)
     }
 
@@ -104,7 +110,9 @@ impl Tensor {
                 reason: format!("{} values given for {n} elements", data.len()),
             });
         }
-        let buffer = storage::alloc(pool, n, || storage::from_host(pool, data.to_vec()))?;
+        let buffer = storage::alloc(pool, "from_slice", shape, || {
+            storage::from_host(pool, data.to_vec())
+        })?;
         Ok(Tensor::dense(buffer, shape, None))
     }
 
@@ -118,13 +126,13 @@ impl Tensor {
                 reason: format!("{} values given for {n} elements", data.len()),
             });
         }
-        let buffer = storage::alloc(pool, n, || storage::from_host(pool, data))?;
+        let buffer = storage::alloc(pool, "from_vec", shape, || storage::from_host(pool, data))?;
         Ok(Tensor::dense(buffer, shape, None))
     }
 
     pub fn full(shape: &[usize], value: f32, pool: &Arc<MemoryPool>) -> Result<Tensor> {
         let n = layout::checked_numel("full", shape)?;
-        let buffer = storage::alloc(pool, n, || storage::fill(pool, n, value))?;
+        let buffer = storage::alloc(pool, "full", shape, || storage::fill(pool, n, value))?;
         Ok(Tensor::dense(buffer, shape, None))
     }
 
@@ -145,7 +153,7 @@ impl Tensor {
     pub fn randn(shape: &[usize], seed: u64, pool: &Arc<MemoryPool>) -> Result<Tensor> {
         let n = layout::checked_numel("randn", shape)?;
         // Generated inside `alloc`, after the quota has accepted the bytes.
-        let buffer = storage::alloc(pool, n, || {
+        let buffer = storage::alloc(pool, "randn", shape, || {
             let mut data = vec![0.0; n];
             Rng::new(seed).fill_normal(&mut data);
             storage::from_host(pool, data)
@@ -162,7 +170,7 @@ impl Tensor {
         pool: &Arc<MemoryPool>,
     ) -> Result<Tensor> {
         let n = layout::checked_numel("uniform", shape)?;
-        let buffer = storage::alloc(pool, n, || {
+        let buffer = storage::alloc(pool, "uniform", shape, || {
             let mut rng = Rng::new(seed);
             storage::from_host(pool, (0..n).map(|_| rng.uniform(low, high)).collect())
         })?;
@@ -255,17 +263,17 @@ impl Tensor {
             return Ok(self.clone());
         }
         let (from, to) = (self.device(), pool.device());
-        let n = self.numel();
+        let shape = self.shape();
         let buffer = if from == to || (from.is_host() && to.is_host()) {
             // Same memory space (host, or one CUDA device): a direct copy, no staging.
-            storage::alloc(pool, n, || {
+            storage::alloc(pool, "to", shape, || {
                 storage::gather(pool, &self.buffer().read(), self.layout())
             })?
         } else {
             let data = self.to_vec()?;
-            storage::alloc(pool, n, || storage::from_host(pool, data))?
+            storage::alloc(pool, "to", shape, || storage::from_host(pool, data))?
         };
-        let op = autograd::record(&[self], || Op::ToDevice(self.clone()));
+        let op = autograd::record(&[self], || Op::ToDevice(self.clone()))?;
         Ok(Tensor::dense(buffer, self.shape(), op))
     }
 
@@ -286,7 +294,9 @@ impl Tensor {
             autograd::no_grad(|| src.affine(1.0, 0.0))?
         } else {
             let data = src.to_vec()?;
-            let buffer = storage::alloc(pool, data.len(), || storage::from_host(pool, data))?;
+            let buffer = storage::alloc(pool, "assign", src.shape(), || {
+                storage::from_host(pool, data)
+            })?;
             Tensor::dense(buffer, src.shape(), None)
         };
         let mut dst = self.0.buffer.write();
@@ -309,6 +319,7 @@ impl Tensor {
             layout: self.0.layout.clone(),
             requires_grad: true,
             op: None,
+            _node: None,
             grad: Mutex::new(None),
         };
         Tensor(Arc::new(inner))

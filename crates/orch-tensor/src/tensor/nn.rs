@@ -22,7 +22,7 @@ impl Tensor {
         let x = self.contiguous()?;
         let n = x.shape()[last];
         let pool = x.pool();
-        let buffer = storage::alloc(pool, x.numel(), || {
+        let buffer = storage::alloc(pool, name, x.shape(), || {
             storage::softmax_last(pool, &x.buffer().read(), x.layout(), n, log)
         })?;
         let rec = autograd::record(&[&x], || {
@@ -31,7 +31,7 @@ impl Tensor {
             } else {
                 Op::Softmax(x.clone(), a)
             }
-        });
+        })?;
         Ok(Tensor::dense(buffer, x.shape(), rec))
     }
 
@@ -49,6 +49,11 @@ impl Tensor {
     fn check_labels(&self, labels: &Tensor, op: &'static str) -> Result<usize> {
         same_device(op, self, labels)?;
         match (self.shape(), labels.shape()) {
+            ([_, 0], _) => Err(TensorError::InvalidShape {
+                op,
+                shape: self.shape().to_vec(),
+                reason: "logits with no classes have no label to score".into(),
+            }),
             ([rows, classes], [n]) if rows == n => Ok(*classes),
             _ => Err(TensorError::ShapeMismatch {
                 op,
@@ -69,14 +74,14 @@ impl Tensor {
         );
         let pool = x.pool();
         let rows = y.numel();
-        let losses = storage::alloc(pool, rows, || {
+        let losses = storage::alloc(pool, "cross_entropy", &[rows], || {
             storage::read_two(x.buffer(), y.buffer(), |xs, ys| {
                 storage::cross_entropy(pool, (xs, x.layout()), (ys, y.layout()), classes)
             })
         })?;
         let losses = Tensor::dense(losses, &[rows], None);
         let mean = autograd::no_grad(|| losses.mean_all())?;
-        let rec = autograd::record(&[&x], || Op::CrossEntropy(x.clone(), y.clone()));
+        let rec = autograd::record(&[&x], || Op::CrossEntropy(x.clone(), y.clone()))?;
         Ok(mean.view(mean.layout().clone(), rec))
     }
 
@@ -85,7 +90,7 @@ impl Tensor {
         let classes = self.check_labels(labels, "cross_entropy backward")?;
         let g = g.contiguous()?;
         let pool = self.pool();
-        let buffer = storage::alloc(pool, self.numel(), || {
+        let buffer = storage::alloc(pool, "cross_entropy backward", self.shape(), || {
             let (xs, ys, gs) = (
                 self.buffer().read(),
                 labels.buffer().read(),
@@ -112,6 +117,20 @@ impl Tensor {
             });
         }
         self.sub(target)?.sqr()?.mean_all()
+    }
+
+    /// How many rows of logits `[rows, classes]` have their largest value at the label. Labels
+    /// are checked as [`Tensor::cross_entropy`] checks them on the CPU, on every backend (they
+    /// are copied to the host): a count over labels that are not class indices means nothing.
+    pub fn correct(&self, labels: &Tensor) -> Result<usize> {
+        let classes = self.check_labels(labels, "correct")?;
+        for label in labels.to_vec()? {
+            crate::cpu::label_index("correct", label, classes)?;
+        }
+        let hits =
+            autograd::no_grad(|| self.argmax(-1, false)?.eq(labels)?.sum_all()?.to_scalar())?;
+        // Exact: a sum of ones below 2^24 rows, and the rows fit far below that.
+        Ok(hits.round().clamp(0.0, labels.numel() as f32) as usize)
     }
 
     /// Fraction of rows whose largest logit is at the label's index, as a scalar tensor.

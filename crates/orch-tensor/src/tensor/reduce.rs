@@ -2,8 +2,8 @@
 
 use super::Tensor;
 use crate::autograd::{self, Op};
-use crate::error::Result;
-use crate::layout::{Layout, resolve_axes, resolve_axis};
+use crate::error::{Result, TensorError};
+use crate::layout::{self, Layout, resolve_axes, resolve_axis};
 use crate::ops::ReduceOp;
 use crate::storage;
 
@@ -23,6 +23,25 @@ fn reduced_shapes(shape: &[usize], axes: &[usize]) -> (Vec<usize>, Vec<usize>) {
     (kept, dropped)
 }
 
+/// The largest of no values (an empty axis reduced into a non-empty result) has no value:
+/// an error rather than -inf or an index into nothing.
+fn no_value_of_nothing(
+    op: &'static str,
+    shape: &[usize],
+    axes: &[usize],
+    kept: &[usize],
+) -> Result<()> {
+    let empty_axis = axes.iter().any(|&a| shape[a] == 0);
+    if empty_axis && layout::numel(kept) > 0 {
+        return Err(TensorError::InvalidShape {
+            op,
+            shape: shape.to_vec(),
+            reason: format!("axes {axes:?} hold no values to take the largest of"),
+        });
+    }
+    Ok(())
+}
+
 impl Tensor {
     /// Reduces `axes` one at a time (no autograd); the result keeps them as size 1.
     fn reduce_raw(&self, op: ReduceOp, axes: &[usize]) -> Result<Tensor> {
@@ -32,7 +51,7 @@ impl Tensor {
             let mut shape = cur.shape().to_vec();
             shape[axis] = 1;
             let pool = cur.pool();
-            let buffer = storage::alloc(pool, dims.0 * dims.2, || {
+            let buffer = storage::alloc(pool, op.name(), &shape, || {
                 storage::reduce(pool, op, &cur.buffer().read(), cur.layout(), dims)
             })?;
             cur = Tensor::dense(buffer, &shape, None);
@@ -49,11 +68,14 @@ impl Tensor {
     ) -> Result<Tensor> {
         let axes = resolve_axes(name, axes, self.rank())?;
         let (kept, dropped) = reduced_shapes(self.shape(), &axes);
+        if op == ReduceOp::Max {
+            no_value_of_nothing(name, self.shape(), &axes, &kept)?;
+        }
         let out = self.reduce_raw(op, &axes)?;
         let rec = autograd::record(&[self], || match op {
             ReduceOp::Sum => Op::Sum(self.clone(), kept.clone()),
             ReduceOp::Max => Op::Max(self.clone(), kept.clone()),
-        });
+        })?;
         let shape = if keepdim { &kept } else { &dropped };
         Ok(out.view(Layout::contiguous(shape), rec))
     }
@@ -92,8 +114,9 @@ impl Tensor {
         let x = autograd::no_grad(|| self.contiguous())?;
         let dims = x.layout().split_at_axis(a);
         let (kept, dropped) = reduced_shapes(x.shape(), &[a]);
+        no_value_of_nothing("argmax", x.shape(), &[a], &kept)?;
         let pool = x.pool();
-        let buffer = storage::alloc(pool, dims.0 * dims.2, || {
+        let buffer = storage::alloc(pool, "argmax", &kept, || {
             storage::argmax(pool, &x.buffer().read(), x.layout(), dims)
         })?;
         Ok(Tensor::dense(

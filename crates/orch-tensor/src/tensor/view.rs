@@ -29,7 +29,10 @@ impl Tensor {
                 reason: "contiguous() gave strided data".into(),
             });
         };
-        Ok(src.view(view, autograd::record(&[&src], || Op::Reshape(src.clone()))))
+        Ok(src.view(
+            view,
+            autograd::record(&[&src], || Op::Reshape(src.clone()))?,
+        ))
     }
 
     /// Reorders dimensions: dimension `i` of the result is dimension `perm[i]` of this tensor.
@@ -50,7 +53,7 @@ impl Tensor {
         let view = self.layout().permute(perm);
         Ok(self.view(
             view,
-            autograd::record(&[self], || Op::Permute(self.clone(), perm.to_vec())),
+            autograd::record(&[self], || Op::Permute(self.clone(), perm.to_vec()))?,
         ))
     }
 
@@ -95,7 +98,7 @@ impl Tensor {
         let view = self.layout().narrow(d, start, len);
         Ok(self.view(
             view,
-            autograd::record(&[self], || Op::Narrow(self.clone(), d, start)),
+            autograd::record(&[self], || Op::Narrow(self.clone(), d, start))?,
         ))
     }
 
@@ -107,7 +110,7 @@ impl Tensor {
         let view = self.layout().broadcast_as("broadcast_to", shape)?;
         Ok(self.view(
             view,
-            autograd::record(&[self], || Op::Broadcast(self.clone())),
+            autograd::record(&[self], || Op::Broadcast(self.clone()))?,
         ))
     }
 
@@ -117,13 +120,13 @@ impl Tensor {
             return Ok(self.clone());
         }
         let pool = self.pool();
-        let buffer = storage::alloc(pool, self.numel(), || {
+        let buffer = storage::alloc(pool, "contiguous", self.shape(), || {
             storage::gather(pool, &self.buffer().read(), self.layout())
         })?;
         Ok(Tensor::dense(
             buffer,
             self.shape(),
-            autograd::record(&[self], || Op::Contiguous(self.clone())),
+            autograd::record(&[self], || Op::Contiguous(self.clone()))?,
         ))
     }
 

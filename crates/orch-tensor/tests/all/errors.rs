@@ -206,3 +206,83 @@ fn very_long_graphs_neither_overflow_nor_leak() {
         .expect("no stack overflow");
     assert_eq!(outcome.expect("no error"), (1.0, 0));
 }
+
+/// Recorded ops count against the thread's graph budget: past it an op is an error value, the
+/// nodes go back when the graph is dropped, and ops outside autograd cost nothing.
+#[test]
+fn graph_nodes_are_bounded_by_the_budget() -> TestResult {
+    let pool = MemoryPool::cpu();
+    let budget = orch_tensor::GraphBudget::new(100);
+    let x = Tensor::zeros(&[0], &pool)?.with_requires_grad();
+    let (made, err) = orch_tensor::with_graph_budget(&budget, || {
+        let mut y = x.clone();
+        let mut made = 0;
+        loop {
+            match y.add_scalar(1.0) {
+                Ok(next) => y = next,
+                Err(e) => return (made, e),
+            }
+            made += 1;
+            assert!(made <= 100, "the budget is never passed");
+        }
+    });
+    assert_eq!(made, 100);
+    assert_eq!(err, TensorError::GraphLimit { limit: 100 });
+    assert_eq!(budget.live(), 0, "the dropped chain gave its nodes back");
+    orch_tensor::with_graph_budget(&budget, || -> TestResult {
+        let kept = x.exp()?;
+        assert_eq!(budget.live(), 1);
+        for _ in 0..1000 {
+            orch_tensor::no_grad(|| kept.add_scalar(1.0))?;
+        }
+        assert_eq!(budget.live(), 1, "ops outside autograd record nothing");
+        drop(kept);
+        assert_eq!(budget.live(), 0);
+        Ok(())
+    })?;
+    // Outside any budget, graphs are unbounded (the 50,000-node test above).
+    Ok(())
+}
+
+/// Every op's output shape passes the one shape check: a product whose shape has 2^64 elements
+/// (holding nothing) is refused, as are too many dimensions.
+#[test]
+fn every_op_checks_the_shape_it_makes() -> TestResult {
+    let pool = MemoryPool::cpu();
+    let big = 65536;
+    let a = Tensor::zeros(&[big, big, big, 0], &pool)?;
+    let b = Tensor::zeros(&[0, big], &pool)?;
+    let err = a.matmul(&b).unwrap_err();
+    assert!(
+        matches!(err, TensorError::InvalidShape { op: "matmul", .. }),
+        "{err}"
+    );
+    let rank = orch_tensor::MAX_RANK;
+    assert!(Tensor::zeros(&vec![1; rank], &pool).is_ok());
+    for made in [
+        Tensor::zeros(&vec![1; rank + 1], &pool),
+        Tensor::from_slice(&[1.0], &vec![1; rank + 1], &pool),
+        Tensor::zeros(&[1], &pool)?.reshape(&vec![1; rank + 1]),
+    ] {
+        assert!(
+            matches!(made, Err(TensorError::InvalidShape { .. })),
+            "{made:?}"
+        );
+    }
+    // A broadcast to a shape of 2^64 elements is refused by `add` and by every view.
+    let empty = Tensor::zeros(&[big, big, big, big, 0], &pool);
+    assert!(empty.is_err(), "{empty:?}");
+    Ok(())
+}
+
+#[test]
+fn a_repeated_axis_is_named() -> TestResult {
+    let pool = MemoryPool::cpu();
+    let x = Tensor::zeros(&[2, 3], &pool)?;
+    let err = x.sum(&[1, -1], false).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "sum: axis list [1, -1] names an axis twice (a tensor of rank 2)"
+    );
+    Ok(())
+}

@@ -1,0 +1,212 @@
+//! Zero-size, empty and degenerate shapes, one test per op: each gives a result of the right
+//! shape or an error value, never a panic (shapes come from plugins).
+
+use crate::common::TestResult;
+use crate::test_device;
+use orch_tensor::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
+use orch_tensor::{MemoryPool, Tensor, TensorError};
+use std::sync::Arc;
+
+type Pool = Arc<MemoryPool>;
+
+/// Shapes with a zero somewhere, and the scalar.
+const EMPTY: &[&[usize]] = &[&[0], &[3, 0], &[0, 3], &[0, 0], &[2, 0, 4], &[1, 0, 1]];
+
+fn zeros(shape: &[usize], pool: &Pool) -> orch_tensor::Result<Tensor> {
+    Tensor::zeros(shape, pool)
+}
+
+fn creation(pool: &Pool) -> TestResult {
+    for &shape in EMPTY {
+        assert_eq!(Tensor::full(shape, 1.0, pool)?.to_vec()?, Vec::<f32>::new());
+        assert_eq!(Tensor::randn(shape, 1, pool)?.shape(), shape);
+        assert_eq!(Tensor::uniform(shape, 0.0, 1.0, 1, pool)?.shape(), shape);
+        assert_eq!(Tensor::from_slice(&[], shape, pool)?.shape(), shape);
+        assert!(Tensor::from_slice(&[1.0], shape, pool).is_err());
+    }
+    Ok(())
+}
+
+fn unary_and_scalar_ops(pool: &Pool) -> TestResult {
+    for &shape in EMPTY {
+        let x = zeros(shape, pool)?.with_requires_grad();
+        let outs = [
+            x.neg()?,
+            x.relu()?,
+            x.gelu()?,
+            x.tanh()?,
+            x.sigmoid()?,
+            x.exp()?,
+            x.log()?,
+            x.sqr()?,
+            x.affine(2.0, 1.0)?,
+            x.add_scalar(1.0)?,
+            x.div_scalar(0.0)?,
+            x.detach(),
+            x.contiguous()?,
+        ];
+        for out in outs {
+            assert_eq!(out.shape(), shape);
+            assert_eq!(out.to_vec()?, Vec::<f32>::new());
+        }
+    }
+    Ok(())
+}
+
+fn binary_ops(pool: &Pool) -> TestResult {
+    for (a, b, out) in [
+        (vec![0], vec![0], vec![0]),
+        (vec![3, 0], vec![0], vec![3, 0]),
+        (vec![3, 0], vec![3, 1], vec![3, 0]),
+        (vec![0, 3], vec![3], vec![0, 3]),
+        (vec![0], vec![1], vec![0]),
+        (vec![2, 0, 4], vec![1, 1, 4], vec![2, 0, 4]),
+    ] {
+        let (x, y) = (zeros(&a, pool)?.with_requires_grad(), zeros(&b, pool)?);
+        for z in [x.add(&y)?, x.sub(&y)?, x.mul(&y)?, x.div(&y)?, x.eq(&y)?] {
+            assert_eq!(z.shape(), out.as_slice(), "{a:?} and {b:?}");
+        }
+        x.mul(&y)?.sum_all()?.backward()?;
+        assert_eq!(x.grad().map(|g| g.shape().to_vec()), Some(a.clone()));
+    }
+    // A zero does not broadcast against another size.
+    assert!(matches!(
+        zeros(&[0], pool)?.add(&zeros(&[2], pool)?),
+        Err(TensorError::ShapeMismatch { .. })
+    ));
+    Ok(())
+}
+
+fn matmul_and_linear(pool: &Pool) -> TestResult {
+    for (a, b, out) in [
+        (vec![3, 0], vec![0, 4], vec![3, 4]),
+        (vec![0, 3], vec![3, 4], vec![0, 4]),
+        (vec![3, 4], vec![4, 0], vec![3, 0]),
+        (vec![0, 3, 4], vec![4, 2], vec![0, 3, 2]),
+        (vec![2, 0, 0], vec![0, 0], vec![2, 0, 0]),
+    ] {
+        let x = zeros(&a, pool)?.with_requires_grad();
+        let w = Tensor::ones(&b, pool)?.with_requires_grad();
+        let y = x.matmul(&w)?;
+        assert_eq!(y.shape(), out.as_slice());
+        // An empty inner dimension sums nothing: zeros.
+        assert!(y.to_vec()?.iter().all(|&v| v == 0.0));
+        y.sum_all()?.backward()?;
+        assert_eq!(w.grad().map(|g| g.shape().to_vec()), Some(b.clone()));
+        let t = x.t()?.t()?.matmul(&w.t()?.t()?)?;
+        assert_eq!(t.shape(), out.as_slice());
+    }
+    Ok(())
+}
+
+fn reductions(pool: &Pool) -> TestResult {
+    let x = zeros(&[3, 0], pool)?.with_requires_grad();
+    assert_eq!(x.sum(&[1], false)?.to_vec()?, vec![0.0; 3]);
+    assert_eq!(x.sum(&[0], false)?.shape(), &[0]);
+    assert_eq!(x.sum_all()?.to_scalar()?, 0.0);
+    assert_eq!(x.mean(&[0], true)?.shape(), &[1, 0]);
+    assert_eq!(x.mean_all()?.shape(), &[] as &[usize]);
+    assert_eq!(x.max(&[0], false)?.shape(), &[0]);
+    x.sum_all()?.backward()?;
+    assert_eq!(x.grad().map(|g| g.shape().to_vec()), Some(vec![3, 0]));
+    // The largest of nothing has no value: an error, not -inf or a panic.
+    for result in [x.max(&[1], false), x.max(&[], false), x.argmax(1, false)] {
+        assert!(
+            matches!(result, Err(TensorError::InvalidShape { .. })),
+            "{result:?}"
+        );
+    }
+    assert_eq!(x.argmax(0, false)?.shape(), &[0]);
+    assert_eq!(zeros(&[0, 3], pool)?.argmax(1, true)?.shape(), &[0, 1]);
+    Ok(())
+}
+
+fn softmax_and_losses(pool: &Pool) -> TestResult {
+    for &shape in &[&[3, 0][..], &[0, 3], &[0, 0], &[2, 0, 4]] {
+        let x = zeros(shape, pool)?.with_requires_grad();
+        for axis in [0, -1] {
+            assert_eq!(x.softmax(axis)?.shape(), shape);
+            assert_eq!(x.log_softmax(axis)?.shape(), shape);
+        }
+        x.log_softmax(-1)?.sum_all()?.backward()?;
+    }
+    // Zero classes: no label can be valid; a value, not a panic.
+    let logits = zeros(&[3, 0], pool)?;
+    let labels = zeros(&[3], pool)?;
+    assert!(matches!(
+        logits.cross_entropy(&labels),
+        Err(TensorError::InvalidShape { .. })
+    ));
+    assert!(matches!(
+        zeros(&[0, 0], pool)?.cross_entropy(&zeros(&[0], pool)?),
+        Err(TensorError::InvalidShape { .. })
+    ));
+    assert!(logits.accuracy(&labels).is_err());
+    // Zero rows: the mean of nothing, and a gradient of the logits' shape.
+    let logits = zeros(&[0, 4], pool)?.with_requires_grad();
+    let loss = logits.cross_entropy(&zeros(&[0], pool)?)?;
+    assert_eq!(loss.shape(), &[] as &[usize]);
+    loss.backward()?;
+    assert_eq!(logits.grad().map(|g| g.shape().to_vec()), Some(vec![0, 4]));
+    let p = zeros(&[0, 2], pool)?.with_requires_grad();
+    let mse = p.mse(&zeros(&[0, 2], pool)?)?;
+    mse.backward()?;
+    assert_eq!(p.grad().map(|g| g.shape().to_vec()), Some(vec![0, 2]));
+    Ok(())
+}
+
+fn views(pool: &Pool) -> TestResult {
+    let x = zeros(&[2, 0, 4], pool)?.with_requires_grad();
+    assert_eq!(x.reshape(&[0])?.shape(), &[0]);
+    assert_eq!(x.reshape(&[0, 5, 7])?.shape(), &[0, 5, 7]);
+    assert!(x.reshape(&[1]).is_err());
+    assert_eq!(x.transpose(0, 2)?.shape(), &[4, 0, 2]);
+    assert_eq!(x.transpose(0, 2)?.contiguous()?.shape(), &[4, 0, 2]);
+    assert_eq!(x.permute(&[1, 2, 0])?.shape(), &[0, 4, 2]);
+    assert_eq!(x.narrow(2, 1, 0)?.shape(), &[2, 0, 0]);
+    assert_eq!(x.narrow(2, 4, 0)?.shape(), &[2, 0, 0]);
+    assert_eq!(
+        zeros(&[1, 0], pool)?.broadcast_to(&[3, 0])?.shape(),
+        &[3, 0]
+    );
+    let y = x.transpose(1, 2)?.reshape(&[8, 0])?;
+    y.sum_all()?.backward()?;
+    assert!(x.to_scalar().is_err());
+    let other = MemoryPool::cpu();
+    assert_eq!(x.to(&other)?.shape(), &[2, 0, 4]);
+    x.assign(&zeros(&[2, 0, 4], pool)?)?;
+    x.transpose(0, 1)?.assign(&zeros(&[0, 2, 4], &other)?)?;
+    Ok(())
+}
+
+fn optimizers_on_empty_parameters(pool: &Pool) -> TestResult {
+    let p = zeros(&[0, 3], pool)?.with_requires_grad();
+    let q = Tensor::ones(&[2], pool)?.with_requires_grad();
+    let mut sgd = Sgd::new(
+        vec![p.clone(), q.clone()],
+        SgdConfig {
+            momentum: 0.9,
+            ..SgdConfig::new(0.1)
+        },
+    )?;
+    let mut adam = Adam::new(vec![p.clone(), q.clone()], AdamConfig::adam(0.1))?;
+    for _ in 0..2 {
+        p.sum_all()?.add(&q.sum_all()?)?.backward()?;
+        sgd.step()?;
+        adam.step()?;
+        sgd.zero_grad();
+    }
+    assert_eq!(p.shape(), &[0, 3]);
+    Ok(())
+}
+
+test_device!(
+    creation,
+    unary_and_scalar_ops,
+    binary_ops,
+    matmul_and_linear,
+    reductions,
+    softmax_and_losses,
+    views,
+    optimizers_on_empty_parameters,
+);
