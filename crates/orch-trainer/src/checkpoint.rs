@@ -2,8 +2,12 @@
 //! optimizers' state tensors) and `state.json` (step, data position, optimizer kinds, learning
 //! rates and step counts, and what the run was, to refuse a resume that cannot continue it).
 //!
-//! Files are written to temporary names and renamed, `state.json` last: a checkpoint is the
-//! three files whose step agrees, and a crash mid-write leaves the previous one readable.
+//! Each checkpoint is a folder of its own, `checkpoints/step-000000000123/`, written under a
+//! temporary name, its files and the folder fsynced, then renamed into place. The run's
+//! `checkpoint` is a symbolic link to the newest one, switched by renaming a new link over it
+//! (atomic) and fsyncing the run's folder: at every instant `checkpoint/` is one whole
+//! checkpoint, old or new, whatever crashes when. The two newest folders are kept (the one the
+//! link names and the one before it); older ones are removed once the link has moved on.
 
 use crate::safetensors::{NamedTensor, decode, encode};
 use serde::{Deserialize, Serialize};
@@ -68,9 +72,43 @@ pub struct OptimizerMeta {
     pub steps: Vec<Option<u32>>,
 }
 
-/// The folder a run's checkpoint lives in.
+/// The run's checkpoint: a link to the newest checkpoint folder.
 pub fn dir(out: &Path) -> PathBuf {
     out.join("checkpoint")
+}
+
+/// Where the run's checkpoint folders live.
+pub fn history(out: &Path) -> PathBuf {
+    out.join("checkpoints")
+}
+
+/// Checkpoint folders kept: the current one and the one before it.
+const KEEP: usize = 2;
+
+/// Writes `bytes` to `path` and makes them durable before returning.
+fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut file = std::fs::File::create(path)?;
+    std::io::Write::write_all(&mut file, bytes)?;
+    file.sync_all()
+}
+
+/// Makes a folder's entries (a rename, a new file) durable.
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// The checkpoint folder a link names, as a name inside `history` (`None`: no link).
+fn linked(pointer: &Path) -> Option<String> {
+    let target = std::fs::read_link(pointer).ok()?;
+    target.file_name().map(|n| n.to_string_lossy().into_owned())
+}
+
+/// A checkpoint folder's name: `step-` and the step, zero-padded so names sort by step.
+fn folder_name(step: u64, attempt: u32) -> String {
+    match attempt {
+        0 => format!("step-{step:012}"),
+        n => format!("step-{step:012}.{n}"),
+    }
 }
 
 fn io_error(path: &Path, e: impl std::fmt::Display) -> crate::TrainError {
@@ -81,9 +119,45 @@ fn io_error(path: &Path, e: impl std::fmt::Display) -> crate::TrainError {
 }
 
 impl Checkpoint {
-    /// Writes the checkpoint into `dir` (created if needed).
-    pub fn save(&self, dir: &Path) -> Result<(), crate::TrainError> {
-        std::fs::create_dir_all(dir).map_err(|e| io_error(dir, e))?;
+    /// Writes the checkpoint as a new folder under `history(out)` and points `dir(out)` at
+    /// it; keeps the previous one and removes older ones.
+    pub fn save(&self, out: &Path) -> Result<(), crate::TrainError> {
+        let root = history(out);
+        std::fs::create_dir_all(&root).map_err(|e| io_error(&root, e))?;
+        let pointer = dir(out);
+        let previous = adopt_old_layout(out, &pointer)?.or_else(|| linked(&pointer));
+        // A folder of this step from a run that crashed before switching the link is replaced;
+        // the one the link names is never touched.
+        let mut attempt = 0;
+        while previous.as_deref() == Some(folder_name(self.meta.step, attempt).as_str()) {
+            attempt += 1;
+        }
+        let name = folder_name(self.meta.step, attempt);
+        let tmp = root.join(format!(".tmp-{name}"));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir(&tmp).map_err(|e| io_error(&tmp, e))?;
+        self.write_files(&tmp)?;
+        sync_dir(&tmp).map_err(|e| io_error(&tmp, e))?;
+        let folder = root.join(&name);
+        if folder.exists() {
+            std::fs::remove_dir_all(&folder).map_err(|e| io_error(&folder, e))?;
+        }
+        std::fs::rename(&tmp, &folder).map_err(|e| io_error(&folder, e))?;
+        sync_dir(&root).map_err(|e| io_error(&root, e))?;
+
+        // The switch: a new link renamed over the old one.
+        let link_tmp = out.join(".checkpoint.tmp");
+        let _ = std::fs::remove_file(&link_tmp);
+        let target = Path::new(root.file_name().unwrap_or_default()).join(&name);
+        std::os::unix::fs::symlink(&target, &link_tmp).map_err(|e| io_error(&link_tmp, e))?;
+        std::fs::rename(&link_tmp, &pointer).map_err(|e| io_error(&pointer, e))?;
+        sync_dir(out).map_err(|e| io_error(out, e))?;
+
+        prune(&root, &[Some(name), previous])
+    }
+
+    /// The three files of a checkpoint, each written and fsynced.
+    fn write_files(&self, folder: &Path) -> Result<(), crate::TrainError> {
         let step = BTreeMap::from([("step".to_string(), self.meta.step.to_string())]);
         let mut state_tensors = Vec::new();
         for (i, opt) in self.optimizers.iter().enumerate() {
@@ -117,11 +191,9 @@ impl Checkpoint {
             ),
         ];
         for (name, bytes) in files {
-            let path = dir.join(name);
+            let path = folder.join(name);
             let bytes = bytes.map_err(|e| io_error(&path, e))?;
-            let tmp = dir.join(format!(".{name}.tmp"));
-            std::fs::write(&tmp, bytes).map_err(|e| io_error(&tmp, e))?;
-            std::fs::rename(&tmp, &path).map_err(|e| io_error(&path, e))?;
+            write_synced(&path, &bytes).map_err(|e| io_error(&path, e))?;
         }
         Ok(())
     }
@@ -190,6 +262,34 @@ impl Checkpoint {
     }
 }
 
+/// A `checkpoint/` folder from before numbered folders becomes one of them (its name is
+/// returned), so the link can take its place and nothing of it is lost.
+fn adopt_old_layout(out: &Path, pointer: &Path) -> Result<Option<String>, crate::TrainError> {
+    let is_folder = std::fs::symlink_metadata(pointer).is_ok_and(|m| m.is_dir());
+    if !is_folder {
+        return Ok(None);
+    }
+    let name = "step-earlier".to_string();
+    let moved = history(out).join(&name);
+    std::fs::rename(pointer, &moved).map_err(|e| io_error(&moved, e))?;
+    sync_dir(out).map_err(|e| io_error(out, e))?;
+    Ok(Some(name))
+}
+
+/// Removes checkpoint folders (and half-written ones) other than `keep`.
+fn prune(root: &Path, keep: &[Option<String>; KEEP]) -> Result<(), crate::TrainError> {
+    let entries = std::fs::read_dir(root).map_err(|e| io_error(root, e))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let ours = name.starts_with("step-") || name.starts_with(".tmp-step-");
+        if ours && !keep.iter().flatten().any(|k| *k == name) {
+            let path = entry.path();
+            std::fs::remove_dir_all(&path).map_err(|e| io_error(&path, e))?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,7 +328,7 @@ mod tests {
             }],
         };
         checkpoint.save(dir.path()).unwrap();
-        let back = Checkpoint::load(dir.path()).unwrap();
+        let back = Checkpoint::load(&super::dir(dir.path())).unwrap();
         assert_eq!(back.params, checkpoint.params);
         assert_eq!(back.optimizers, checkpoint.optimizers);
         assert_eq!(
@@ -240,12 +340,104 @@ mod tests {
         let mut other = checkpoint.clone();
         other.meta.step = 8;
         other.save(dir.path()).unwrap();
+        let current = super::dir(dir.path());
         std::fs::write(
-            dir.path().join("state.json"),
+            current.join("state.json"),
             serde_json::to_vec(&checkpoint.meta).unwrap(),
         )
         .unwrap();
-        let err = Checkpoint::load(dir.path()).unwrap_err().to_string();
+        let err = Checkpoint::load(&current).unwrap_err().to_string();
         assert!(err.contains("not from step 7"), "{err}");
+    }
+
+    fn at_step(step: u64) -> Checkpoint {
+        Checkpoint {
+            meta: Meta {
+                format: FORMAT.into(),
+                job: "j".into(),
+                plugin: "mlp".into(),
+                plugin_sha256: "00".into(),
+                step,
+                epoch: 0,
+                batch: 0,
+                batch_size: 1,
+                seed: 0,
+                train_samples: 1,
+                replicas: 1,
+                optimizers: Vec::new(),
+            },
+            params: vec![NamedTensor {
+                name: "w".into(),
+                shape: vec![1],
+                data: vec![step as f32],
+            }],
+            optimizers: Vec::new(),
+        }
+    }
+
+    fn folders(out: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(history(out))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn each_checkpoint_is_a_folder_and_the_last_two_are_kept() {
+        let out = tempfile::tempdir().unwrap();
+        for step in 1..=4 {
+            at_step(step).save(out.path()).unwrap();
+            let current = Checkpoint::load(&dir(out.path())).unwrap();
+            assert_eq!(current.meta.step, step);
+        }
+        assert_eq!(
+            folders(out.path()),
+            ["step-000000000003", "step-000000000004"]
+        );
+        assert_eq!(
+            std::fs::read_link(dir(out.path())).unwrap(),
+            Path::new("checkpoints/step-000000000004")
+        );
+    }
+
+    #[test]
+    fn a_crash_before_the_switch_leaves_the_previous_checkpoint_whole() {
+        let out = tempfile::tempdir().unwrap();
+        at_step(5).save(out.path()).unwrap();
+        // A later save that died mid-write: a half-written folder, the link untouched.
+        let half = history(out.path()).join(".tmp-step-000000000006");
+        std::fs::create_dir_all(&half).unwrap();
+        std::fs::write(half.join("model.safetensors"), b"cut sh").unwrap();
+        let loaded = Checkpoint::load(&dir(out.path())).unwrap();
+        assert_eq!(loaded.meta.step, 5);
+        // The next save cleans it up.
+        at_step(6).save(out.path()).unwrap();
+        assert_eq!(
+            folders(out.path()),
+            ["step-000000000005", "step-000000000006"]
+        );
+        // A folder of the current step is never overwritten in place (a resumed run that
+        // saves the step it resumed from gets a folder of its own).
+        at_step(6).save(out.path()).unwrap();
+        assert_eq!(
+            folders(out.path()),
+            ["step-000000000006", "step-000000000006.1"]
+        );
+        assert_eq!(Checkpoint::load(&dir(out.path())).unwrap().meta.step, 6);
+    }
+
+    #[test]
+    fn a_checkpoint_folder_of_the_old_layout_is_kept_as_the_previous_one() {
+        let out = tempfile::tempdir().unwrap();
+        let old = dir(out.path());
+        std::fs::create_dir_all(&old).unwrap();
+        at_step(3).write_files(&old).unwrap();
+        at_step(4).save(out.path()).unwrap();
+        assert_eq!(folders(out.path()), ["step-000000000004", "step-earlier"]);
+        assert_eq!(Checkpoint::load(&old).unwrap().meta.step, 4);
+        let kept = Checkpoint::load(&history(out.path()).join("step-earlier")).unwrap();
+        assert_eq!(kept.meta.step, 3);
     }
 }

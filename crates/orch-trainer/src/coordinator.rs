@@ -143,7 +143,7 @@ impl Coordinator {
                 tracing::debug!(target: "orch::trainer", "[{who}] {message}");
                 Ok(())
             }
-            Event::Snapshot(checkpoint) => checkpoint.save(&checkpoint::dir(&self.out)),
+            Event::Snapshot(checkpoint) => checkpoint.save(&self.out),
             Event::Done { stopped_early, .. } => {
                 self.stopped_early |= stopped_early;
                 Ok(())

@@ -96,6 +96,17 @@ pub enum TrainError {
         stage: Stage,
         reason: String,
     },
+    /// orch itself panicked inside a host function the plugin called: a bug in orch, named
+    /// with the call and where the run was so it can be reported and reproduced.
+    #[error(
+        "orch failed inside `{call}`, called by trainer `{plugin}` {stage}: {message}; this is a bug in orch, please report it"
+    )]
+    HostPanic {
+        plugin: String,
+        stage: Stage,
+        call: &'static str,
+        message: String,
+    },
     #[error("cannot resume: {0}")]
     Resume(String),
     #[error("checkpoint {}: {reason}", path.display())]

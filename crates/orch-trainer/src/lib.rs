@@ -38,4 +38,6 @@ mod state;
 pub use builtin::{BUILTIN_TRAINERS, BuiltinTrainer, TRAINER_WASM_DIR, load_plugin};
 pub use error::{Stage, TrainError};
 pub use progress::ProgressMode;
-pub use run::{GrantedDevice, Prepared, RunOptions, Summary, TrainJob, train};
+pub use run::{
+    DEFAULT_MAX_GRAPH_NODES, GrantedDevice, Prepared, RunOptions, Summary, TrainJob, train,
+};

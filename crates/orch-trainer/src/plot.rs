@@ -30,6 +30,21 @@ pub(crate) fn plot(records: &[Record], title: &str) -> String {
             _ => None,
         })
         .collect();
+    // Steps and evaluations whose loss is NaN or infinite: marked on the top edge, not drawn
+    // as points (an SVG coordinate of NaN draws nothing and hides the rest of the line).
+    let not_finite: Vec<f64> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Step { step, loss, .. } if !loss.is_finite() => Some(*step as f64),
+            Record::Epoch {
+                step,
+                eval_loss: Some(l),
+                ..
+            } if !l.is_finite() => Some(*step as f64),
+            _ => None,
+        })
+        .collect();
+    let finite = |v: Option<f64>| v.filter(|v| v.is_finite());
     let epochs: Vec<(f64, Option<f64>, Option<f64>)> = records
         .iter()
         .filter_map(|r| match r {
@@ -38,7 +53,7 @@ pub(crate) fn plot(records: &[Record], title: &str) -> String {
                 eval_loss,
                 eval_accuracy,
                 ..
-            } => Some((*step as f64, *eval_loss, *eval_accuracy)),
+            } => Some((*step as f64, finite(*eval_loss), finite(*eval_accuracy))),
             _ => None,
         })
         .collect();
@@ -46,6 +61,7 @@ pub(crate) fn plot(records: &[Record], title: &str) -> String {
         .iter()
         .map(|s| s.0)
         .chain(epochs.iter().map(|e| e.0))
+        .chain(not_finite.iter().copied())
         .fold(1.0, f64::max);
     let max_loss = steps
         .iter()
@@ -86,6 +102,21 @@ pub(crate) fn plot(records: &[Record], title: &str) -> String {
                 y_loss(*l)
             ));
         }
+    }
+    for s in &not_finite {
+        svg.push_str(&format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#d62728\" font-weight=\"bold\">\u{d7}</text>\n",
+            x(*s),
+            top + 10.0
+        ));
+    }
+    if !not_finite.is_empty() {
+        svg.push_str(&format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"#d62728\">{} losses are NaN or infinite (\u{d7} on the top edge)</text>\n",
+            LEFT + 8.0,
+            top + PANEL_H - 8.0,
+            not_finite.len()
+        ));
     }
     legend(
         &mut svg,
@@ -207,6 +238,34 @@ fn escape(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn non_finite_losses_are_marked_and_the_rest_still_drawn() {
+        let mut records: Vec<Record> = (1..=4)
+            .map(|step| Record::Step {
+                step,
+                epoch: 1,
+                loss: if step == 3 { f32::NAN } else { 1.0 },
+                samples_per_sec: 1.0,
+                scalars: Default::default(),
+            })
+            .collect();
+        records.push(Record::Epoch {
+            epoch: 1,
+            step: 4,
+            train_loss: f64::NAN,
+            eval_loss: Some(f64::NAN),
+            eval_accuracy: Some(0.5),
+            seconds: 1.0,
+            scalars: Default::default(),
+        });
+        let svg = plot(&records, "t");
+        assert!(!svg.contains("NaN\""), "no NaN coordinate: {svg}");
+        assert!(!svg.contains("inf\""), "{svg}");
+        assert!(svg.contains("<polyline"), "the finite losses are drawn");
+        assert!(svg.contains("2 losses are NaN or infinite"), "said: {svg}");
+        assert_eq!(svg.matches('\u{d7}').count(), 3, "two marks and the note");
+    }
 
     #[test]
     fn buckets_average() {

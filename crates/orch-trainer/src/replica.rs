@@ -8,7 +8,7 @@
 use crate::checkpoint::Checkpoint;
 use crate::data::{Schedule, eval_order, my_shard};
 use crate::error::{Stage, TrainError};
-use crate::host::{BatchSlot, NamedValues, Phase, ReplicaState, Shared, printable};
+use crate::host::{BatchSlot, NamedValues, Phase, ReplicaState, Shared, panic_message, printable};
 use crate::safetensors::NamedTensor;
 use crate::state::{assign_params, load, snapshot};
 use orch_host::{Limits, PluginState};
@@ -105,11 +105,7 @@ impl Replica<'_> {
             }
             Err(panic) => {
                 self.shared.stop(&format!("replica {rank} failed"));
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "no message".to_string());
+                let what = panic_message(panic.as_ref());
                 Event::Failed {
                     rank,
                     error: TrainError::Engine(format!(
@@ -131,6 +127,10 @@ impl Replica<'_> {
         );
         let mut store = Store::new(self.engine, state);
         store.limiter(|s| &mut s.sandbox.limiter);
+        // Any list the plugin's memory can hold crosses into the host, so an oversized one
+        // reaches the host function and is refused there as a value (`bad-argument`) instead
+        // of trapping in the copy. The copy is bounded by the plugin's memory limit.
+        store.set_hostcall_fuel(plan.limits.memory_bytes.saturating_add(1 << 20));
         store.data_mut().phase = Phase::Init;
         let trainer = self.call(&mut store, Stage::Init, |store| {
             self.pre.instantiate(store).map(Ok)
@@ -281,12 +281,23 @@ impl Replica<'_> {
                 batch,
                 batches,
             };
-            let report = self.call(store, Stage::Eval { epoch }, |s| {
+            let stage = Stage::Eval { epoch };
+            let report = self.call(store, stage, |s| {
                 orch_tensor::no_grad(|| trainer.call_eval_step(s, info))
             })?;
             store.data_mut().phase = Phase::Idle;
+            if u64::from(report.rows) != rows || u64::from(report.correct) > rows {
+                return Err(TrainError::Failed {
+                    plugin: self.plan.plugin.clone(),
+                    stage,
+                    message: format!(
+                        "eval-step reported correct = {} of rows = {}, but its batch had {rows} rows: report the batch's rows and at most that many correct",
+                        report.correct, report.rows
+                    ),
+                });
+            }
             loss_sum += f64::from(report.loss) * rows as f64;
-            correct += u64::from(report.correct).min(rows);
+            correct += u64::from(report.correct);
             total += rows;
         }
         let scalars = std::mem::take(&mut store.data_mut().scalars);
@@ -388,7 +399,11 @@ impl Replica<'_> {
         store.data().sandbox.log.begin_call();
         let outcome = f(store);
         let output = store.data().sandbox.log.end_call();
-        for (level, message) in std::mem::take(&mut store.data_mut().logs) {
+        let cut = store.data_mut().take_cut_notice();
+        for (level, message) in std::mem::take(&mut store.data_mut().logs)
+            .into_iter()
+            .chain(cut)
+        {
             self.send(Event::Log {
                 rank: self.rank,
                 level,
@@ -428,6 +443,14 @@ fn classify(
     error: &wasmtime::Error,
     output: Vec<String>,
 ) -> TrainError {
+    if let Some((call, message)) = &state.host_panic {
+        return TrainError::HostPanic {
+            plugin,
+            stage,
+            call,
+            message: message.clone(),
+        };
+    }
     if let Some(reason) = &state.abort {
         return TrainError::Stopped {
             plugin,
@@ -458,6 +481,11 @@ fn classify(
             };
         }
         Some(Trap::StackOverflow) => "stack overflow".to_string(),
+        // Rust guests keep their own stack in linear memory, below address 0 when overflowed:
+        // the trap cannot tell the two apart, so the message names both.
+        Some(Trap::MemoryOutOfBounds) => {
+            "out-of-bounds memory access, as when a plugin overflows its own stack".to_string()
+        }
         Some(trap) => trap.to_string(),
         None => format!("{error:#}"),
     };

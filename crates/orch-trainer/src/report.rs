@@ -8,7 +8,8 @@
 //!
 //! `step` counts steps done (1-based), `epoch` is 1-based; `eval_*` are absent without
 //! evaluation data; `scalars` holds what the plugin reported with `metrics.scalar`, averaged
-//! over replicas.
+//! over replicas. JSON has no NaN or infinities: such a value is written as the string `"NaN"`,
+//! `"inf"` or `"-inf"` (a diverged loss stays visible instead of turning into `null`).
 
 use crate::error::TrainError;
 use serde::{Deserialize, Serialize};
@@ -23,23 +24,139 @@ pub enum Record {
     Step {
         step: u64,
         epoch: u32,
+        #[serde(with = "float::single")]
         loss: f32,
+        #[serde(with = "float::double")]
         samples_per_sec: f64,
-        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        #[serde(
+            default,
+            skip_serializing_if = "BTreeMap::is_empty",
+            with = "float::map"
+        )]
         scalars: BTreeMap<String, f64>,
     },
     Epoch {
         epoch: u32,
         step: u64,
+        #[serde(with = "float::double")]
         train_loss: f64,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            with = "float::optional"
+        )]
         eval_loss: Option<f64>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            with = "float::optional"
+        )]
         eval_accuracy: Option<f64>,
+        #[serde(with = "float::double")]
         seconds: f64,
-        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        #[serde(
+            default,
+            skip_serializing_if = "BTreeMap::is_empty",
+            with = "float::map"
+        )]
         scalars: BTreeMap<String, f64>,
     },
+}
+
+/// Floats as `metrics.jsonl` holds them: a number, or `"NaN"`, `"inf"`, `"-inf"`.
+mod float {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::collections::BTreeMap;
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        Number(f64),
+        Text(String),
+    }
+
+    fn to_repr(v: f64) -> Repr {
+        if v.is_finite() {
+            Repr::Number(v)
+        } else if v.is_nan() {
+            Repr::Text("NaN".into())
+        } else if v > 0.0 {
+            Repr::Text("inf".into())
+        } else {
+            Repr::Text("-inf".into())
+        }
+    }
+
+    fn from_repr<E: serde::de::Error>(r: Repr) -> Result<f64, E> {
+        match r {
+            Repr::Number(v) => Ok(v),
+            Repr::Text(t) => match t.as_str() {
+                "NaN" => Ok(f64::NAN),
+                "inf" => Ok(f64::INFINITY),
+                "-inf" => Ok(f64::NEG_INFINITY),
+                other => Err(E::custom(format!(
+                    "`{other}` is not a number, \"NaN\", \"inf\" or \"-inf\""
+                ))),
+            },
+        }
+    }
+
+    pub mod double {
+        use super::*;
+
+        pub fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+            to_repr(*v).serialize(s)
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+            from_repr(Repr::deserialize(d)?)
+        }
+    }
+
+    pub mod single {
+        use super::*;
+
+        pub fn serialize<S: Serializer>(v: &f32, s: S) -> Result<S::Ok, S::Error> {
+            to_repr(f64::from(*v)).serialize(s)
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f32, D::Error> {
+            Ok(from_repr::<D::Error>(Repr::deserialize(d)?)? as f32)
+        }
+    }
+
+    pub mod optional {
+        use super::*;
+
+        pub fn serialize<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+            v.map(to_repr).serialize(s)
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+            Option::<Repr>::deserialize(d)?.map(from_repr).transpose()
+        }
+    }
+
+    pub mod map {
+        use super::*;
+
+        pub fn serialize<S: Serializer>(
+            v: &BTreeMap<String, f64>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            let m: BTreeMap<&String, Repr> = v.iter().map(|(k, v)| (k, to_repr(*v))).collect();
+            m.serialize(s)
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<BTreeMap<String, f64>, D::Error> {
+            BTreeMap::<String, Repr>::deserialize(d)?
+                .into_iter()
+                .map(|(k, r)| Ok((k, from_repr(r)?)))
+                .collect()
+        }
+    }
 }
 
 impl Record {
@@ -68,23 +185,34 @@ pub(crate) struct Metrics {
 }
 
 impl Metrics {
-    /// A fresh file, or (resuming after `keep_until` steps) the old records up to that step.
+    /// A fresh file, or (resuming after `keep_until` steps) the old file appended to: the
+    /// records up to that step stay as they are (the file is only cut after the last of them,
+    /// dropping what a run wrote past its checkpoint and any half-written last line), so a
+    /// crash while resuming never loses the record of the run so far.
     pub fn open(path: &Path, keep_until: Option<u64>) -> Result<Metrics, TrainError> {
         let output = |source| TrainError::Output {
             path: path.to_path_buf(),
             source,
         };
-        let records: Vec<Record> = match keep_until {
-            Some(step) => read_metrics(path)
-                .into_iter()
-                .filter(|r| r.step() <= step)
-                .collect(),
-            None => Vec::new(),
+        let Some(step) = keep_until else {
+            return Ok(Metrics {
+                path: path.to_path_buf(),
+                file: std::fs::File::create(path).map_err(output)?,
+                records: Vec::new(),
+            });
         };
-        let mut file = std::fs::File::create(path).map_err(output)?;
-        for record in &records {
-            writeln!(file, "{}", line(record)).map_err(output)?;
-        }
+        let text = match std::fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(output(e)),
+        };
+        let (records, keep) = kept_prefix(&text, step);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(output)?;
+        file.set_len(keep as u64).map_err(output)?;
         Ok(Metrics {
             path: path.to_path_buf(),
             file,
@@ -115,6 +243,27 @@ impl Metrics {
     }
 }
 
+/// The records of `text` up to `step`, and the byte length of the lines that hold them: up to
+/// the first record past `step`, or a last line without its newline (a write cut short).
+/// Lines that do not parse are kept as they are (and skipped by readers).
+fn kept_prefix(text: &[u8], step: u64) -> (Vec<Record>, usize) {
+    let mut records = Vec::new();
+    let mut keep = 0;
+    for line in text.split_inclusive(|&b| b == b'\n') {
+        if !line.ends_with(b"\n") {
+            break;
+        }
+        if let Ok(record) = serde_json::from_slice::<Record>(line) {
+            if record.step() > step {
+                break;
+            }
+            records.push(record);
+        }
+        keep += line.len();
+    }
+    (records, keep)
+}
+
 fn line(record: &Record) -> String {
     serde_json::to_string(record).unwrap_or_default()
 }
@@ -122,6 +271,46 @@ fn line(record: &Record) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn non_finite_values_are_written_as_strings_and_read_back() {
+        let record = Record::Step {
+            step: 3,
+            epoch: 1,
+            loss: f32::NAN,
+            samples_per_sec: f64::INFINITY,
+            scalars: BTreeMap::from([("grad_norm".into(), f64::NEG_INFINITY)]),
+        };
+        let text = line(&record);
+        assert_eq!(
+            text,
+            r#"{"kind":"step","step":3,"epoch":1,"loss":"NaN","samples_per_sec":"inf","scalars":{"grad_norm":"-inf"}}"#
+        );
+        let Record::Step {
+            loss,
+            samples_per_sec,
+            scalars,
+            ..
+        } = serde_json::from_str::<Record>(&text).unwrap()
+        else {
+            panic!("not a step: {text}");
+        };
+        assert!(loss.is_nan());
+        assert_eq!(samples_per_sec, f64::INFINITY);
+        assert_eq!(scalars["grad_norm"], f64::NEG_INFINITY);
+        let epoch = Record::Epoch {
+            epoch: 1,
+            step: 3,
+            train_loss: f64::NAN,
+            eval_loss: Some(f64::NAN),
+            eval_accuracy: Some(0.5),
+            seconds: 1.0,
+            scalars: BTreeMap::new(),
+        };
+        let text = line(&epoch);
+        assert!(text.contains(r#""eval_loss":"NaN""#), "{text}");
+        assert!(serde_json::from_str::<Record>(&text).is_ok());
+    }
 
     #[test]
     fn records_round_trip_and_resume_keeps_what_the_checkpoint_covers() {
@@ -153,6 +342,26 @@ mod tests {
         let resumed = Metrics::open(&path, Some(2)).unwrap();
         assert_eq!(resumed.records.len(), 2);
         assert_eq!(read_metrics(&path), resumed.records);
+        drop(resumed);
+        // Resuming appends: the kept lines are byte for byte what was there (a field this
+        // version does not know survives), and a half-written last line is cut off.
+        let kept = "{\"kind\":\"step\",\"step\":1,\"epoch\":1,\"loss\":0.5,\"samples_per_sec\":1.0,\"note\":\"by hand\"}\n";
+        std::fs::write(&path, format!("{kept}{{\"kind\":\"step\",\"st")).unwrap();
+        let mut resumed = Metrics::open(&path, Some(1)).unwrap();
+        assert_eq!(resumed.records.len(), 1);
+        resumed
+            .push(Record::Step {
+                step: 2,
+                epoch: 1,
+                loss: 0.25,
+                samples_per_sec: 1.0,
+                scalars: BTreeMap::new(),
+            })
+            .unwrap();
+        drop(resumed);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with(kept), "{text}");
+        assert_eq!(read_metrics(&path).len(), 2, "{text}");
         let svg = crate::plot::plot(&read_metrics(&path), "a <test>");
         assert!(
             svg.starts_with("<svg") && svg.contains("a &lt;test&gt;") && svg.contains("polyline")

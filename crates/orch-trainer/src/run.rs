@@ -56,6 +56,9 @@ pub struct RunOptions {
     pub progress: ProgressMode,
     /// Tensor handles one replica may hold at once.
     pub max_tensors: u32,
+    /// Autograd graph nodes one replica may keep alive at once: host memory no device quota
+    /// sees (about 200 bytes a node, measured in docs/TRAINERS.md).
+    pub max_graph_nodes: usize,
     /// A replica's linear memory, bytes (the plugin's own heap; tensors live outside it).
     pub plugin_memory: usize,
     /// Stop after this many steps, with a checkpoint (a deliberate interruption, for tests).
@@ -70,12 +73,17 @@ impl Default for RunOptions {
             resume: false,
             progress: ProgressMode::Quiet,
             max_tensors: 4096,
+            max_graph_nodes: DEFAULT_MAX_GRAPH_NODES,
             plugin_memory: 256 << 20,
             stop_after: None,
             cache_dir: None,
         }
     }
 }
+
+/// A replica's default bound on live autograd graph nodes: a step of the bundled MLP keeps
+/// about a dozen, a deep model a few thousand.
+pub const DEFAULT_MAX_GRAPH_NODES: usize = 1 << 20;
 
 /// How a run ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -233,6 +241,7 @@ impl<'a> Prepared<'a> {
             data,
             replicas,
             max_tensors: options.max_tensors,
+            max_graph_nodes: options.max_graph_nodes,
             exchange_timeout: spec.step_timeout,
             grads: Collective::new(replicas),
             broadcast: Collective::new(replicas),

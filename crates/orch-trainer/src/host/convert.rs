@@ -15,6 +15,8 @@ pub(crate) enum Fail {
     Wit(WitError),
     /// The host stops the plugin (a trap): the job is being stopped.
     Abort(String),
+    /// The plugin named a handle it does not hold: a plugin bug, so a trap (as the WIT says).
+    BadHandle(String),
 }
 
 impl From<TensorError> for Fail {
@@ -57,8 +59,12 @@ impl ReplicaState {
             TensorError::DeviceMismatch { lhs, rhs, .. } => {
                 WitError::DeviceMismatch((self.logical(lhs), self.logical(rhs)))
             }
+            TensorError::GraphLimit { limit } => {
+                WitError::TooManyTensors(u32::try_from(limit).unwrap_or(u32::MAX))
+            }
             e @ (TensorError::InvalidShape { .. }
             | TensorError::InvalidAxis { .. }
+            | TensorError::RepeatedAxis { .. }
             | TensorError::InvalidLabel { .. }
             | TensorError::Autograd(_)
             | TensorError::Optimizer { .. }) => WitError::BadArgument(e.to_string()),

@@ -1,7 +1,7 @@
 //! `orch:plugin/autograd` and `orch:plugin/params`.
 
-use super::ReplicaState;
-use super::convert::bad;
+use super::convert::{Fail, bad};
+use super::{Phase, ReplicaState};
 use orch_tensor::no_grad;
 use orch_wit::trainer::orch::plugin::autograd::Host as Autograd;
 use orch_wit::trainer::orch::plugin::params::Host as Params;
@@ -14,14 +14,14 @@ const MAX_NAME: usize = 256;
 
 impl Autograd for ReplicaState {
     fn backward(&mut self, loss: Resource<WitTensor>) -> wasmtime::Result<Result<(), WitError>> {
-        self.run(|s| Ok(s.tensor(&loss)?.backward()?))
+        self.run("autograd.backward", |s| Ok(s.tensor(&loss)?.backward()?))
     }
 
     fn grad(
         &mut self,
         param: Resource<WitTensor>,
     ) -> wasmtime::Result<Result<Option<Resource<WitTensor>>, WitError>> {
-        self.run(|s| match s.tensor(&param)?.grad() {
+        self.run("autograd.grad", |s| match s.tensor(&param)?.grad() {
             Some(g) => s.give(g).map(Some),
             None => Ok(None),
         })
@@ -41,7 +41,14 @@ impl Params for ReplicaState {
         name: String,
         init: Resource<WitTensor>,
     ) -> wasmtime::Result<Result<Resource<WitTensor>, WitError>> {
-        self.run(|s| {
+        self.run("params.register", |s| {
+            if !matches!(s.phase, Phase::Init) {
+                // A checkpoint holds the parameters `init` registered, and a resumed run
+                // re-creates exactly those: one registered later could not be restored.
+                return Err(Fail::Wit(WitError::NotNow(format!(
+                    "params.register(`{name}`) is for init: a parameter made later could not be restored from a checkpoint"
+                ))));
+            }
             if name.is_empty() || name.len() > MAX_NAME || name.chars().any(char::is_control) {
                 return Err(bad(format!(
                     "parameter name {name:?}: give 1 to {MAX_NAME} printable characters"

@@ -51,11 +51,11 @@ fn not_now(message: &str) -> Fail {
 
 impl Data for ReplicaState {
     fn train_batch(&mut self) -> wasmtime::Result<Result<Batch, WitError>> {
-        self.run(|s| s.batch(true))
+        self.run("data.train-batch", |s| s.batch(true))
     }
 
     fn eval_batch(&mut self) -> wasmtime::Result<Result<Batch, WitError>> {
-        self.run(|s| s.batch(false))
+        self.run("data.eval-batch", |s| s.batch(false))
     }
 }
 
@@ -82,7 +82,7 @@ impl Devices for ReplicaState {
     }
 
     fn set_current(&mut self, index: DeviceIndex) -> wasmtime::Result<Result<(), WitError>> {
-        self.run(|s| {
+        self.run("devices.set-current", |s| {
             if (index as usize) < s.shared.devices.len() {
                 s.current = index as usize;
                 Ok(())

@@ -6,8 +6,13 @@
 //! data, the gradient exchange). Handles are entries of this store's table, so one replica (or
 //! job) can never name another's tensors, and a count of live handles enforces the cap.
 //!
-//! Failures the plugin causes come back as `tensor-error` values; only a broken host invariant
-//! or a job being stopped (another replica failed) turns into a trap.
+//! Failures the plugin causes come back as `tensor-error` values; a bad handle (a plugin bug,
+//! as the WIT says), a job being stopped (another replica failed) or a panic in orch itself
+//! (named with the host function it happened in) turns into a trap.
+//!
+//! Host memory the device quotas do not see is bounded per replica too: tensor handles by
+//! `max_tensors`, autograd graph nodes by `max_graph_nodes` (an [`GraphBudget`] every host
+//! function runs under), both refused with `too-many-tensors`.
 
 mod convert;
 mod graph;
@@ -20,7 +25,7 @@ use crate::data::Data;
 pub(crate) use convert::Fail;
 use orch_host::{HasPluginState, PluginState};
 use orch_tensor::optim::{Adam, Optimizer, Sgd};
-use orch_tensor::{MemoryPool, Tensor};
+use orch_tensor::{GraphBudget, MemoryPool, Tensor, with_graph_budget};
 use orch_wit::trainer::orch::plugin::metrics::Level;
 use orch_wit::trainer::orch::plugin::tensors::{Tensor as WitTensor, TensorError as WitError};
 use std::sync::Arc;
@@ -54,6 +59,8 @@ pub(crate) struct Shared {
     pub data: Data,
     pub replicas: usize,
     pub max_tensors: u32,
+    /// Autograd graph nodes one replica may keep alive.
+    pub max_graph_nodes: usize,
     /// How long a replica waits for the others at an exchange.
     pub exchange_timeout: Duration,
     pub grads: Collective<GradShare, optim::Reduced>,
@@ -137,8 +144,14 @@ pub(crate) struct ReplicaState {
     pub scalars: Vec<(String, f64)>,
     /// `metrics.log` lines of the current call.
     pub logs: Vec<(Level, String)>,
+    /// What the current call's `metrics` calls had cut, said at the call's end.
+    cut: Cut,
     /// Set when the host stopped the plugin (a trap it raised on purpose), with why.
     pub abort: Option<String>,
+    /// Set when orch itself panicked inside a host function: the function and the message.
+    pub host_panic: Option<(&'static str, String)>,
+    /// The replica's bound on live autograd graph nodes.
+    pub graph: Arc<GraphBudget>,
 }
 
 impl std::fmt::Debug for ReplicaState {
@@ -165,14 +178,31 @@ impl HasPluginState for ReplicaState {
 
 impl orch_wit::types::Host for ReplicaState {}
 
-/// Most `metrics.log` lines and `metrics.scalar` values kept per call, and the longest line.
+/// Most `metrics.log` lines and `metrics.scalar` values kept per call, the longest line and
+/// the longest scalar name.
 const MAX_LOGS_PER_CALL: usize = 64;
 const MAX_SCALARS_PER_CALL: usize = 64;
 const MAX_LOG_CHARS: usize = 1000;
+const MAX_SCALAR_NAME: usize = 64;
+
+/// What `metrics` calls of one plugin call had cut or dropped.
+#[derive(Debug, Default)]
+struct Cut {
+    /// Log lines past the per-call limit.
+    logs: usize,
+    /// Log lines shortened to `MAX_LOG_CHARS`.
+    long_lines: usize,
+    /// Scalars past the per-call limit.
+    scalars: usize,
+    /// Scalars whose name was empty, too long or held control characters (kept, such names
+    /// could merge with others).
+    bad_names: usize,
+}
 
 impl ReplicaState {
     pub fn new(sandbox: PluginState, shared: Arc<Shared>, rank: usize) -> ReplicaState {
         let current = rank.min(shared.devices.len().saturating_sub(1));
+        let graph = GraphBudget::new(shared.max_graph_nodes);
         ReplicaState {
             sandbox,
             table: ResourceTable::new(),
@@ -185,17 +215,21 @@ impl ReplicaState {
             phase: Phase::Idle,
             scalars: Vec::new(),
             logs: Vec::new(),
+            cut: Cut::default(),
             abort: None,
+            host_panic: None,
+            graph,
         }
     }
 
-    /// The tensor behind a handle the plugin passed.
+    /// The tensor behind a handle the plugin passed. A handle the host does not know stops the
+    /// plugin (a trap, as the WIT says): it is a bug in the plugin, not a value to handle.
     fn tensor(&self, handle: &Resource<WitTensor>) -> Result<Tensor, Fail> {
         let key = Resource::<TensorEntry>::new_borrow(handle.rep());
         self.table
             .get(&key)
             .map(|entry| entry.0.clone())
-            .map_err(|e| Fail::Wit(WitError::BadHandle(format!("tensor handle: {e}"))))
+            .map_err(|e| bad_handle("tensor", handle.rep(), e))
     }
 
     /// A new handle on `tensor`, within the cap.
@@ -223,7 +257,7 @@ impl ReplicaState {
         self.table
             .get(&key)
             .map(|entry| entry.0)
-            .map_err(|e| Fail::Wit(WitError::BadHandle(format!("optimizer handle: {e}"))))
+            .map_err(|e| bad_handle("optimizer", handle.rep(), e))
     }
 
     /// The pool of logical device `device` (the current one when `None`).
@@ -248,20 +282,35 @@ impl ReplicaState {
             .map_or(u32::MAX, |i| u32::try_from(i).unwrap_or(u32::MAX))
     }
 
-    /// Runs one host function: a plugin-caused failure becomes a `tensor-error` value, a host
-    /// abort a trap.
+    /// Runs host function `call` (its WIT name, such as `tensors.matmul`) under the replica's
+    /// graph budget: a plugin-caused failure becomes a `tensor-error` value; a bad handle or a
+    /// host abort a trap; a panic in orch a trap that names `call`.
     fn run<T>(
         &mut self,
+        call: &'static str,
         f: impl FnOnce(&mut Self) -> Result<T, Fail>,
     ) -> wasmtime::Result<Result<T, WitError>> {
         if let Some(why) = &self.abort {
             return Err(wasmtime::format_err!("{why}"));
         }
-        match f(self) {
-            Ok(value) => Ok(Ok(value)),
-            Err(Fail::Wit(e)) => Ok(Err(e)),
-            Err(Fail::Tensor(e)) => Ok(Err(self.convert(e))),
-            Err(Fail::Abort(why)) => {
+        let graph = Arc::clone(&self.graph);
+        // The replica is stopped after a panic, so no half-updated state is used again.
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            with_graph_budget(&graph, || f(self))
+        }));
+        match outcome {
+            Ok(Ok(value)) => Ok(Ok(value)),
+            Ok(Err(Fail::Wit(e))) => Ok(Err(e)),
+            Ok(Err(Fail::Tensor(e))) => Ok(Err(self.convert(e))),
+            Ok(Err(Fail::Abort(why))) => {
+                self.abort = Some(why.clone());
+                Err(wasmtime::format_err!("{why}"))
+            }
+            Ok(Err(Fail::BadHandle(why))) => Err(wasmtime::format_err!("{call}: {why}")),
+            Err(panic) => {
+                let message = panic_message(panic.as_ref());
+                let why = format!("orch failed inside `{call}`: {message}");
+                self.host_panic = Some((call, message));
                 self.abort = Some(why.clone());
                 Err(wasmtime::format_err!("{why}"))
             }
@@ -269,20 +318,84 @@ impl ReplicaState {
     }
 
     fn push_log(&mut self, level: Level, message: &str) {
-        if self.logs.len() < MAX_LOGS_PER_CALL {
-            let text: String = printable(message).chars().take(MAX_LOG_CHARS).collect();
-            self.logs.push((level, text));
+        if self.logs.len() >= MAX_LOGS_PER_CALL {
+            self.cut.logs += 1;
+            return;
         }
+        let mut text: String = printable(message).chars().take(MAX_LOG_CHARS).collect();
+        if message.chars().nth(MAX_LOG_CHARS).is_some() {
+            self.cut.long_lines += 1;
+            text.push_str(" [cut]");
+        }
+        self.logs.push((level, text));
     }
 
     fn push_scalar(&mut self, name: &str, value: f64) {
-        if let Some(entry) = self.scalars.iter_mut().find(|(n, _)| n == name) {
+        let valid = (1..=MAX_SCALAR_NAME).contains(&name.chars().count())
+            && !name.chars().any(char::is_control);
+        if !valid {
+            self.cut.bad_names += 1;
+        } else if let Some(entry) = self.scalars.iter_mut().find(|(n, _)| n == name) {
             entry.1 = value;
         } else if self.scalars.len() < MAX_SCALARS_PER_CALL {
-            let name: String = printable(name).chars().take(64).collect();
-            self.scalars.push((name, value));
+            self.scalars.push((name.to_string(), value));
+        } else {
+            self.cut.scalars += 1;
         }
     }
+
+    /// A warning saying what this call's `metrics` calls had cut, if anything (and a fresh
+    /// count for the next call).
+    pub fn take_cut_notice(&mut self) -> Option<(Level, String)> {
+        let cut = std::mem::take(&mut self.cut);
+        let mut parts = Vec::new();
+        if cut.logs > 0 {
+            parts.push(format!(
+                "{} log lines past the first {MAX_LOGS_PER_CALL} were dropped",
+                cut.logs
+            ));
+        }
+        if cut.long_lines > 0 {
+            parts.push(format!(
+                "{} log lines were cut at {MAX_LOG_CHARS} characters",
+                cut.long_lines
+            ));
+        }
+        if cut.scalars > 0 {
+            parts.push(format!(
+                "{} scalars past the first {MAX_SCALARS_PER_CALL} names were dropped",
+                cut.scalars
+            ));
+        }
+        if cut.bad_names > 0 {
+            parts.push(format!(
+                "{} scalars were dropped for their names (give 1 to {MAX_SCALAR_NAME} printable characters)",
+                cut.bad_names
+            ));
+        }
+        (!parts.is_empty()).then(|| {
+            (
+                Level::Warn,
+                format!("orch: in this call, {}", parts.join("; ")),
+            )
+        })
+    }
+}
+
+/// A handle the host does not know, as the failure that stops the plugin.
+fn bad_handle(kind: &str, rep: u32, e: impl std::fmt::Display) -> Fail {
+    Fail::BadHandle(format!(
+        "{kind} handle {rep} is not one this plugin holds ({e})"
+    ))
+}
+
+/// The message a panic carried, when it is text.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".to_string())
 }
 
 /// `text` with control characters (terminal escapes included) replaced by spaces.
@@ -293,3 +406,6 @@ pub(crate) fn printable(text: &str) -> String {
         .trim_end()
         .to_string()
 }
+
+#[cfg(test)]
+mod tests;

@@ -78,11 +78,26 @@ impl ReplicaState {
         Ok(())
     }
 
+    /// The optimizer behind `handle` for a host function without an error value: a handle the
+    /// host does not know stops the plugin.
+    fn known_optimizer(
+        &mut self,
+        call: &str,
+        handle: &Resource<Optimizer>,
+    ) -> wasmtime::Result<&mut Opt> {
+        let found = self.optimizer_index(handle).and_then(|i| self.optimizer(i));
+        match found {
+            Ok(opt) => Ok(opt),
+            Err(Fail::BadHandle(why)) => Err(wasmtime::format_err!("{call}: {why}")),
+            Err(other) => Err(wasmtime::format_err!("{call}: {other:?}")),
+        }
+    }
+
     fn optimizer(&mut self, index: usize) -> Result<&mut Opt, Fail> {
         self.optimizers
             .get_mut(index)
             .and_then(Option::as_mut)
-            .ok_or_else(|| Fail::Wit(WitError::BadHandle("optimizer dropped".into())))
+            .ok_or_else(|| Fail::BadHandle(format!("optimizer {index} was dropped")))
     }
 }
 
@@ -91,14 +106,25 @@ impl HostOptimizer for ReplicaState {
         &mut self,
         config: OptimizerConfig,
     ) -> wasmtime::Result<Result<Resource<Optimizer>, WitError>> {
-        self.run(|s| {
+        self.run("optimizer.create", |s| {
+            if !matches!(s.phase, Phase::Init) {
+                // Checkpoints hold the optimizers `init` made, and a resume re-creates those.
+                return Err(Fail::Wit(WitError::NotNow(
+                    "optimizer.create is for init: an optimizer made later could not be restored from a checkpoint".into(),
+                )));
+            }
             if s.params.is_empty() {
                 return Err(bad(
                     "register parameters (params.register) before creating an optimizer",
                 ));
             }
-            if s.optimizers.len() >= MAX_OPTIMIZERS {
-                return Err(bad(format!("more than {MAX_OPTIMIZERS} optimizers")));
+            // Dropped optimizers leave their slot free: only live ones count.
+            let slot = s.optimizers.iter().position(Option::is_none);
+            let live = s.optimizers.iter().flatten().count();
+            if live >= MAX_OPTIMIZERS {
+                return Err(bad(format!(
+                    "{live} optimizers are alive, the most one replica may hold; drop one first"
+                )));
             }
             let params: Vec<Tensor> = s.params.iter().map(|(_, p)| p.clone()).collect();
             let names = s.params.iter().map(|(n, _)| n.clone()).collect();
@@ -124,17 +150,22 @@ impl HostOptimizer for ReplicaState {
                     },
                 )?),
             };
+            let index = slot.unwrap_or(s.optimizers.len());
             let entry = s
                 .table
-                .push(OptimizerEntry(s.optimizers.len()))
+                .push(OptimizerEntry(index))
                 .map_err(|e| Fail::Wit(WitError::Failed(format!("optimizer table: {e}"))))?;
-            s.optimizers.push(Some(Opt { kind, names }));
+            let opt = Some(Opt { kind, names });
+            match s.optimizers.get_mut(index) {
+                Some(free) => *free = opt,
+                None => s.optimizers.push(opt),
+            }
             Ok(Resource::new_own(entry.rep()))
         })
     }
 
     fn step(&mut self, this: Resource<Optimizer>) -> wasmtime::Result<Result<(), WitError>> {
-        self.run(|s| {
+        self.run("optimizer.step", |s| {
             let index = s.optimizer_index(&this)?;
             if s.shared.replicas > 1 {
                 s.average_gradients(index)?;
@@ -144,18 +175,14 @@ impl HostOptimizer for ReplicaState {
     }
 
     fn zero_grad(&mut self, this: Resource<Optimizer>) -> wasmtime::Result<()> {
-        let index = self.optimizer_index(&this);
-        if let Ok(opt) = index.and_then(|i| self.optimizer(i)) {
-            opt.inner().zero_grad();
-        }
+        self.known_optimizer("optimizer.zero-grad", &this)?
+            .inner()
+            .zero_grad();
         Ok(())
     }
 
     fn lr(&mut self, this: Resource<Optimizer>) -> wasmtime::Result<f32> {
-        let index = self.optimizer_index(&this);
-        Ok(index
-            .and_then(|i| self.optimizer(i))
-            .map_or(f32::NAN, |o| o.inner().lr()))
+        Ok(self.known_optimizer("optimizer.lr", &this)?.inner().lr())
     }
 
     fn set_lr(
@@ -163,7 +190,7 @@ impl HostOptimizer for ReplicaState {
         this: Resource<Optimizer>,
         lr: f32,
     ) -> wasmtime::Result<Result<(), WitError>> {
-        self.run(|s| {
+        self.run("optimizer.set-lr", |s| {
             if !(lr.is_finite() && lr >= 0.0) {
                 return Err(bad(format!(
                     "learning rate {lr}: give a finite number >= 0"

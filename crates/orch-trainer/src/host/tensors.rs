@@ -2,7 +2,7 @@
 
 use super::ReplicaState;
 use super::convert::{Fail, axes, bad, to_u32, to_usize};
-use orch_tensor::{Tensor, no_grad};
+use orch_tensor::Tensor;
 use orch_wit::trainer::orch::plugin::tensors::{
     BinaryOp, DeviceIndex, Host, HostTensor, ReduceOp, Tensor as WitTensor,
     TensorError as WitError, UnaryOp,
@@ -19,10 +19,11 @@ impl ReplicaState {
     /// `f` of the tensor behind `x`, as a new handle.
     fn map1(
         &mut self,
+        call: &'static str,
         x: &Handle,
         f: impl FnOnce(&Tensor) -> Result<Tensor, Fail>,
     ) -> Answer<Handle> {
-        self.run(|s| {
+        self.run(call, |s| {
             let out = f(&s.tensor(x)?)?;
             s.give(out)
         })
@@ -30,11 +31,12 @@ impl ReplicaState {
 
     fn map2(
         &mut self,
+        call: &'static str,
         a: &Handle,
         b: &Handle,
         f: impl FnOnce(&Tensor, &Tensor) -> Result<Tensor, Fail>,
     ) -> Answer<Handle> {
-        self.run(|s| {
+        self.run(call, |s| {
             let out = f(&s.tensor(a)?, &s.tensor(b)?)?;
             s.give(out)
         })
@@ -42,10 +44,11 @@ impl ReplicaState {
 
     fn create(
         &mut self,
+        call: &'static str,
         device: Option<DeviceIndex>,
         f: impl FnOnce(&std::sync::Arc<orch_tensor::MemoryPool>) -> Result<Tensor, Fail>,
     ) -> Answer<Handle> {
-        self.run(|s| {
+        self.run(call, |s| {
             let pool = s.pool(device)?;
             let out = f(&pool)?;
             s.give(out)
@@ -53,30 +56,38 @@ impl ReplicaState {
     }
 }
 
+impl ReplicaState {
+    /// The tensor behind `handle` for a host function without an error value: a handle the
+    /// host does not know stops the plugin.
+    fn known(&self, call: &str, handle: &Handle) -> wasmtime::Result<Tensor> {
+        match self.tensor(handle) {
+            Ok(t) => Ok(t),
+            Err(Fail::BadHandle(why)) => Err(wasmtime::format_err!("{call}: {why}")),
+            Err(other) => Err(wasmtime::format_err!("{call}: {other:?}")),
+        }
+    }
+}
+
 impl HostTensor for ReplicaState {
     fn shape(&mut self, this: Handle) -> wasmtime::Result<Vec<u32>> {
-        Ok(self
-            .tensor(&this)
-            .map(|t| to_u32(t.shape()))
-            .unwrap_or_default())
+        Ok(to_u32(self.known("tensor.shape", &this)?.shape()))
     }
 
     fn device(&mut self, this: Handle) -> wasmtime::Result<DeviceIndex> {
-        Ok(self
-            .tensor(&this)
-            .map_or(u32::MAX, |t| self.logical(t.device())))
+        let t = self.known("tensor.device", &this)?;
+        Ok(self.logical(t.device()))
     }
 
     fn requires_grad(&mut self, this: Handle) -> wasmtime::Result<bool> {
-        Ok(self.tensor(&this).is_ok_and(|t| t.requires_grad()))
+        Ok(self.known("tensor.requires-grad", &this)?.requires_grad())
     }
 
     fn item(&mut self, this: Handle) -> Answer<f32> {
-        self.run(|s| Ok(s.tensor(&this)?.to_scalar()?))
+        self.run("tensor.item", |s| Ok(s.tensor(&this)?.to_scalar()?))
     }
 
     fn to_list(&mut self, this: Handle) -> Answer<Vec<f32>> {
-        self.run(|s| {
+        self.run("tensor.to-list", |s| {
             let t = s.tensor(&this)?;
             if t.numel() > MAX_LIST_VALUES {
                 return Err(bad(format!(
@@ -100,7 +111,7 @@ impl Host for ReplicaState {
         shape: Vec<u32>,
         device: Option<DeviceIndex>,
     ) -> Answer<Handle> {
-        self.create(device, |pool| {
+        self.create("tensors.from-list", device, |pool| {
             if data.len() > MAX_LIST_VALUES {
                 return Err(bad(format!(
                     "from-list: {} values; at most {MAX_LIST_VALUES} (bulk data comes from `data`)",
@@ -112,7 +123,7 @@ impl Host for ReplicaState {
     }
 
     fn full(&mut self, shape: Vec<u32>, value: f32, device: Option<DeviceIndex>) -> Answer<Handle> {
-        self.create(device, |pool| {
+        self.create("tensors.full", device, |pool| {
             Ok(Tensor::full(&to_usize(&shape), value, pool)?)
         })
     }
@@ -124,7 +135,7 @@ impl Host for ReplicaState {
         seed: u64,
         device: Option<DeviceIndex>,
     ) -> Answer<Handle> {
-        self.create(device, |pool| {
+        self.create("tensors.randn", device, |pool| {
             if !std.is_finite() {
                 return Err(bad(format!("randn: std = {std}")));
             }
@@ -145,7 +156,7 @@ impl Host for ReplicaState {
         seed: u64,
         device: Option<DeviceIndex>,
     ) -> Answer<Handle> {
-        self.create(device, |pool| {
+        self.create("tensors.uniform", device, |pool| {
             if !(low.is_finite() && high.is_finite() && low < high) {
                 return Err(bad(format!("uniform: [{low}, {high}) is not a range")));
             }
@@ -160,7 +171,7 @@ impl Host for ReplicaState {
         transpose_a: bool,
         transpose_b: bool,
     ) -> Answer<Handle> {
-        self.map2(&a, &b, |a, b| {
+        self.map2("tensors.matmul", &a, &b, |a, b| {
             let a = if transpose_a { a.t()? } else { a.clone() };
             let b = if transpose_b { b.t()? } else { b.clone() };
             Ok(a.matmul(&b)?)
@@ -168,7 +179,7 @@ impl Host for ReplicaState {
     }
 
     fn linear(&mut self, x: Handle, weight: Handle, bias: Option<Handle>) -> Answer<Handle> {
-        self.run(|s| {
+        self.run("tensors.linear", |s| {
             let (x, w) = (s.tensor(&x)?, s.tensor(&weight)?);
             if x.rank() != 2 || w.rank() != 2 {
                 return Err(bad(format!(
@@ -186,7 +197,7 @@ impl Host for ReplicaState {
     }
 
     fn unary(&mut self, op: UnaryOp, x: Handle) -> Answer<Handle> {
-        self.map1(&x, |x| {
+        self.map1("tensors.unary", &x, |x| {
             Ok(match op {
                 UnaryOp::Neg => x.neg()?,
                 UnaryOp::Relu => x.relu()?,
@@ -201,7 +212,7 @@ impl Host for ReplicaState {
     }
 
     fn binary(&mut self, op: BinaryOp, a: Handle, b: Handle) -> Answer<Handle> {
-        self.map2(&a, &b, |a, b| {
+        self.map2("tensors.binary", &a, &b, |a, b| {
             Ok(match op {
                 BinaryOp::Add => a.add(b)?,
                 BinaryOp::Sub => a.sub(b)?,
@@ -212,7 +223,7 @@ impl Host for ReplicaState {
     }
 
     fn scalar(&mut self, op: BinaryOp, x: Handle, value: f32) -> Answer<Handle> {
-        self.map1(&x, |x| {
+        self.map1("tensors.scalar", &x, |x| {
             Ok(match op {
                 BinaryOp::Add => x.add_scalar(value)?,
                 BinaryOp::Sub => x.sub_scalar(value)?,
@@ -223,11 +234,11 @@ impl Host for ReplicaState {
     }
 
     fn affine(&mut self, x: Handle, mul: f32, add: f32) -> Answer<Handle> {
-        self.map1(&x, |x| Ok(x.affine(mul, add)?))
+        self.map1("tensors.affine", &x, |x| Ok(x.affine(mul, add)?))
     }
 
     fn softmax(&mut self, x: Handle, axis: i32, log: bool) -> Answer<Handle> {
-        self.map1(&x, |x| {
+        self.map1("tensors.softmax", &x, |x| {
             Ok(if log {
                 x.log_softmax(axis as isize)?
             } else {
@@ -237,15 +248,17 @@ impl Host for ReplicaState {
     }
 
     fn cross_entropy(&mut self, logits: Handle, labels: Handle) -> Answer<Handle> {
-        self.map2(&logits, &labels, |x, y| Ok(x.cross_entropy(y)?))
+        self.map2("tensors.cross-entropy", &logits, &labels, |x, y| {
+            Ok(x.cross_entropy(y)?)
+        })
     }
 
     fn mse(&mut self, prediction: Handle, target: Handle) -> Answer<Handle> {
-        self.map2(&prediction, &target, |x, y| Ok(x.mse(y)?))
+        self.map2("tensors.mse", &prediction, &target, |x, y| Ok(x.mse(y)?))
     }
 
     fn reduce(&mut self, op: ReduceOp, x: Handle, over: Vec<i32>, keepdim: bool) -> Answer<Handle> {
-        self.map1(&x, |x| {
+        self.map1("tensors.reduce", &x, |x| {
             let over = axes(&over);
             Ok(match op {
                 ReduceOp::Sum => x.sum(&over, keepdim)?,
@@ -256,43 +269,37 @@ impl Host for ReplicaState {
     }
 
     fn argmax(&mut self, x: Handle, axis: i32) -> Answer<Handle> {
-        self.map1(&x, |x| Ok(x.argmax(axis as isize, false)?))
+        self.map1(
+            "tensors.argmax",
+            &x,
+            |x| Ok(x.argmax(axis as isize, false)?),
+        )
     }
 
     fn correct(&mut self, logits: Handle, labels: Handle) -> Answer<u32> {
-        self.run(|s| {
+        self.run("tensors.correct", |s| {
             let (x, y) = (s.tensor(&logits)?, s.tensor(&labels)?);
-            let rows = match (x.shape(), y.shape()) {
-                ([rows, _], [n]) if rows == n => *rows,
-                _ => {
-                    return Err(Fail::Wit(WitError::ShapeMismatch(
-                        orch_wit::trainer::orch::plugin::tensors::ShapeMismatch {
-                            op: "correct".into(),
-                            lhs: to_u32(x.shape()),
-                            rhs: to_u32(y.shape()),
-                        },
-                    )));
-                }
-            };
-            let hits = no_grad(|| x.argmax(-1, false)?.eq(&y)?.sum_all()?.to_scalar())?;
-            Ok(hits.round().clamp(0.0, rows as f32) as u32)
+            let hits = x.correct(&y)?;
+            Ok(u32::try_from(hits).unwrap_or(u32::MAX))
         })
     }
 
     fn reshape(&mut self, x: Handle, shape: Vec<u32>) -> Answer<Handle> {
-        self.map1(&x, |x| Ok(x.reshape(&to_usize(&shape))?))
+        self.map1("tensors.reshape", &x, |x| Ok(x.reshape(&to_usize(&shape))?))
     }
 
     fn transpose(&mut self, x: Handle, dim0: i32, dim1: i32) -> Answer<Handle> {
-        self.map1(&x, |x| Ok(x.transpose(dim0 as isize, dim1 as isize)?))
+        self.map1("tensors.transpose", &x, |x| {
+            Ok(x.transpose(dim0 as isize, dim1 as isize)?)
+        })
     }
 
     fn detach(&mut self, x: Handle) -> Answer<Handle> {
-        self.map1(&x, |x| Ok(x.detach()))
+        self.map1("tensors.detach", &x, |x| Ok(x.detach()))
     }
 
     fn to_device(&mut self, x: Handle, device: DeviceIndex) -> Answer<Handle> {
-        self.run(|s| {
+        self.run("tensors.to-device", |s| {
             let (x, pool) = (s.tensor(&x)?, s.pool(Some(device))?);
             let moved = x.to(&pool)?;
             s.give(moved)
@@ -300,6 +307,8 @@ impl Host for ReplicaState {
     }
 
     fn assign(&mut self, dst: Handle, src: Handle) -> Answer<()> {
-        self.run(|s| Ok(s.tensor(&dst)?.assign(&s.tensor(&src)?)?))
+        self.run("tensors.assign", |s| {
+            Ok(s.tensor(&dst)?.assign(&s.tensor(&src)?)?)
+        })
     }
 }

@@ -1,0 +1,337 @@
+//! The trainer host's functions called directly on a replica's state, as a hostile plugin would
+//! call them: every failure it causes is a value, a bad handle a trap, and what the host keeps
+//! for it stays bounded.
+
+use super::*;
+use crate::data::Data;
+use orch_host::Limits;
+use orch_tensor::{Device, GraphBudget};
+use orch_wit::trainer::orch::plugin::autograd::Host as _;
+use orch_wit::trainer::orch::plugin::metrics::Host as Metrics;
+use orch_wit::trainer::orch::plugin::optim::{HostOptimizer, OptimizerConfig, SgdConfig};
+use orch_wit::trainer::orch::plugin::params::Host as _;
+use orch_wit::trainer::orch::plugin::tensors::{
+    BinaryOp, Host as Tensors, HostTensor, ReduceOp, UnaryOp,
+};
+
+type Handle = Resource<WitTensor>;
+
+/// One replica's state on a simulated device of `bytes`, with the job's quota `quota`.
+fn replica(bytes: u64, quota: Option<u64>, max_graph_nodes: usize) -> ReplicaState {
+    let device = MemoryPool::new(Device::Sim(0), Some(bytes)).expect("sim pool");
+    let pool = MemoryPool::with_parent(&device, quota);
+    let dataset = Arc::new(orch_data::Dataset {
+        features: vec![0.0; 4],
+        labels: vec![0, 1],
+        feature_dim: 2,
+        num_classes: 2,
+    });
+    let shared = Arc::new(Shared {
+        devices: vec![DeviceSlot {
+            pool,
+            kind: "sim:0".into(),
+            name: "sim".into(),
+            memory_free: Some(bytes),
+            quota,
+        }],
+        data: Data {
+            train: dataset,
+            eval: None,
+            classes: 2,
+        },
+        replicas: 1,
+        max_tensors: 64,
+        max_graph_nodes,
+        exchange_timeout: Duration::from_secs(1),
+        grads: Collective::new(1),
+        broadcast: Collective::new(1),
+    });
+    ReplicaState::new(PluginState::new("hostile", &Limits::default()), shared, 0)
+}
+
+fn state() -> ReplicaState {
+    replica(1 << 30, None, 1000)
+}
+
+fn borrow(h: &Handle) -> Handle {
+    Resource::new_borrow(h.rep())
+}
+
+fn value<T: std::fmt::Debug>(answer: wasmtime::Result<Result<T, WitError>>) -> T {
+    answer.expect("no trap").expect("a value")
+}
+
+fn error<T: std::fmt::Debug>(answer: wasmtime::Result<Result<T, WitError>>) -> WitError {
+    answer.expect("no trap").expect_err("an error value")
+}
+
+fn full(s: &mut ReplicaState, shape: &[u32], v: f32) -> Handle {
+    value(s.full(shape.to_vec(), v, None))
+}
+
+fn param(s: &mut ReplicaState, name: &str, shape: &[u32]) -> Handle {
+    let init = full(s, shape, 1.0);
+    s.phase = Phase::Init;
+    let p = value(s.register(name.into(), borrow(&init)));
+    s.phase = Phase::Idle;
+    p
+}
+
+/// Finding: a chain of cheap ops on a zero-element parameter grew host memory without bound.
+#[test]
+fn graph_nodes_are_bounded_per_replica_and_refused_as_a_value() {
+    let mut s = replica(1 << 30, None, 50);
+    let p = param(&mut s, "p", &[0]);
+    let mut y = borrow(&p);
+    let mut held = Vec::new();
+    let refused = loop {
+        match Tensors::scalar(&mut s, BinaryOp::Add, borrow(&y), 1.0).expect("no trap") {
+            Ok(next) => {
+                y = borrow(&next);
+                held.push(next);
+            }
+            Err(e) => break e,
+        }
+        assert!(held.len() <= 50, "the bound is never passed");
+    };
+    assert!(
+        matches!(refused, WitError::TooManyTensors(50)),
+        "{refused:?}"
+    );
+    assert_eq!(held.len(), 50);
+    assert_eq!(s.graph.live(), 50);
+    // Dropping the handles drops the graph; the budget comes back.
+    for h in held {
+        HostTensor::drop(&mut s, h).unwrap();
+    }
+    assert_eq!(s.graph.live(), 0);
+    value(Tensors::scalar(&mut s, BinaryOp::Add, borrow(&p), 1.0));
+}
+
+/// Finding: a host panic blamed "the WebAssembly engine" and named neither call nor plugin.
+#[test]
+fn a_panic_in_a_host_function_is_a_trap_naming_the_call() {
+    let mut s = state();
+    let trap = s
+        .run("tensors.cross-entropy", |_| -> Result<(), Fail> {
+            panic!("chunk size must be non-zero")
+        })
+        .expect_err("a trap");
+    assert!(
+        trap.to_string()
+            .contains("orch failed inside `tensors.cross-entropy`: chunk size must be non-zero"),
+        "{trap}"
+    );
+    assert_eq!(
+        s.host_panic,
+        Some((
+            "tensors.cross-entropy",
+            "chunk size must be non-zero".to_string()
+        ))
+    );
+    // The replica is stopped: later calls trap too.
+    assert!(s.full(vec![1], 0.0, None).is_err());
+    let err = crate::TrainError::HostPanic {
+        plugin: "hostile".into(),
+        stage: crate::Stage::Step { step: 2, epoch: 0 },
+        call: "tensors.cross-entropy",
+        message: "boom".into(),
+    };
+    assert_eq!(
+        err.to_string(),
+        "orch failed inside `tensors.cross-entropy`, called by trainer `hostile` at step 3 (epoch 1): boom; this is a bug in orch, please report it"
+    );
+}
+
+/// Finding: cross-entropy of logits with zero classes panicked the host.
+#[test]
+fn zero_size_shapes_through_the_contract_are_values() {
+    let mut s = state();
+    let logits = full(&mut s, &[3, 0], 0.0);
+    let labels = full(&mut s, &[3], 0.0);
+    let err = error(s.cross_entropy(borrow(&logits), borrow(&labels)));
+    assert!(matches!(err, WitError::BadArgument(_)), "{err:?}");
+    let err = error(s.correct(borrow(&logits), borrow(&labels)));
+    assert!(matches!(err, WitError::BadArgument(_)), "{err:?}");
+    let err = error(s.argmax(borrow(&logits), 1));
+    assert!(matches!(err, WitError::BadArgument(_)), "{err:?}");
+    let empty = full(&mut s, &[0, 4], 0.0);
+    let none = full(&mut s, &[0], 0.0);
+    let loss = value(s.cross_entropy(borrow(&empty), borrow(&none)));
+    assert_eq!(value(s.item(borrow(&loss))), 0.0);
+    assert_eq!(value(s.correct(borrow(&empty), borrow(&none))), 0);
+    let sum = value(s.reduce(ReduceOp::Sum, borrow(&logits), vec![], false));
+    assert_eq!(value(s.item(borrow(&sum))), 0.0);
+}
+
+/// Finding: a matmul made a tensor of 2^64 elements that other ops then accepted.
+#[test]
+fn a_product_with_too_many_elements_is_refused() {
+    let mut s = state();
+    let big = 65536;
+    let a = full(&mut s, &[big, big, big, 0], 0.0);
+    let b = full(&mut s, &[0, big], 0.0);
+    let err = error(s.matmul(borrow(&a), borrow(&b), false, false));
+    assert!(
+        matches!(&err, WitError::BadArgument(m) if m.contains("matmul") && m.contains("elements")),
+        "{err:?}"
+    );
+    let err = error(s.full(vec![1; 40], 0.0, None));
+    assert!(
+        matches!(&err, WitError::BadArgument(m) if m.contains("at most 32")),
+        "{err:?}"
+    );
+}
+
+/// Finding: after creating and dropping 16 optimizers, none could be created again.
+#[test]
+fn dropped_optimizers_do_not_count_against_the_cap() {
+    let mut s = state();
+    param(&mut s, "w", &[2]);
+    s.phase = Phase::Init;
+    let sgd = || {
+        OptimizerConfig::Sgd(SgdConfig {
+            lr: 0.1,
+            momentum: 0.0,
+            weight_decay: 0.0,
+            nesterov: false,
+        })
+    };
+    for _ in 0..40 {
+        let opt = value(HostOptimizer::create(&mut s, sgd()));
+        HostOptimizer::drop(&mut s, opt).unwrap();
+    }
+    let live: Vec<_> = (0..16)
+        .map(|_| value(HostOptimizer::create(&mut s, sgd())))
+        .collect();
+    let err = error(HostOptimizer::create(&mut s, sgd()));
+    assert!(matches!(err, WitError::BadArgument(_)), "{err:?}");
+    assert_eq!(s.optimizers.len(), 16, "freed slots are reused");
+    drop(live);
+}
+
+/// Finding: a parameter registered after `init` made the run's checkpoint unresumable.
+#[test]
+fn register_and_optimizer_create_are_for_init_only() {
+    let mut s = state();
+    let init = full(&mut s, &[2], 1.0);
+    for phase in [Phase::Idle, Phase::Train(BatchSlot::default())] {
+        s.phase = phase;
+        let err = error(s.register("late".into(), borrow(&init)));
+        assert!(matches!(err, WitError::NotNow(_)), "{err:?}");
+    }
+    assert!(s.params.is_empty());
+    s.phase = Phase::Init;
+    value(s.register("early".into(), borrow(&init)));
+    s.phase = Phase::Idle;
+    let adam = OptimizerConfig::Sgd(SgdConfig {
+        lr: 0.1,
+        momentum: 0.0,
+        weight_decay: 0.0,
+        nesterov: false,
+    });
+    let err = error(HostOptimizer::create(&mut s, adam));
+    assert!(matches!(err, WitError::NotNow(_)), "{err:?}");
+}
+
+/// Finding: `correct` counted labels that cross-entropy refuses.
+#[test]
+fn correct_refuses_labels_that_are_not_class_indices() {
+    let mut s = state();
+    let logits = value(s.from_list(vec![0.0, 1.0, 1.0, 0.0], vec![2, 2], None));
+    for bad in [f32::NAN, -1.0, 1e30, 2.5, 2.0] {
+        let labels = value(s.from_list(vec![1.0, bad], vec![2], None));
+        let err = error(s.correct(borrow(&logits), borrow(&labels)));
+        assert!(
+            matches!(&err, WitError::BadArgument(m) if m.contains("not a class index")),
+            "{bad}: {err:?}"
+        );
+    }
+    let labels = value(s.from_list(vec![1.0, 1.0], vec![2], None));
+    assert_eq!(value(s.correct(borrow(&logits), borrow(&labels))), 1);
+}
+
+/// Finding: scalar names sharing their first 64 characters merged; log lines past 64 per call
+/// vanished without a word.
+#[test]
+fn metrics_say_what_they_cut() {
+    let mut s = state();
+    let long = "x".repeat(70);
+    Metrics::scalar(&mut s, format!("{long}a"), 1.0).unwrap();
+    Metrics::scalar(&mut s, format!("{long}b"), 2.0).unwrap();
+    Metrics::scalar(&mut s, "loss".into(), f64::NAN).unwrap();
+    for i in 0..70 {
+        s.log(Level::Info, format!("line {i}")).unwrap();
+    }
+    s.log(Level::Info, "y".repeat(1500)).unwrap();
+    assert_eq!(s.scalars.len(), 1, "no merged names");
+    assert!(s.scalars[0].1.is_nan(), "NaN kept as it is");
+    assert_eq!(s.logs.len(), 64);
+    let (level, notice) = s.take_cut_notice().expect("a notice");
+    assert_eq!(level, Level::Warn);
+    assert!(
+        notice.contains("7 log lines past the first 64 were dropped")
+            && notice.contains("2 scalars were dropped for their names"),
+        "{notice}"
+    );
+    assert!(s.take_cut_notice().is_none(), "said once");
+    s.logs.clear();
+    s.log(Level::Info, "z".repeat(1500)).unwrap();
+    assert!(s.logs.last().is_some_and(|(_, l)| l.ends_with("[cut]")));
+    let notice = s.take_cut_notice().expect("a notice").1;
+    assert!(notice.contains("cut at 1000 characters"), "{notice}");
+}
+
+/// Findings: duplicate axes read "shape [] is not valid here"; a request past the quota
+/// reported the device's size and a saturated byte count.
+#[test]
+fn messages_name_the_axis_and_the_quota() {
+    let mut s = replica(1 << 30, Some(1 << 20), 1000);
+    let x = full(&mut s, &[2, 3], 0.0);
+    let err = error(s.reduce(ReduceOp::Sum, borrow(&x), vec![1, -1], false));
+    assert!(
+        matches!(&err, WitError::BadArgument(m)
+            if m == "sum: axis list [1, -1] names an axis twice (a tensor of rank 2)"),
+        "{err:?}"
+    );
+    let err = error(s.full(vec![1 << 20, 1 << 20], 0.0, None));
+    let WitError::OutOfMemory(oom) = err else {
+        panic!("{err:?}");
+    };
+    assert_eq!((oom.requested, oom.limit), (1 << 42, 1 << 20));
+    let err = error(s.full(vec![u32::MAX; 4], 0.0, None));
+    assert!(
+        matches!(&err, WitError::BadArgument(m) if m.contains("elements")),
+        "{err:?}"
+    );
+}
+
+/// Finding: a bad handle was answered with `[]`, `u32::MAX` or `false`.
+#[test]
+fn a_bad_handle_traps() {
+    let mut s = state();
+    let made_up = || Resource::<WitTensor>::new_borrow(0x0bad);
+    let trap = s.shape(made_up()).expect_err("a trap").to_string();
+    assert!(
+        trap.contains("tensor.shape") && trap.contains("handle"),
+        "{trap}"
+    );
+    assert!(s.device(made_up()).is_err());
+    assert!(s.requires_grad(made_up()).is_err());
+    assert!(s.item(made_up()).is_err());
+    assert!(s.to_list(made_up()).is_err());
+    assert!(s.unary(UnaryOp::Neg, made_up()).is_err());
+    assert!(s.backward(made_up()).is_err());
+    let opt = Resource::<orch_wit::trainer::orch::plugin::optim::Optimizer>::new_borrow(7);
+    assert!(HostOptimizer::lr(&mut s, Resource::new_borrow(opt.rep())).is_err());
+    assert!(HostOptimizer::zero_grad(&mut s, Resource::new_borrow(opt.rep())).is_err());
+    assert!(HostOptimizer::step(&mut s, opt).is_err());
+}
+
+/// The budget a replica runs under is its own.
+#[test]
+fn each_replica_has_a_budget_of_its_own() {
+    let (a, b) = (replica(1 << 30, None, 10), replica(1 << 30, None, 10));
+    assert!(!Arc::ptr_eq(&a.graph, &b.graph));
+    assert_eq!(a.graph.limit(), GraphBudget::new(10).limit());
+}
