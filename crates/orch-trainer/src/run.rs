@@ -57,7 +57,7 @@ pub struct RunOptions {
     /// Tensor handles one replica may hold at once.
     pub max_tensors: u32,
     /// Autograd graph nodes one replica may keep alive at once: host memory no device quota
-    /// sees (about 200 bytes a node, measured in docs/TRAINERS.md).
+    /// sees (about 390 bytes a node, measured in docs/TRAINERS.md).
     pub max_graph_nodes: usize,
     /// A replica's linear memory, bytes (the plugin's own heap; tensors live outside it).
     pub plugin_memory: usize,
@@ -81,9 +81,9 @@ impl Default for RunOptions {
     }
 }
 
-/// A replica's default bound on live autograd graph nodes: a step of the bundled MLP keeps
-/// about a dozen, a deep model a few thousand.
-pub const DEFAULT_MAX_GRAPH_NODES: usize = 1 << 20;
+/// A replica's default bound on live autograd graph nodes, about 100 MiB of host memory: a
+/// step of the bundled MLP keeps about a dozen, a deep model a few thousand.
+pub const DEFAULT_MAX_GRAPH_NODES: usize = 1 << 18;
 
 /// How a run ended.
 #[derive(Debug, Clone, PartialEq)]

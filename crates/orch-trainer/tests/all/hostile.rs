@@ -1,5 +1,7 @@
-//! Hostile trainers: a loop, a panic, a forged handle, a dropped handle. Each ends the job
-//! with an error naming the plugin and the step, every tensor freed.
+//! Hostile trainers: a loop, a panic, a forged handle, a dropped handle, a stack overflow. Each
+//! ends the job with an error naming the plugin and the step, every tensor freed. What a
+//! hostile trainer asks the host to keep or copy (graph nodes, a huge list) is refused as a
+//! value.
 
 use crate::common::*;
 use orch_trainer::{Stage, TrainError};
@@ -81,4 +83,52 @@ fn forged_and_dropped_handles_stop_the_plugin() {
         );
         assert!(err.to_string().contains("trainer_fixture"), "{err}");
     }
+}
+
+/// Runs the fixture in `mode` on the CPU, one step per epoch, returning the first step's
+/// scalars.
+fn probe(
+    mode: &str,
+    options: &orch_trainer::RunOptions,
+) -> std::collections::BTreeMap<String, f64> {
+    let dir = tempfile::tempdir().unwrap();
+    let job = job(
+        dir.path(),
+        &format!(
+            "plugin = \"{}\"\nepochs = 1\nbatch_size = 1797\nstep_timeout = \"60s\"\n[train.config]\nmode = \"{mode}\"\niters = \"5000\"",
+            fixture().display()
+        ),
+    );
+    run(&job, &cpu(), options).unwrap_or_else(|e| panic!("{mode}: {e}"));
+    let records = orch_trainer::report::read_metrics(&spec(&job).out.join("metrics.jsonl"));
+    match records.first() {
+        Some(orch_trainer::report::Record::Step { scalars, .. }) => scalars.clone(),
+        other => panic!("{mode}: a step record, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_graph_past_the_node_bound_is_a_value_the_trainer_recovers_from() {
+    let options = orch_trainer::RunOptions {
+        max_graph_nodes: 1000,
+        ..options()
+    };
+    let scalars = probe("graph", &options);
+    assert_eq!(scalars.get("graph_cap"), Some(&1000.0), "{scalars:?}");
+}
+
+#[test]
+fn a_list_larger_than_the_copy_limit_is_a_bad_argument() {
+    let scalars = probe("big-list", &options());
+    assert_eq!(scalars.get("big_list_refused"), Some(&1.0), "{scalars:?}");
+}
+
+#[test]
+fn an_overflowed_shadow_stack_is_named() {
+    let err = hostile("recurse");
+    assert!(
+        matches!(err, TrainError::Crashed { .. })
+            && err.to_string().contains("overflows its own stack"),
+        "{err}"
+    );
 }
