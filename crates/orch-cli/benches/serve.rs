@@ -200,6 +200,7 @@ fn scheduling_pass(queued: usize, free: usize) -> f64 {
             exclusive: true,
             memory_reserved_bytes: 0,
             holder: orch_leases::Holder::current(),
+            inside: None,
         };
         store
             .claim(&request, |_| Ok::<_, String>(vec![d.uuid.clone()]))

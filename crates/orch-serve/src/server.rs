@@ -91,6 +91,7 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     let mut engine =
         Engine::new(Arc::clone(&shared), kicks, inventory).map_err(ServeError::Start)?;
     engine.recover().map_err(ServeError::Start)?;
+    engine.watch_devices();
     std::thread::Builder::new()
         .name("orch-engine".into())
         .spawn(move || engine.run())
