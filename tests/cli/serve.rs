@@ -879,3 +879,20 @@ fn orch_run_inside_a_daemon_job_uses_the_jobs_own_devices() {
         "the two inner runs took the job's two devices"
     );
 }
+
+#[test]
+fn the_daemon_refuses_a_memory_limit_it_cannot_enforce() {
+    let d = Daemon::start("enforce");
+    let file = job_file(
+        &d.state,
+        "enforce.toml",
+        "[job]\nname = \"e\"\n[resources]\nmemory_limit = \"8GiB\"\nenforce_memory_limit = true\n[command]\nargv = [\"true\"]\n",
+    );
+    let out = d.client(&["submit", &file]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("enforce_memory_limit"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -123,6 +123,8 @@ async fn submit(
     })?;
     let spec = orch_core::job::parse(std::path::Path::new(&request.job_path), &request.job_text)
         .map_err(|e| err(StatusCode::BAD_REQUEST, e.to_string()))?;
+    orch_runner::check_enforcement(&spec, shared.backend)
+        .map_err(|e| err(StatusCode::BAD_REQUEST, e))?;
     if spec.resources.gpus as usize > shared.visible_devices {
         return Err(err(
             StatusCode::BAD_REQUEST,

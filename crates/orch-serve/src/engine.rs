@@ -40,6 +40,8 @@ pub struct Shared {
     pub reasons: Mutex<HashMap<i64, String>>,
     /// Devices orch may place on (visible to the daemon).
     pub visible_devices: usize,
+    /// Which inventory the daemon reads.
+    pub backend: orch_devices::Backend,
     /// The orch binary, started as `orch __supervise DIR` per job.
     pub exe: PathBuf,
     pub root: bool,

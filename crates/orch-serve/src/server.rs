@@ -85,6 +85,7 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         kick: Mutex::new(kick),
         reasons: Mutex::default(),
         visible_devices: visible,
+        backend: inventory.backend,
         exe: options.exe.clone(),
         root: current_uid() == 0,
     });
