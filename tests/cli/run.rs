@@ -582,3 +582,22 @@ fn in_a_terminal_the_job_gets_the_terminal_and_gives_it_back() {
         "the shell did not get the terminal back: {text}"
     );
 }
+
+#[test]
+fn enforcing_a_memory_limit_where_it_cannot_be_enforced_is_refused() {
+    let state = scratch("enforce");
+    let job = state.join("job.toml");
+    std::fs::write(
+        &job,
+        "[job]\nname = \"e\"\n[resources]\nmemory_limit = \"8GiB\"\nenforce_memory_limit = true\n[command]\nargv = [\"true\"]\n",
+    )
+    .unwrap();
+    let out = orch_run(&state, &["run", job.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("enforce_memory_limit") && err.contains("sim"),
+        "{err}"
+    );
+    assert_eq!(lease_count(&state), 0, "refused before any lease");
+}

@@ -812,3 +812,87 @@ fn a_daemon_that_is_not_root_serves_its_own_user_alone() {
     let logs = stdout(&as_user(alice, &socket, &public, &["logs", &id]));
     assert_eq!(logs.trim(), alice.0.to_string());
 }
+
+#[test]
+fn a_train_job_runs_through_the_daemon_on_its_leased_devices() {
+    let d = Daemon::start("train");
+    let digits = root().join("examples/digits/data/digits.csv.gz");
+    let work = d.state.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let file = job_file(
+        &work,
+        "train.toml",
+        &format!(
+            "[job]\nname = \"digits\"\n[resources]\ngpus = 2\nmemory_limit = \"256MiB\"\n[train]\nplugin = \"mlp\"\nepochs = 1\nbatch_size = 64\nseed = 5\n[train.config]\nhidden = \"32\"\nlr = 0.1\n[train.data]\nformat = \"csv\"\ntrain = \"{d}\"\ntest = \"{d}\"\nscale = 16\n",
+            d = digits.display()
+        ),
+    );
+    let id = d.submit(&[&file]);
+    let out = d.client(&["wait", &id]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        stderr(&out),
+        stdout(&d.client(&["logs", "--stderr", &id]))
+    );
+    let logs = stdout(&d.client(&["logs", &id]));
+    assert!(
+        logs.contains("2 replica(s) on sim:") && logs.contains("test accuracy"),
+        "{logs}"
+    );
+    let s = d.status(&id);
+    assert_eq!(s["devices"].as_array().unwrap().len(), 2, "{s}");
+    assert!(work.join("runs/digits/metrics.jsonl").is_file());
+    assert_eq!(stdout(&d.client(&["leases", "--json"])).trim(), "[]");
+}
+
+#[test]
+fn orch_run_inside_a_daemon_job_uses_the_jobs_own_devices() {
+    let d = Daemon::start("nested");
+    let sim = lab_sim();
+    let orch_bin = env!("CARGO_BIN_EXE_orch");
+    // The job holds 2 of the 8 devices and runs `orch run` twice inside them, one device each,
+    // at the same time: each inner run gets one of the job's devices, never another's.
+    let script = format!(
+        "for i in 1 2; do ORCH_DEVICES={sim} {orch_bin} run --wait --timeout 30s -- sh -c 'echo $CUDA_VISIBLE_DEVICES; sleep 0.3' & done; wait"
+    );
+    let id = d.submit(&["--gpus", "2", "--", "sh", "-c", &script]);
+    let out = d.client(&["wait", &id]);
+    assert!(
+        out.status.success(),
+        "{}",
+        stdout(&d.client(&["logs", "--stderr", &id]))
+    );
+    let s = d.status(&id);
+    let outer: BTreeSet<String> = s["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    let inner: BTreeSet<String> = stdout(&d.client(&["logs", &id]))
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        inner, outer,
+        "the two inner runs took the job's two devices"
+    );
+}
+
+#[test]
+fn the_daemon_refuses_a_memory_limit_it_cannot_enforce() {
+    let d = Daemon::start("enforce");
+    let file = job_file(
+        &d.state,
+        "enforce.toml",
+        "[job]\nname = \"e\"\n[resources]\nmemory_limit = \"8GiB\"\nenforce_memory_limit = true\n[command]\nargv = [\"true\"]\n",
+    );
+    let out = d.client(&["submit", &file]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("enforce_memory_limit"),
+        "{}",
+        stderr(&out)
+    );
+}

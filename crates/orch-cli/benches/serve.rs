@@ -200,6 +200,7 @@ fn scheduling_pass(queued: usize, free: usize) -> f64 {
             exclusive: true,
             memory_reserved_bytes: 0,
             holder: orch_leases::Holder::current(),
+            inside: None,
         };
         store
             .claim(&request, |_| Ok::<_, String>(vec![d.uuid.clone()]))
@@ -250,6 +251,7 @@ fn scheduling_pass(queued: usize, free: usize) -> f64 {
         kick: std::sync::Mutex::new(kick),
         reasons: Default::default(),
         visible_devices: 64,
+        backend: orch_devices::Backend::Sim,
         // Supervisors are not what is measured: `true` stands in for them.
         exe: PathBuf::from("/bin/true"),
         root: false,

@@ -32,7 +32,7 @@ impl FromStr for InventorySpec {
 }
 
 /// The devices of one machine, from one backend.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Inventory {
     pub backend: Backend,
     pub devices: Vec<Device>,

@@ -1,9 +1,9 @@
 //! One model for every inventory. A field a backend cannot read is `None`, never a default.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Which inventory a device came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Backend {
     Nvml,
@@ -22,14 +22,14 @@ impl Backend {
 }
 
 /// A compute process running on a device (NVML's running compute processes).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuProcess {
     pub pid: u32,
     pub used_memory_bytes: Option<u64>,
 }
 
 /// A MIG instance of a GPU; `CUDA_VISIBLE_DEVICES` may name it by its `MIG-…` uuid.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MigDevice {
     pub uuid: String,
     pub name: Option<String>,
@@ -38,7 +38,7 @@ pub struct MigDevice {
 
 /// A device as the host sees it. `index` is the physical index: NVML order, which is PCI bus
 /// order, the numbering nvidia-smi shows.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Device {
     pub index: u32,
     pub uuid: String,

@@ -40,6 +40,43 @@ impl Lease {
     fn is_alive(&self) -> bool {
         self.holders.iter().any(Holder::is_alive)
     }
+
+    /// Process `pid` belongs to this lease's job: it or one of its ancestors is a holder, or it
+    /// runs in a holder's process group or cgroup. Only such a process may claim inside it.
+    pub fn contains_process(&self, pid: u32) -> bool {
+        let own_cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix("0::").map(str::to_string))
+            });
+        if let Some(own) = own_cgroup.filter(|c| c != "/")
+            && self
+                .holders
+                .iter()
+                .filter_map(|h| h.cgroup.as_deref())
+                .any(|c| c.to_string_lossy().ends_with(own.as_str()))
+        {
+            return true;
+        }
+        let mut next = Some(pid);
+        let mut steps = 0;
+        while let Some(p) = next.filter(|&p| p > 1 && steps < 64) {
+            let Some(stat) = orch_core::process::stat(p) else {
+                break;
+            };
+            if self
+                .holders
+                .iter()
+                .any(|h| h.pid == p || h.pgid == Some(stat.pgrp))
+            {
+                return true;
+            }
+            next = Some(stat.ppid);
+            steps += 1;
+        }
+        false
+    }
 }
 
 /// What a claim asks for; the devices come from the chooser.
@@ -49,6 +86,9 @@ pub struct ClaimRequest {
     pub exclusive: bool,
     pub memory_reserved_bytes: u64,
     pub holder: Holder,
+    /// The lease this claim is made inside of (a job that runs `orch run` on the devices it
+    /// holds, as `srun` inside an allocation): that lease's devices are not a conflict.
+    pub inside: Option<String>,
 }
 
 /// The store itself failed.
@@ -245,8 +285,11 @@ impl LeaseStore {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(db("starting a claim"))?;
         let existing = live_leases(&tx)?;
-        let device_leases: Vec<DeviceLease> =
-            existing.iter().flat_map(Lease::device_leases).collect();
+        let device_leases: Vec<DeviceLease> = existing
+            .iter()
+            .filter(|l| request.inside.as_deref() != Some(l.id.as_str()))
+            .flat_map(Lease::device_leases)
+            .collect();
         let devices = choose(&device_leases).map_err(ClaimError::Choose)?;
         for device in &devices {
             if let Some(other) = device_leases

@@ -109,11 +109,20 @@ pub(crate) fn memory_monitor(job: &JobSpec, plan: &Plan, backend: Backend) -> Op
     }
     let devices = plan.chosen.iter().map(|d| d.uuid.clone()).collect();
     let mut watch = MemoryWatch::new(devices, limit, job.resources.enforce_memory_limit);
+    let mut told = false;
     Some(Monitor {
         interval: Duration::from_secs(2),
         check: Box::new(move |pids| {
-            let Ok(devices) = orch_devices::nvml::read() else {
-                return Verdict::Continue;
+            let devices = match orch_devices::nvml::read() {
+                Ok(devices) => devices,
+                Err(e) => {
+                    if !std::mem::replace(&mut told, true) {
+                        tracing::warn!(
+                            "the memory watch cannot read NVML ({e}): the job's GPU memory is not watched until it can"
+                        );
+                    }
+                    return Verdict::Continue;
+                }
             };
             let readings: Vec<ProcessMemory> = devices
                 .iter()
@@ -158,4 +167,20 @@ pub fn placed_line(job: &JobSpec, lease: &Lease, plan: &Plan, inventory: &Invent
         plan.policy,
         plan.reason
     )
+}
+
+/// A job that asks for `enforce_memory_limit` where it cannot be enforced is refused: only NVML
+/// reports what each process uses on a GPU.
+pub fn check_enforcement(job: &JobSpec, backend: Backend) -> Result<(), String> {
+    if job.resources.enforce_memory_limit
+        && matches!(job.work, orch_core::job::Work::Command(_))
+        && backend != Backend::Nvml
+    {
+        return Err(format!(
+            "{}: enforce_memory_limit = true needs NVML's per-process GPU memory, which the {} inventory does not have; remove it (memory_limit is still reserved and passed on), or run on a GPU machine",
+            job.path.display(),
+            backend.as_str()
+        ));
+    }
+    Ok(())
 }

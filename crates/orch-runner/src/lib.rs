@@ -16,7 +16,7 @@ pub mod plan;
 mod runner;
 mod train;
 
-pub use command::{GRACE, ProcessOptions, placed_line};
-pub use place::{LeaseGuard, Machine, PlaceError, claim, claim_until};
+pub use command::{GRACE, ProcessOptions, check_enforcement, placed_line};
+pub use place::{LeaseGuard, Machine, PlaceError, claim, claim_until, place_in_parent};
 pub use plan::{Plan, PlanError, PlanInput, PlannedDevice, Rejection, plan};
 pub use runner::{Outcome, Placement, Prepared, RunError, RunningJob, prepare, start};

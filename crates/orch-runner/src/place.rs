@@ -48,6 +48,10 @@ pub struct LeaseGuard {
     state_dir: PathBuf,
     lease: Lease,
     released: bool,
+    /// One connection to the store for the guard's life (opened on first use).
+    store: std::sync::Mutex<Option<LeaseStore>>,
+    /// False for a lease held by the process that started this one (see [`place_in_parent`]).
+    managed: bool,
 }
 
 impl LeaseGuard {
@@ -56,6 +60,19 @@ impl LeaseGuard {
             state_dir,
             lease,
             released: false,
+            store: std::sync::Mutex::new(None),
+            managed: true,
+        }
+    }
+
+    /// A lease that the parent process holds and releases; this guard touches no store.
+    pub fn held_by_parent(lease: Lease) -> LeaseGuard {
+        LeaseGuard {
+            state_dir: PathBuf::new(),
+            lease,
+            released: true,
+            store: std::sync::Mutex::new(None),
+            managed: false,
         }
     }
 
@@ -63,21 +80,39 @@ impl LeaseGuard {
         &self.lease
     }
 
+    fn with_store(
+        &self,
+        f: impl FnOnce(&mut LeaseStore) -> Result<(), LeaseError>,
+    ) -> Result<(), LeaseError> {
+        if !self.managed {
+            return Ok(());
+        }
+        let mut slot = self
+            .store
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if slot.is_none() {
+            *slot = Some(LeaseStore::open(&self.state_dir)?);
+        }
+        match slot.as_mut() {
+            Some(store) => f(store),
+            None => Err(LeaseError::NotFound(self.lease.id.clone())),
+        }
+    }
+
     /// Adds a holder to the lease, which must still exist: a process that takes over a lease
     /// claimed by another (the daemon's supervisor) joins it before it starts anything, and finds
     /// out here if the lease was reclaimed meanwhile.
     pub fn join(&self, holder: Holder) -> Result<(), LeaseError> {
-        LeaseStore::open(&self.state_dir)?.add_holder(&self.lease.id, holder)
+        self.with_store(|store| store.add_holder(&self.lease.id, holder))
     }
 
     /// Adds a holder (a process of the job) to the lease.
     pub fn add_holder(&self, holder: Holder) {
-        let result = LeaseStore::open(&self.state_dir)
-            .and_then(|mut store| store.add_holder(&self.lease.id, holder.clone()));
-        if let Err(e) = result {
+        let pid = holder.pid;
+        if let Err(e) = self.with_store(|store| store.add_holder(&self.lease.id, holder)) {
             tracing::warn!(
-                "could not record pid {} as a holder of lease {}: {e}",
-                holder.pid,
+                "could not record pid {pid} as a holder of lease {}: {e}",
                 self.lease.id
             );
         }
@@ -98,8 +133,7 @@ impl LeaseGuard {
         if std::mem::replace(&mut self.released, true) {
             return;
         }
-        let result = LeaseStore::open(&self.state_dir).and_then(|mut s| s.release(&self.lease.id));
-        if let Err(e) = result {
+        if let Err(e) = self.with_store(|store| store.release(&self.lease.id).map(drop)) {
             tracing::warn!(
                 "could not release lease {}: {e} (the next orch reclaims it once the job's processes are gone)",
                 self.lease.id
@@ -112,6 +146,42 @@ impl Drop for LeaseGuard {
     fn drop(&mut self) {
         self.release_once();
     }
+}
+
+/// The placement of a job that runs inside its parent's lease (the daemon's supervisor holds the
+/// lease and starts `orch run` for a `[train]` job): the policy chooses among the devices the
+/// parent handed down (its visible devices), and no store is touched.
+pub fn place_in_parent(
+    host: &mut PolicyHost,
+    job: &JobSpec,
+    machine: &Machine<'_>,
+    lease_id: &str,
+) -> Result<(Lease, Plan), PlaceError> {
+    let input = PlanInput {
+        job,
+        devices: &machine.inventory.devices,
+        visibility: machine.visibility,
+        leases: &[],
+    };
+    let plan = crate::plan(input, host, machine.env).map_err(|e| {
+        if e.is_bad_input() {
+            PlaceError::BadInput(e)
+        } else if is_no_fit(&e) {
+            PlaceError::NoFit(e.to_string())
+        } else {
+            PlaceError::Policy(e)
+        }
+    })?;
+    let lease = Lease {
+        id: lease_id.to_string(),
+        job_name: job.name.clone(),
+        devices: plan.chosen.iter().map(|d| d.uuid.clone()).collect(),
+        exclusive: job.resources.exclusive,
+        memory_reserved_bytes: job.resources.memory_limit.map_or(0, ByteSize::bytes),
+        holders: vec![Holder::current()],
+        created_at_ms: 0,
+    };
+    Ok((lease, plan))
 }
 
 /// One attempt: plan and claim in one transaction of `store`.
@@ -127,6 +197,7 @@ pub fn claim(
         exclusive: job.resources.exclusive,
         memory_reserved_bytes: job.resources.memory_limit.map_or(0, ByteSize::bytes),
         holder,
+        inside: enclosing_lease(store, machine),
     };
     let mut planned: Option<Plan> = None;
     let claimed = store.claim(&request, |leases| {
@@ -187,6 +258,19 @@ pub fn claim_until(
         std::thread::sleep(delay + jitter());
         delay = (delay * 3 / 2).min(Duration::from_secs(2));
     }
+}
+
+/// The lease of the job this process runs in (`ORCH_JOB_ID`, as orch sets it for every job),
+/// when that lease is live in this store and this process really is part of its job: then a claim
+/// is made inside it, on its devices (an `orch run` inside an `orch submit` job, a `[train]` job
+/// run by the daemon). A variable naming someone else's lease is ignored.
+fn enclosing_lease(store: &mut LeaseStore, machine: &Machine<'_>) -> Option<String> {
+    let id = (machine.env)("ORCH_JOB_ID").filter(|id| !id.is_empty())?;
+    let leases = store.active().ok()?;
+    let lease = leases.iter().find(|l| l.id == id)?;
+    lease
+        .contains_process(std::process::id())
+        .then(|| lease.id.clone())
 }
 
 fn is_no_fit(e: &PlanError) -> bool {

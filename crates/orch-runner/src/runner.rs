@@ -122,6 +122,7 @@ pub fn start<'a>(
     inventory: &Inventory,
     options: &ProcessOptions,
 ) -> Result<RunningJob<'a>, RunError> {
+    crate::command::check_enforcement(job, inventory.backend).map_err(RunError::BadInput)?;
     let work = match prepared {
         Prepared::Command(command) => {
             let lease = placement.lease.lease();

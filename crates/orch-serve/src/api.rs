@@ -123,15 +123,8 @@ async fn submit(
     })?;
     let spec = orch_core::job::parse(std::path::Path::new(&request.job_path), &request.job_text)
         .map_err(|e| err(StatusCode::BAD_REQUEST, e.to_string()))?;
-    if matches!(spec.work, orch_core::job::Work::Train(_)) {
-        return Err(err(
-            StatusCode::BAD_REQUEST,
-            format!(
-                "{}: the daemon runs [command] jobs; run a [train] job with `orch run`, or submit a command job whose argv is [\"orch\", \"run\", \"JOB.toml\"]",
-                request.job_path
-            ),
-        ));
-    }
+    orch_runner::check_enforcement(&spec, shared.backend)
+        .map_err(|e| err(StatusCode::BAD_REQUEST, e))?;
     if spec.resources.gpus as usize > shared.visible_devices {
         return Err(err(
             StatusCode::BAD_REQUEST,

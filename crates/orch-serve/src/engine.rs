@@ -40,6 +40,8 @@ pub struct Shared {
     pub reasons: Mutex<HashMap<i64, String>>,
     /// Devices orch may place on (visible to the daemon).
     pub visible_devices: usize,
+    /// Which inventory the daemon reads.
+    pub backend: orch_devices::Backend,
     /// The orch binary, started as `orch __supervise DIR` per job.
     pub exe: PathBuf,
     pub root: bool,
@@ -86,8 +88,10 @@ pub struct Engine {
     kicks: mpsc::Receiver<Kick>,
     store: LeaseStore,
     host: PolicyHost,
-    inventory: Inventory,
-    inventory_at: Instant,
+    /// The latest reading of the devices, refreshed by a thread of its own (an NVML reading takes
+    /// milliseconds per GPU: not on the path from a submission to its start).
+    inventory: Arc<Inventory>,
+    fresh_inventory: Arc<Mutex<Arc<Inventory>>>,
     visibility: Visibility,
     queue: BTreeMap<i64, Queued>,
     running: HashMap<i64, Running>,
@@ -115,13 +119,15 @@ impl Engine {
         let store = LeaseStore::open(&shared.state_dir).map_err(|e| e.to_string())?;
         let host = PolicyHost::new(Limits::default()).map_err(|e| e.to_string())?;
         let visibility = Visibility::resolve(&inventory.devices, &VisibilityEnv::from_process());
+        let inventory = Arc::new(inventory);
+        let fresh_inventory = Arc::new(Mutex::new(Arc::clone(&inventory)));
         Ok(Engine {
             shared,
             kicks,
             store,
             host,
             inventory,
-            inventory_at: Instant::now(),
+            fresh_inventory,
             visibility,
             queue: BTreeMap::new(),
             running: HashMap::new(),
@@ -483,7 +489,9 @@ impl Engine {
             submission: job.submission.clone(),
             lease: lease.clone(),
             plan,
+            inventory: self.inventory.as_ref().clone(),
             devices: self.shared.devices.clone(),
+            exe: self.shared.exe.clone(),
             state_dir: self.shared.state_dir.clone(),
             switch_user: self.shared.root,
             max_runtime_s: max_runtime.map(|d| d.as_secs_f64()),
@@ -547,26 +555,34 @@ impl Engine {
         Ok(())
     }
 
+    /// Starts the thread that reads the devices again every [`INVENTORY_MAX_AGE`].
+    pub fn watch_devices(&self) {
+        let slot = Arc::clone(&self.fresh_inventory);
+        let spec = self.shared.devices.clone();
+        let _ = std::thread::Builder::new()
+            .name("orch-devices".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(INVENTORY_MAX_AGE);
+                    match spec
+                        .parse::<InventorySpec>()
+                        .and_then(|s| Inventory::load(&s))
+                    {
+                        Ok(inventory) => *lock(&slot) = Arc::new(inventory),
+                        Err(e) => tracing::warn!(
+                            "could not read the devices again, using the last reading: {e}"
+                        ),
+                    }
+                }
+            });
+    }
+
     fn refresh_inventory(&mut self) {
-        if self.inventory_at.elapsed() < INVENTORY_MAX_AGE {
-            return;
+        let latest = Arc::clone(&lock(&self.fresh_inventory));
+        if !Arc::ptr_eq(&latest, &self.inventory) {
+            self.visibility = Visibility::resolve(&latest.devices, &VisibilityEnv::from_process());
+            self.inventory = latest;
         }
-        let loaded = self
-            .shared
-            .devices
-            .parse::<InventorySpec>()
-            .and_then(|s| Inventory::load(&s));
-        match loaded {
-            Ok(inventory) => {
-                self.visibility =
-                    Visibility::resolve(&inventory.devices, &VisibilityEnv::from_process());
-                self.inventory = inventory;
-            }
-            Err(e) => {
-                tracing::warn!("could not read the devices again, using the last reading: {e}")
-            }
-        }
-        self.inventory_at = Instant::now();
     }
 
     fn finish(&mut self, id: i64, lease_id: &Option<String>, exit: ExitRecord) {

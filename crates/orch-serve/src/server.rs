@@ -85,12 +85,14 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         kick: Mutex::new(kick),
         reasons: Mutex::default(),
         visible_devices: visible,
+        backend: inventory.backend,
         exe: options.exe.clone(),
         root: current_uid() == 0,
     });
     let mut engine =
         Engine::new(Arc::clone(&shared), kicks, inventory).map_err(ServeError::Start)?;
     engine.recover().map_err(ServeError::Start)?;
+    engine.watch_devices();
     std::thread::Builder::new()
         .name("orch-engine".into())
         .spawn(move || engine.run())

@@ -14,7 +14,7 @@
 
 use crate::db::Submission;
 use orch_core::job;
-use orch_devices::{Inventory, InventorySpec};
+use orch_devices::Inventory;
 use orch_exec::{Credentials, ExitOutcome, StdioMode};
 use orch_leases::{Holder, Lease};
 use orch_runner::{LeaseGuard, Outcome, Placement, Plan, ProcessOptions};
@@ -30,10 +30,15 @@ pub struct SuperviseSpec {
     pub submission: Submission,
     pub lease: Lease,
     pub plan: Plan,
-    /// The daemon's `--devices`.
-    pub devices: String,
+    /// The inventory the placement saw (the supervisor does not read the devices again: on NVML
+    /// that would cost every job start an NVML initialisation).
+    pub inventory: Inventory,
     /// The lease store's folder.
     pub state_dir: PathBuf,
+    /// The daemon's `--devices`, for a `[train]` job's own `orch run`.
+    pub devices: String,
+    /// The orch binary, which runs a `[train]` job's trainer.
+    pub exe: PathBuf,
     /// Start the job as the submitting user (the daemon runs as root).
     pub switch_user: bool,
     /// The job's time limit, in seconds.
@@ -181,13 +186,30 @@ fn run(
         Ok(job) => job,
         Err(e) => return failed(e.to_string()),
     };
-    let inventory = match spec
-        .devices
-        .parse::<InventorySpec>()
-        .and_then(|s| Inventory::load(&s))
-    {
-        Ok(inventory) => inventory,
-        Err(e) => return failed(format!("cannot read the devices: {e}")),
+    let inventory = &spec.inventory;
+    // A [train] job's trainer runs in a process of its own, as the job's user (it reads the
+    // user's data and writes the user's checkpoints): `orch run --supervised` on this lease's
+    // devices, with the submitted text of the job file; this supervisor holds the lease.
+    let (job, extra_env) = match &job.work {
+        orch_core::job::Work::Train(_) => {
+            let mut command_job = job.clone();
+            command_job.work = orch_core::job::Work::Command(orch_core::job::CommandSpec {
+                argv: vec![
+                    spec.exe.display().to_string(),
+                    "run".into(),
+                    "--supervised".into(),
+                    sub.job_path.clone(),
+                ],
+                env: Default::default(),
+                launch: orch_core::job::Launch::Single,
+            });
+            let extra = vec![
+                ("ORCH_JOB_TEXT".to_string(), sub.job_text.clone()),
+                ("ORCH_DEVICES".to_string(), spec.devices.clone()),
+            ];
+            (command_job, extra)
+        }
+        orch_core::job::Work::Command(_) => (job, Vec::new()),
     };
     let prepared = match orch_runner::prepare(&job, false) {
         Ok(p) => p,
@@ -204,7 +226,7 @@ fn run(
             gid: id.gid,
             groups: id.groups.clone(),
         }),
-        base_env: Some(sub.env.clone()),
+        base_env: Some(sub.env.iter().cloned().chain(extra_env).collect()),
         cwd: Some(PathBuf::from(&sub.cwd)),
         forward_signals: false,
         grace: Duration::from_secs_f64(spec.grace_s),
@@ -213,7 +235,7 @@ fn run(
         lease,
         plan: spec.plan.clone(),
     };
-    let running = match orch_runner::start(&job, prepared, placement, &inventory, &options) {
+    let running = match orch_runner::start(&job, prepared, placement, inventory, &options) {
         Ok(r) => r,
         Err(e) => return failed(e.to_string()),
     };

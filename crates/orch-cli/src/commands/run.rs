@@ -14,14 +14,23 @@ use orch_runner::{
 use std::time::{Duration, Instant};
 
 const DEFAULT_POLICY: &str = "least-loaded";
+/// Where `--supervised` finds the job file's text.
+const JOB_TEXT_ENV: &str = "ORCH_JOB_TEXT";
 
 pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
     let job = match &args.job {
+        Some(path) if args.supervised => {
+            let text = std::env::var(JOB_TEXT_ENV).map_err(|_| {
+                Failure::bad_input_msg(format!("--supervised: {JOB_TEXT_ENV} is not set"))
+            })?;
+            job::parse(path, &text).map_err(Failure::bad_input)?
+        }
         Some(path) => job::read(path).map_err(Failure::bad_input)?,
         None => quick_job(args)?,
     };
     let timeout = args.timeout.as_deref().map(parse_duration).transpose()?;
     let inventory = load_inventory(spec)?;
+    orch_runner::check_enforcement(&job, inventory.backend).map_err(Failure::bad_input_msg)?;
     // A [train] job's plugin and data are read before the lease: bad input fails at once.
     let prepared = orch_runner::prepare(&job, args.resume).map_err(run_failure)?;
     let visibility = Visibility::resolve(&inventory.devices, &VisibilityEnv::from_process());
@@ -30,28 +39,37 @@ pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
     // store's write lock is held for the decision only. An error here resurfaces, with its
     // location in the job file, from the plan inside the claim.
     let _ = host.load(&job.policy.plugin);
-    let mut store = open_store()?;
-    let wait = args
-        .wait
-        .then(|| Instant::now() + timeout.unwrap_or(Duration::MAX / 4));
     let env = |name: &str| std::env::var(name).ok();
     let machine = Machine {
         inventory: &inventory,
         visibility: &visibility,
         env: &env,
     };
-    let (lease, plan) = orch_runner::claim_until(&mut store, &mut host, &job, &machine, wait)
-        .map_err(|e| match e {
+    let placement = if args.supervised {
+        let parent = std::env::var("ORCH_JOB_ID").unwrap_or_default();
+        let (lease, plan) = orch_runner::place_in_parent(&mut host, &job, &machine, &parent)
+            .map_err(|e| run_failure(RunError::Place(e)))?;
+        Placement {
+            lease: LeaseGuard::held_by_parent(lease),
+            plan,
+        }
+    } else {
+        let mut store = open_store()?;
+        let wait = args
+            .wait
+            .then(|| Instant::now() + timeout.unwrap_or(Duration::MAX / 4));
+        let (lease, plan) = orch_runner::claim_until(&mut store, &mut host, &job, &machine, wait)
+            .map_err(|e| match e {
             PlaceError::NoFit(reason) => {
                 Failure::failed_msg(format!("{reason} (add --wait to wait for a fit)"))
             }
             other => run_failure(RunError::Place(other)),
         })?;
-    drop(store);
-    tracing::info!("{}", placed_line(&job, &lease, &plan, &inventory));
-    let placement = Placement {
-        lease: LeaseGuard::new(default_state_dir(), lease),
-        plan,
+        tracing::info!("{}", placed_line(&job, &lease, &plan, &inventory));
+        Placement {
+            lease: LeaseGuard::new(default_state_dir(), lease),
+            plan,
+        }
     };
     let running = orch_runner::start(
         &job,

@@ -16,6 +16,7 @@ fn request(name: &str, exclusive: bool) -> ClaimRequest {
         exclusive,
         memory_reserved_bytes: 1 << 30,
         holder: Holder::current(),
+        inside: None,
     }
 }
 
@@ -196,5 +197,33 @@ fn a_lease_outlives_its_watcher_while_a_process_of_the_job_lives() {
         store
             .release_unless_held(&lease.id, &Holder::current())
             .unwrap()
+    );
+}
+
+#[test]
+fn a_claim_inside_a_lease_may_take_its_devices_and_no_others() {
+    let mut store = LeaseStore::open(&temp_dir("inside")).unwrap();
+    let outer = store
+        .claim(&request("outer", true), take(&["GPU-a", "GPU-b"]))
+        .unwrap();
+    let other = store
+        .claim(&request("other", true), take(&["GPU-c"]))
+        .unwrap();
+    assert!(
+        outer.contains_process(std::process::id()),
+        "this process holds it"
+    );
+    let inner = ClaimRequest {
+        inside: Some(outer.id.clone()),
+        ..request("inner", true)
+    };
+    store.claim(&inner, take(&["GPU-a"])).unwrap();
+    let err = store.claim(&inner, take(&["GPU-c"])).unwrap_err();
+    assert!(err.to_string().contains(&other.id), "{err}");
+    // Without `inside`, the outer lease's devices conflict as always.
+    assert!(
+        store
+            .claim(&request("plain", true), take(&["GPU-b"]))
+            .is_err()
     );
 }
