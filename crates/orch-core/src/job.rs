@@ -284,25 +284,15 @@ struct RawData {
 /// The default `[train] step_timeout`.
 pub const DEFAULT_STEP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// `90s`, `15m`, `2h`, `3d`, `500ms`, or plain seconds; `None` when malformed or not positive.
+/// A positive duration: humantime's grammar (`90s`, `15m`, `2h 30m`, `3d`, `500ms`, `1week`),
+/// or a plain number of seconds (`3`, `0.5`, as `sleep` reads it); `None` when malformed or zero.
 pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
     let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
-    let value: f64 = number.parse().ok()?;
-    let secs = match unit.trim() {
-        "" | "s" => value,
-        "ms" => value / 1000.0,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        "d" => value * 86400.0,
-        _ => return None,
+    let duration = match t.parse::<f64>() {
+        Ok(seconds) => std::time::Duration::try_from_secs_f64(seconds).ok()?,
+        Err(_) => humantime::parse_duration(t).ok()?,
     };
-    std::time::Duration::try_from_secs_f64(secs)
-        .ok()
-        .filter(|d| !d.is_zero())
+    (!duration.is_zero()).then_some(duration)
 }
 
 /// Most devices one job may ask for; more is surely a typo.

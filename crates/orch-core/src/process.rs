@@ -22,37 +22,33 @@ impl ProcStat {
     }
 }
 
-/// Reads `/proc/PID/stat`; `None` when no such process exists.
+/// Reads `/proc/PID/stat` (through `procfs`, which parses command names holding spaces and
+/// parentheses correctly); `None` when no such process exists.
 pub fn stat(pid: u32) -> Option<ProcStat> {
-    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+    let process = procfs::process::Process::new(i32::try_from(pid).ok()?).ok()?;
+    of(&process.stat().ok()?)
 }
 
-/// Parses a `stat` line. The command name may hold spaces and parentheses, so fields are counted
-/// after the last `)`.
-pub fn parse_stat(text: &str) -> Option<ProcStat> {
-    let mut fields = text[text.rfind(')')? + 1..].split_whitespace();
-    let state = fields.next()?.chars().next()?;
-    let ppid = fields.next()?.parse().ok()?;
-    let pgrp = fields.next()?.parse().ok()?;
-    // Fields 6.. follow; starttime is field 22, 16 further fields on.
-    let start_time = fields.nth(16)?.parse().ok()?;
+fn of(stat: &procfs::process::Stat) -> Option<ProcStat> {
     Some(ProcStat {
-        state,
-        ppid,
-        pgrp,
-        start_time,
+        state: stat.state,
+        ppid: u32::try_from(stat.ppid).ok()?,
+        pgrp: u32::try_from(stat.pgrp).ok()?,
+        start_time: stat.starttime,
     })
 }
 
-/// Every pid in `/proc` with its stat.
+/// Every process in `/proc` with its stat.
 pub fn all() -> Vec<(u32, ProcStat)> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
+    let Ok(processes) = procfs::process::all_processes() else {
         return Vec::new();
     };
-    entries
+    processes
         .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| Some((pid, stat(pid)?)))
+        .filter_map(|p| {
+            let stat = p.stat().ok()?;
+            Some((u32::try_from(stat.pid).ok()?, of(&stat)?))
+        })
         .collect()
 }
 
@@ -60,6 +56,29 @@ pub fn all() -> Vec<(u32, ProcStat)> {
 /// its group until whatever adopted it reaps it).
 pub fn group_running(pgid: u32) -> bool {
     pgid > 1 && all().iter().any(|(_, s)| s.pgrp == pgid && s.is_running())
+}
+
+/// Process `pid`'s cgroup on the v2 hierarchy (the `0::PATH` line of `/proc/PID/cgroup`).
+pub fn cgroup_v2_of(pid: u32) -> Option<String> {
+    let process = procfs::process::Process::new(i32::try_from(pid).ok()?).ok()?;
+    process
+        .cgroups()
+        .ok()?
+        .into_iter()
+        .find(|c| c.hierarchy == 0)
+        .map(|c| c.pathname)
+}
+
+/// Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on
+/// hybrid systems), from this process's mount table.
+pub fn cgroup_v2_mount() -> Option<std::path::PathBuf> {
+    let process = procfs::process::Process::myself().ok()?;
+    process
+        .mountinfo()
+        .ok()?
+        .into_iter()
+        .find(|m| m.fs_type == "cgroup2")
+        .map(|m| m.mount_point)
 }
 
 /// A cgroup v2 folder's `cgroup.events` says `populated 1`.
@@ -74,12 +93,18 @@ mod tests {
 
     #[test]
     fn names_with_spaces_and_parentheses() {
-        let line = "42 (my (odd) name) S 7 42 42 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 123456 0 0";
-        let s = parse_stat(line).unwrap();
-        assert_eq!(
-            (s.state, s.ppid, s.pgrp, s.start_time),
-            ('S', 7, 42, 123456)
-        );
+        let dir = std::env::temp_dir().join(format!("orch-proc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let odd = dir.join("my (odd) name");
+        let _ = std::fs::remove_file(&odd);
+        std::os::unix::fs::symlink("/bin/sleep", &odd).unwrap();
+        let mut child = std::process::Command::new(&odd).arg("5").spawn().unwrap();
+        let s = stat(child.id()).unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(s.ppid, std::process::id());
+        assert!(s.is_running() && s.start_time > 0);
+        assert!(all().iter().any(|(pid, _)| *pid == std::process::id()));
     }
 
     #[test]

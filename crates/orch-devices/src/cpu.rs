@@ -1,21 +1,16 @@
-//! The host CPU as one compute device: memory from `/proc/meminfo`, cores from the scheduler.
+//! The host CPU as one compute device: memory and model from `/proc` (through `procfs`), cores
+//! from the scheduler.
 
 use crate::{Backend, Device, DeviceError};
+use procfs::Current;
 
 /// The CPU device. Utilization, temperature and power are not read (null).
 pub fn read() -> Result<Device, DeviceError> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").map_err(|e| DeviceError::Host {
-        what: "/proc/meminfo",
-        reason: e.to_string(),
-    })?;
-    let (total, available) = parse_meminfo(&meminfo).ok_or_else(|| DeviceError::Host {
-        what: "/proc/meminfo",
-        reason: "MemTotal or MemAvailable is missing".into(),
-    })?;
+    let (total, available) = host_memory()?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let model = std::fs::read_to_string("/proc/cpuinfo")
+    let model = procfs::CpuInfo::current()
         .ok()
-        .and_then(|text| cpu_model(&text))
+        .and_then(|info| info.model_name(0).map(str::to_string))
         .unwrap_or_else(|| "CPU".to_string());
     Ok(Device {
         index: 0,
@@ -36,23 +31,17 @@ pub fn read() -> Result<Device, DeviceError> {
     })
 }
 
-/// `(MemTotal, MemAvailable)` in bytes.
-fn parse_meminfo(text: &str) -> Option<(u64, u64)> {
-    let field = |name: &str| {
-        text.lines().find_map(|line| {
-            let rest = line.strip_prefix(name)?.strip_prefix(':')?;
-            let kib: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
-            Some(kib * 1024)
-        })
-    };
-    Some((field("MemTotal")?, field("MemAvailable")?))
-}
-
-fn cpu_model(cpuinfo: &str) -> Option<String> {
-    cpuinfo.lines().find_map(|line| {
-        let (key, value) = line.split_once(':')?;
-        (key.trim() == "model name").then(|| value.trim().to_string())
-    })
+/// The host's `(MemTotal, MemAvailable)` in bytes, from `/proc/meminfo`.
+pub fn host_memory() -> Result<(u64, u64), DeviceError> {
+    let info = procfs::Meminfo::current().map_err(|e| DeviceError::Host {
+        what: "/proc/meminfo",
+        reason: e.to_string(),
+    })?;
+    let available = info.mem_available.ok_or_else(|| DeviceError::Host {
+        what: "/proc/meminfo",
+        reason: "MemAvailable is missing (Linux 3.14 or later has it)".into(),
+    })?;
+    Ok((info.mem_total, available))
 }
 
 #[cfg(test)]
@@ -60,13 +49,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reads_meminfo_fields() {
-        let text = "MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   20000000 kB\n";
-        assert_eq!(
-            parse_meminfo(text),
-            Some((24_000_000 * 1024, 20_000_000 * 1024))
-        );
-        assert_eq!(parse_meminfo("MemTotal: 1 kB\n"), None);
+    fn host_memory_is_read() {
+        let (total, available) = host_memory().unwrap();
+        assert!(total > 0 && available <= total);
     }
 
     #[test]

@@ -21,8 +21,8 @@ impl JobCgroup {
         if std::env::var("ORCH_CGROUPS").is_ok_and(|v| v == "off") {
             return None;
         }
-        let root = mount_point()?;
-        let own = own_cgroup()?;
+        let root = orch_core::process::cgroup_v2_mount()?;
+        let own = orch_core::process::cgroup_v2_of(std::process::id())?;
         let safe: String = name
             .chars()
             .map(|c| {
@@ -76,24 +76,6 @@ pub fn signal_all(dir: &Path, signal: i32) {
             libc::kill(pid, signal);
         }
     }
-}
-
-/// Where the cgroup2 hierarchy is mounted, from `/proc/self/mountinfo`.
-fn mount_point() -> Option<PathBuf> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    text.lines().find_map(|line| {
-        let (before, after) = line.split_once(" - ")?;
-        let fstype = after.split_whitespace().next()?;
-        let point = before.split_whitespace().nth(4)?;
-        (fstype == "cgroup2").then(|| PathBuf::from(point))
-    })
-}
-
-/// This process's cgroup on the v2 hierarchy (`0::/path` in `/proc/self/cgroup`).
-fn own_cgroup() -> Option<String> {
-    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    text.lines()
-        .find_map(|line| line.strip_prefix("0::").map(str::to_string))
 }
 
 #[cfg(test)]

@@ -181,10 +181,10 @@ mod tests {
     fn durations() {
         assert_eq!(parse_duration("90s").unwrap(), Duration::from_secs(90));
         assert_eq!(parse_duration("15m").unwrap(), Duration::from_secs(900));
-        assert_eq!(parse_duration("1.5h").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("1h 30m").unwrap(), Duration::from_secs(5400));
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
         assert_eq!(parse_duration("3").unwrap(), Duration::from_secs(3));
-        for bad in ["", "s", "10 days", "-1s", "0", "0s"] {
+        for bad in ["", "s", "10 parsecs", "-1s", "0", "0s"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
     }
