@@ -21,7 +21,7 @@ mod setup;
 mod terminal;
 mod watch;
 
-pub use cgroup::{JobCgroup, kill as kill_cgroup};
+pub use cgroup::{JobCgroup, kill as kill_cgroup, prime_migration as prime_cgroup_migration};
 pub use env::{AssignedDevice, JobEnv, process_env};
 pub use launch::{
     Credentials, ExecError, ExitOutcome, LaunchSpec, Launched, Monitor, StdioMode, Stopper, launch,

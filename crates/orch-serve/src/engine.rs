@@ -450,6 +450,9 @@ impl Engine {
         let Some(job) = self.queue.remove(&id) else {
             return Ok(false);
         };
+        if self.shared.root {
+            orch_exec::prime_cgroup_migration();
+        }
         let attempt = job.row.attempt + 1;
         let started = self.shared.db.write_blocking({
             let change = Change {
