@@ -896,3 +896,35 @@ fn the_daemon_refuses_a_memory_limit_it_cannot_enforce() {
         stderr(&out)
     );
 }
+
+#[test]
+fn finished_jobs_and_their_logs_go_after_the_retention() {
+    let mut d = Daemon::prepare("retention");
+    let me = stdout(&Command::new("id").arg("-un").output().unwrap())
+        .trim()
+        .to_string();
+    let config = d.state.join("serve.toml");
+    std::fs::write(
+        &config,
+        format!("retention = \"2s\"\n[[tenant]]\nname = \"lab\"\nusers = [\"{me}\"]\n"),
+    )
+    .unwrap();
+    d.config = Some(config);
+    d.restart();
+    let id = d.submit(&["--", "echo", "hello"]);
+    d.wait_state(&id, "succeeded");
+    assert_eq!(stdout(&d.client(&["logs", &id])), "hello\n");
+    let folder = d.state.join("jobs").join(format!("{id}-1"));
+    assert!(folder.is_dir());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = d.client(&["status", &id]);
+        if out.status.code() == Some(2) {
+            assert!(stderr(&out).contains("no job"), "{}", stderr(&out));
+            break;
+        }
+        assert!(Instant::now() < deadline, "job {id} was never purged");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(!folder.exists(), "its folder and logs went with it");
+}

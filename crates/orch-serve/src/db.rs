@@ -454,7 +454,7 @@ pub fn apply(tx: &rusqlite::Transaction<'_>, id: i64, c: &Change) -> Result<i64,
     Ok(n as i64)
 }
 
-/// Deletes finished jobs that ended before `before_ms`; returns their ids.
+/// Deletes finished jobs that ended before `before_ms`; returns how many.
 pub fn purge(tx: &rusqlite::Transaction<'_>, before_ms: u64) -> Result<i64, DbError> {
     let n = tx
         .execute(
@@ -463,6 +463,25 @@ pub fn purge(tx: &rusqlite::Transaction<'_>, before_ms: u64) -> Result<i64, DbEr
         )
         .map_err(db("purging old jobs"))?;
     Ok(n as i64)
+}
+
+impl Db {
+    /// `(id, attempt)` of the finished jobs that ended before `before_ms`.
+    pub fn finished_before(&self, before_ms: u64) -> Result<Vec<(i64, u32)>, DbError> {
+        self.read(|c| {
+            let mut stmt = c
+                .prepare(
+                    "SELECT id, attempt FROM jobs
+                     WHERE state NOT IN ('queued', 'running') AND ended_at_ms < ?1",
+                )
+                .map_err(db("finding old jobs"))?;
+            let rows = stmt
+                .query_map([before_ms as i64], |r| Ok((r.get(0)?, r.get(1)?)))
+                .map_err(db("finding old jobs"))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(db("finding old jobs"))
+        })
+    }
 }
 
 pub fn now_ms() -> u64 {

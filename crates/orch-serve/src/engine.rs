@@ -204,7 +204,15 @@ impl Engine {
     /// The engine's loop; returns when every sender is gone.
     pub fn run(mut self) {
         let mut last_pass = Instant::now() - TICK;
+        // Finished jobs and their folders go after `retention`; looked at every tenth of it
+        // (at most every ten minutes).
+        let purge_every = (self.shared.config.retention / 10).min(Duration::from_secs(600));
+        let mut last_purge = Instant::now() - purge_every;
         loop {
+            if last_purge.elapsed() >= purge_every {
+                self.purge();
+                last_purge = Instant::now();
+            }
             let mut changed = false;
             match self.kicks.recv_timeout(TICK) {
                 Ok(kick) => changed |= self.handle(kick),
@@ -220,6 +228,39 @@ impl Engine {
                 last_pass = Instant::now();
             }
         }
+    }
+
+    /// Deletes the finished jobs older than `retention`, their logs and folders.
+    fn purge(&mut self) {
+        let retention_ms =
+            u64::try_from(self.shared.config.retention.as_millis()).unwrap_or(u64::MAX);
+        let before = now_ms().saturating_sub(retention_ms);
+        let old = match self.shared.db.finished_before(before) {
+            Ok(old) if !old.is_empty() => old,
+            Ok(_) => return,
+            Err(e) => {
+                tracing::warn!("could not look for old jobs: {e}");
+                return;
+            }
+        };
+        if let Err(e) = self
+            .shared
+            .db
+            .write_blocking(move |tx| crate::db::purge(tx, before))
+        {
+            tracing::warn!("could not purge old jobs: {e}");
+            return;
+        }
+        for (id, attempts) in &old {
+            for attempt in 0..=*attempts {
+                let _ = std::fs::remove_dir_all(self.shared.job_dir(*id, attempt));
+            }
+        }
+        tracing::info!(
+            "purged {} job(s) that ended over {:?} ago",
+            old.len(),
+            self.shared.config.retention
+        );
     }
 
     fn handle(&mut self, kick: Kick) -> bool {
