@@ -93,6 +93,13 @@ pub struct DbError {
     pub reason: String,
 }
 
+fn writer_gone() -> DbError {
+    DbError {
+        op: "writing",
+        reason: "the writer thread is gone".into(),
+    }
+}
+
 fn db(op: &'static str) -> impl FnOnce(rusqlite::Error) -> DbError {
     move |e| DbError {
         op,
@@ -174,20 +181,7 @@ impl Db {
         &self,
         op: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<i64, DbError> + Send + 'static,
     ) -> Result<i64, DbError> {
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        self.writer
-            .send(WriteRequest {
-                op: Box::new(op),
-                reply,
-            })
-            .map_err(|_| DbError {
-                op: "writing",
-                reason: "the writer thread is gone".into(),
-            })?;
-        answer.await.map_err(|_| DbError {
-            op: "writing",
-            reason: "the writer thread is gone".into(),
-        })?
+        self.queue(Box::new(op))?.await.map_err(|_| writer_gone())?
     }
 
     /// The same, from a thread outside the async runtime.
@@ -195,20 +189,21 @@ impl Db {
         &self,
         op: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<i64, DbError> + Send + 'static,
     ) -> Result<i64, DbError> {
+        self.queue(Box::new(op))?
+            .blocking_recv()
+            .map_err(|_| writer_gone())?
+    }
+
+    /// Hands `op` to the writer thread; the answer comes on the returned channel.
+    fn queue(
+        &self,
+        op: WriteFn,
+    ) -> Result<tokio::sync::oneshot::Receiver<Result<i64, DbError>>, DbError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.writer
-            .send(WriteRequest {
-                op: Box::new(op),
-                reply,
-            })
-            .map_err(|_| DbError {
-                op: "writing",
-                reason: "the writer thread is gone".into(),
-            })?;
-        answer.blocking_recv().map_err(|_| DbError {
-            op: "writing",
-            reason: "the writer thread is gone".into(),
-        })?
+            .send(WriteRequest { op, reply })
+            .map_err(|_| writer_gone())?;
+        Ok(answer)
     }
 
     fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T, DbError>) -> Result<T, DbError> {
