@@ -928,3 +928,39 @@ fn finished_jobs_and_their_logs_go_after_the_retention() {
     }
     assert!(!folder.exists(), "its folder and logs went with it");
 }
+
+#[test]
+fn a_tenants_max_gpus_and_max_queued_hold() {
+    let mut d = Daemon::prepare("limits");
+    let me = stdout(&Command::new("id").arg("-un").output().unwrap())
+        .trim()
+        .to_string();
+    let config = d.state.join("serve.toml");
+    std::fs::write(
+        &config,
+        format!("[[tenant]]\nname = \"lab\"\nusers = [\"{me}\"]\nmax_gpus = 2\nmax_queued = 2\n"),
+    )
+    .unwrap();
+    d.config = Some(config);
+    d.restart();
+    let big = d.submit(&["--gpus", "2", "--", "sleep", "30"]);
+    d.wait_state(&big, "running");
+    let one = d.submit(&["--", "true"]);
+    let two = d.submit(&["--", "true"]);
+    std::thread::sleep(Duration::from_millis(300));
+    let s = d.status(&one);
+    assert_eq!(
+        s["state"], "queued",
+        "six devices are free, but the tenant holds its two"
+    );
+    assert!(
+        s["reason"].as_str().unwrap().contains("max_gpus = 2"),
+        "{s}"
+    );
+    let out = d.client(&["submit", "--", "true"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("max_queued = 2"), "{}", stderr(&out));
+    assert!(d.client(&["cancel", &big]).status.success());
+    d.wait_state(&one, "succeeded");
+    d.wait_state(&two, "succeeded");
+}

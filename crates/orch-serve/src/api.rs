@@ -162,14 +162,8 @@ async fn submit(
     };
     let max_queued = shared.config.tenant(&tenant).and_then(|t| t.max_queued);
     if let Some(max) = max_queued {
-        let queued = shared
-            .db
-            .jobs(&[State::Queued], u32::MAX)
-            .map_err(internal)?
-            .iter()
-            .filter(|j| j.tenant == tenant)
-            .count();
-        if queued >= max as usize {
+        let queued = shared.db.queued_of(&tenant).map_err(internal)?;
+        if queued >= u64::from(max) {
             return Err(err(
                 StatusCode::TOO_MANY_REQUESTS,
                 format!(

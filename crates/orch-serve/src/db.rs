@@ -157,6 +157,7 @@ impl Db {
                     supervisor TEXT, submission TEXT NOT NULL, submit_key TEXT
                  );
                  CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state);
+                 CREATE INDEX IF NOT EXISTS jobs_by_tenant_state ON jobs(tenant, state);
                  CREATE UNIQUE INDEX IF NOT EXISTS jobs_by_key ON jobs(submit_key)
                     WHERE submit_key IS NOT NULL;",
             )
@@ -461,6 +462,19 @@ pub fn purge(tx: &rusqlite::Transaction<'_>, before_ms: u64) -> Result<i64, DbEr
 }
 
 impl Db {
+    /// How many jobs `tenant` has queued.
+    pub fn queued_of(&self, tenant: &str) -> Result<u64, DbError> {
+        self.read(|c| {
+            c.query_row(
+                "SELECT COUNT(*) FROM jobs WHERE state = 'queued' AND tenant = ?1",
+                [tenant],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n as u64)
+            .map_err(db("counting queued jobs"))
+        })
+    }
+
     /// `(id, attempt)` of the finished jobs that ended before `before_ms`.
     pub fn finished_before(&self, before_ms: u64) -> Result<Vec<(i64, u32)>, DbError> {
         self.read(|c| {
