@@ -403,6 +403,10 @@ fn hostile_clients_do_not_stop_the_daemon() {
     let mut answer = String::new();
     let _ = big.read_to_string(&mut answer);
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(
+        answer.contains("{\"error\":"),
+        "errors are JSON, the body limit's too: {answer}"
+    );
     // Garbage instead of JSON.
     let mut junk = std::os::unix::net::UnixStream::connect(d.socket()).unwrap();
     junk.write_all(
@@ -963,4 +967,62 @@ fn a_tenants_max_gpus_and_max_queued_hold() {
     assert!(d.client(&["cancel", &big]).status.success());
     d.wait_state(&one, "succeeded");
     d.wait_state(&two, "succeeded");
+}
+
+#[test]
+fn a_clients_orch_job_id_gets_it_nothing_from_another_jobs_lease() {
+    let d = Daemon::start("inside");
+    let file = |name: &str, argv: &str| {
+        job_file(
+            &d.state,
+            name,
+            &format!(
+                "[job]\nname = \"{name}\"\n[policy]\nplugin = \"explicit\"\n[policy.config]\ndevices = \"0\"\n[command]\nargv = {argv}\n"
+            ),
+        )
+    };
+    let holder = d.submit(&[&file("holder.toml", "[\"sleep\", \"30\"]")]);
+    let lease = d.wait_state(&holder, "running")["lease_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // A submission whose environment names the running job's lease, as a job's own `orch submit`
+    // would, or someone who read the id: it must wait for device 0 like anyone else.
+    let out = Command::new(env!("CARGO_BIN_EXE_orch"))
+        .args(["submit", &file("intruder.toml", "[\"true\"]")])
+        .env("ORCH_SERVER", d.socket())
+        .env("ORCH_JOB_ID", &lease)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let intruder = stdout(&out).trim().to_string();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        d.status(&intruder)["state"],
+        "queued",
+        "it got device 0 through the holder's lease"
+    );
+    assert!(d.client(&["cancel", &holder]).status.success());
+    d.wait_state(&intruder, "succeeded");
+}
+
+#[test]
+fn a_variable_that_is_not_utf8_is_left_out_not_a_crash() {
+    use std::os::unix::ffi::OsStrExt;
+    let d = Daemon::start("utf8");
+    let out = Command::new(env!("CARGO_BIN_EXE_orch"))
+        .args(["submit", "--", "sh", "-c", "echo ${ORCH_TEST_ODD-absent}"])
+        .env("ORCH_SERVER", d.socket())
+        .env("ORCH_TEST_ODD", std::ffi::OsStr::from_bytes(b"caf\xe9"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("ORCH_TEST_ODD is not UTF-8"),
+        "{}",
+        stderr(&out)
+    );
+    let id = stdout(&out).trim().to_string();
+    d.wait_state(&id, "succeeded");
+    assert_eq!(stdout(&d.client(&["logs", &id])), "absent\n");
 }

@@ -234,6 +234,7 @@ fn scheduling_pass(queued: usize, free: usize) -> f64 {
         lease_id: None,
         devices: Vec::new(),
         attempt: 0,
+        cancel_requested: false,
     };
     db.write_blocking(move |tx| {
         for _ in 0..queued {

@@ -11,11 +11,19 @@ pub struct Holder {
     pub pid: u32,
     /// Start time in clock ticks after boot (`/proc/PID/stat`, field 22).
     pub start_time: u64,
-    /// The machine the process runs on. A holder on another machine cannot be checked from this
-    /// one, so it is never taken for dead (a state folder on a shared home must not let machine B
-    /// reclaim machine A's leases). Absent in leases written before hosts were recorded.
+    /// The host name of the machine the process runs on, for people (`orch leases`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// The machine (`/etc/machine-id`, stable across renames). A holder on another machine cannot
+    /// be checked from this one, so it is never taken for dead (a state folder on a shared home
+    /// must not let machine B reclaim machine A's leases). Absent in older leases, which are
+    /// judged by `host` instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<String>,
+    /// The boot (`/proc/sys/kernel/random/boot_id`): a holder of an earlier boot of this machine
+    /// is dead, whatever now runs under its pid or group id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot: Option<String>,
     /// The job's process group: alive while any process of the group lives, even after `pid`
     /// (its leader) has exited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -34,6 +42,8 @@ impl Holder {
             pid,
             start_time: start_time(pid).unwrap_or(0),
             host: this_host(),
+            machine: this_machine(),
+            boot: this_boot(),
             pgid: None,
             cgroup: None,
         }
@@ -45,6 +55,8 @@ impl Holder {
             pid,
             start_time,
             host: this_host(),
+            machine: this_machine(),
+            boot: this_boot(),
             pgid: None,
             cgroup: None,
         })
@@ -66,12 +78,13 @@ impl Holder {
 
     /// True while the holder may still use its devices: the same process (pid and start time)
     /// runs and is not a zombie, or its process group or cgroup still has a member, or it runs on
-    /// another machine (which this one cannot check).
+    /// another machine (which this one cannot check). A holder of an earlier boot is dead.
     pub fn is_alive(&self) -> bool {
-        if let Some(host) = &self.host
-            && this_host().is_some_and(|here| &here != host)
-        {
+        if self.elsewhere() {
             return true;
+        }
+        if self.boot.is_some() && self.boot != this_boot() {
+            return false;
         }
         if self
             .cgroup
@@ -80,16 +93,61 @@ impl Holder {
         {
             return true;
         }
-        if self.pgid.is_some_and(group_has_members) {
-            return true;
+        self.group_alive() || self.process_alive()
+    }
+
+    /// The holder runs on another machine.
+    fn elsewhere(&self) -> bool {
+        match (&self.machine, this_machine()) {
+            (Some(theirs), Some(ours)) => *theirs != ours,
+            _ => self
+                .host
+                .as_ref()
+                .is_some_and(|theirs| this_host().is_some_and(|ours| ours != *theirs)),
         }
-        self.process_alive()
+    }
+
+    /// The holder's process group still has a running member, and is the same group: a group id
+    /// is a pid, and the kernel does not hand out a pid while a group of that id exists, so when
+    /// its leader (`pid`) now names a process with another start time, the group is a new one.
+    /// Only then may the group be signalled in the job's name.
+    pub fn group_alive(&self) -> bool {
+        let Some(pgid) = self.pgid else {
+            return false;
+        };
+        if self.boot.is_some() && self.boot != this_boot() {
+            return false;
+        }
+        if pgid == self.pid && process::stat(pgid).is_some_and(|s| s.start_time != self.start_time)
+        {
+            return false;
+        }
+        group_has_members(pgid)
     }
 
     /// The process itself (not its group) runs.
     pub fn process_alive(&self) -> bool {
         process::stat(self.pid).is_some_and(|s| s.start_time == self.start_time && s.is_running())
     }
+}
+
+/// `/etc/machine-id`, read once.
+pub fn this_machine() -> Option<String> {
+    static ID: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    ID.get_or_init(|| read_id("/etc/machine-id")).clone()
+}
+
+/// This boot's id, read once.
+pub fn this_boot() -> Option<String> {
+    static ID: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    ID.get_or_init(|| read_id("/proc/sys/kernel/random/boot_id"))
+        .clone()
+}
+
+fn read_id(path: &str) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let id = text.trim();
+    (!id.is_empty()).then(|| id.to_string())
 }
 
 /// This machine's host name, as `hostname` prints it.
@@ -148,11 +206,8 @@ mod tests {
     fn a_finished_process_is_dead() {
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let holder = Holder::of_pid(child.id()).unwrap_or(Holder {
-            pid: child.id(),
             start_time: 0,
-            host: this_host(),
-            pgid: None,
-            cgroup: None,
+            ..Holder::current()
         });
         child.wait().unwrap();
         assert!(!holder.is_alive());
@@ -181,19 +236,63 @@ mod tests {
 
     #[test]
     fn a_holder_on_another_machine_is_never_taken_for_dead() {
-        let holder = Holder {
+        let gone = Holder {
             pid: u32::MAX - 1,
             start_time: 1,
+            ..Holder::current()
+        };
+        assert!(!gone.is_alive());
+        let elsewhere = Holder {
+            machine: Some("another-machine-id".into()),
             host: Some("some-other-machine.invalid".into()),
-            pgid: None,
-            cgroup: None,
+            ..gone.clone()
         };
-        assert!(holder.is_alive());
-        let here = Holder {
-            host: this_host(),
-            ..holder
+        assert!(elsewhere.is_alive());
+        // Older leases carry a host name only.
+        let old_elsewhere = Holder {
+            machine: None,
+            boot: None,
+            host: Some("some-other-machine.invalid".into()),
+            ..gone
         };
-        assert!(!here.is_alive());
+        assert!(old_elsewhere.is_alive());
+    }
+
+    #[test]
+    fn a_holder_of_an_earlier_boot_is_dead_whatever_runs_under_its_ids() {
+        let me = Holder::current();
+        let rebooted = Holder {
+            boot: Some("an-earlier-boot".into()),
+            pgid: Some(std::process::id()),
+            ..me
+        };
+        assert!(
+            !rebooted.is_alive(),
+            "this very pid runs, but in another boot"
+        );
+        assert!(!rebooted.group_alive());
+    }
+
+    #[test]
+    fn a_reused_group_id_is_not_the_jobs_group() {
+        let mut leader = std::process::Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let real = Holder::of_group_leader(leader.id()).unwrap();
+        let recorded_earlier = Holder {
+            start_time: real.start_time - 1,
+            ..real.clone()
+        };
+        let (real_alive, reused_alive) = (real.group_alive(), recorded_earlier.group_alive());
+        leader.kill().unwrap();
+        leader.wait().unwrap();
+        assert!(real_alive, "the group of the recorded leader");
+        assert!(
+            !reused_alive,
+            "the same id now leads a group the holder never had"
+        );
     }
 
     #[test]

@@ -16,5 +16,5 @@
 mod holder;
 mod store;
 
-pub use holder::Holder;
+pub use holder::{Holder, this_boot, this_machine};
 pub use store::{ClaimError, ClaimRequest, Lease, LeaseError, LeaseStore, default_state_dir};

@@ -59,7 +59,15 @@ impl Lease {
         {
             return true;
         }
-        let mut next = Some(pid);
+        // The process itself holding the lease proves nothing (the daemon holds every lease it
+        // claimed for others): only its ancestors and its process group count.
+        let Some(own) = orch_core::process::stat(pid) else {
+            return false;
+        };
+        if self.holders.iter().any(|h| h.pgid == Some(own.pgrp)) {
+            return true;
+        }
+        let mut next = Some(own.ppid);
         let mut steps = 0;
         while let Some(p) = next.filter(|&p| p > 1 && steps < 64) {
             let Some(stat) = orch_core::process::stat(p) else {
@@ -145,8 +153,30 @@ pub fn default_state_dir() -> PathBuf {
         .or_else(|| env("HOME").map(|h| h.join(".local/state/orch")));
     match home_state {
         Some(dir) if !on_network_fs(&dir) => dir,
-        _ => PathBuf::from(format!("/var/tmp/orch-{uid}")),
+        _ => fallback_state_dir(uid),
     }
+}
+
+/// The machine-local folder used when the home folder is on a network file system.
+fn fallback_state_dir(uid: u32) -> PathBuf {
+    PathBuf::from(format!("/var/tmp/orch-{uid}"))
+}
+
+/// A folder in a place every user may write (`/var/tmp`) is only trusted when it is a real
+/// folder of this user's that nobody else may write or read: else another user could have made
+/// it first and planted leases, or a daemon's database.
+fn ensure_private(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let _ = std::fs::DirBuilder::new().mode(0o700).create(dir);
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| e.to_string())?;
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
+        return Err(format!(
+            "it is not a private folder of uid {uid} (a link, another user's, or open to others); remove it, or set ORCH_STATE_DIR"
+        ));
+    }
+    Ok(())
 }
 
 /// The nearest existing folder of `path` is on NFS, CIFS/SMB, Lustre, GPFS, CephFS, BeeGFS or
@@ -205,6 +235,10 @@ impl LeaseStore {
             path: dir.to_path_buf(),
             reason,
         };
+        // SAFETY: getuid cannot fail.
+        if dir == fallback_state_dir(unsafe { libc::getuid() }) {
+            ensure_private(dir).map_err(open_err)?;
+        }
         std::fs::create_dir_all(dir).map_err(|e| open_err(e.to_string()))?;
         let conn =
             Connection::open(dir.join("leases.sqlite3")).map_err(|e| open_err(e.to_string()))?;
@@ -349,10 +383,14 @@ impl LeaseStore {
         Ok(lease)
     }
 
-    /// Gives up `holder`'s hold on a lease: the lease is deleted unless another of its holders
-    /// still lives (a process of the job that outlived the one that watched it). Returns true
-    /// when the lease is gone.
-    pub fn release_unless_held(&mut self, id: &str, holder: &Holder) -> Result<bool, LeaseError> {
+    /// Gives up the hold of `watchers` (the processes that claimed and watched the job) on a
+    /// lease: the lease is deleted unless another of its holders still lives (a process of the
+    /// job that outlived its end). Returns true when the lease is gone.
+    pub fn release_unless_held(
+        &mut self,
+        id: &str,
+        watchers: &[Holder],
+    ) -> Result<bool, LeaseError> {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -368,7 +406,7 @@ impl LeaseStore {
         };
         let others: Vec<Holder> = parse_holders(&text)?
             .into_iter()
-            .filter(|h| h != holder)
+            .filter(|h| !watchers.contains(h))
             .collect();
         let gone = if others.iter().any(Holder::is_alive) {
             tx.execute(

@@ -32,6 +32,9 @@ pub struct Machine<'a> {
     pub visibility: &'a Visibility,
     /// Reads the environment variables a policy's config names (`var`).
     pub env: &'a dyn Fn(&str) -> Option<String>,
+    /// Claims may be made inside the lease of the job this process runs in (`orch run` inside a
+    /// job). False for the daemon, which claims for others: their environment is theirs.
+    pub nested: bool,
 }
 
 impl std::fmt::Debug for Machine<'_> {
@@ -133,7 +136,20 @@ impl LeaseGuard {
         if std::mem::replace(&mut self.released, true) {
             return;
         }
-        if let Err(e) = self.with_store(|store| store.release(&self.lease.id).map(drop)) {
+        // The claimer(s) and this process give up their hold; a process of the job that is still
+        // alive (stuck in the driver past SIGKILL) keeps the lease until it ends.
+        let mut watchers = self.lease.holders.clone();
+        watchers.push(Holder::current());
+        let result = self.with_store(|store| {
+            if !store.release_unless_held(&self.lease.id, &watchers)? {
+                tracing::warn!(
+                    "lease {} stays held: a process of the job still runs; its devices are free once it ends",
+                    self.lease.id
+                );
+            }
+            Ok(())
+        });
+        if let Err(e) = result {
             tracing::warn!(
                 "could not release lease {}: {e} (the next orch reclaims it once the job's processes are gone)",
                 self.lease.id
@@ -265,6 +281,9 @@ pub fn claim_until(
 /// is made inside it, on its devices (an `orch run` inside an `orch submit` job, a `[train]` job
 /// run by the daemon). A variable naming someone else's lease is ignored.
 fn enclosing_lease(store: &mut LeaseStore, machine: &Machine<'_>) -> Option<String> {
+    if !machine.nested {
+        return None;
+    }
     let id = (machine.env)("ORCH_JOB_ID").filter(|id| !id.is_empty())?;
     let leases = store.active().ok()?;
     let lease = leases.iter().find(|l| l.id == id)?;

@@ -189,6 +189,15 @@ impl RunningJob<'_> {
 
     /// Runs the job to its end and releases the lease once nothing of it is left.
     pub fn wait(self) -> Result<Outcome, RunError> {
+        let (outcome, lease) = self.wait_holding_lease();
+        lease.release();
+        outcome
+    }
+
+    /// Runs the job to its end and hands back its lease, still held: a caller that must record
+    /// the outcome durably first (the daemon's supervisor) releases it afterwards, so that no
+    /// moment exists in which the devices are free and the outcome unknown.
+    pub fn wait_holding_lease(self) -> (Result<Outcome, RunError>, LeaseGuard) {
         let RunningJob { placement, work } = self;
         let outcome = match work {
             Running::Command {
@@ -205,7 +214,6 @@ impl RunningJob<'_> {
                 .map(Outcome::Train)
                 .map_err(RunError::from),
         };
-        placement.lease.release();
-        outcome
+        (outcome, placement.lease)
     }
 }

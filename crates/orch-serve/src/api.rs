@@ -99,7 +99,31 @@ pub fn router(shared: Arc<Shared>) -> Router {
             )
         })
         .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::map_response(json_errors))
         .with_state(shared)
+}
+
+/// Every error answer is `{"error": "..."}`, those axum writes itself (a body over the limit, a
+/// malformed query) included.
+async fn json_errors(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let body = axum::body::to_bytes(response.into_body(), 64 * 1024)
+        .await
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&body).trim().to_string();
+    let error = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_string()
+    } else {
+        text
+    };
+    (status, Json(ErrorBody { error })).into_response()
 }
 
 fn admitted(caller: &Caller) -> ApiResult<()> {
@@ -162,7 +186,10 @@ async fn submit(
     };
     let max_queued = shared.config.tenant(&tenant).and_then(|t| t.max_queued);
     if let Some(max) = max_queued {
-        let queued = shared.db.queued_of(&tenant).map_err(internal)?;
+        let queued = {
+            let tenant = tenant.clone();
+            read(&shared, move |db| db.queued_of(&tenant)).await?
+        };
         if queued >= u64::from(max) {
             return Err(err(
                 StatusCode::TOO_MANY_REQUESTS,
@@ -190,6 +217,7 @@ async fn submit(
         lease_id: None,
         devices: Vec::new(),
         attempt: 0,
+        cancel_requested: false,
     };
     let key = request.key.filter(|k| !k.is_empty() && k.len() <= 128);
     let submission = Submission {
@@ -226,12 +254,12 @@ async fn list(
     Query(q): Query<ListQuery>,
 ) -> ApiResult<Json<Vec<JobRow>>> {
     admitted(&caller)?;
-    let states: &[State] = if q.all {
+    let states: &'static [State] = if q.all {
         &[]
     } else {
         &[State::Queued, State::Running]
     };
-    let rows = shared.db.jobs(states, LIST_LIMIT).map_err(internal)?;
+    let rows = read(&shared, move |db| db.jobs(states, LIST_LIMIT)).await?;
     let reasons = lock(&shared.reasons).clone();
     Ok(Json(
         rows.into_iter()
@@ -239,6 +267,18 @@ async fn list(
             .map(|r| with_reason(r, &reasons))
             .collect(),
     ))
+}
+
+/// A database read, on the blocking pool: a slow read never holds up the runtime's workers.
+pub(crate) async fn read<T: Send + 'static>(
+    shared: &Arc<Shared>,
+    f: impl FnOnce(&crate::db::Db) -> Result<T, crate::db::DbError> + Send + 'static,
+) -> ApiResult<T> {
+    let shared = Arc::clone(shared);
+    tokio::task::spawn_blocking(move || f(&shared.db))
+        .await
+        .map_err(internal)?
+        .map_err(internal)
 }
 
 fn visible_to(caller: &Caller, row: &JobRow) -> bool {
@@ -256,7 +296,7 @@ fn with_reason(mut row: JobRow, reasons: &std::collections::HashMap<i64, String>
 
 /// The job, if it exists and the caller may see it; 404 alike otherwise, so that another
 /// tenant's jobs are not revealed.
-fn find(shared: &Shared, caller: &Caller, id: &str) -> ApiResult<(i64, JobRow)> {
+async fn find(shared: &Arc<Shared>, caller: &Caller, id: &str) -> ApiResult<(i64, JobRow)> {
     admitted(caller)?;
     let not_found = || {
         err(
@@ -265,7 +305,7 @@ fn find(shared: &Shared, caller: &Caller, id: &str) -> ApiResult<(i64, JobRow)> 
         )
     };
     let n: i64 = id.parse().map_err(|_| not_found())?;
-    match shared.db.job(n).map_err(internal)? {
+    match read(shared, move |db| db.job(n)).await? {
         Some(row) if visible_to(caller, &row) => Ok((n, row)),
         _ => Err(not_found()),
     }
@@ -276,7 +316,7 @@ async fn status(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<JobRow>> {
-    let (_, row) = find(&shared, &caller, &id)?;
+    let (_, row) = find(&shared, &caller, &id).await?;
     let reasons = lock(&shared.reasons).clone();
     Ok(Json(with_reason(row, &reasons)))
 }
@@ -286,7 +326,7 @@ async fn cancel(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<(StatusCode, Json<JobRow>)> {
-    let (n, row) = find(&shared, &caller, &id)?;
+    let (n, row) = find(&shared, &caller, &id).await?;
     match row.state {
         State::Queued => {
             let change = crate::db::Change {
@@ -303,15 +343,15 @@ async fn cancel(
                 .map_err(internal)?;
             if changed == 1 {
                 shared.kick(Kick::Dequeued(n));
-                let row = shared.db.job(n).map_err(internal)?.unwrap_or(row);
+                let row = read(&shared, move |db| db.job(n)).await?.unwrap_or(row);
                 return Ok((StatusCode::OK, Json(row)));
             }
             // It started meanwhile: stop it.
-            shared.kick(Kick::Cancel(n));
+            request_stop(&shared, n).await?;
             Ok((StatusCode::ACCEPTED, Json(row)))
         }
         State::Running => {
-            shared.kick(Kick::Cancel(n));
+            request_stop(&shared, n).await?;
             Ok((StatusCode::ACCEPTED, Json(row)))
         }
         other => Err(err(
@@ -319,6 +359,23 @@ async fn cancel(
             format!("job {id} has already ended ({})", other.as_str()),
         )),
     }
+}
+
+/// Commits the cancel of a running job before it is carried out, so that a daemon restarted in
+/// between still carries it out.
+async fn request_stop(shared: &Arc<Shared>, n: i64) -> ApiResult<()> {
+    let change = crate::db::Change {
+        cancel_requested: Some(true),
+        only_if: Some(State::Running),
+        ..Default::default()
+    };
+    shared
+        .db
+        .write(move |tx| crate::db::apply(tx, n, &change))
+        .await
+        .map_err(internal)?;
+    shared.kick(Kick::Cancel(n));
+    Ok(())
 }
 
 #[derive(Debug, Deserialize)]
@@ -335,7 +392,7 @@ async fn logs(
     Path(id): Path<String>,
     Query(q): Query<LogsQuery>,
 ) -> ApiResult<Response> {
-    let (n, row) = find(&shared, &caller, &id)?;
+    let (n, row) = find(&shared, &caller, &id).await?;
     let name = match q.stream.as_deref() {
         None | Some("stdout") => "stdout",
         Some("stderr") => "stderr",
@@ -382,10 +439,10 @@ async fn tenants(
     Extension(caller): Extension<Caller>,
 ) -> ApiResult<Json<Vec<TenantRow>>> {
     admitted(&caller)?;
-    let active = shared
-        .db
-        .jobs(&[State::Queued, State::Running], u32::MAX)
-        .map_err(internal)?;
+    let active = read(&shared, |db| {
+        db.jobs(&[State::Queued, State::Running], u32::MAX)
+    })
+    .await?;
     Ok(Json(
         shared
             .config

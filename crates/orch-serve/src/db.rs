@@ -84,6 +84,9 @@ pub struct JobRow {
     pub devices: Vec<String>,
     /// 1 for the first run, more after requeues.
     pub attempt: u32,
+    /// A cancel was asked for and committed; the job is being stopped.
+    #[serde(default)]
+    pub cancel_requested: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -128,7 +131,7 @@ impl std::fmt::Debug for Db {
 
 const COLUMNS: &str =
     "id, name, tenant, user, uid, state, gpus, priority, requeue, submitted_at_ms,
-    started_at_ms, ended_at_ms, exit_code, reason, lease_id, devices, attempt";
+    started_at_ms, ended_at_ms, exit_code, reason, lease_id, devices, attempt, cancel_requested";
 
 impl Db {
     pub fn open(dir: &Path) -> Result<Db, DbError> {
@@ -154,7 +157,8 @@ impl Db {
                     submitted_at_ms INTEGER NOT NULL, started_at_ms INTEGER,
                     ended_at_ms INTEGER, exit_code INTEGER, reason TEXT, lease_id TEXT,
                     devices TEXT NOT NULL DEFAULT '[]', attempt INTEGER NOT NULL DEFAULT 0,
-                    supervisor TEXT, submission TEXT NOT NULL, submit_key TEXT
+                    supervisor TEXT, submission TEXT NOT NULL, submit_key TEXT,
+                    cancel_requested INTEGER NOT NULL DEFAULT 0
                  );
                  CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state);
                  CREATE INDEX IF NOT EXISTS jobs_by_tenant_state ON jobs(tenant, state);
@@ -352,6 +356,7 @@ fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<JobRow> {
         lease_id: r.get(14)?,
         devices: serde_json::from_str(&r.get::<_, String>(15)?).unwrap_or_default(),
         attempt: r.get(16)?,
+        cancel_requested: r.get(17)?,
     })
 }
 
@@ -410,6 +415,7 @@ pub struct Change {
     pub devices: Option<Vec<String>>,
     pub attempt: Option<u32>,
     pub supervisor: Option<String>,
+    pub cancel_requested: Option<bool>,
     /// Only when the job is in this state (a cancel racing an end must not overwrite it).
     pub only_if: Option<State>,
 }
@@ -430,7 +436,8 @@ pub fn apply(tx: &rusqlite::Transaction<'_>, id: i64, c: &Change) -> Result<i64,
                 lease_id = COALESCE(?7, lease_id),
                 devices = COALESCE(?8, devices),
                 attempt = COALESCE(?9, attempt),
-                supervisor = COALESCE(?10, supervisor)
+                supervisor = COALESCE(?10, supervisor),
+                cancel_requested = COALESCE(?12, cancel_requested)
              WHERE id = ?1 AND (?11 IS NULL OR state = ?11)",
             params![
                 id,
@@ -444,6 +451,7 @@ pub fn apply(tx: &rusqlite::Transaction<'_>, id: i64, c: &Change) -> Result<i64,
                 c.attempt,
                 c.supervisor,
                 c.only_if.map(State::as_str),
+                c.cancel_requested,
             ],
         )
         .map_err(db("changing a job"))?;

@@ -167,7 +167,11 @@ impl Engine {
                             lease_id: row.lease_id.clone().unwrap_or_default(),
                             supervisor: Some(holder),
                             requeue: row.requeue,
-                            cancel: Cancel::None,
+                            cancel: if row.cancel_requested {
+                                Cancel::Requested
+                            } else {
+                                Cancel::None
+                            },
                             spawned_at: Instant::now(),
                         },
                     );
@@ -189,7 +193,7 @@ impl Engine {
                         },
                     );
                 }
-                _ => self.vanished(id, &row.lease_id, row.requeue),
+                _ => self.vanished(id, &row.lease_id, row.requeue && !row.cancel_requested),
             }
         }
         for row in db
@@ -347,7 +351,11 @@ impl Engine {
                 None => job.spawned_at.elapsed() > Duration::from_secs(30),
             };
             if gone && supervisor::read_exit(&dir).is_none() {
-                let (lease, requeue) = (Some(job.lease_id.clone()), job.requeue);
+                // A job whose cancel was asked for is not queued again.
+                let (lease, requeue) = (
+                    Some(job.lease_id.clone()),
+                    job.requeue && job.cancel == Cancel::None,
+                );
                 self.running.remove(&id);
                 self.vanished(id, &lease, requeue);
                 changed = true;
@@ -469,6 +477,7 @@ impl Engine {
             inventory: &self.inventory,
             visibility: &self.visibility,
             env: &env,
+            nested: false,
         };
         let claimed = orch_runner::claim(
             &mut self.store,
@@ -508,13 +517,21 @@ impl Engine {
             };
             move |tx| crate::db::apply(tx, id, &change)
         });
-        if !matches!(started, Ok(1)) {
-            // Cancelled meanwhile, or the database failed: the devices go back.
-            let _ = self.store.release(&lease.id);
-            if let Err(e) = started {
-                tracing::warn!("job {id}: {e}");
+        match started {
+            Ok(1) => {}
+            Ok(_) => {
+                // Cancelled meanwhile: the devices go back.
+                let _ = self.store.release(&lease.id);
+                return Ok(false);
             }
-            return Ok(false);
+            Err(e) => {
+                // The database failed: the job stays queued (its row says so) and is tried again.
+                let _ = self.store.release(&lease.id);
+                let reason = format!("the job database failed while starting it: {e}");
+                tracing::warn!("job {id}: {reason}");
+                self.queue.insert(id, job);
+                return Err(reason);
+            }
         }
         let dir = self.shared.job_dir(id, attempt);
         let max_runtime = job
@@ -712,7 +729,11 @@ impl Engine {
             return;
         };
         for holder in &lease.holders {
-            if let Some(pgid) = holder.pgid.filter(|&g| g > 1) {
+            if holder.boot.is_some() && holder.boot != orch_leases::this_boot() {
+                continue; // recorded before this machine rebooted: nothing of it is left
+            }
+            // Only a group that is still the job's (its leader's id not handed out again).
+            if let Some(pgid) = holder.pgid.filter(|&g| g > 1 && holder.group_alive()) {
                 // SAFETY: kill(2) on a process group the job's supervisor created and recorded.
                 unsafe {
                     libc::kill(-(pgid as i32), libc::SIGKILL);
@@ -724,7 +745,7 @@ impl Engine {
         }
         let deadline = Instant::now() + Duration::from_secs(2);
         while lease.holders.iter().any(|h| {
-            h.pgid.is_some_and(orch_core::process::group_running)
+            h.group_alive()
                 || h.cgroup
                     .as_deref()
                     .is_some_and(orch_core::process::cgroup_populated)
@@ -738,7 +759,7 @@ impl Engine {
     /// ignored its supervisor's end) keeps it, and with it the devices, until it ends.
     fn release(&mut self, lease_id: &Option<String>) {
         if let Some(lease) = lease_id {
-            match self.store.release_unless_held(lease, &Holder::current()) {
+            match self.store.release_unless_held(lease, &[Holder::current()]) {
                 Ok(true) => {}
                 Ok(false) => tracing::warn!(
                     "lease {lease} stays: a process of its job still runs; the devices are free once it ends"

@@ -21,13 +21,15 @@ pub async fn pump(
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         // Whether the job had ended before this read: then what the read finds is all there is.
-        let ended = !follow
-            || shared
-                .db
-                .job(id)
+        let ended = !follow || {
+            let shared = Arc::clone(&shared);
+            tokio::task::spawn_blocking(move || shared.db.job(id))
+                .await
                 .ok()
+                .and_then(Result::ok)
                 .flatten()
-                .is_none_or(|r| r.state.is_final());
+                .is_none_or(|r| r.state.is_final())
+        };
         let mut read_any = false;
         if let Ok(mut f) = tokio::fs::File::open(&file).await {
             use tokio::io::AsyncSeekExt;

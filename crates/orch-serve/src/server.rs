@@ -192,13 +192,32 @@ async fn listen(shared: Arc<Shared>, socket: &Path) -> Result<(), ServeError> {
 
 /// Time a client has to send its request headers (slow or half-open connections end here).
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time a client has to send a whole request, body included.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 async fn serve_connection(app: axum::Router, stream: tokio::net::UnixStream, caller: Caller) {
     let service =
         hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
             request.extensions_mut().insert(caller.clone());
             let mut app = app.clone();
-            async move { app.call(request.map(axum::body::Body::new)).await }
+            async move {
+                // A client that trickles its request body is cut off: it may not hold a
+                // connection (and a file descriptor) for ever. The answer's body (a followed
+                // log) is not limited.
+                let call = app.call(request.map(axum::body::Body::new));
+                match tokio::time::timeout(REQUEST_TIMEOUT, call).await {
+                    Ok(answer) => answer,
+                    Err(_) => Ok(axum::response::IntoResponse::into_response((
+                        axum::http::StatusCode::REQUEST_TIMEOUT,
+                        axum::Json(crate::api::ErrorBody {
+                            error: format!(
+                                "the request took over {}s to arrive",
+                                REQUEST_TIMEOUT.as_secs()
+                            ),
+                        }),
+                    ))),
+                }
+            }
         });
     let connection = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())

@@ -144,13 +144,19 @@ pub fn supervise(dir: &Path) -> i32 {
             return 2;
         }
     }
-    let record = run(dir, &spec, signals.ok());
+    let (record, lease) = run(dir, &spec, signals.ok());
+    // The exit record first, the lease after: a supervisor killed in between leaves a finished
+    // job with its record (the daemon then frees the devices), never free devices and no record
+    // (which would make a finished job lost, or run it again with `requeue`).
     if let Err(e) = write_exit(dir, &record) {
         eprintln!(
             "orch supervisor: cannot write {}/exit.json: {e}",
             dir.display()
         );
         return 1;
+    }
+    if let Some(lease) = lease {
+        lease.release();
     }
     0
 }
@@ -159,7 +165,7 @@ fn run(
     dir: &Path,
     spec: &SuperviseSpec,
     signals: Option<signal_hook::iterator::Signals>,
-) -> ExitRecord {
+) -> (ExitRecord, Option<LeaseGuard>) {
     let failed = |reason: String| ExitRecord {
         state: crate::db::State::Failed,
         exit_code: None,
@@ -172,7 +178,7 @@ fn run(
     // start on them. It goes back to the queue instead (it never ran).
     if let Err(e) = lease.join(Holder::current()) {
         lease.keep();
-        return ExitRecord {
+        let record = ExitRecord {
             state: crate::db::State::Queued,
             exit_code: None,
             reason: Some(format!(
@@ -180,11 +186,12 @@ fn run(
             )),
             ended_at_ms: crate::db::now_ms(),
         };
+        return (record, None);
     }
     let sub = &spec.submission;
     let job = match job::parse(Path::new(&sub.job_path), &sub.job_text) {
         Ok(job) => job,
-        Err(e) => return failed(e.to_string()),
+        Err(e) => return (failed(e.to_string()), None),
     };
     let inventory = &spec.inventory;
     // A [train] job's trainer runs in a process of its own, as the job's user (it reads the
@@ -213,7 +220,7 @@ fn run(
     };
     let prepared = match orch_runner::prepare(&job, false) {
         Ok(p) => p,
-        Err(e) => return failed(e.to_string()),
+        Err(e) => return (failed(e.to_string()), None),
     };
     let id = &sub.identity;
     let options = ProcessOptions {
@@ -237,7 +244,7 @@ fn run(
     };
     let running = match orch_runner::start(&job, prepared, placement, inventory, &options) {
         Ok(r) => r,
-        Err(e) => return failed(e.to_string()),
+        Err(e) => return (failed(e.to_string()), None),
     };
     if let Some(stopper) = running.stopper() {
         if let Some(mut signals) = signals {
@@ -255,10 +262,12 @@ fn run(
             });
         }
     }
-    match running.wait() {
+    let (outcome, lease) = running.wait_holding_lease();
+    let record = match outcome {
         Ok(outcome) => record_of(&outcome),
         Err(e) => failed(e.to_string()),
-    }
+    };
+    (record, Some(lease))
 }
 
 fn record_of(outcome: &Outcome) -> ExitRecord {

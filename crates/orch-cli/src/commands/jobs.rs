@@ -20,11 +20,31 @@ pub fn submit(args: &SubmitArgs) -> CmdResult {
         }
         None => (quick_job_text(args)?, cwd.join("command line")),
     };
+    let text = |p: &std::path::Path, what: &str| {
+        p.to_str().map(str::to_string).ok_or_else(|| {
+            Failure::bad_input_msg(format!(
+                "the {what} {} is not UTF-8: the daemon cannot be told it exactly; submit from a folder whose path is UTF-8",
+                p.display()
+            ))
+        })
+    };
+    // Variables whose name or value is not UTF-8 cannot travel in JSON: they are left out,
+    // and the user is told which.
+    let mut env = Vec::new();
+    for (key, value) in std::env::vars_os() {
+        match (key.into_string(), value.into_string()) {
+            (Ok(k), Ok(v)) => env.push((k, v)),
+            (k, _) => tracing::warn!(
+                "the variable {} is not UTF-8 and is not passed to the job",
+                k.unwrap_or_else(|k| k.to_string_lossy().into_owned())
+            ),
+        }
+    }
     let request = SubmitRequest {
         job_text,
-        job_path: job_path.display().to_string(),
-        cwd: cwd.display().to_string(),
-        env: std::env::vars().collect(),
+        job_path: text(&job_path, "job file's path")?,
+        cwd: text(&cwd, "working folder")?,
+        env,
         key: Some(submission_key()),
     };
     let body = serde_json::to_vec(&request).map_err(Failure::failed)?;

@@ -44,6 +44,7 @@ pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
         inventory: &inventory,
         visibility: &visibility,
         env: &env,
+        nested: true,
     };
     let placement = if args.supervised {
         let parent = std::env::var("ORCH_JOB_ID").unwrap_or_default();

@@ -178,7 +178,7 @@ fn a_lease_outlives_its_watcher_while_a_process_of_the_job_lives() {
         .unwrap();
     assert!(
         !store
-            .release_unless_held(&lease.id, &Holder::current())
+            .release_unless_held(&lease.id, &[Holder::current()])
             .unwrap()
     );
     assert_eq!(
@@ -195,7 +195,7 @@ fn a_lease_outlives_its_watcher_while_a_process_of_the_job_lives() {
     );
     assert!(
         store
-            .release_unless_held(&lease.id, &Holder::current())
+            .release_unless_held(&lease.id, &[Holder::current()])
             .unwrap()
     );
 }
@@ -210,9 +210,17 @@ fn a_claim_inside_a_lease_may_take_its_devices_and_no_others() {
         .claim(&request("other", true), take(&["GPU-c"]))
         .unwrap();
     assert!(
-        outer.contains_process(std::process::id()),
-        "this process holds it"
+        !outer.contains_process(std::process::id()),
+        "holding a lease is not being inside it"
     );
+    let mut child = std::process::Command::new("sleep")
+        .arg("5")
+        .spawn()
+        .unwrap();
+    let inside = outer.contains_process(child.id());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(inside, "a child of a holder is inside");
     let inner = ClaimRequest {
         inside: Some(outer.id.clone()),
         ..request("inner", true)
@@ -225,5 +233,27 @@ fn a_claim_inside_a_lease_may_take_its_devices_and_no_others() {
         store
             .claim(&request("plain", true), take(&["GPU-b"]))
             .is_err()
+    );
+}
+
+#[test]
+fn a_shared_fallback_folder_is_used_only_when_it_is_privately_ours() {
+    use std::os::unix::fs::PermissionsExt;
+    let base = temp_dir("private");
+    let fresh = base.join("fresh");
+    assert_eq!(super::ensure_private(&fresh), Ok(()));
+    let open = base.join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    assert!(
+        super::ensure_private(&open)
+            .unwrap_err()
+            .contains("not a private folder")
+    );
+    let link = base.join("link");
+    std::os::unix::fs::symlink(&fresh, &link).unwrap();
+    assert!(
+        super::ensure_private(&link).is_err(),
+        "a link is never trusted"
     );
 }
