@@ -45,6 +45,9 @@ impl fmt::Display for Location {
 }
 
 /// Bad input in a user's file: where, what was wrong, and (optionally) what to do.
+///
+/// One sentence on one line: the constructors escape control characters (a line break in a
+/// quoted value, or in a message `toml` built from a key) as `\n`, `\u{1b}`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{location}: {message}{}", hint.as_ref().map(|h| format!(" ({h})")).unwrap_or_default())]
 pub struct InputError {
@@ -59,7 +62,7 @@ impl InputError {
         let offset = err.span().map_or(0, |s| s.start);
         InputError {
             location: Location::from_offset(file, text, offset),
-            message: err.message().trim().to_string(),
+            message: one_line(err.message().trim()),
             hint: None,
         }
     }
@@ -68,16 +71,29 @@ impl InputError {
     pub fn at(file: &Path, text: &str, offset: usize, message: impl Into<String>) -> InputError {
         InputError {
             location: Location::from_offset(file, text, offset),
-            message: message.into(),
+            message: one_line(&message.into()),
             hint: None,
         }
     }
 
     #[must_use]
     pub fn with_hint(mut self, hint: impl Into<String>) -> InputError {
-        self.hint = Some(hint.into());
+        self.hint = Some(one_line(&hint.into()));
         self
     }
+}
+
+/// `text` with its control characters escaped the way Rust writes them in a string literal.
+fn one_line(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -92,5 +108,15 @@ mod tests {
         assert_eq!(Location::from_offset(f, text, 6).to_string(), "f.toml:2:1");
         assert_eq!(Location::from_offset(f, text, 11).to_string(), "f.toml:2:6");
         assert_eq!(Location::from_offset(f, text, 999).line, 3);
+    }
+
+    #[test]
+    fn errors_are_one_line_whatever_they_quote() {
+        let f = Path::new("f.toml");
+        let e = InputError::at(f, "", 0, "key `a\nb` is bad\r").with_hint("tab\there\u{1b}[31m");
+        assert_eq!(
+            e.to_string(),
+            "f.toml:1:1: key `a\\nb` is bad\\r (tab\\there\\u{1b}[31m)"
+        );
     }
 }

@@ -82,7 +82,11 @@ fn to_device(path: &Path, text: &str, position: usize, gpu: SimGpu) -> Result<De
         InputError::at(path, text, span.start, message)
     };
     let total = gpu.memory_total.get_ref().bytes();
-    let process_sum: u64 = gpu.process.iter().map(|p| p.used_memory.bytes()).sum();
+    // Saturating: sizes near 2^64 must be refused as too large, not overflow.
+    let process_sum = gpu
+        .process
+        .iter()
+        .fold(0u64, |sum, p| sum.saturating_add(p.used_memory.bytes()));
     let used = match &gpu.memory_used {
         Some(used) if used.get_ref().bytes() > total => {
             return Err(at(
@@ -323,5 +327,22 @@ memory_total = 1024
             err.contains("lab.toml:8:") && err.contains("twice"),
             "{err}"
         );
+    }
+
+    /// Found by the sim fuzz target (crates/orch-fuzz): the processes' sizes were summed
+    /// unchecked, and two near 2^64 overflowed (a panic in debug builds, a wrong sum in release).
+    #[test]
+    fn process_sizes_near_two_to_the_64_do_not_overflow() {
+        let processes = "[[gpu.process]]\npid = 1\nused_memory = \"18446744073709551615\"\n[[gpu.process]]\npid = 2\nused_memory = \"1GiB\"\n";
+        let err = parse_str(&format!(
+            "[[gpu]]\nname = \"a\"\nmemory_total = \"80GiB\"\n{processes}"
+        ))
+        .unwrap_err();
+        assert!(err.contains("lab.toml:3:16: the processes use"), "{err}");
+        let devices = parse_str(&format!(
+            "[[gpu]]\nname = \"a\"\nmemory_total = \"80GiB\"\nmemory_used = \"1GiB\"\n{processes}"
+        ))
+        .unwrap();
+        assert_eq!(devices[0].memory_used_bytes, Some(1 << 30));
     }
 }

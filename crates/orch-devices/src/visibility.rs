@@ -111,7 +111,7 @@ fn enumeration_order(devices: &[Device], order: Option<&str>, notes: &mut Vec<St
         None | Some("FASTEST_FIRST") | Some("") => fastest_first(&mut indices),
         Some(other) => {
             notes.push(format!(
-                "CUDA_DEVICE_ORDER=\"{other}\" is not PCI_BUS_ID or FASTEST_FIRST; CUDA uses FASTEST_FIRST"
+                "CUDA_DEVICE_ORDER={other:?} is not PCI_BUS_ID or FASTEST_FIRST; CUDA uses FASTEST_FIRST"
             ));
             fastest_first(&mut indices);
         }
@@ -157,7 +157,7 @@ fn parse_list(
             Ok(device) => device,
             Err(why) => {
                 notes.push(format!(
-                    "CUDA_VISIBLE_DEVICES entry {} (\"{entry}\") {why}: CUDA ignores it and every entry after it",
+                    "CUDA_VISIBLE_DEVICES entry {} ({entry:?}) {why}: CUDA ignores it and every entry after it",
                     position + 1
                 ));
                 break;
@@ -165,7 +165,7 @@ fn parse_list(
         };
         if !seen.insert((device.physical, device.mig_uuid.clone())) {
             notes.push(format!(
-                "CUDA_VISIBLE_DEVICES names a device twice (\"{entry}\"): CUDA then shows no device at all"
+                "CUDA_VISIBLE_DEVICES names a device twice ({entry:?}): CUDA then shows no device at all"
             ));
             return Vec::new();
         }
@@ -247,8 +247,10 @@ fn resolve_mig_uuid(devices: &[Device], entry: &str) -> Result<VisibleDevice, St
     }
 }
 
+/// Compared as bytes: a prefix may end inside a non-ASCII character of a (sim) uuid.
 fn has_prefix(uuid: &str, prefix: &str) -> bool {
-    uuid.len() >= prefix.len() && uuid[..prefix.len()].eq_ignore_ascii_case(prefix)
+    uuid.len() >= prefix.len()
+        && uuid.as_bytes()[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes())
 }
 
 /// The physical indices Slurm granted, when inside an allocation whose grant applies here.
@@ -262,30 +264,35 @@ fn slurm_grant(
         (None, Some(job)) => ("SLURM_JOB_GPUS", job),
         (None, None) => return None,
     };
-    let mut grant = HashSet::new();
+    let mut ranges = Vec::new();
     for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let range = match part.split_once('-') {
             Some((a, b)) => a.parse::<u32>().ok().zip(b.parse::<u32>().ok()),
             None => part.parse::<u32>().ok().map(|i| (i, i)),
         };
         match range {
-            Some((a, b)) if a <= b => grant.extend(a..=b),
+            Some((a, b)) if a <= b => ranges.push((a, b)),
             _ => {
                 notes.push(format!(
-                    "{name}=\"{value}\" is not a list of GPU indices; ignored"
+                    "{name}={value:?} is not a list of GPU indices; ignored"
                 ));
                 return None;
             }
         }
     }
+    // Ranges are checked against the inventory before they are expanded, so `0-4294967295`
+    // costs no more than the inventory's size.
     let known: HashSet<u32> = devices.iter().map(|d| d.index).collect();
-    if !grant.is_subset(&known) {
+    let inside = ranges
+        .iter()
+        .all(|&(a, b)| ((b - a) as usize) < known.len() && (a..=b).all(|i| known.contains(&i)));
+    if !inside {
         notes.push(format!(
-            "{name}={value} names GPUs this inventory does not have: the node confines devices, so every device here is the grant"
+            "{name}={value:?} names GPUs this inventory does not have: the node confines devices, so every device here is the grant"
         ));
         return None;
     }
-    Some(grant)
+    Some(ranges.into_iter().flat_map(|(a, b)| a..=b).collect())
 }
 
 #[cfg(test)]

@@ -336,3 +336,29 @@ fn enforce_memory_limit_needs_a_limit() {
         "{err}"
     );
 }
+
+/// Found by the job-file fuzz target (crates/orch-fuzz): a quoted value or a key with a line
+/// break made the refusal two lines.
+#[test]
+fn refusals_stay_on_one_line_whatever_they_quote() {
+    let cmd = "[command]\nargv = [\"true\"]\n";
+    let cases = [
+        (
+            format!("[job]\nname = \"j\"\nmax_runtime = \"\"\"\na\nb\"\"\"\n{cmd}"),
+            "max_runtime = \"a\\nb\" is not a duration",
+        ),
+        (
+            format!("[job]\nname = \"j\"\n[policy.config]\n\"a\\nb\" = [1]\n{cmd}"),
+            "config key `a\\nb` is array",
+        ),
+        (
+            format!("[job]\nname = \"j\"\n\"x\\ny\" = 1\n{cmd}"),
+            "unknown field `x\\ny`",
+        ),
+    ];
+    for (text, words) in cases {
+        let err = parse_str(&text).unwrap_err();
+        assert!(!err.contains(['\n', '\r']), "{err:?}");
+        assert!(err.contains(words), "{err:?} should say {words:?}");
+    }
+}

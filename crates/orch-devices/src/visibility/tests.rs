@@ -352,3 +352,74 @@ mod properties {
         }
     }
 }
+
+/// Found by the visibility fuzz target (crates/orch-fuzz). A sim uuid may hold non-ASCII
+/// characters, and a prefix could end inside one: slicing there panicked.
+#[test]
+fn uuid_prefixes_ending_inside_a_character_match_nothing() {
+    let devices = vec![
+        gpu(0, "GPU-ééééééé", "9.0", 80),
+        gpu(1, "GPU-😀😀", "9.0", 80),
+    ];
+    for list in ["GPU-a", "GPU-xx", "GPU-ab,0", "MIG-GPU-a/1/0"] {
+        let env = VisibilityEnv {
+            cuda_visible_devices: Some(list.to_string()),
+            ..Default::default()
+        };
+        let visibility = Visibility::resolve(&devices, &env);
+        assert!(visibility.devices.is_empty(), "{list}: {visibility:?}");
+    }
+    let env = VisibilityEnv {
+        cuda_visible_devices: Some("GPU-é".to_string()),
+        ..Default::default()
+    };
+    assert_eq!(Visibility::resolve(&devices, &env).devices.len(), 1);
+}
+
+/// Found by the visibility fuzz target: a Slurm range was expanded before it was checked, so
+/// `SLURM_STEP_GPUS=11-2147483648` built a set of two billion indices (over 10 GB).
+#[test]
+fn huge_slurm_ranges_cost_no_more_than_the_inventory() {
+    for grant in ["11-2147483648", "0-4294967295", "0-3,4294967295"] {
+        let env = VisibilityEnv {
+            slurm_step_gpus: Some(grant.to_string()),
+            ..Default::default()
+        };
+        let visibility = Visibility::resolve(&same(), &env);
+        assert_eq!(visibility.devices.len(), 4, "{grant}: the node confines");
+        assert!(
+            visibility.notes[0].contains("does not have"),
+            "{:?}",
+            visibility.notes
+        );
+    }
+    let env = VisibilityEnv {
+        slurm_job_gpus: Some("1-2".to_string()),
+        ..Default::default()
+    };
+    let physical: Vec<u32> = Visibility::resolve(&same(), &env)
+        .devices
+        .iter()
+        .map(|v| v.physical)
+        .collect();
+    assert_eq!(physical, [1, 2]);
+}
+
+/// Found by the visibility fuzz target: notes quoted the variables' values as they were, so a
+/// line break in one made the note two lines.
+#[test]
+fn notes_quote_values_on_one_line() {
+    let env = VisibilityEnv {
+        cuda_visible_devices: Some("0,x\ny".to_string()),
+        cuda_device_order: Some("a\nb".to_string()),
+        slurm_step_gpus: Some("0,\r".to_string()),
+        slurm_job_gpus: None,
+    };
+    let visibility = Visibility::resolve(&same(), &env);
+    assert_eq!(visibility.notes.len(), 2, "{:?}", visibility.notes);
+    for note in &visibility.notes {
+        assert!(!note.contains(['\n', '\r']), "{note:?}");
+    }
+    assert!(visibility.notes[0].contains(r#"CUDA_DEVICE_ORDER="a\nb""#));
+    assert!(visibility.notes[1].contains(r#"("x\ny")"#));
+}
