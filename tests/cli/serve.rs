@@ -393,7 +393,7 @@ fn hostile_clients_do_not_stop_the_daemon() {
         .unwrap();
     // A body over the limit.
     let mut big = std::os::unix::net::UnixStream::connect(d.socket()).unwrap();
-    let body = vec![b'a'; 4 << 20];
+    let body = vec![b'a'; 40 << 20];
     let head = format!(
         "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
@@ -1025,4 +1025,66 @@ fn a_variable_that_is_not_utf8_is_left_out_not_a_crash() {
     let id = stdout(&out).trim().to_string();
     d.wait_state(&id, "succeeded");
     assert_eq!(stdout(&d.client(&["logs", &id])), "absent\n");
+}
+
+#[test]
+fn a_file_policy_travels_with_the_submission_and_the_daemon_opens_no_user_path() {
+    let d = Daemon::start("policy-file");
+    let explicit = std::path::Path::new(orch_host::PLUGIN_WASM_DIR).join("explicit.wasm");
+    let local = d.state.join("my-policy.wasm");
+    std::fs::copy(&explicit, &local).unwrap();
+    let file = job_file(
+        &d.state,
+        "mine.toml",
+        "[job]\nname = \"mine\"\n[policy]\nplugin = \"my-policy.wasm\"\n[policy.config]\ndevices = \"3\"\n[command]\nargv = [\"sh\", \"-c\", \"echo $CUDA_VISIBLE_DEVICES\"]\n",
+    );
+    let id = d.submit(&[&file]);
+    // The user's file may change or go: the daemon runs the copy it was sent.
+    std::fs::remove_file(&local).unwrap();
+    d.wait_state(&id, "succeeded");
+    let device3 = d.status(&id)["devices"][0].as_str().unwrap().to_string();
+    assert_eq!(stdout(&d.client(&["logs", &id])).trim(), device3);
+    let devices = stdout(&d.client(&["devices", "--json"]));
+    let listed: serde_json::Value = serde_json::from_str(&devices).unwrap();
+    assert_eq!(
+        listed[3]["uuid"],
+        device3.as_str(),
+        "the policy chose device 3"
+    );
+
+    // Something that is no file is refused by the client, which reads the policy.
+    let zero = job_file(
+        &d.state,
+        "zero.toml",
+        "[job]\nname = \"z\"\n[policy]\nplugin = \"/dev/zero\"\n[command]\nargv = [\"true\"]\n",
+    );
+    let out = d.client(&["submit", &zero]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("not a regular file"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_submission_naming_a_policy_path_without_its_bytes_is_refused() {
+    use std::io::{Read, Write};
+    let d = Daemon::start("policy-raw");
+    let body = serde_json::json!({
+        "job_text": "[job]\nname = \"x\"\n[policy]\nplugin = \"/root/secret.wasm\"\n[command]\nargv = [\"true\"]\n",
+        "job_path": "/tmp/x.toml", "cwd": "/tmp", "env": []
+    })
+    .to_string();
+    let mut s = std::os::unix::net::UnixStream::connect(d.socket()).unwrap();
+    write!(
+        s,
+        "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("came without its bytes"), "{answer}");
 }

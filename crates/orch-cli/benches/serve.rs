@@ -215,6 +215,7 @@ fn scheduling_pass(queued: usize, free: usize) -> f64 {
         cwd: dir.display().to_string(),
         env: Vec::new(),
         identity,
+        policy_file: None,
     };
     let row = JobRow {
         id: String::new(),

@@ -27,7 +27,15 @@ pub struct SubmitRequest {
     /// restart lost the answer), it returns the job already accepted instead of a second one.
     #[serde(default)]
     pub key: Option<String>,
+    /// When the job's `[policy] plugin` is a file: its bytes (base64), as the submitting user
+    /// read them. The daemon never opens a user's path itself: it could name a file only root may
+    /// read, or a FIFO that never ends.
+    #[serde(default)]
+    pub policy_wasm: Option<String>,
 }
+
+/// Largest policy component a submission may carry.
+pub const POLICY_LIMIT: usize = 16 << 20;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SubmitResponse {
@@ -81,8 +89,8 @@ fn internal(e: impl std::fmt::Display) -> ApiError {
     err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
 }
 
-/// Largest request body accepted (a job file and an environment).
-pub const BODY_LIMIT: usize = 1 << 20;
+/// Largest request body accepted (a job file, an environment and a policy component in base64).
+pub const BODY_LIMIT: usize = POLICY_LIMIT / 3 * 4 + (4 << 20);
 
 pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
@@ -220,12 +228,41 @@ async fn submit(
         cancel_requested: false,
     };
     let key = request.key.filter(|k| !k.is_empty() && k.len() <= 128);
+    let policy_file = match &spec.policy.plugin {
+        orch_core::PluginRef::Builtin(_) => None,
+        orch_core::PluginRef::Path(path) => {
+            let Some(text) = &request.policy_wasm else {
+                return Err(err(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "{}: the policy {} came without its bytes; submit with `orch submit` (which sends them)",
+                        spec.policy.plugin_at,
+                        path.display()
+                    ),
+                ));
+            };
+            let shared = Arc::clone(&shared);
+            let text = text.clone();
+            Some(
+                tokio::task::spawn_blocking(move || store_policy(&shared.state_dir, &text))
+                    .await
+                    .map_err(internal)?
+                    .map_err(|e| {
+                        err(
+                            StatusCode::BAD_REQUEST,
+                            format!("{}: {e}", spec.policy.plugin_at),
+                        )
+                    })?,
+            )
+        }
+    };
     let submission = Submission {
         job_text: request.job_text,
         job_path: request.job_path,
         cwd: request.cwd,
         env: request.env,
         identity: caller.identity.clone(),
+        policy_file,
     };
     let id = shared
         .db
@@ -237,6 +274,36 @@ async fn submit(
         StatusCode::CREATED,
         Json(SubmitResponse { id: id.to_string() }),
     ))
+}
+
+/// Keeps a submitted policy component as `STATE/plugins/SHA256.wasm` (written once, atomically);
+/// returns its hash. The engine loads the policy from there.
+fn store_policy(state_dir: &std::path::Path, base64_text: &str) -> Result<String, String> {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    if base64_text.len() > POLICY_LIMIT / 3 * 4 + 4 {
+        return Err(format!(
+            "the policy component is over {} MiB",
+            POLICY_LIMIT >> 20
+        ));
+    }
+    let wasm = base64::engine::general_purpose::STANDARD
+        .decode(base64_text)
+        .map_err(|e| format!("the policy component's bytes are not base64: {e}"))?;
+    let hash: String = sha2::Sha256::digest(&wasm)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let dir = state_dir.join("plugins");
+    let path = dir.join(format!("{hash}.wasm"));
+    if !path.is_file() {
+        let keep = |e: std::io::Error| format!("the daemon could not keep the policy: {e}");
+        std::fs::create_dir_all(&dir).map_err(keep)?;
+        let tmp = dir.join(format!("{hash}.tmp-{}", std::process::id()));
+        std::fs::write(&tmp, &wasm).map_err(keep)?;
+        std::fs::rename(&tmp, &path).map_err(keep)?;
+    }
+    Ok(hash)
 }
 
 #[derive(Debug, Deserialize)]

@@ -59,6 +59,9 @@ pub struct Submission {
     pub cwd: String,
     pub env: Vec<(String, String)>,
     pub identity: crate::users::Identity,
+    /// The hash of the job's file policy as submitted (`STATE/plugins/HASH.wasm`).
+    #[serde(default)]
+    pub policy_file: Option<String>,
 }
 
 /// A job as the API shows it.

@@ -301,7 +301,16 @@ impl Engine {
             return;
         }
         match orch_core::job::parse(Path::new(&submission.job_path), &submission.job_text) {
-            Ok(spec) => {
+            Ok(mut spec) => {
+                // A file policy runs from the copy the user submitted, never from their path.
+                if let Some(hash) = &submission.policy_file {
+                    spec.policy.plugin = orch_core::PluginRef::Path(
+                        self.shared
+                            .state_dir
+                            .join("plugins")
+                            .join(format!("{hash}.wasm")),
+                    );
+                }
                 self.queue.insert(
                     id,
                     Queued {

@@ -40,7 +40,9 @@ pub fn submit(args: &SubmitArgs) -> CmdResult {
             ),
         }
     }
+    let policy_wasm = policy_bytes(&job_path, &job_text)?;
     let request = SubmitRequest {
+        policy_wasm,
         job_text,
         job_path: text(&job_path, "job file's path")?,
         cwd: text(&cwd, "working folder")?,
@@ -56,6 +58,40 @@ pub fn submit(args: &SubmitArgs) -> CmdResult {
     let created: SubmitResponse = serde_json::from_slice(&answer).map_err(Failure::failed)?;
     println!("{}", created.id);
     Ok(())
+}
+
+/// A file policy's bytes, in base64, read here as the submitting user: the daemon never opens a
+/// user's path. A job file that does not parse is sent as it is (the daemon says what is wrong).
+fn policy_bytes(job_path: &std::path::Path, job_text: &str) -> Result<Option<String>, Failure> {
+    use base64::Engine as _;
+    use std::io::Read;
+    let Ok(spec) = orch_core::job::parse(job_path, job_text) else {
+        return Ok(None);
+    };
+    let orch_core::PluginRef::Path(path) = &spec.policy.plugin else {
+        return Ok(None);
+    };
+    let cannot = |why: String| {
+        Failure::bad_input_msg(format!(
+            "{}: cannot send the policy {}: {why}",
+            spec.policy.plugin_at,
+            path.display()
+        ))
+    };
+    let file = std::fs::File::open(path).map_err(|e| cannot(e.to_string()))?;
+    let meta = file.metadata().map_err(|e| cannot(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(cannot("it is not a regular file".into()));
+    }
+    let limit = orch_serve::api::POLICY_LIMIT as u64;
+    let mut wasm = Vec::new();
+    file.take(limit + 1)
+        .read_to_end(&mut wasm)
+        .map_err(|e| cannot(e.to_string()))?;
+    if wasm.len() as u64 > limit {
+        return Err(cannot(format!("it is over {} MiB", limit >> 20)));
+    }
+    Ok(Some(base64::engine::general_purpose::STANDARD.encode(wasm)))
 }
 
 /// 128 random bits, so a submission sent again after a daemon restart is recognised.
