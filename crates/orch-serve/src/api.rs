@@ -34,6 +34,9 @@ pub struct SubmitRequest {
     pub policy_wasm: Option<String>,
 }
 
+/// What the insert answers when the tenant's queue is full (ids are positive).
+const OVER_LIMIT: i64 = -1;
+
 /// Largest policy component a submission may carry.
 pub const POLICY_LIMIT: usize = 16 << 20;
 
@@ -193,20 +196,6 @@ async fn submit(
         })?,
     };
     let max_queued = shared.config.tenant(&tenant).and_then(|t| t.max_queued);
-    if let Some(max) = max_queued {
-        let queued = {
-            let tenant = tenant.clone();
-            read(&shared, move |db| db.queued_of(&tenant)).await?
-        };
-        if queued >= u64::from(max) {
-            return Err(err(
-                StatusCode::TOO_MANY_REQUESTS,
-                format!(
-                    "tenant {tenant} has {queued} jobs queued, its max_queued = {max}: wait for some to start"
-                ),
-            ));
-        }
-    }
     let row = JobRow {
         id: String::new(),
         name: spec.name.clone(),
@@ -264,11 +253,30 @@ async fn submit(
         identity: caller.identity.clone(),
         policy_file,
     };
+    let tenant = row.tenant.clone();
+    // The limit is checked in the same transaction as the insert: concurrent submissions
+    // cannot overshoot it.
     let id = shared
         .db
-        .write(move |tx| crate::db::insert_job(tx, &row, &submission, key.as_deref()))
+        .write(move |tx| {
+            if let Some(max) = max_queued
+                && crate::db::queued_in(tx, &row.tenant)? >= u64::from(max)
+            {
+                return Ok(OVER_LIMIT);
+            }
+            crate::db::insert_job(tx, &row, &submission, key.as_deref())
+        })
         .await
         .map_err(internal)?;
+    if id == OVER_LIMIT {
+        let max = max_queued.unwrap_or(0);
+        return Err(err(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "tenant {tenant} has {max} jobs queued, its max_queued = {max}: wait for some to start"
+            ),
+        ));
+    }
     shared.kick(Kick::Submitted(id));
     Ok((
         StatusCode::CREATED,

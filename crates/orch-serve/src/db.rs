@@ -363,6 +363,17 @@ fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<JobRow> {
     })
 }
 
+/// How many jobs `tenant` has queued, inside a write transaction.
+pub fn queued_in(tx: &rusqlite::Transaction<'_>, tenant: &str) -> Result<u64, DbError> {
+    tx.query_row(
+        "SELECT COUNT(*) FROM jobs WHERE state = 'queued' AND tenant = ?1",
+        [tenant],
+        |r| r.get::<_, i64>(0),
+    )
+    .map(|n| n as u64)
+    .map_err(db("counting queued jobs"))
+}
+
 /// Inserts a new queued job; returns its id. A `key` seen before returns that job's id instead.
 pub fn insert_job(
     tx: &rusqlite::Transaction<'_>,
@@ -473,19 +484,6 @@ pub fn purge(tx: &rusqlite::Transaction<'_>, before_ms: u64) -> Result<i64, DbEr
 }
 
 impl Db {
-    /// How many jobs `tenant` has queued.
-    pub fn queued_of(&self, tenant: &str) -> Result<u64, DbError> {
-        self.read(|c| {
-            c.query_row(
-                "SELECT COUNT(*) FROM jobs WHERE state = 'queued' AND tenant = ?1",
-                [tenant],
-                |r| r.get::<_, i64>(0),
-            )
-            .map(|n| n as u64)
-            .map_err(db("counting queued jobs"))
-        })
-    }
-
     /// `(id, attempt)` of the finished jobs that ended before `before_ms`.
     pub fn finished_before(&self, before_ms: u64) -> Result<Vec<(i64, u32)>, DbError> {
         self.read(|c| {
