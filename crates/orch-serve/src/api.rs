@@ -259,6 +259,10 @@ async fn submit(
     let id = shared
         .db
         .write(move |tx| {
+            // A submission sent again (its answer lost in a restart) is the job already taken.
+            if let Some(id) = crate::db::job_with_key(tx, key.as_deref())? {
+                return Ok(id);
+            }
             if let Some(max) = max_queued
                 && crate::db::queued_in(tx, &row.tenant)? >= u64::from(max)
             {

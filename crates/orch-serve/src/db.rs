@@ -363,6 +363,21 @@ fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<JobRow> {
     })
 }
 
+/// The job a submission `key` was accepted as before, if any.
+pub fn job_with_key(
+    tx: &rusqlite::Transaction<'_>,
+    key: Option<&str>,
+) -> Result<Option<i64>, DbError> {
+    let Some(key) = key else {
+        return Ok(None);
+    };
+    tx.query_row("SELECT id FROM jobs WHERE submit_key = ?1", [key], |r| {
+        r.get(0)
+    })
+    .optional()
+    .map_err(db("writing a job"))
+}
+
 /// How many jobs `tenant` has queued, inside a write transaction.
 pub fn queued_in(tx: &rusqlite::Transaction<'_>, tenant: &str) -> Result<u64, DbError> {
     tx.query_row(
@@ -381,16 +396,8 @@ pub fn insert_job(
     submission: &Submission,
     key: Option<&str>,
 ) -> Result<i64, DbError> {
-    if let Some(key) = key {
-        let existing: Option<i64> = tx
-            .query_row("SELECT id FROM jobs WHERE submit_key = ?1", [key], |r| {
-                r.get(0)
-            })
-            .optional()
-            .map_err(db("writing a job"))?;
-        if let Some(id) = existing {
-            return Ok(id);
-        }
+    if let Some(id) = job_with_key(tx, key)? {
+        return Ok(id);
     }
     let text = serde_json::to_string(submission).map_err(|e| DbError {
         op: "writing a job",
