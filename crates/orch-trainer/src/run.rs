@@ -149,7 +149,8 @@ impl<'a> Prepared<'a> {
         Ok(Prepared {
             job: job.clone(),
             options: options.clone(),
-            sha: hex(&Sha256::digest(&wasm)),
+            // sha2's digests print as lowercase hex themselves.
+            sha: format!("{:x}", Sha256::digest(&wasm)),
             plugin,
             data,
             limits,
@@ -389,10 +390,6 @@ fn device_slots(
             })
         })
         .collect()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// `MemAvailable` of /proc/meminfo, bytes.
