@@ -6,6 +6,7 @@ mod cli;
 mod client;
 mod commands;
 mod failure;
+mod progress;
 mod table;
 
 use clap::Parser;

@@ -1,5 +1,11 @@
 //! Byte sizes as users write them: integer bytes, or `NNN[KMGT]iB` (binary) / `NNN[KMGT]B`
 //! (decimal), with an optional fractional part (`1.5GiB`).
+//!
+//! Parsed here, not by `bytesize` or `byte-unit`: the accepted forms are exactly the ones above
+//! (fractions only with a unit, overflow refused), and a refusal is the one sentence the job
+//! parser places at the value's file:line:col (toml's spans). A crate's parser decides for itself
+//! which other forms it takes (spaces, letter case) and words its own errors, so the same wrapper
+//! would be needed around it; the parser is some thirty lines with property tests.
 
 use serde::de::{self, Deserializer, Visitor};
 use std::fmt;

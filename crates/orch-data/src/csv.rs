@@ -1,8 +1,12 @@
 //! Numeric CSV (optionally gzip-compressed): one sample a row, one column the integer label.
+//! Records are read by the `csv` crate (RFC 4180 quoting, a UTF-8 byte-order mark, CRLF line
+//! ends); this module turns cells into features and labels and says which line was wrong.
 
 use crate::{DataError, Dataset};
 use flate2::read::GzDecoder;
 use std::io::{BufRead, BufReader, Read};
+
+use ::csv::{ReaderBuilder, StringRecord, Trim};
 use std::path::Path;
 
 /// How to read a CSV file.
@@ -53,13 +57,32 @@ fn parse(path: &Path, reader: impl Read, options: &CsvOptions) -> Result<Dataset
     let mut features = Vec::new();
     let mut labels = Vec::new();
     let mut width: Option<usize> = None;
-    for (i, line) in BufReader::new(reader).lines().enumerate() {
-        let number = i + 1;
-        let line = line.map_err(|e| err(number, e.to_string()))?;
-        if (options.header && i == 0) || line.trim().is_empty() {
+    let mut records = ReaderBuilder::new()
+        .has_headers(options.header)
+        .trim(Trim::All)
+        // Rows of another width are refused below, with both widths in the message.
+        .flexible(true)
+        .from_reader(reader);
+    let mut record = StringRecord::new();
+    let mut last_line = 0;
+    loop {
+        match records.read_record(&mut record) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(e) => {
+                let line = e.position().map_or(last_line + 1, |p| p.line() as usize);
+                return Err(err(line, csv_reason(&e)));
+            }
+        }
+        let number = record
+            .position()
+            .map_or(last_line + 1, |p| p.line() as usize);
+        last_line = number;
+        // A line of blanks is one empty cell: skipped, as empty lines are.
+        if record.len() == 1 && record[0].is_empty() {
             continue;
         }
-        let cells: Vec<&str> = line.split(',').map(str::trim).collect();
+        let cells: Vec<&str> = record.iter().collect();
         if *width.get_or_insert(cells.len()) != cells.len() {
             return Err(err(
                 number,
@@ -110,6 +133,17 @@ fn parse(path: &Path, reader: impl Read, options: &CsvOptions) -> Result<Dataset
         feature_dim,
         num_classes,
     })
+}
+
+/// What the `csv` crate found wrong, without its own position (the caller names file and line).
+fn csv_reason(e: &::csv::Error) -> String {
+    match e.kind() {
+        ::csv::ErrorKind::Io(io) => format!("cannot read it: {io}"),
+        ::csv::ErrorKind::Utf8 { err, .. } => {
+            format!("column {} is not UTF-8 text", err.field() + 1)
+        }
+        _ => e.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -168,5 +202,80 @@ mod tests {
         .unwrap();
         assert_eq!((d.len(), d.feature_dim, d.num_classes), (1797, 64, 10));
         assert!(d.features.iter().all(|&x| (0.0..=1.0).contains(&x)));
+    }
+
+    #[test]
+    fn quoted_cells_are_one_cell_each() {
+        let opts = CsvOptions {
+            header: true,
+            ..CsvOptions::default()
+        };
+        let text = "\"x, first\",\"y \"\"second\"\"\",label\n\"1.5\", 2 ,\"3\"\r\n4,\"5\",0\n";
+        let d = parse(Path::new("q.csv"), text.as_bytes(), &opts).unwrap();
+        assert_eq!(
+            (d.features, d.labels, d.feature_dim),
+            (vec![1.5, 2.0, 4.0, 5.0], vec![3, 0], 2)
+        );
+        // A quoted comma does not split a cell: the row has 3 columns, the second not a number.
+        let err = parse(
+            Path::new("q.csv"),
+            "1,2,3\n4,\"5,6\",0\n".as_bytes(),
+            &CsvOptions::default(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "q.csv:2: column 2 (\"5,6\") is not a number"
+        );
+        // A quoted cell over two lines: the next record's line is still right.
+        let err = parse(
+            Path::new("q.csv"),
+            "\"1\n\",2\n3,x\n".as_bytes(),
+            &CsvOptions::default(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "q.csv:3: label \"x\" is not a class number"
+        );
+    }
+
+    #[test]
+    fn a_utf8_byte_order_mark_is_not_part_of_the_first_cell() {
+        let plain = parse(
+            Path::new("b.csv"),
+            "\u{feff}1,2\n3,4\n".as_bytes(),
+            &CsvOptions::default(),
+        )
+        .unwrap();
+        assert_eq!((plain.features, plain.labels), (vec![1.0, 3.0], vec![2, 4]));
+        let headed = parse(
+            Path::new("b.csv"),
+            "\u{feff}a,label\n1,2\n".as_bytes(),
+            &CsvOptions {
+                header: true,
+                ..CsvOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(headed.labels, vec![2]);
+    }
+
+    #[test]
+    fn blank_lines_are_skipped_and_bad_bytes_named_with_their_line() {
+        let d = parse(
+            Path::new("e.csv"),
+            "1,2\n\n   \n3,4\n".as_bytes(),
+            &CsvOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(d.labels, vec![2, 4]);
+        let err = parse(
+            Path::new("e.csv"),
+            &b"1,2\n3,\xff\n"[..],
+            &CsvOptions::default(),
+        )
+        .unwrap_err();
+        assert_eq!(err.to_string(), "e.csv:2: column 2 is not UTF-8 text");
     }
 }

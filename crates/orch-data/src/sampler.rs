@@ -64,6 +64,12 @@ pub fn shard(len: usize, replicas: usize, rank: usize) -> Range<usize> {
     start.min(len)..(start + size).min(len)
 }
 
+/// SplitMix64 (Steele, Lea and Flood), written here rather than taken from `rand`: the epoch
+/// order is part of what a checkpoint means, so a seed must give the same batches on every
+/// machine and every future build of orch, or a resumed run would see other samples. This
+/// generator is fixed by its published constants; `rand` documents that `StdRng`'s algorithm may
+/// change between its versions, and its sampling helpers (`shuffle`, ranges) have changed between
+/// major versions.
 struct SplitMix64(u64);
 
 impl SplitMix64 {

@@ -54,14 +54,15 @@ impl ComponentCache {
     /// The component for `wasm`, compiled at most once per process and, with a disk cache, once
     /// per machine.
     pub fn get(&mut self, engine: &Engine, wasm: &[u8]) -> wasmtime::Result<Component> {
-        let digest: [u8; 32] = Sha256::digest(wasm).into();
-        if let Some(component) = self.memory.get(&digest) {
+        let digest = Sha256::digest(wasm);
+        let key: [u8; 32] = digest.into();
+        if let Some(component) = self.memory.get(&key) {
             return Ok(component.clone());
         }
         let file = self
             .dir
             .as_ref()
-            .map(|dir| dir.join(format!("{}-{}.cwasm", hex(&digest), self.engine_hash)));
+            .map(|dir| dir.join(format!("{digest:x}-{}.cwasm", self.engine_hash)));
         let component = match file.as_deref().and_then(|f| load(engine, f)) {
             Some(component) => component,
             None => {
@@ -72,7 +73,7 @@ impl ComponentCache {
                 component
             }
         };
-        self.memory.insert(digest, component.clone());
+        self.memory.insert(key, component.clone());
         Ok(component)
     }
 }
@@ -147,10 +148,6 @@ fn unique() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     NEXT.fetch_add(1, Ordering::Relaxed)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ mod builtin;
 mod cache;
 mod engine;
 mod error;
+mod failure;
 mod inspect;
 mod limits;
 mod policy;
@@ -25,11 +26,12 @@ pub use cache::{CACHE_DIR_ENV, default_cache_dir};
 pub use cache::ComponentCache;
 pub use engine::{Ticker, deadline_ticks, new_engine};
 pub use error::{PolicyError, RefusalKind};
+pub use failure::{CallFailure, classify};
 pub use inspect::{Inspection, inspect};
 pub use limits::Limits;
 pub use orch_wit::types;
 pub use policy::{PluginId, PluginRef, PolicyHost};
-pub use sandbox::{GuestLog, HasPluginState, Limiter, PluginState, add_wasi};
+pub use sandbox::{GuestLog, HasPluginState, Limiter, PluginState, add_wasi, printable};
 pub use validate::misfit;
 
 /// Where the build put the guest components (built-ins and the hostile test fixtures).

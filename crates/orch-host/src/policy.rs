@@ -5,6 +5,7 @@ use crate::builtin::builtin;
 use crate::cache::{ComponentCache, default_cache_dir};
 use crate::engine::{Ticker, deadline_ticks, new_engine};
 use crate::error::PolicyError;
+use crate::failure::{self, CallFailure};
 use crate::limits::Limits;
 use crate::sandbox::{PluginState, add_wasi};
 use crate::types::{Decision, Device, Lease, Refusal, Request};
@@ -15,7 +16,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use wasmtime::component::types::{ComponentExtern, ComponentItem};
 use wasmtime::component::{Component, Linker};
-use wasmtime::{Engine, Store, Trap};
+use wasmtime::{Engine, Store};
 
 /// A loaded plugin, as [`PolicyHost::load`] returns it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -292,34 +293,21 @@ fn classify(
     output: Vec<String>,
 ) -> PolicyError {
     let plugin = plugin.to_string();
-    if state.limiter.memory_exceeded {
-        return PolicyError::MemoryLimit {
+    match failure::classify(state, error) {
+        CallFailure::MemoryLimit => PolicyError::MemoryLimit {
             plugin,
             limit: limits.memory_bytes,
-        };
-    }
-    if let Some(what) = state.denied {
-        return PolicyError::Denied { plugin, what };
-    }
-    let trap = match error.downcast_ref::<Trap>() {
-        Some(Trap::Interrupt) => {
-            return PolicyError::Timeout {
-                plugin,
-                deadline: limits.deadline,
-            };
-        }
-        Some(Trap::StackOverflow) => "stack overflow".to_string(),
-        // Rust guests keep their own stack in linear memory, below address 0 when overflowed.
-        Some(Trap::MemoryOutOfBounds) => {
-            "out-of-bounds memory access, as when a plugin overflows its own stack".to_string()
-        }
-        Some(trap) => trap.to_string(),
-        None => format!("{error:#}"),
-    };
-    PolicyError::Crashed {
-        plugin,
-        trap,
-        output,
+        },
+        CallFailure::Denied(what) => PolicyError::Denied { plugin, what },
+        CallFailure::Timeout => PolicyError::Timeout {
+            plugin,
+            deadline: limits.deadline,
+        },
+        CallFailure::Crashed(trap) => PolicyError::Crashed {
+            plugin,
+            trap,
+            output,
+        },
     }
 }
 

@@ -272,8 +272,9 @@ impl LogState {
     }
 }
 
-/// `text` with control characters (terminal escapes included) replaced by spaces.
-pub(crate) fn printable(text: &str) -> String {
+/// `text` with control characters (terminal escapes included) replaced by spaces, and no
+/// trailing blanks: how text from a plugin (its output, a trap's message) is shown.
+pub fn printable(text: &str) -> String {
     text.chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect::<String>()

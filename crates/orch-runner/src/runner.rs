@@ -46,8 +46,13 @@ pub enum Prepared<'a> {
 }
 
 /// Reads what the job needs before any device is leased: a trainer is read, compiled and
-/// checked and its data loaded, so bad input fails at once and leased devices never wait.
-pub fn prepare(job: &JobSpec, resume: bool) -> Result<Prepared<'_>, RunError> {
+/// checked and its data loaded, so bad input fails at once and leased devices never wait. A
+/// trainer's progress events go to `progress`.
+pub fn prepare(
+    job: &JobSpec,
+    resume: bool,
+    progress: Option<orch_trainer::ProgressSink>,
+) -> Result<Prepared<'_>, RunError> {
     match &job.work {
         Work::Command(_) if resume => Err(RunError::BadInput(format!(
             "{}: --resume is for [train] jobs",
@@ -55,7 +60,7 @@ pub fn prepare(job: &JobSpec, resume: bool) -> Result<Prepared<'_>, RunError> {
         ))),
         Work::Command(command) => Ok(Prepared::Command(command.clone())),
         Work::Train(_) => Ok(Prepared::Train(Box::new(crate::train::prepare(
-            job, resume,
+            job, resume, progress,
         )?))),
     }
 }

@@ -8,12 +8,16 @@ use orch_core::ByteSize;
 use orch_core::job::{JobSpec, Work};
 use orch_devices::{Backend, Inventory};
 use orch_tensor::Device;
-use orch_trainer::{GrantedDevice, Prepared, ProgressMode, RunOptions, TrainJob};
+use orch_trainer::{GrantedDevice, Prepared, ProgressSink, RunOptions, TrainJob};
 
 /// Everything the job needs that no device does: the trainer read, compiled and checked, the
 /// data loaded. Done before the lease, so a typo in a path fails at once, not after a wait for
 /// GPUs, and the leased devices do not sit idle while the data loads.
-pub(crate) fn prepare(job: &JobSpec, resume: bool) -> Result<Prepared<'_>, RunError> {
+pub(crate) fn prepare(
+    job: &JobSpec,
+    resume: bool,
+    progress: Option<ProgressSink>,
+) -> Result<Prepared<'_>, RunError> {
     let Work::Train(spec) = &job.work else {
         return Err(RunError::BadInput(format!(
             "{}: --resume is for [train] jobs",
@@ -27,7 +31,7 @@ pub(crate) fn prepare(job: &JobSpec, resume: bool) -> Result<Prepared<'_>, RunEr
     };
     let options = RunOptions {
         resume,
-        progress: ProgressMode::detect(),
+        progress,
         ..RunOptions::default()
     };
     Ok(Prepared::new(&train_job, &options)?)

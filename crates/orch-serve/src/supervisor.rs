@@ -218,7 +218,7 @@ fn run(
         }
         orch_core::job::Work::Command(_) => (job, Vec::new()),
     };
-    let prepared = match orch_runner::prepare(&job, false) {
+    let prepared = match orch_runner::prepare(&job, false, None) {
         Ok(p) => p,
         Err(e) => return (failed(e.to_string()), None),
     };

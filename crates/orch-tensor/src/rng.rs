@@ -1,5 +1,10 @@
 //! A small deterministic PRNG (xoshiro256++ seeded by SplitMix64): the same seed gives the same
 //! values on every device and platform, because values are always drawn on the host.
+//!
+//! Written here rather than taken from `rand` for the same reason as orch-data's sampler: a
+//! seed's initial parameters must stay the same across orch builds (a resumed or repeated run
+//! reproduces an earlier one), and `rand` does not promise that its `StdRng` or its sampling
+//! stays the same between versions. The algorithms are the published reference ones.
 
 /// xoshiro256++ (Blackman and Vigna), public domain reference algorithm.
 #[derive(Debug, Clone)]

@@ -440,4 +440,71 @@ mod tests {
         let kept = Checkpoint::load(&history(out.path()).join("step-earlier")).unwrap();
         assert_eq!(kept.meta.step, 3);
     }
+
+    /// Checkpoints written by the hand-written safetensors encoder orch had before it used the
+    /// `safetensors` crate (a folder saved then, in tests/fixtures) load whole.
+    #[test]
+    fn checkpoints_written_before_the_safetensors_crate_still_load() {
+        let old = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/checkpoint-before-safetensors-crate");
+        let loaded = Checkpoint::load(&old).unwrap();
+        assert_eq!(
+            (loaded.meta.step, loaded.meta.epoch, loaded.meta.batch),
+            (12, 1, 3)
+        );
+        let tensor = |name: &str, shape: Vec<usize>, data: Vec<f32>| NamedTensor {
+            name: name.into(),
+            shape,
+            data,
+        };
+        assert_eq!(
+            loaded.params,
+            [
+                tensor("b", vec![3], vec![0.25, -0.5, 0.125]),
+                tensor("scale", vec![], vec![7.0]),
+                tensor(
+                    "w",
+                    vec![2, 3],
+                    vec![1.0, -2.0, 3.5, 0.0, f32::MIN_POSITIVE, 1e30]
+                ),
+            ]
+        );
+        assert_eq!(
+            loaded.optimizers,
+            [
+                OptimizerState {
+                    kind: "sgd".into(),
+                    lr: 0.1,
+                    params: vec!["b".into()],
+                    state: vec![ParamState {
+                        tensors: vec![("momentum".into(), vec![0.5, 0.25, -1.0])],
+                        steps: None,
+                    }],
+                },
+                OptimizerState {
+                    kind: "adam".into(),
+                    lr: 0.001,
+                    params: vec!["w".into(), "scale".into()],
+                    state: vec![
+                        ParamState {
+                            tensors: vec![
+                                ("m".into(), vec![0.1, 0.2, 0.3, 0.4, 0.5, 0.6]),
+                                ("v".into(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
+                            ],
+                            steps: Some(12),
+                        },
+                        ParamState::default(),
+                    ],
+                },
+            ]
+        );
+        // Saved again by the crate, it reads back the same.
+        let out = tempfile::tempdir().unwrap();
+        loaded.save(out.path()).unwrap();
+        let again = Checkpoint::load(&dir(out.path())).unwrap();
+        assert_eq!(
+            (again.params, again.optimizers),
+            (loaded.params, loaded.optimizers)
+        );
+    }
 }

@@ -8,7 +8,7 @@ use crate::checkpoint;
 use crate::error::TrainError;
 use crate::host::Shared;
 use crate::plot::write_plot;
-use crate::progress::{Progress, StepView};
+use crate::progress::{ProgressEvent, Reporter};
 use crate::replica::Event;
 use crate::report::{Metrics, Record};
 use crate::run::Summary;
@@ -44,7 +44,7 @@ type Last = (u64, f32, Option<(f64, f64)>);
 pub(crate) struct Coordinator {
     replicas: usize,
     epochs: u32,
-    progress: Progress,
+    progress: Reporter,
     metrics: Metrics,
     out: PathBuf,
     pending_steps: BTreeMap<u64, PendingStep>,
@@ -62,7 +62,7 @@ impl Coordinator {
     pub fn new(
         replicas: usize,
         epochs: u32,
-        progress: Progress,
+        progress: Reporter,
         metrics: Metrics,
         out: PathBuf,
         shared: Arc<Shared>,
@@ -132,15 +132,14 @@ impl Coordinator {
                 } else {
                     self.plugin.clone()
                 };
-                let tag = match level {
-                    Level::Debug => "debug: ",
-                    Level::Info => "",
-                    Level::Warn => "warning: ",
-                };
-                if level != Level::Debug {
-                    self.progress.line(&format!("[{who}] {tag}{message}"));
-                }
                 tracing::debug!(target: "orch::trainer", "[{who}] {message}");
+                if level != Level::Debug {
+                    self.progress.send(ProgressEvent::Log {
+                        who,
+                        warning: level == Level::Warn,
+                        message,
+                    });
+                }
                 Ok(())
             }
             Event::Snapshot(checkpoint) => checkpoint.save(&self.out),
@@ -199,18 +198,24 @@ impl Coordinator {
             return Ok(());
         };
         let loss = (done.loss_rows / done.rows.max(1) as f64) as f32;
-        self.progress.step(StepView {
+        self.progress.pace.step(done.rows);
+        let batches = self.progress.pace.batches();
+        self.progress.send(ProgressEvent::Step {
             step: step + 1,
-            epoch,
+            epoch: epoch + 1,
+            epochs: self.epochs,
+            step_in_epoch: step + 1 - u64::from(epoch) * u64::from(batches),
+            batches_per_epoch: batches,
             loss,
-            rows: done.rows,
+            samples_per_sec: self.progress.pace.throughput(),
+            eta: self.progress.pace.eta(step + 1),
         });
         self.last = Some((step + 1, loss, self.last.and_then(|l| l.2)));
         self.metrics.push(Record::Step {
             step: step + 1,
             epoch: epoch + 1,
             loss,
-            samples_per_sec: self.progress.throughput(),
+            samples_per_sec: self.progress.pace.throughput(),
             scalars: mean_scalars(&done.scalars),
         })
     }
@@ -253,15 +258,14 @@ impl Coordinator {
         {
             last.2 = Some((l, a));
         }
-        let scores = match (eval_loss, eval_accuracy) {
-            (Some(l), Some(a)) => format!(", test loss {l:.4}, test accuracy {:.2}%", a * 100.0),
-            _ => String::new(),
-        };
-        let epochs = self.epochs;
-        self.progress.line(&format!(
-            "epoch {}/{epochs}: train loss {train_loss:.4}{scores} ({seconds:.1} s)",
-            epoch + 1
-        ));
+        self.progress.send(ProgressEvent::Epoch {
+            epoch: epoch + 1,
+            epochs: self.epochs,
+            train_loss,
+            eval_loss,
+            eval_accuracy,
+            seconds,
+        });
         self.metrics.push(Record::Epoch {
             epoch: epoch + 1,
             step: done.step,
@@ -274,8 +278,7 @@ impl Coordinator {
     }
 
     /// Writes the plot and says how the run ended.
-    pub fn finish(mut self, job: &str) -> Result<Summary, TrainError> {
-        self.progress.finish();
+    pub fn finish(self, job: &str) -> Result<Summary, TrainError> {
         let plot = self.out.join("plot.svg");
         let title = format!("{job}: trainer {}", self.plugin);
         let plotted = if self.metrics.records.is_empty() {
@@ -292,20 +295,15 @@ impl Coordinator {
             Some((steps, loss, eval)) => (steps, Some(loss), eval),
             None => (0, None, None),
         };
-        let scores = eval.map_or_else(String::new, |(_, a)| {
-            format!("; test accuracy {:.2}%", a * 100.0)
+        self.progress.send(ProgressEvent::Finished {
+            steps,
+            seconds,
+            eval_accuracy: eval.map(|e| e.1),
+            stopped_early: self.stopped_early,
+            metrics: self.out.join("metrics.jsonl"),
+            plot,
+            checkpoint: checkpoint::dir(&self.out),
         });
-        let how = if self.stopped_early {
-            "stopped as asked after"
-        } else {
-            "done:"
-        };
-        self.progress.line(&format!(
-            "{how} {steps} steps in {seconds:.1} s{scores}; metrics {}, plot {}, checkpoint {}",
-            self.out.join("metrics.jsonl").display(),
-            plot.display(),
-            checkpoint::dir(&self.out).display()
-        ));
         Ok(Summary {
             steps,
             final_loss,
@@ -313,7 +311,7 @@ impl Coordinator {
             eval_accuracy: eval.map(|e| e.1),
             stopped_early: self.stopped_early,
             seconds,
-            samples_per_sec: self.progress.throughput(),
+            samples_per_sec: self.progress.pace.throughput(),
             out: self.out,
             replicas: self.replicas,
         })

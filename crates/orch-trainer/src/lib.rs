@@ -17,7 +17,8 @@
 //! Prepared::run()  ── makes device pools, spawns replicas, coordinates   (train() = both)
 //!   ├─ replica 0 thread: Store<ReplicaState> → init → [train-step]* → eval-step* → snapshot
 //!   ├─ replica 1 thread: …                 (meets the others at broadcast / all-reduce)
-//!   └─ this thread: events → progress lines, metrics.jsonl, checkpoint/, plot.svg
+//!   └─ this thread: events → progress events (RunOptions::progress), metrics.jsonl,
+//!                   checkpoint/, plot.svg
 //! ```
 
 mod builtin;
@@ -37,7 +38,7 @@ mod state;
 
 pub use builtin::{BUILTIN_TRAINERS, BuiltinTrainer, TRAINER_WASM_DIR, load_plugin};
 pub use error::{Stage, TrainError};
-pub use progress::ProgressMode;
+pub use progress::{ProgressEvent, ProgressSink};
 pub use run::{
     DEFAULT_MAX_GRAPH_NODES, GrantedDevice, Prepared, RunOptions, Summary, TrainJob, train,
 };

@@ -1,5 +1,13 @@
 //! `plot.svg`: training loss and evaluation loss against steps on top, evaluation accuracy
 //! below, written without a plotting dependency.
+//!
+//! Kept hand-written after measuring `plotters` 0.3.7 (`svg_backend`, `line_series`,
+//! `point_series`, no default features): a cold build of it and its 3 dependencies took 2.4 s
+//! (debug) and 3.5 s (release) on a 2-core machine, 6.4 s (debug) with `ab_glyph` for measured
+//! label text. Build time is not what keeps this file, then: the chart is two fixed panels of
+//! lines, dots and text, about 200 lines of SVG text that need no text measuring, and what matters
+//! in it (non-finite losses marked, not dropped; thousands of steps averaged into buckets; the
+//! accuracy axis from a round floor) is ours to write and test with or without plotters.
 
 use crate::error::TrainError;
 use crate::report::Record;

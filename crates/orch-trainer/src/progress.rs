@@ -1,70 +1,139 @@
-//! What a person watching a run sees: a progress bar per epoch when stdout is a terminal, plain
-//! lines otherwise (one every tenth of an epoch), an epoch summary line, the plugin's log lines.
+//! What a run reports as it goes: events handed to a callback the caller gives in
+//! [`RunOptions::progress`](crate::RunOptions). orch-trainer prints nothing; the `orch` command
+//! draws a bar or prints lines from the events, a daemon or a test may do something else.
 
-use std::io::Write;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How progress is shown.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProgressMode {
-    /// A bar redrawn in place (stdout is a terminal).
-    Bar,
-    /// A line every tenth of an epoch and one per epoch (logs, CI).
-    Lines,
-    /// Nothing (tests, embedding).
-    Quiet,
+/// One thing a run reports, on the thread that called [`Prepared::run`](crate::Prepared::run).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProgressEvent {
+    /// Training starts (or resumes): what runs where, in words, and the run's size.
+    Started {
+        text: String,
+        epochs: u32,
+        batches_per_epoch: u32,
+        /// Steps done before this process started (a resumed run's checkpoint step).
+        first_step: u64,
+    },
+    /// Every replica has done a step.
+    Step {
+        /// Steps done over the run, this one included.
+        step: u64,
+        /// 1-based.
+        epoch: u32,
+        epochs: u32,
+        /// Steps done in this epoch, this one included.
+        step_in_epoch: u64,
+        batches_per_epoch: u32,
+        /// The loss over the global batch.
+        loss: f32,
+        samples_per_sec: f64,
+        /// Time left for the run at the pace of this process so far.
+        eta: Duration,
+    },
+    /// An epoch ended and, when the job has an evaluation set, was evaluated.
+    Epoch {
+        /// 1-based.
+        epoch: u32,
+        epochs: u32,
+        train_loss: f64,
+        eval_loss: Option<f64>,
+        eval_accuracy: Option<f64>,
+        seconds: f64,
+    },
+    /// A line the trainer logged at level info or warn (debug lines go to tracing only).
+    Log {
+        /// The plugin, with its replica (`mlp r1`) when there are several.
+        who: String,
+        warning: bool,
+        message: String,
+    },
+    /// The checkpoint to resume from is at the run's end: nothing was trained.
+    NothingToResume { job: String, step: u64, epoch: u32 },
+    /// The run ended well: how far it got and where its output is.
+    Finished {
+        steps: u64,
+        seconds: f64,
+        eval_accuracy: Option<f64>,
+        /// Stopped by `RunOptions::stop_after`.
+        stopped_early: bool,
+        metrics: PathBuf,
+        plot: PathBuf,
+        checkpoint: PathBuf,
+    },
 }
 
-impl ProgressMode {
-    /// `Bar` when stdout is a terminal, else `Lines`.
-    pub fn detect() -> ProgressMode {
-        use std::io::IsTerminal;
-        if std::io::stdout().is_terminal() {
-            ProgressMode::Bar
-        } else {
-            ProgressMode::Lines
+/// Where a run's [`ProgressEvent`]s go: a callback, called in order on one thread.
+#[derive(Clone)]
+pub struct ProgressSink(Arc<dyn Fn(ProgressEvent) + Send + Sync>);
+
+impl ProgressSink {
+    pub fn new(f: impl Fn(ProgressEvent) + Send + Sync + 'static) -> ProgressSink {
+        ProgressSink(Arc::new(f))
+    }
+
+    pub(crate) fn send(sink: Option<&ProgressSink>, event: ProgressEvent) {
+        if let Some(sink) = sink {
+            (sink.0)(event);
         }
     }
 }
 
-/// The running display of one run.
+impl fmt::Debug for ProgressSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ProgressSink(..)")
+    }
+}
+
+/// A run's progress as the coordinator keeps it: its pace, and where events go.
 #[derive(Debug)]
-pub(crate) struct Progress {
-    mode: ProgressMode,
-    epochs: u32,
+pub(crate) struct Reporter {
+    pub pace: Pace,
+    sink: Option<ProgressSink>,
+}
+
+impl Reporter {
+    pub fn new(pace: Pace, sink: Option<ProgressSink>) -> Reporter {
+        Reporter { pace, sink }
+    }
+
+    pub fn send(&self, event: ProgressEvent) {
+        ProgressSink::send(self.sink.as_ref(), event);
+    }
+}
+
+/// The pace of one run in this process: throughput and time left, for the step events and
+/// the metrics.
+#[derive(Debug)]
+pub(crate) struct Pace {
     batches: u32,
     total_steps: u64,
     first_step: u64,
     started: Instant,
     samples: u64,
-    last_draw: Option<Instant>,
-    bar_open: bool,
 }
 
-/// The fields of one step as shown.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct StepView {
-    /// Steps done, over the run.
-    pub step: u64,
-    /// 0-based.
-    pub epoch: u32,
-    pub loss: f32,
-    pub rows: usize,
-}
-
-impl Progress {
-    pub fn new(mode: ProgressMode, epochs: u32, batches: u32, first_step: u64) -> Progress {
-        Progress {
-            mode,
-            epochs,
+impl Pace {
+    pub fn new(epochs: u32, batches: u32, first_step: u64) -> Pace {
+        Pace {
             batches,
             total_steps: u64::from(epochs) * u64::from(batches),
             first_step,
             started: Instant::now(),
             samples: 0,
-            last_draw: None,
-            bar_open: false,
         }
+    }
+
+    pub fn batches(&self) -> u32 {
+        self.batches
+    }
+
+    /// Counts a step of `rows` samples.
+    pub fn step(&mut self, rows: usize) {
+        self.samples += rows as u64;
     }
 
     /// Samples per second since this process started training.
@@ -77,87 +146,14 @@ impl Progress {
         }
     }
 
-    pub fn line(&mut self, text: &str) {
-        if self.mode == ProgressMode::Quiet {
-            return;
-        }
-        self.close_bar();
-        println!("{text}");
-    }
-
-    pub fn step(&mut self, view: StepView) {
-        self.samples += view.rows as u64;
-        let in_epoch = view.step - u64::from(view.epoch) * u64::from(self.batches);
-        let text = format!(
-            "epoch {}/{} {} loss {:.4}  {:.0} samples/s  ETA {}",
-            view.epoch + 1,
-            self.epochs,
-            self.counter(in_epoch),
-            view.loss,
-            self.throughput(),
-            clock(self.eta(view.step)),
-        );
-        match self.mode {
-            ProgressMode::Quiet => {}
-            ProgressMode::Lines => {
-                let every = u64::from(self.batches / 10).max(1);
-                if in_epoch.is_multiple_of(every) || in_epoch == u64::from(self.batches) {
-                    println!("{text}");
-                }
-            }
-            ProgressMode::Bar => {
-                let due = self
-                    .last_draw
-                    .is_none_or(|t| t.elapsed() >= Duration::from_millis(100));
-                if due || in_epoch == u64::from(self.batches) {
-                    let fraction = in_epoch as f64 / f64::from(self.batches.max(1));
-                    let filled = (fraction * 24.0).round() as usize;
-                    let bar = format!(
-                        "[{}{}]",
-                        "#".repeat(filled),
-                        ".".repeat(24 - filled.min(24))
-                    );
-                    print!("\r\x1b[2K{bar} {text}");
-                    let _ = std::io::stdout().flush();
-                    self.last_draw = Some(Instant::now());
-                    self.bar_open = true;
-                }
-            }
-        }
-    }
-
-    fn counter(&self, in_epoch: u64) -> String {
-        format!("step {in_epoch}/{}", self.batches)
-    }
-
-    fn eta(&self, step: u64) -> Duration {
+    /// Time left after `step` steps of the run, at this process's pace so far.
+    pub fn eta(&self, step: u64) -> Duration {
         let done = step.saturating_sub(self.first_step);
         if done == 0 {
             return Duration::ZERO;
         }
         let per_step = self.started.elapsed().as_secs_f64() / done as f64;
         Duration::from_secs_f64(per_step * self.total_steps.saturating_sub(step) as f64)
-    }
-
-    fn close_bar(&mut self) {
-        if self.bar_open {
-            println!();
-            self.bar_open = false;
-        }
-    }
-
-    pub fn finish(&mut self) {
-        self.close_bar();
-    }
-}
-
-/// `1:02:03`, `4:05` or `7s`.
-pub(crate) fn clock(d: Duration) -> String {
-    let s = d.as_secs();
-    match (s / 3600, s / 60 % 60, s % 60) {
-        (0, 0, sec) => format!("{sec}s"),
-        (0, m, sec) => format!("{m}:{sec:02}"),
-        (h, m, sec) => format!("{h}:{m:02}:{sec:02}"),
     }
 }
 
@@ -166,9 +162,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn clocks_read_naturally() {
-        assert_eq!(clock(Duration::from_secs(7)), "7s");
-        assert_eq!(clock(Duration::from_secs(245)), "4:05");
-        assert_eq!(clock(Duration::from_secs(3723)), "1:02:03");
+    fn time_left_scales_with_the_steps_to_go() {
+        let mut pace = Pace::new(2, 10, 4);
+        assert_eq!(pace.eta(4), Duration::ZERO, "nothing done yet here");
+        pace.started -= Duration::from_secs(8);
+        // 4 steps in 8 s: 2 s a step, 12 to go.
+        let eta = pace.eta(8).as_secs_f64();
+        assert!((eta - 24.0).abs() < 0.5, "{eta}");
+        assert_eq!(pace.eta(20), Duration::ZERO);
     }
 }

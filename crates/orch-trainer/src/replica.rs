@@ -8,16 +8,16 @@
 use crate::checkpoint::Checkpoint;
 use crate::data::{Schedule, eval_order, my_shard};
 use crate::error::{Stage, TrainError};
-use crate::host::{BatchSlot, NamedValues, Phase, ReplicaState, Shared, panic_message, printable};
+use crate::host::{BatchSlot, NamedValues, Phase, ReplicaState, Shared, panic_message};
 use crate::safetensors::NamedTensor;
 use crate::state::{assign_params, load, snapshot};
-use orch_host::{Limits, PluginState};
+use orch_host::{CallFailure, Limits, PluginState, printable};
 use orch_tensor::TensorError;
 use orch_wit::trainer::orch::plugin::metrics::Level;
 use orch_wit::trainer::{RunInfo, StepInfo, Trainer, TrainerPre};
 use std::sync::Arc;
 use std::sync::mpsc::Sender;
-use wasmtime::{Engine, Store, Trap};
+use wasmtime::{Engine, Store};
 
 /// Where a run starts: the step count and the data position of the next step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -458,41 +458,27 @@ fn classify(
             reason: reason.clone(),
         };
     }
-    if state.sandbox.limiter.memory_exceeded {
-        return TrainError::MemoryLimit {
+    match orch_host::classify(&state.sandbox, error) {
+        CallFailure::MemoryLimit => TrainError::MemoryLimit {
             plugin,
             stage,
             limit: limits.memory_bytes,
-        };
-    }
-    if let Some(what) = state.sandbox.denied {
-        return TrainError::Denied {
+        },
+        CallFailure::Denied(what) => TrainError::Denied {
             plugin,
             stage,
             what,
-        };
-    }
-    let trap = match error.downcast_ref::<Trap>() {
-        Some(Trap::Interrupt) => {
-            return TrainError::Timeout {
-                plugin,
-                stage,
-                deadline: limits.deadline,
-            };
-        }
-        Some(Trap::StackOverflow) => "stack overflow".to_string(),
-        // Rust guests keep their own stack in linear memory, below address 0 when overflowed:
-        // the trap cannot tell the two apart, so the message names both.
-        Some(Trap::MemoryOutOfBounds) => {
-            "out-of-bounds memory access, as when a plugin overflows its own stack".to_string()
-        }
-        Some(trap) => trap.to_string(),
-        None => format!("{error:#}"),
-    };
-    TrainError::Crashed {
-        plugin,
-        stage,
-        trap: printable(&trap),
-        output,
+        },
+        CallFailure::Timeout => TrainError::Timeout {
+            plugin,
+            stage,
+            deadline: limits.deadline,
+        },
+        CallFailure::Crashed(trap) => TrainError::Crashed {
+            plugin,
+            stage,
+            trap,
+            output,
+        },
     }
 }

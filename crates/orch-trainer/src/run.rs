@@ -10,7 +10,7 @@ use crate::coordinator::Coordinator;
 use crate::data::{self, Schedule};
 use crate::error::TrainError;
 use crate::host::{DeviceSlot, ReplicaState, Shared};
-use crate::progress::{Progress, ProgressMode};
+use crate::progress::{Pace, ProgressEvent, ProgressSink, Reporter};
 use crate::replica::{Plan, Replica, Start};
 use crate::report::Metrics;
 use orch_core::job::TrainSpec;
@@ -53,7 +53,8 @@ pub struct TrainJob<'a> {
 pub struct RunOptions {
     /// Continue from the checkpoint in the output folder.
     pub resume: bool,
-    pub progress: ProgressMode,
+    /// Where the run's progress events go (`None`: nowhere).
+    pub progress: Option<ProgressSink>,
     /// Tensor handles one replica may hold at once.
     pub max_tensors: u32,
     /// Autograd graph nodes one replica may keep alive at once: host memory no device quota
@@ -71,7 +72,7 @@ impl Default for RunOptions {
     fn default() -> RunOptions {
         RunOptions {
             resume: false,
-            progress: ProgressMode::Quiet,
+            progress: None,
             max_tensors: 4096,
             max_graph_nodes: DEFAULT_MAX_GRAPH_NODES,
             plugin_memory: 256 << 20,
@@ -149,7 +150,8 @@ impl<'a> Prepared<'a> {
         Ok(Prepared {
             job: job.clone(),
             options: options.clone(),
-            sha: hex(&Sha256::digest(&wasm)),
+            // sha2's digests print as lowercase hex themselves.
+            sha: format!("{:x}", Sha256::digest(&wasm)),
             plugin,
             data,
             limits,
@@ -218,11 +220,14 @@ impl<'a> Prepared<'a> {
             batch: c.meta.batch,
         });
         if start.epoch >= spec.epochs {
-            let mut progress = Progress::new(options.progress, spec.epochs, 1, start.step);
-            progress.line(&format!(
-                "{}: the checkpoint is at the end of the run ({} steps, {} epochs): nothing to resume; raise [train] epochs to train further",
-                job.name, start.step, start.epoch
-            ));
+            ProgressSink::send(
+                options.progress.as_ref(),
+                ProgressEvent::NothingToResume {
+                    job: job.name.to_string(),
+                    step: start.step,
+                    epoch: start.epoch,
+                },
+            );
             return Ok(Summary {
                 steps: start.step,
                 final_loss: None,
@@ -274,19 +279,25 @@ impl<'a> Prepared<'a> {
 
         let metrics_path = spec.out.join("metrics.jsonl");
         let metrics = Metrics::open(&metrics_path, resume.as_ref().map(|c| c.meta.step))?;
-        let mut progress = Progress::new(
-            options.progress,
-            spec.epochs,
-            schedule.batches_per_epoch(),
-            start.step,
+        let batches = schedule.batches_per_epoch();
+        ProgressSink::send(
+            options.progress.as_ref(),
+            ProgressEvent::Started {
+                text: intro(
+                    job.name, &plugin, devices, replicas, &schedule, &shared, start,
+                ),
+                epochs: spec.epochs,
+                batches_per_epoch: batches,
+                first_step: start.step,
+            },
         );
-        progress.line(&intro(
-            job.name, &plugin, devices, replicas, &schedule, &shared, start,
-        ));
         let mut coordinator = Coordinator::new(
             replicas,
             spec.epochs,
-            progress,
+            Reporter::new(
+                Pace::new(spec.epochs, batches, start.step),
+                options.progress.clone(),
+            ),
             metrics,
             spec.out.clone(),
             Arc::clone(&shared),
@@ -389,10 +400,6 @@ fn device_slots(
             })
         })
         .collect()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// `MemAvailable` of /proc/meminfo, bytes.

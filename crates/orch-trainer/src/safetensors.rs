@@ -1,9 +1,10 @@
-//! The safetensors format (f32 only), written and read without a dependency: an 8-byte
-//! little-endian header length, a JSON header naming each tensor's dtype, shape and byte range,
-//! then the raw little-endian data. Files load with `safetensors.torch.load_file` as they are.
+//! Checkpoint tensors in the safetensors format, written and read by Hugging Face's
+//! `safetensors` crate: files load with `safetensors.torch.load_file` as they are. Checkpoints
+//! hold named f32 tensors only; this module converts between them and the crate's byte views
+//! (little-endian, as the format fixes).
 
-use serde_json::{Map, Value, json};
-use std::collections::BTreeMap;
+use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+use std::collections::{BTreeMap, HashMap};
 
 /// A named f32 tensor.
 #[derive(Debug, Clone, PartialEq)]
@@ -18,14 +19,14 @@ pub fn encode(
     tensors: &[NamedTensor],
     metadata: &BTreeMap<String, String>,
 ) -> Result<Vec<u8>, String> {
-    let mut sorted: Vec<&NamedTensor> = tensors.iter().collect();
-    sorted.sort_by(|a, b| a.name.cmp(&b.name));
-    let mut header = Map::new();
-    if !metadata.is_empty() {
-        header.insert("__metadata__".into(), json!(metadata));
-    }
-    let mut offset = 0usize;
-    for t in &sorted {
+    let mut names = std::collections::HashSet::new();
+    let mut bytes = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        if !names.insert(t.name.as_str()) {
+            // The crate keeps the last of two tensors of one name in the header but writes both
+            // tensors' data: refuse instead of writing a file it would not read back.
+            return Err(format!("tensor `{}` given twice", t.name));
+        }
         if t.shape.iter().product::<usize>() != t.data.len() {
             return Err(format!(
                 "tensor `{}`: shape {:?} does not hold {} values",
@@ -34,84 +35,65 @@ pub fn encode(
                 t.data.len()
             ));
         }
-        if header.contains_key(&t.name) {
-            return Err(format!("tensor `{}` given twice", t.name));
-        }
-        let end = offset + t.data.len() * 4;
-        header.insert(
-            t.name.clone(),
-            json!({"dtype": "F32", "shape": t.shape, "data_offsets": [offset, end]}),
+        bytes.push(
+            t.data
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>(),
         );
-        offset = end;
     }
-    let mut text = serde_json::to_vec(&Value::Object(header)).map_err(|e| e.to_string())?;
-    // The data starts on an 8-byte boundary.
-    while (8 + text.len()) % 8 != 0 {
-        text.push(b' ');
-    }
-    let mut bytes = Vec::with_capacity(8 + text.len() + offset);
-    bytes.extend_from_slice(&(text.len() as u64).to_le_bytes());
-    bytes.extend_from_slice(&text);
-    for t in &sorted {
-        for v in &t.data {
-            bytes.extend_from_slice(&v.to_le_bytes());
-        }
-    }
-    Ok(bytes)
+    let views = tensors
+        .iter()
+        .zip(&bytes)
+        .map(|(t, b)| {
+            TensorView::new(Dtype::F32, t.shape.clone(), b)
+                .map(|view| (t.name.as_str(), view))
+                .map_err(|e| format!("tensor `{}`: {e}", t.name))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let metadata = (!metadata.is_empty()).then(|| {
+        metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect::<HashMap<_, _>>()
+    });
+    safetensors::serialize(views, metadata).map_err(|e| e.to_string())
 }
 
 /// The tensors (in name order) and metadata of a safetensors file's bytes.
 pub fn decode(bytes: &[u8]) -> Result<(Vec<NamedTensor>, BTreeMap<String, String>), String> {
-    let len_bytes: [u8; 8] = bytes
-        .get(..8)
-        .and_then(|b| b.try_into().ok())
-        .ok_or("shorter than its header length")?;
-    let len = usize::try_from(u64::from_le_bytes(len_bytes)).map_err(|e| e.to_string())?;
-    let header_end = 8usize.checked_add(len).ok_or("header length overflows")?;
-    let header = bytes.get(8..header_end).ok_or("truncated header")?;
-    let data = &bytes[header_end..];
-    let header: Map<String, Value> =
-        serde_json::from_slice(header).map_err(|e| format!("header: {e}"))?;
-    let mut metadata = BTreeMap::new();
-    let mut tensors = Vec::new();
-    for (name, entry) in header {
-        if name == "__metadata__" {
-            if let Value::Object(m) = entry {
-                for (k, v) in m {
-                    metadata.insert(k, v.as_str().unwrap_or_default().to_string());
-                }
+    // The crate hands out the string metadata only with the header, not with the tensors: the
+    // header (a few hundred bytes of JSON) is parsed twice.
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| e.to_string())?;
+    let file = SafeTensors::deserialize(bytes).map_err(|e| e.to_string())?;
+    let metadata: BTreeMap<String, String> = header
+        .metadata()
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut tensors = file
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            if view.dtype() != Dtype::F32 {
+                return Err(format!(
+                    "tensor `{name}` is {}, only F32 is read",
+                    view.dtype()
+                ));
             }
-            continue;
-        }
-        let dtype = entry["dtype"].as_str().unwrap_or_default();
-        if dtype != "F32" {
-            return Err(format!("tensor `{name}` is {dtype}, only F32 is read"));
-        }
-        let shape: Vec<usize> = serde_json::from_value(entry["shape"].clone())
-            .map_err(|e| format!("tensor `{name}` shape: {e}"))?;
-        let [start, end]: [usize; 2] = serde_json::from_value(entry["data_offsets"].clone())
-            .map_err(|e| format!("tensor `{name}` data_offsets: {e}"))?;
-        let raw = data
-            .get(start..end)
-            .filter(|_| start <= end)
-            .ok_or_else(|| format!("tensor `{name}`: bytes {start}..{end} are outside the file"))?;
-        let count: usize = shape.iter().product();
-        if raw.len() != count * 4 {
-            return Err(format!(
-                "tensor `{name}`: {} bytes for shape {shape:?}",
-                raw.len()
-            ));
-        }
-        let values = raw
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        tensors.push(NamedTensor {
-            name,
-            shape,
-            data: values,
-        });
-    }
+            let data = view
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            Ok(NamedTensor {
+                shape: view.shape().to_vec(),
+                name,
+                data,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
     tensors.sort_by(|a, b| a.name.cmp(&b.name));
     Ok((tensors, metadata))
 }
@@ -120,9 +102,8 @@ pub fn decode(bytes: &[u8]) -> Result<(Vec<NamedTensor>, BTreeMap<String, String
 mod tests {
     use super::*;
 
-    #[test]
-    fn round_trips_and_rejects_damage() {
-        let tensors = vec![
+    fn sample() -> Vec<NamedTensor> {
+        vec![
             NamedTensor {
                 name: "w".into(),
                 shape: vec![2, 3],
@@ -138,27 +119,46 @@ mod tests {
                 shape: vec![],
                 data: vec![7.0],
             },
-        ];
+        ]
+    }
+
+    #[test]
+    fn round_trips_and_rejects_damage() {
+        let tensors = sample();
         let meta = BTreeMap::from([("step".to_string(), "12".to_string())]);
         let bytes = encode(&tensors, &meta).unwrap();
         let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-        assert_eq!((8 + header_len) % 8, 0);
+        assert_eq!((8 + header_len) % 8, 0, "the data starts 8-byte aligned");
         let (back, meta_back) = decode(&bytes).unwrap();
         let mut expected = tensors.clone();
         expected.sort_by(|a, b| a.name.cmp(&b.name));
         assert_eq!((back, meta_back), (expected, meta.clone()));
         assert!(decode(&bytes[..bytes.len() - 4]).is_err());
         assert!(decode(&bytes[..5]).is_err());
-        assert!(
-            encode(
-                &[NamedTensor {
-                    name: "x".into(),
-                    shape: vec![2],
-                    data: vec![1.0]
-                }],
-                &meta
-            )
-            .is_err()
+        let short = NamedTensor {
+            name: "x".into(),
+            shape: vec![2],
+            data: vec![1.0],
+        };
+        assert!(encode(&[short], &meta).is_err());
+        let twice = [sample()[1].clone(), sample()[1].clone()];
+        assert_eq!(encode(&twice, &meta).unwrap_err(), "tensor `b` given twice");
+    }
+
+    #[test]
+    fn other_dtypes_are_named_in_the_refusal() {
+        let half = [0u8; 4];
+        let view = TensorView::new(Dtype::F16, vec![2], &half).unwrap();
+        let bytes = safetensors::serialize([("h", view)], None).unwrap();
+        assert_eq!(
+            decode(&bytes).unwrap_err(),
+            "tensor `h` is F16, only F32 is read"
         );
+    }
+
+    #[test]
+    fn empty_metadata_and_no_tensors_round_trip() {
+        let bytes = encode(&[], &BTreeMap::new()).unwrap();
+        assert_eq!(decode(&bytes).unwrap(), (Vec::new(), BTreeMap::new()));
     }
 }

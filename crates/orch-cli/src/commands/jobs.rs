@@ -107,7 +107,9 @@ fn submission_key() -> String {
             .map_or(0, |d| d.as_nanos());
         bytes = (nanos ^ (u128::from(std::process::id()) << 64)).to_le_bytes();
     }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    // 32 hex digits: the 128 bits as one number (their order does not matter, only that they
+    // are random).
+    format!("{:032x}", u128::from_le_bytes(bytes))
 }
 
 /// The quick form as a job file: what `orch run --gpus N -- CMD` would run.

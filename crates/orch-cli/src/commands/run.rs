@@ -32,7 +32,8 @@ pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
     let inventory = load_inventory(spec)?;
     orch_runner::check_enforcement(&job, inventory.backend).map_err(Failure::bad_input_msg)?;
     // A [train] job's plugin and data are read before the lease: bad input fails at once.
-    let prepared = orch_runner::prepare(&job, args.resume).map_err(run_failure)?;
+    let prepared = orch_runner::prepare(&job, args.resume, Some(crate::progress::sink()))
+        .map_err(run_failure)?;
     let visibility = Visibility::resolve(&inventory.devices, &VisibilityEnv::from_process());
     let mut host = policy_host()?;
     // Compile (or load from the disk cache) the policy before the lease transaction, so the

@@ -19,6 +19,7 @@ use crate::device::Device;
 use crate::error::{Result, TensorError};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream};
+use orch_devices::cuda as cuda_presence;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -95,28 +96,26 @@ impl fmt::Debug for CudaDevice {
     }
 }
 
-/// Whether libcuda, libnvrtc and libcublas load. Cached: the answer does not change in a process.
+/// Whether libcuda, libnvrtc and libcublas load: asked of `orch_devices::cuda`, the one place
+/// that checks (and caches) whether a CUDA library loads before anything calls into cudarc.
 pub fn check_libraries() -> Result<()> {
-    static PRESENT: OnceLock<std::result::Result<(), String>> = OnceLock::new();
-    let present = PRESENT.get_or_init(|| {
-        // SAFETY: each call only tries to dlopen the library and drops it; no symbol is called.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            return Err("the CUDA driver library (libcuda.so) does not load".into());
-        }
-        // SAFETY: as above.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            return Err(
-                "NVRTC (libnvrtc, from the CUDA toolkit) does not load: kernels cannot be compiled"
-                    .into(),
-            );
-        }
-        // SAFETY: as above.
-        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
-            return Err("cuBLAS (libcublas, from the CUDA toolkit) does not load".into());
-        }
-        Ok(())
-    });
-    present.clone().map_err(TensorError::CudaUnavailable)
+    if !cuda_presence::driver_library_present() {
+        return Err(TensorError::CudaUnavailable(
+            "the CUDA driver library (libcuda.so) does not load".into(),
+        ));
+    }
+    if !cuda_presence::nvrtc_present() {
+        return Err(TensorError::CudaUnavailable(
+            "NVRTC (libnvrtc, from the CUDA toolkit) does not load: kernels cannot be compiled"
+                .into(),
+        ));
+    }
+    if !cuda_presence::cublas_present() {
+        return Err(TensorError::CudaUnavailable(
+            "cuBLAS (libcublas, from the CUDA toolkit) does not load".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Number of CUDA devices, or why CUDA cannot be used.
@@ -133,8 +132,7 @@ pub fn device_count() -> Result<usize> {
 /// Needs libnvrtc only, not a GPU or driver, so the test suite checks the CUDA C wherever NVRTC
 /// loads; on a device the driver turns the PTX into machine code for the exact chip.
 pub fn compile_kernels(arch: &str) -> Result<String> {
-    // SAFETY: only tries to dlopen the library; no symbol is called.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+    if !cuda_presence::nvrtc_present() {
         return Err(TensorError::CudaUnavailable(
             "NVRTC (libnvrtc) does not load".into(),
         ));

@@ -23,7 +23,7 @@ mod tensors;
 use crate::collective::Collective;
 use crate::data::Data;
 pub(crate) use convert::Fail;
-use orch_host::{HasPluginState, PluginState};
+use orch_host::{HasPluginState, PluginState, printable};
 use orch_tensor::optim::{Adam, Optimizer, Sgd};
 use orch_tensor::{GraphBudget, MemoryPool, Tensor, with_graph_budget};
 use orch_wit::trainer::orch::plugin::metrics::Level;
@@ -396,15 +396,6 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .map(|s| (*s).to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "no message".to_string())
-}
-
-/// `text` with control characters (terminal escapes included) replaced by spaces.
-pub(crate) fn printable(text: &str) -> String {
-    text.chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect::<String>()
-        .trim_end()
-        .to_string()
 }
 
 #[cfg(test)]

@@ -6,5 +6,6 @@ mod common;
 mod hostile;
 mod learn;
 mod parallel;
+mod progress;
 mod quota;
 mod resume;
