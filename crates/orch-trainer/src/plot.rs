@@ -1,225 +1,223 @@
 //! `plot.svg`: training loss and evaluation loss against steps on top, evaluation accuracy
-//! below, written without a plotting dependency.
-//!
-//! Kept hand-written after measuring `plotters` 0.3.7 (`svg_backend`, `line_series`,
-//! `point_series`, no default features): a cold build of it and its 3 dependencies took 2.4 s
-//! (debug) and 3.5 s (release) on a 2-core machine, 6.4 s (debug) with `ab_glyph` for measured
-//! label text. Build time is not what keeps this file, then: the chart is two fixed panels of
-//! lines, dots and text, about 200 lines of SVG text that need no text measuring, and what matters
-//! in it (non-finite losses marked, not dropped; thousands of steps averaged into buckets; the
-//! accuracy axis from a round floor) is ours to write and test with or without plotters.
+//! below, drawn with `plotters`' SVG backend. Its cost, measured on a 2-core machine: a cold
+//! build of plotters 0.3.7 with `svg_backend` and `line_series` (no fonts: SVG text needs no
+//! glyphs, and label widths are estimated) and its 3 dependencies took 2.4 s (debug) and 3.5 s
+//! (release).
 
 use crate::error::TrainError;
 use crate::report::Record;
+use plotters::coord::Shift;
+use plotters::prelude::*;
 use std::path::Path;
 
 /// Writes `plot.svg`: training loss (thin line, averaged in buckets when there are many steps)
 /// and evaluation loss (dots) on top, evaluation accuracy below, both against steps.
 pub(crate) fn write_plot(path: &Path, records: &[Record], title: &str) -> Result<(), TrainError> {
-    let svg = plot(records, title);
-    std::fs::write(path, svg).map_err(|source| TrainError::Output {
+    let output = |source| TrainError::Output {
         path: path.to_path_buf(),
         source,
-    })
+    };
+    let svg = plot(records, title).map_err(|e| output(std::io::Error::other(e)))?;
+    std::fs::write(path, svg).map_err(output)
 }
 
-const W: f64 = 720.0;
-const PANEL_H: f64 = 220.0;
-const LEFT: f64 = 64.0;
-const RIGHT: f64 = 16.0;
+const SIZE: (u32, u32) = (720, 580);
+const LOSS: RGBColor = RGBColor(0x1f, 0x77, 0xb4);
+const EVAL: RGBColor = RGBColor(0xd6, 0x27, 0x28);
+const ACCURACY: RGBColor = RGBColor(0x2c, 0xa0, 0x2c);
 
-pub(crate) fn plot(records: &[Record], title: &str) -> String {
-    let steps: Vec<(f64, f64)> = records
-        .iter()
-        .filter_map(|r| match r {
-            Record::Step { step, loss, .. } if loss.is_finite() => {
-                Some((*step as f64, f64::from(*loss)))
+/// What the plot shows, read from the records.
+struct Series {
+    /// Steps with a finite loss.
+    steps: Vec<(f64, f64)>,
+    /// Steps and evaluations whose loss is NaN or infinite: marked on the top edge, not drawn
+    /// as points (an SVG coordinate of NaN draws nothing and hides the rest of the line).
+    not_finite: Vec<f64>,
+    /// Each evaluation's step, loss and accuracy (finite ones only).
+    epochs: Vec<(f64, Option<f64>, Option<f64>)>,
+}
+
+impl Series {
+    fn of(records: &[Record]) -> Series {
+        let finite = |v: Option<f64>| v.filter(|v| v.is_finite());
+        let mut series = Series {
+            steps: Vec::new(),
+            not_finite: Vec::new(),
+            epochs: Vec::new(),
+        };
+        for r in records {
+            match r {
+                Record::Step { step, loss, .. } if loss.is_finite() => {
+                    series.steps.push((*step as f64, f64::from(*loss)));
+                }
+                Record::Step { step, .. } => series.not_finite.push(*step as f64),
+                Record::Epoch {
+                    step,
+                    eval_loss,
+                    eval_accuracy,
+                    ..
+                } => {
+                    if eval_loss.is_some_and(|l| !l.is_finite()) {
+                        series.not_finite.push(*step as f64);
+                    }
+                    series
+                        .epochs
+                        .push((*step as f64, finite(*eval_loss), finite(*eval_accuracy)));
+                }
             }
-            _ => None,
-        })
-        .collect();
-    // Steps and evaluations whose loss is NaN or infinite: marked on the top edge, not drawn
-    // as points (an SVG coordinate of NaN draws nothing and hides the rest of the line).
-    let not_finite: Vec<f64> = records
-        .iter()
-        .filter_map(|r| match r {
-            Record::Step { step, loss, .. } if !loss.is_finite() => Some(*step as f64),
-            Record::Epoch {
-                step,
-                eval_loss: Some(l),
-                ..
-            } if !l.is_finite() => Some(*step as f64),
-            _ => None,
-        })
-        .collect();
-    let finite = |v: Option<f64>| v.filter(|v| v.is_finite());
-    let epochs: Vec<(f64, Option<f64>, Option<f64>)> = records
-        .iter()
-        .filter_map(|r| match r {
-            Record::Epoch {
-                step,
-                eval_loss,
-                eval_accuracy,
-                ..
-            } => Some((*step as f64, finite(*eval_loss), finite(*eval_accuracy))),
-            _ => None,
-        })
-        .collect();
-    let max_step = steps
+        }
+        series
+    }
+}
+
+type DrawResult<T> = Result<T, String>;
+
+/// The SVG text of the plot.
+pub(crate) fn plot(records: &[Record], title: &str) -> DrawResult<String> {
+    let series = Series::of(records);
+    let max_step = series
+        .steps
         .iter()
         .map(|s| s.0)
-        .chain(epochs.iter().map(|e| e.0))
-        .chain(not_finite.iter().copied())
+        .chain(series.epochs.iter().map(|e| e.0))
+        .chain(series.not_finite.iter().copied())
         .fold(1.0, f64::max);
-    let max_loss = steps
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let root = root
+            .titled(title, ("sans-serif", 15))
+            .map_err(|e| e.to_string())?;
+        let (top, bottom) = root.split_vertically(SIZE.1 / 2 - 10);
+        loss_panel(&top, &series, max_step)?;
+        accuracy_panel(&bottom, &series, max_step)?;
+        root.present().map_err(|e| e.to_string())?;
+    }
+    Ok(svg)
+}
+
+fn loss_panel(area: &DrawingArea<SVGBackend, Shift>, s: &Series, max_step: f64) -> DrawResult<()> {
+    let max_loss = s
+        .steps
         .iter()
-        .map(|s| s.1)
-        .chain(epochs.iter().filter_map(|e| e.1))
+        .map(|p| p.1)
+        .chain(s.epochs.iter().filter_map(|e| e.1))
         .fold(0.0, f64::max)
         .max(1e-6)
         * 1.05;
-    let mut svg = String::new();
-    let height = 40.0 + 2.0 * (PANEL_H + 50.0);
-    svg.push_str(&format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{LEFT}\" y=\"22\" font-size=\"15\">{}</text>\n",
-        escape(title)
-    ));
-    // Top panel: loss.
-    let top = 40.0;
-    let x = |s: f64| LEFT + (W - LEFT - RIGHT) * s / max_step;
-    let y_loss = |l: f64| top + PANEL_H - PANEL_H * l / max_loss;
-    axes(&mut svg, top, "loss", (0.0, max_loss), max_step, |v| {
-        format!("{v:.2}")
-    });
-    let buckets = bucket_means(&steps, 1000);
-    if !buckets.is_empty() {
-        let points: Vec<String> = buckets
-            .iter()
-            .map(|&(s, l)| format!("{:.1},{:.1}", x(s), y_loss(l)))
-            .collect();
-        svg.push_str(&format!(
-            "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.2\" points=\"{}\"/>\n",
-            points.join(" ")
-        ));
+    // A finite loss near f64::MAX would make the axis infinite.
+    let max_loss = max_loss.min(f64::MAX / 2.0);
+    let mut chart = ChartBuilder::on(area)
+        .margin(10)
+        .x_label_area_size(36)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0.0..max_step, 0.0..max_loss)
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .x_labels(5)
+        .y_labels(5)
+        .x_desc("step")
+        .y_desc("loss")
+        .y_label_formatter(&|v| format!("{v:.2}"))
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .draw()
+        .map_err(|e| e.to_string())?;
+    chart
+        .draw_series(LineSeries::new(bucket_means(&s.steps, 1000), LOSS))
+        .map_err(|e| e.to_string())?
+        .label("training loss")
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], LOSS.filled()));
+    chart
+        .draw_series(
+            s.epochs.iter().filter_map(|(step, loss, _)| {
+                loss.map(|l| Circle::new((*step, l), 3, EVAL.filled()))
+            }),
+        )
+        .map_err(|e| e.to_string())?
+        .label("evaluation loss")
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], EVAL.filled()));
+    let mark = ("sans-serif", 14).into_font().color(&EVAL);
+    chart
+        .draw_series(
+            s.not_finite
+                .iter()
+                .map(|step| Text::new("\u{d7}", (*step, max_loss), mark.clone())),
+        )
+        .map_err(|e| e.to_string())?;
+    if !s.not_finite.is_empty() {
+        chart
+            .draw_series(std::iter::once(Text::new(
+                format!(
+                    "{} losses are NaN or infinite (\u{d7} on the top edge)",
+                    s.not_finite.len()
+                ),
+                (max_step * 0.02, max_loss * 0.08),
+                ("sans-serif", 12).into_font().color(&EVAL),
+            )))
+            .map_err(|e| e.to_string())?;
     }
-    for (s, loss, _) in &epochs {
-        if let Some(l) = loss {
-            svg.push_str(&format!(
-                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3.5\" fill=\"#d62728\"/>\n",
-                x(*s),
-                y_loss(*l)
-            ));
-        }
-    }
-    for s in &not_finite {
-        svg.push_str(&format!(
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#d62728\" font-weight=\"bold\">\u{d7}</text>\n",
-            x(*s),
-            top + 10.0
-        ));
-    }
-    if !not_finite.is_empty() {
-        svg.push_str(&format!(
-            "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"#d62728\">{} losses are NaN or infinite (\u{d7} on the top edge)</text>\n",
-            LEFT + 8.0,
-            top + PANEL_H - 8.0,
-            not_finite.len()
-        ));
-    }
-    legend(
-        &mut svg,
-        top,
-        &[("#1f77b4", "training loss"), ("#d62728", "evaluation loss")],
-    );
-    // Bottom panel: accuracy, from a round number below the lowest to 100 %.
-    let top = 40.0 + PANEL_H + 50.0;
-    let lowest = epochs.iter().filter_map(|e| e.2).fold(1.0, f64::min);
-    let floor = ((lowest - 0.02) * 20.0).floor().clamp(0.0, 19.0) / 20.0;
-    let y_acc = |a: f64| top + PANEL_H - PANEL_H * (a - floor) / (1.0 - floor);
-    axes(&mut svg, top, "accuracy", (floor, 1.0), max_step, |v| {
-        format!("{:.1}%", v * 100.0)
-    });
-    let acc: Vec<String> = epochs
-        .iter()
-        .filter_map(|(s, _, a)| a.map(|a| format!("{:.1},{:.1}", x(*s), y_acc(a))))
-        .collect();
-    if !acc.is_empty() {
-        svg.push_str(&format!(
-            "<polyline fill=\"none\" stroke=\"#2ca02c\" stroke-width=\"1.5\" points=\"{}\"/>\n",
-            acc.join(" ")
-        ));
-        for (s, _, a) in &epochs {
-            if let Some(a) = a {
-                svg.push_str(&format!(
-                    "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3.5\" fill=\"#2ca02c\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{:.2}%</text>\n",
-                    x(*s),
-                    y_acc(*a),
-                    x(*s) - 6.0,
-                    y_acc(*a) + 18.0,
-                    a * 100.0
-                ));
-            }
-        }
-    }
-    legend(&mut svg, top, &[("#2ca02c", "evaluation accuracy")]);
-    svg.push_str("</svg>\n");
-    svg
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK.mix(0.3))
+        .draw()
+        .map_err(|e| e.to_string())
 }
 
-fn axes(
-    svg: &mut String,
-    top: f64,
-    label: &str,
-    (lo, hi): (f64, f64),
+fn accuracy_panel(
+    area: &DrawingArea<SVGBackend, Shift>,
+    s: &Series,
     max_step: f64,
-    fmt: impl Fn(f64) -> String,
-) {
-    let bottom = top + PANEL_H;
-    svg.push_str(&format!(
-        "<rect x=\"{LEFT}\" y=\"{top}\" width=\"{}\" height=\"{PANEL_H}\" fill=\"none\" stroke=\"#999\"/>\n",
-        W - LEFT - RIGHT
-    ));
-    for i in 0..=4 {
-        let v = lo + (hi - lo) * f64::from(i) / 4.0;
-        let y = bottom - PANEL_H * f64::from(i) / 4.0;
-        svg.push_str(&format!(
-            "<line x1=\"{LEFT}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#eee\"/><text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\n",
-            W - RIGHT,
-            LEFT - 6.0,
-            y + 4.0,
-            fmt(v)
-        ));
-        let s = max_step * f64::from(i) / 4.0;
-        let x = LEFT + (W - LEFT - RIGHT) * f64::from(i) / 4.0;
-        svg.push_str(&format!(
-            "<text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{s:.0}</text>\n",
-            bottom + 16.0
-        ));
-    }
-    svg.push_str(&format!(
-        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">step</text><text x=\"14\" y=\"{:.1}\" transform=\"rotate(-90 14 {:.1})\" text-anchor=\"middle\">{}</text>\n",
-        LEFT + (W - LEFT - RIGHT) / 2.0,
-        bottom + 32.0,
-        top + PANEL_H / 2.0,
-        top + PANEL_H / 2.0,
-        escape(label)
-    ));
-}
-
-/// A row of entries above a panel, right-aligned.
-fn legend(svg: &mut String, top: f64, entries: &[(&str, &str)]) {
-    let y = top - 6.0;
-    let mut right = W - RIGHT;
-    for (color, text) in entries.iter().rev() {
-        svg.push_str(&format!(
-            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"10\" height=\"10\" fill=\"{color}\"/><text x=\"{:.1}\" y=\"{y:.1}\" text-anchor=\"end\">{}</text>\n",
-            right - 10.0,
-            y - 9.0,
-            right - 14.0,
-            escape(text)
-        ));
-        right -= 30.0 + 6.5 * text.len() as f64;
-    }
+) -> DrawResult<()> {
+    // From a round number below the lowest accuracy to 100 %.
+    let lowest = s.epochs.iter().filter_map(|e| e.2).fold(1.0, f64::min);
+    let floor = ((lowest - 0.02) * 20.0).floor().clamp(0.0, 19.0) / 20.0;
+    let mut chart = ChartBuilder::on(area)
+        .margin(10)
+        .x_label_area_size(36)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0.0..max_step, floor..1.0)
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .x_labels(5)
+        .y_labels(5)
+        .x_desc("step")
+        .y_desc("accuracy")
+        .y_label_formatter(&|v| format!("{:.1}%", v * 100.0))
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .draw()
+        .map_err(|e| e.to_string())?;
+    let points: Vec<(f64, f64)> = s
+        .epochs
+        .iter()
+        .filter_map(|(step, _, a)| a.map(|a| (*step, a)))
+        .collect();
+    chart
+        .draw_series(LineSeries::new(
+            points.iter().copied(),
+            ACCURACY.stroke_width(2),
+        ))
+        .map_err(|e| e.to_string())?
+        .label("evaluation accuracy")
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], ACCURACY.filled()));
+    chart
+        .draw_series(points.iter().map(|&(step, a)| {
+            EmptyElement::at((step, a))
+                + Circle::new((0, 0), 3, ACCURACY.filled())
+                + Text::new(format!("{:.2}%", a * 100.0), (-40, 8), ("sans-serif", 12))
+        }))
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK.mix(0.3))
+        .draw()
+        .map_err(|e| e.to_string())
 }
 
 /// At most `max` points: the means of equal buckets of consecutive points.
@@ -235,12 +233,6 @@ fn bucket_means(points: &[(f64, f64)], max: usize) -> Vec<(f64, f64)> {
             )
         })
         .collect()
-}
-
-fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
 }
 
 #[cfg(test)]
@@ -267,12 +259,36 @@ mod tests {
             seconds: 1.0,
             scalars: Default::default(),
         });
-        let svg = plot(&records, "t");
+        let svg = plot(&records, "t").unwrap();
         assert!(!svg.contains("NaN\""), "no NaN coordinate: {svg}");
         assert!(!svg.contains("inf\""), "{svg}");
         assert!(svg.contains("<polyline"), "the finite losses are drawn");
         assert!(svg.contains("2 losses are NaN or infinite"), "said: {svg}");
         assert_eq!(svg.matches('\u{d7}').count(), 3, "two marks and the note");
+    }
+
+    #[test]
+    fn extreme_values_draw_without_failing() {
+        let records = vec![
+            Record::Step {
+                step: u64::MAX,
+                epoch: 1,
+                loss: f32::MAX,
+                samples_per_sec: 1.0,
+                scalars: Default::default(),
+            },
+            Record::Epoch {
+                epoch: 1,
+                step: u64::MAX,
+                train_loss: 1.0,
+                eval_loss: Some(f64::MAX),
+                eval_accuracy: Some(0.0),
+                seconds: 1.0,
+                scalars: Default::default(),
+            },
+        ];
+        let svg = plot(&records, "t").unwrap();
+        assert!(!svg.contains("NaN") && !svg.contains("inf\""), "{svg}");
     }
 
     #[test]

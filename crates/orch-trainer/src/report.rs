@@ -362,7 +362,7 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.starts_with(kept), "{text}");
         assert_eq!(read_metrics(&path).len(), 2, "{text}");
-        let svg = crate::plot::plot(&read_metrics(&path), "a <test>");
+        let svg = crate::plot::plot(&read_metrics(&path), "a <test>").unwrap();
         assert!(
             svg.starts_with("<svg") && svg.contains("a &lt;test&gt;") && svg.contains("polyline")
         );
