@@ -44,12 +44,7 @@ impl Lease {
     /// Process `pid` belongs to this lease's job: it or one of its ancestors is a holder, or it
     /// runs in a holder's process group or cgroup. Only such a process may claim inside it.
     pub fn contains_process(&self, pid: u32) -> bool {
-        let own_cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-            .ok()
-            .and_then(|t| {
-                t.lines()
-                    .find_map(|l| l.strip_prefix("0::").map(str::to_string))
-            });
+        let own_cgroup = orch_core::process::cgroup_v2_of(pid);
         if let Some(own) = own_cgroup.filter(|c| c != "/")
             && self
                 .holders

@@ -402,12 +402,11 @@ fn device_slots(
         .collect()
 }
 
-/// `MemAvailable` of /proc/meminfo, bytes.
+/// The host's available memory, bytes (the one reader of `/proc/meminfo`, in orch-devices).
 fn host_available_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
+    orch_devices::cpu::host_memory()
+        .ok()
+        .map(|(_, available)| available)
 }
 
 /// Compiles (or finds compiled) the component, checks it is a trainer and links it.
