@@ -207,11 +207,13 @@ impl Engine {
 
     /// The engine's loop; returns when every sender is gone.
     pub fn run(mut self) {
-        let mut last_pass = Instant::now() - TICK;
-        // Finished jobs and their folders go after `retention`; looked at every tenth of it
-        // (at most every ten minutes).
+        let mut last_pass = Instant::now();
+        // Finished jobs and their folders go after `retention`; looked at on start and every
+        // tenth of it (at most every ten minutes).
         let purge_every = (self.shared.config.retention / 10).min(Duration::from_secs(600));
-        let mut last_purge = Instant::now() - purge_every;
+        self.purge();
+        let mut last_purge = Instant::now();
+        self.pass();
         loop {
             if last_purge.elapsed() >= purge_every {
                 self.purge();
