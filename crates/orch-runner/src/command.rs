@@ -73,10 +73,7 @@ fn job_env(
         .chosen
         .iter()
         .map(|chosen| {
-            let device = inventory
-                .devices
-                .iter()
-                .find(|d| d.index == chosen.physical_index);
+            let device = chosen.in_inventory(inventory);
             // The kind comes from the inventory: NVML and simulated GPUs are named to CUDA by
             // UUID; the CPU device is no CUDA device at all.
             let is_gpu = inventory.backend != Backend::Cpu;

@@ -56,6 +56,19 @@ pub struct Rejection {
     pub why: String,
 }
 
+impl PlannedDevice {
+    /// The inventory's reading of this device.
+    pub fn in_inventory<'a>(
+        &self,
+        inventory: &'a orch_devices::Inventory,
+    ) -> Option<&'a orch_devices::Device> {
+        inventory
+            .devices
+            .iter()
+            .find(|d| d.index == self.physical_index)
+    }
+}
+
 /// Why there is no plan.
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {

@@ -46,10 +46,7 @@ pub(crate) fn granted(
     plan.chosen
         .iter()
         .map(|chosen| {
-            let device = inventory
-                .devices
-                .iter()
-                .find(|d| d.index == chosen.physical_index);
+            let device = chosen.in_inventory(inventory);
             Ok(GrantedDevice {
                 device: match inventory.backend {
                     Backend::Cpu => Device::Cpu,
