@@ -30,6 +30,8 @@ pub struct JobSpec {
     pub requeue: bool,
     /// `[job] preemptible`: the daemon may stop the job for a tenant under its share.
     pub preemptible: bool,
+    /// `[job] tags`: free words a queue policy may act on ("paper-deadline").
+    pub tags: Vec<String>,
     pub resources: Resources,
     pub policy: PolicySpec,
     pub work: Work,
@@ -223,6 +225,8 @@ struct RawJobTable {
     requeue: bool,
     #[serde(default)]
     preemptible: bool,
+    #[serde(default)]
+    tags: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -342,6 +346,7 @@ impl Checker<'_> {
             max_runtime,
             requeue: raw.job.requeue,
             preemptible: raw.job.preemptible,
+            tags: raw.job.tags,
             resources: self.resources(raw.resources)?,
             policy: self.policy(raw.policy)?,
             work,

@@ -140,6 +140,7 @@ fn quick_job(args: &RunArgs) -> Result<JobSpec, Failure> {
         max_runtime: None,
         requeue: false,
         preemptible: false,
+        tags: Vec::new(),
         resources: Resources {
             gpus,
             gpus_at: at.clone(),
