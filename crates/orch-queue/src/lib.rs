@@ -208,17 +208,11 @@ pub fn fair_share(jobs: &[Job], tenants: &[Tenant], _machine: &Machine) -> Vec<R
     order
         .into_iter()
         .map(|j| {
-            let mut reason = standing
-                .get(j.tenant as usize)
-                .cloned()
-                .unwrap_or_default();
+            let mut reason = standing.get(j.tenant as usize).cloned().unwrap_or_default();
             if j.priority != 0 {
                 let _ = write!(reason, "; priority {}", j.priority);
             }
-            Ranked {
-                job: j.id,
-                reason,
-            }
+            Ranked { job: j.id, reason }
         })
         .collect()
 }
@@ -369,8 +363,16 @@ mod tests {
         };
         assert!(check_order(&jobs, &[r(2)]).is_ok());
         assert!(check_order(&jobs, &[]).is_ok());
-        assert!(check_order(&jobs, &[r(2), r(2)]).unwrap_err().contains("twice"));
-        assert!(check_order(&jobs, &[r(7)]).unwrap_err().contains("not in the queue"));
+        assert!(
+            check_order(&jobs, &[r(2), r(2)])
+                .unwrap_err()
+                .contains("twice")
+        );
+        assert!(
+            check_order(&jobs, &[r(7)])
+                .unwrap_err()
+                .contains("not in the queue")
+        );
         assert_eq!(clean_reason("a\nb"), "a b");
         assert_eq!(clean_reason(&"é".repeat(300)).len(), MAX_REASON);
     }

@@ -13,7 +13,9 @@ pub struct Config {
     /// Where it came from (`None`: the single-tenant default).
     pub path: Option<PathBuf>,
     pub admins: Vec<String>,
-    pub queue_policy: String,
+    /// `queue_policy`: a built-in queue policy (`fair-share`, `fifo`, `priority`) or a queue
+    /// component's path (relative paths resolve against the config's folder).
+    pub queue_policy: orch_core::PluginRef,
     pub usage_half_life: Duration,
     /// How long finished jobs and their logs are kept.
     pub retention: Duration,
@@ -30,6 +32,8 @@ pub struct Tenant {
     pub max_gpus: Option<u32>,
     pub max_queued: Option<u32>,
     pub max_runtime: Option<Duration>,
+    /// The highest `[job] priority` its jobs may ask for.
+    pub max_priority: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -59,8 +63,12 @@ struct RawTenant {
     max_gpus: Option<u32>,
     max_queued: Option<u32>,
     max_runtime: Option<String>,
+    max_priority: Option<i64>,
     idle_timeout: Option<String>,
 }
+
+/// The queue policy when the config names none.
+pub const DEFAULT_QUEUE_POLICY: &str = "fair-share";
 
 const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 86400);
 
@@ -70,7 +78,7 @@ impl Config {
         Config {
             path: None,
             admins: vec![user.to_string()],
-            queue_policy: "fifo".into(),
+            queue_policy: orch_core::PluginRef::Builtin(DEFAULT_QUEUE_POLICY.into()),
             usage_half_life: Duration::from_secs(7 * 86400),
             retention: DEFAULT_RETENTION,
             tenants: vec![Tenant {
@@ -81,6 +89,7 @@ impl Config {
                 max_gpus: None,
                 max_queued: None,
                 max_runtime: None,
+                max_priority: None,
             }],
         }
     }
@@ -179,6 +188,7 @@ impl Config {
                 max_gpus: t.max_gpus,
                 max_queued: t.max_queued,
                 max_runtime: duration("max_runtime", &t.max_runtime)?,
+                max_priority: t.max_priority,
             });
         }
         if tenants.is_empty() {
@@ -188,16 +198,27 @@ impl Config {
                 ),
             );
         }
-        let queue_policy = raw.queue_policy.unwrap_or_else(|| "fifo".into());
-        if queue_policy != "fifo" {
-            return Err(at(
-                "queue_policy",
-                format!(
-                    "queue_policy = \"{queue_policy}\": this orch orders its queue first in, first out (with backfill) only"
-                ),
-                "use queue_policy = \"fifo\", or leave it out",
-            ));
-        }
+        let queue_policy = match raw.queue_policy.as_deref() {
+            None => orch_core::PluginRef::Builtin(DEFAULT_QUEUE_POLICY.into()),
+            Some(text) => {
+                let base = path.parent().unwrap_or(Path::new("."));
+                let plugin = orch_core::PluginRef::parse(text, base);
+                if let orch_core::PluginRef::Builtin(name) = &plugin
+                    && orch_queue::builtin(name).is_none()
+                {
+                    let names: Vec<&str> = orch_queue::BUILTINS.iter().map(|(n, _)| *n).collect();
+                    return Err(at(
+                        "queue_policy",
+                        format!("queue_policy = \"{name}\" is not a built-in queue policy"),
+                        &format!(
+                            "use one of {}, or the path of a queue component (a .wasm file)",
+                            names.join(", ")
+                        ),
+                    ));
+                }
+                plugin
+            }
+        };
         Ok(Config {
             path: Some(path.to_path_buf()),
             admins: raw.admins,

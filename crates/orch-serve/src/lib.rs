@@ -14,7 +14,9 @@ pub mod config;
 pub mod db;
 pub mod engine;
 mod logs;
+pub mod sched;
 pub mod server;
+pub mod simulate;
 pub mod supervisor;
 pub mod users;
 

@@ -1,0 +1,826 @@
+//! The scheduler core, shared by the daemon's engine and `orch simulate`: the queue and the
+//! running jobs as scheduling sees them, decayed usage per tenant, one pass (order, limits,
+//! backfill, placement through the caller) and preemption. Time is a number of seconds the caller
+//! gives (the wall clock in the daemon, virtual time in the simulator), so both run the same code.
+//!
+//! Design decisions:
+//! - The queue order comes from a [`QueuePolicy`] (a Wasm component in the daemon); its answer is
+//!   checked here whatever its source, and a policy that fails leaves this pass to `fifo`.
+//! - Limits are the host's: a job of a tenant at its `max_gpus` is not started whatever its rank.
+//! - Usage is charged continuously (the exact integral of a decaying rate, so a long interval
+//!   charges what many short ones would); the daemon persists it every sampling period.
+//! - Preemption frees devices for a tenant under its share by stopping preemptible jobs of
+//!   tenants over theirs, and holds the devices freed for that job (a reservation) until it starts
+//!   or the reservation expires, so that backfill does not take them first.
+
+use orch_queue::{Job, Machine, Ranked, Tenant, TenantInput};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+/// A tenant as the scheduler knows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantConf {
+    pub name: String,
+    pub share: f64,
+    pub max_gpus: Option<u32>,
+}
+
+/// Decayed usage: `gpu_s` GPU-seconds as of `as_of_s`, halving every half-life after.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Usage {
+    pub gpu_s: f64,
+    pub as_of_s: f64,
+}
+
+impl Usage {
+    /// The usage at `now_s`.
+    pub fn at(&self, now_s: f64, half_life_s: f64) -> f64 {
+        let dt = now_s - self.as_of_s;
+        if dt <= 0.0 || half_life_s <= 0.0 {
+            return self.gpu_s;
+        }
+        self.gpu_s * (-dt / half_life_s).exp2()
+    }
+
+    /// Adds `gpus` devices used from `from_s` to `to_s`: each second's use decays from its own
+    /// moment, so the amount is `gpus * h / ln 2 * (1 - 2^(-(to - from) / h))` at `to_s`.
+    pub fn charge(&mut self, gpus: f64, from_s: f64, to_s: f64, half_life_s: f64) {
+        let base = self.at(to_s.max(self.as_of_s), half_life_s);
+        let span = (to_s - from_s).max(0.0);
+        let used = if half_life_s > 0.0 {
+            let h = half_life_s / std::f64::consts::LN_2;
+            gpus * h * -(-span / h).exp_m1()
+        } else {
+            gpus * span
+        };
+        // Use before `as_of_s` (a job that ended while no daemon watched) decays to `as_of_s`.
+        let late = (self.as_of_s - to_s).max(0.0);
+        self.gpu_s = base + used * (-late / half_life_s.max(f64::MIN_POSITIVE)).exp2();
+        self.as_of_s = self.as_of_s.max(to_s);
+    }
+}
+
+/// A queued job, as scheduling sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueuedJob {
+    pub id: u64,
+    /// Index into the tenants.
+    pub tenant: usize,
+    pub name: String,
+    pub tags: Vec<String>,
+    pub gpus: u32,
+    /// An exclusive job takes its devices from the free count; a shared one does not.
+    pub exclusive: bool,
+    pub priority: i64,
+    pub submitted_s: f64,
+    pub runtime_s: Option<f64>,
+    pub preemptible: bool,
+}
+
+/// A running job, as scheduling sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunningJob {
+    pub id: u64,
+    pub tenant: usize,
+    pub gpus: u32,
+    pub preemptible: bool,
+    pub started_s: f64,
+    /// Usage is charged up to here.
+    pub charged_s: f64,
+    /// GPU-seconds charged so far (undecayed).
+    pub gpu_s: f64,
+}
+
+/// What placing a job came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attempt {
+    Started,
+    /// It stays queued, for this reason.
+    Waits(String),
+    /// It left the queue (failed or cancelled meanwhile).
+    Left,
+}
+
+/// A job to stop and queue again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Preemption {
+    pub victim: u64,
+    pub for_job: u64,
+    pub reason: String,
+}
+
+/// What one pass did.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct PassReport {
+    pub started: Vec<u64>,
+    /// Why each job still queued waits (with [`Scheduler::keep_reasons`]).
+    pub reasons: Vec<(u64, String)>,
+    pub preempt: Vec<Preemption>,
+    /// The queue policy failed and this pass ran `fifo`: one sentence naming the policy.
+    pub policy_failure: Option<String>,
+}
+
+/// Where the order of a pass comes from.
+pub trait QueuePolicy: Send {
+    /// The name messages use.
+    fn name(&self) -> &str;
+    /// The built-in this policy is, when the scheduler may compute it natively (the simulator);
+    /// `None` makes every pass ask [`QueuePolicy::order`].
+    fn native(&self) -> Option<&'static str> {
+        None
+    }
+    /// The jobs in the order to try, each with a reason.
+    fn order(
+        &mut self,
+        jobs: &[Job],
+        tenants: &[Tenant],
+        machine: &Machine,
+    ) -> Result<Vec<Ranked>, String>;
+}
+
+/// A built-in order computed in this process (`orch_queue`).
+#[derive(Debug, Clone, Copy)]
+pub struct NativePolicy {
+    name: &'static str,
+    order: fn(&[Job], &[Tenant], &Machine) -> Vec<Ranked>,
+}
+
+impl NativePolicy {
+    pub fn new(name: &str) -> Option<NativePolicy> {
+        let (name, _) = orch_queue::BUILTINS.iter().find(|(n, _)| *n == name)?;
+        Some(NativePolicy {
+            name,
+            order: orch_queue::builtin(name)?,
+        })
+    }
+}
+
+impl QueuePolicy for NativePolicy {
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn native(&self) -> Option<&'static str> {
+        Some(self.name)
+    }
+    fn order(
+        &mut self,
+        jobs: &[Job],
+        tenants: &[Tenant],
+        machine: &Machine,
+    ) -> Result<Vec<Ranked>, String> {
+        Ok((self.order)(jobs, tenants, machine))
+    }
+}
+
+/// A total order on f64 seconds (NaN never occurs: times come from clocks and parsed traces).
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+struct Secs(f64);
+impl Eq for Secs {}
+impl Ord for Secs {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+/// Within a tenant (and for `priority`): higher priority first, then older, then lower id.
+type Key = (Reverse<i64>, Secs, u64);
+
+fn key(job: &QueuedJob) -> Key {
+    (Reverse(job.priority), Secs(job.submitted_s), job.id)
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Reservation {
+    gpus: u32,
+    until_s: f64,
+}
+
+/// A tenant counts as under (over) its share for preemption only beyond this margin of it, so
+/// that two tenants near their shares do not preempt each other back and forth.
+const PREEMPT_MARGIN: f64 = 0.05;
+
+/// The queue, the running jobs and the usage, and the passes over them.
+pub struct Scheduler {
+    tenants: Vec<TenantConf>,
+    usage: Vec<Usage>,
+    half_life_s: f64,
+    policy: Box<dyn QueuePolicy>,
+    queue: BTreeMap<u64, QueuedJob>,
+    by_tenant: Vec<BTreeSet<Key>>,
+    by_priority: BTreeSet<Key>,
+    shared_queued: usize,
+    running: HashMap<u64, RunningJob>,
+    held: Vec<u32>,
+    reservations: HashMap<u64, Reservation>,
+    preempting: HashSet<u64>,
+    /// How long devices freed by preemption stay held for the job they were freed for.
+    pub reservation_s: f64,
+    /// Compute a reason for every queued job (the daemon shows them); without, a pass may stop
+    /// once nothing more can start (the simulator).
+    pub keep_reasons: bool,
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scheduler")
+            .field("policy", &self.policy.name())
+            .field("queued", &self.queue.len())
+            .field("running", &self.running.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Scheduler {
+    pub fn new(
+        tenants: Vec<TenantConf>,
+        half_life_s: f64,
+        policy: Box<dyn QueuePolicy>,
+    ) -> Scheduler {
+        let n = tenants.len();
+        Scheduler {
+            tenants,
+            usage: vec![Usage::default(); n],
+            half_life_s,
+            policy,
+            queue: BTreeMap::new(),
+            by_tenant: vec![BTreeSet::new(); n],
+            by_priority: BTreeSet::new(),
+            shared_queued: 0,
+            running: HashMap::new(),
+            held: vec![0; n],
+            reservations: HashMap::new(),
+            preempting: HashSet::new(),
+            reservation_s: 60.0,
+            keep_reasons: true,
+        }
+    }
+
+    pub fn tenants(&self) -> &[TenantConf] {
+        &self.tenants
+    }
+
+    pub fn tenant_index(&self, name: &str) -> Option<usize> {
+        self.tenants.iter().position(|t| t.name == name)
+    }
+
+    pub fn policy_name(&self) -> &str {
+        self.policy.name()
+    }
+
+    pub fn half_life_s(&self) -> f64 {
+        self.half_life_s
+    }
+
+    /// Sets a tenant's recorded usage (the daemon, from its database).
+    pub fn set_usage(&mut self, tenant: usize, usage: Usage) {
+        if let Some(u) = self.usage.get_mut(tenant) {
+            *u = usage;
+        }
+    }
+
+    pub fn usage(&self, tenant: usize) -> Usage {
+        self.usage.get(tenant).copied().unwrap_or_default()
+    }
+
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn queued_job(&self, id: u64) -> Option<&QueuedJob> {
+        self.queue.get(&id)
+    }
+
+    pub fn running_job(&self, id: u64) -> Option<&RunningJob> {
+        self.running.get(&id)
+    }
+
+    pub fn running_jobs(&self) -> impl Iterator<Item = &RunningJob> {
+        self.running.values()
+    }
+
+    /// GPUs a tenant's running jobs hold.
+    pub fn held(&self, tenant: usize) -> u32 {
+        self.held.get(tenant).copied().unwrap_or(0)
+    }
+
+    /// Queued and running jobs of a tenant.
+    pub fn counts(&self, tenant: usize) -> (u32, u32) {
+        let queued = self.by_tenant.get(tenant).map_or(0, |s| s.len()) as u32;
+        let running = self.running.values().filter(|r| r.tenant == tenant).count() as u32;
+        (queued, running)
+    }
+
+    pub fn enqueue(&mut self, job: QueuedJob) {
+        self.dequeue(job.id);
+        if job.tenant >= self.tenants.len() {
+            return;
+        }
+        self.by_tenant[job.tenant].insert(key(&job));
+        self.by_priority.insert(key(&job));
+        if !job.exclusive {
+            self.shared_queued += 1;
+        }
+        self.queue.insert(job.id, job);
+    }
+
+    /// Takes a job out of the queue (cancelled, failed, started elsewhere).
+    pub fn dequeue(&mut self, id: u64) -> Option<QueuedJob> {
+        let job = self.queue.remove(&id)?;
+        self.by_tenant[job.tenant].remove(&key(&job));
+        self.by_priority.remove(&key(&job));
+        if !job.exclusive {
+            self.shared_queued -= 1;
+        }
+        self.reservations.remove(&id);
+        Some(job)
+    }
+
+    /// Records a running job (started by a pass, or adopted after a restart).
+    pub fn add_running(&mut self, job: RunningJob) {
+        self.remove_running(job.id);
+        if job.tenant >= self.tenants.len() {
+            return;
+        }
+        self.held[job.tenant] += job.gpus;
+        self.running.insert(job.id, job);
+    }
+
+    /// Ends a running job at `at_s`: its use is charged up to then. Returns it.
+    pub fn end(&mut self, id: u64, at_s: f64) -> Option<RunningJob> {
+        self.charge_job(id, at_s);
+        self.remove_running(id)
+    }
+
+    fn remove_running(&mut self, id: u64) -> Option<RunningJob> {
+        let job = self.running.remove(&id)?;
+        self.held[job.tenant] = self.held[job.tenant].saturating_sub(job.gpus);
+        self.preempting.remove(&id);
+        Some(job)
+    }
+
+    fn charge_job(&mut self, id: u64, to_s: f64) {
+        let half_life = self.half_life_s;
+        if let Some(job) = self.running.get_mut(&id)
+            && to_s > job.charged_s
+        {
+            self.usage[job.tenant].charge(f64::from(job.gpus), job.charged_s, to_s, half_life);
+            job.gpu_s += f64::from(job.gpus) * (to_s - job.charged_s);
+            job.charged_s = to_s;
+        }
+    }
+
+    /// Charges every running job's use up to `now_s`.
+    pub fn charge(&mut self, now_s: f64) {
+        let ids: Vec<u64> = self.running.keys().copied().collect();
+        for id in ids {
+            self.charge_job(id, now_s);
+        }
+    }
+
+    /// Every tenant's standing at `now_s` (usage charged up to then).
+    pub fn standing(&mut self, now_s: f64) -> Vec<Tenant> {
+        self.charge(now_s);
+        let inputs: Vec<TenantInput> = self
+            .tenants
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let (queued, running) = self.counts(i);
+                TenantInput {
+                    name: t.name.clone(),
+                    share: t.share,
+                    usage_gpu_s: self.usage[i].at(now_s, self.half_life_s),
+                    gpus_held: self.held[i],
+                    max_gpus: t.max_gpus,
+                    queued,
+                    running,
+                }
+            })
+            .collect();
+        Tenant::all(&inputs)
+    }
+
+    /// One pass at `now_s` on a machine with `machine.free_gpus` free devices: orders the queue,
+    /// tries each job through `place` within the limits, and picks jobs to preempt.
+    pub fn pass(
+        &mut self,
+        now_s: f64,
+        machine: Machine,
+        place: &mut dyn FnMut(&QueuedJob) -> Attempt,
+    ) -> PassReport {
+        let mut report = PassReport::default();
+        self.reservations
+            .retain(|_, r| r.until_s >= now_s && r.gpus > 0);
+        if self.queue.is_empty() {
+            return report;
+        }
+        let tenants = self.standing(now_s);
+        let lazy = !self.keep_reasons && self.policy.native().is_some();
+        let order: Option<Vec<Ranked>> = if lazy {
+            None
+        } else {
+            let jobs = self.offered(now_s);
+            match self
+                .policy
+                .order(&jobs, &tenants, &machine)
+                .and_then(|order| orch_queue::check_order(&jobs, &order).map(|()| order))
+            {
+                Ok(order) => Some(order),
+                Err(e) => {
+                    report.policy_failure = Some(format!(
+                        "queue policy {} failed ({e}); this pass used fifo",
+                        self.policy.name()
+                    ));
+                    Some(orch_queue::fifo(&jobs, &tenants, &machine))
+                }
+            }
+        };
+        let mut walk = Walk {
+            free: machine.free_gpus,
+            blocked: Vec::new(),
+            visited: HashSet::new(),
+        };
+        match order {
+            Some(order) => {
+                for ranked in order {
+                    walk.visited.insert(ranked.job);
+                    self.consider(
+                        ranked.job,
+                        &ranked.reason,
+                        now_s,
+                        &mut walk,
+                        &mut report,
+                        place,
+                    );
+                }
+                if self.keep_reasons {
+                    let name = self.policy.name().to_string();
+                    for &id in self.queue.keys() {
+                        if !walk.visited.contains(&id) {
+                            report.reasons.push((
+                                id,
+                                format!("the queue policy {name} left it out of this pass"),
+                            ));
+                        }
+                    }
+                }
+            }
+            None => self.lazy_walk(&tenants, now_s, &mut walk, &mut report, place),
+        }
+        self.preempt(&tenants, now_s, &walk, &mut report);
+        report
+    }
+
+    /// The queue as the policy sees it.
+    fn offered(&self, now_s: f64) -> Vec<Job> {
+        self.queue
+            .values()
+            .map(|j| Job {
+                id: j.id,
+                tenant: j.tenant as u32,
+                name: j.name.clone(),
+                tags: j.tags.clone(),
+                gpus: j.gpus,
+                priority: j.priority,
+                age_s: (now_s - j.submitted_s).max(0.0),
+                runtime_s: j.runtime_s,
+                preemptible: j.preemptible,
+            })
+            .collect()
+    }
+
+    fn reserved_for_others(&self, id: u64) -> u32 {
+        self.reservations
+            .iter()
+            .filter(|(j, _)| **j != id)
+            .map(|(_, r)| r.gpus)
+            .sum()
+    }
+
+    /// Tries one job.
+    fn consider(
+        &mut self,
+        id: u64,
+        policy_reason: &str,
+        now_s: f64,
+        walk: &mut Walk,
+        report: &mut PassReport,
+        place: &mut dyn FnMut(&QueuedJob) -> Attempt,
+    ) {
+        let Some(job) = self.queue.get(&id) else {
+            return;
+        };
+        let keep = self.keep_reasons;
+        let with = |reason: String| {
+            if policy_reason.is_empty() {
+                reason
+            } else {
+                format!("{reason}; {policy_reason}")
+            }
+        };
+        let reserved = self.reserved_for_others(id);
+        let available = walk.free.saturating_sub(reserved);
+        if job.exclusive && job.gpus > available {
+            walk.blocked.push(id);
+            if keep {
+                let held_back = if reserved > 0 && walk.free > available {
+                    format!(
+                        " ({} more held for a job that preemption freed them for)",
+                        walk.free - available
+                    )
+                } else {
+                    String::new()
+                };
+                report.reasons.push((
+                    id,
+                    with(format!(
+                        "waiting for {} free device(s); {available} free{held_back}",
+                        job.gpus
+                    )),
+                ));
+            }
+            return;
+        }
+        let tenant = &self.tenants[job.tenant];
+        if let Some(max) = tenant.max_gpus {
+            let holds = self.held[job.tenant];
+            if holds + job.gpus > max {
+                if keep {
+                    report.reasons.push((
+                        id,
+                        with(format!(
+                            "tenant {} holds {holds} device(s) of its max_gpus = {max}",
+                            tenant.name
+                        )),
+                    ));
+                }
+                return;
+            }
+        }
+        match place(job) {
+            Attempt::Started => {
+                let Some(job) = self.dequeue(id) else {
+                    return;
+                };
+                if job.exclusive {
+                    walk.free = walk.free.saturating_sub(job.gpus);
+                }
+                self.add_running(RunningJob {
+                    id,
+                    tenant: job.tenant,
+                    gpus: job.gpus,
+                    preemptible: job.preemptible,
+                    started_s: now_s,
+                    charged_s: now_s,
+                    gpu_s: 0.0,
+                });
+                report.started.push(id);
+            }
+            Attempt::Waits(reason) => {
+                if job.exclusive {
+                    walk.blocked.push(id);
+                }
+                if keep {
+                    report.reasons.push((id, with(reason)));
+                }
+            }
+            Attempt::Left => {
+                self.dequeue(id);
+            }
+        }
+    }
+
+    /// A built-in order without asking for all of it: tenants' queues merged in the built-in's
+    /// order, stopping once nothing more can start. Chunks of the order are drawn from the
+    /// queue's indexes between placements (which change them).
+    fn lazy_walk(
+        &mut self,
+        tenants: &[Tenant],
+        now_s: f64,
+        walk: &mut Walk,
+        report: &mut PassReport,
+        place: &mut dyn FnMut(&QueuedJob) -> Attempt,
+    ) {
+        let name = self.policy.native().unwrap_or("fifo");
+        let mut cursor = Cursor::default();
+        loop {
+            let total_reserved: u32 = self.reservations.values().map(|r| r.gpus).sum();
+            if walk.free <= total_reserved && self.shared_queued == 0 {
+                break;
+            }
+            let chunk = self.next_chunk(name, tenants, &mut cursor, 64);
+            if chunk.is_empty() {
+                break;
+            }
+            for id in chunk {
+                walk.visited.insert(id);
+                self.consider(id, "", now_s, walk, report, place);
+            }
+        }
+        // Jobs holding a reservation get their devices even when the walk stopped before them.
+        let reserved: Vec<u64> = self
+            .reservations
+            .keys()
+            .copied()
+            .filter(|id| !walk.visited.contains(id))
+            .collect();
+        for id in reserved {
+            walk.visited.insert(id);
+            self.consider(id, "", now_s, walk, report, place);
+        }
+        // The first waiting job of each tenant may still ask for preemption.
+        for set in &self.by_tenant {
+            if let Some(&(_, _, id)) = set.first()
+                && !walk.visited.contains(&id)
+            {
+                walk.blocked.push(id);
+            }
+        }
+    }
+
+    /// The next `n` job ids of built-in order `name` after the cursor.
+    fn next_chunk(
+        &self,
+        name: &str,
+        tenants: &[Tenant],
+        cursor: &mut Cursor,
+        n: usize,
+    ) -> Vec<u64> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let mut out = Vec::with_capacity(n);
+        match name {
+            "fifo" => {
+                let from = cursor.last_id.map_or(Unbounded, Excluded);
+                out.extend(
+                    self.queue
+                        .range((from, Unbounded))
+                        .take(n)
+                        .map(|(id, _)| *id),
+                );
+                cursor.last_id = out.last().copied().or(cursor.last_id);
+            }
+            "priority" => {
+                let from = cursor.last_key.map_or(Unbounded, Excluded);
+                out.extend(
+                    self.by_priority
+                        .range((from, Unbounded))
+                        .take(n)
+                        .map(|k| k.2),
+                );
+                if let Some(&id) = out.last() {
+                    cursor.last_key = self.queue.get(&id).map(key);
+                }
+            }
+            _ => {
+                // fair-share: the merge of every tenant's queue by (factor desc, key).
+                if cursor.per_tenant.is_empty() {
+                    cursor.per_tenant = vec![None; self.by_tenant.len()];
+                }
+                let factor = |t: usize| tenants.get(t).map_or(0.0, |t| t.fair_share);
+                let mut heads: Vec<(usize, Key)> = Vec::new();
+                let next_of = |t: usize, after: Option<Key>| -> Option<Key> {
+                    let from = after.map_or(Unbounded, Excluded);
+                    self.by_tenant[t].range((from, Unbounded)).next().copied()
+                };
+                for t in 0..self.by_tenant.len() {
+                    if let Some(k) = next_of(t, cursor.per_tenant[t]) {
+                        heads.push((t, k));
+                    }
+                }
+                while out.len() < n {
+                    let best = heads.iter().enumerate().min_by(|(_, a), (_, b)| {
+                        factor(b.0)
+                            .total_cmp(&factor(a.0))
+                            .then(a.1.0.cmp(&b.1.0))
+                            .then(a.1.1.cmp(&b.1.1))
+                            .then(a.1.2.cmp(&b.1.2))
+                    });
+                    let Some((slot, &(t, k))) = best else { break };
+                    out.push(k.2);
+                    cursor.per_tenant[t] = Some(k);
+                    match next_of(t, Some(k)) {
+                        Some(next) => heads[slot] = (t, next),
+                        None => {
+                            heads.swap_remove(slot);
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Picks preemptible jobs of tenants over their share to stop for the first waiting job of
+    /// each tenant under its share.
+    fn preempt(&mut self, tenants: &[Tenant], now_s: f64, walk: &Walk, report: &mut PassReport) {
+        let any_preemptible = self
+            .running
+            .values()
+            .any(|r| r.preemptible && !self.preempting.contains(&r.id));
+        if !any_preemptible {
+            return;
+        }
+        let under = |t: usize| {
+            tenants
+                .get(t)
+                .is_some_and(|t| t.normalized_usage < t.normalized_share * (1.0 - PREEMPT_MARGIN))
+        };
+        let over = |t: usize| {
+            tenants
+                .get(t)
+                .is_some_and(|t| t.normalized_usage > t.normalized_share * (1.0 + PREEMPT_MARGIN))
+        };
+        let mut asked: HashSet<usize> = HashSet::new();
+        for &id in &walk.blocked {
+            let Some(job) = self.queue.get(&id) else {
+                continue;
+            };
+            if !job.exclusive
+                || !under(job.tenant)
+                || !asked.insert(job.tenant)
+                || self.reservations.contains_key(&id)
+            {
+                continue;
+            }
+            if let Some(max) = self.tenants[job.tenant].max_gpus
+                && self.held[job.tenant] + job.gpus > max
+            {
+                continue;
+            }
+            let reserved = self.reserved_for_others(id);
+            let need = job.gpus.saturating_sub(walk.free.saturating_sub(reserved));
+            if need == 0 {
+                continue;
+            }
+            let mut pool: Vec<&RunningJob> = self
+                .running
+                .values()
+                .filter(|r| {
+                    r.preemptible
+                        && !self.preempting.contains(&r.id)
+                        && r.tenant != job.tenant
+                        && over(r.tenant)
+                })
+                .collect();
+            // The most over-served tenant first, and its most recent job (the least work lost).
+            pool.sort_by(|a, b| {
+                let fa = tenants.get(a.tenant).map_or(0.0, |t| t.fair_share);
+                let fb = tenants.get(b.tenant).map_or(0.0, |t| t.fair_share);
+                fa.total_cmp(&fb)
+                    .then(b.started_s.total_cmp(&a.started_s))
+                    .then(b.id.cmp(&a.id))
+            });
+            let mut chosen = Vec::new();
+            let mut freed = 0;
+            for r in pool {
+                if freed >= need {
+                    break;
+                }
+                freed += r.gpus;
+                chosen.push(r.id);
+            }
+            if freed < need {
+                continue;
+            }
+            let standing = tenants[job.tenant].standing();
+            for victim in chosen {
+                self.preempting.insert(victim);
+                report.preempt.push(Preemption {
+                    victim,
+                    for_job: id,
+                    reason: format!("preempted for job {id}: {standing}"),
+                });
+            }
+            self.reservations.insert(
+                id,
+                Reservation {
+                    gpus: job.gpus,
+                    until_s: now_s + self.reservation_s,
+                },
+            );
+        }
+    }
+
+    /// Whether a stop was asked for this running job by preemption.
+    pub fn is_preempting(&self, id: u64) -> bool {
+        self.preempting.contains(&id)
+    }
+}
+
+struct Walk {
+    free: u32,
+    /// Jobs that wait for devices, in order: candidates for preemption.
+    blocked: Vec<u64>,
+    /// Queued jobs the walk has reached.
+    visited: HashSet<u64>,
+}
+
+#[derive(Default)]
+struct Cursor {
+    last_id: Option<u64>,
+    last_key: Option<Key>,
+    per_tenant: Vec<Option<Key>>,
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,258 @@
+use super::*;
+
+const DAY: f64 = 86400.0;
+
+fn tenants(shares: &[f64]) -> Vec<TenantConf> {
+    shares
+        .iter()
+        .enumerate()
+        .map(|(i, &share)| TenantConf {
+            name: format!("t{i}"),
+            share,
+            max_gpus: None,
+        })
+        .collect()
+}
+
+fn job(id: u64, tenant: usize, gpus: u32, priority: i64, submitted_s: f64) -> QueuedJob {
+    QueuedJob {
+        id,
+        tenant,
+        name: format!("j{id}"),
+        tags: vec![],
+        gpus,
+        exclusive: true,
+        priority,
+        submitted_s,
+        runtime_s: None,
+        preemptible: false,
+    }
+}
+
+fn sched(shares: &[f64], policy: &str) -> Scheduler {
+    Scheduler::new(
+        tenants(shares),
+        7.0 * DAY,
+        Box::new(NativePolicy::new(policy).unwrap()),
+    )
+}
+
+/// Runs one pass with `free` devices, starting whatever the pass lets start.
+fn pass(s: &mut Scheduler, now: f64, free: u32) -> PassReport {
+    s.pass(
+        now,
+        Machine {
+            free_gpus: free,
+            total_gpus: 8,
+        },
+        &mut |_| Attempt::Started,
+    )
+}
+
+#[test]
+fn usage_halves_every_half_life_and_charges_exactly() {
+    let mut u = Usage::default();
+    u.charge(2.0, 0.0, 10.0, 7.0 * DAY);
+    assert!((u.gpu_s - 20.0).abs() < 1e-3, "{}", u.gpu_s);
+    assert!((u.at(10.0 + 7.0 * DAY, 7.0 * DAY) - 10.0).abs() < 1e-3);
+    // One long charge equals many short ones.
+    let (mut long, mut short) = (Usage::default(), Usage::default());
+    long.charge(1.0, 0.0, 3.0 * DAY, DAY);
+    for k in 0..300 {
+        let a = k as f64 * 0.01 * DAY;
+        short.charge(1.0, a, a + 0.01 * DAY, DAY);
+    }
+    assert!((long.gpu_s - short.gpu_s).abs() / long.gpu_s < 1e-9);
+    // Use that ended before the last charge decays from its own end.
+    let mut late = Usage {
+        gpu_s: 0.0,
+        as_of_s: 2.0 * DAY,
+    };
+    late.charge(1.0, 0.0, DAY, DAY);
+    let mut on_time = Usage::default();
+    on_time.charge(1.0, 0.0, DAY, DAY);
+    assert!((late.gpu_s - on_time.at(2.0 * DAY, DAY)).abs() < 1e-6);
+}
+
+#[test]
+fn the_tenant_under_its_share_starts_first_and_limits_hold() {
+    let mut s = sched(&[1.0, 1.0], "fair-share");
+    s.set_usage(
+        0,
+        Usage {
+            gpu_s: 1000.0,
+            as_of_s: 0.0,
+        },
+    );
+    s.enqueue(job(1, 0, 1, 0, 0.0));
+    s.enqueue(job(2, 1, 1, 0, 5.0));
+    let r = pass(&mut s, 10.0, 1);
+    assert_eq!(r.started, vec![2]);
+    let (id, reason) = &r.reasons[0];
+    assert_eq!(*id, 1);
+    assert!(
+        reason.contains("waiting for 1 free device(s); 0 free")
+            && reason.contains("tenant t0 is over its share: 100% used of 50%"),
+        "{reason}"
+    );
+    // max_gpus: t1 may hold 1.
+    let mut s = Scheduler::new(
+        vec![
+            TenantConf {
+                name: "a".into(),
+                share: 1.0,
+                max_gpus: Some(1),
+            },
+            TenantConf {
+                name: "b".into(),
+                share: 1.0,
+                max_gpus: None,
+            },
+        ],
+        DAY,
+        Box::new(NativePolicy::new("fifo").unwrap()),
+    );
+    s.enqueue(job(1, 0, 1, 0, 0.0));
+    s.enqueue(job(2, 0, 1, 0, 1.0));
+    s.enqueue(job(3, 1, 1, 0, 2.0));
+    let r = pass(&mut s, 3.0, 8);
+    assert_eq!(r.started, vec![1, 3]);
+    assert!(
+        r.reasons[0]
+            .1
+            .contains("holds 1 device(s) of its max_gpus = 1")
+    );
+}
+
+#[test]
+fn backfill_lets_small_jobs_pass_a_big_one() {
+    let mut s = sched(&[1.0], "fifo");
+    s.enqueue(job(1, 0, 4, 0, 0.0));
+    s.enqueue(job(2, 0, 1, 0, 1.0));
+    let r = pass(&mut s, 2.0, 2);
+    assert_eq!(r.started, vec![2]);
+}
+
+#[test]
+fn a_failing_policy_leaves_the_pass_to_fifo() {
+    struct Broken;
+    impl QueuePolicy for Broken {
+        fn name(&self) -> &str {
+            "broken"
+        }
+        fn order(
+            &mut self,
+            jobs: &[Job],
+            _: &[Tenant],
+            _: &Machine,
+        ) -> Result<Vec<Ranked>, String> {
+            Ok(jobs
+                .iter()
+                .chain(jobs)
+                .map(|j| Ranked {
+                    job: j.id,
+                    reason: String::new(),
+                })
+                .collect())
+        }
+    }
+    let mut s = Scheduler::new(tenants(&[1.0]), DAY, Box::new(Broken));
+    s.enqueue(job(2, 0, 1, 0, 1.0));
+    s.enqueue(job(1, 0, 1, 0, 0.0));
+    let r = pass(&mut s, 2.0, 1);
+    assert_eq!(r.started, vec![1]);
+    let failure = r.policy_failure.unwrap();
+    assert!(
+        failure.contains("queue policy broken failed") && failure.contains("twice"),
+        "{failure}"
+    );
+}
+
+#[test]
+fn preemption_stops_preemptible_jobs_of_a_tenant_over_its_share_only() {
+    let mut s = sched(&[1.0, 1.0], "fair-share");
+    for (id, preemptible) in [(1, true), (2, false)] {
+        let mut j = job(id, 0, 1, 0, 0.0);
+        j.preemptible = preemptible;
+        s.enqueue(j);
+    }
+    assert_eq!(pass(&mut s, 0.0, 2).started, vec![1, 2]);
+    // An hour later tenant 1 (no usage) asks for two devices: only job 1 may go, which is not
+    // enough, so nothing is preempted.
+    s.enqueue(job(3, 1, 2, 0, 3600.0));
+    let r = pass(&mut s, 3600.0, 0);
+    assert!(r.preempt.is_empty(), "{r:?}");
+    // One device is enough: job 1 goes, and its device is held for job 4.
+    s.dequeue(3);
+    s.enqueue(job(4, 1, 1, 0, 3600.0));
+    let r = pass(&mut s, 3601.0, 0);
+    assert_eq!(r.preempt.len(), 1);
+    assert_eq!((r.preempt[0].victim, r.preempt[0].for_job), (1, 4));
+    assert!(r.preempt[0].reason.contains("tenant t1 is under its share"));
+    // Asked once: the next pass does not preempt again while it stops.
+    assert!(pass(&mut s, 3602.0, 0).preempt.is_empty());
+    // Job 1 ends and goes back to the queue; job 4 gets the device, not job 1.
+    s.end(1, 3603.0);
+    let mut again = job(1, 0, 1, 0, 0.0);
+    again.preemptible = true;
+    s.enqueue(again);
+    assert_eq!(pass(&mut s, 3603.0, 1).started, vec![4]);
+}
+
+#[test]
+fn the_lazy_order_is_the_built_ins_order() {
+    // Random queues: the order a pass starts jobs in, with one device per job and enough
+    // devices for all, is the built-in's order, computed lazily or in full.
+    let mut seed = 0x9e3779b97f4a7c15u64;
+    let mut rand = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for policy in ["fair-share", "fifo", "priority"] {
+        for _ in 0..50 {
+            let shares: Vec<f64> = (0..1 + rand(5)).map(|_| 1.0 + rand(3) as f64).collect();
+            let jobs: Vec<QueuedJob> = (0..rand(200))
+                .map(|i| {
+                    job(
+                        i + 1,
+                        rand(shares.len() as u64) as usize,
+                        1,
+                        rand(3) as i64 - 1,
+                        rand(20) as f64,
+                    )
+                })
+                .collect();
+            let usage: Vec<f64> = shares.iter().map(|_| rand(1000) as f64).collect();
+            let mut orders = Vec::new();
+            for keep in [true, false] {
+                let mut s = sched(&shares, policy);
+                for (t, &gpu_s) in usage.iter().enumerate() {
+                    s.set_usage(
+                        t,
+                        Usage {
+                            gpu_s,
+                            as_of_s: 0.0,
+                        },
+                    );
+                }
+                s.keep_reasons = keep;
+                for j in &jobs {
+                    s.enqueue(j.clone());
+                }
+                let r = s.pass(
+                    100.0,
+                    Machine {
+                        free_gpus: 1000,
+                        total_gpus: 1000,
+                    },
+                    &mut |_| Attempt::Started,
+                );
+                orders.push(r.started);
+            }
+            assert_eq!(orders[0], orders[1], "{policy}");
+            assert_eq!(orders[0].len(), jobs.len());
+        }
+    }
+}

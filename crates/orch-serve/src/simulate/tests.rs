@@ -1,0 +1,214 @@
+use super::*;
+use crate::sched::NativePolicy;
+use std::path::Path;
+
+fn config(text: &str) -> Config {
+    Config::parse(Path::new("serve.toml"), text).unwrap()
+}
+
+fn two_tenants(share_a: u32, share_b: u32) -> Config {
+    config(&format!(
+        "[[tenant]]\nname = \"a\"\nusers = [\"a\"]\nshare = {share_a}\n\
+         [[tenant]]\nname = \"b\"\nusers = [\"b\"]\nshare = {share_b}\n"
+    ))
+}
+
+/// A week of one-hour, one-device jobs: `b` submits ten times as many as `a`, and both more
+/// than their share of eight devices, so both always have work queued.
+fn week(a_per_hour: u32, b_per_hour: u32) -> Vec<TraceJob> {
+    let mut jobs = Vec::new();
+    for hour in 0..24 * 7 {
+        for (tenant, n) in [("a", a_per_hour), ("b", b_per_hour)] {
+            for k in 0..n {
+                jobs.push(TraceJob {
+                    at: f64::from(hour) * 3600.0 + f64::from(k),
+                    tenant: tenant.into(),
+                    gpus: 1,
+                    duration: 3600.0,
+                    priority: 0,
+                    preemptible: false,
+                    name: None,
+                    tags: vec![],
+                });
+            }
+        }
+    }
+    jobs
+}
+
+fn run(config: &Config, gpus: u32, trace: &[TraceJob], until: Option<f64>) -> Report {
+    simulate(
+        config,
+        gpus,
+        trace,
+        Box::new(NativePolicy::new("fair-share").unwrap()),
+        until,
+    )
+    .unwrap()
+}
+
+#[test]
+fn shares_one_to_one_split_the_machine_in_half() {
+    let report = run(&two_tenants(1, 1), 8, &week(6, 60), Some(7.0 * 86400.0));
+    for t in &report.tenants {
+        assert!(
+            (t.share_of_gpu_hours - 0.5).abs() <= 0.05,
+            "{}: {:.3}\n{}",
+            t.name,
+            t.share_of_gpu_hours,
+            render(&report)
+        );
+    }
+    assert!(report.utilization > 0.99, "{}", render(&report));
+}
+
+#[test]
+fn shares_three_to_one_split_it_75_25() {
+    let report = run(&two_tenants(3, 1), 8, &week(6, 60), Some(7.0 * 86400.0));
+    let a = &report.tenants[0];
+    assert!(
+        (a.share_of_gpu_hours - 0.75).abs() <= 0.05,
+        "{}",
+        render(&report)
+    );
+}
+
+#[test]
+fn fifo_does_not_share() {
+    let report = simulate(
+        &two_tenants(1, 1),
+        8,
+        &week(6, 60),
+        Box::new(NativePolicy::new("fifo").unwrap()),
+        Some(7.0 * 86400.0),
+    )
+    .unwrap();
+    assert!(
+        report.tenants[0].share_of_gpu_hours < 0.2,
+        "{}",
+        render(&report)
+    );
+}
+
+#[test]
+fn a_tenant_back_from_a_week_away_is_served_first() {
+    // `b` keeps the machine busy for two weeks; `a` used it heavily in week one, then was away.
+    let mut trace = week(0, 40);
+    trace.extend(week(0, 40).into_iter().map(|mut j| {
+        j.at += 7.0 * 86400.0;
+        j
+    }));
+    let back = 14.0 * 86400.0;
+    for k in 0..4 {
+        trace.push(TraceJob {
+            at: back + f64::from(k),
+            tenant: "a".into(),
+            gpus: 1,
+            duration: 600.0,
+            priority: 0,
+            preemptible: false,
+            name: None,
+            tags: vec![],
+        });
+    }
+    let report = run(&two_tenants(1, 1), 8, &trace, None);
+    let a = &report.tenants[0];
+    // It waits only for the first devices to free up (jobs of an hour), not behind b's backlog.
+    assert!(a.wait_p95_s <= 3600.0, "{}", render(&report));
+    assert_eq!(a.finished, 4);
+}
+
+#[test]
+fn preemption_serves_a_tenant_under_its_share_at_once() {
+    let mut trace: Vec<TraceJob> = (0..8)
+        .map(|k| TraceJob {
+            at: f64::from(k),
+            tenant: "b".into(),
+            gpus: 1,
+            duration: 86400.0,
+            priority: 0,
+            preemptible: true,
+            name: None,
+            tags: vec![],
+        })
+        .collect();
+    trace.push(TraceJob {
+        at: 3600.0,
+        tenant: "a".into(),
+        gpus: 2,
+        duration: 600.0,
+        priority: 0,
+        preemptible: false,
+        name: None,
+        tags: vec![],
+    });
+    let report = run(&two_tenants(1, 1), 8, &trace, None);
+    assert_eq!(report.preemptions, 2, "{}", render(&report));
+    assert_eq!(report.tenants[0].wait_p50_s, 0.0);
+    // The preempted jobs ran what they had left: all of b's work was done.
+    assert!((report.tenants[1].gpu_hours - 8.0 * 24.0).abs() < 1e-6);
+    assert_eq!(report.tenants[1].finished, 8);
+}
+
+#[test]
+fn limits_apply_in_simulation() {
+    let c = config(
+        "[[tenant]]\nname = \"a\"\nusers = [\"a\"]\nmax_gpus = 2\nmax_queued = 3\nmax_runtime = \"30m\"\n",
+    );
+    let trace: Vec<TraceJob> = (0..6)
+        .map(|k| TraceJob {
+            at: 0.0,
+            tenant: "a".into(),
+            gpus: 1,
+            duration: if k == 0 { 7200.0 } else { 60.0 },
+            priority: 0,
+            preemptible: false,
+            name: None,
+            tags: vec![],
+        })
+        .collect();
+    let report = run(&c, 8, &trace, None);
+    let a = &report.tenants[0];
+    // Six at once: three wait in the queue at most (max_queued counts queued jobs).
+    assert_eq!(a.rejected, 3, "{}", render(&report));
+    assert_eq!(a.time_limited, 1);
+    assert!((a.gpu_hours - (1800.0 + 2.0 * 60.0) / 3600.0).abs() < 1e-9);
+}
+
+#[test]
+fn traces_with_mistakes_name_the_line() {
+    let e = parse_trace(
+        Path::new("t.jsonl"),
+        "{\"at\": 0, \"tenant\": \"a\", \"duration\": 1}\n{\"at\": 0, \"tenant\": \"a\"}\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("t.jsonl:2") && e.contains("duration"), "{e}");
+    let e = parse_trace(
+        Path::new("t.jsonl"),
+        "{\"at\": -1, \"tenant\": \"a\", \"duration\": 1}\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("t.jsonl:1") && e.contains("not a time"), "{e}");
+    let c = two_tenants(1, 1);
+    let bad = vec![TraceJob {
+        at: 0.0,
+        tenant: "zed".into(),
+        gpus: 1,
+        duration: 1.0,
+        priority: 0,
+        preemptible: false,
+        name: None,
+        tags: vec![],
+    }];
+    let e = simulate(
+        &c,
+        8,
+        &bad,
+        Box::new(NativePolicy::new("fifo").unwrap()),
+        None,
+    )
+    .unwrap_err();
+    assert!(e.contains("zed"), "{e}");
+}
