@@ -49,6 +49,10 @@ pub enum Command {
     Logs(LogsArgs),
     /// Wait for a job to end; exit with its status.
     Wait(JobIdArgs),
+    /// Fair share per tenant: share, decayed usage, fair-share factor, GPUs held, jobs.
+    Usage(UsageArgs),
+    /// Replay a trace of submissions through the daemon's scheduler in virtual time.
+    Simulate(SimulateArgs),
     /// The daemon's per-job supervisor (started by `orch serve`, not by hand).
     #[command(name = "__supervise", hide = true)]
     Supervise { dir: std::path::PathBuf },
@@ -92,6 +96,32 @@ pub struct JobsArgs {
     /// Finished jobs too.
     #[arg(long)]
     pub all: bool,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct UsageArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "The trace is JSON lines: {\"at\": 0.0, \"tenant\": \"vision\", \"gpus\": 1, \"duration\": 3600.0, \"priority\": 0, \"preemptible\": false}\n\nExample:\n  orch simulate --config serve.toml --devices sim:8gpus.toml trace.jsonl --until 604800"
+)]
+pub struct SimulateArgs {
+    /// The daemon's config: tenants, shares, limits, queue policy, usage half-life.
+    #[arg(long, value_name = "FILE")]
+    pub config: std::path::PathBuf,
+    /// The trace of submissions (JSON lines, times in seconds).
+    #[arg(value_name = "TRACE.jsonl")]
+    pub trace: std::path::PathBuf,
+    /// Stop the virtual clock here (seconds) and report what was used by then.
+    #[arg(long, value_name = "SECONDS")]
+    pub until: Option<f64>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,

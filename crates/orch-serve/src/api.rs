@@ -50,13 +50,30 @@ pub struct ErrorBody {
     pub error: String,
 }
 
-/// A tenant as `GET /v1/tenants` shows it.
+/// A tenant as `GET /v1/tenants` (and `orch usage`) shows it: the columns of Slurm's `sshare`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TenantRow {
     pub name: String,
+    /// The configured weight.
     pub share: f64,
+    /// Its fraction of every tenant's shares: what fair share aims at.
+    #[serde(default)]
+    pub normalized_share: f64,
+    /// Decayed usage, GPU-seconds (half-life `usage_half_life`).
+    #[serde(default)]
+    pub usage_gpu_seconds: f64,
+    /// Its fraction of every tenant's decayed usage.
+    #[serde(default)]
+    pub normalized_usage: f64,
+    /// `2^(-normalized_usage / normalized_share)`: 1 unused, 0.5 at its share, towards 0 beyond.
+    #[serde(default)]
+    pub fair_share: f64,
     pub max_gpus: Option<u32>,
     pub max_queued: Option<u32>,
+    #[serde(default)]
+    pub max_priority: Option<i64>,
+    #[serde(default)]
+    pub max_runtime_s: Option<f64>,
     pub gpus_held: u32,
     pub jobs_queued: u32,
     pub jobs_running: u32,
@@ -196,6 +213,17 @@ async fn submit(
         })?,
     };
     let max_queued = shared.config.tenant(&tenant).and_then(|t| t.max_queued);
+    if let Some(max) = shared.config.tenant(&tenant).and_then(|t| t.max_priority)
+        && spec.priority > max
+    {
+        return Err(err(
+            StatusCode::FORBIDDEN,
+            format!(
+                "{}: priority = {} is above tenant {tenant}'s max_priority = {max}; ask for {max} or less",
+                request.job_path, spec.priority
+            ),
+        ));
+    }
     let row = JobRow {
         id: String::new(),
         name: spec.name.clone(),
@@ -215,6 +243,8 @@ async fn submit(
         devices: Vec::new(),
         attempt: 0,
         cancel_requested: false,
+        gpu_seconds: 0.0,
+        charged_ms: None,
     };
     let key = request.key.filter(|k| !k.is_empty() && k.len() <= 128);
     let policy_file = match &spec.policy.plugin {
@@ -522,6 +552,7 @@ async fn tenants(
         db.jobs(&[State::Queued, State::Running], u32::MAX)
     })
     .await?;
+    let standing = crate::engine::lock(&shared.standing).clone();
     Ok(Json(
         shared
             .config
@@ -532,11 +563,18 @@ async fn tenants(
                 let mine = active.iter().filter(|j| j.tenant == t.name);
                 let running: Vec<&JobRow> =
                     mine.clone().filter(|j| j.state == State::Running).collect();
+                let fair = standing.iter().find(|s| s.name == t.name);
                 TenantRow {
                     name: t.name.clone(),
                     share: t.share,
+                    normalized_share: fair.map_or(0.0, |f| f.normalized_share),
+                    usage_gpu_seconds: fair.map_or(0.0, |f| f.usage_gpu_s),
+                    normalized_usage: fair.map_or(0.0, |f| f.normalized_usage),
+                    fair_share: fair.map_or(1.0, |f| f.fair_share),
                     max_gpus: t.max_gpus,
                     max_queued: t.max_queued,
+                    max_priority: t.max_priority,
+                    max_runtime_s: t.max_runtime.map(|d| d.as_secs_f64()),
                     gpus_held: running.iter().map(|j| j.gpus).sum(),
                     jobs_queued: mine.filter(|j| j.state == State::Queued).count() as u32,
                     jobs_running: running.len() as u32,

@@ -90,6 +90,12 @@ pub struct JobRow {
     /// A cancel was asked for and committed; the job is being stopped.
     #[serde(default)]
     pub cancel_requested: bool,
+    /// Device-seconds it used, over all its runs (recorded every sampling period while it runs).
+    #[serde(default)]
+    pub gpu_seconds: f64,
+    /// Its use is counted in its tenant's usage up to here (while it runs).
+    #[serde(default)]
+    pub charged_ms: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -134,7 +140,8 @@ impl std::fmt::Debug for Db {
 
 const COLUMNS: &str =
     "id, name, tenant, user, uid, state, gpus, priority, requeue, submitted_at_ms,
-    started_at_ms, ended_at_ms, exit_code, reason, lease_id, devices, attempt, cancel_requested";
+    started_at_ms, ended_at_ms, exit_code, reason, lease_id, devices, attempt, cancel_requested,
+    gpu_seconds, charged_ms";
 
 impl Db {
     pub fn open(dir: &Path) -> Result<Db, DbError> {
@@ -169,6 +176,7 @@ impl Db {
                     WHERE submit_key IS NOT NULL;",
             )
             .map_err(db("creating the schema"))?;
+        migrate(&writer_conn)?;
         let reader = open(())?;
         let (writer, requests) = mpsc::channel::<WriteRequest>();
         std::thread::Builder::new()
@@ -253,6 +261,26 @@ impl Db {
                 .query_map([limit], row_to_job)
                 .map_err(db("listing jobs"))?;
             rows.collect::<Result<Vec<_>, _>>().map_err(db("listing jobs"))
+        })
+    }
+
+    /// Every tenant's recorded usage.
+    pub fn usage(&self) -> Result<Vec<UsageRow>, DbError> {
+        self.read(|c| {
+            let mut stmt = c
+                .prepare("SELECT tenant, gpu_seconds, as_of_ms FROM usage")
+                .map_err(db("reading usage"))?;
+            let rows = stmt
+                .query_map([], |r| {
+                    Ok(UsageRow {
+                        tenant: r.get(0)?,
+                        gpu_seconds: r.get(1)?,
+                        as_of_ms: u64::try_from(r.get::<_, i64>(2)?).unwrap_or(0),
+                    })
+                })
+                .map_err(db("reading usage"))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(db("reading usage"))
         })
     }
 
@@ -360,7 +388,71 @@ fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<JobRow> {
         devices: serde_json::from_str(&r.get::<_, String>(15)?).unwrap_or_default(),
         attempt: r.get(16)?,
         cancel_requested: r.get(17)?,
+        gpu_seconds: r.get(18)?,
+        charged_ms: opt_u64(r.get(19)?),
     })
+}
+
+/// Brings a database of an earlier orch up to this one's schema (`PRAGMA user_version`).
+fn migrate(conn: &Connection) -> Result<(), DbError> {
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(db("reading the schema version"))?;
+    if version < 1 {
+        // Usage accounting: device-seconds per job, decayed usage per tenant.
+        conn.execute_batch(
+            "BEGIN;
+             ALTER TABLE jobs ADD COLUMN gpu_seconds REAL NOT NULL DEFAULT 0;
+             ALTER TABLE jobs ADD COLUMN charged_ms INTEGER;
+             CREATE TABLE IF NOT EXISTS usage (
+                tenant TEXT PRIMARY KEY, gpu_seconds REAL NOT NULL, as_of_ms INTEGER NOT NULL
+             );
+             PRAGMA user_version = 1;
+             COMMIT;",
+        )
+        .map_err(db("upgrading the schema"))?;
+    }
+    Ok(())
+}
+
+/// A tenant's decayed usage as recorded: GPU-seconds as of a moment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UsageRow {
+    pub tenant: String,
+    pub gpu_seconds: f64,
+    pub as_of_ms: u64,
+}
+
+/// One job's use so far, recorded with its tenant's usage.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobUse {
+    pub id: i64,
+    pub gpu_seconds: f64,
+    pub charged_ms: u64,
+}
+
+/// Records the tenants' usage and the jobs' use in one transaction.
+pub fn save_usage(
+    tx: &rusqlite::Transaction<'_>,
+    tenants: &[UsageRow],
+    jobs: &[JobUse],
+) -> Result<i64, DbError> {
+    for t in tenants {
+        tx.execute(
+            "INSERT INTO usage (tenant, gpu_seconds, as_of_ms) VALUES (?1, ?2, ?3)
+             ON CONFLICT(tenant) DO UPDATE SET gpu_seconds = ?2, as_of_ms = ?3",
+            params![t.tenant, t.gpu_seconds, t.as_of_ms as i64],
+        )
+        .map_err(db("recording usage"))?;
+    }
+    for j in jobs {
+        tx.execute(
+            "UPDATE jobs SET gpu_seconds = ?2, charged_ms = ?3 WHERE id = ?1",
+            params![j.id, j.gpu_seconds, j.charged_ms as i64],
+        )
+        .map_err(db("recording usage"))?;
+    }
+    Ok(0)
 }
 
 /// The job a submission `key` was accepted as before, if any.

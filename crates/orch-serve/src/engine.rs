@@ -1,9 +1,11 @@
 //! The daemon's engine: one thread that owns the queue, the lease store and the policy host.
-//! It recovers after a crash, places queued jobs (first in, first out, with backfill), starts a
-//! supervisor per job, learns how jobs end, and carries out cancels.
+//! It recovers after a crash, places queued jobs in the order of the queue policy (with the
+//! tenants' limits and backfill: [`crate::sched`]), starts a supervisor per job, learns how jobs
+//! end, records usage, and carries out cancels and preemptions.
 
 use crate::config::Config;
-use crate::db::{Change, Db, JobRow, State, Submission, now_ms};
+use crate::db::{Change, Db, JobRow, JobUse, State, Submission, UsageRow, now_ms};
+use crate::sched::{Attempt, QueuePolicy, QueuedJob, RunningJob, Scheduler, TenantConf, Usage};
 use crate::supervisor::{self, ExitRecord, Fence, SuperviseSpec};
 use orch_core::JobSpec;
 use orch_devices::{Inventory, InventorySpec, Visibility, VisibilityEnv};
@@ -45,6 +47,8 @@ pub struct Shared {
     /// The orch binary, started as `orch __supervise DIR` per job.
     pub exe: PathBuf,
     pub root: bool,
+    /// Every tenant's fair-share standing, from the latest pass or usage sample.
+    pub standing: Mutex<Vec<orch_queue::Tenant>>,
 }
 
 impl Shared {
@@ -71,8 +75,6 @@ enum Cancel {
 }
 
 struct Running {
-    tenant: String,
-    gpus: u32,
     attempt: u32,
     lease_id: String,
     supervisor: Option<Holder>,
@@ -81,6 +83,10 @@ struct Running {
     cancel: Cancel,
     /// When the daemon last saw no supervisor: it is given a moment to write its fence.
     spawned_at: Instant,
+    /// Device-seconds of its earlier runs.
+    prior_gpu_s: f64,
+    /// Preemption asked for it (the reason), and whether the supervisor was told.
+    preempt: Option<(String, bool)>,
 }
 
 pub struct Engine {
@@ -95,6 +101,13 @@ pub struct Engine {
     visibility: Visibility,
     queue: BTreeMap<i64, Queued>,
     running: HashMap<i64, Running>,
+    /// The scheduler. A pass takes it out (it calls back into the engine to place jobs) and
+    /// leaves an empty one in its place until it is done.
+    sched: Scheduler,
+    last_usage_save: Instant,
+    /// The last queue-policy failure logged, and when: logged again only when it changes or a
+    /// minute passed.
+    policy_failure: Option<(String, Instant)>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -109,14 +122,52 @@ impl std::fmt::Debug for Engine {
 /// How often the engine looks at running jobs and the queue without being woken.
 const TICK: Duration = Duration::from_millis(100);
 const INVENTORY_MAX_AGE: Duration = Duration::from_secs(1);
+/// How often usage is written to the database: a crash loses at most this much of it.
+pub const USAGE_SAMPLE: Duration = Duration::from_secs(10);
+
+/// The wall clock in seconds, the scheduler's time in the daemon.
+fn now_s() -> f64 {
+    now_ms() as f64 / 1000.0
+}
+
+fn ms_to_s(ms: u64) -> f64 {
+    ms as f64 / 1000.0
+}
 
 impl Engine {
     pub fn new(
         shared: Arc<Shared>,
         kicks: mpsc::Receiver<Kick>,
         inventory: Inventory,
+        policy: Box<dyn QueuePolicy>,
     ) -> Result<Engine, String> {
         let store = LeaseStore::open(&shared.state_dir).map_err(|e| e.to_string())?;
+        let tenants: Vec<TenantConf> = shared
+            .config
+            .tenants
+            .iter()
+            .map(|t| TenantConf {
+                name: t.name.clone(),
+                share: t.share,
+                max_gpus: t.max_gpus,
+            })
+            .collect();
+        let mut sched =
+            Scheduler::new(tenants, shared.config.usage_half_life.as_secs_f64(), policy);
+        // Devices freed by preemption wait for their job while the victims stop (SIGTERM, the
+        // grace period, SIGKILL) and a little longer.
+        sched.reservation_s = orch_runner::GRACE.as_secs_f64() + 30.0;
+        for row in shared.db.usage().map_err(|e| e.to_string())? {
+            if let Some(i) = sched.tenant_index(&row.tenant) {
+                sched.set_usage(
+                    i,
+                    Usage {
+                        gpu_s: row.gpu_seconds,
+                        as_of_s: ms_to_s(row.as_of_ms),
+                    },
+                );
+            }
+        }
         let host = PolicyHost::new(Limits::default()).map_err(|e| e.to_string())?;
         let visibility = Visibility::resolve(&inventory.devices, &VisibilityEnv::from_process());
         let inventory = Arc::new(inventory);
@@ -131,7 +182,90 @@ impl Engine {
             visibility,
             queue: BTreeMap::new(),
             running: HashMap::new(),
+            sched,
+            last_usage_save: Instant::now(),
+            policy_failure: None,
         })
+    }
+
+    fn sched(&mut self) -> &mut Scheduler {
+        &mut self.sched
+    }
+
+    /// Records a running job with the scheduler (started, or adopted after a restart).
+    fn track_running(&mut self, id: i64, row: &JobRow, preemptible: bool) {
+        let Some(tenant) = self.sched().tenant_index(&row.tenant) else {
+            return;
+        };
+        let started_s = row.started_at_ms.map_or_else(now_s, ms_to_s);
+        self.sched().add_running(RunningJob {
+            id: id as u64,
+            tenant,
+            gpus: row.gpus,
+            preemptible,
+            started_s,
+            charged_s: row.charged_ms.map_or(started_s, ms_to_s),
+            gpu_s: 0.0,
+        });
+    }
+
+    /// Ends a job's run in the scheduler at `at_s` and records its use.
+    fn untrack_running(&mut self, id: i64, at_s: f64, prior_gpu_s: f64) {
+        let ended = self.sched().end(id as u64, at_s);
+        let uses = ended
+            .map(|r| JobUse {
+                id,
+                gpu_seconds: prior_gpu_s + r.gpu_s,
+                charged_ms: (r.charged_s * 1000.0) as u64,
+            })
+            .into_iter()
+            .collect();
+        self.save_usage(uses);
+    }
+
+    /// Charges the running jobs' use up to now and writes it with every tenant's usage.
+    fn save_usage(&mut self, mut uses: Vec<JobUse>) {
+        let now = now_s();
+        self.sched().charge(now);
+        let standing = self.sched().standing(now);
+        let sched = Some(&self.sched).map(|s| {
+            let rows: Vec<UsageRow> = s
+                .tenants()
+                .iter()
+                .enumerate()
+                .map(|(i, t)| UsageRow {
+                    tenant: t.name.clone(),
+                    gpu_seconds: s.usage(i).gpu_s,
+                    as_of_ms: (s.usage(i).as_of_s * 1000.0) as u64,
+                })
+                .collect();
+            let running: Vec<(u64, f64, f64)> = s
+                .running_jobs()
+                .map(|r| (r.id, r.gpu_s, r.charged_s))
+                .collect();
+            (rows, running)
+        });
+        let Some((rows, running)) = sched else { return };
+        for (id, gpu_s, charged_s) in running {
+            let prior = self
+                .running
+                .get(&(id as i64))
+                .map_or(0.0, |r| r.prior_gpu_s);
+            uses.push(JobUse {
+                id: id as i64,
+                gpu_seconds: prior + gpu_s,
+                charged_ms: (charged_s * 1000.0) as u64,
+            });
+        }
+        *lock(&self.shared.standing) = standing;
+        if let Err(e) = self
+            .shared
+            .db
+            .write_blocking(move |tx| crate::db::save_usage(tx, &rows, &uses))
+        {
+            tracing::warn!("could not record usage: {e}");
+        }
+        self.last_usage_save = Instant::now();
     }
 
     /// After a crash or a restart: finish what ended meanwhile, adopt what still runs, fence off
@@ -145,8 +279,17 @@ impl Engine {
         {
             let id: i64 = row.id.parse().unwrap_or(0);
             let dir = self.shared.job_dir(id, row.attempt);
+            let preemptible = db
+                .submission(id)
+                .ok()
+                .flatten()
+                .and_then(|(s, _)| orch_core::job::parse(Path::new(&s.job_path), &s.job_text).ok())
+                .is_some_and(|spec| spec.preemptible);
+            self.track_running(id, &row, preemptible);
+            let charged_s = row.charged_ms.map_or_else(now_s, ms_to_s);
             if let Some(exit) = supervisor::read_exit(&dir) {
-                self.finish(id, &row.lease_id, exit);
+                let prior = row.gpu_seconds;
+                self.finish_at(id, &row.lease_id, exit, prior);
                 continue;
             }
             // The daemon may have stopped before it even made the job's folder.
@@ -161,8 +304,6 @@ impl Engine {
                     self.running.insert(
                         id,
                         Running {
-                            tenant: row.tenant.clone(),
-                            gpus: row.gpus,
                             attempt: row.attempt,
                             lease_id: row.lease_id.clone().unwrap_or_default(),
                             supervisor: Some(holder),
@@ -173,10 +314,18 @@ impl Engine {
                                 Cancel::None
                             },
                             spawned_at: Instant::now(),
+                            prior_gpu_s: row.gpu_seconds,
+                            preempt: None,
                         },
                     );
                 }
                 _ if never_started => {
+                    // It never ran: nothing to charge.
+                    let at = self
+                        .sched()
+                        .running_job(id as u64)
+                        .map_or(charged_s, |r| r.charged_s);
+                    self.untrack_running(id, at, row.gpu_seconds);
                     tracing::info!(
                         "job {id}: never started before the daemon stopped; queued again"
                     );
@@ -193,7 +342,11 @@ impl Engine {
                         },
                     );
                 }
-                _ => self.vanished(id, &row.lease_id, row.requeue && !row.cancel_requested),
+                _ => {
+                    // When it ended is unknown: its use is counted up to the last record.
+                    self.untrack_running(id, charged_s, row.gpu_seconds);
+                    self.vanished(id, &row.lease_id, row.requeue && !row.cancel_requested);
+                }
             }
         }
         for row in db
@@ -213,6 +366,8 @@ impl Engine {
         let purge_every = (self.shared.config.retention / 10).min(Duration::from_secs(600));
         self.purge();
         let mut last_purge = Instant::now();
+        // The tenants' standing is there for `orch usage` from the start.
+        self.save_usage(Vec::new());
         self.pass();
         loop {
             if last_purge.elapsed() >= purge_every {
@@ -229,6 +384,9 @@ impl Engine {
                 changed |= self.handle(kick);
             }
             changed |= self.check_running();
+            if self.last_usage_save.elapsed() >= USAGE_SAMPLE {
+                self.save_usage(Vec::new());
+            }
             if changed || last_pass.elapsed() >= Duration::from_secs(1) {
                 self.pass();
                 last_pass = Instant::now();
@@ -274,6 +432,7 @@ impl Engine {
             Kick::Submitted(id) => self.enqueue(id),
             Kick::Dequeued(id) => {
                 self.queue.remove(&id);
+                self.sched().dequeue(id as u64);
                 lock(&self.shared.reasons).remove(&id);
             }
             Kick::Cancel(id) => {
@@ -313,6 +472,35 @@ impl Engine {
                             .join(format!("{hash}.wasm")),
                     );
                 }
+                let Some(tenant) = self.sched().tenant_index(&row.tenant) else {
+                    self.fail(
+                        id,
+                        format!("tenant {} is no longer in the daemon's config", row.tenant),
+                    );
+                    return;
+                };
+                let runtime = spec
+                    .max_runtime
+                    .into_iter()
+                    .chain(
+                        self.shared
+                            .config
+                            .tenant(&row.tenant)
+                            .and_then(|t| t.max_runtime),
+                    )
+                    .min();
+                self.sched().enqueue(QueuedJob {
+                    id: id as u64,
+                    tenant,
+                    name: spec.name.clone(),
+                    tags: spec.tags.clone(),
+                    gpus: spec.resources.gpus,
+                    exclusive: spec.resources.exclusive,
+                    priority: spec.priority,
+                    submitted_s: ms_to_s(row.submitted_at_ms),
+                    runtime_s: runtime.map(|d| d.as_secs_f64()),
+                    preemptible: spec.preemptible,
+                });
                 self.queue.insert(
                     id,
                     Queued {
@@ -338,8 +526,17 @@ impl Engine {
             let dir = self.shared.job_dir(id, job.attempt);
             if let Some(exit) = supervisor::read_exit(&dir) {
                 let lease = Some(job.lease_id.clone());
+                let (prior, preempt) = (job.prior_gpu_s, job.preempt.take());
                 self.running.remove(&id);
-                self.finish(id, &lease, exit);
+                let exit = match preempt {
+                    // Stopped for preemption: its reason says why it is queued again.
+                    Some((reason, _)) if exit.state == State::Queued => ExitRecord {
+                        reason: Some(reason),
+                        ..exit
+                    },
+                    _ => exit,
+                };
+                self.finish_at(id, &lease, exit, prior);
                 changed = true;
                 continue;
             }
@@ -357,17 +554,30 @@ impl Engine {
                 }
                 job.cancel = Cancel::Sent;
             }
+            if job.cancel == Cancel::None
+                && let (Some((_, sent @ false)), Some(holder)) = (&mut job.preempt, &job.supervisor)
+            {
+                if holder.process_alive() {
+                    // SAFETY: kill(2) on the supervisor, verified by pid and start time.
+                    unsafe {
+                        libc::kill(holder.pid as i32, supervisor::PREEMPT_SIGNAL);
+                    }
+                }
+                *sent = true;
+            }
             let gone = match &job.supervisor {
                 Some(holder) => !holder.process_alive(),
                 None => job.spawned_at.elapsed() > Duration::from_secs(30),
             };
             if gone && supervisor::read_exit(&dir).is_none() {
                 // A job whose cancel was asked for is not queued again.
-                let (lease, requeue) = (
+                let (lease, requeue, prior) = (
                     Some(job.lease_id.clone()),
                     job.requeue && job.cancel == Cancel::None,
+                    job.prior_gpu_s,
                 );
                 self.running.remove(&id);
+                self.untrack_running(id, now_s(), prior);
                 self.vanished(id, &lease, requeue);
                 changed = true;
             }
@@ -375,8 +585,9 @@ impl Engine {
         changed
     }
 
-    /// One scheduling pass: the queue in order (the seam where a queue policy plugs in), each
-    /// job placed if it fits; a job that does not fit does not block smaller ones behind it.
+    /// One scheduling pass: the queue in the queue policy's order, each job placed if it fits
+    /// within its tenant's limits; a job that does not fit does not block smaller ones behind it;
+    /// preemptible jobs of tenants over their share are stopped for a tenant under its share.
     pub fn pass(&mut self) {
         if self.queue.is_empty() {
             return;
@@ -406,69 +617,42 @@ impl Engine {
             })
             .map(|d| d.uuid.as_str())
             .collect();
-        let mut free = visible.iter().filter(|u| !held.contains(*u)).count() as u32;
-        let mut tenant_gpus: HashMap<String, u32> = HashMap::new();
-        for r in self.running.values() {
-            *tenant_gpus.entry(r.tenant.clone()).or_default() += r.gpus;
+        let machine = orch_queue::Machine {
+            free_gpus: visible.iter().filter(|u| !held.contains(*u)).count() as u32,
+            total_gpus: visible.len() as u32,
+        };
+        let mut sched = std::mem::replace(&mut self.sched, Scheduler::placeholder());
+        let now = now_s();
+        let report = sched.pass(now, machine, &mut |job| match self.place(job.id as i64) {
+            Ok(true) => Attempt::Started,
+            Ok(false) => Attempt::Left,
+            Err(reason) => Attempt::Waits(reason),
+        });
+        *lock(&self.shared.standing) = sched.standing(now);
+        self.sched = sched;
+        if let Some(failure) = report.policy_failure {
+            let repeat = self.policy_failure.as_ref().is_some_and(|(last, at)| {
+                *last == failure && at.elapsed() < Duration::from_secs(60)
+            });
+            if !repeat {
+                tracing::warn!("{failure}");
+                self.policy_failure = Some((failure, Instant::now()));
+            }
         }
-        let mut reasons = HashMap::new();
-        let order: Vec<i64> = self.queue.keys().copied().collect();
-        for id in order {
-            let Some(job) = self.queue.get(&id) else {
-                continue;
-            };
-            let gpus = job.spec.resources.gpus;
-            if free == 0 && job.spec.resources.exclusive {
-                reasons.insert(
-                    id,
-                    format!("waiting for {gpus} free device(s); none is free"),
-                );
-                continue;
-            }
-            if job.spec.resources.exclusive && gpus > free {
-                reasons.insert(
-                    id,
-                    format!("waiting for {gpus} free device(s); {free} free"),
-                );
-                continue;
-            }
-            if let Some(max) = self
-                .shared
-                .config
-                .tenant(&job.row.tenant)
-                .and_then(|t| t.max_gpus)
+        for p in report.preempt {
+            if let Some(job) = self.running.get_mut(&(p.victim as i64))
+                && job.preempt.is_none()
             {
-                let holds = tenant_gpus.get(&job.row.tenant).copied().unwrap_or(0);
-                if holds + gpus > max {
-                    reasons.insert(
-                        id,
-                        format!(
-                            "tenant {} holds {holds} device(s) of its max_gpus = {max}",
-                            job.row.tenant
-                        ),
-                    );
-                    continue;
-                }
-            }
-            match self.place(id) {
-                Ok(true) => {
-                    free = free.saturating_sub(gpus);
-                    *tenant_gpus.entry(self.tenant_of_running(id)).or_default() += gpus;
-                }
-                Ok(false) => {}
-                Err(reason) => {
-                    reasons.insert(id, reason);
-                }
+                tracing::info!("job {}: {}", p.victim, p.reason);
+                job.preempt = Some((p.reason, false));
             }
         }
+        let reasons: HashMap<i64, String> = report
+            .reasons
+            .into_iter()
+            .map(|(id, reason)| (id as i64, reason))
+            .collect();
         *lock(&self.shared.reasons) = reasons;
-    }
-
-    fn tenant_of_running(&self, id: i64) -> String {
-        self.running
-            .get(&id)
-            .map(|r| r.tenant.clone())
-            .unwrap_or_default()
     }
 
     /// Claims devices for queued job `id` and starts its supervisor. Ok(true): started;
@@ -572,14 +756,14 @@ impl Engine {
         self.running.insert(
             id,
             Running {
-                tenant: job.row.tenant.clone(),
-                gpus: job.spec.resources.gpus,
                 attempt,
                 lease_id: lease.id.clone(),
                 supervisor: None,
                 requeue: job.row.requeue,
                 cancel: Cancel::None,
                 spawned_at: Instant::now(),
+                prior_gpu_s: job.row.gpu_seconds,
+                preempt: None,
             },
         );
         if let Err(e) = self.spawn_supervisor(&dir, &spec) {
@@ -657,7 +841,15 @@ impl Engine {
         }
     }
 
-    fn finish(&mut self, id: i64, lease_id: &Option<String>, exit: ExitRecord) {
+    /// A job's run ended as its exit record says: its use is counted up to its end.
+    fn finish_at(
+        &mut self,
+        id: i64,
+        lease_id: &Option<String>,
+        exit: ExitRecord,
+        prior_gpu_s: f64,
+    ) {
+        self.untrack_running(id, ms_to_s(exit.ended_at_ms), prior_gpu_s);
         self.release(lease_id);
         if exit.state == State::Queued {
             tracing::warn!(
@@ -720,6 +912,7 @@ impl Engine {
     }
 
     fn fail(&mut self, id: i64, reason: String) {
+        self.sched().dequeue(id as u64);
         tracing::info!("job {id}: failed: {reason}");
         self.write(
             id,

@@ -14,6 +14,7 @@ pub mod config;
 pub mod db;
 pub mod engine;
 mod logs;
+pub mod queue_policy;
 pub mod sched;
 pub mod server;
 pub mod simulate;

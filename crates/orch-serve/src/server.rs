@@ -25,6 +25,13 @@ pub struct ServeOptions {
     pub exe: PathBuf,
 }
 
+impl ServeOptions {
+    /// The queue policy the config names, loaded.
+    fn queue_policy(&self) -> Result<Box<dyn crate::sched::QueuePolicy>, ServeError> {
+        crate::queue_policy::for_daemon(&self.config).map_err(ServeError::Start)
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error(
@@ -88,9 +95,15 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         backend: inventory.backend,
         exe: options.exe.clone(),
         root: current_uid() == 0,
+        standing: Mutex::default(),
     });
-    let mut engine =
-        Engine::new(Arc::clone(&shared), kicks, inventory).map_err(ServeError::Start)?;
+    let mut engine = Engine::new(
+        Arc::clone(&shared),
+        kicks,
+        inventory,
+        options.queue_policy()?,
+    )
+    .map_err(ServeError::Start)?;
     engine.recover().map_err(ServeError::Start)?;
     engine.watch_devices();
     std::thread::Builder::new()

@@ -59,6 +59,11 @@ pub struct ExitRecord {
 
 pub const CANCELLED: &str = "cancelled";
 pub const TIME_LIMIT: &str = "time limit";
+pub const PREEMPTED: &str = "preempted";
+
+/// What the daemon sends a supervisor to preempt its job: stopped like a cancel (SIGTERM, the
+/// grace period, SIGKILL), then queued again. A cancel is SIGTERM.
+pub const PREEMPT_SIGNAL: i32 = libc::SIGUSR1;
 
 /// Who holds the fence: the supervisor that started the job, or the daemon's recovery.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -123,6 +128,7 @@ pub fn supervise(dir: &Path) -> i32 {
     let signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
+        PREEMPT_SIGNAL,
     ]);
     let me = Fence {
         supervisor: Some(Holder::current()),
@@ -200,13 +206,22 @@ fn run(
     let (job, extra_env) = match &job.work {
         orch_core::job::Work::Train(_) => {
             let mut command_job = job.clone();
+            let mut argv = vec![
+                spec.exe.display().to_string(),
+                "run".into(),
+                "--supervised".into(),
+            ];
+            // A run queued again (preempted, or after a crash) goes on from its checkpoint.
+            if let orch_core::job::Work::Train(train) = &job.work
+                && orch_trainer::checkpoint::dir(&train.out)
+                    .join("state.json")
+                    .is_file()
+            {
+                argv.push("--resume".into());
+            }
+            argv.push(sub.job_path.clone());
             command_job.work = orch_core::job::Work::Command(orch_core::job::CommandSpec {
-                argv: vec![
-                    spec.exe.display().to_string(),
-                    "run".into(),
-                    "--supervised".into(),
-                    sub.job_path.clone(),
-                ],
+                argv,
                 env: Default::default(),
                 launch: orch_core::job::Launch::Single,
             });
@@ -249,10 +264,10 @@ fn run(
     if let Some(stopper) = running.stopper() {
         if let Some(mut signals) = signals {
             let stopper = stopper.clone();
-            std::thread::spawn(move || {
-                if signals.forever().next().is_some() {
-                    stopper.stop(CANCELLED);
-                }
+            std::thread::spawn(move || match signals.forever().next() {
+                Some(PREEMPT_SIGNAL) => stopper.stop(PREEMPTED),
+                Some(_) => stopper.stop(CANCELLED),
+                None => {}
             });
         }
         if let Some(limit) = spec.max_runtime_s {
@@ -288,6 +303,10 @@ fn record_of(outcome: &Outcome) -> ExitRecord {
         ),
         Outcome::Command(ExitOutcome::Stopped(reason)) if reason == CANCELLED => {
             (State::Cancelled, None, Some("cancelled".into()))
+        }
+        // The daemon gives the reason (who it was preempted for) when it queues the job again.
+        Outcome::Command(ExitOutcome::Stopped(reason)) if reason == PREEMPTED => {
+            (State::Queued, None, Some("preempted; queued again".into()))
         }
         Outcome::Command(ExitOutcome::Stopped(reason)) => {
             (State::Failed, None, Some(reason.clone()))

@@ -1,6 +1,6 @@
 //! The daemon's client commands: `orch submit`, `jobs`, `status`, `cancel`, `logs`, `wait`.
 
-use crate::cli::{JobIdArgs, JobsArgs, LogsArgs, SubmitArgs};
+use crate::cli::{JobIdArgs, JobsArgs, LogsArgs, SubmitArgs, UsageArgs};
 use crate::client::{Client, answer_failure};
 use crate::failure::{CmdResult, Failure};
 use crate::table;
@@ -177,6 +177,58 @@ pub fn list(args: &JobsArgs) -> CmdResult {
         table::render(
             &[
                 "ID", "NAME", "TENANT", "USER", "STATE", "GPUS", "AGE", "REASON"
+            ],
+            &rows
+        )
+    );
+    Ok(())
+}
+
+/// `orch usage`: the tenants' fair-share standing, as Slurm's `sshare` shows it.
+pub fn usage(args: &UsageArgs) -> CmdResult {
+    let client = Client::from_env()?;
+    let (status, body) = client.call(Method::GET, "/v1/tenants", None)?;
+    if status != StatusCode::OK {
+        return Err(answer_failure(status, &body));
+    }
+    if args.json {
+        println!("{}", String::from_utf8_lossy(&body));
+        return Ok(());
+    }
+    let tenants: Vec<orch_serve::api::TenantRow> =
+        serde_json::from_slice(&body).map_err(Failure::failed)?;
+    let rows: Vec<Vec<String>> = tenants
+        .iter()
+        .map(|t| {
+            vec![
+                t.name.clone(),
+                format!("{}", t.share),
+                format!("{:.3}", t.normalized_share),
+                format!("{:.2}", t.usage_gpu_seconds / 3600.0),
+                format!("{:.3}", t.normalized_usage),
+                format!("{:.3}", t.fair_share),
+                match t.max_gpus {
+                    Some(max) => format!("{}/{max}", t.gpus_held),
+                    None => t.gpus_held.to_string(),
+                },
+                t.jobs_queued.to_string(),
+                t.jobs_running.to_string(),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table::render(
+            &[
+                "TENANT",
+                "SHARE",
+                "NORM-SHARE",
+                "USAGE-GPU-H",
+                "NORM-USAGE",
+                "FAIR-SHARE",
+                "GPUS",
+                "QUEUED",
+                "RUNNING"
             ],
             &rows
         )

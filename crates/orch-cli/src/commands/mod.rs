@@ -7,6 +7,7 @@ mod plan;
 mod plugin;
 mod run;
 mod serve;
+mod simulate;
 
 use crate::cli::{Cli, Command};
 use crate::failure::{CmdResult, Failure};
@@ -27,6 +28,8 @@ pub fn dispatch(cli: Cli) -> CmdResult {
         Command::Cancel(args) => jobs::cancel(&args),
         Command::Logs(args) => jobs::logs(&args),
         Command::Wait(args) => jobs::wait(&args),
+        Command::Usage(args) => jobs::usage(&args),
+        Command::Simulate(args) => simulate::run(&spec, &args),
         Command::Supervise { dir } => serve::supervise(&dir),
     }
 }
