@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 pub struct Daemon {
     pub state: PathBuf,
     pub child: Option<Child>,
-    config: Option<PathBuf>,
-    socket: Option<PathBuf>,
+    pub config: Option<PathBuf>,
+    pub socket: Option<PathBuf>,
     run_as: Option<(u32, u32)>,
 }
 
@@ -163,7 +163,7 @@ impl Drop for Daemon {
     }
 }
 
-fn job_file(dir: &std::path::Path, name: &str, text: &str) -> String {
+pub fn job_file(dir: &std::path::Path, name: &str, text: &str) -> String {
     let path = dir.join(name);
     std::fs::write(&path, text).unwrap();
     path.display().to_string()

@@ -125,6 +125,9 @@ pub struct SimulateArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// With --json: each job's start and end too.
+    #[arg(long, requires = "json")]
+    pub jobs: bool,
 }
 
 #[derive(Debug, clap::Args)]

@@ -647,10 +647,18 @@ impl Engine {
                 job.preempt = Some((p.reason, false));
             }
         }
+        // A job queued again keeps saying why (preempted, its processes vanished) before why it
+        // waits now.
         let reasons: HashMap<i64, String> = report
             .reasons
             .into_iter()
-            .map(|(id, reason)| (id as i64, reason))
+            .map(|(id, reason)| {
+                let id = id as i64;
+                match self.queue.get(&id).and_then(|q| q.row.reason.as_deref()) {
+                    Some(before) if !before.is_empty() => (id, format!("{before}; {reason}")),
+                    _ => (id, reason),
+                }
+            })
             .collect();
         *lock(&self.shared.reasons) = reasons;
     }

@@ -129,6 +129,24 @@ pub struct Report {
     pub contended_hours: f64,
     /// Scheduling passes run.
     pub passes: u64,
+    /// Each job's life, in trace order (with `--jobs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jobs: Option<Vec<JobReport>>,
+}
+
+/// One job of the trace, as the simulation ran it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobReport {
+    /// Its line among the trace's jobs, from 1.
+    pub job: u64,
+    pub tenant: String,
+    pub at: f64,
+    /// First start, when it started.
+    pub started: Option<f64>,
+    /// Its end, when it ended.
+    pub ended: Option<f64>,
+    pub preempted: u32,
+    pub rejected: bool,
 }
 
 struct SimJob {
@@ -139,6 +157,8 @@ struct SimJob {
     run: u32,
     started: Option<f64>,
     first_start: Option<f64>,
+    ended: Option<f64>,
+    preempted: u32,
     queued: QueuedJob,
 }
 
@@ -159,6 +179,18 @@ pub fn simulate(
     trace: &[TraceJob],
     policy: Box<dyn QueuePolicy>,
     until: Option<f64>,
+) -> Result<Report, String> {
+    simulate_with(config, gpus, trace, policy, until, false)
+}
+
+/// [`simulate`], with each job's life in the report when `per_job`.
+pub fn simulate_with(
+    config: &Config,
+    gpus: u32,
+    trace: &[TraceJob],
+    policy: Box<dyn QueuePolicy>,
+    until: Option<f64>,
+    per_job: bool,
 ) -> Result<Report, String> {
     let tenants: Vec<TenantConf> = config
         .tenants
@@ -273,6 +305,7 @@ pub fn simulate(
             if job.remaining > 1e-9 {
                 time_limited[job.tenant] += 1;
             }
+            job.ended = Some(now);
             finished[job.tenant] += 1;
         }
         while let Some(&i) = order.get(next) {
@@ -314,6 +347,8 @@ pub fn simulate(
                     run: 0,
                     started: None,
                     first_start: None,
+                    ended: None,
+                    preempted: 0,
                     queued,
                 },
             );
@@ -360,6 +395,7 @@ pub fn simulate(
                 running_gpus[job.tenant] -= job.queued.gpus;
                 free += job.queued.gpus;
                 preempted[job.tenant] += 1;
+                job.preempted += 1;
                 queued_count[job.tenant] += 1;
                 sched.enqueue(job.queued.clone());
             }
@@ -399,7 +435,25 @@ pub fn simulate(
             }
         })
         .collect();
+    let job_reports = per_job.then(|| {
+        (0..trace.len())
+            .map(|i| {
+                let id = i as u64 + 1;
+                let job = jobs.get(&id);
+                JobReport {
+                    job: id,
+                    tenant: trace[i].tenant.clone(),
+                    at: trace[i].at,
+                    started: job.and_then(|j| j.first_start),
+                    ended: job.and_then(|j| j.ended),
+                    preempted: job.map_or(0, |j| j.preempted),
+                    rejected: job.is_none(),
+                }
+            })
+            .collect()
+    });
     Ok(Report {
+        jobs: job_reports,
         tenants: tenants_report,
         utilization: if makespan > 0.0 && gpus > 0 {
             total / (makespan * f64::from(gpus))

@@ -1,0 +1,222 @@
+//! Fair share on a real daemon: the order jobs start in against the simulator's, preemption of a
+//! Wasm trainer that resumes from its checkpoint, `max_priority`, a tenant's `max_runtime`, and
+//! `orch usage`.
+
+use crate::serve::{Daemon, job_file};
+use crate::*;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn me() -> String {
+    stdout(&Command::new("id").arg("-un").output().unwrap())
+        .trim()
+        .to_string()
+}
+
+/// A daemon whose config is `text` (with `{me}` standing for this user).
+fn daemon(tag: &str, text: &str) -> Daemon {
+    let mut d = Daemon::prepare(tag);
+    let config = d.state.join("serve.toml");
+    std::fs::write(&config, text.replace("{me}", &me())).unwrap();
+    d.config = Some(config);
+    d.restart();
+    d
+}
+
+fn started_ms(d: &Daemon, id: &str) -> u64 {
+    d.status(id)["started_at_ms"].as_u64().unwrap()
+}
+
+/// Two tenants of equal share (this user is in both and names one per job). `b` first holds the
+/// whole machine for a second; then both queue four jobs of two seconds on all eight devices.
+/// Fair share alternates them, starting with `a`, which has used nothing; the simulator, given
+/// the same trace, starts them in the same order.
+#[test]
+fn two_tenants_start_in_the_order_the_simulator_gives() {
+    let config = "[[tenant]]\nname = \"a\"\nusers = [\"{me}\"]\n[[tenant]]\nname = \"b\"\nusers = [\"{me}\"]\n";
+    let d = daemon("fairorder", config);
+    let hold = d.submit(&["--tenant", "b", "--gpus", "8", "--", "sleep", "1"]);
+    d.wait_state(&hold, "running");
+    let mut jobs = Vec::new();
+    for _ in 0..4 {
+        for tenant in ["b", "a"] {
+            let id = d.submit(&["--tenant", tenant, "--gpus", "8", "--", "sleep", "2"]);
+            jobs.push((id, tenant));
+        }
+    }
+    for (id, _) in &jobs {
+        d.wait_state(id, "succeeded");
+    }
+    let mut real: Vec<(u64, &str)> = jobs
+        .iter()
+        .map(|(id, tenant)| (started_ms(&d, id), *tenant))
+        .collect();
+    real.sort();
+    let real: Vec<&str> = real.into_iter().map(|(_, t)| t).collect();
+
+    // The same trace through `orch simulate`.
+    let mut trace = String::from("{\"at\": 0, \"tenant\": \"b\", \"gpus\": 8, \"duration\": 1}\n");
+    for _ in 0..4 {
+        for tenant in ["b", "a"] {
+            trace.push_str(&format!(
+                "{{\"at\": 0.2, \"tenant\": \"{tenant}\", \"gpus\": 8, \"duration\": 2}}\n"
+            ));
+        }
+    }
+    let trace_path = d.state.join("trace.jsonl");
+    std::fs::write(&trace_path, trace).unwrap();
+    let config_path = d.state.join("serve.toml");
+    let out = d.client(&[
+        "simulate",
+        "--config",
+        config_path.to_str().unwrap(),
+        trace_path.to_str().unwrap(),
+        "--json",
+        "--jobs",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut simulated: Vec<(f64, String)> = report["jobs"].as_array().unwrap()[1..]
+        .iter()
+        .map(|j| {
+            (
+                j["started"].as_f64().unwrap(),
+                j["tenant"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    simulated.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let simulated: Vec<&str> = simulated.iter().map(|(_, t)| t.as_str()).collect();
+    assert_eq!(
+        real, simulated,
+        "the daemon's order against the simulator's"
+    );
+    assert_eq!(real, ["a", "b", "a", "b", "a", "b", "a", "b"]);
+
+    // Both used about the same (b: the hold and four jobs; a: four jobs).
+    let out = d.client(&["usage", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let usage: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let used = |name: &str| {
+        usage
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap()["usage_gpu_seconds"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(
+        used("a") > 8.0 * 4.0 * 1.9 && used("b") > used("a"),
+        "{usage}"
+    );
+    let table = stdout(&d.client(&["usage"]));
+    assert!(
+        table.contains("FAIR-SHARE") && table.lines().count() == 3,
+        "{table}"
+    );
+}
+
+#[test]
+fn max_priority_and_a_tenants_max_runtime_hold() {
+    let config =
+        "[[tenant]]\nname = \"lab\"\nusers = [\"{me}\"]\nmax_priority = 5\nmax_runtime = \"1s\"\n";
+    let d = daemon("maxprio", config);
+    let high = job_file(
+        &d.state,
+        "high.toml",
+        "[job]\nname = \"high\"\npriority = 9\n[command]\nargv = [\"true\"]\n",
+    );
+    let out = d.client(&["submit", &high]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        stderr(&out).contains("priority = 9 is above tenant lab's max_priority = 5"),
+        "{}",
+        stderr(&out)
+    );
+    let ok = job_file(
+        &d.state,
+        "ok.toml",
+        "[job]\nname = \"ok\"\npriority = 5\n[command]\nargv = [\"sleep\", \"60\"]\n",
+    );
+    let id = d.submit(&[&ok]);
+    let started = Instant::now();
+    let s = d.wait_state(&id, "failed");
+    assert_eq!(s["reason"], "time limit", "{s}");
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+/// Tenant `b` fills the machine: seven devices with jobs that may not be preempted, one with a
+/// preemptible Wasm trainer that checkpoints. Tenant `a` (no usage) asks for one device: the
+/// trainer is stopped, queued again, and once `a` is done it resumes from its checkpoint and ends
+/// with the same parameters as a run that was never stopped.
+#[test]
+fn a_preemptible_trainer_is_stopped_for_a_tenant_under_its_share_and_resumes() {
+    let config = "[[tenant]]\nname = \"a\"\nusers = [\"{me}\"]\n[[tenant]]\nname = \"b\"\nusers = [\"{me}\"]\n";
+    let d = daemon("preempt", config);
+    let digits = root().join("examples/digits/data/digits.csv.gz");
+    let train = |dir: &std::path::Path, preemptible: bool| {
+        std::fs::create_dir_all(dir).unwrap();
+        job_file(
+            dir,
+            "train.toml",
+            &format!(
+                "[job]\nname = \"digits\"\ntenant = \"b\"\npreemptible = {preemptible}\n[resources]\ngpus = 1\nmemory_limit = \"256MiB\"\n[train]\nplugin = \"mlp\"\nepochs = 12\nbatch_size = 64\nseed = 3\ncheckpoint_every = 10\n[train.config]\nhidden = \"32\"\nlr = 0.1\n[train.data]\nformat = \"csv\"\ntrain = \"{g}\"\ntest = \"{g}\"\nscale = 16\n",
+                g = digits.display()
+            ),
+        )
+    };
+    let blockers: Vec<String> = (0..7)
+        .map(|_| d.submit(&["--tenant", "b", "--", "sleep", "120"]))
+        .collect();
+    for id in &blockers {
+        d.wait_state(id, "running");
+    }
+    let work = d.state.join("preempted");
+    let job = d.submit(&[&train(&work, true)]);
+    d.wait_state(&job, "running");
+    // Wait for its first checkpoint, then ask for a device as `a`.
+    let checkpoint = work.join("runs/digits/checkpoint/state.json");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !checkpoint.is_file() {
+        assert!(Instant::now() < deadline, "no checkpoint: {}", d.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let small = d.submit(&["--tenant", "a", "--", "sleep", "1"]);
+    d.wait_state(&small, "running");
+    let s = d.status(&job);
+    assert_eq!(s["state"], "queued", "{s}");
+    assert!(
+        s["reason"].as_str().unwrap().contains(&format!(
+            "preempted for job {small}: tenant a is under its share"
+        )),
+        "{s}"
+    );
+    d.wait_state(&small, "succeeded");
+    let s = d.wait_state(&job, "succeeded");
+    assert_eq!(s["attempt"], 2, "{s}");
+    let logs = stdout(&d.client(&["logs", &job]));
+    assert!(logs.contains("resuming after step"), "{logs}");
+    for id in &blockers {
+        assert_eq!(
+            d.status(id)["state"],
+            "running",
+            "a job that did not opt in is never preempted"
+        );
+        assert!(d.client(&["cancel", id]).status.success());
+    }
+
+    // The same training, never stopped, through `orch run`.
+    let whole = d.state.join("whole");
+    let file = train(&whole, false);
+    let out = d.client(&["run", &file]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let params = |dir: &std::path::Path| {
+        std::fs::read(dir.join("runs/digits/checkpoint/model.safetensors")).unwrap()
+    };
+    assert!(
+        params(&work) == params(&whole),
+        "the preempted run ends with the parameters of the run never stopped"
+    );
+}
