@@ -19,6 +19,11 @@ pub struct Config {
     pub usage_half_life: Duration,
     /// How long finished jobs and their logs are kept.
     pub retention: Duration,
+    /// A queued job that waited this long and still does not fit holds back free devices until
+    /// it does (backfill stops starving it).
+    pub starvation_limit: Duration,
+    /// How long a job of a tenant under its share waits before the daemon preempts for it.
+    pub preempt_after: Duration,
     pub tenants: Vec<Tenant>,
 }
 
@@ -45,6 +50,8 @@ struct RawConfig {
     queue_policy: Option<String>,
     usage_half_life: Option<String>,
     retention: Option<String>,
+    starvation_limit: Option<String>,
+    preempt_after: Option<String>,
     #[serde(default)]
     tenant: Vec<RawTenant>,
 }
@@ -70,6 +77,8 @@ struct RawTenant {
 /// The queue policy when the config names none.
 pub const DEFAULT_QUEUE_POLICY: &str = "fair-share";
 
+const DEFAULT_STARVATION_LIMIT: Duration = Duration::from_secs(2 * 3600);
+
 const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 86400);
 
 impl Config {
@@ -81,6 +90,8 @@ impl Config {
             queue_policy: orch_core::PluginRef::Builtin(DEFAULT_QUEUE_POLICY.into()),
             usage_half_life: Duration::from_secs(7 * 86400),
             retention: DEFAULT_RETENTION,
+            starvation_limit: DEFAULT_STARVATION_LIMIT,
+            preempt_after: Duration::ZERO,
             tenants: vec![Tenant {
                 name: user.to_string(),
                 users: vec![user.to_string()],
@@ -226,6 +237,13 @@ impl Config {
             usage_half_life: duration("usage_half_life", &raw.usage_half_life)?
                 .unwrap_or(Duration::from_secs(7 * 86400)),
             retention: duration("retention", &raw.retention)?.unwrap_or(DEFAULT_RETENTION),
+            starvation_limit: duration("starvation_limit", &raw.starvation_limit)?
+                .unwrap_or(DEFAULT_STARVATION_LIMIT),
+            // "0s" (preempt at once) is a fine value here.
+            preempt_after: match raw.preempt_after.as_deref().map(str::trim) {
+                Some("0" | "0s") | None => Duration::ZERO,
+                Some(_) => duration("preempt_after", &raw.preempt_after)?.unwrap_or_default(),
+            },
             tenants,
         })
     }

@@ -157,6 +157,8 @@ impl Engine {
         // Devices freed by preemption wait for their job while the victims stop (SIGTERM, the
         // grace period, SIGKILL) and a little longer.
         sched.reservation_s = orch_runner::GRACE.as_secs_f64() + 30.0;
+        sched.starvation_s = shared.config.starvation_limit.as_secs_f64();
+        sched.preempt_after_s = shared.config.preempt_after.as_secs_f64();
         for row in shared.db.usage().map_err(|e| e.to_string())? {
             if let Some(i) = sched.tenant_index(&row.tenant) {
                 sched.set_usage(

@@ -12,6 +12,9 @@
 //! - Preemption frees devices for a tenant under its share by stopping preemptible jobs of
 //!   tenants over theirs, and holds the devices freed for that job (a reservation) until it starts
 //!   or the reservation expires, so that backfill does not take them first.
+//! - Backfill has a bound: a job that has waited `starvation_limit` and still does not fit holds
+//!   back the devices that are free for it, so smaller jobs behind it stop taking every device
+//!   that frees up, and it starts once enough have.
 
 use orch_queue::{Job, Machine, Ranked, Tenant, TenantInput};
 use std::cmp::Reverse;
@@ -205,6 +208,9 @@ struct Reservation {
 /// that two tenants near their shares do not preempt each other back and forth.
 const PREEMPT_MARGIN: f64 = 0.05;
 
+/// `starvation_limit` when the config names none: two hours.
+pub const DEFAULT_STARVATION_S: f64 = 7200.0;
+
 /// The queue, the running jobs and the usage, and the passes over them.
 pub struct Scheduler {
     tenants: Vec<TenantConf>,
@@ -221,6 +227,12 @@ pub struct Scheduler {
     preempting: HashSet<u64>,
     /// How long devices freed by preemption stay held for the job they were freed for.
     pub reservation_s: f64,
+    /// A job that waited this long holds back free devices until it fits (`starvation_limit`).
+    pub starvation_s: f64,
+    /// A job waits this long before preemption is asked for it (`preempt_after`).
+    pub preempt_after_s: f64,
+    /// How many queued exclusive jobs ask for each device count.
+    sizes: BTreeMap<u32, usize>,
     /// Compute a reason for every queued job (the daemon shows them); without, a pass may stop
     /// once nothing more can start (the simulator).
     pub keep_reasons: bool,
@@ -257,6 +269,9 @@ impl Scheduler {
             reservations: HashMap::new(),
             preempting: HashSet::new(),
             reservation_s: 60.0,
+            starvation_s: DEFAULT_STARVATION_S,
+            preempt_after_s: 0.0,
+            sizes: BTreeMap::new(),
             keep_reasons: true,
         }
     }
@@ -328,7 +343,9 @@ impl Scheduler {
         }
         self.by_tenant[job.tenant].insert(key(&job));
         self.by_priority.insert(key(&job));
-        if !job.exclusive {
+        if job.exclusive {
+            *self.sizes.entry(job.gpus).or_default() += 1;
+        } else {
             self.shared_queued += 1;
         }
         self.queue.insert(job.id, job);
@@ -339,7 +356,14 @@ impl Scheduler {
         let job = self.queue.remove(&id)?;
         self.by_tenant[job.tenant].remove(&key(&job));
         self.by_priority.remove(&key(&job));
-        if !job.exclusive {
+        if job.exclusive {
+            if let Some(n) = self.sizes.get_mut(&job.gpus) {
+                *n -= 1;
+                if *n == 0 {
+                    self.sizes.remove(&job.gpus);
+                }
+            }
+        } else {
             self.shared_queued -= 1;
         }
         self.reservations.remove(&id);
@@ -533,6 +557,24 @@ impl Scheduler {
         let available = walk.free.saturating_sub(reserved);
         if job.exclusive && job.gpus > available {
             walk.blocked.push(id);
+            let starving = now_s - job.submitted_s >= self.starvation_s
+                && self.tenants[job.tenant]
+                    .max_gpus
+                    .is_none_or(|max| self.held[job.tenant] + job.gpus <= max);
+            if starving && available > 0 {
+                // Hold back what is free for it: smaller jobs behind it no longer take it.
+                walk.free -= available;
+                if keep {
+                    report.reasons.push((
+                        id,
+                        with(format!(
+                            "waiting for {} free device(s); holding the {available} free ones for it (it waited over the starvation limit)",
+                            job.gpus
+                        )),
+                    ));
+                }
+                return;
+            }
             if keep {
                 let held_back = if reserved > 0 && walk.free > available {
                     format!(
@@ -616,7 +658,8 @@ impl Scheduler {
         let mut cursor = Cursor::default();
         loop {
             let total_reserved: u32 = self.reservations.values().map(|r| r.gpus).sum();
-            if walk.free <= total_reserved && self.shared_queued == 0 {
+            let smallest = self.sizes.keys().next().copied().unwrap_or(u32::MAX);
+            if walk.free.saturating_sub(total_reserved) < smallest && self.shared_queued == 0 {
                 break;
             }
             let chunk = self.next_chunk(name, tenants, &mut cursor, 64);
@@ -747,6 +790,7 @@ impl Scheduler {
                 continue;
             };
             if !job.exclusive
+                || now_s - job.submitted_s < self.preempt_after_s
                 || !under(job.tenant)
                 || !asked.insert(job.tenant)
                 || self.reservations.contains_key(&id)

@@ -209,6 +209,8 @@ pub fn simulate_with(
     );
     sched.keep_reasons = false;
     sched.reservation_s = 0.0;
+    sched.starvation_s = config.starvation_limit.as_secs_f64();
+    sched.preempt_after_s = config.preempt_after.as_secs_f64();
     let n = tenants.len();
     let index: HashMap<&str, usize> = tenants
         .iter()

@@ -256,3 +256,19 @@ fn the_lazy_order_is_the_built_ins_order() {
         }
     }
 }
+
+#[test]
+fn a_job_past_the_starvation_limit_holds_devices_until_it_fits() {
+    let mut s = sched(&[1.0], "fifo");
+    s.starvation_s = 3600.0;
+    s.enqueue(job(1, 0, 4, 0, 0.0));
+    s.enqueue(job(2, 0, 1, 0, 1.0));
+    // Within the limit, the small job passes the big one.
+    assert_eq!(pass(&mut s, 60.0, 2).started, vec![2]);
+    s.enqueue(job(3, 0, 1, 0, 2.0));
+    // Past it, the two free devices are held for the big job.
+    let r = pass(&mut s, 4000.0, 2);
+    assert!(r.started.is_empty(), "{r:?}");
+    assert!(r.reasons[0].1.contains("holding the 2 free ones"), "{r:?}");
+    assert_eq!(pass(&mut s, 4001.0, 4).started, vec![1]);
+}
