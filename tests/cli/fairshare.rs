@@ -2,7 +2,7 @@
 //! Wasm trainer that resumes from its checkpoint, `max_priority`, a tenant's `max_runtime`, and
 //! `orch usage`.
 
-use crate::serve::{Daemon, job_file};
+use crate::serve::{Daemon, job_file, supervisor_pid};
 use crate::*;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -219,4 +219,43 @@ fn a_preemptible_trainer_is_stopped_for_a_tenant_under_its_share_and_resumes() {
         params(&work) == params(&whole),
         "the preempted run ends with the parameters of the run never stopped"
     );
+}
+
+fn usage_of(d: &Daemon, tenant: &str) -> f64 {
+    let out = d.client(&["usage", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    all.as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == tenant)
+        .unwrap()["usage_gpu_seconds"]
+        .as_f64()
+        .unwrap()
+}
+
+/// Usage is written as a job runs: after `kill -9` of the daemon and of the job's supervisor,
+/// the restarted daemon still counts what the job used up to its last sample (every 10 s).
+#[test]
+fn usage_recorded_while_a_job_runs_survives_a_crash() {
+    let config = "[[tenant]]\nname = \"lab\"\nusers = [\"{me}\"]\n";
+    let mut d = daemon("usagecrash", config);
+    let id = d.submit(&["--gpus", "8", "--", "sleep", "60"]);
+    d.wait_state(&id, "running");
+    std::thread::sleep(Duration::from_secs(12));
+    let pid = supervisor_pid(&d, &id, 1);
+    d.kill9();
+    // SAFETY: kill(2) on the supervisor this test's daemon started.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }
+    d.restart();
+    let s = d.wait_state(&id, "lost");
+    let used = usage_of(&d, "lab");
+    // At least the sample after 10 s of 8 devices; not more than the 13 s it could have run.
+    assert!(
+        (80.0..=8.0 * 13.0).contains(&used),
+        "{used} GPU-seconds; {s}"
+    );
+    assert!(s["gpu_seconds"].as_f64().unwrap() >= 80.0, "{s}");
 }

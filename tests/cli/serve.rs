@@ -551,7 +551,7 @@ fn two_hundred_jobs_from_eight_clients_through_three_crashes() {
 }
 
 /// The supervisor's pid, from the job's fence file.
-fn supervisor_pid(d: &Daemon, id: &str, attempt: u32) -> i32 {
+pub fn supervisor_pid(d: &Daemon, id: &str, attempt: u32) -> i32 {
     let fence = d
         .state
         .join("jobs")

@@ -320,5 +320,42 @@ groups = ["nlp-lab"]
         );
         let e = parse("[[tenant]]\nname = \"a\"\n").unwrap_err();
         assert!(e.contains("no users"), "{e}");
+        let e = parse("[[tenant]]\nname = \"a\"\nusers = [\"x\"]\nshare = 0\n").unwrap_err();
+        assert!(e.contains("serve.toml:4") && e.contains("positive"), "{e}");
+        let e = parse("[[tenant]]\nname = \"a\"\nusers = [\"x\"]\nmax_gpus = -1\n").unwrap_err();
+        assert!(e.contains("serve.toml:4"), "{e}");
+        let e = parse("queue_policy = \"lottery\"\n[[tenant]]\nname = \"a\"\nusers = [\"x\"]\n")
+            .unwrap_err();
+        assert!(
+            e.contains("serve.toml:1") && e.contains("fair-share, fifo, priority"),
+            "{e}"
+        );
+        let e = parse("starvation_limit = \"soon\"\n[[tenant]]\nname = \"a\"\nusers = [\"x\"]\n")
+            .unwrap_err();
+        assert!(
+            e.contains("serve.toml:1") && e.contains("not a duration"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn queue_policy_names_a_built_in_or_a_path_beside_the_config() {
+        let c = Config::parse(
+            Path::new("/etc/orch/serve.toml"),
+            "queue_policy = \"queues/mine.wasm\"\nusage_half_life = \"1d\"\npreempt_after = \"0s\"\n[[tenant]]\nname = \"a\"\nusers = [\"x\"]\nmax_priority = 3\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.queue_policy,
+            orch_core::PluginRef::Path("/etc/orch/queues/mine.wasm".into())
+        );
+        assert_eq!(c.usage_half_life, Duration::from_secs(86400));
+        assert_eq!(c.preempt_after, Duration::ZERO);
+        assert_eq!(c.tenants[0].max_priority, Some(3));
+        let c = parse("[[tenant]]\nname = \"a\"\nusers = [\"x\"]\n").unwrap();
+        assert_eq!(
+            c.queue_policy,
+            orch_core::PluginRef::Builtin("fair-share".into())
+        );
     }
 }
