@@ -170,8 +170,11 @@ pub const BUILTINS: &[(&str, &str)] = &[
     ("priority", "job priority, then age"),
 ];
 
+/// An order: the jobs to try, best first, each with its reason.
+pub type Order = fn(&[Job], &[Tenant], &Machine) -> Vec<Ranked>;
+
 /// A built-in order by name.
-pub fn builtin(name: &str) -> Option<fn(&[Job], &[Tenant], &Machine) -> Vec<Ranked>> {
+pub fn builtin(name: &str) -> Option<Order> {
     match name {
         "fair-share" => Some(fair_share),
         "fifo" => Some(fifo),
@@ -278,6 +281,15 @@ pub fn clean_reason(reason: &str) -> String {
     out.trim().to_string()
 }
 
+/// [`clean_reason`] of an owned reason: the same text, without a copy when the reason is clean
+/// already (the usual case, and what a host checking thousands of reasons a pass wants).
+pub fn clean_reason_owned(reason: String) -> String {
+    let clean = reason.len() <= MAX_REASON
+        && !reason.chars().any(char::is_control)
+        && reason.trim().len() == reason.len();
+    if clean { reason } else { clean_reason(&reason) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -375,5 +387,22 @@ mod tests {
         );
         assert_eq!(clean_reason("a\nb"), "a b");
         assert_eq!(clean_reason(&"é".repeat(300)).len(), MAX_REASON);
+    }
+
+    #[test]
+    fn owned_reasons_are_cleaned_alike() {
+        for reason in [
+            "priority 3",
+            " padded ",
+            "a\u{1b}[31mb",
+            "c\u{85}d",
+            "trailing\n",
+            "",
+            &"é".repeat(300),
+            &"x".repeat(MAX_REASON),
+            &"x".repeat(MAX_REASON + 1),
+        ] {
+            assert_eq!(clean_reason_owned(reason.to_string()), clean_reason(reason));
+        }
     }
 }
