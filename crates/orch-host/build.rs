@@ -1,4 +1,4 @@
-//! Builds the guest workspace `plugins/` (built-in policies and test fixtures) for
+//! Builds the guest workspace `plugins/` (built-in policies, queue policies and test fixtures) for
 //! `wasm32-wasip2` with cargo alone, and tells the crate where the components are
 //! (`ORCH_PLUGIN_WASM_DIR`), so the built-ins are embedded with `include_bytes!`.
 //!
@@ -20,12 +20,20 @@ fn main() {
         "kit",
         "policies",
         "fixtures",
+        "queue-kit",
+        "queue",
+        "queue-fixtures",
         "trainer-mlp",
         "trainer-fixtures",
     ] {
         println!("cargo:rerun-if-changed={}", plugins.join(watched).display());
     }
     println!("cargo:rerun-if-changed={}", root.join("wit").display());
+    // The built-in queue policies are wrappers around orch-queue: its source is theirs.
+    for watched in ["Cargo.toml", "src"] {
+        let path = root.join("crates/orch-queue").join(watched);
+        println!("cargo:rerun-if-changed={}", path.display());
+    }
 
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("set by cargo"));
     let target_dir = guest_target_dir(&out_dir);
