@@ -1,4 +1,4 @@
-//! How a policy plugin can fail. Every variant names the plugin.
+//! How a plugin can fail. Every variant names the plugin, and its kind.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -12,50 +12,135 @@ pub enum RefusalKind {
     BadConfig,
 }
 
-/// A policy plugin that could not be loaded, did not answer, answered wrongly, or refused.
+/// Which kind of plugin an error is about: the words its message uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PluginKind {
+    /// A placement policy (world `orch:plugin/policy`): "policy plugin `NAME`".
+    Placement,
+}
+
+impl PluginKind {
+    /// The world a plugin of this kind implements.
+    pub fn world(self) -> &'static str {
+        match self {
+            PluginKind::Placement => orch_wit::POLICY_WORLD,
+        }
+    }
+
+    /// The function a plugin of this kind exports.
+    pub fn export(self) -> &'static str {
+        match self {
+            PluginKind::Placement => "select",
+        }
+    }
+
+    /// "a policy": what a plugin of this kind is, in a sentence.
+    pub fn noun_phrase(self) -> &'static str {
+        match self {
+            PluginKind::Placement => "a policy",
+        }
+    }
+
+    /// "policy": what a built-in of this kind is called.
+    fn noun(self) -> &'static str {
+        match self {
+            PluginKind::Placement => "policy",
+        }
+    }
+
+    /// The built-ins of this kind, as a list for a message.
+    fn builtins(self) -> String {
+        match self {
+            PluginKind::Placement => crate::builtin::names().join(", "),
+        }
+    }
+}
+
+impl std::fmt::Display for PluginKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PluginKind::Placement => "policy plugin",
+        })
+    }
+}
+
+/// A plugin that could not be loaded, did not answer, answered wrongly, or refused. Every
+/// variant names the plugin, and `kind` says which kind of plugin it is, so the message does.
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
     #[error(
-        "unknown built-in policy `{name}`: the built-ins are {}; or give a path to a .wasm component",
-        crate::builtin::names().join(", ")
+        "unknown built-in {} `{name}`: the built-ins are {}; or give a path to a .wasm component",
+        kind.noun(),
+        kind.builtins()
     )]
-    UnknownBuiltin { name: String },
-    #[error("cannot read policy plugin {}: {source}", path.display())]
+    UnknownBuiltin { kind: PluginKind, name: String },
+    #[error("cannot read {kind} {}: {source}", path.display())]
     Read {
+        kind: PluginKind,
         path: PathBuf,
         source: std::io::Error,
     },
     #[error(
-        "`{plugin}` is not a WebAssembly component ({detail}); build a policy with `cargo build --target wasm32-wasip2 --release`"
+        "`{plugin}` is not a WebAssembly component ({detail}); build {} with `cargo build --target wasm32-wasip2 --release`",
+        kind.noun_phrase()
     )]
-    NotComponent { plugin: String, detail: String },
+    NotComponent {
+        kind: PluginKind,
+        plugin: String,
+        detail: String,
+    },
     #[error(
-        "`{plugin}` is a component of another world, not {world}: {detail}",
-        world = orch_wit::POLICY_WORLD
+        "`{plugin}` is a component of another world, not {}: {detail}",
+        kind.world()
     )]
-    WrongWorld { plugin: String, detail: String },
-    #[error("policy plugin `{plugin}` cannot be loaded: {detail}")]
-    Load { plugin: String, detail: String },
-    #[error("policy plugin `{plugin}` did not answer within its deadline of {} ms and was stopped", deadline.as_millis())]
-    Timeout { plugin: String, deadline: Duration },
+    WrongWorld {
+        kind: PluginKind,
+        plugin: String,
+        detail: String,
+    },
+    #[error("{kind} `{plugin}` cannot be loaded: {detail}")]
+    Load {
+        kind: PluginKind,
+        plugin: String,
+        detail: String,
+    },
+    #[error("{kind} `{plugin}` did not answer within its deadline of {} ms and was stopped", deadline.as_millis())]
+    Timeout {
+        kind: PluginKind,
+        plugin: String,
+        deadline: Duration,
+    },
     #[error(
-        "policy plugin `{plugin}` went over its memory limit of {} MiB and was stopped",
+        "{kind} `{plugin}` went over its memory limit of {} MiB and was stopped",
         limit >> 20
     )]
-    MemoryLimit { plugin: String, limit: usize },
+    MemoryLimit {
+        kind: PluginKind,
+        plugin: String,
+        limit: usize,
+    },
     #[error(
-        "policy plugin `{plugin}` tried to read {what}, which plugins are not granted, and was stopped"
+        "{kind} `{plugin}` tried to read {what}, which plugins are not granted, and was stopped"
     )]
-    Denied { plugin: String, what: &'static str },
-    #[error("policy plugin `{plugin}` crashed ({trap}){}", output_suffix(.output))]
+    Denied {
+        kind: PluginKind,
+        plugin: String,
+        what: &'static str,
+    },
+    #[error("{kind} `{plugin}` crashed ({trap}){}", output_suffix(.output))]
     Crashed {
+        kind: PluginKind,
         plugin: String,
         trap: String,
         /// The last lines the plugin wrote (a panic message, typically).
         output: Vec<String>,
     },
-    #[error("policy plugin `{plugin}` gave a wrong answer: {problem}")]
-    WrongAnswer { plugin: String, problem: String },
+    #[error("{kind} `{plugin}` gave a wrong answer: {problem}")]
+    WrongAnswer {
+        kind: PluginKind,
+        plugin: String,
+        problem: String,
+    },
     #[error("policy `{plugin}` found no fit: {message}")]
     NoFit { plugin: String, message: String },
     #[error("policy `{plugin}` rejected its configuration: {message}")]
@@ -74,7 +159,7 @@ fn output_suffix(output: &[String]) -> String {
 
 impl PolicyError {
     /// True when the user's input is at fault (a name, a file, a configuration), so the CLI
-    /// exits 2; false for a plugin that misbehaved or found no fit (exit 1).
+    /// exits 2; false for a plugin that misbehaved, found no fit or could not order (exit 1).
     pub fn is_bad_input(&self) -> bool {
         matches!(
             self,
@@ -87,7 +172,7 @@ impl PolicyError {
         )
     }
 
-    /// The refusal, when the plugin refused (as opposed to failing).
+    /// The refusal, when a placement policy refused (as opposed to failing).
     pub fn refusal(&self) -> Option<(RefusalKind, &str)> {
         match self {
             PolicyError::NoFit { message, .. } => Some((RefusalKind::NoFit, message)),

@@ -1,8 +1,11 @@
 //! `orch plugin inspect`: which world a component implements, what it imports and exports.
 
-use crate::error::PolicyError;
-use crate::policy::{PolicyHost, check_component_header, describe, export_names};
+use crate::error::{PluginKind, PolicyError};
+use crate::policy::PolicyHost;
+use crate::runtime::export_names;
 use orch_wit::PolicyPre;
+use wasmtime::component::Component;
+use wasmtime::component::types::{ComponentExtern, ComponentItem};
 
 /// What a trainer component exports.
 const TRAINER_EXPORTS: [&str; 3] = ["init", "train-step", "eval-step"];
@@ -21,13 +24,7 @@ pub struct Inspection {
 /// Inspects `wasm` (named `name` in errors): it must be a component of the policy world whose
 /// imports orch provides, or a trainer; anything else is an error saying what it is instead.
 pub fn inspect(host: &mut PolicyHost, name: &str, wasm: &[u8]) -> Result<Inspection, PolicyError> {
-    check_component_header(name, wasm)?;
-    let component = host
-        .component(wasm)
-        .map_err(|e| PolicyError::NotComponent {
-            plugin: name.to_string(),
-            detail: format!("it does not validate: {e}"),
-        })?;
+    let component = host.compile(name, wasm)?;
     let engine = host.engine().clone();
     let ty = component.component_type();
     let imports = describe(ty.imports(&engine));
@@ -35,16 +32,32 @@ pub fn inspect(host: &mut PolicyHost, name: &str, wasm: &[u8]) -> Result<Inspect
     let names = export_names(&engine, &component);
     // A trainer is told by its exports; its imports are checked by the trainer host when a job
     // loads it (this host links the policy world only).
-    if TRAINER_EXPORTS.iter().all(|t| names.iter().any(|e| e == t)) {
-        return Ok(Inspection {
-            world: orch_wit::TRAINER_WORLD,
-            imports,
-            exports,
-            size_bytes: wasm.len(),
-        });
-    }
-    if !names.iter().any(|e| e == "select") {
+    let world = if TRAINER_EXPORTS.iter().all(|t| names.iter().any(|e| e == t)) {
+        orch_wit::TRAINER_WORLD
+    } else {
+        policy_world(host, name, &component, &names, &exports)?
+    };
+    Ok(Inspection {
+        world,
+        imports,
+        exports,
+        size_bytes: wasm.len(),
+    })
+}
+
+/// The policy world, once the component is found to export `select` and to import only what
+/// orch provides.
+fn policy_world(
+    host: &PolicyHost,
+    name: &str,
+    component: &Component,
+    names: &[String],
+    exports: &[String],
+) -> Result<&'static str, PolicyError> {
+    let kind = PluginKind::Placement;
+    if !names.iter().any(|e| e == kind.export()) {
         return Err(PolicyError::WrongWorld {
+            kind,
             plugin: name.to_string(),
             detail: format!(
                 "it exports {}, and a policy exports `select`",
@@ -58,19 +71,33 @@ pub fn inspect(host: &mut PolicyHost, name: &str, wasm: &[u8]) -> Result<Inspect
     }
     let pre = host
         .linker()
-        .instantiate_pre(&component)
+        .instantiate_pre(component)
         .map_err(|e| PolicyError::Load {
+            kind,
             plugin: name.to_string(),
             detail: format!("{e:#}"),
         })?;
     PolicyPre::new(pre).map_err(|e| PolicyError::WrongWorld {
+        kind,
         plugin: name.to_string(),
         detail: format!("its `select` does not match the contract ({e:#})"),
     })?;
-    Ok(Inspection {
-        world: orch_wit::POLICY_WORLD,
-        imports,
-        exports,
-        size_bytes: wasm.len(),
-    })
+    Ok(kind.world())
+}
+
+/// Items as `kind name` lines.
+fn describe<'a>(items: impl Iterator<Item = (&'a str, ComponentExtern<'a>)>) -> Vec<String> {
+    items
+        .map(|(name, item)| {
+            let kind = match item.ty {
+                ComponentItem::ComponentFunc(_) | ComponentItem::CoreFunc(_) => "func",
+                ComponentItem::Module(_) => "module",
+                ComponentItem::Component(_) => "component",
+                ComponentItem::ComponentInstance(_) => "instance",
+                ComponentItem::Type(_) => "type",
+                ComponentItem::Resource(_) => "resource",
+            };
+            format!("{kind} {name}")
+        })
+        .collect()
 }

@@ -7,7 +7,8 @@
 //! context that grants nothing (no files, sockets, environment or arguments; the clocks trap),
 //! and every answer is validated against what the host offered. A store that trapped is thrown
 //! away and the next decision gets a fresh instance from the reused `InstancePre`, so one bad
-//! plugin never takes the process, or the next decision, down with it.
+//! plugin never takes the process, or the next decision, down with it. The machinery every
+//! host of a world needs is `runtime.rs`, generic over the world.
 
 mod builtin;
 mod cache;
@@ -17,6 +18,7 @@ mod failure;
 mod inspect;
 mod limits;
 mod policy;
+mod runtime;
 mod sandbox;
 mod validate;
 
@@ -25,7 +27,7 @@ pub use cache::{CACHE_DIR_ENV, default_cache_dir};
 // The engine, cache and sandbox pieces the trainer host (crates/orch-trainer) reuses.
 pub use cache::ComponentCache;
 pub use engine::{Ticker, deadline_ticks, new_engine};
-pub use error::{PolicyError, RefusalKind};
+pub use error::{PluginKind, PolicyError, RefusalKind};
 pub use failure::{CallFailure, classify};
 pub use inspect::{Inspection, inspect};
 pub use limits::Limits;

@@ -1,0 +1,373 @@
+//! What every plugin host of this crate shares, whatever the world ([`Host`]): the engine, its
+//! epoch ticker, the deny-all WASI linker and the compile cache; loading a component and
+//! checking it is of the right world; one warm instance per plugin, called under the limits, and
+//! thrown away when it fails.
+//!
+//! The policy host ([`crate::PolicyHost`]) and the queue host ([`crate::QueueHost`]) differ only
+//! in the world ([`World`]) and in how they check an answer.
+
+use crate::cache::ComponentCache;
+use crate::engine::{Ticker, deadline_ticks, new_engine};
+use crate::error::{PluginKind, PolicyError};
+use crate::failure::{self, CallFailure};
+use crate::limits::Limits;
+use crate::sandbox::{PluginState, add_wasi};
+use orch_core::PluginRef;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use wasmtime::component::{Component, InstancePre, Linker};
+use wasmtime::{Engine, Store};
+
+/// A host of plugins of world `W`: the engine, its ticker, the linker, the limits and the
+/// compile cache, and the loaded plugins, each compiled, linked and with at most one warm
+/// instance.
+pub(crate) struct Host<W: World> {
+    engine: Engine,
+    linker: Linker<PluginState>,
+    limits: Limits,
+    cache: ComponentCache,
+    slots: Vec<Slot<W>>,
+    /// Loaded plugins by source (`builtin:NAME`, `file:PATH`, `bytes:NAME`).
+    by_source: HashMap<String, usize>,
+    _ticker: Ticker,
+}
+
+/// A world of `orch:plugin`, as its bindings (in orch-wit) present it to a host.
+pub(crate) trait World {
+    const KIND: PluginKind;
+    /// The world's bindings, ready to instantiate (`PolicyPre`, `QueuePre`).
+    type Pre;
+    /// An instance's exports (`Policy`, `Queue`).
+    type Exports;
+    /// What the host keeps beside each plugin (a built-in's defaults); `Default` for a plugin
+    /// that is not built in.
+    type Extra: Default;
+    fn pre(pre: InstancePre<PluginState>) -> wasmtime::Result<Self::Pre>;
+    fn instantiate(
+        pre: &Self::Pre,
+        store: &mut Store<PluginState>,
+    ) -> wasmtime::Result<Self::Exports>;
+}
+
+struct Slot<W: World> {
+    name: String,
+    extra: W::Extra,
+    pre: W::Pre,
+    warm: Option<Warm<W>>,
+}
+
+/// An instance that has answered well and can answer again.
+pub(crate) struct Warm<W: World> {
+    store: Store<PluginState>,
+    exports: W::Exports,
+}
+
+impl<W: World> Host<W> {
+    /// An engine for `limits`, its ticker started, caching compiled components under
+    /// `cache_dir` (`None`: in memory only); no plugin loaded yet.
+    pub(crate) fn new(limits: Limits, cache_dir: Option<PathBuf>) -> Result<Host<W>, PolicyError> {
+        let engine_error = |e: wasmtime::Error| PolicyError::Engine(e.to_string());
+        let engine = new_engine(&limits).map_err(engine_error)?;
+        let mut linker = Linker::new(&engine);
+        add_wasi(&mut linker).map_err(engine_error)?;
+        let ticker = Ticker::start(&engine)
+            .map_err(|e| PolicyError::Engine(format!("cannot start the epoch ticker: {e}")))?;
+        Ok(Host {
+            cache: ComponentCache::new(&engine, cache_dir),
+            engine,
+            linker,
+            limits,
+            slots: Vec::new(),
+            by_source: HashMap::new(),
+            _ticker: ticker,
+        })
+    }
+
+    /// `Debug` for the public host that wraps this one, called `name`.
+    pub(crate) fn debug(&self, f: &mut std::fmt::Formatter<'_>, name: &str) -> std::fmt::Result {
+        let plugins: Vec<&str> = self.slots.iter().map(|s| s.name.as_str()).collect();
+        f.debug_struct(name)
+            .field("limits", &self.limits)
+            .field("plugins", &plugins)
+            .finish_non_exhaustive()
+    }
+
+    pub(crate) fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub(crate) fn linker(&self) -> &Linker<PluginState> {
+        &self.linker
+    }
+
+    /// `wasm` compiled (or found compiled), after checking it is a component at all.
+    pub(crate) fn compile(&mut self, name: &str, wasm: &[u8]) -> Result<Component, PolicyError> {
+        check_component_header(W::KIND, name, wasm)?;
+        self.cache
+            .get(&self.engine, wasm)
+            .map_err(|e| PolicyError::NotComponent {
+                kind: W::KIND,
+                plugin: name.to_string(),
+                detail: format!("it does not validate: {e}"),
+            })
+    }
+
+    /// Loads a built-in by name (`builtin` finds its component and extra) or a component from
+    /// a file, once: later calls return the same plugin.
+    pub(crate) fn load(
+        &mut self,
+        plugin: &PluginRef,
+        builtin: impl FnOnce(&str) -> Option<(&'static [u8], W::Extra)>,
+    ) -> Result<usize, PolicyError> {
+        match plugin {
+            PluginRef::Builtin(name) => {
+                let (wasm, extra) = builtin(name).ok_or_else(|| PolicyError::UnknownBuiltin {
+                    kind: W::KIND,
+                    name: name.clone(),
+                })?;
+                self.load_named(format!("builtin:{name}"), name, wasm, extra)
+            }
+            PluginRef::Path(path) => {
+                let wasm = std::fs::read(path).map_err(|source| PolicyError::Read {
+                    kind: W::KIND,
+                    path: path.clone(),
+                    source,
+                })?;
+                let source = format!("file:{}", path.display());
+                self.load_named(source, &plugin_name(path), &wasm, W::Extra::default())
+            }
+        }
+    }
+
+    /// Loads a component from bytes under `name` (the name every error uses).
+    pub(crate) fn load_bytes(&mut self, name: &str, wasm: &[u8]) -> Result<usize, PolicyError> {
+        self.load_named(format!("bytes:{name}"), name, wasm, W::Extra::default())
+    }
+
+    fn load_named(
+        &mut self,
+        source: String,
+        name: &str,
+        wasm: &[u8],
+        extra: W::Extra,
+    ) -> Result<usize, PolicyError> {
+        if let Some(&index) = self.by_source.get(&source) {
+            return Ok(index);
+        }
+        let pre = self.prepare(name, wasm)?;
+        let index = self.slots.len();
+        self.slots.push(Slot {
+            name: name.to_string(),
+            extra,
+            pre,
+            warm: None,
+        });
+        self.by_source.insert(source, index);
+        Ok(index)
+    }
+
+    /// Compiles `wasm`, checks it exports what world `W` exports and links it.
+    fn prepare(&mut self, name: &str, wasm: &[u8]) -> Result<W::Pre, PolicyError> {
+        let component = self.compile(name, wasm)?;
+        let exports = export_names(&self.engine, &component);
+        check_exports(W::KIND, name, &exports)?;
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| PolicyError::Load {
+                kind: W::KIND,
+                plugin: name.to_string(),
+                detail: format!(
+                    "{e:#} (plugins get WASI with nothing behind it, and no other import)"
+                ),
+            })?;
+        W::pre(pre).map_err(|e| PolicyError::WrongWorld {
+            kind: W::KIND,
+            plugin: name.to_string(),
+            detail: format!(
+                "its `{}` does not match the contract ({e:#}); rebuild it against this wit/",
+                W::KIND.export()
+            ),
+        })
+    }
+
+    /// The name errors use for plugin `index`.
+    pub(crate) fn name(&self, index: usize) -> &str {
+        &self.slots[index].name
+    }
+
+    pub(crate) fn extra(&self, index: usize) -> &W::Extra {
+        &self.slots[index].extra
+    }
+
+    /// Drops the plugin's warm instance: the next call instantiates afresh.
+    pub(crate) fn discard(&mut self, index: usize) {
+        self.slots[index].warm = None;
+    }
+
+    /// Runs `call` on plugin `index`'s warm instance (a fresh one when it has none) under the
+    /// deadline, which covers instantiation too. A call that traps or overruns loses its
+    /// instance and comes back as the error naming the plugin and the fault. Otherwise the
+    /// value comes back with the instance: hand it back with [`Host::keep`] once the answer
+    /// is found good; dropping it discards the instance.
+    pub(crate) fn call<R>(
+        &mut self,
+        index: usize,
+        call: impl FnOnce(&W::Exports, &mut Store<PluginState>) -> wasmtime::Result<R>,
+    ) -> Result<(R, Warm<W>), PolicyError> {
+        let limits = &self.limits;
+        let ticks = deadline_ticks(limits.deadline);
+        let slot = &mut self.slots[index];
+        let mut warm = match slot.warm.take() {
+            Some(mut warm) => {
+                warm.store.set_epoch_deadline(ticks);
+                warm.store.data().log.begin_call();
+                warm
+            }
+            None => instantiate::<W>(&self.engine, slot, limits, ticks)?,
+        };
+        let outcome = call(&warm.exports, &mut warm.store);
+        let output = warm.store.data().log.end_call();
+        match outcome {
+            Ok(value) => Ok((value, warm)),
+            Err(error) => Err(classify(
+                W::KIND,
+                &slot.name,
+                limits,
+                warm.store.data(),
+                &error,
+                output,
+            )),
+        }
+    }
+
+    /// Keeps `warm` as plugin `index`'s instance for the next call.
+    pub(crate) fn keep(&mut self, index: usize, warm: Warm<W>) {
+        self.slots[index].warm = Some(warm);
+    }
+}
+
+/// A fresh store and instance for `slot`, under the deadline and the limits.
+fn instantiate<W: World>(
+    engine: &Engine,
+    slot: &Slot<W>,
+    limits: &Limits,
+    ticks: u64,
+) -> Result<Warm<W>, PolicyError> {
+    let mut store = Store::new(engine, PluginState::new(&slot.name, limits));
+    store.limiter(|state| &mut state.limiter);
+    store.set_epoch_deadline(ticks);
+    store.data().log.begin_call();
+    match W::instantiate(&slot.pre, &mut store) {
+        Ok(exports) => Ok(Warm { store, exports }),
+        Err(error) => {
+            let output = store.data().log.end_call();
+            Err(classify(
+                W::KIND,
+                &slot.name,
+                limits,
+                store.data(),
+                &error,
+                output,
+            ))
+        }
+    }
+}
+
+/// What stopped the plugin, in the user's words.
+fn classify(
+    kind: PluginKind,
+    plugin: &str,
+    limits: &Limits,
+    state: &PluginState,
+    error: &wasmtime::Error,
+    output: Vec<String>,
+) -> PolicyError {
+    let plugin = plugin.to_string();
+    match failure::classify(state, error) {
+        CallFailure::MemoryLimit => PolicyError::MemoryLimit {
+            kind,
+            plugin,
+            limit: limits.memory_bytes,
+        },
+        CallFailure::Denied(what) => PolicyError::Denied { kind, plugin, what },
+        CallFailure::Timeout => PolicyError::Timeout {
+            kind,
+            plugin,
+            deadline: limits.deadline,
+        },
+        CallFailure::Crashed(trap) => PolicyError::Crashed {
+            kind,
+            plugin,
+            trap,
+            output,
+        },
+    }
+}
+
+/// Rejects what is not a component before compiling: another file, or a core module.
+fn check_component_header(kind: PluginKind, name: &str, wasm: &[u8]) -> Result<(), PolicyError> {
+    let not = |detail: &str| PolicyError::NotComponent {
+        kind,
+        plugin: name.to_string(),
+        detail: detail.to_string(),
+    };
+    if !wasm.starts_with(b"\0asm") || wasm.len() < 8 {
+        return Err(not("not a WebAssembly file"));
+    }
+    if wasm[4..8] == [1, 0, 0, 0] {
+        return Err(not("a core WebAssembly module, not a component"));
+    }
+    Ok(())
+}
+
+/// Refuses a component that does not export what a plugin of `kind` exports, naming what it
+/// exports instead (`exports`, as [`export_names`] gives them).
+fn check_exports(kind: PluginKind, name: &str, exports: &[String]) -> Result<(), PolicyError> {
+    let wanted = kind.export();
+    if exports.iter().any(|e| e == wanted) {
+        return Ok(());
+    }
+    Err(PolicyError::WrongWorld {
+        kind,
+        plugin: name.to_string(),
+        detail: format!(
+            "it exports {}, and {} exports `{wanted}`",
+            list_or_nothing(exports),
+            kind.noun_phrase()
+        ),
+    })
+}
+
+/// The names a component exports.
+pub(crate) fn export_names(engine: &Engine, component: &Component) -> Vec<String> {
+    component
+        .component_type()
+        .exports(engine)
+        .map(|(name, _)| name.to_string())
+        .collect()
+}
+
+fn list_or_nothing(names: &[String]) -> String {
+    if names.is_empty() {
+        "nothing".to_string()
+    } else {
+        names
+            .iter()
+            .map(|n| format!("`{n}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// A plugin file's name, as errors show it (`my_policy.wasm`).
+fn plugin_name(path: &Path) -> String {
+    path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
+}
