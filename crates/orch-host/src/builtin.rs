@@ -14,12 +14,6 @@ pub struct Builtin {
     pub default_config: &'static [(&'static str, &'static str)],
 }
 
-macro_rules! wasm {
-    ($file:literal) => {
-        include_bytes!(concat!(env!("ORCH_PLUGIN_WASM_DIR"), "/", $file))
-    };
-}
-
 /// Every built-in, in the order the docs list them.
 pub static BUILTINS: &[Builtin] = &[
     Builtin {

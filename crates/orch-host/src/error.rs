@@ -1,4 +1,5 @@
-//! How a plugin can fail. Every variant names the plugin, and its kind.
+//! How a plugin (a placement policy or a queue policy) can fail. Every variant names the plugin,
+//! and its kind.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -17,6 +18,8 @@ pub enum RefusalKind {
 pub enum PluginKind {
     /// A placement policy (world `orch:plugin/policy`): "policy plugin `NAME`".
     Placement,
+    /// A queue policy (world `orch:plugin/queue`): "queue policy `NAME`".
+    Queue,
 }
 
 impl PluginKind {
@@ -24,6 +27,7 @@ impl PluginKind {
     pub fn world(self) -> &'static str {
         match self {
             PluginKind::Placement => orch_wit::POLICY_WORLD,
+            PluginKind::Queue => orch_wit::QUEUE_WORLD,
         }
     }
 
@@ -31,20 +35,23 @@ impl PluginKind {
     pub fn export(self) -> &'static str {
         match self {
             PluginKind::Placement => "select",
+            PluginKind::Queue => "order",
         }
     }
 
-    /// "a policy": what a plugin of this kind is, in a sentence.
+    /// "a policy", "a queue policy": what a plugin of this kind is, in a sentence.
     pub fn noun_phrase(self) -> &'static str {
         match self {
             PluginKind::Placement => "a policy",
+            PluginKind::Queue => "a queue policy",
         }
     }
 
-    /// "policy": what a built-in of this kind is called.
+    /// "policy", "queue policy": what a built-in of this kind is called.
     fn noun(self) -> &'static str {
         match self {
             PluginKind::Placement => "policy",
+            PluginKind::Queue => "queue policy",
         }
     }
 
@@ -52,6 +59,7 @@ impl PluginKind {
     fn builtins(self) -> String {
         match self {
             PluginKind::Placement => crate::builtin::names().join(", "),
+            PluginKind::Queue => crate::queue::builtin_names().join(", "),
         }
     }
 }
@@ -60,12 +68,14 @@ impl std::fmt::Display for PluginKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             PluginKind::Placement => "policy plugin",
+            PluginKind::Queue => "queue policy",
         })
     }
 }
 
-/// A plugin that could not be loaded, did not answer, answered wrongly, or refused. Every
-/// variant names the plugin, and `kind` says which kind of plugin it is, so the message does.
+/// A plugin (a placement policy or a queue policy) that could not be loaded, did not answer,
+/// answered wrongly, or refused. Every variant names the plugin, and `kind` says which kind of
+/// plugin it is, so the message does.
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
     #[error(
@@ -145,6 +155,9 @@ pub enum PolicyError {
     NoFit { plugin: String, message: String },
     #[error("policy `{plugin}` rejected its configuration: {message}")]
     BadConfig { plugin: String, message: String },
+    /// A queue policy answered with an error value instead of an order.
+    #[error("queue policy `{plugin}` could not order the queue: {message}")]
+    QueueRefused { plugin: String, message: String },
     #[error("the WebAssembly engine failed: {0}")]
     Engine(String),
 }

@@ -3,7 +3,7 @@
 use crate::error::{PluginKind, PolicyError};
 use crate::policy::PolicyHost;
 use crate::runtime::export_names;
-use orch_wit::PolicyPre;
+use orch_wit::{PolicyPre, QueuePre};
 use wasmtime::component::Component;
 use wasmtime::component::types::{ComponentExtern, ComponentItem};
 
@@ -13,7 +13,7 @@ const TRAINER_EXPORTS: [&str; 3] = ["init", "train-step", "eval-step"];
 /// What a plugin component is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Inspection {
-    /// `orch:plugin/policy@0.1.0` or `orch:plugin/trainer@0.1.0`.
+    /// `orch:plugin/policy@0.1.0`, `orch:plugin/queue@0.1.0` or `orch:plugin/trainer@0.1.0`.
     pub world: &'static str,
     /// `func NAME` / `instance NAME` lines.
     pub imports: Vec<String>,
@@ -21,8 +21,9 @@ pub struct Inspection {
     pub size_bytes: usize,
 }
 
-/// Inspects `wasm` (named `name` in errors): it must be a component of the policy world whose
-/// imports orch provides, or a trainer; anything else is an error saying what it is instead.
+/// Inspects `wasm` (named `name` in errors): it must be a component of the policy or the queue
+/// world whose imports orch provides, or a trainer; anything else is an error saying what it is
+/// instead.
 pub fn inspect(host: &mut PolicyHost, name: &str, wasm: &[u8]) -> Result<Inspection, PolicyError> {
     let component = host.compile(name, wasm)?;
     let engine = host.engine().clone();
@@ -31,7 +32,7 @@ pub fn inspect(host: &mut PolicyHost, name: &str, wasm: &[u8]) -> Result<Inspect
     let exports = describe(ty.exports(&engine));
     let names = export_names(&engine, &component);
     // A trainer is told by its exports; its imports are checked by the trainer host when a job
-    // loads it (this host links the policy world only).
+    // loads it (this host links the policy and queue worlds only).
     let world = if TRAINER_EXPORTS.iter().all(|t| names.iter().any(|e| e == t)) {
         orch_wit::TRAINER_WORLD
     } else {
@@ -45,8 +46,8 @@ pub fn inspect(host: &mut PolicyHost, name: &str, wasm: &[u8]) -> Result<Inspect
     })
 }
 
-/// The policy world, once the component is found to export `select` and to import only what
-/// orch provides.
+/// The world of a component that exports `select` (a placement policy) or `order` (a queue
+/// policy), once its imports and exports are found to match it.
 fn policy_world(
     host: &PolicyHost,
     name: &str,
@@ -54,13 +55,18 @@ fn policy_world(
     names: &[String],
     exports: &[String],
 ) -> Result<&'static str, PolicyError> {
-    let kind = PluginKind::Placement;
-    if !names.iter().any(|e| e == kind.export()) {
+    let exported = |kind: PluginKind| names.iter().any(|e| e == kind.export());
+    let kind = if exported(PluginKind::Queue) && !exported(PluginKind::Placement) {
+        PluginKind::Queue
+    } else {
+        PluginKind::Placement
+    };
+    if !exported(kind) {
         return Err(PolicyError::WrongWorld {
             kind,
             plugin: name.to_string(),
             detail: format!(
-                "it exports {}, and a policy exports `select`",
+                "it exports {}, and a policy exports `select` (a queue policy `order`)",
                 if exports.is_empty() {
                     "nothing".to_string()
                 } else {
@@ -77,10 +83,17 @@ fn policy_world(
             plugin: name.to_string(),
             detail: format!("{e:#}"),
         })?;
-    PolicyPre::new(pre).map_err(|e| PolicyError::WrongWorld {
+    let typed = match kind {
+        PluginKind::Placement => PolicyPre::new(pre).map(drop),
+        PluginKind::Queue => QueuePre::new(pre).map(drop),
+    };
+    typed.map_err(|e| PolicyError::WrongWorld {
         kind,
         plugin: name.to_string(),
-        detail: format!("its `select` does not match the contract ({e:#})"),
+        detail: format!(
+            "its `{}` does not match the contract ({e:#})",
+            kind.export()
+        ),
     })?;
     Ok(kind.world())
 }

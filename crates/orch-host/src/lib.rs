@@ -1,14 +1,23 @@
 //! The wasmtime host of orch: one engine, the limits every plugin call runs under, the
-//! compile cache, and the policy host that asks a selection policy for a decision and checks
-//! its answer. The built-in policies are Wasm components from `plugins/`, embedded here.
+//! compile cache, the policy host that asks a selection policy for a decision and checks its
+//! answer, and the queue host that asks a queue policy for the order of the daemon's queue and
+//! checks that. The built-in policies and queue policies are Wasm components from `plugins/`,
+//! embedded here.
 //!
 //! Design decision: a plugin is untrusted. It runs in a store with a deadline (epoch
 //! interruption, driven by a ticker thread), a linear-memory cap and a stack cap, with a WASI
 //! context that grants nothing (no files, sockets, environment or arguments; the clocks trap),
 //! and every answer is validated against what the host offered. A store that trapped is thrown
-//! away and the next decision gets a fresh instance from the reused `InstancePre`, so one bad
-//! plugin never takes the process, or the next decision, down with it. The machinery every
-//! host of a world needs is `runtime.rs`, generic over the world.
+//! away and the next call gets a fresh instance from the reused `InstancePre`, so one bad
+//! plugin never takes the process, or the next call, down with it. Both hosts are the same
+//! machinery (`runtime.rs`) over a different world.
+
+/// A component the build put in `ORCH_PLUGIN_WASM_DIR`, embedded.
+macro_rules! wasm {
+    ($file:literal) => {
+        include_bytes!(concat!(env!("ORCH_PLUGIN_WASM_DIR"), "/", $file))
+    };
+}
 
 mod builtin;
 mod cache;
@@ -18,6 +27,7 @@ mod failure;
 mod inspect;
 mod limits;
 mod policy;
+mod queue;
 mod runtime;
 mod sandbox;
 mod validate;
@@ -33,6 +43,7 @@ pub use inspect::{Inspection, inspect};
 pub use limits::Limits;
 pub use orch_wit::types;
 pub use policy::{PluginId, PluginRef, PolicyHost};
+pub use queue::{QUEUE_BUILTINS, QueueHost, QueuePluginId};
 pub use sandbox::{GuestLog, HasPluginState, Limiter, PluginState, add_wasi, printable};
 pub use validate::misfit;
 

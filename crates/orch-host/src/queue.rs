@@ -1,0 +1,210 @@
+//! The queue host: loads queue policies (world `orch:plugin/queue`, built-in or from a file),
+//! keeps one warm instance per plugin, asks for the order of the daemon's queue under the
+//! limits, and checks every answer.
+//!
+//! The built-ins (`fair-share`, `fifo`, `priority`) are `plugins/queue/`, thin wrappers around
+//! `orch_queue`'s orders, embedded and sandboxed like anyone's plugin; they answer exactly as
+//! `orch_queue::builtin(name)` does natively, which is the daemon's fallback when a plugin fails.
+
+use crate::error::{PluginKind, PolicyError};
+use crate::limits::Limits;
+use crate::runtime::{Host, World};
+use crate::sandbox::PluginState;
+use crate::validate::clean_text;
+use orch_core::PluginRef;
+use orch_queue::{Job, Machine, Ranked, Tenant, check_order, clean_reason_owned};
+use orch_wit::queue_types as wit;
+use orch_wit::{Queue, QueuePre};
+use std::path::PathBuf;
+use wasmtime::Store;
+use wasmtime::component::InstancePre;
+
+/// The built-in queue policies by name, with a line each for the docs and `orch serve`.
+pub const QUEUE_BUILTINS: &[(&str, &str)] = orch_queue::BUILTINS;
+
+/// The component of built-in queue policy `name`.
+fn builtin_wasm(name: &str) -> Option<&'static [u8]> {
+    match name {
+        "fair-share" => Some(wasm!("queue_fair_share.wasm")),
+        "fifo" => Some(wasm!("queue_fifo.wasm")),
+        "priority" => Some(wasm!("queue_priority.wasm")),
+        _ => None,
+    }
+}
+
+/// The built-ins' names, for an error message.
+pub(crate) fn builtin_names() -> Vec<&'static str> {
+    QUEUE_BUILTINS.iter().map(|&(name, _)| name).collect()
+}
+
+/// A loaded queue policy, as [`QueueHost::load`] returns it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct QueuePluginId(usize);
+
+/// Runs queue policies. The daemon keeps one: it owns an engine, its epoch ticker, the compiled
+/// components and a warm instance of each loaded queue policy.
+pub struct QueueHost {
+    host: Host<QueueWorld>,
+}
+
+impl std::fmt::Debug for QueueHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.host.debug(f, "QueueHost")
+    }
+}
+
+/// The `queue` world.
+struct QueueWorld;
+
+impl World for QueueWorld {
+    const KIND: PluginKind = PluginKind::Queue;
+    type Pre = QueuePre<PluginState>;
+    type Exports = Queue;
+    type Extra = ();
+
+    fn pre(pre: InstancePre<PluginState>) -> wasmtime::Result<Self::Pre> {
+        QueuePre::new(pre)
+    }
+
+    fn instantiate(pre: &Self::Pre, store: &mut Store<PluginState>) -> wasmtime::Result<Queue> {
+        pre.instantiate(store)
+    }
+}
+
+impl QueueHost {
+    /// A host with `limits` ([`Limits::queue_default`] is what the daemon wants), caching
+    /// compiled components under [`default_cache_dir`].
+    ///
+    /// [`default_cache_dir`]: crate::default_cache_dir
+    pub fn new(limits: Limits) -> Result<QueueHost, PolicyError> {
+        QueueHost::with_cache_dir(limits, crate::default_cache_dir())
+    }
+
+    /// A host caching compiled components under `cache_dir` (`None`: in memory only).
+    pub fn with_cache_dir(
+        limits: Limits,
+        cache_dir: Option<PathBuf>,
+    ) -> Result<QueueHost, PolicyError> {
+        let host = Host::new(limits, cache_dir)?;
+        Ok(QueueHost { host })
+    }
+
+    pub fn limits(&self) -> &Limits {
+        self.host.limits()
+    }
+
+    /// Loads a built-in by name (`fair-share`, `fifo`, `priority`) or a component from a file,
+    /// once: later calls return the same plugin.
+    pub fn load(&mut self, plugin: &PluginRef) -> Result<QueuePluginId, PolicyError> {
+        let found = |name: &str| builtin_wasm(name).map(|wasm| (wasm, ()));
+        self.host.load(plugin, found).map(QueuePluginId)
+    }
+
+    /// Loads a component from bytes under `name` (the name every error uses).
+    pub fn load_bytes(&mut self, name: &str, wasm: &[u8]) -> Result<QueuePluginId, PolicyError> {
+        self.host.load_bytes(name, wasm).map(QueuePluginId)
+    }
+
+    /// The name errors use for the plugin (a built-in's name, a file's name).
+    pub fn name(&self, id: QueuePluginId) -> &str {
+        self.host.name(id.0)
+    }
+
+    /// Drops the plugin's warm instance: the next call instantiates afresh.
+    pub fn discard_instance(&mut self, id: QueuePluginId) {
+        self.host.discard(id.0);
+    }
+
+    /// Asks plugin `id` for the order in which to try `jobs` (a job's `tenant` indexes
+    /// `tenants`), within the limits. The answer is checked ([`check_order`]: only jobs offered,
+    /// each at most once) and its reasons cleaned ([`orch_queue::clean_reason`]). A plugin that traps,
+    /// overruns or answers wrongly loses its instance, and the error is one sentence naming it
+    /// and the fault; one that answers with an error value keeps it
+    /// ([`PolicyError::QueueRefused`]).
+    pub fn order(
+        &mut self,
+        id: QueuePluginId,
+        jobs: &[Job],
+        tenants: &[Tenant],
+        machine: &Machine,
+    ) -> Result<Vec<Ranked>, PolicyError> {
+        let offered: Vec<wit::QueuedJob> = jobs.iter().map(wit_job).collect();
+        let tenants: Vec<wit::Tenant> = tenants.iter().map(wit_tenant).collect();
+        let machine = wit::Machine {
+            free_gpus: machine.free_gpus,
+            total_gpus: machine.total_gpus,
+        };
+        let (answer, warm) = self.host.call(id.0, |queue, store| {
+            queue.call_order(store, &offered, &tenants, machine)
+        })?;
+        let plugin = || self.host.name(id.0).to_string();
+        let ranked: Vec<Ranked> = match answer {
+            Err(message) => {
+                let error = PolicyError::QueueRefused {
+                    plugin: plugin(),
+                    message: clean_text(&message),
+                };
+                self.host.keep(id.0, warm);
+                return Err(error);
+            }
+            Ok(ranked) => ranked
+                .into_iter()
+                .map(|r| Ranked {
+                    job: r.job,
+                    reason: clean_reason_owned(r.reason),
+                })
+                .collect(),
+        };
+        check_order(jobs, &ranked).map_err(|problem| PolicyError::WrongAnswer {
+            kind: PluginKind::Queue,
+            plugin: plugin(),
+            problem,
+        })?;
+        self.host.keep(id.0, warm);
+        Ok(ranked)
+    }
+}
+
+fn wit_job(job: &Job) -> wit::QueuedJob {
+    wit::QueuedJob {
+        id: job.id,
+        tenant: job.tenant,
+        name: job.name.clone(),
+        tags: job.tags.clone(),
+        gpus: job.gpus,
+        priority: job.priority,
+        age_s: job.age_s,
+        runtime_s: job.runtime_s,
+        preemptible: job.preemptible,
+    }
+}
+
+fn wit_tenant(tenant: &Tenant) -> wit::Tenant {
+    wit::Tenant {
+        name: tenant.name.clone(),
+        share: tenant.share,
+        normalized_share: tenant.normalized_share,
+        usage_gpu_s: tenant.usage_gpu_s,
+        normalized_usage: tenant.normalized_usage,
+        fair_share: tenant.fair_share,
+        gpus_held: tenant.gpus_held,
+        max_gpus: tenant.max_gpus,
+        queued: tenant.queued,
+        running: tenant.running,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_builtin_is_embedded() {
+        for name in builtin_names() {
+            assert!(orch_queue::builtin(name).is_some(), "{name}");
+            let wasm = builtin_wasm(name).unwrap_or_default();
+            assert!(wasm.starts_with(b"\0asm"), "{name} is embedded");
+        }
+        assert!(builtin_wasm("fastest").is_none());
+    }
+}
