@@ -207,4 +207,11 @@ mod tests {
         }
         assert!(builtin_wasm("fastest").is_none());
     }
+
+    /// The daemon makes its host in one thread and hands it to its engine thread.
+    #[test]
+    fn the_host_can_move_to_another_thread() {
+        fn send<T: Send>() {}
+        send::<QueueHost>();
+    }
 }
