@@ -162,7 +162,7 @@ fn a_preemptible_trainer_is_stopped_for_a_tenant_under_its_share_and_resumes() {
             dir,
             "train.toml",
             &format!(
-                "[job]\nname = \"digits\"\ntenant = \"b\"\npreemptible = {preemptible}\n[resources]\ngpus = 1\nmemory_limit = \"256MiB\"\n[train]\nplugin = \"mlp\"\nepochs = 12\nbatch_size = 64\nseed = 3\ncheckpoint_every = 10\n[train.config]\nhidden = \"32\"\nlr = 0.1\n[train.data]\nformat = \"csv\"\ntrain = \"{g}\"\ntest = \"{g}\"\nscale = 16\n",
+                "[job]\nname = \"digits\"\ntenant = \"b\"\npreemptible = {preemptible}\n[resources]\ngpus = 1\nmemory_limit = \"256MiB\"\n[train]\nplugin = \"mlp\"\nepochs = 60\nbatch_size = 64\nseed = 3\ncheckpoint_every = 10\n[train.config]\nhidden = \"32\"\nlr = 0.1\n[train.data]\nformat = \"csv\"\ntrain = \"{g}\"\ntest = \"{g}\"\nscale = 16\n",
                 g = digits.display()
             ),
         )
@@ -258,4 +258,68 @@ fn usage_recorded_while_a_job_runs_survives_a_crash() {
         "{used} GPU-seconds; {s}"
     );
     assert!(s["gpu_seconds"].as_f64().unwrap() >= 80.0, "{s}");
+}
+
+fn queue_fixture(name: &str) -> String {
+    std::path::Path::new(orch_host::PLUGIN_WASM_DIR)
+        .join(format!("{name}.wasm"))
+        .display()
+        .to_string()
+}
+
+/// A queue policy that loops, traps or answers nonsense loses its pass, not the daemon: the pass
+/// runs fifo, the daemon logs a sentence naming the plugin, and jobs still start in order.
+#[test]
+fn a_hostile_queue_policy_leaves_each_pass_to_fifo() {
+    for fixture in [
+        "hostile_queue_spin",
+        "hostile_queue_trap",
+        "hostile_queue_wrong_ids",
+        "hostile_queue_duplicates",
+        "hostile_queue_memory_bomb",
+    ] {
+        let config = format!(
+            "queue_policy = \"{}\"\n[[tenant]]\nname = \"lab\"\nusers = [\"{{me}}\"]\n",
+            queue_fixture(fixture)
+        );
+        let d = daemon(&format!("hostile-{fixture}"), &config);
+        let ids: Vec<String> = (0..3).map(|_| d.submit(&["--", "true"])).collect();
+        for id in &ids {
+            d.wait_state(id, "succeeded");
+        }
+        let log = d.log();
+        assert!(
+            log.contains(&format!("queue policy `{fixture}.wasm`"))
+                && log.contains("; this pass used fifo"),
+            "{fixture}: {log}"
+        );
+    }
+}
+
+#[test]
+fn a_config_naming_a_placement_policy_as_queue_policy_is_refused() {
+    let mut d = Daemon::prepare("wrongworld");
+    let config = d.state.join("serve.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "queue_policy = \"{}\"\n[[tenant]]\nname = \"lab\"\nusers = [\"{}\"]\n",
+            queue_fixture("least_loaded"),
+            me()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_orch"))
+        .args(["serve", "--config", config.to_str().unwrap()])
+        .env("ORCH_STATE_DIR", &d.state)
+        .env("ORCH_DEVICES", lab_sim())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("a queue policy exports `order`"),
+        "{}",
+        stderr(&out)
+    );
+    d.config = None;
 }

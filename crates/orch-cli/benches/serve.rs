@@ -236,6 +236,8 @@ fn scheduling_pass(queued: usize, free: usize) -> f64 {
         devices: Vec::new(),
         attempt: 0,
         cancel_requested: false,
+        gpu_seconds: 0.0,
+        charged_ms: None,
     };
     db.write_blocking(move |tx| {
         for _ in 0..queued {
@@ -257,8 +259,11 @@ fn scheduling_pass(queued: usize, free: usize) -> f64 {
         // Supervisors are not what is measured: `true` stands in for them.
         exe: PathBuf::from("/bin/true"),
         root: false,
+        standing: Default::default(),
     });
-    let mut engine = Engine::new(shared, kicks, inventory).unwrap();
+    // The default queue policy, the built-in fair-share component, as the daemon runs it.
+    let policy = orch_serve::queue_policy::for_daemon(&shared.config).unwrap();
+    let mut engine = Engine::new(shared, kicks, inventory, policy).unwrap();
     engine.recover().unwrap();
     let started = Instant::now();
     engine.pass();

@@ -1,10 +1,12 @@
 //! The queue policy a config names, made ready for the scheduler: a built-in or a queue
-//! component from a file, each run in the plugin sandbox, or a built-in computed natively (the
-//! simulator's fast path: the same `orch-queue` code the built-in components are built from).
+//! component from a file, each run in the plugin sandbox (the daemon), or a built-in computed
+//! natively (the simulator's fast path: the same `orch-queue` code the built-in components are
+//! built from, and orch-host's tests check that both give the same order).
 
 use crate::config::Config;
 use crate::sched::{NativePolicy, QueuePolicy};
 use orch_core::PluginRef;
+use orch_host::{Limits, QueueHost, QueuePluginId};
 
 /// The policy the daemon runs.
 pub fn for_daemon(config: &Config) -> Result<Box<dyn QueuePolicy>, String> {
@@ -34,11 +36,33 @@ fn unknown(name: &str) -> String {
 }
 
 fn load(plugin: &PluginRef) -> Result<Box<dyn QueuePolicy>, String> {
-    match plugin {
-        PluginRef::Builtin(name) => native(name),
-        PluginRef::Path(path) => Err(format!(
-            "queue_policy = \"{}\": queue components are not loaded yet",
-            path.display()
-        )),
+    let mut host = QueueHost::new(Limits::queue_default()).map_err(|e| e.to_string())?;
+    let id = host.load(plugin).map_err(|e| e.to_string())?;
+    let name = host.name(id).to_string();
+    Ok(Box::new(WasmQueuePolicy { host, id, name }))
+}
+
+/// A queue component (built-in or from a file) in the plugin sandbox.
+#[derive(Debug)]
+pub struct WasmQueuePolicy {
+    host: QueueHost,
+    id: QueuePluginId,
+    name: String,
+}
+
+impl QueuePolicy for WasmQueuePolicy {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn order(
+        &mut self,
+        jobs: &[orch_queue::Job],
+        tenants: &[orch_queue::Tenant],
+        machine: &orch_queue::Machine,
+    ) -> Result<Vec<orch_queue::Ranked>, String> {
+        self.host
+            .order(self.id, jobs, tenants, machine)
+            .map_err(|e| e.to_string())
     }
 }

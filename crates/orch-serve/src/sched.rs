@@ -119,7 +119,8 @@ pub struct PassReport {
     /// Why each job still queued waits (with [`Scheduler::keep_reasons`]).
     pub reasons: Vec<(u64, String)>,
     pub preempt: Vec<Preemption>,
-    /// The queue policy failed and this pass ran `fifo`: one sentence naming the policy.
+    /// The queue policy failed and this pass ran `fifo`: one sentence naming the policy and what
+    /// it did.
     pub policy_failure: Option<String>,
 }
 
@@ -132,7 +133,8 @@ pub trait QueuePolicy: Send {
     fn native(&self) -> Option<&'static str> {
         None
     }
-    /// The jobs in the order to try, each with a reason.
+    /// The jobs in the order to try, each with a reason; an error is one sentence that names the
+    /// policy.
     fn order(
         &mut self,
         jobs: &[Job],
@@ -182,9 +184,19 @@ impl QueuePolicy for NativePolicy {
 }
 
 /// A total order on f64 seconds (NaN never occurs: times come from clocks and parsed traces).
-#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+#[derive(Debug, Clone, Copy)]
 struct Secs(f64);
+impl PartialEq for Secs {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
 impl Eq for Secs {}
+impl PartialOrd for Secs {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
 impl Ord for Secs {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
         self.0.total_cmp(&other.0)
@@ -455,17 +467,18 @@ impl Scheduler {
             None
         } else {
             let jobs = self.offered(now_s);
+            let name = self.policy.name().to_string();
             match self
                 .policy
                 .order(&jobs, &tenants, &machine)
-                .and_then(|order| orch_queue::check_order(&jobs, &order).map(|()| order))
-            {
+                .and_then(|order| {
+                    orch_queue::check_order(&jobs, &order)
+                        .map(|()| order)
+                        .map_err(|e| format!("queue policy `{name}` gave a wrong answer: {e}"))
+                }) {
                 Ok(order) => Some(order),
                 Err(e) => {
-                    report.policy_failure = Some(format!(
-                        "queue policy {} failed ({e}); this pass used fifo",
-                        self.policy.name()
-                    ));
+                    report.policy_failure = Some(format!("{e}; this pass used fifo"));
                     Some(orch_queue::fifo(&jobs, &tenants, &machine))
                 }
             }

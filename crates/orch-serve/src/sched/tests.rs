@@ -163,7 +163,9 @@ fn a_failing_policy_leaves_the_pass_to_fifo() {
     assert_eq!(r.started, vec![1]);
     let failure = r.policy_failure.unwrap();
     assert!(
-        failure.contains("queue policy broken failed") && failure.contains("twice"),
+        failure.contains("queue policy `broken` gave a wrong answer")
+            && failure.contains("twice")
+            && failure.ends_with("this pass used fifo"),
         "{failure}"
     );
 }
