@@ -5,7 +5,7 @@
 
 use crate::config::Config;
 use crate::db::{Change, Db, JobRow, JobUse, State, Submission, UsageRow, now_ms};
-use crate::sched::{Attempt, QueuePolicy, QueuedJob, RunningJob, Scheduler, TenantConf, Usage};
+use crate::sched::{Attempt, QueuePolicy, QueuedJob, RunningJob, Scheduler, Usage};
 use crate::supervisor::{self, ExitRecord, Fence, SuperviseSpec};
 use orch_core::JobSpec;
 use orch_devices::{Inventory, InventorySpec, Visibility, VisibilityEnv};
@@ -142,23 +142,10 @@ impl Engine {
         policy: Box<dyn QueuePolicy>,
     ) -> Result<Engine, String> {
         let store = LeaseStore::open(&shared.state_dir).map_err(|e| e.to_string())?;
-        let tenants: Vec<TenantConf> = shared
-            .config
-            .tenants
-            .iter()
-            .map(|t| TenantConf {
-                name: t.name.clone(),
-                share: t.share,
-                max_gpus: t.max_gpus,
-            })
-            .collect();
-        let mut sched =
-            Scheduler::new(tenants, shared.config.usage_half_life.as_secs_f64(), policy);
+        let mut sched = Scheduler::for_config(&shared.config, policy);
         // Devices freed by preemption wait for their job while the victims stop (SIGTERM, the
         // grace period, SIGKILL) and a little longer.
         sched.reservation_s = orch_runner::GRACE.as_secs_f64() + 30.0;
-        sched.starvation_s = shared.config.starvation_limit.as_secs_f64();
-        sched.preempt_after_s = shared.config.preempt_after.as_secs_f64();
         for row in shared.db.usage().map_err(|e| e.to_string())? {
             if let Some(i) = sched.tenant_index(&row.tenant) {
                 sched.set_usage(

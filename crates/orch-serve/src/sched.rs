@@ -185,7 +185,7 @@ impl QueuePolicy for NativePolicy {
 
 /// A total order on f64 seconds (NaN never occurs: times come from clocks and parsed traces).
 #[derive(Debug, Clone, Copy)]
-struct Secs(f64);
+pub(crate) struct Secs(pub(crate) f64);
 impl PartialEq for Secs {
     fn eq(&self, other: &Self) -> bool {
         self.cmp(other).is_eq()
@@ -291,6 +291,23 @@ impl Scheduler {
     /// A scheduler of no tenants, to stand in for one taken out for a while.
     pub fn placeholder() -> Scheduler {
         Scheduler::new(Vec::new(), 1.0, Box::new(NativePolicy::FIFO))
+    }
+
+    /// A scheduler for `config`'s tenants, half-life, starvation limit and `preempt_after`.
+    pub fn for_config(config: &crate::config::Config, policy: Box<dyn QueuePolicy>) -> Scheduler {
+        let tenants = config
+            .tenants
+            .iter()
+            .map(|t| TenantConf {
+                name: t.name.clone(),
+                share: t.share,
+                max_gpus: t.max_gpus,
+            })
+            .collect();
+        let mut sched = Scheduler::new(tenants, config.usage_half_life.as_secs_f64(), policy);
+        sched.starvation_s = config.starvation_limit.as_secs_f64();
+        sched.preempt_after_s = config.preempt_after.as_secs_f64();
+        sched
     }
 
     pub fn tenants(&self) -> &[TenantConf] {

@@ -162,24 +162,7 @@ struct SimJob {
     queued: QueuedJob,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct T(f64);
-impl PartialEq for T {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other).is_eq()
-    }
-}
-impl Eq for T {}
-impl PartialOrd for T {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for T {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&other.0)
-    }
-}
+use crate::sched::Secs as T;
 
 /// Replays `trace` on a machine of `gpus` devices under `config`'s tenants and limits, with
 /// `policy` ordering the queue, until every job ended or `until` seconds.
@@ -202,25 +185,12 @@ pub fn simulate_with(
     until: Option<f64>,
     per_job: bool,
 ) -> Result<Report, String> {
-    let tenants: Vec<TenantConf> = config
-        .tenants
-        .iter()
-        .map(|t| TenantConf {
-            name: t.name.clone(),
-            share: t.share,
-            max_gpus: t.max_gpus,
-        })
-        .collect();
     let policy_name = policy.name().to_string();
-    let mut sched = Scheduler::new(
-        tenants.clone(),
-        config.usage_half_life.as_secs_f64(),
-        policy,
-    );
+    let mut sched = Scheduler::for_config(config, policy);
+    let tenants: Vec<TenantConf> = sched.tenants().to_vec();
     sched.keep_reasons = false;
+    // Victims stop at once in virtual time: the devices go to their job in the same moment.
     sched.reservation_s = 0.0;
-    sched.starvation_s = config.starvation_limit.as_secs_f64();
-    sched.preempt_after_s = config.preempt_after.as_secs_f64();
     let n = tenants.len();
     let index: HashMap<&str, usize> = tenants
         .iter()

@@ -2,6 +2,20 @@ use super::*;
 use crate::sched::NativePolicy;
 use std::path::Path;
 
+/// A trace line: `at`, tenant, devices, duration, preemptible.
+fn tj(at: f64, tenant: &str, gpus: u32, duration: f64, preemptible: bool) -> TraceJob {
+    TraceJob {
+        at,
+        tenant: tenant.into(),
+        gpus,
+        duration,
+        priority: 0,
+        preemptible,
+        name: None,
+        tags: vec![],
+    }
+}
+
 fn config(text: &str) -> Config {
     Config::parse(Path::new("serve.toml"), text).unwrap()
 }
@@ -20,16 +34,13 @@ fn week(a_per_hour: u32, b_per_hour: u32) -> Vec<TraceJob> {
     for hour in 0..24 * 7 {
         for (tenant, n) in [("a", a_per_hour), ("b", b_per_hour)] {
             for k in 0..n {
-                jobs.push(TraceJob {
-                    at: f64::from(hour) * 3600.0 + f64::from(k),
-                    tenant: tenant.into(),
-                    gpus: 1,
-                    duration: 3600.0,
-                    priority: 0,
-                    preemptible: false,
-                    name: None,
-                    tags: vec![],
-                });
+                jobs.push(tj(
+                    f64::from(hour) * 3600.0 + f64::from(k),
+                    tenant,
+                    1,
+                    3600.0,
+                    false,
+                ));
             }
         }
     }
@@ -100,16 +111,7 @@ fn a_tenant_back_from_a_week_away_is_served_first() {
     }));
     let back = 14.0 * 86400.0;
     for k in 0..4 {
-        trace.push(TraceJob {
-            at: back + f64::from(k),
-            tenant: "a".into(),
-            gpus: 1,
-            duration: 600.0,
-            priority: 0,
-            preemptible: false,
-            name: None,
-            tags: vec![],
-        });
+        trace.push(tj(back + f64::from(k), "a", 1, 600.0, false));
     }
     let report = run(&two_tenants(1, 1), 8, &trace, None);
     let a = &report.tenants[0];
@@ -121,27 +123,9 @@ fn a_tenant_back_from_a_week_away_is_served_first() {
 #[test]
 fn preemption_serves_a_tenant_under_its_share_at_once() {
     let mut trace: Vec<TraceJob> = (0..8)
-        .map(|k| TraceJob {
-            at: f64::from(k),
-            tenant: "b".into(),
-            gpus: 1,
-            duration: 86400.0,
-            priority: 0,
-            preemptible: true,
-            name: None,
-            tags: vec![],
-        })
+        .map(|k| tj(f64::from(k), "b", 1, 86400.0, true))
         .collect();
-    trace.push(TraceJob {
-        at: 3600.0,
-        tenant: "a".into(),
-        gpus: 2,
-        duration: 600.0,
-        priority: 0,
-        preemptible: false,
-        name: None,
-        tags: vec![],
-    });
+    trace.push(tj(3600.0, "a", 2, 600.0, false));
     let report = run(&two_tenants(1, 1), 8, &trace, None);
     assert_eq!(report.preemptions, 2, "{}", render(&report));
     assert_eq!(report.tenants[0].wait_p50_s, 0.0);
@@ -156,16 +140,7 @@ fn limits_apply_in_simulation() {
         "[[tenant]]\nname = \"a\"\nusers = [\"a\"]\nmax_gpus = 2\nmax_queued = 3\nmax_runtime = \"30m\"\n",
     );
     let trace: Vec<TraceJob> = (0..6)
-        .map(|k| TraceJob {
-            at: 0.0,
-            tenant: "a".into(),
-            gpus: 1,
-            duration: if k == 0 { 7200.0 } else { 60.0 },
-            priority: 0,
-            preemptible: false,
-            name: None,
-            tags: vec![],
-        })
+        .map(|k| tj(0.0, "a", 1, if k == 0 { 7200.0 } else { 60.0 }, false))
         .collect();
     let report = run(&c, 8, &trace, None);
     let a = &report.tenants[0];
@@ -192,16 +167,7 @@ fn traces_with_mistakes_name_the_line() {
     .to_string();
     assert!(e.contains("t.jsonl:1") && e.contains("not a time"), "{e}");
     let c = two_tenants(1, 1);
-    let bad = vec![TraceJob {
-        at: 0.0,
-        tenant: "zed".into(),
-        gpus: 1,
-        duration: 1.0,
-        priority: 0,
-        preemptible: false,
-        name: None,
-        tags: vec![],
-    }];
+    let bad = vec![tj(0.0, "zed", 1, 1.0, false)];
     let e = simulate(
         &c,
         8,
