@@ -515,9 +515,17 @@ impl Engine {
             let dir = self.shared.job_dir(id, job.attempt);
             if let Some(exit) = supervisor::read_exit(&dir) {
                 let lease = Some(job.lease_id.clone());
-                let (prior, preempt) = (job.prior_gpu_s, job.preempt.take());
+                let (prior, preempt, cancel) = (job.prior_gpu_s, job.preempt.take(), job.cancel);
                 self.running.remove(&id);
                 let exit = match preempt {
+                    // A cancel that came while it was being preempted: it ends cancelled.
+                    Some(_) if exit.state == State::Queued && cancel != Cancel::None => {
+                        ExitRecord {
+                            state: State::Cancelled,
+                            reason: Some(supervisor::CANCELLED.into()),
+                            ..exit
+                        }
+                    }
                     // Stopped for preemption: its reason says why it is queued again.
                     Some((reason, _)) if exit.state == State::Queued => ExitRecord {
                         reason: Some(reason),
