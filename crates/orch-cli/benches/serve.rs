@@ -238,6 +238,7 @@ fn scheduling_pass(queued: usize, free: usize) -> f64 {
         cancel_requested: false,
         gpu_seconds: 0.0,
         charged_ms: None,
+        events: Vec::new(),
     };
     db.write_blocking(move |tx| {
         for _ in 0..queued {
@@ -260,6 +261,9 @@ fn scheduling_pass(queued: usize, free: usize) -> f64 {
         exe: PathBuf::from("/bin/true"),
         root: false,
         standing: Default::default(),
+        machine: std::sync::Mutex::new(orch_serve::engine::MachineView::new(inventory.clone())),
+        metrics: Default::default(),
+        sessions: Default::default(),
     });
     // The default queue policy, the built-in fair-share component, as the daemon runs it.
     let policy = orch_serve::queue_policy::for_daemon(&shared.config).unwrap();

@@ -11,12 +11,14 @@
 //! prints.
 
 pub mod command;
+pub mod foreign;
 pub mod place;
 pub mod plan;
 mod runner;
 mod train;
 
 pub use command::{GRACE, ProcessOptions, check_enforcement, placed_line};
+pub use foreign::foreign_processes;
 pub use place::{LeaseGuard, Machine, PlaceError, claim, claim_until, place_in_parent};
 pub use plan::{Plan, PlanError, PlanInput, PlannedDevice, Rejection, plan};
 pub use runner::{Outcome, Placement, Prepared, RunError, RunningJob, prepare, start};

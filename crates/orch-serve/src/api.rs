@@ -87,6 +87,10 @@ pub struct Caller {
     pub admin: bool,
     /// Set when this daemon does not serve the caller at all: the sentence to answer with.
     pub refused: Option<String>,
+    /// Came over the TCP listener (a token or a browser session), not the Unix socket.
+    pub remote: bool,
+    /// Over TCP with neither a valid token nor a session: 401.
+    pub unauthenticated: bool,
 }
 
 #[derive(Debug)]
@@ -120,6 +124,12 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/jobs/{id}/logs", get(logs))
         .route("/v1/devices", get(devices))
         .route("/v1/tenants", get(tenants))
+        .route("/v1/whoami", get(whoami))
+        .route("/metrics", get(metrics))
+        .route("/", get(page))
+        .route("/app.js", get(script))
+        .route("/login", post(login))
+        .route("/logout", post(logout))
         .fallback(|| async {
             err(
                 StatusCode::NOT_FOUND,
@@ -135,10 +145,13 @@ pub fn router(shared: Arc<Shared>) -> Router {
 /// malformed query) included.
 async fn json_errors(response: Response) -> Response {
     let status = response.status();
+    // JSON already, or a page for a browser (the login form after a failed login).
     let is_json = response
         .headers()
         .get(axum::http::header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+        .is_some_and(|v| {
+            v.as_bytes().starts_with(b"application/json") || v.as_bytes().starts_with(b"text/html")
+        });
     if !(status.is_client_error() || status.is_server_error()) || is_json {
         return response;
     }
@@ -155,6 +168,12 @@ async fn json_errors(response: Response) -> Response {
 }
 
 fn admitted(caller: &Caller) -> ApiResult<()> {
+    if caller.unauthenticated {
+        return Err(err(
+            StatusCode::UNAUTHORIZED,
+            "this listener needs a token: send `Authorization: Bearer TOKEN`, or log in on the web page",
+        ));
+    }
     match &caller.refused {
         Some(why) => Err(err(StatusCode::FORBIDDEN, why.clone())),
         None => Ok(()),
@@ -167,6 +186,12 @@ async fn submit(
     body: axum::body::Bytes,
 ) -> ApiResult<(StatusCode, Json<SubmitResponse>)> {
     admitted(&caller)?;
+    if caller.remote {
+        return Err(err(
+            StatusCode::FORBIDDEN,
+            "jobs are submitted over the daemon's Unix socket, where it knows which Unix user to run them as; use `orch submit` on the machine",
+        ));
+    }
     let request: SubmitRequest = serde_json::from_slice(&body).map_err(|e| {
         err(
             StatusCode::BAD_REQUEST,
@@ -245,6 +270,7 @@ async fn submit(
         cancel_requested: false,
         gpu_seconds: 0.0,
         charged_ms: None,
+        events: Vec::new(),
     };
     let key = request.key.filter(|k| !k.is_empty() && k.len() <= 128);
     let policy_file = match &spec.policy.plugin {
@@ -311,6 +337,7 @@ async fn submit(
             ),
         ));
     }
+    shared.metrics.submitted(&tenant);
     shared.kick(Kick::Submitted(id));
     Ok((
         StatusCode::CREATED,
@@ -352,6 +379,12 @@ fn store_policy(state_dir: &std::path::Path, base64_text: &str) -> Result<String
 struct ListQuery {
     #[serde(default)]
     all: bool,
+    /// Each job's events too.
+    #[serde(default)]
+    events: bool,
+    /// At most this many of the newest jobs.
+    #[serde(default)]
+    limit: Option<u32>,
 }
 
 /// Most jobs one listing returns.
@@ -368,14 +401,27 @@ async fn list(
     } else {
         &[State::Queued, State::Running]
     };
+    let limit = q.limit.unwrap_or(LIST_LIMIT).min(LIST_LIMIT);
     let rows = read(&shared, move |db| db.jobs(states, LIST_LIMIT)).await?;
     let reasons = lock(&shared.reasons).clone();
-    Ok(Json(
-        rows.into_iter()
-            .filter(|r| visible_to(&caller, r))
-            .map(|r| with_reason(r, &reasons))
-            .collect(),
-    ))
+    let mut rows: Vec<JobRow> = rows
+        .into_iter()
+        .filter(|r| visible_to(&caller, r))
+        .map(|r| with_reason(r, &reasons))
+        .collect();
+    if rows.len() > limit as usize {
+        rows.drain(..rows.len() - limit as usize);
+    }
+    if q.events {
+        rows = read(&shared, move |db| {
+            for row in &mut rows {
+                row.events = db.events(row.id.parse().unwrap_or(0))?;
+            }
+            Ok(rows)
+        })
+        .await?;
+    }
+    Ok(Json(rows))
 }
 
 /// A database read, on the blocking pool: a slow read never holds up the runtime's workers.
@@ -425,7 +471,8 @@ async fn status(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<JobRow>> {
-    let (_, row) = find(&shared, &caller, &id).await?;
+    let (n, mut row) = find(&shared, &caller, &id).await?;
+    row.events = read(&shared, move |db| db.events(n)).await?;
     let reasons = lock(&shared.reasons).clone();
     Ok(Json(with_reason(row, &reasons)))
 }
@@ -443,6 +490,10 @@ async fn cancel(
                 ended_at_ms: Some(now_ms()),
                 reason: Some(format!("cancelled by {}", caller.identity.name)),
                 only_if: Some(State::Queued),
+                event: Some(crate::db::Event::now(
+                    "finished",
+                    format!("cancelled by {} while queued", caller.identity.name),
+                )),
                 ..Default::default()
             };
             let changed = shared
@@ -456,11 +507,11 @@ async fn cancel(
                 return Ok((StatusCode::OK, Json(row)));
             }
             // It started meanwhile: stop it.
-            request_stop(&shared, n).await?;
+            request_stop(&shared, n, &caller).await?;
             Ok((StatusCode::ACCEPTED, Json(row)))
         }
         State::Running => {
-            request_stop(&shared, n).await?;
+            request_stop(&shared, n, &caller).await?;
             Ok((StatusCode::ACCEPTED, Json(row)))
         }
         other => Err(err(
@@ -472,10 +523,14 @@ async fn cancel(
 
 /// Commits the cancel of a running job before it is carried out, so that a daemon restarted in
 /// between still carries it out.
-async fn request_stop(shared: &Arc<Shared>, n: i64) -> ApiResult<()> {
+async fn request_stop(shared: &Arc<Shared>, n: i64, caller: &Caller) -> ApiResult<()> {
     let change = crate::db::Change {
         cancel_requested: Some(true),
         only_if: Some(State::Running),
+        event: Some(crate::db::Event::now(
+            "stopping",
+            format!("cancel asked by {}", caller.identity.name),
+        )),
         ..Default::default()
     };
     shared
@@ -528,19 +583,160 @@ async fn logs(
 async fn devices(
     AxState(shared): AxState<Arc<Shared>>,
     Extension(caller): Extension<Caller>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<Vec<serde_json::Value>>> {
     admitted(&caller)?;
-    let spec = shared.devices.clone();
-    let inventory = tokio::task::spawn_blocking(move || {
-        spec.parse::<orch_devices::InventorySpec>()
-            .and_then(|s| orch_devices::Inventory::load(&s))
-    })
-    .await
-    .map_err(internal)?
-    .map_err(internal)?;
-    Ok(Json(
-        serde_json::to_value(&inventory.devices).map_err(internal)?,
-    ))
+    let view = crate::view::devices(&shared, &caller).await?;
+    Ok(Json(view))
+}
+
+/// Who the daemon takes the caller for.
+async fn whoami(Extension(caller): Extension<Caller>) -> ApiResult<Json<serde_json::Value>> {
+    admitted(&caller)?;
+    Ok(Json(serde_json::json!({
+        "name": caller.identity.name,
+        "tenants": caller.tenants,
+        "admin": caller.admin,
+    })))
+}
+
+/// Prometheus' text format; admins only (job and tenant names of everyone are in it).
+async fn metrics(
+    AxState(shared): AxState<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Response, ApiError> {
+    admitted(&caller)?;
+    if !caller.admin {
+        return Err(err(
+            StatusCode::FORBIDDEN,
+            "/metrics is for admins: scrape it with an admin token (admin_tokens) or as an admin user",
+        ));
+    }
+    let snapshot = crate::view::metrics_snapshot(&shared).await?;
+    let text = crate::metrics::render(&snapshot, &shared.metrics);
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
+}
+
+const HTML: &str = "text/html; charset=utf-8";
+/// No framework, no other host: the page's script is its own, and nothing else may run.
+const PAGE_CSP: &str = "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+fn html(status: StatusCode, body: String) -> Response {
+    (
+        status,
+        [
+            (axum::http::header::CONTENT_TYPE, HTML),
+            (axum::http::header::CONTENT_SECURITY_POLICY, PAGE_CSP),
+            (axum::http::header::CACHE_CONTROL, "no-store"),
+            (axum::http::header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// The dashboard for a logged-in caller; the login form (never data) for anyone else.
+async fn page(Extension(caller): Extension<Caller>) -> Response {
+    if caller.unauthenticated || caller.refused.is_some() {
+        return html(StatusCode::OK, crate::web::login_page(None));
+    }
+    html(StatusCode::OK, crate::web::PAGE.to_string())
+}
+
+async fn script() -> Response {
+    (
+        [
+            (
+                axum::http::header::CONTENT_TYPE,
+                "text/javascript; charset=utf-8",
+            ),
+            (axum::http::header::CACHE_CONTROL, "no-cache"),
+            (axum::http::header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        crate::web::SCRIPT,
+    )
+        .into_response()
+}
+
+/// The login form's post: a valid token opens a session (a cookie); anything else gets the form
+/// again with one sentence.
+async fn login(
+    AxState(shared): AxState<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    body: axum::body::Bytes,
+) -> Response {
+    if !caller.remote {
+        return html(
+            StatusCode::BAD_REQUEST,
+            crate::web::login_page(Some(
+                "Over the Unix socket the daemon knows you already; the login is for its TCP listener.",
+            )),
+        );
+    }
+    let Some(token) = crate::web::form_token(&body).filter(|t| !t.is_empty()) else {
+        return html(
+            StatusCode::BAD_REQUEST,
+            crate::web::login_page(Some("Give a token.")),
+        );
+    };
+    let Some(who) = crate::web::caller_of_token(&shared.config, &token) else {
+        tracing::warn!("a login with an unknown token was refused");
+        return html(
+            StatusCode::UNAUTHORIZED,
+            crate::web::login_page(Some(
+                "That token is not valid here; ask the daemon's admin for yours.",
+            )),
+        );
+    };
+    let id = match shared.sessions.open(who) {
+        Ok(id) => id,
+        Err(e) => {
+            return html(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                crate::web::login_page(Some(&format!("The daemon could not open a session: {e}"))),
+            );
+        }
+    };
+    (
+        StatusCode::SEE_OTHER,
+        [
+            (axum::http::header::LOCATION, "/".to_string()),
+            (
+                axum::http::header::SET_COOKIE,
+                format!(
+                    "{}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age=43200",
+                    crate::web::COOKIE
+                ),
+            ),
+        ],
+    )
+        .into_response()
+}
+
+async fn logout(AxState(shared): AxState<Arc<Shared>>, headers: axum::http::HeaderMap) -> Response {
+    if let Some(id) = crate::web::session_id(&headers) {
+        shared.sessions.close(&id);
+    }
+    (
+        StatusCode::SEE_OTHER,
+        [
+            (axum::http::header::LOCATION, "/".to_string()),
+            (
+                axum::http::header::SET_COOKIE,
+                format!(
+                    "{}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0",
+                    crate::web::COOKIE
+                ),
+            ),
+        ],
+    )
+        .into_response()
 }
 
 async fn tenants(

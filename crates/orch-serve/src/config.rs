@@ -24,6 +24,12 @@ pub struct Config {
     pub starvation_limit: Duration,
     /// How long a job of a tenant under its share waits before the daemon preempts for it.
     pub preempt_after: Duration,
+    /// `listen`: the TCP address of the web page, `/metrics` and the API with tokens.
+    pub listen: Option<std::net::SocketAddr>,
+    /// Hashes (`sha256:HEX`) of the tokens that see everything (admins over TCP).
+    pub admin_tokens: Vec<TokenHash>,
+    /// `foreign = "avoid"`: no new job goes on a device busy with a process no lease covers.
+    pub avoid_foreign: bool,
     pub tenants: Vec<Tenant>,
 }
 
@@ -39,7 +45,43 @@ pub struct Tenant {
     pub max_runtime: Option<Duration>,
     /// The highest `[job] priority` its jobs may ask for.
     pub max_priority: Option<i64>,
+    /// Hashes of its bearer tokens (the TCP listener).
+    pub tokens: Vec<TokenHash>,
+    /// A running job whose devices all stay below `idle_utilization` this long is warned, then
+    /// stopped after `idle_grace`.
+    pub idle_timeout: Option<Duration>,
+    /// Percent.
+    pub idle_utilization: u32,
+    pub idle_grace: Duration,
 }
+
+/// The SHA-256 of a bearer token, as the config stores it (`sha256:` and 64 hex digits).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenHash(pub [u8; 32]);
+
+impl TokenHash {
+    pub fn of(token: &str) -> TokenHash {
+        use sha2::Digest as _;
+        TokenHash(sha2::Sha256::digest(token.as_bytes()).into())
+    }
+
+    fn parse(text: &str) -> Option<TokenHash> {
+        let hex = text.strip_prefix("sha256:")?;
+        if hex.len() != 64 {
+            return None;
+        }
+        let mut out = [0u8; 32];
+        for (i, byte) in out.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+        }
+        Some(TokenHash(out))
+    }
+}
+
+/// The default `idle_utilization`, percent.
+pub const DEFAULT_IDLE_UTILIZATION: u32 = 5;
+/// The default `idle_grace`.
+pub const DEFAULT_IDLE_GRACE: Duration = Duration::from_secs(600);
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -52,6 +94,9 @@ struct RawConfig {
     retention: Option<String>,
     starvation_limit: Option<String>,
     preempt_after: Option<String>,
+    #[serde(default)]
+    admin_tokens: Vec<String>,
+    foreign: Option<String>,
     #[serde(default)]
     tenant: Vec<RawTenant>,
 }
@@ -72,6 +117,8 @@ struct RawTenant {
     max_runtime: Option<String>,
     max_priority: Option<i64>,
     idle_timeout: Option<String>,
+    idle_utilization: Option<u32>,
+    idle_grace: Option<String>,
 }
 
 /// The queue policy when the config names none.
@@ -92,6 +139,9 @@ impl Config {
             retention: DEFAULT_RETENTION,
             starvation_limit: DEFAULT_STARVATION_LIMIT,
             preempt_after: Duration::ZERO,
+            listen: None,
+            admin_tokens: Vec::new(),
+            avoid_foreign: false,
             tenants: vec![Tenant {
                 name: user.to_string(),
                 users: vec![user.to_string()],
@@ -101,6 +151,10 @@ impl Config {
                 max_queued: None,
                 max_runtime: None,
                 max_priority: None,
+                tokens: Vec::new(),
+                idle_timeout: None,
+                idle_utilization: DEFAULT_IDLE_UTILIZATION,
+                idle_grace: DEFAULT_IDLE_GRACE,
             }],
         }
     }
@@ -138,13 +192,40 @@ impl Config {
                     }),
                 }
             };
-        if raw.listen.is_some() {
-            return Err(at(
-                "listen",
-                "listen: this orch serves its Unix socket only; the TCP listener with tokens is not built yet".into(),
-                "remove listen, and reach the daemon through its socket",
-            ));
-        }
+        let listen = match raw.listen.as_deref() {
+            None => None,
+            Some(text) => Some(text.parse::<std::net::SocketAddr>().map_err(|_| {
+                at(
+                    "listen",
+                    format!("listen = \"{text}\" is not an address and port"),
+                    "give an address such as \"127.0.0.1:7878\" (or \"0.0.0.0:7878\" for every interface)",
+                )
+            })?),
+        };
+        let tokens = |list: &[String]| -> Result<Vec<TokenHash>, InputError> {
+            list.iter()
+                .map(|t| {
+                    TokenHash::parse(t).ok_or_else(|| {
+                        at(
+                            t,
+                            format!("\"{t}\" is not a token hash"),
+                            "store tokens hashed: sha256: and the 64 hex digits of `printf %s TOKEN | sha256sum`",
+                        )
+                    })
+                })
+                .collect()
+        };
+        let avoid_foreign = match raw.foreign.as_deref() {
+            None | Some("allow") => false,
+            Some("avoid") => true,
+            Some(other) => {
+                return Err(at(
+                    "foreign",
+                    format!("foreign = \"{other}\" is neither \"avoid\" nor \"allow\""),
+                    "\"avoid\" keeps new jobs off devices with processes no lease covers; \"allow\" (the default) counts their memory as used",
+                ));
+            }
+        };
         let mut tenants = Vec::new();
         for t in &raw.tenant {
             if t.name.trim().is_empty() {
@@ -161,19 +242,6 @@ impl Config {
                     "give each tenant one [[tenant]] table",
                 ));
             }
-            if t.users.is_empty() && t.groups.is_empty() {
-                return Err(at(
-                    &format!("\"{}\"", t.name),
-                    format!("tenant \"{}\" has no users and no groups", t.name),
-                    "add users = [\"alice\"] or groups = [\"vision-lab\"]",
-                ));
-            }
-            if !t.tokens.is_empty() {
-                tracing::warn!(
-                    "tenant {}: tokens are for the TCP listener, which this orch does not serve yet",
-                    t.name
-                );
-            }
             if t.share.is_some_and(|s| !(s > 0.0 && s.is_finite())) {
                 return Err(at(
                     "share",
@@ -181,14 +249,21 @@ impl Config {
                     "give a weight such as share = 2",
                 ));
             }
-            if t.idle_timeout.is_some() {
+            if t.idle_utilization.is_some_and(|u| u > 100) {
                 return Err(at(
-                    "idle_timeout",
+                    "idle_utilization",
                     format!(
-                        "tenant \"{}\": idle_timeout is not enforced by this orch yet",
+                        "tenant \"{}\": idle_utilization is a percent, 0 to 100",
                         t.name
                     ),
-                    "remove idle_timeout, so the config does not promise what the daemon does not do",
+                    "give a percent such as idle_utilization = 5",
+                ));
+            }
+            if t.users.is_empty() && t.groups.is_empty() && t.tokens.is_empty() {
+                return Err(at(
+                    &format!("\"{}\"", t.name),
+                    format!("tenant \"{}\" has no users, groups or tokens", t.name),
+                    "add users = [\"alice\"], groups = [\"vision-lab\"] or tokens = [\"sha256:...\"]",
                 ));
             }
             tenants.push(Tenant {
@@ -200,6 +275,10 @@ impl Config {
                 max_queued: t.max_queued,
                 max_runtime: duration("max_runtime", &t.max_runtime)?,
                 max_priority: t.max_priority,
+                tokens: tokens(&t.tokens)?,
+                idle_timeout: duration("idle_timeout", &t.idle_timeout)?,
+                idle_utilization: t.idle_utilization.unwrap_or(DEFAULT_IDLE_UTILIZATION),
+                idle_grace: duration("idle_grace", &t.idle_grace)?.unwrap_or(DEFAULT_IDLE_GRACE),
             });
         }
         if tenants.is_empty() {
@@ -240,6 +319,9 @@ impl Config {
             starvation_limit: duration("starvation_limit", &raw.starvation_limit)?
                 .unwrap_or(DEFAULT_STARVATION_LIMIT),
             // "0s" (preempt at once) is a fine value here.
+            listen,
+            admin_tokens: tokens(&raw.admin_tokens)?,
+            avoid_foreign,
             preempt_after: match raw.preempt_after.as_deref().map(str::trim) {
                 Some("0" | "0s") | None => Duration::ZERO,
                 Some(_) => duration("preempt_after", &raw.preempt_after)?.unwrap_or_default(),
@@ -262,6 +344,17 @@ impl Config {
 
     pub fn is_admin(&self, who: &Identity) -> bool {
         self.admins.iter().any(|a| a == &who.name)
+    }
+
+    /// The tenants whose tokens include `token`, and whether it is an admin token.
+    pub fn tenants_of_token(&self, token: &str) -> (Vec<&Tenant>, bool) {
+        let hash = TokenHash::of(token);
+        let tenants = self
+            .tenants
+            .iter()
+            .filter(|t| t.tokens.contains(&hash))
+            .collect();
+        (tenants, self.admin_tokens.contains(&hash))
     }
 
     pub fn tenant(&self, name: &str) -> Option<&Tenant> {

@@ -96,6 +96,39 @@ pub struct JobRow {
     /// Its use is counted in its tenant's usage up to here (while it runs).
     #[serde(default)]
     pub charged_ms: Option<u64>,
+    /// What happened to it, oldest first (`GET /v1/jobs/ID` only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<Event>,
+}
+
+/// Something that happened to a job: queued, started, adopted after a restart, an idle warning,
+/// preempted, a stop asked for, finished.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub at_ms: u64,
+    /// `queued`, `started`, `adopted`, `idle`, `preempted`, `stopping`, `finished`, `lost`.
+    pub kind: String,
+    pub message: String,
+}
+
+impl Event {
+    pub fn now(kind: &str, message: impl Into<String>) -> Event {
+        Event {
+            at_ms: now_ms(),
+            kind: kind.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Records an event of job `id`.
+pub fn add_event(tx: &rusqlite::Transaction<'_>, id: i64, event: &Event) -> Result<i64, DbError> {
+    tx.execute(
+        "INSERT INTO events (job_id, at_ms, kind, message) VALUES (?1, ?2, ?3, ?4)",
+        params![id, event.at_ms as i64, event.kind, event.message],
+    )
+    .map_err(db("recording an event"))?;
+    Ok(0)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -264,6 +297,46 @@ impl Db {
         })
     }
 
+    /// A job's events, oldest first.
+    pub fn events(&self, id: i64) -> Result<Vec<Event>, DbError> {
+        self.read(|c| {
+            let mut stmt = c
+                .prepare("SELECT at_ms, kind, message FROM events WHERE job_id = ?1 ORDER BY rowid")
+                .map_err(db("reading events"))?;
+            let rows = stmt
+                .query_map([id], |r| {
+                    Ok(Event {
+                        at_ms: u64::try_from(r.get::<_, i64>(0)?).unwrap_or(0),
+                        kind: r.get(1)?,
+                        message: r.get(2)?,
+                    })
+                })
+                .map_err(db("reading events"))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(db("reading events"))
+        })
+    }
+
+    /// Jobs per (state, tenant), for the metrics.
+    pub fn counts(&self) -> Result<Vec<(State, String, u64)>, DbError> {
+        self.read(|c| {
+            let mut stmt = c
+                .prepare("SELECT state, tenant, COUNT(*) FROM jobs GROUP BY state, tenant")
+                .map_err(db("counting jobs"))?;
+            let rows = stmt
+                .query_map([], |r| {
+                    Ok((
+                        State::parse(&r.get::<_, String>(0)?),
+                        r.get::<_, String>(1)?,
+                        u64::try_from(r.get::<_, i64>(2)?).unwrap_or(0),
+                    ))
+                })
+                .map_err(db("counting jobs"))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(db("counting jobs"))
+        })
+    }
+
     /// Every tenant's recorded usage.
     pub fn usage(&self) -> Result<Vec<UsageRow>, DbError> {
         self.read(|c| {
@@ -390,6 +463,7 @@ fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<JobRow> {
         cancel_requested: r.get(17)?,
         gpu_seconds: r.get(18)?,
         charged_ms: opt_u64(r.get(19)?),
+        events: Vec::new(),
     })
 }
 
@@ -408,6 +482,20 @@ fn migrate(conn: &Connection) -> Result<(), DbError> {
                 tenant TEXT PRIMARY KEY, gpu_seconds REAL NOT NULL, as_of_ms INTEGER NOT NULL
              );
              PRAGMA user_version = 1;
+             COMMIT;",
+        )
+        .map_err(db("upgrading the schema"))?;
+    }
+    if version < 2 {
+        // Job events.
+        conn.execute_batch(
+            "BEGIN;
+             CREATE TABLE IF NOT EXISTS events (
+                job_id INTEGER NOT NULL, at_ms INTEGER NOT NULL, kind TEXT NOT NULL,
+                message TEXT NOT NULL
+             );
+             CREATE INDEX IF NOT EXISTS events_by_job ON events(job_id);
+             PRAGMA user_version = 2;
              COMMIT;",
         )
         .map_err(db("upgrading the schema"))?;
@@ -513,7 +601,17 @@ pub fn insert_job(
         ],
     )
     .map_err(db("writing a job"))?;
-    Ok(tx.last_insert_rowid())
+    let id = tx.last_insert_rowid();
+    add_event(
+        tx,
+        id,
+        &Event {
+            at_ms: row.submitted_at_ms,
+            kind: "queued".into(),
+            message: format!("submitted by {} to tenant {}", row.user, row.tenant),
+        },
+    )?;
+    Ok(id)
 }
 
 /// Sets a job's state and the fields that go with it.
@@ -531,6 +629,8 @@ pub struct Change {
     pub cancel_requested: Option<bool>,
     /// Only when the job is in this state (a cancel racing an end must not overwrite it).
     pub only_if: Option<State>,
+    /// Recorded with the change (when it applies).
+    pub event: Option<Event>,
 }
 
 pub fn apply(tx: &rusqlite::Transaction<'_>, id: i64, c: &Change) -> Result<i64, DbError> {
@@ -568,6 +668,11 @@ pub fn apply(tx: &rusqlite::Transaction<'_>, id: i64, c: &Change) -> Result<i64,
             ],
         )
         .map_err(db("changing a job"))?;
+    if n > 0
+        && let Some(event) = &c.event
+    {
+        add_event(tx, id, event)?;
+    }
     Ok(n as i64)
 }
 
@@ -579,6 +684,11 @@ pub fn purge(tx: &rusqlite::Transaction<'_>, before_ms: u64) -> Result<i64, DbEr
             [before_ms as i64],
         )
         .map_err(db("purging old jobs"))?;
+    tx.execute(
+        "DELETE FROM events WHERE job_id NOT IN (SELECT id FROM jobs)",
+        [],
+    )
+    .map_err(db("purging old jobs"))?;
     Ok(n as i64)
 }
 

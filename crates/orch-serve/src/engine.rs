@@ -4,7 +4,7 @@
 //! end, records usage, and carries out cancels and preemptions.
 
 use crate::config::Config;
-use crate::db::{Change, Db, JobRow, JobUse, State, Submission, UsageRow, now_ms};
+use crate::db::{Change, Db, Event, JobRow, JobUse, State, Submission, UsageRow, now_ms};
 use crate::sched::{Attempt, QueuePolicy, QueuedJob, RunningJob, Scheduler, Usage};
 use crate::supervisor::{self, ExitRecord, Fence, SuperviseSpec};
 use orch_core::JobSpec;
@@ -49,6 +49,32 @@ pub struct Shared {
     pub root: bool,
     /// Every tenant's fair-share standing, from the latest pass or usage sample.
     pub standing: Mutex<Vec<orch_queue::Tenant>>,
+    /// The latest reading of the machine (devices, leases, foreign processes), every second.
+    pub machine: Mutex<MachineView>,
+    /// What the daemon counts for `/metrics`.
+    pub metrics: crate::metrics::Counters,
+    /// Browser sessions of the TCP listener.
+    pub sessions: crate::web::Sessions,
+}
+
+/// One reading of the machine: cheap to clone (shared parts).
+#[derive(Debug, Clone)]
+pub struct MachineView {
+    pub inventory: Arc<Inventory>,
+    /// The lease store's live leases (the daemon's jobs and `orch run`'s).
+    pub leases: Arc<Vec<orch_leases::Lease>>,
+    /// Per device uuid, the processes no lease on it covers.
+    pub foreign: Arc<std::collections::BTreeMap<String, Vec<orch_devices::GpuProcess>>>,
+}
+
+impl MachineView {
+    pub fn new(inventory: Inventory) -> MachineView {
+        MachineView {
+            inventory: Arc::new(inventory),
+            leases: Arc::default(),
+            foreign: Arc::default(),
+        }
+    }
 }
 
 impl Shared {
@@ -74,7 +100,32 @@ enum Cancel {
     Sent,
 }
 
+/// A stop the daemon decided on (not a cancel): preemption or idle reclaim.
+#[derive(Debug, Clone)]
+struct Stop {
+    kind: StopKind,
+    /// Why, as the job's reason will say.
+    reason: String,
+    /// The supervisor was told.
+    sent: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StopKind {
+    /// Queued again afterwards.
+    Preempt,
+    /// Ends `failed`.
+    Idle,
+}
+
 struct Running {
+    tenant: String,
+    /// Its devices (uuids).
+    devices: Vec<String>,
+    /// Since when all its devices stay under the tenant's idle_utilization, and whether it was
+    /// warned.
+    idle_since: Option<Instant>,
+    idle_warned: bool,
     attempt: u32,
     lease_id: String,
     supervisor: Option<Holder>,
@@ -85,8 +136,8 @@ struct Running {
     spawned_at: Instant,
     /// Device-seconds of its earlier runs.
     prior_gpu_s: f64,
-    /// Preemption asked for it (the reason), and whether the supervisor was told.
-    preempt: Option<(String, bool)>,
+    /// A preemption or idle reclaim decided for it.
+    stop: Option<Stop>,
 }
 
 pub struct Engine {
@@ -97,8 +148,11 @@ pub struct Engine {
     /// The latest reading of the devices, refreshed by a thread of its own (an NVML reading takes
     /// milliseconds per GPU: not on the path from a submission to its start).
     inventory: Arc<Inventory>,
-    fresh_inventory: Arc<Mutex<Arc<Inventory>>>,
     visibility: Visibility,
+    /// The visible devices placement may use: all of them, or without those busy with foreign
+    /// processes under `foreign = "avoid"`.
+    placeable: Visibility,
+    last_idle_check: Instant,
     queue: BTreeMap<i64, Queued>,
     running: HashMap<i64, Running>,
     /// The scheduler. A pass takes it out (it calls back into the engine to place jobs) and
@@ -160,14 +214,19 @@ impl Engine {
         let host = PolicyHost::new(Limits::default()).map_err(|e| e.to_string())?;
         let visibility = Visibility::resolve(&inventory.devices, &VisibilityEnv::from_process());
         let inventory = Arc::new(inventory);
-        let fresh_inventory = Arc::new(Mutex::new(Arc::clone(&inventory)));
+        let view = lock(&shared.machine).clone();
+        *lock(&shared.machine) = MachineView {
+            inventory: Arc::clone(&inventory),
+            ..view
+        };
         Ok(Engine {
             shared,
             kicks,
             store,
             host,
             inventory,
-            fresh_inventory,
+            placeable: visibility.clone(),
+            last_idle_check: Instant::now(),
             visibility,
             queue: BTreeMap::new(),
             running: HashMap::new(),
@@ -290,9 +349,26 @@ impl Engine {
             match supervisor {
                 Some(holder) if holder.process_alive() => {
                     tracing::info!("job {id}: adopted again (supervisor pid {})", holder.pid);
+                    self.write(
+                        id,
+                        Change {
+                            event: Some(Event::now(
+                                "adopted",
+                                format!(
+                                    "still running after the daemon restarted; adopted again (supervisor pid {})",
+                                    holder.pid
+                                ),
+                            )),
+                            ..Change::default()
+                        },
+                    );
                     self.running.insert(
                         id,
                         Running {
+                            tenant: row.tenant.clone(),
+                            devices: row.devices.clone(),
+                            idle_since: None,
+                            idle_warned: false,
                             attempt: row.attempt,
                             lease_id: row.lease_id.clone().unwrap_or_default(),
                             supervisor: Some(holder),
@@ -304,7 +380,7 @@ impl Engine {
                             },
                             spawned_at: Instant::now(),
                             prior_gpu_s: row.gpu_seconds,
-                            preempt: None,
+                            stop: None,
                         },
                     );
                 }
@@ -373,6 +449,7 @@ impl Engine {
                 changed |= self.handle(kick);
             }
             changed |= self.check_running();
+            self.check_idle();
             if self.last_usage_save.elapsed() >= USAGE_SAMPLE {
                 self.save_usage(Vec::new());
             }
@@ -515,9 +592,9 @@ impl Engine {
             let dir = self.shared.job_dir(id, job.attempt);
             if let Some(exit) = supervisor::read_exit(&dir) {
                 let lease = Some(job.lease_id.clone());
-                let (prior, preempt, cancel) = (job.prior_gpu_s, job.preempt.take(), job.cancel);
+                let (prior, stop, cancel) = (job.prior_gpu_s, job.stop.take(), job.cancel);
                 self.running.remove(&id);
-                let exit = match preempt {
+                let exit = match stop {
                     // A cancel that came while it was being preempted: it ends cancelled.
                     Some(_) if exit.state == State::Queued && cancel != Cancel::None => {
                         ExitRecord {
@@ -527,10 +604,27 @@ impl Engine {
                         }
                     }
                     // Stopped for preemption: its reason says why it is queued again.
-                    Some((reason, _)) if exit.state == State::Queued => ExitRecord {
+                    Some(Stop {
+                        kind: StopKind::Preempt,
+                        reason,
+                        ..
+                    }) if exit.state == State::Queued => ExitRecord {
                         reason: Some(reason),
                         ..exit
                     },
+                    // Stopped for idling: failed, with the reason.
+                    Some(Stop {
+                        kind: StopKind::Idle,
+                        reason,
+                        ..
+                    }) if exit.reason.as_deref() == Some(supervisor::IDLE) => {
+                        self.shared.metrics.idle_stopped();
+                        ExitRecord {
+                            state: State::Failed,
+                            reason: Some(reason),
+                            ..exit
+                        }
+                    }
                     _ => exit,
                 };
                 self.finish_at(id, &lease, exit, prior);
@@ -552,15 +646,20 @@ impl Engine {
                 job.cancel = Cancel::Sent;
             }
             if job.cancel == Cancel::None
-                && let (Some((_, sent @ false)), Some(holder)) = (&mut job.preempt, &job.supervisor)
+                && let (Some(stop), Some(holder)) = (&mut job.stop, &job.supervisor)
+                && !stop.sent
             {
                 if holder.process_alive() {
+                    let signal = match stop.kind {
+                        StopKind::Preempt => supervisor::PREEMPT_SIGNAL,
+                        StopKind::Idle => supervisor::IDLE_SIGNAL,
+                    };
                     // SAFETY: kill(2) on the supervisor, verified by pid and start time.
                     unsafe {
-                        libc::kill(holder.pid as i32, supervisor::PREEMPT_SIGNAL);
+                        libc::kill(holder.pid as i32, signal);
                     }
                 }
-                *sent = true;
+                stop.sent = true;
             }
             let gone = match &job.supervisor {
                 Some(holder) => !holder.process_alive(),
@@ -602,8 +701,9 @@ impl Engine {
             .filter(|l| l.exclusive)
             .flat_map(|l| l.devices.iter().map(String::as_str))
             .collect();
+        let started = Instant::now();
         let visible: Vec<&str> = self
-            .visibility
+            .placeable
             .devices
             .iter()
             .filter_map(|v| {
@@ -627,6 +727,10 @@ impl Engine {
         });
         *lock(&self.shared.standing) = sched.standing(now);
         self.sched = sched;
+        self.shared.metrics.pass(started.elapsed().as_secs_f64());
+        if let Some(seconds) = report.policy_seconds {
+            self.shared.metrics.decision("queue", seconds);
+        }
         if let Some(failure) = report.policy_failure {
             let repeat = self.policy_failure.as_ref().is_some_and(|(last, at)| {
                 *last == failure && at.elapsed() < Duration::from_secs(60)
@@ -637,11 +741,24 @@ impl Engine {
             }
         }
         for p in report.preempt {
-            if let Some(job) = self.running.get_mut(&(p.victim as i64))
-                && job.preempt.is_none()
+            let id = p.victim as i64;
+            if let Some(job) = self.running.get_mut(&id)
+                && job.stop.is_none()
             {
-                tracing::info!("job {}: {}", p.victim, p.reason);
-                job.preempt = Some((p.reason, false));
+                tracing::info!("job {id}: {}", p.reason);
+                job.stop = Some(Stop {
+                    kind: StopKind::Preempt,
+                    reason: p.reason.clone(),
+                    sent: false,
+                });
+                self.shared.metrics.preempted();
+                self.write(
+                    id,
+                    Change {
+                        event: Some(Event::now("preempted", p.reason)),
+                        ..Change::default()
+                    },
+                );
             }
         }
         // A job queued again keeps saying why (preempted, its processes vanished) before why it
@@ -675,10 +792,11 @@ impl Engine {
         let env = |name: &str| env_map.get(name).map(|v| v.to_string());
         let machine = Machine {
             inventory: &self.inventory,
-            visibility: &self.visibility,
+            visibility: &self.placeable,
             env: &env,
             nested: false,
         };
+        let deciding = Instant::now();
         let claimed = orch_runner::claim(
             &mut self.store,
             &mut self.host,
@@ -686,6 +804,9 @@ impl Engine {
             &machine,
             Holder::current(),
         );
+        self.shared
+            .metrics
+            .decision("placement", deciding.elapsed().as_secs_f64());
         let (lease, plan) = match claimed {
             Ok(placed) => placed,
             Err(PlaceError::NoFit(reason)) => return Err(reason),
@@ -713,6 +834,17 @@ impl Engine {
                 devices: Some(lease.devices.clone()),
                 attempt: Some(attempt),
                 only_if: Some(State::Queued),
+                event: Some(Event::now(
+                    "started",
+                    format!(
+                        "started on {} (attempt {attempt})",
+                        if lease.devices.is_empty() {
+                            "no device".to_string()
+                        } else {
+                            lease.devices.join(", ")
+                        }
+                    ),
+                )),
                 ..Change::default()
             };
             move |tx| crate::db::apply(tx, id, &change)
@@ -733,6 +865,10 @@ impl Engine {
                 return Err(reason);
             }
         }
+        self.shared.metrics.started(
+            &job.row.tenant,
+            ms_to_s(now_ms().saturating_sub(job.row.submitted_at_ms)),
+        );
         let dir = self.shared.job_dir(id, attempt);
         let max_runtime = job
             .spec
@@ -761,6 +897,10 @@ impl Engine {
         self.running.insert(
             id,
             Running {
+                tenant: job.row.tenant.clone(),
+                devices: lease.devices.clone(),
+                idle_since: None,
+                idle_warned: false,
                 attempt,
                 lease_id: lease.id.clone(),
                 supervisor: None,
@@ -768,7 +908,7 @@ impl Engine {
                 cancel: Cancel::None,
                 spawned_at: Instant::now(),
                 prior_gpu_s: job.row.gpu_seconds,
-                preempt: None,
+                stop: None,
             },
         );
         if let Err(e) = self.spawn_supervisor(&dir, &spec) {
@@ -816,33 +956,155 @@ impl Engine {
         Ok(())
     }
 
-    /// Starts the thread that reads the devices again every [`INVENTORY_MAX_AGE`].
+    /// Starts the thread that reads the machine again every [`INVENTORY_MAX_AGE`]: the devices,
+    /// the live leases, and the processes no lease covers.
     pub fn watch_devices(&self) {
-        let slot = Arc::clone(&self.fresh_inventory);
-        let spec = self.shared.devices.clone();
+        let shared = Arc::clone(&self.shared);
         let _ = std::thread::Builder::new()
             .name("orch-devices".into())
             .spawn(move || {
+                let mut store = LeaseStore::open(&shared.state_dir);
                 loop {
                     std::thread::sleep(INVENTORY_MAX_AGE);
-                    match spec
+                    let inventory = match shared
+                        .devices
                         .parse::<InventorySpec>()
                         .and_then(|s| Inventory::load(&s))
                     {
-                        Ok(inventory) => *lock(&slot) = Arc::new(inventory),
-                        Err(e) => tracing::warn!(
-                            "could not read the devices again, using the last reading: {e}"
-                        ),
-                    }
+                        Ok(inventory) => Arc::new(inventory),
+                        Err(e) => {
+                            tracing::warn!(
+                                "could not read the devices again, using the last reading: {e}"
+                            );
+                            Arc::clone(&lock(&shared.machine).inventory)
+                        }
+                    };
+                    let leases = match store.as_mut().map(LeaseStore::active) {
+                        Ok(Ok(leases)) => Arc::new(leases),
+                        _ => {
+                            store = LeaseStore::open(&shared.state_dir);
+                            Arc::clone(&lock(&shared.machine).leases)
+                        }
+                    };
+                    let foreign = Arc::new(orch_runner::foreign_processes(&inventory, &leases));
+                    *lock(&shared.machine) = MachineView {
+                        inventory,
+                        leases,
+                        foreign,
+                    };
                 }
             });
     }
 
     fn refresh_inventory(&mut self) {
-        let latest = Arc::clone(&lock(&self.fresh_inventory));
-        if !Arc::ptr_eq(&latest, &self.inventory) {
-            self.visibility = Visibility::resolve(&latest.devices, &VisibilityEnv::from_process());
-            self.inventory = latest;
+        let view = lock(&self.shared.machine).clone();
+        if !Arc::ptr_eq(&view.inventory, &self.inventory) {
+            self.visibility =
+                Visibility::resolve(&view.inventory.devices, &VisibilityEnv::from_process());
+            self.inventory = Arc::clone(&view.inventory);
+        }
+        self.placeable = self.visibility.clone();
+        if self.shared.config.avoid_foreign && !view.foreign.is_empty() {
+            let busy: Vec<u32> = self
+                .inventory
+                .devices
+                .iter()
+                .filter(|d| view.foreign.contains_key(&d.uuid))
+                .map(|d| d.index)
+                .collect();
+            self.placeable
+                .devices
+                .retain(|v| !busy.contains(&v.physical));
+        }
+    }
+
+    /// Idle reclaim: a running job of a tenant with `idle_timeout` whose devices all stay under
+    /// `idle_utilization` that long gets an event and a line in its stderr log; after
+    /// `idle_grace` more, it is stopped (failed, "idle for 2h; GPUs reclaimed").
+    fn check_idle(&mut self) {
+        if self.last_idle_check.elapsed() < INVENTORY_MAX_AGE {
+            return;
+        }
+        self.last_idle_check = Instant::now();
+        self.refresh_inventory();
+        let now = Instant::now();
+        let mut notes: Vec<(i64, &'static str, String)> = Vec::new();
+        for (id, job) in &mut self.running {
+            let Some(tenant) = self.shared.config.tenant(&job.tenant) else {
+                continue;
+            };
+            let Some(timeout) = tenant.idle_timeout else {
+                continue;
+            };
+            if job.stop.is_some() || job.cancel != Cancel::None || job.devices.is_empty() {
+                continue;
+            }
+            let readings: Option<Vec<u32>> = job
+                .devices
+                .iter()
+                .map(|u| {
+                    self.inventory
+                        .devices
+                        .iter()
+                        .find(|d| &d.uuid == u)
+                        .and_then(|d| d.utilization_gpu_percent)
+                })
+                .collect();
+            // A device whose utilization cannot be read (the CPU) is never judged idle.
+            let idle = readings.is_some_and(|r| r.iter().all(|&u| u < tenant.idle_utilization));
+            if !idle {
+                if job.idle_warned {
+                    notes.push((
+                        *id,
+                        "idle",
+                        "its GPUs are busy again; it will not be stopped".into(),
+                    ));
+                }
+                job.idle_since = None;
+                job.idle_warned = false;
+                continue;
+            }
+            let since = *job.idle_since.get_or_insert(now);
+            let idle_for = now.duration_since(since);
+            let limit = humantime::format_duration(timeout).to_string();
+            if idle_for >= timeout && !job.idle_warned {
+                job.idle_warned = true;
+                let grace = humantime::format_duration(tenant.idle_grace).to_string();
+                notes.push((
+                    *id,
+                    "idle",
+                    format!(
+                        "its GPUs have stayed under {}% utilization for {limit}; it will be stopped in {grace} unless they get busy",
+                        tenant.idle_utilization
+                    ),
+                ));
+            }
+            if idle_for >= timeout + tenant.idle_grace {
+                let reason = format!("idle for {limit}; GPUs reclaimed");
+                job.stop = Some(Stop {
+                    kind: StopKind::Idle,
+                    reason: reason.clone(),
+                    sent: false,
+                });
+                notes.push((*id, "stopping", reason));
+            }
+        }
+        for (id, kind, message) in notes {
+            tracing::info!("job {id}: {message}");
+            // The warning goes where the job's owner looks: its stderr log.
+            let attempt = self.running.get(&id).map_or(0, |r| r.attempt);
+            let log = self.shared.job_dir(id, attempt).join("stderr");
+            if let Ok(mut file) = std::fs::OpenOptions::new().append(true).open(&log) {
+                use std::io::Write as _;
+                let _ = writeln!(file, "orch: {message}");
+            }
+            self.write(
+                id,
+                Change {
+                    event: Some(Event::now(kind, message)),
+                    ..Change::default()
+                },
+            );
         }
     }
 
@@ -861,12 +1123,14 @@ impl Engine {
                 "job {id}: {}",
                 exit.reason.as_deref().unwrap_or("queued again")
             );
+            let message = exit.reason.clone().unwrap_or_else(|| "queued again".into());
             self.write(
                 id,
                 Change {
                     state: Some(State::Queued),
                     reason: exit.reason,
                     only_if: Some(State::Running),
+                    event: Some(Event::now("queued", message)),
                     ..Change::default()
                 },
             );
@@ -874,6 +1138,10 @@ impl Engine {
             return;
         }
         tracing::info!("job {id}: {}", exit.state.as_str());
+        let message = match &exit.reason {
+            Some(reason) if !reason.is_empty() => format!("{}: {reason}", exit.state.as_str()),
+            _ => exit.state.as_str().to_string(),
+        };
         self.write(
             id,
             Change {
@@ -882,6 +1150,11 @@ impl Engine {
                 exit_code: exit.exit_code,
                 reason: exit.reason.or(Some(String::new())),
                 only_if: Some(State::Running),
+                event: Some(Event {
+                    at_ms: exit.ended_at_ms,
+                    kind: "finished".into(),
+                    message,
+                }),
                 ..Change::default()
             },
         );
@@ -910,6 +1183,10 @@ impl Engine {
                     ended_at_ms: Some(now_ms()),
                     reason: Some("its processes vanished while no daemon watched them".into()),
                     only_if: Some(State::Running),
+                    event: Some(Event::now(
+                        "lost",
+                        "its processes vanished while no daemon watched them",
+                    )),
                     ..Change::default()
                 },
             );

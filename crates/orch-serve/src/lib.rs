@@ -14,12 +14,15 @@ pub mod config;
 pub mod db;
 pub mod engine;
 mod logs;
+pub mod metrics;
 pub mod queue_policy;
 pub mod sched;
 pub mod server;
 pub mod simulate;
 pub mod supervisor;
 pub mod users;
+pub mod view;
+pub mod web;
 
 pub use api::{ErrorBody, SubmitRequest, SubmitResponse, TenantRow};
 pub use config::Config;

@@ -122,6 +122,8 @@ pub struct PassReport {
     /// The queue policy failed and this pass ran `fifo`: one sentence naming the policy and what
     /// it did.
     pub policy_failure: Option<String>,
+    /// How long the queue policy took to answer, when it was asked.
+    pub policy_seconds: Option<f64>,
 }
 
 /// Where the order of a pass comes from.
@@ -485,14 +487,14 @@ impl Scheduler {
         } else {
             let jobs = self.offered(now_s);
             let name = self.policy.name().to_string();
-            match self
-                .policy
-                .order(&jobs, &tenants, &machine)
-                .and_then(|order| {
-                    orch_queue::check_order(&jobs, &order)
-                        .map(|()| order)
-                        .map_err(|e| format!("queue policy `{name}` gave a wrong answer: {e}"))
-                }) {
+            let asked = std::time::Instant::now();
+            let answer = self.policy.order(&jobs, &tenants, &machine);
+            report.policy_seconds = Some(asked.elapsed().as_secs_f64());
+            match answer.and_then(|order| {
+                orch_queue::check_order(&jobs, &order)
+                    .map(|()| order)
+                    .map_err(|e| format!("queue policy `{name}` gave a wrong answer: {e}"))
+            }) {
                 Ok(order) => Some(order),
                 Err(e) => {
                     report.policy_failure = Some(format!("{e}; this pass used fifo"));

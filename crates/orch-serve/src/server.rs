@@ -96,6 +96,9 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         exe: options.exe.clone(),
         root: current_uid() == 0,
         standing: Mutex::default(),
+        machine: Mutex::new(crate::engine::MachineView::new(inventory.clone())),
+        metrics: crate::metrics::Counters::default(),
+        sessions: crate::web::Sessions::default(),
     });
     let mut engine = Engine::new(
         Arc::clone(&shared),
@@ -171,6 +174,22 @@ async fn listen(shared: Arc<Shared>, socket: &Path) -> Result<(), ServeError> {
     let _ = std::fs::set_permissions(&fresh, std::fs::Permissions::from_mode(0o666));
     std::fs::rename(&fresh, socket).map_err(|e| listen_err(e.to_string()))?;
     tracing::info!("orch serve: listening on {}", socket.display());
+    let tcp = match shared.config.listen {
+        Some(address) => {
+            let listener =
+                tokio::net::TcpListener::bind(address)
+                    .await
+                    .map_err(|e| ServeError::Listen {
+                        socket: PathBuf::from(address.to_string()),
+                        reason: e.to_string(),
+                    })?;
+            tracing::info!(
+                "orch serve: the web page, /metrics and the API with tokens on http://{address}"
+            );
+            Some(listener)
+        }
+        None => None,
+    };
     let app = router(Arc::clone(&shared));
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| ServeError::Start(e.to_string()))?;
@@ -192,7 +211,23 @@ async fn listen(shared: Arc<Shared>, socket: &Path) -> Result<(), ServeError> {
                         continue;
                     }
                 };
-                tokio::spawn(serve_connection(app.clone(), stream, caller));
+                tokio::spawn(serve_connection(app.clone(), stream, Who::Local(caller)));
+            }
+            accepted = accept_tcp(tcp.as_ref()) => {
+                match accepted {
+                    Ok((stream, _)) => {
+                        let _ = stream.set_nodelay(true);
+                        tokio::spawn(serve_connection(
+                            app.clone(),
+                            stream,
+                            Who::Remote(Arc::clone(&shared)),
+                        ));
+                    }
+                    Err(e) => {
+                        tracing::warn!("accept failed on the TCP listener: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
             }
             _ = tokio::signal::ctrl_c() => break,
             _ = terminate.recv() => break,
@@ -208,10 +243,40 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time a client has to send a whole request, body included.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
-async fn serve_connection(app: axum::Router, stream: tokio::net::UnixStream, caller: Caller) {
+/// Who is on the other end of a connection.
+enum Who {
+    /// The Unix socket: the peer credentials said, once for the connection.
+    Local(Caller),
+    /// The TCP listener: each request's token or session cookie says.
+    Remote(Arc<Shared>),
+}
+
+/// The next connection on the TCP listener; never, without one.
+async fn accept_tcp(
+    listener: Option<&tokio::net::TcpListener>,
+) -> std::io::Result<(tokio::net::TcpStream, std::net::SocketAddr)> {
+    match listener {
+        Some(listener) => listener.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn serve_connection<S>(app: axum::Router, stream: S, who: Who)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let who = Arc::new(who);
     let service =
         hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
-            request.extensions_mut().insert(caller.clone());
+            let caller = match who.as_ref() {
+                Who::Local(caller) => caller.clone(),
+                Who::Remote(shared) => crate::web::caller_of_request(
+                    &shared.config,
+                    &shared.sessions,
+                    request.headers(),
+                ),
+            };
+            request.extensions_mut().insert(caller);
             let mut app = app.clone();
             async move {
                 // A client that trickles its request body is cut off: it may not hold a
@@ -259,5 +324,7 @@ fn caller_of(config: &Config, identity: Identity) -> Caller {
         tenants,
         identity,
         refused,
+        remote: false,
+        unauthenticated: false,
     }
 }

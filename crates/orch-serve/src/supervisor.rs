@@ -64,6 +64,10 @@ pub const PREEMPTED: &str = "preempted";
 /// What the daemon sends a supervisor to preempt its job: stopped like a cancel (SIGTERM, the
 /// grace period, SIGKILL), then queued again. A cancel is SIGTERM.
 pub const PREEMPT_SIGNAL: i32 = libc::SIGUSR1;
+/// What the daemon sends a supervisor to stop a job whose devices stayed idle (`idle_timeout`).
+pub const IDLE_SIGNAL: i32 = libc::SIGUSR2;
+/// The reason a job stopped for idling ends with (the daemon says how long it idled).
+pub const IDLE: &str = "idle";
 
 /// Who holds the fence: the supervisor that started the job, or the daemon's recovery.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -129,6 +133,7 @@ pub fn supervise(dir: &Path) -> i32 {
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
         PREEMPT_SIGNAL,
+        IDLE_SIGNAL,
     ]);
     let me = Fence {
         supervisor: Some(Holder::current()),
@@ -266,6 +271,7 @@ fn run(
             let stopper = stopper.clone();
             std::thread::spawn(move || match signals.forever().next() {
                 Some(PREEMPT_SIGNAL) => stopper.stop(PREEMPTED),
+                Some(IDLE_SIGNAL) => stopper.stop(IDLE),
                 Some(_) => stopper.stop(CANCELLED),
                 None => {}
             });

@@ -7,6 +7,7 @@ use crate::table;
 use orch_core::ByteSize;
 use orch_devices::{Backend, Device, Inventory, InventorySpec, Visibility, VisibilityEnv, cuda};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
@@ -28,6 +29,22 @@ struct DeviceRow<'a> {
     compute_capability: Option<&'a str>,
     pci_bus_id: Option<&'a str>,
     processes: Option<&'a [orch_devices::GpuProcess]>,
+    /// Its processes that no lease on it covers (nobody scheduled them through orch).
+    foreign_processes: &'a [orch_devices::GpuProcess],
+}
+
+type Foreign = BTreeMap<String, Vec<orch_devices::GpuProcess>>;
+
+/// The processes no lease covers, against this machine's lease store (none when it cannot be
+/// read: a reader without a state folder sees no leases, so nothing is called foreign wrongly).
+fn foreign(inventory: &Inventory) -> Foreign {
+    match orch_leases::LeaseStore::open_default().and_then(|mut s| s.active()) {
+        Ok(leases) => orch_runner::foreign_processes(inventory, &leases),
+        Err(e) => {
+            tracing::debug!("no lease store to tell foreign processes by: {e}");
+            Foreign::new()
+        }
+    }
 }
 
 pub fn run(spec: &InventorySpec, args: &DevicesArgs) -> CmdResult {
@@ -68,25 +85,30 @@ fn render(inventory: &Inventory, json: bool) -> String {
     for note in &visibility.notes {
         tracing::warn!("{note}");
     }
+    let foreign = foreign(inventory);
     if json {
         let rows: Vec<DeviceRow<'_>> = inventory
             .devices
             .iter()
-            .map(|d| json_row(d, visibility.visible_index(d.index)))
+            .map(|d| json_row(d, visibility.visible_index(d.index), &foreign))
             .collect();
         // Serialising plain data cannot fail.
         let mut text = serde_json::to_string_pretty(&rows).unwrap_or_default();
         text.push('\n');
         return text;
     }
-    let mut text = human_table(inventory, &visibility);
+    let mut text = human_table(inventory, &visibility, &foreign);
     if inventory.backend != Backend::Sim {
         text.push_str(&cuda_line());
     }
     text
 }
 
-fn json_row(d: &Device, visible_index: Option<usize>) -> DeviceRow<'_> {
+fn json_row<'a>(
+    d: &'a Device,
+    visible_index: Option<usize>,
+    foreign: &'a Foreign,
+) -> DeviceRow<'a> {
     DeviceRow {
         index: d.index,
         visible_index,
@@ -103,10 +125,11 @@ fn json_row(d: &Device, visible_index: Option<usize>) -> DeviceRow<'_> {
         compute_capability: d.compute_capability.as_deref(),
         pci_bus_id: d.pci_bus_id.as_deref(),
         processes: d.processes.as_deref(),
+        foreign_processes: foreign.get(&d.uuid).map_or(&[], Vec::as_slice),
     }
 }
 
-fn human_table(inventory: &Inventory, visibility: &Visibility) -> String {
+fn human_table(inventory: &Inventory, visibility: &Visibility, foreign: &Foreign) -> String {
     let dash = || "-".to_string();
     let rows: Vec<Vec<String>> = inventory
         .devices
@@ -132,6 +155,12 @@ fn human_table(inventory: &Inventory, visibility: &Visibility) -> String {
                 d.processes
                     .as_ref()
                     .map_or_else(dash, |p| p.len().to_string()),
+                foreign.get(&d.uuid).map_or_else(String::new, |p| {
+                    p.iter()
+                        .map(|p| format!("pid {}", p.pid))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }),
             ]
         })
         .collect();
@@ -146,6 +175,7 @@ fn human_table(inventory: &Inventory, visibility: &Visibility) -> String {
             "TEMP",
             "POWER",
             "PROCS",
+            "FOREIGN",
         ],
         &rows,
     )

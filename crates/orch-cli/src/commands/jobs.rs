@@ -236,6 +236,12 @@ pub fn usage(args: &UsageArgs) -> CmdResult {
     Ok(())
 }
 
+/// A moment as UTC, to the second.
+fn clock(ms: u64) -> String {
+    let at = std::time::UNIX_EPOCH + Duration::from_millis(ms);
+    humantime::format_rfc3339_seconds(at).to_string()
+}
+
 fn age(ms: u64) -> String {
     let s = ms / 1000;
     match s {
@@ -292,8 +298,27 @@ pub fn status(args: &JobIdArgs) -> CmdResult {
     if let Some(reason) = &job.reason {
         lines.push(("reason", reason.clone()));
     }
+    if job.gpu_seconds > 0.0 {
+        let used = if job.gpu_seconds < 3600.0 {
+            format!("{:.0} GPU-seconds", job.gpu_seconds)
+        } else {
+            format!("{:.2} GPU-hours", job.gpu_seconds / 3600.0)
+        };
+        lines.push(("gpu time", used));
+    }
     for (key, value) in lines {
         println!("{key:<12} {value}");
+    }
+    if !job.events.is_empty() {
+        println!("events");
+        for event in &job.events {
+            println!(
+                "  {}  {:<9} {}",
+                clock(event.at_ms),
+                event.kind,
+                event.message
+            );
+        }
     }
     Ok(())
 }

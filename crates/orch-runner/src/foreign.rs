@@ -1,0 +1,105 @@
+//! Foreign processes: compute processes on a device that no lease on it covers. NVML's process
+//! list for each device is set against the process trees of the holders of the leases on that
+//! device (a process of the holder's cgroup, of its process group, or below its pid). What
+//! nobody scheduled shows up here: a notebook started by hand, a zombie holding memory.
+
+use orch_core::process::{self, ProcStat};
+use orch_devices::{GpuProcess, Inventory};
+use orch_leases::{Holder, Lease};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+/// Per device uuid, its processes that no lease on it covers (devices with none are left out).
+pub fn foreign_processes(
+    inventory: &Inventory,
+    leases: &[Lease],
+) -> BTreeMap<String, Vec<GpuProcess>> {
+    let mut out = BTreeMap::new();
+    let any = inventory
+        .devices
+        .iter()
+        .any(|d| d.processes.as_ref().is_some_and(|p| !p.is_empty()));
+    if !any {
+        return out;
+    }
+    let procs: HashMap<u32, ProcStat> = process::all().into_iter().collect();
+    let mount = process::cgroup_v2_mount();
+    for device in &inventory.devices {
+        let Some(list) = &device.processes else {
+            continue;
+        };
+        let holders: Vec<&Holder> = leases
+            .iter()
+            .filter(|l| l.devices.iter().any(|u| u == &device.uuid))
+            .flat_map(|l| l.holders.iter())
+            .collect();
+        let foreign: Vec<GpuProcess> = list
+            .iter()
+            .filter(|p| {
+                !holders
+                    .iter()
+                    .any(|h| covers(h, p.pid, &procs, mount.as_deref()))
+            })
+            .cloned()
+            .collect();
+        if !foreign.is_empty() {
+            out.insert(device.uuid.clone(), foreign);
+        }
+    }
+    out
+}
+
+/// Whether process `pid` belongs to `holder`'s job: in its cgroup, its process group, or below
+/// its pid. A pid this machine does not know (another PID namespace, a simulated one) is not.
+fn covers(holder: &Holder, pid: u32, procs: &HashMap<u32, ProcStat>, mount: Option<&Path>) -> bool {
+    let Some(stat) = procs.get(&pid) else {
+        return false;
+    };
+    if holder.pgid.is_some_and(|g| g > 1 && g == stat.pgrp) {
+        return true;
+    }
+    if let (Some(dir), Some(mount)) = (&holder.cgroup, mount)
+        && let Some(cgroup) = process::cgroup_v2_of(pid)
+        && mount.join(cgroup.trim_start_matches('/')) == *dir
+    {
+        return true;
+    }
+    // Below the holder's pid (a bounded walk: pid chains end at 1, and a loop cannot last).
+    let mut at = pid;
+    for _ in 0..64 {
+        if at == holder.pid {
+            return true;
+        }
+        match procs.get(&at) {
+            Some(s) if s.ppid > 1 && s.ppid != at => at = s.ppid,
+            _ => return false,
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_is_covered_by_a_lease_held_by_it_and_a_stranger_is_not() {
+        let me = Holder::current();
+        let mut procs: HashMap<u32, ProcStat> = process::all().into_iter().collect();
+        let pid = std::process::id();
+        assert!(covers(&me, pid, &procs, None));
+        // A child of ours is covered by our pid.
+        let child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        procs = process::all().into_iter().collect();
+        assert!(covers(&me, child.id(), &procs, None));
+        // A pid nobody has, and init, are not.
+        assert!(!covers(&me, u32::MAX - 7, &procs, None));
+        assert!(!covers(&me, 1, &procs, None));
+        let mut child = child;
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}

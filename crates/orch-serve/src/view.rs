@@ -1,0 +1,154 @@
+//! What `/v1/devices` and `/metrics` show of the machine: the latest device reading, who holds
+//! each device, and the processes nobody scheduled. Both read what the device thread published
+//! (refreshed every second) and the job table; neither touches NVML or the lease store itself.
+
+use crate::api::{ApiError, Caller, read};
+use crate::db::{JobRow, State};
+use crate::engine::{Shared, lock};
+use crate::metrics::{DeviceSample, Snapshot, TenantSample};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// What a non-admin sees of a device holder outside its tenants.
+pub const HIDDEN: &str = "(another tenant's job)";
+
+/// The devices with `held_by` and `foreign_processes`, as `caller` may see them: the names of
+/// its own jobs, others' as [`HIDDEN`] unless it is an admin.
+pub async fn devices(
+    shared: &Arc<Shared>,
+    caller: &Caller,
+) -> Result<Vec<serde_json::Value>, ApiError> {
+    let running = read(shared, |db| db.jobs(&[State::Running], u32::MAX)).await?;
+    let machine = lock(&shared.machine).clone();
+    let by_lease: HashMap<&str, &JobRow> = running
+        .iter()
+        .filter_map(|j| j.lease_id.as_deref().map(|l| (l, j)))
+        .collect();
+    let mut out = Vec::with_capacity(machine.inventory.devices.len());
+    for device in &machine.inventory.devices {
+        let mut value = serde_json::to_value(device).unwrap_or_default();
+        let held: Vec<serde_json::Value> = machine
+            .leases
+            .iter()
+            .filter(|l| l.devices.iter().any(|u| u == &device.uuid))
+            .map(|lease| match by_lease.get(lease.id.as_str()) {
+                Some(job) if caller.admin || caller.tenants.contains(&job.tenant) => {
+                    serde_json::json!({
+                        "job_id": job.id, "name": job.name, "tenant": job.tenant,
+                        "user": job.user,
+                        "since_ms": job.started_at_ms.unwrap_or(lease.created_at_ms),
+                    })
+                }
+                None if caller.admin => serde_json::json!({
+                    "job_id": null, "name": format!("{} (orch run)", lease.job_name),
+                    "tenant": null, "since_ms": lease.created_at_ms,
+                }),
+                _ => serde_json::json!({
+                    "job_id": null, "name": HIDDEN, "tenant": null,
+                    "since_ms": lease.created_at_ms,
+                }),
+            })
+            .collect();
+        let foreign = machine
+            .foreign
+            .get(&device.uuid)
+            .cloned()
+            .unwrap_or_default();
+        if let Some(object) = value.as_object_mut() {
+            object.insert("held_by".into(), serde_json::Value::Array(held));
+            object.insert(
+                "foreign_processes".into(),
+                serde_json::to_value(foreign).unwrap_or_default(),
+            );
+        }
+        out.push(value);
+    }
+    Ok(out)
+}
+
+/// Everything one scrape shows, read at once.
+pub async fn metrics_snapshot(shared: &Arc<Shared>) -> Result<Snapshot, ApiError> {
+    let (running, counts) = read(shared, |db| {
+        Ok((db.jobs(&[State::Running], u32::MAX)?, db.counts()?))
+    })
+    .await?;
+    let machine = lock(&shared.machine).clone();
+    let standing = lock(&shared.standing).clone();
+    let by_lease: HashMap<&str, &JobRow> = running
+        .iter()
+        .filter_map(|j| j.lease_id.as_deref().map(|l| (l, j)))
+        .collect();
+    let devices = machine
+        .inventory
+        .devices
+        .iter()
+        .map(|d| {
+            let leases: Vec<_> = machine
+                .leases
+                .iter()
+                .filter(|l| l.devices.iter().any(|u| u == &d.uuid))
+                .collect();
+            DeviceSample {
+                uuid: d.uuid.clone(),
+                index: d.index,
+                name: d.name.clone(),
+                utilization: d.utilization_gpu_percent.map(|u| f64::from(u) / 100.0),
+                memory_used_bytes: d.memory_used_bytes,
+                memory_total_bytes: d.memory_total_bytes,
+                temperature_c: d.temperature_c,
+                power_w: d.power_draw_w,
+                held_by: leases.iter().find_map(|l| {
+                    by_lease
+                        .get(l.id.as_str())
+                        .map(|j| (j.id.clone(), j.tenant.clone()))
+                }),
+                leased: !leases.is_empty(),
+                foreign_processes: machine.foreign.get(&d.uuid).map_or(0, Vec::len),
+            }
+        })
+        .collect();
+    let mut jobs: Vec<(String, String, u64)> = counts
+        .into_iter()
+        .map(|(state, tenant, n)| (state.as_str().to_string(), tenant, n))
+        .collect();
+    // Every state of every tenant, zeros included: a series that vanishes is harder to graph.
+    for t in &shared.config.tenants {
+        for state in [
+            State::Queued,
+            State::Running,
+            State::Succeeded,
+            State::Failed,
+            State::Cancelled,
+            State::Lost,
+        ] {
+            if !jobs
+                .iter()
+                .any(|(s, n, _)| s == state.as_str() && *n == t.name)
+            {
+                jobs.push((state.as_str().to_string(), t.name.clone(), 0));
+            }
+        }
+    }
+    jobs.sort();
+    let tenants = shared
+        .config
+        .tenants
+        .iter()
+        .map(|t| {
+            let fair = standing.iter().find(|s| s.name == t.name);
+            TenantSample {
+                name: t.name.clone(),
+                share: fair.map_or(0.0, |f| f.normalized_share),
+                usage_gpu_seconds: fair.map_or(0.0, |f| f.usage_gpu_s),
+                fair_share: fair.map_or(1.0, |f| f.fair_share),
+                gpus_held: fair.map_or(0, |f| f.gpus_held),
+            }
+        })
+        .collect();
+    Ok(Snapshot {
+        devices,
+        jobs,
+        tenants,
+        leases: machine.leases.len(),
+    })
+}

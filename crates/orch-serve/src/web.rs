@@ -1,0 +1,228 @@
+//! The TCP listener's side of identity (bearer tokens, and browser sessions made from them) and
+//! the web page: a login form, then one page of GPUs, jobs and tenants that refreshes itself.
+//!
+//! Design decisions:
+//! - A token never travels in a URL (URLs end up in logs and browser history): the login form
+//!   posts it, and the answer sets a session cookie (`HttpOnly`, `SameSite=Strict`, `Secure` on
+//!   TLS) naming a random session id that the daemon keeps in memory for 12 hours.
+//! - The page is static (`web/page.html`, `web/app.js`, a few kB, no framework, nothing from
+//!   another host: the machine may have no internet); its script reads the same `/v1` API with
+//!   the session's rights, so a tenant's page shows exactly what its API answers would.
+
+use crate::api::Caller;
+use crate::config::Config;
+use crate::engine::lock;
+use crate::users::Identity;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long a browser session lasts.
+const SESSION_LIFE: Duration = Duration::from_secs(12 * 3600);
+pub const COOKIE: &str = "orch_session";
+
+/// Live browser sessions.
+#[derive(Debug, Default)]
+pub struct Sessions {
+    by_id: Mutex<HashMap<String, Session>>,
+}
+
+#[derive(Debug, Clone)]
+struct Session {
+    caller: Caller,
+    expires: Instant,
+}
+
+impl Sessions {
+    /// A new session for `caller`; returns its id.
+    pub fn open(&self, caller: Caller) -> std::io::Result<String> {
+        let id = random_hex(32)?;
+        let mut map = lock(&self.by_id);
+        let now = Instant::now();
+        map.retain(|_, s| s.expires > now);
+        map.insert(
+            id.clone(),
+            Session {
+                caller,
+                expires: now + SESSION_LIFE,
+            },
+        );
+        Ok(id)
+    }
+
+    pub fn get(&self, id: &str) -> Option<Caller> {
+        let map = lock(&self.by_id);
+        map.get(id)
+            .filter(|s| s.expires > Instant::now())
+            .map(|s| s.caller.clone())
+    }
+
+    pub fn close(&self, id: &str) {
+        lock(&self.by_id).remove(id);
+    }
+}
+
+/// `n` random bytes from the kernel, in hex.
+fn random_hex(n: usize) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = vec![0u8; n];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Who a bearer token is: the tenants whose `tokens` list it, admin when `admin_tokens` does.
+/// `None`: no tenant and no admin knows it.
+pub fn caller_of_token(config: &Config, token: &str) -> Option<Caller> {
+    let (tenants, admin) = config.tenants_of_token(token);
+    if tenants.is_empty() && !admin {
+        return None;
+    }
+    let names: Vec<String> = tenants.iter().map(|t| t.name.clone()).collect();
+    let who = if admin {
+        "an admin token".to_string()
+    } else {
+        format!("a token of {}", names.join(", "))
+    };
+    Some(Caller {
+        identity: Identity {
+            uid: u32::MAX,
+            gid: u32::MAX,
+            name: who,
+            groups: Vec::new(),
+        },
+        tenants: names,
+        admin,
+        refused: None,
+        remote: true,
+        unauthenticated: false,
+    })
+}
+
+/// A caller over TCP with neither a valid token nor a session.
+pub fn anonymous() -> Caller {
+    Caller {
+        identity: Identity {
+            uid: u32::MAX,
+            gid: u32::MAX,
+            name: "anonymous".into(),
+            groups: Vec::new(),
+        },
+        tenants: Vec::new(),
+        admin: false,
+        refused: None,
+        remote: true,
+        unauthenticated: true,
+    }
+}
+
+/// The caller of a request over TCP: `Authorization: Bearer TOKEN`, else the session cookie.
+pub fn caller_of_request(
+    config: &Config,
+    sessions: &Sessions,
+    headers: &axum::http::HeaderMap,
+) -> Caller {
+    if let Some(value) = headers.get(axum::http::header::AUTHORIZATION)
+        && let Ok(text) = value.to_str()
+        && let Some(token) = text.strip_prefix("Bearer ")
+    {
+        return caller_of_token(config, token.trim()).unwrap_or_else(anonymous);
+    }
+    session_id(headers)
+        .and_then(|id| sessions.get(&id))
+        .unwrap_or_else(anonymous)
+}
+
+/// The session id in a request's cookies.
+pub fn session_id(headers: &axum::http::HeaderMap) -> Option<String> {
+    headers
+        .get_all(axum::http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == COOKIE)
+        .map(|(_, value)| value.to_string())
+}
+
+/// The dashboard (its data comes from the API, read by `app.js`).
+pub const PAGE: &str = include_str!("web/page.html");
+/// The dashboard's script.
+pub const SCRIPT: &str = include_str!("web/app.js");
+
+/// The login form, with `message` above it when a login failed.
+pub fn login_page(message: Option<&str>) -> String {
+    let note = message.map_or(String::new(), |m| {
+        format!("<p class=\"err\" role=\"alert\">{}</p>", html_escape(m))
+    });
+    LOGIN.replace("{{message}}", &note)
+}
+
+const LOGIN: &str = include_str!("web/login.html");
+
+/// Text safe inside HTML.
+pub fn html_escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;")
+}
+
+/// The form's `token` field from an `application/x-www-form-urlencoded` body.
+pub fn form_token(body: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(body).ok()?;
+    text.split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(k, _)| *k == "token")
+        .map(|(_, v)| percent_decode(v))
+}
+
+fn percent_decode(text: &str) -> String {
+    let hex = |b: u8| (b as char).to_digit(16);
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                match (
+                    bytes.get(i + 1).and_then(|&b| hex(b)),
+                    bytes.get(i + 2).and_then(|&b| hex(b)),
+                ) {
+                    (Some(hi), Some(lo)) => {
+                        out.push((hi * 16 + lo) as u8);
+                        i += 2;
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forms_and_cookies() {
+        assert_eq!(form_token(b"token=a%2Bb+c&x=1").as_deref(), Some("a+b c"));
+        assert_eq!(form_token(b"token=%zz").as_deref(), Some("%zz"));
+        assert_eq!(form_token(b"nothing=1"), None);
+        let mut headers = axum::http::HeaderMap::new();
+        headers.insert(
+            axum::http::header::COOKIE,
+            "a=1; orch_session=abc; b=2".parse().unwrap(),
+        );
+        assert_eq!(session_id(&headers).as_deref(), Some("abc"));
+        assert_eq!(
+            html_escape("<a href=\"x\">"),
+            "&lt;a href=&quot;x&quot;&gt;"
+        );
+        assert!(login_page(Some("<b>")).contains("&lt;b&gt;"));
+    }
+}
