@@ -1,7 +1,9 @@
 //! End-to-end tests of the `orch` binary: what a user types, what they read, the exit status.
 
+mod browser;
 mod devices;
 mod fairshare;
+mod operate;
 mod plan;
 mod run;
 mod serve;

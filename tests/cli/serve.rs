@@ -13,6 +13,8 @@ pub struct Daemon {
     pub config: Option<PathBuf>,
     pub socket: Option<PathBuf>,
     run_as: Option<(u32, u32)>,
+    /// `--devices` (default: the 8-GPU lab sim).
+    pub devices: Option<String>,
 }
 
 impl Daemon {
@@ -32,6 +34,7 @@ impl Daemon {
             config: None,
             socket: None,
             run_as: None,
+            devices: None,
         };
         d.restart();
         d
@@ -48,6 +51,7 @@ impl Daemon {
             config: None,
             socket: None,
             run_as: None,
+            devices: None,
         }
     }
 
@@ -61,7 +65,7 @@ impl Daemon {
     pub fn restart(&mut self) {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_orch"));
         cmd.arg("serve")
-            .env("ORCH_DEVICES", lab_sim())
+            .env("ORCH_DEVICES", self.devices.clone().unwrap_or_else(lab_sim))
             .env("ORCH_STATE_DIR", &self.state)
             .env_remove("CUDA_VISIBLE_DEVICES")
             .stdin(Stdio::null())
@@ -116,7 +120,7 @@ impl Daemon {
     pub fn client(&self, args: &[&str]) -> std::process::Output {
         let socket = self.socket().display().to_string();
         let state = self.state.display().to_string();
-        let sim = lab_sim();
+        let sim = self.devices.clone().unwrap_or_else(lab_sim);
         orch(
             args,
             &[

@@ -128,6 +128,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/metrics", get(metrics))
         .route("/", get(page))
         .route("/app.js", get(script))
+        .route("/favicon.ico", get(|| async { StatusCode::NO_CONTENT }))
         .route("/login", post(login))
         .route("/logout", post(logout))
         .fallback(|| async {

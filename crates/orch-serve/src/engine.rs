@@ -727,6 +727,9 @@ impl Engine {
         });
         *lock(&self.shared.standing) = sched.standing(now);
         self.sched = sched;
+        if !report.started.is_empty() {
+            self.publish_leases();
+        }
         self.shared.metrics.pass(started.elapsed().as_secs_f64());
         if let Some(seconds) = report.policy_seconds {
             self.shared.metrics.decision("queue", seconds);
@@ -964,8 +967,11 @@ impl Engine {
             .name("orch-devices".into())
             .spawn(move || {
                 let mut store = LeaseStore::open(&shared.state_dir);
+                let mut first = true;
                 loop {
-                    std::thread::sleep(INVENTORY_MAX_AGE);
+                    if !std::mem::take(&mut first) {
+                        std::thread::sleep(INVENTORY_MAX_AGE);
+                    }
                     let inventory = match shared
                         .devices
                         .parse::<InventorySpec>()
@@ -994,6 +1000,19 @@ impl Engine {
                     };
                 }
             });
+    }
+
+    /// Publishes the leases as they are now (and the foreign processes against them): after a
+    /// job started or ended, the API shows it at once rather than at the next reading.
+    fn publish_leases(&mut self) {
+        let Ok(leases) = self.store.active() else {
+            return;
+        };
+        let inventory = Arc::clone(&lock(&self.shared.machine).inventory);
+        let foreign = Arc::new(orch_runner::foreign_processes(&inventory, &leases));
+        let mut view = lock(&self.shared.machine);
+        view.leases = Arc::new(leases);
+        view.foreign = foreign;
     }
 
     fn refresh_inventory(&mut self) {
@@ -1246,7 +1265,7 @@ impl Engine {
     fn release(&mut self, lease_id: &Option<String>) {
         if let Some(lease) = lease_id {
             match self.store.release_unless_held(lease, &[Holder::current()]) {
-                Ok(true) => {}
+                Ok(true) => self.publish_leases(),
                 Ok(false) => tracing::warn!(
                     "lease {lease} stays: a process of its job still runs; the devices are free once it ends"
                 ),
