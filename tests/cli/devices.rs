@@ -81,6 +81,7 @@ fn json_has_exactly_the_documented_fields() {
         "compute_capability",
         "pci_bus_id",
         "processes",
+        "foreign_processes",
     ];
     expected.sort_unstable();
     assert_eq!(keys, expected);
@@ -88,6 +89,9 @@ fn json_has_exactly_the_documented_fields() {
     assert_eq!(devices[0]["compute_capability"], "9.0");
     assert_eq!(devices[0]["processes"][0]["pid"], 31337);
     assert_eq!(devices[3]["processes"].as_array().unwrap().len(), 2);
+    // No lease covers the lab's processes: nobody scheduled them through orch.
+    assert_eq!(devices[0]["foreign_processes"][0]["pid"], 31337);
+    assert_eq!(devices[1]["foreign_processes"], serde_json::json!([]));
 }
 
 #[test]

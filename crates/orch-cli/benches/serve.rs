@@ -320,6 +320,76 @@ fn memory_with_history(finished: usize) -> (f64, f64) {
     (at_start, d.rss_mib())
 }
 
+/// `/metrics` with 64 GPUs and `jobs` jobs in the table (states and tenants mixed), scraped 200
+/// times over the socket: p50 and p99 in ms, and the page's size. Then the web page's first load:
+/// the page, its script and the four API answers its first refresh reads, in bytes.
+fn metrics_scrape(jobs: usize) -> (f64, f64, usize, usize) {
+    let dir = scratch("metrics");
+    let sim = sim_file(&dir, 64);
+    {
+        let d = Daemon::start(&dir, &sim);
+        drop(d);
+    }
+    let conn = rusqlite::Connection::open(dir.join("jobs.sqlite3")).unwrap();
+    conn.execute_batch("BEGIN").unwrap();
+    {
+        let mut stmt = conn
+            .prepare(
+                "INSERT INTO jobs (name, tenant, user, uid, state, gpus, priority, requeue,
+                 submitted_at_ms, started_at_ms, ended_at_ms, exit_code, attempt, submission)
+                 VALUES ('done', ?1, 'alice', 1000, ?2, 1, 0, 0, ?3, ?3, ?3, 0, 1, '{}')",
+            )
+            .unwrap();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        let states = ["succeeded", "failed", "cancelled", "lost"];
+        for i in 0..jobs {
+            stmt.execute(rusqlite::params![
+                format!("tenant-{}", i % 20),
+                states[i % states.len()],
+                now
+            ])
+            .unwrap();
+        }
+    }
+    conn.execute_batch("COMMIT").unwrap();
+    let d = Daemon::start(&dir, &sim);
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut times = Vec::new();
+    let mut size = 0;
+    for _ in 0..200 {
+        let t = Instant::now();
+        let (status, body) = http(&d.socket, "GET", "/metrics", "");
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(status, 200, "{body}");
+        size = body.len();
+    }
+    times.sort_by(f64::total_cmp);
+    let first_load: usize = [
+        "/",
+        "/app.js",
+        "/v1/whoami",
+        "/v1/devices",
+        "/v1/jobs?events=true&all=true&recent=20",
+        "/v1/tenants",
+    ]
+    .iter()
+    .map(|path| {
+        let (status, body) = http(&d.socket, "GET", path, "");
+        assert_eq!(status, 200, "{path}: {body}");
+        body.len()
+    })
+    .sum();
+    (
+        percentile(&times, 0.5),
+        percentile(&times, 0.99),
+        size,
+        first_load,
+    )
+}
+
 fn main() {
     println!(
         "orch serve benchmarks (release build, {} CPUs)",
@@ -343,6 +413,15 @@ fn main() {
             "one scheduling pass, 10,000 queued, 64 GPUs, {free} free: {ms:.1} ms   (goal <= 50 ms)"
         );
     }
+    let (p50, p99, size, first_load) = metrics_scrape(10_000);
+    println!(
+        "/metrics, 64 GPUs, 10,000 jobs in the table: p50 {p50:.2} ms, p99 {p99:.2} ms, {} KiB   (goal <= 5 ms)",
+        size / 1024
+    );
+    println!(
+        "web page first load (page, script, first refresh's API answers; 64 GPUs): {:.1} KiB   (goal <= 100 KB)",
+        first_load as f64 / 1024.0
+    );
     let (start, listed) = memory_with_history(100_000);
     println!(
         "RSS with 100,000 finished jobs: {start:.1} MiB at start, {listed:.1} MiB after listing   (goal <= 200 MiB)"

@@ -386,6 +386,9 @@ struct ListQuery {
     /// At most this many of the newest jobs.
     #[serde(default)]
     limit: Option<u32>,
+    /// Every queued and running job, and this many of the newest that ended (the web page).
+    #[serde(default)]
+    recent: Option<usize>,
 }
 
 /// Most jobs one listing returns.
@@ -410,6 +413,17 @@ async fn list(
         .filter(|r| visible_to(&caller, r))
         .map(|r| with_reason(r, &reasons))
         .collect();
+    if let Some(recent) = q.recent {
+        let ended = rows.iter().filter(|r| r.state.is_final()).count();
+        let mut skip = ended.saturating_sub(recent);
+        rows.retain(|r| {
+            if r.state.is_final() && skip > 0 {
+                skip -= 1;
+                return false;
+            }
+            true
+        });
+    }
     if rows.len() > limit as usize {
         rows.drain(..rows.len() - limit as usize);
     }

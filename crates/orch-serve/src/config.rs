@@ -97,6 +97,8 @@ struct RawConfig {
     #[serde(default)]
     admin_tokens: Vec<String>,
     foreign: Option<String>,
+    tls_cert: Option<String>,
+    tls_key: Option<String>,
     #[serde(default)]
     tenant: Vec<RawTenant>,
 }
@@ -192,6 +194,18 @@ impl Config {
                     }),
                 }
             };
+        if raw.tls_cert.is_some() || raw.tls_key.is_some() {
+            let key = if raw.tls_cert.is_some() {
+                "tls_cert"
+            } else {
+                "tls_key"
+            };
+            return Err(at(
+                key,
+                format!("{key}: this orch serves plain HTTP only; it does not terminate TLS"),
+                "remove tls_cert and tls_key, keep listen on loopback, and put the machine's TLS proxy (nginx, Caddy) in front of it",
+            ));
+        }
         let listen = match raw.listen.as_deref() {
             None => None,
             Some(text) => Some(text.parse::<std::net::SocketAddr>().map_err(|_| {
@@ -429,6 +443,39 @@ groups = ["nlp-lab"]
             e.contains("serve.toml:1") && e.contains("not a duration"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_listener_and_its_tokens() {
+        let hash = format!("sha256:{}", "ab".repeat(32));
+        let c = parse(&format!(
+            "listen = \"127.0.0.1:7878\"\nadmin_tokens = [\"{hash}\"]\nforeign = \"avoid\"\n[[tenant]]\nname = \"a\"\ntokens = [\"{hash}\"]\nidle_timeout = \"2h\"\n"
+        ))
+        .unwrap();
+        assert_eq!(c.listen, Some("127.0.0.1:7878".parse().unwrap()));
+        assert!(c.avoid_foreign);
+        assert_eq!(c.tenants[0].idle_timeout, Some(Duration::from_secs(7200)));
+        assert_eq!(c.tenants[0].idle_utilization, DEFAULT_IDLE_UTILIZATION);
+        let e = parse("listen = \"localhost\"\n[[tenant]]\nname = \"a\"\nusers = [\"x\"]\n")
+            .unwrap_err();
+        assert!(
+            e.contains("serve.toml:1") && e.contains("not an address"),
+            "{e}"
+        );
+        let e = parse("[[tenant]]\nname = \"a\"\ntokens = [\"plain-secret\"]\n").unwrap_err();
+        assert!(
+            e.contains("serve.toml:3") && e.contains("not a token hash"),
+            "{e}"
+        );
+        let e = parse("tls_cert = \"/etc/x.pem\"\n[[tenant]]\nname = \"a\"\nusers = [\"x\"]\n")
+            .unwrap_err();
+        assert!(e.contains("does not terminate TLS"), "{e}");
+        let e =
+            parse("foreign = \"evict\"\n[[tenant]]\nname = \"a\"\nusers = [\"x\"]\n").unwrap_err();
+        assert!(e.contains("serve.toml:1"), "{e}");
+        let e = parse("[[tenant]]\nname = \"a\"\nusers = [\"x\"]\nidle_utilization = 150\n")
+            .unwrap_err();
+        assert!(e.contains("serve.toml:4") && e.contains("percent"), "{e}");
     }
 
     #[test]

@@ -38,7 +38,12 @@ type Foreign = BTreeMap<String, Vec<orch_devices::GpuProcess>>;
 /// The processes no lease covers, against this machine's lease store (none when it cannot be
 /// read: a reader without a state folder sees no leases, so nothing is called foreign wrongly).
 fn foreign(inventory: &Inventory) -> Foreign {
-    match orch_leases::LeaseStore::open_default().and_then(|mut s| s.active()) {
+    // Listing devices creates no state folder: with no lease store there are no leases.
+    let dir = orch_leases::default_state_dir();
+    if !dir.join("leases.sqlite3").is_file() {
+        return orch_runner::foreign_processes(inventory, &[]);
+    }
+    match orch_leases::LeaseStore::open(&dir).and_then(|mut s| s.active()) {
         Ok(leases) => orch_runner::foreign_processes(inventory, &leases),
         Err(e) => {
             tracing::debug!("no lease store to tell foreign processes by: {e}");

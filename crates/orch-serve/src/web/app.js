@@ -101,7 +101,7 @@
   async function refresh() {
     const status = document.getElementById("status");
     try {
-      const [who, devices, list, ts] = await Promise.all([get("/v1/whoami"), get("/v1/devices"), get("/v1/jobs?events=true&all=true&limit=200"), get("/v1/tenants")]);
+      const [who, devices, list, ts] = await Promise.all([get("/v1/whoami"), get("/v1/devices"), get("/v1/jobs?events=true&all=true&recent=20"), get("/v1/tenants")]);
       document.getElementById("viewer").textContent = "· " + who.name + (who.admin ? " (admin)" : "");
       fill("gpus", gpus(devices));
       fill("jobs", jobs(list.slice().reverse()));
