@@ -240,8 +240,11 @@ fn usage_of(d: &Daemon, tenant: &str) -> f64 {
 fn usage_recorded_while_a_job_runs_survives_a_crash() {
     let config = "[[tenant]]\nname = \"lab\"\nusers = [\"{me}\"]\n";
     let mut d = daemon("usagecrash", config);
-    let id = d.submit(&["--gpus", "8", "--", "sleep", "60"]);
+    let id = d.submit(&["--gpus", "7", "--", "sleep", "60"]);
     d.wait_state(&id, "running");
+    // A second job, whose supervisor survives the crash: adopted again, and it says so.
+    let kept = d.submit(&["--gpus", "1", "--", "sleep", "60"]);
+    d.wait_state(&kept, "running");
     std::thread::sleep(Duration::from_secs(12));
     let pid = supervisor_pid(&d, &id, 1);
     d.kill9();
@@ -252,12 +255,18 @@ fn usage_recorded_while_a_job_runs_survives_a_crash() {
     d.restart();
     let s = d.wait_state(&id, "lost");
     let used = usage_of(&d, "lab");
-    // At least the sample after 10 s of 8 devices; not more than the 13 s it could have run.
-    assert!(
-        (80.0..=8.0 * 13.0).contains(&used),
-        "{used} GPU-seconds; {s}"
-    );
-    assert!(s["gpu_seconds"].as_f64().unwrap() >= 80.0, "{s}");
+    // The lost job: at least its sample after 10 s of 7 devices, at most the 13 s it could have
+    // run; the adopted one: charged on through the crash, about 14 s of 1 device.
+    assert!((80.0..=120.0).contains(&used), "{used} GPU-seconds; {s}");
+    assert!(s["gpu_seconds"].as_f64().unwrap() >= 70.0, "{s}");
+    let kinds: Vec<String> = d.status(&kept)["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(kinds, ["queued", "started", "adopted"]);
+    assert!(d.client(&["cancel", &kept]).status.success());
 }
 
 fn queue_fixture(name: &str) -> String {
