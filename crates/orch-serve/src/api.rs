@@ -718,26 +718,18 @@ async fn login(
             );
         }
     };
-    (
-        StatusCode::SEE_OTHER,
-        [
-            (axum::http::header::LOCATION, "/".to_string()),
-            (
-                axum::http::header::SET_COOKIE,
-                format!(
-                    "{}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age=43200",
-                    crate::web::COOKIE
-                ),
-            ),
-        ],
-    )
-        .into_response()
+    home_with_session(&id, 43200)
 }
 
 async fn logout(AxState(shared): AxState<Arc<Shared>>, headers: axum::http::HeaderMap) -> Response {
     if let Some(id) = crate::web::session_id(&headers) {
         shared.sessions.close(&id);
     }
+    home_with_session("", 0)
+}
+
+/// A redirect to the page that sets (or, with an empty id and no age, clears) the session cookie.
+fn home_with_session(id: &str, max_age_s: u32) -> Response {
     (
         StatusCode::SEE_OTHER,
         [
@@ -745,7 +737,7 @@ async fn logout(AxState(shared): AxState<Arc<Shared>>, headers: axum::http::Head
             (
                 axum::http::header::SET_COOKIE,
                 format!(
-                    "{}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0",
+                    "{}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age_s}",
                     crate::web::COOKIE
                 ),
             ),
