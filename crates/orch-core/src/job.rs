@@ -33,6 +33,10 @@ pub struct JobSpec {
     /// `[job] tags`: free words a queue policy may act on ("paper-deadline").
     pub tags: Vec<String>,
     pub resources: Resources,
+    /// `[slurm]`: `sbatch` options for `orch submit --slurm`.
+    pub slurm: SlurmSpec,
+    /// `[sweep]`: parameter lists; the job runs once per combination (their cross product).
+    pub sweep: Sweep,
     pub policy: PolicySpec,
     pub work: Work,
 }
@@ -40,8 +44,10 @@ pub struct JobSpec {
 /// `[resources]`: what placement must find.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Resources {
-    /// How many devices (default 1).
+    /// How many devices (default 1); per node when `nodes` > 1.
     pub gpus: u32,
+    /// How many machines (default 1): more is for Slurm (`orch submit --slurm`).
+    pub nodes: u32,
     /// Where `gpus` is written (the table, or the file start when defaulted).
     pub gpus_at: Location,
     pub min_free_memory: Option<ByteSize>,
@@ -52,6 +58,65 @@ pub struct Resources {
     /// Stop a command job whose processes exceed `memory_limit` on a real GPU (default false:
     /// the excess is reported).
     pub enforce_memory_limit: bool,
+}
+
+/// `[slurm]`: the `sbatch` options a job file may set. Values reach a batch script's `#SBATCH`
+/// lines, so none may hold a line break or another control character.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SlurmSpec {
+    /// `(option, value)` by key: `partition`, `account`, `qos`, `constraint`, ... as
+    /// `sbatch --partition=VALUE` etc.
+    pub options: Vec<(String, String)>,
+    /// `gpu_type`: the GPU type in `--gres=gpu:TYPE:N`.
+    pub gpu_type: Option<String>,
+}
+
+/// The `[slurm]` keys that become `sbatch` options (`gpu_type` goes into `--gres`).
+pub const SLURM_OPTIONS: &[&str] = &[
+    "partition",
+    "account",
+    "qos",
+    "constraint",
+    "reservation",
+    "cpus_per_task",
+    "mem",
+    "mem_per_gpu",
+    "exclude",
+    "nodelist",
+    "mail_user",
+    "mail_type",
+    "begin",
+];
+
+/// `[sweep]`: each key with its values, keys in alphabetical order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sweep {
+    pub params: Vec<(String, Vec<String>)>,
+}
+
+impl Sweep {
+    pub fn is_empty(&self) -> bool {
+        self.params.is_empty()
+    }
+
+    /// How many combinations (1 without a sweep).
+    pub fn len(&self) -> usize {
+        self.params.iter().map(|(_, v)| v.len()).product()
+    }
+
+    /// Combination `task` (0-based; the last key varies fastest), as `(key, value)` pairs.
+    pub fn task(&self, task: usize) -> Option<Vec<(String, String)>> {
+        if task >= self.len() {
+            return None;
+        }
+        let mut rest = task;
+        let mut out = vec![(String::new(), String::new()); self.params.len()];
+        for (i, (key, values)) in self.params.iter().enumerate().rev() {
+            out[i] = (key.clone(), values[rest % values.len()].clone());
+            rest /= values.len();
+        }
+        Some(out)
+    }
 }
 
 /// `[policy]`: which plugin chooses, with its configuration as strings.
@@ -208,6 +273,8 @@ fn toml_error(path: &Path, text: &str, err: &toml::de::Error) -> InputError {
 struct RawJob {
     job: RawJobTable,
     resources: Option<Spanned<RawResources>>,
+    slurm: Option<toml::Table>,
+    sweep: Option<toml::Table>,
     policy: Option<RawPolicy>,
     command: Option<Spanned<RawCommand>>,
     train: Option<Spanned<RawTrain>>,
@@ -233,6 +300,7 @@ struct RawJobTable {
 #[serde(deny_unknown_fields)]
 struct RawResources {
     gpus: Option<Spanned<i64>>,
+    nodes: Option<Spanned<i64>>,
     min_free_memory: Option<ByteSize>,
     max_utilization: Option<Spanned<i64>>,
     memory_limit: Option<Spanned<ByteSize>>,
@@ -327,6 +395,21 @@ impl Checker<'_> {
                 .with_hint("name the job, such as name = \"mnist-mlp\""));
         }
         let work = self.work(raw.command, raw.train, name.get_ref().trim())?;
+        let resources = self.resources(raw.resources)?;
+        if resources.nodes > 1 && matches!(work, Work::Train(_)) {
+            let at = self.text.find("nodes").unwrap_or(0);
+            return Err(self
+                .at(
+                    at..at,
+                    format!(
+                        "nodes = {}: a [train] job runs within one machine (its replicas share the host's memory for gradients)",
+                        resources.nodes
+                    ),
+                )
+                .with_hint("use nodes = 1 with more gpus, or a [command] job (PyTorch DDP, JAX, TensorFlow) across nodes"));
+        }
+        let slurm = self.slurm(raw.slurm)?;
+        let sweep = self.sweep(raw.sweep)?;
         let max_runtime = match &raw.job.max_runtime {
             None => None,
             Some(text) => Some(parse_duration(text.get_ref()).ok_or_else(|| {
@@ -347,7 +430,9 @@ impl Checker<'_> {
             requeue: raw.job.requeue,
             preemptible: raw.job.preemptible,
             tags: raw.job.tags,
-            resources: self.resources(raw.resources)?,
+            resources,
+            slurm,
+            sweep,
             policy: self.policy(raw.policy)?,
             work,
         })
@@ -357,6 +442,7 @@ impl Checker<'_> {
         let Some(raw) = raw else {
             return Ok(Resources {
                 gpus: 1,
+                nodes: 1,
                 gpus_at: Location::from_offset(self.path, self.text, 0),
                 min_free_memory: None,
                 max_utilization: None,
@@ -378,6 +464,15 @@ impl Checker<'_> {
                     .with_hint(format!("ask for 1 to {MAX_GPUS} devices")));
             }
             Some(gpus) => (*gpus.get_ref() as u32, gpus.span()),
+        };
+        let nodes = match raw.nodes {
+            None => 1,
+            Some(n) if !(1..=MAX_GPUS).contains(n.get_ref()) => {
+                return Err(self
+                    .at(n.span(), format!("nodes = {} is impossible", n.get_ref()))
+                    .with_hint(format!("ask for 1 to {MAX_GPUS} machines")));
+            }
+            Some(n) => *n.get_ref() as u32,
         };
         let max_utilization = match raw.max_utilization {
             None => None,
@@ -410,6 +505,7 @@ impl Checker<'_> {
         }
         Ok(Resources {
             gpus,
+            nodes,
             gpus_at: Location::from_offset(self.path, self.text, gpus_at.start),
             min_free_memory: raw.min_free_memory,
             max_utilization,
@@ -417,6 +513,90 @@ impl Checker<'_> {
             exclusive: raw.exclusive.unwrap_or(true),
             enforce_memory_limit: raw.enforce_memory_limit.is_some_and(|e| *e.get_ref()),
         })
+    }
+
+    /// The place of `key` in table `[name]` (for messages about a value of a plain table).
+    fn key_at(&self, table: &str, key: &str) -> Range<usize> {
+        let start = self.text.find(&format!("[{table}]")).unwrap_or(0);
+        let at = self.text[start..].find(key).map_or(start, |i| start + i);
+        at..at + key.len()
+    }
+
+    fn slurm(&self, raw: Option<toml::Table>) -> Result<SlurmSpec, InputError> {
+        let mut spec = SlurmSpec::default();
+        for (key, value) in raw.into_iter().flatten() {
+            let at = self.key_at("slurm", &key);
+            let text = match &value {
+                toml::Value::String(s) => s.clone(),
+                toml::Value::Integer(i) => i.to_string(),
+                _ => {
+                    return Err(self
+                        .at(at, format!("[slurm] {key} must be a string or a number"))
+                        .with_hint(format!("such as {key} = \"gpu\"")));
+                }
+            };
+            if text.trim().is_empty() || text.chars().any(char::is_control) {
+                return Err(self
+                    .at(
+                        at,
+                        format!(
+                            "[slurm] {key} is empty or holds a line break or control character"
+                        ),
+                    )
+                    .with_hint("give one plain value; it becomes one #SBATCH line"));
+            }
+            if key == "gpu_type" {
+                spec.gpu_type = Some(text);
+            } else if SLURM_OPTIONS.contains(&key.as_str()) {
+                spec.options.push((key, text));
+            } else {
+                return Err(self
+                    .at(at, format!("unknown [slurm] key `{key}`"))
+                    .with_hint(format!(
+                        "known keys: gpu_type, {}",
+                        SLURM_OPTIONS.join(", ")
+                    )));
+            }
+        }
+        Ok(spec)
+    }
+
+    fn sweep(&self, raw: Option<toml::Table>) -> Result<Sweep, InputError> {
+        let mut params = Vec::new();
+        for (key, value) in raw.into_iter().flatten() {
+            let at = self.key_at("sweep", &key);
+            let list = match &value {
+                toml::Value::Array(list) if !list.is_empty() => list,
+                _ => {
+                    return Err(self
+                        .at(at, format!("[sweep] {key} is not a list of values"))
+                        .with_hint(format!("such as {key} = [0.1, 0.05, 0.01]")));
+                }
+            };
+            let mut values = Vec::with_capacity(list.len());
+            for v in list {
+                values.push(match v {
+                    toml::Value::String(s) if !s.chars().any(char::is_control) => s.clone(),
+                    toml::Value::Integer(i) => i.to_string(),
+                    toml::Value::Float(f) => f.to_string(),
+                    toml::Value::Boolean(b) => b.to_string(),
+                    _ => {
+                        return Err(self
+                            .at(at, format!("[sweep] {key} holds a value that is not a plain string, number or boolean"))
+                            .with_hint("sweep over numbers, words or booleans"));
+                    }
+                });
+            }
+            params.push((key, values));
+        }
+        let sweep = Sweep { params };
+        if sweep.len() > 10_000 {
+            let at = self.key_at("sweep", "");
+            return Err(self
+                .at(at, format!("[sweep] makes {} combinations", sweep.len()))
+                .with_hint("sweep over at most 10,000 combinations per job file"));
+        }
+        Ok(sweep)
     }
 
     fn policy(&self, raw: Option<RawPolicy>) -> Result<PolicySpec, InputError> {

@@ -83,10 +83,19 @@ impl InputError {
     }
 }
 
-/// `text` with its control characters escaped the way Rust writes them in a string literal.
+/// The longest message or hint kept, in characters: a value quoted in a message (TOML's
+/// parser quotes whole strings) must not turn one sentence into pages.
+const MAX_CHARS: usize = 1000;
+
+/// `text` with its control characters escaped the way Rust writes them in a string literal, cut
+/// after [`MAX_CHARS`] characters.
 fn one_line(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
+    let mut out = String::with_capacity(text.len().min(4 * MAX_CHARS));
+    for (n, c) in text.chars().enumerate() {
+        if n == MAX_CHARS {
+            out.push('…');
+            break;
+        }
         if c.is_control() {
             out.extend(c.escape_default());
         } else {
@@ -99,6 +108,14 @@ fn one_line(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_quoted_value_is_cut() {
+        let text = format!("a = \"{}\"\n", "[".repeat(5000));
+        let err = toml::from_str::<std::collections::BTreeMap<String, i64>>(&text).unwrap_err();
+        let e = InputError::from_toml(Path::new("f.toml"), &text, &err).to_string();
+        assert!(e.len() < 4096 && e.contains('…'), "{}", e.len());
+    }
 
     #[test]
     fn offsets_map_to_one_based_line_and_column() {

@@ -19,6 +19,50 @@ pub struct JobEnv {
     pub exclusive: bool,
     /// The job's own variables (`[command] env`); they win over orch's, except the device ones.
     pub extra: BTreeMap<String, String>,
+    /// The machines of a job that spans several (Slurm): this one's place among them.
+    pub cluster: Option<Cluster>,
+}
+
+/// A job across machines: one `orch run` per node, each launching its node's processes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cluster {
+    /// This node's rank (`SLURM_NODEID`).
+    pub node_rank: u32,
+    /// Every node's host name, in rank order (the allocation's).
+    pub hosts: Vec<String>,
+    /// Rendezvous port on the first host.
+    pub master_port: u16,
+}
+
+impl Cluster {
+    pub fn nodes(&self) -> usize {
+        self.hosts.len()
+    }
+
+    pub fn master_addr(&self) -> &str {
+        self.hosts.first().map_or("127.0.0.1", String::as_str)
+    }
+
+    /// TensorFlow's `TF_CONFIG` for worker `index` of a cluster whose workers are each node's
+    /// `per_node` processes (ports after the rendezvous port).
+    pub fn tf_config(&self, per_node: usize, index: usize) -> String {
+        let workers: Vec<String> = self
+            .hosts
+            .iter()
+            .flat_map(|host| {
+                (0..per_node).map(move |local| {
+                    format!(
+                        "\"{host}:{}\"",
+                        u32::from(self.master_port) + 1 + local as u32
+                    )
+                })
+            })
+            .collect();
+        format!(
+            "{{\"cluster\": {{\"worker\": [{}]}}, \"task\": {{\"type\": \"worker\", \"index\": {index}}}}}",
+            workers.join(", ")
+        )
+    }
 }
 
 /// The variables process `rank` of a job gets (`None`: the single process of a `single` launch);
@@ -42,15 +86,43 @@ pub fn process_env(
     vars.insert("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into());
     vars.insert("ORCH_JOB_ID".into(), job.job_id.clone());
     memory_vars(job, &devices, &mut vars);
-    if let Some(rank) = rank {
-        let world = job.devices.len().to_string();
-        vars.insert("RANK".into(), rank.to_string());
-        vars.insert("LOCAL_RANK".into(), rank.to_string());
-        vars.insert("WORLD_SIZE".into(), world.clone());
-        vars.insert("LOCAL_WORLD_SIZE".into(), world);
-        vars.insert("GROUP_RANK".into(), "0".into());
-        vars.insert("MASTER_ADDR".into(), "127.0.0.1".into());
-        vars.insert("MASTER_PORT".into(), master_port.to_string());
+    match (&job.cluster, rank) {
+        (None, Some(rank)) => {
+            let world = job.devices.len().to_string();
+            vars.insert("RANK".into(), rank.to_string());
+            vars.insert("LOCAL_RANK".into(), rank.to_string());
+            vars.insert("WORLD_SIZE".into(), world.clone());
+            vars.insert("LOCAL_WORLD_SIZE".into(), world);
+            vars.insert("GROUP_RANK".into(), "0".into());
+            vars.insert("MASTER_ADDR".into(), "127.0.0.1".into());
+            vars.insert("MASTER_PORT".into(), master_port.to_string());
+        }
+        // Across nodes: torchrun's variables from the node's rank, and TF_CONFIG. A single launch
+        // is one process per node; a per-device launch one per device of each node.
+        (Some(cluster), rank) => {
+            let per_node = if rank.is_some() {
+                job.devices.len().max(1)
+            } else {
+                1
+            };
+            let local = rank.unwrap_or(0);
+            let global = cluster.node_rank as usize * per_node + local;
+            vars.insert("RANK".into(), global.to_string());
+            vars.insert("LOCAL_RANK".into(), local.to_string());
+            vars.insert(
+                "WORLD_SIZE".into(),
+                (cluster.nodes() * per_node).to_string(),
+            );
+            vars.insert("LOCAL_WORLD_SIZE".into(), per_node.to_string());
+            vars.insert("GROUP_RANK".into(), cluster.node_rank.to_string());
+            vars.insert("NODE_RANK".into(), cluster.node_rank.to_string());
+            vars.insert("NNODES".into(), cluster.nodes().to_string());
+            vars.insert("MASTER_ADDR".into(), cluster.master_addr().to_string());
+            vars.insert("MASTER_PORT".into(), cluster.master_port.to_string());
+            vars.entry("TF_CONFIG".into())
+                .or_insert_with(|| cluster.tf_config(per_node, global));
+        }
+        (None, None) => {}
     }
     vars
 }
@@ -106,7 +178,46 @@ mod tests {
                 ("WANDB_MODE".into(), "offline".into()),
                 ("CUDA_VISIBLE_DEVICES".into(), "7".into()),
             ]),
+            cluster: None,
         }
+    }
+
+    #[test]
+    fn across_nodes_ranks_follow_the_node_and_tf_config_names_every_worker() {
+        let mut job = job();
+        job.cluster = Some(Cluster {
+            node_rank: 1,
+            hosts: vec!["gpu-a".into(), "gpu-b".into()],
+            master_port: 21234,
+        });
+        // Per-device launch: two processes per node, this is node 1's second.
+        let vars = process_env(&job, Some(1), 0);
+        for (key, value) in [
+            ("RANK", "3"),
+            ("LOCAL_RANK", "1"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("NODE_RANK", "1"),
+            ("GROUP_RANK", "1"),
+            ("NNODES", "2"),
+            ("MASTER_ADDR", "gpu-a"),
+            ("MASTER_PORT", "21234"),
+            ("CUDA_VISIBLE_DEVICES", "MIG-bbbb"),
+        ] {
+            assert_eq!(vars[key], value, "{key}");
+        }
+        let tf: serde_json::Value = serde_json::from_str(&vars["TF_CONFIG"]).unwrap();
+        assert_eq!(
+            tf["cluster"]["worker"],
+            serde_json::json!(["gpu-a:21235", "gpu-a:21236", "gpu-b:21235", "gpu-b:21236"])
+        );
+        assert_eq!(tf["task"]["index"], 3);
+        // A single launch: one process per node.
+        let vars = process_env(&job, None, 0);
+        assert_eq!(
+            (vars["RANK"].as_str(), vars["WORLD_SIZE"].as_str()),
+            ("1", "2")
+        );
     }
 
     #[test]

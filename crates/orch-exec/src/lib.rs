@@ -22,7 +22,7 @@ mod terminal;
 mod watch;
 
 pub use cgroup::{JobCgroup, kill as kill_cgroup, prime_migration as prime_cgroup_migration};
-pub use env::{AssignedDevice, JobEnv, process_env};
+pub use env::{AssignedDevice, Cluster, JobEnv, process_env};
 pub use launch::{
     Credentials, ExecError, ExitOutcome, LaunchSpec, Launched, Monitor, StdioMode, Stopper, launch,
     start,

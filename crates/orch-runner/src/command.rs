@@ -23,6 +23,8 @@ pub struct ProcessOptions {
     /// Forward the signals orch receives to the job (`orch run`).
     pub forward_signals: bool,
     pub grace: Duration,
+    /// This node's place when the job spans several machines (Slurm).
+    pub cluster: Option<orch_exec::Cluster>,
 }
 
 impl Default for ProcessOptions {
@@ -34,6 +36,7 @@ impl Default for ProcessOptions {
             cwd: None,
             forward_signals: true,
             grace: GRACE,
+            cluster: None,
         }
     }
 }
@@ -51,7 +54,10 @@ pub(crate) fn launch_spec(
         argv: command.argv.clone(),
         // A job file's command runs in the job's folder, where its relative paths resolve.
         cwd: Some(options.cwd.clone().unwrap_or_else(|| job.dir.clone())),
-        job: job_env(job, command, lease, plan, inventory),
+        job: JobEnv {
+            cluster: options.cluster.clone(),
+            ..job_env(job, command, lease, plan, inventory)
+        },
         per_device: command.launch == Launch::PerDevice,
         grace: options.grace,
         stdio: options.stdio.clone(),
@@ -93,6 +99,7 @@ fn job_env(
         memory_limit_bytes: job.resources.memory_limit.map(ByteSize::bytes),
         exclusive: job.resources.exclusive,
         extra: command.env.clone(),
+        cluster: None,
     }
 }
 

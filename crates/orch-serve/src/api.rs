@@ -238,6 +238,20 @@ async fn submit(
             )
         })?,
     };
+    if spec.resources.nodes > 1 || !spec.sweep.is_empty() {
+        let what = if spec.resources.nodes > 1 {
+            format!("nodes = {}", spec.resources.nodes)
+        } else {
+            "[sweep]".to_string()
+        };
+        return Err(err(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "{}: {what} is for Slurm: this daemon serves one machine, one job per submission; submit it with `orch submit --slurm`",
+                request.job_path
+            ),
+        ));
+    }
     let max_queued = shared.config.tenant(&tenant).and_then(|t| t.max_queued);
     if let Some(max) = shared.config.tenant(&tenant).and_then(|t| t.max_priority)
         && spec.priority > max

@@ -257,6 +257,7 @@ fn run(
         cwd: Some(PathBuf::from(&sub.cwd)),
         forward_signals: false,
         grace: Duration::from_secs_f64(spec.grace_s),
+        cluster: None,
     };
     let placement = Placement {
         lease,

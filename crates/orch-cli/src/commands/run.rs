@@ -141,8 +141,11 @@ fn quick_job(args: &RunArgs) -> Result<JobSpec, Failure> {
         requeue: false,
         preemptible: false,
         tags: Vec::new(),
+        slurm: Default::default(),
+        sweep: Default::default(),
         resources: Resources {
             gpus,
+            nodes: 1,
             gpus_at: at.clone(),
             min_free_memory: size("--min-free-memory", &args.min_free_memory)?,
             max_utilization: args.max_utilization,

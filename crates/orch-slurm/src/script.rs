@@ -1,0 +1,196 @@
+//! A job file as a Slurm batch script. The script is written beside the job's logs, so a user can
+//! read exactly what was submitted; its body runs `orch run JOB.toml` inside the allocation, and
+//! records the exit status for `orch wait` when Slurm keeps no accounting.
+
+use orch_core::JobSpec;
+use std::fmt::Write;
+use std::path::Path;
+
+/// What a batch script is made from.
+#[derive(Debug, Clone, Copy)]
+pub struct ScriptInput<'a> {
+    pub job: &'a JobSpec,
+    /// The job file, absolute (the script names it for `orch run`).
+    pub job_path: &'a Path,
+    /// The `orch` binary, absolute (the same path must hold it on the cluster's nodes).
+    pub orch: &'a Path,
+    /// Where the output, error and exit files go, absolute.
+    pub logs: &'a Path,
+}
+
+/// A name safe in file names and `--job-name`.
+pub fn safe_name(name: &str) -> String {
+    let s: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if s.is_empty() { "job".into() } else { s }
+}
+
+/// `text` quoted for bash.
+pub fn quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "'\\''"))
+}
+
+/// Minutes for `--time`, rounded up (Slurm's minimum is one).
+fn minutes(runtime: std::time::Duration) -> u64 {
+    runtime.as_secs().div_ceil(60).max(1)
+}
+
+/// The file of a job's output (`out`), errors (`err`) or exit record (`exit`) once Slurm gave
+/// it `id` (`1234`, or `1234_5` for an array's task).
+pub fn log_file(logs: &Path, name: &str, id: &str, kind: &str) -> std::path::PathBuf {
+    logs.join(format!("{}-{id}.{kind}", safe_name(name)))
+}
+
+/// The batch script.
+pub fn batch_script(input: &ScriptInput<'_>) -> String {
+    let job = input.job;
+    let name = safe_name(&job.name);
+    let array = job.sweep.len() > 1 || !job.sweep.is_empty();
+    let pattern = if array { "%A_%a" } else { "%j" };
+    let logs = input.logs.display().to_string();
+    let mut s = String::new();
+    let _ = writeln!(s, "#!/bin/bash");
+    let _ = writeln!(
+        s,
+        "# Written by `orch submit --slurm` for {}: runs `orch run` inside the allocation.",
+        input.job_path.display()
+    );
+    let _ = writeln!(s, "#SBATCH --job-name={name}");
+    let _ = writeln!(s, "#SBATCH --comment=orch");
+    let _ = writeln!(s, "#SBATCH --nodes={}", job.resources.nodes);
+    let _ = writeln!(s, "#SBATCH --ntasks-per-node=1");
+    let gres = match &job.slurm.gpu_type {
+        Some(kind) => format!("gpu:{kind}:{}", job.resources.gpus),
+        None => format!("gpu:{}", job.resources.gpus),
+    };
+    let _ = writeln!(s, "#SBATCH --gres={gres}");
+    if let Some(runtime) = job.max_runtime {
+        let _ = writeln!(s, "#SBATCH --time={}", minutes(runtime));
+    }
+    let _ = writeln!(s, "#SBATCH --output={logs}/{name}-{pattern}.out");
+    let _ = writeln!(s, "#SBATCH --error={logs}/{name}-{pattern}.err");
+    if array {
+        let _ = writeln!(s, "#SBATCH --array=0-{}", job.sweep.len() - 1);
+    }
+    for (key, value) in &job.slurm.options {
+        let _ = writeln!(s, "#SBATCH --{}={value}", key.replace('_', "-"));
+    }
+    let _ = writeln!(s);
+    let _ = writeln!(s, "set -u");
+    if array {
+        let _ = writeln!(s, "ID=\"${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}\"");
+        let _ = writeln!(s, "TASK=(--sweep-task \"$SLURM_ARRAY_TASK_ID\")");
+    } else {
+        let _ = writeln!(s, "ID=\"$SLURM_JOB_ID\"");
+        let _ = writeln!(s, "TASK=()");
+    }
+    let run = format!(
+        "{} run {} \"${{TASK[@]}}\"",
+        quote(&input.orch.display().to_string()),
+        quote(&input.job_path.display().to_string())
+    );
+    if job.resources.nodes > 1 {
+        // One `orch run` per node; each launches its node's processes with torchrun's variables.
+        let _ = writeln!(
+            s,
+            "srun --nodes={} --ntasks-per-node=1 --kill-on-bad-exit=1 {run}",
+            job.resources.nodes
+        );
+    } else {
+        let _ = writeln!(s, "{run}");
+    }
+    let _ = writeln!(s, "status=$?");
+    let _ = writeln!(
+        s,
+        "printf '{{\"exit_code\": %d}}\\n' \"$status\" > {}/{name}-\"$ID\".exit",
+        quote(&logs)
+    );
+    let _ = writeln!(s, "exit \"$status\"");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(text: &str) -> JobSpec {
+        orch_core::job::parse(Path::new("/lab/job.toml"), text).unwrap()
+    }
+
+    fn script(text: &str) -> String {
+        let job = job(text);
+        batch_script(&ScriptInput {
+            job: &job,
+            job_path: Path::new("/lab/job.toml"),
+            orch: Path::new("/usr/local/bin/orch"),
+            logs: Path::new("/lab/orch-slurm"),
+        })
+    }
+
+    #[test]
+    fn one_node() {
+        let s = script(
+            "[job]\nname = \"mnist run\"\nmax_runtime = \"90m\"\n[resources]\ngpus = 2\n[slurm]\npartition = \"gpu\"\ngpu_type = \"a100\"\ncpus_per_task = 8\n[command]\nargv = [\"python\", \"train.py\"]\n",
+        );
+        for line in [
+            "#SBATCH --job-name=mnist_run",
+            "#SBATCH --nodes=1",
+            "#SBATCH --gres=gpu:a100:2",
+            "#SBATCH --time=90",
+            "#SBATCH --output=/lab/orch-slurm/mnist_run-%j.out",
+            "#SBATCH --partition=gpu",
+            "#SBATCH --cpus-per-task=8",
+            "'/usr/local/bin/orch' run '/lab/job.toml' \"${TASK[@]}\"",
+        ] {
+            assert!(s.lines().any(|l| l == line), "{line} in\n{s}");
+        }
+        assert!(!s.contains("srun") && !s.contains("--array"));
+    }
+
+    #[test]
+    fn two_nodes_run_orch_on_each_through_srun() {
+        let s = script(
+            "[job]\nname = \"ddp\"\n[resources]\ngpus = 4\nnodes = 2\n[command]\nargv = [\"python\", \"ddp.py\"]\nlaunch = \"per-device\"\n",
+        );
+        assert!(
+            s.contains("#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --gres=gpu:4\n"),
+            "{s}"
+        );
+        assert!(
+            s.contains(
+                "srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 '/usr/local/bin/orch' run"
+            ),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn a_sweep_is_an_array() {
+        let s = script(
+            "[job]\nname = \"sw\"\n[sweep]\nlr = [0.1, 0.01]\nseed = [1, 2]\n[command]\nargv = [\"true\"]\n",
+        );
+        assert!(s.contains("#SBATCH --array=0-3\n"), "{s}");
+        assert!(
+            s.contains("#SBATCH --output=/lab/orch-slurm/sw-%A_%a.out"),
+            "{s}"
+        );
+        assert!(
+            s.contains("TASK=(--sweep-task \"$SLURM_ARRAY_TASK_ID\")"),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn paths_with_quotes_stay_one_word() {
+        assert_eq!(quote("/a b/it's"), "'/a b/it'\\''s'");
+        assert_eq!(safe_name("x/../y z"), "x_.._y_z");
+    }
+}
