@@ -61,8 +61,11 @@ fn the_command_gets_exactly_its_devices() {
     );
     assert!(text.contains("ORDER=PCI_BUS_ID"), "{text}");
     assert!(text.contains("JOB=") && !text.contains("JOB= "), "{text}");
+    // Released by orch run itself as the job ends (not left for the next reader to reclaim).
+    assert!(!stderr(&out).contains("stays held"), "{}", stderr(&out));
     let after = orch_run(&state, &["leases", "--json"], &[]);
     assert_eq!(stdout(&after).trim(), "[]", "released on exit");
+    assert!(!stderr(&after).contains("reclaimed"), "{}", stderr(&after));
 }
 
 #[test]

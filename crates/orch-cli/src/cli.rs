@@ -71,9 +71,15 @@ pub struct ServeArgs {
 
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "Examples:\n  orch submit job.toml\n  orch submit --gpus 2 -- python train.py"
+    after_help = "Examples:\n  orch submit job.toml\n  orch submit --gpus 2 -- python train.py\n  orch submit --slurm job.toml            # a Slurm batch job (sbatch)\n  orch submit --slurm --dry-run job.toml  # print the batch script"
 )]
 pub struct SubmitArgs {
+    /// Submit to Slurm (sbatch) instead of the machine's daemon.
+    #[arg(long, requires = "job")]
+    pub slurm: bool,
+    /// With --slurm: print the batch script, submit nothing.
+    #[arg(long, requires = "slurm")]
+    pub dry_run: bool,
     /// The job file; omit it and give the command after `--` for the quick form.
     #[arg(value_name = "JOB.toml", conflicts_with_all = ["gpus", "policy", "tenant"])]
     pub job: Option<std::path::PathBuf>,
@@ -96,6 +102,9 @@ pub struct JobsArgs {
     /// Finished jobs too.
     #[arg(long)]
     pub all: bool,
+    /// Your orch jobs on Slurm (squeue), with each array task's parameters.
+    #[arg(long, conflicts_with = "all")]
+    pub slurm: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -134,6 +143,9 @@ pub struct SimulateArgs {
 pub struct JobIdArgs {
     /// The job id `orch submit` printed.
     pub id: String,
+    /// A Slurm job (`orch submit --slurm` printed its id; `1234_5` is task 5 of array 1234).
+    #[arg(long)]
+    pub slurm: bool,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -143,6 +155,9 @@ pub struct JobIdArgs {
 pub struct LogsArgs {
     /// The job id.
     pub id: String,
+    /// A Slurm job (`1234`, or `1234_5` for an array's task).
+    #[arg(long)]
+    pub slurm: bool,
     /// Keep printing as the job writes, until it ends.
     #[arg(long, short)]
     pub follow: bool,
@@ -260,4 +275,7 @@ pub struct RunArgs {
     /// devices are the visible ones. The daemon runs `[train]` jobs this way, as their user.
     #[arg(long, requires = "job", hide = true)]
     pub supervised: bool,
+    /// Run only task N (from 0) of the job's [sweep] (a Slurm job array runs one per task).
+    #[arg(long, value_name = "N", requires = "job")]
+    pub sweep_task: Option<usize>,
 }

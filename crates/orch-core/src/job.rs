@@ -119,6 +119,50 @@ impl Sweep {
     }
 }
 
+impl JobSpec {
+    /// Task `task` of the job's `[sweep]`: a `[train]` job gets each parameter as a
+    /// `[train.config]` entry and writes to `OUT/sweep-TASK`; a `[command]` job gets each as an
+    /// environment variable (the key in capitals) and in its arguments where they say `{key}`.
+    /// Both get `ORCH_SWEEP_TASK`. `None` past the last task.
+    pub fn sweep_task(&self, task: usize) -> Option<JobSpec> {
+        let params = self.sweep.task(task)?;
+        let mut job = self.clone();
+        job.sweep = Sweep::default();
+        job.name = format!("{}-{task}", self.name);
+        match &mut job.work {
+            Work::Train(train) => {
+                for (key, value) in &params {
+                    train.config.retain(|(k, _)| k != key);
+                    train.config.push((key.clone(), value.clone()));
+                }
+                train.out = train.out.join(format!("sweep-{task}"));
+            }
+            Work::Command(command) => {
+                for (key, value) in &params {
+                    let var: String = key
+                        .chars()
+                        .map(|c| {
+                            if c.is_ascii_alphanumeric() {
+                                c.to_ascii_uppercase()
+                            } else {
+                                '_'
+                            }
+                        })
+                        .collect();
+                    command.env.insert(var, value.clone());
+                    for arg in &mut command.argv {
+                        *arg = arg.replace(&format!("{{{key}}}"), value);
+                    }
+                }
+                command
+                    .env
+                    .insert("ORCH_SWEEP_TASK".into(), task.to_string());
+            }
+        }
+        Some(job)
+    }
+}
+
 /// `[policy]`: which plugin chooses, with its configuration as strings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PolicySpec {

@@ -71,6 +71,15 @@ impl Holder {
         })
     }
 
+    /// Whether `other` names the same process (pid and start time, on the same machine and
+    /// boot), whatever group or cgroup either records with it.
+    pub fn same_process(&self, other: &Holder) -> bool {
+        self.pid == other.pid
+            && self.start_time == other.start_time
+            && self.machine == other.machine
+            && self.boot == other.boot
+    }
+
     /// The same holder, alive also while `cgroup` holds a process.
     pub fn with_cgroup(self, cgroup: Option<PathBuf>) -> Holder {
         Holder { cgroup, ..self }

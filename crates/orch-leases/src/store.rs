@@ -401,7 +401,7 @@ impl LeaseStore {
         };
         let others: Vec<Holder> = parse_holders(&text)?
             .into_iter()
-            .filter(|h| !watchers.contains(h))
+            .filter(|h| !watchers.iter().any(|w| w.same_process(h)))
             .collect();
         let gone = if others.iter().any(Holder::is_alive) {
             tx.execute(

@@ -15,38 +15,24 @@ pub enum SlurmError {
 
 /// Runs `program args...`; its stdout on success.
 pub fn run(program: &str, args: &[String]) -> Result<String, SlurmError> {
-    let out = output(program, args, None)?;
+    let out = output(program, args)?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Runs `program args...` with `stdin` fed in (sbatch reads its script there).
-pub fn run_with_input(program: &str, args: &[String], stdin: &str) -> Result<String, SlurmError> {
-    let out = output(program, args, Some(stdin))?;
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-fn output(program: &str, args: &[String], stdin: Option<&str>) -> Result<Output, SlurmError> {
-    use std::io::Write;
+fn output(program: &str, args: &[String]) -> Result<Output, SlurmError> {
     let mut command = Command::new(program);
     command
         .args(args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        .stdin(if stdin.is_some() {
-            std::process::Stdio::piped()
-        } else {
-            std::process::Stdio::null()
-        });
-    let mut child = command.spawn().map_err(|e| match e.kind() {
+        .stdin(std::process::Stdio::null());
+    let child = command.spawn().map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => SlurmError::NotInstalled(program.to_string()),
         _ => SlurmError::Failed {
             command: program.to_string(),
             message: e.to_string(),
         },
     })?;
-    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        let _ = pipe.write_all(text.as_bytes());
-    }
     let out = child.wait_with_output().map_err(|e| SlurmError::Failed {
         command: program.to_string(),
         message: e.to_string(),

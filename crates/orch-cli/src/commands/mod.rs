@@ -8,6 +8,7 @@ mod plugin;
 mod run;
 mod serve;
 mod simulate;
+mod slurm;
 
 use crate::cli::{Cli, Command};
 use crate::failure::{CmdResult, Failure};
@@ -22,11 +23,17 @@ pub fn dispatch(cli: Cli) -> CmdResult {
         Command::Run(args) => run::run(&spec, &args),
         Command::Plugin(args) => plugin::run(&args),
         Command::Serve(args) => serve::run(&cli.devices, &args),
+        Command::Submit(args) if args.slurm => slurm::submit(&args),
         Command::Submit(args) => jobs::submit(&args),
+        Command::Jobs(args) if args.slurm => slurm::list(&args),
         Command::Jobs(args) => jobs::list(&args),
+        Command::Status(args) if args.slurm => slurm::status(&args),
         Command::Status(args) => jobs::status(&args),
+        Command::Cancel(args) if args.slurm => slurm::cancel(&args),
         Command::Cancel(args) => jobs::cancel(&args),
+        Command::Logs(args) if args.slurm => slurm::logs(&args),
         Command::Logs(args) => jobs::logs(&args),
+        Command::Wait(args) if args.slurm => slurm::wait(&args),
         Command::Wait(args) => jobs::wait(&args),
         Command::Usage(args) => jobs::usage(&args),
         Command::Simulate(args) => simulate::run(&spec, &args),

@@ -28,6 +28,81 @@ pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
         Some(path) => job::read(path).map_err(Failure::bad_input)?,
         None => quick_job(args)?,
     };
+    // A job across machines runs as one `orch run` per node inside a Slurm allocation.
+    let cluster = if job.resources.nodes > 1 {
+        let var = |name: &str| std::env::var(name).ok();
+        match orch_slurm::cluster_from_env(&var, &orch_slurm::command::hostnames) {
+            Some(Ok(cluster)) => Some(cluster),
+            Some(Err(e)) => {
+                return Err(Failure::bad_input_msg(format!(
+                    "{}: {e}",
+                    job.path.display()
+                )));
+            }
+            None => {
+                return Err(Failure::bad_input_msg(format!(
+                    "{}: nodes = {} needs a Slurm allocation of that many nodes: submit it with `orch submit --slurm`, which runs one `orch run` per node",
+                    job.path.display(),
+                    job.resources.nodes
+                )));
+            }
+        }
+    } else {
+        None
+    };
+    match (job.sweep.is_empty(), args.sweep_task) {
+        (true, None) => run_one(spec, args, job, cluster),
+        (true, Some(_)) => Err(Failure::bad_input_msg(format!(
+            "--sweep-task: {} has no [sweep]",
+            job.path.display()
+        ))),
+        (false, Some(task)) => {
+            let one = job.sweep_task(task).ok_or_else(|| {
+                Failure::bad_input_msg(format!(
+                    "--sweep-task {task}: the sweep of {} has {} task(s), numbered from 0",
+                    job.path.display(),
+                    job.sweep.len()
+                ))
+            })?;
+            run_one(spec, args, one, cluster)
+        }
+        // Locally, the sweep's tasks run one after another; the first failure is the exit status.
+        (false, None) => {
+            let mut first_failure = None;
+            for task in 0..job.sweep.len() {
+                let Some(one) = job.sweep_task(task) else {
+                    break;
+                };
+                let params: Vec<String> = job
+                    .sweep
+                    .task(task)
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
+                println!(
+                    "sweep task {}/{}: {}",
+                    task + 1,
+                    job.sweep.len(),
+                    params.join(" ")
+                );
+                if let Err(e) = run_one(spec, args, one, cluster.clone()) {
+                    eprintln!("orch: sweep task {task}: {}", e.render());
+                    first_failure.get_or_insert(e);
+                }
+            }
+            first_failure.map_or(Ok(()), Err)
+        }
+    }
+}
+
+/// One job (one task of a sweep): placed, run, released.
+fn run_one(
+    spec: &InventorySpec,
+    args: &RunArgs,
+    job: JobSpec,
+    cluster: Option<orch_exec::Cluster>,
+) -> CmdResult {
     let timeout = args.timeout.as_deref().map(parse_duration).transpose()?;
     let inventory = load_inventory(spec)?;
     orch_runner::check_enforcement(&job, inventory.backend).map_err(Failure::bad_input_msg)?;
@@ -78,7 +153,10 @@ pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
         prepared,
         placement,
         &inventory,
-        &ProcessOptions::default(),
+        &ProcessOptions {
+            cluster,
+            ..ProcessOptions::default()
+        },
     )
     .map_err(run_failure)?;
     match running.wait().map_err(run_failure)? {

@@ -362,3 +362,47 @@ fn refusals_stay_on_one_line_whatever_they_quote() {
         assert!(err.contains(words), "{err:?} should say {words:?}");
     }
 }
+
+#[test]
+fn slurm_and_sweep_tables() {
+    let text = "[job]\nname = \"sw\"\n[resources]\nnodes = 2\n[slurm]\npartition = \"gpu\"\ngpu_type = \"a100\"\n[sweep]\nlr = [0.1, 0.01]\nseed = [1, 2, 3]\n[command]\nargv = [\"python\", \"t.py\", \"--lr={lr}\"]\n";
+    let job = parse(Path::new("j.toml"), text).unwrap();
+    assert_eq!(job.resources.nodes, 2);
+    assert_eq!(
+        job.slurm.options,
+        vec![("partition".to_string(), "gpu".to_string())]
+    );
+    assert_eq!(job.slurm.gpu_type.as_deref(), Some("a100"));
+    assert_eq!(job.sweep.len(), 6);
+    let t = job.sweep_task(4).unwrap();
+    let Work::Command(c) = &t.work else { panic!() };
+    assert_eq!(c.argv[2], "--lr=0.01");
+    assert_eq!(
+        (c.env["LR"].as_str(), c.env["SEED"].as_str()),
+        ("0.01", "2")
+    );
+    assert_eq!(c.env["ORCH_SWEEP_TASK"], "4");
+    assert_eq!(t.name, "sw-4");
+    assert!(job.sweep_task(6).is_none());
+    for (bad, needle) in [
+        (
+            "[slurm]\npartiton = \"gpu\"\n",
+            "unknown [slurm] key `partiton`",
+        ),
+        ("[slurm]\npartition = \"gpu\\n#SBATCH --x\"\n", "line break"),
+        ("[sweep]\nlr = 0.1\n", "not a list"),
+        ("[sweep]\nlr = []\n", "not a list"),
+        ("[resources]\nnodes = 0\n", "nodes = 0"),
+    ] {
+        let text = format!("[job]\nname = \"x\"\n[command]\nargv = [\"true\"]\n{bad}");
+        let e = parse(Path::new("j.toml"), &text).unwrap_err().to_string();
+        assert!(e.contains(needle) && e.starts_with("j.toml:"), "{e}");
+    }
+    let e = parse(
+        Path::new("j.toml"),
+        "[job]\nname = \"t\"\n[resources]\nnodes = 2\n[train]\nplugin = \"mlp\"\nepochs = 1\nbatch_size = 8\n[train.data]\nformat = \"csv\"\ntrain = \"d.csv\"\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("within one machine"), "{e}");
+}
