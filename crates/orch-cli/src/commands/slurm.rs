@@ -274,7 +274,7 @@ pub fn status(args: &JobIdArgs) -> CmdResult {
 
 pub fn cancel(args: &JobIdArgs) -> CmdResult {
     split_id(&args.id)?;
-    run("scancel", &[args.id.clone()]).map_err(slurm_failure)?;
+    run("scancel", std::slice::from_ref(&args.id)).map_err(slurm_failure)?;
     println!("Slurm job {} cancelled", args.id);
     Ok(())
 }
