@@ -7,6 +7,7 @@ mod operate;
 mod plan;
 mod run;
 mod serve;
+mod slurm;
 mod train;
 
 use std::path::{Path, PathBuf};

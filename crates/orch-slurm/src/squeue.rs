@@ -27,6 +27,26 @@ struct Raw {
     jobs: Vec<serde_json::Value>,
 }
 
+impl SlurmJob {
+    /// Slurm is done with it (squeue keeps ended jobs for a few minutes).
+    pub fn ended(&self) -> bool {
+        const ENDED: &[&str] = &[
+            "COMPLETED",
+            "CANCELLED",
+            "FAILED",
+            "TIMEOUT",
+            "NODE_FAIL",
+            "PREEMPTED",
+            "BOOT_FAIL",
+            "DEADLINE",
+            "OUT_OF_MEMORY",
+            "REVOKED",
+            "SPECIAL_EXIT",
+        ];
+        self.state.split(',').any(|s| ENDED.contains(&s.trim()))
+    }
+}
+
 /// The orch jobs of a `squeue --json` answer.
 pub fn parse(text: &str) -> Result<Vec<SlurmJob>, String> {
     let raw: Raw = serde_json::from_str(text)

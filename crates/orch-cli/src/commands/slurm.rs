@@ -248,7 +248,7 @@ pub fn status(args: &JobIdArgs) -> CmdResult {
         );
         return Ok(());
     }
-    if mine.is_empty() {
+    if mine.iter().all(|j| j.ended()) {
         let ended = exit_codes(&args.id);
         match ended {
             Ok(codes) => println!("job {} ended; exit status {}", args.id, worst(&codes)),
@@ -324,6 +324,7 @@ pub fn logs(args: &LogsArgs) -> CmdResult {
         let (base, _) = split_id(&args.id)?;
         let active = squeue(Some(base))?
             .iter()
+            .filter(|j| !j.ended())
             .any(|j| j.id == args.id || j.id.starts_with(&format!("{base}_[")) || j.id == base);
         if !active {
             // One last read after the end, then stop.
@@ -396,7 +397,7 @@ pub fn wait(args: &JobIdArgs) -> CmdResult {
     let mut delay = Duration::from_millis(100);
     loop {
         let jobs = squeue(Some(base))?;
-        let active = jobs.iter().any(|j| match task {
+        let active = jobs.iter().filter(|j| !j.ended()).any(|j| match task {
             Some(_) => j.id == args.id,
             None => true,
         });
