@@ -83,6 +83,9 @@ pub struct SubmitArgs {
     /// The job file; omit it and give the command after `--` for the quick form.
     #[arg(value_name = "JOB.toml", conflicts_with_all = ["gpus", "policy", "tenant"])]
     pub job: Option<std::path::PathBuf>,
+    /// With --slurm: more job files, each its own batch job.
+    #[arg(value_name = "MORE.toml", requires = "slurm")]
+    pub more: Vec<std::path::PathBuf>,
     /// Quick form: how many devices.
     #[arg(long, value_name = "N")]
     pub gpus: Option<u32>,

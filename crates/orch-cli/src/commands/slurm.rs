@@ -41,13 +41,26 @@ fn slurm_failure(e: SlurmError) -> Failure {
 }
 
 pub fn submit(args: &SubmitArgs) -> CmdResult {
-    let Some(path) = &args.job else {
+    let Some(first) = &args.job else {
         return Err(Failure::bad_input_msg(
             "orch submit --slurm needs a job file: orch submit --slurm JOB.toml",
         ));
     };
-    let job_path = std::path::absolute(path).map_err(Failure::failed)?;
-    let job = job::read(&job_path).map_err(Failure::bad_input)?;
+    // Every file is read and checked before the first is submitted: a mistake in the tenth
+    // submits nothing.
+    let mut jobs = Vec::new();
+    for path in std::iter::once(first).chain(&args.more) {
+        let job_path = std::path::absolute(path).map_err(Failure::failed)?;
+        let job = job::read(&job_path).map_err(Failure::bad_input)?;
+        jobs.push((job_path, job));
+    }
+    for (job_path, job) in jobs {
+        submit_one(args, job_path, job)?;
+    }
+    Ok(())
+}
+
+fn submit_one(args: &SubmitArgs, job_path: PathBuf, job: orch_core::JobSpec) -> CmdResult {
     let logs = job.dir.join("orch-slurm");
     let logs = std::path::absolute(&logs).map_err(Failure::failed)?;
     let orch = std::env::current_exe().map_err(Failure::failed)?;
