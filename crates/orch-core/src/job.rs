@@ -120,8 +120,9 @@ impl Sweep {
 }
 
 impl JobSpec {
-    /// Task `task` of the job's `[sweep]`: a `[train]` job gets each parameter as a
-    /// `[train.config]` entry and writes to `OUT/sweep-TASK`; a `[command]` job gets each as an
+    /// Task `task` of the job's `[sweep]`: a `[train]` job gets `seed`, `epochs` and
+    /// `batch_size` as its own and every other parameter as a `[train.config]` entry, and writes
+    /// to `OUT/sweep-TASK`; a `[command]` job gets each as an
     /// environment variable (the key in capitals) and in its arguments where they say `{key}`.
     /// Both get `ORCH_SWEEP_TASK`. `None` past the last task.
     pub fn sweep_task(&self, task: usize) -> Option<JobSpec> {
@@ -132,8 +133,22 @@ impl JobSpec {
         match &mut job.work {
             Work::Train(train) => {
                 for (key, value) in &params {
-                    train.config.retain(|(k, _)| k != key);
-                    train.config.push((key.clone(), value.clone()));
+                    // `seed`, `epochs` and `batch_size` are the run's own; the rest is the
+                    // trainer's configuration.
+                    let number = value.parse::<u64>().ok();
+                    match (key.as_str(), number) {
+                        ("seed", Some(n)) => train.seed = n,
+                        ("epochs", Some(n)) if n > 0 => {
+                            train.epochs = u32::try_from(n).unwrap_or(u32::MAX)
+                        }
+                        ("batch_size", Some(n)) if n > 0 => {
+                            train.batch_size = u32::try_from(n).unwrap_or(u32::MAX)
+                        }
+                        _ => {
+                            train.config.retain(|(k, _)| k != key);
+                            train.config.push((key.clone(), value.clone()));
+                        }
+                    }
                 }
                 train.out = train.out.join(format!("sweep-{task}"));
             }
