@@ -58,3 +58,12 @@ pub fn stderr(out: &Output) -> String {
 pub fn has_nvml() -> bool {
     orch_devices::nvml::read().is_ok()
 }
+
+/// A port nobody listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

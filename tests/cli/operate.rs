@@ -15,15 +15,6 @@ fn me() -> String {
         .to_string()
 }
 
-/// A port nobody listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// `sha256:HEX` of a token, as the config stores it.
 fn hashed(token: &str) -> String {
     let hash = orch_serve::config::TokenHash::of(token);

@@ -21,14 +21,6 @@ impl Drop for Cluster {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Starts the cluster; `None` (skipped) without root or Slurm, unless `ORCH_REQUIRE_SLURM` is set.
 fn cluster(test: &str) -> Option<Cluster> {
     let have = ["slurmctld", "slurmd", "munged", "sbatch"].iter().all(|b| {

@@ -22,6 +22,21 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// Runs `program args` with the cluster's environment; panics with its stderr on failure.
+fn must(program: &str, args: &[&std::ffi::OsStr], env: &[(&str, String)]) -> Vec<u8> {
+    let out = Command::new(program)
+        .args(args)
+        .envs(env.iter().cloned())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 fn main() {
     let have = ["slurmctld", "slurmd", "munged", "sbatch"].iter().all(|b| {
         Command::new("which")
@@ -59,7 +74,7 @@ fn main() {
     )
     .unwrap();
     let orch = env!("CARGO_BIN_EXE_orch");
-    let env = [
+    let env: [(&str, String); 3] = [
         ("SLURM_CONF", conf.display().to_string()),
         ("ORCH_DEVICES", format!("sim:{}", sim.display())),
         ("ORCH_STATE_DIR", dir.join("state").display().to_string()),
@@ -80,14 +95,18 @@ fn main() {
         .iter()
         .enumerate()
         .map(|(i, f)| {
-            let out = Command::new(orch)
-                .args(["submit", "--slurm", "--dry-run"])
-                .arg(f)
-                .envs(env.clone())
-                .output()
-                .unwrap();
+            let script = must(
+                orch,
+                &[
+                    "submit".as_ref(),
+                    "--slurm".as_ref(),
+                    "--dry-run".as_ref(),
+                    f.as_os_str(),
+                ],
+                &env,
+            );
             let path = dir.join(format!("plain{i}.sbatch"));
-            std::fs::write(&path, out.stdout).unwrap();
+            std::fs::write(&path, script).unwrap();
             path
         })
         .collect();
