@@ -176,6 +176,16 @@ fn the_listener_wants_a_token_and_a_login_sets_a_strict_cookie() {
         "{}",
         failed.text()
     );
+    // A post from another site is refused, whatever it carries.
+    let foreign = http(
+        port,
+        "POST",
+        &format!("/v1/jobs/{id}/cancel"),
+        &[("Cookie", &session), ("Origin", "http://evil.example")],
+        b"",
+    );
+    assert_eq!(foreign.status, 403, "{}", foreign.text());
+    assert_eq!(d.status(&id)["state"], "running");
     // Logging out ends the session.
     http(port, "POST", "/logout", &[("Cookie", &session)], b"");
     assert_eq!(

@@ -138,8 +138,37 @@ pub fn router(shared: Arc<Shared>) -> Router {
             )
         })
         .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn(same_origin))
         .layer(axum::middleware::map_response(json_errors))
         .with_state(shared)
+}
+
+/// A browser sends `Origin` with every POST: one from another site (a page trying to log a
+/// visitor in with its own token, or to cancel jobs with the visitor's session) is refused. The
+/// session cookie is `SameSite=Strict` too; this also covers browsers that ignore it.
+async fn same_origin(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    if request.method() != axum::http::Method::GET
+        && let Some(origin) = request.headers().get(axum::http::header::ORIGIN)
+    {
+        let host = request
+            .headers()
+            .get(axum::http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("");
+        let origin = origin.to_str().unwrap_or("");
+        let origin_host = origin
+            .strip_prefix("http://")
+            .or_else(|| origin.strip_prefix("https://"))
+            .unwrap_or("");
+        if origin_host.is_empty() || origin_host != host {
+            return err(
+                StatusCode::FORBIDDEN,
+                format!("a request from {origin} to {host} was refused: the daemon answers its own page only"),
+            )
+            .into_response();
+        }
+    }
+    next.run(request).await
 }
 
 /// Every error answer is `{"error": "..."}`, those axum writes itself (a body over the limit, a
