@@ -99,9 +99,12 @@ impl Sweep {
         self.params.is_empty()
     }
 
-    /// How many combinations (1 without a sweep).
+    /// How many combinations (1 without a sweep; `usize::MAX` past what a machine can count).
     pub fn len(&self) -> usize {
-        self.params.iter().map(|(_, v)| v.len()).product()
+        self.params
+            .iter()
+            .try_fold(1usize, |n, (_, v)| n.checked_mul(v.len()))
+            .unwrap_or(usize::MAX)
     }
 
     /// Combination `task` (0-based; the last key varies fastest), as `(key, value)` pairs.
@@ -594,15 +597,13 @@ impl Checker<'_> {
                         .with_hint(format!("such as {key} = \"gpu\"")));
                 }
             };
-            if text.trim().is_empty() || text.chars().any(char::is_control) {
+            if text.trim().is_empty() || text.chars().any(|c| c.is_control() || c.is_whitespace()) {
                 return Err(self
                     .at(
                         at,
-                        format!(
-                            "[slurm] {key} is empty or holds a line break or control character"
-                        ),
+                        format!("[slurm] {key} is empty or holds a space, line break or control character"),
                     )
-                    .with_hint("give one plain value; it becomes one #SBATCH line"));
+                    .with_hint("give one plain value such as \"gpu\"; it becomes one #SBATCH option"));
             }
             if key == "gpu_type" {
                 spec.gpu_type = Some(text);

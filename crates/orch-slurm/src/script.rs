@@ -49,13 +49,32 @@ pub fn log_file(logs: &Path, name: &str, id: &str, kind: &str) -> std::path::Pat
     logs.join(format!("{}-{id}.{kind}", safe_name(name)))
 }
 
-/// The batch script.
+/// Why `path` cannot stand in an `#SBATCH` line or the script's comment, if it cannot: Slurm
+/// splits directives at spaces, and a line break would end the comment.
+pub fn unfit_path(path: &Path) -> Option<String> {
+    let text = path.display().to_string();
+    text.chars()
+        .any(|c| c.is_control() || c.is_whitespace())
+        .then(|| {
+            format!(
+                "{text} holds a space or a control character, which an #SBATCH line cannot carry; move the job file to a folder whose path has none"
+            )
+        })
+}
+
+/// A path in an `#SBATCH --output`/`--error` line: `%` is Slurm's pattern sign, written `%%`.
+fn directive_path(path: &Path) -> String {
+    path.display().to_string().replace('%', "%%")
+}
+
+/// The batch script (the caller checks the paths with [`unfit_path`] first).
 pub fn batch_script(input: &ScriptInput<'_>) -> String {
     let job = input.job;
     let name = safe_name(&job.name);
     let array = job.sweep.len() > 1 || !job.sweep.is_empty();
     let pattern = if array { "%A_%a" } else { "%j" };
     let logs = input.logs.display().to_string();
+    let logs_directive = directive_path(input.logs);
     let mut s = String::new();
     let _ = writeln!(s, "#!/bin/bash");
     let _ = writeln!(
@@ -75,8 +94,8 @@ pub fn batch_script(input: &ScriptInput<'_>) -> String {
     if let Some(runtime) = job.max_runtime {
         let _ = writeln!(s, "#SBATCH --time={}", minutes(runtime));
     }
-    let _ = writeln!(s, "#SBATCH --output={logs}/{name}-{pattern}.out");
-    let _ = writeln!(s, "#SBATCH --error={logs}/{name}-{pattern}.err");
+    let _ = writeln!(s, "#SBATCH --output={logs_directive}/{name}-{pattern}.out");
+    let _ = writeln!(s, "#SBATCH --error={logs_directive}/{name}-{pattern}.err");
     if array {
         let _ = writeln!(s, "#SBATCH --array=0-{}", job.sweep.len() - 1);
     }

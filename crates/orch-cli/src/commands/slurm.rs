@@ -63,6 +63,11 @@ pub fn submit(args: &SubmitArgs) -> CmdResult {
 fn submit_one(args: &SubmitArgs, job_path: PathBuf, job: orch_core::JobSpec) -> CmdResult {
     let logs = job.dir.join("orch-slurm");
     let logs = std::path::absolute(&logs).map_err(Failure::failed)?;
+    if let Some(why) =
+        orch_slurm::script::unfit_path(&job_path).or_else(|| orch_slurm::script::unfit_path(&logs))
+    {
+        return Err(Failure::bad_input_msg(why));
+    }
     let orch = std::env::current_exe().map_err(Failure::failed)?;
     let script = batch_script(&ScriptInput {
         job: &job,

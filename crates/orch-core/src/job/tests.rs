@@ -390,6 +390,7 @@ fn slurm_and_sweep_tables() {
             "unknown [slurm] key `partiton`",
         ),
         ("[slurm]\npartition = \"gpu\\n#SBATCH --x\"\n", "line break"),
+        ("[slurm]\npartition = \"gpu --export=ALL\"\n", "a space"),
         ("[sweep]\nlr = 0.1\n", "not a list"),
         ("[sweep]\nlr = []\n", "not a list"),
         ("[resources]\nnodes = 0\n", "nodes = 0"),
@@ -405,4 +406,9 @@ fn slurm_and_sweep_tables() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("within one machine"), "{e}");
+    // A sweep too large to count is refused, not wrapped around.
+    let keys: String = (0..70).map(|i| format!("k{i} = [1, 2]\n")).collect();
+    let text = format!("[job]\nname = \"x\"\n[command]\nargv = [\"true\"]\n[sweep]\n{keys}");
+    let e = parse(Path::new("j.toml"), &text).unwrap_err().to_string();
+    assert!(e.contains("combinations"), "{e}");
 }
