@@ -631,6 +631,8 @@ pub struct Change {
     pub only_if: Option<State>,
     /// Recorded with the change (when it applies).
     pub event: Option<Event>,
+    /// Its use is counted up to here (set when a run starts).
+    pub charged_ms: Option<u64>,
 }
 
 pub fn apply(tx: &rusqlite::Transaction<'_>, id: i64, c: &Change) -> Result<i64, DbError> {
@@ -650,7 +652,8 @@ pub fn apply(tx: &rusqlite::Transaction<'_>, id: i64, c: &Change) -> Result<i64,
                 devices = COALESCE(?8, devices),
                 attempt = COALESCE(?9, attempt),
                 supervisor = COALESCE(?10, supervisor),
-                cancel_requested = COALESCE(?12, cancel_requested)
+                cancel_requested = COALESCE(?12, cancel_requested),
+                charged_ms = COALESCE(?13, charged_ms)
              WHERE id = ?1 AND (?11 IS NULL OR state = ?11)",
             params![
                 id,
@@ -665,6 +668,7 @@ pub fn apply(tx: &rusqlite::Transaction<'_>, id: i64, c: &Change) -> Result<i64,
                 c.supervisor,
                 c.only_if.map(State::as_str),
                 c.cancel_requested,
+                c.charged_ms.map(|v| v as i64),
             ],
         )
         .map_err(db("changing a job"))?;

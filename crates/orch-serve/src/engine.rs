@@ -241,7 +241,7 @@ impl Engine {
     }
 
     /// Records a running job with the scheduler (started, or adopted after a restart).
-    fn track_running(&mut self, id: i64, row: &JobRow, preemptible: bool) {
+    fn track_running(&mut self, id: i64, row: &JobRow, preemptible: bool, exclusive: bool) {
         let Some(tenant) = self.sched().tenant_index(&row.tenant) else {
             return;
         };
@@ -250,6 +250,7 @@ impl Engine {
             id: id as u64,
             tenant,
             gpus: row.gpus,
+            exclusive,
             preemptible,
             started_s,
             charged_s: row.charged_ms.map_or(started_s, ms_to_s),
@@ -327,14 +328,19 @@ impl Engine {
         {
             let id: i64 = row.id.parse().unwrap_or(0);
             let dir = self.shared.job_dir(id, row.attempt);
-            let preemptible = db
-                .submission(id)
-                .ok()
-                .flatten()
-                .and_then(|(s, _)| orch_core::job::parse(Path::new(&s.job_path), &s.job_text).ok())
-                .is_some_and(|spec| spec.preemptible);
-            self.track_running(id, &row, preemptible);
-            let charged_s = row.charged_ms.map_or_else(now_s, ms_to_s);
+            let spec =
+                db.submission(id).ok().flatten().and_then(|(s, _)| {
+                    orch_core::job::parse(Path::new(&s.job_path), &s.job_text).ok()
+                });
+            let (preemptible, exclusive) = spec.map_or((false, true), |spec| {
+                (spec.preemptible, spec.resources.exclusive)
+            });
+            self.track_running(id, &row, preemptible, exclusive);
+            // Counted up to the last record, or from the start when none was made.
+            let charged_s = row
+                .charged_ms
+                .or(row.started_at_ms)
+                .map_or_else(now_s, ms_to_s);
             if let Some(exit) = supervisor::read_exit(&dir) {
                 let prior = row.gpu_seconds;
                 self.finish_at(id, &row.lease_id, exit, prior);
@@ -403,6 +409,10 @@ impl Engine {
                                 "queued again: the daemon stopped before the job started".into(),
                             ),
                             only_if: Some(State::Running),
+                            event: Some(Event::now(
+                                "queued",
+                                "queued again: the daemon stopped before the job started",
+                            )),
                             ..Change::default()
                         },
                     );
@@ -564,6 +574,7 @@ impl Engine {
                     exclusive: spec.resources.exclusive,
                     priority: spec.priority,
                     submitted_s: ms_to_s(row.submitted_at_ms),
+                    queued_s: now_s(),
                     runtime_s: runtime.map(|d| d.as_secs_f64()),
                     preemptible: spec.preemptible,
                 });
@@ -837,6 +848,7 @@ impl Engine {
                 devices: Some(lease.devices.clone()),
                 attempt: Some(attempt),
                 only_if: Some(State::Queued),
+                charged_ms: Some(now_ms()),
                 event: Some(Event::now(
                     "started",
                     format!(
@@ -1190,6 +1202,7 @@ impl Engine {
                 state: Some(State::Queued),
                 reason: Some("queued again: its processes vanished while no daemon watched (requeue = true)".into()),
                 only_if: Some(State::Running),
+                event: Some(Event::now("queued", "queued again: its processes vanished while no daemon watched (requeue = true)")),
                 ..Change::default()
             });
             self.enqueue(id);
@@ -1220,6 +1233,7 @@ impl Engine {
             Change {
                 state: Some(State::Failed),
                 ended_at_ms: Some(now_ms()),
+                event: Some(Event::now("finished", format!("failed: {reason}"))),
                 reason: Some(reason),
                 only_if: Some(State::Queued),
                 ..Change::default()

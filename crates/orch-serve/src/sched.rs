@@ -76,6 +76,9 @@ pub struct QueuedJob {
     pub exclusive: bool,
     pub priority: i64,
     pub submitted_s: f64,
+    /// When it entered the queue this time (a preempted job's is when it was queued again):
+    /// the starvation limit and `preempt_after` count from here.
+    pub queued_s: f64,
     pub runtime_s: Option<f64>,
     pub preemptible: bool,
 }
@@ -86,6 +89,8 @@ pub struct RunningJob {
     pub id: u64,
     pub tenant: usize,
     pub gpus: u32,
+    /// Holds its devices alone (stopping it frees them; a shared job's stop frees none).
+    pub exclusive: bool,
     pub preemptible: bool,
     pub started_s: f64,
     /// Usage is charged up to here.
@@ -506,6 +511,7 @@ impl Scheduler {
             free: machine.free_gpus,
             blocked: Vec::new(),
             visited: HashSet::new(),
+            held_for: HashMap::new(),
         };
         match order {
             Some(order) => {
@@ -589,13 +595,14 @@ impl Scheduler {
         let available = walk.free.saturating_sub(reserved);
         if job.exclusive && job.gpus > available {
             walk.blocked.push(id);
-            let starving = now_s - job.submitted_s >= self.starvation_s
+            let starving = now_s - job.queued_s >= self.starvation_s
                 && self.tenants[job.tenant]
                     .max_gpus
                     .is_none_or(|max| self.held[job.tenant] + job.gpus <= max);
             if starving && available > 0 {
                 // Hold back what is free for it: smaller jobs behind it no longer take it.
                 walk.free -= available;
+                walk.held_for.insert(id, available);
                 if keep {
                     report.reasons.push((
                         id,
@@ -654,6 +661,7 @@ impl Scheduler {
                     id,
                     tenant: job.tenant,
                     gpus: job.gpus,
+                    exclusive: job.exclusive,
                     preemptible: job.preemptible,
                     started_s: now_s,
                     charged_s: now_s,
@@ -822,7 +830,7 @@ impl Scheduler {
                 continue;
             };
             if !job.exclusive
-                || now_s - job.submitted_s < self.preempt_after_s
+                || now_s - job.queued_s < self.preempt_after_s
                 || !under(job.tenant)
                 || !asked.insert(job.tenant)
                 || self.reservations.contains_key(&id)
@@ -835,7 +843,11 @@ impl Scheduler {
                 continue;
             }
             let reserved = self.reserved_for_others(id);
-            let need = job.gpus.saturating_sub(walk.free.saturating_sub(reserved));
+            // What the walk held back for this job is its own to count.
+            let held = walk.held_for.get(&id).copied().unwrap_or(0);
+            let need = job
+                .gpus
+                .saturating_sub(walk.free.saturating_sub(reserved) + held);
             if need == 0 {
                 continue;
             }
@@ -844,6 +856,7 @@ impl Scheduler {
                 .values()
                 .filter(|r| {
                     r.preemptible
+                        && r.exclusive
                         && !self.preempting.contains(&r.id)
                         && r.tenant != job.tenant
                         && over(r.tenant)
@@ -900,6 +913,8 @@ struct Walk {
     blocked: Vec<u64>,
     /// Queued jobs the walk has reached.
     visited: HashSet<u64>,
+    /// Devices held back for a starving job, by job.
+    held_for: HashMap<u64, u32>,
 }
 
 #[derive(Default)]

@@ -314,6 +314,7 @@ pub fn simulate_with(
                 exclusive: true,
                 priority: tj.priority,
                 submitted_s: tj.at,
+                queued_s: tj.at,
                 runtime_s: limits.max_runtime.map(|d| d.as_secs_f64()),
                 preemptible: tj.preemptible,
             };
@@ -379,6 +380,7 @@ pub fn simulate_with(
                 preempted[job.tenant] += 1;
                 job.preempted += 1;
                 queued_count[job.tenant] += 1;
+                job.queued.queued_s = now;
                 sched.enqueue(job.queued.clone());
             }
             if report.preempt.is_empty() {

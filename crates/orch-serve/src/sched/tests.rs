@@ -24,6 +24,7 @@ fn job(id: u64, tenant: usize, gpus: u32, priority: i64, submitted_s: f64) -> Qu
         exclusive: true,
         priority,
         submitted_s,
+        queued_s: submitted_s,
         runtime_s: None,
         preemptible: false,
     }
@@ -273,4 +274,23 @@ fn a_job_past_the_starvation_limit_holds_devices_until_it_fits() {
     assert!(r.started.is_empty(), "{r:?}");
     assert!(r.reasons[0].1.contains("holding the 2 free ones"), "{r:?}");
     assert_eq!(pass(&mut s, 4001.0, 4).started, vec![1]);
+}
+
+#[test]
+fn devices_held_for_a_starving_job_count_towards_what_preemption_must_free() {
+    let mut s = sched(&[1.0, 1.0], "fair-share");
+    s.starvation_s = 60.0;
+    // Tenant 0 runs four preemptible one-device jobs; two devices stay free.
+    for id in 1..=4 {
+        let mut j = job(id, 0, 1, 0, 0.0);
+        j.preemptible = true;
+        s.enqueue(j);
+    }
+    assert_eq!(pass(&mut s, 0.0, 6).started.len(), 4);
+    // Tenant 1 (no usage) asks for four, and has waited past the starvation limit.
+    s.enqueue(job(10, 1, 4, 0, 3600.0));
+    let r = pass(&mut s, 3600.0 + 120.0, 2);
+    assert!(r.started.is_empty());
+    // Two free and held for it: two more are enough, not four.
+    assert_eq!(r.preempt.len(), 2, "{r:?}");
 }
