@@ -155,12 +155,18 @@ async fn same_origin(request: axum::extract::Request, next: axum::middleware::Ne
             .get(axum::http::header::HOST)
             .and_then(|h| h.to_str().ok())
             .unwrap_or("");
+        // Behind a proxy, the host the browser used is in X-Forwarded-Host.
+        let forwarded = request
+            .headers()
+            .get("x-forwarded-host")
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("");
         let origin = origin.to_str().unwrap_or("");
         let origin_host = origin
             .strip_prefix("http://")
             .or_else(|| origin.strip_prefix("https://"))
             .unwrap_or("");
-        if origin_host.is_empty() || origin_host != host {
+        if origin_host.is_empty() || (origin_host != host && origin_host != forwarded) {
             return err(
                 StatusCode::FORBIDDEN,
                 format!("a request from {origin} to {host} was refused: the daemon answers its own page only"),
@@ -436,6 +442,8 @@ struct ListQuery {
 
 /// Most jobs one listing returns.
 const LIST_LIMIT: u32 = 10_000;
+/// Most jobs of one listing whose events come with it.
+const EVENTS_LIMIT: usize = 500;
 
 async fn list(
     AxState(shared): AxState<Arc<Shared>>,
@@ -449,7 +457,26 @@ async fn list(
         &[State::Queued, State::Running]
     };
     let limit = q.limit.unwrap_or(LIST_LIMIT).min(LIST_LIMIT);
-    let rows = read(&shared, move |db| db.jobs(states, LIST_LIMIT)).await?;
+    let recent = q.recent;
+    let rows = read(&shared, move |db| match recent {
+        // Every active job, however many newer ones ended, and the newest that ended.
+        Some(_) => {
+            let mut rows = db.jobs(&[State::Queued, State::Running], u32::MAX)?;
+            rows.extend(db.jobs(
+                &[
+                    State::Succeeded,
+                    State::Failed,
+                    State::Cancelled,
+                    State::Lost,
+                ],
+                LIST_LIMIT,
+            )?);
+            rows.sort_by_key(|r| r.id.parse::<i64>().unwrap_or(0));
+            Ok(rows)
+        }
+        None => db.jobs(states, LIST_LIMIT),
+    })
+    .await?;
     let reasons = lock(&shared.reasons).clone();
     let mut rows: Vec<JobRow> = rows
         .into_iter()
@@ -472,7 +499,9 @@ async fn list(
     }
     if q.events {
         rows = read(&shared, move |db| {
-            for row in &mut rows {
+            // Events for the newest jobs only: one listing must not hold the database for long.
+            let skip = rows.len().saturating_sub(EVENTS_LIMIT);
+            for row in rows.iter_mut().skip(skip) {
                 row.events = db.events(row.id.parse().unwrap_or(0))?;
             }
             Ok(rows)
@@ -727,6 +756,7 @@ async fn script() -> Response {
 async fn login(
     AxState(shared): AxState<Arc<Shared>>,
     Extension(caller): Extension<Caller>,
+    headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
     if !caller.remote {
@@ -761,18 +791,22 @@ async fn login(
             );
         }
     };
-    home_with_session(&id, 43200)
+    // Served through a TLS proxy: the cookie never travels in the clear.
+    let secure = headers
+        .get("x-forwarded-proto")
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"https"));
+    home_with_session(&id, 43200, secure)
 }
 
 async fn logout(AxState(shared): AxState<Arc<Shared>>, headers: axum::http::HeaderMap) -> Response {
     if let Some(id) = crate::web::session_id(&headers) {
         shared.sessions.close(&id);
     }
-    home_with_session("", 0)
+    home_with_session("", 0, false)
 }
 
 /// A redirect to the page that sets (or, with an empty id and no age, clears) the session cookie.
-fn home_with_session(id: &str, max_age_s: u32) -> Response {
+fn home_with_session(id: &str, max_age_s: u32, secure: bool) -> Response {
     (
         StatusCode::SEE_OTHER,
         [
@@ -780,8 +814,9 @@ fn home_with_session(id: &str, max_age_s: u32) -> Response {
             (
                 axum::http::header::SET_COOKIE,
                 format!(
-                    "{}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age_s}",
-                    crate::web::COOKIE
+                    "{}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age_s}{}",
+                    crate::web::COOKIE,
+                    if secure { "; Secure" } else { "" }
                 ),
             ),
         ],

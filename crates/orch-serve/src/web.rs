@@ -3,8 +3,9 @@
 //!
 //! Design decisions:
 //! - A token never travels in a URL (URLs end up in logs and browser history): the login form
-//!   posts it, and the answer sets a session cookie (`HttpOnly`, `SameSite=Strict`, `Secure` on
-//!   TLS) naming a random session id that the daemon keeps in memory for 12 hours.
+//!   posts it, and the answer sets a session cookie (`HttpOnly`, `SameSite=Strict`, and `Secure`
+//!   when a TLS proxy says `X-Forwarded-Proto: https`) naming a random session id that the daemon
+//!   keeps in memory for 12 hours. A POST from another origin is refused (`api::same_origin`).
 //! - The page is static (`web/page.html`, `web/app.js`, a few kB, no framework, nothing from
 //!   another host: the machine may have no internet); its script reads the same `/v1` API with
 //!   the session's rights, so a tenant's page shows exactly what its API answers would.

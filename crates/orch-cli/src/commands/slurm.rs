@@ -255,9 +255,10 @@ pub fn list(args: &JobsArgs) -> CmdResult {
 pub fn status(args: &JobIdArgs) -> CmdResult {
     let (base, task) = split_id(&args.id)?;
     let jobs = squeue(Some(base))?;
+    let pending = format!("{base}_[");
     let mine: Vec<_> = jobs
         .iter()
-        .filter(|j| task.is_none() || j.id == args.id)
+        .filter(|j| task.is_none() || j.id == args.id || j.id.starts_with(&pending))
         .collect();
     if args.json {
         println!(
@@ -415,8 +416,10 @@ pub fn wait(args: &JobIdArgs) -> CmdResult {
     let mut delay = Duration::from_millis(100);
     loop {
         let jobs = squeue(Some(base))?;
+        // Pending tasks of an array are one record, `ID_[2-3]`: it may hold the task asked for.
+        let pending = format!("{base}_[");
         let active = jobs.iter().filter(|j| !j.ended()).any(|j| match task {
-            Some(_) => j.id == args.id,
+            Some(_) => j.id == args.id || j.id.starts_with(&pending),
             None => true,
         });
         if !active {
