@@ -228,11 +228,32 @@ fn orch_on_a_real_slurm() {
     // A sweep of 2 x 2 is an array of 4 tasks, each with its own parameters.
     let sweep = env.job(
         "sweep",
-        "[job]\nname = \"sweep\"\n[sweep]\nlr = [0.1, 0.01]\nseed = [7, 8]\n[command]\nargv = [\"sh\", \"-c\", \"echo lr=$LR seed=$SEED arg={lr}; sleep 1\"]\n",
+        "[job]\nname = \"sweep\"\n[sweep]\nlr = [0.1, 0.01]\nseed = [7, 8]\n[command]\nargv = [\"sh\", \"-c\", \"echo lr=$LR seed=$SEED arg={lr}; sleep 3\"]\n",
     );
     let id = env.submit(&sweep);
-    let listed = stdout(&env.orch(&["jobs", "--slurm"]));
-    assert!(listed.contains("PARAMS"), "{listed}");
+    // While they run, `orch jobs --slurm` shows each task with its parameters.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let listed = stdout(&env.orch(&["jobs", "--slurm", "--json"]));
+        let jobs: serde_json::Value = serde_json::from_str(&listed).unwrap();
+        let task = jobs
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["id"] == format!("{id}_1").as_str() && j["state"] == "RUNNING");
+        if let Some(task) = task {
+            assert_eq!(
+                task["params"],
+                serde_json::json!([["lr", "0.1"], ["seed", "8"]]),
+                "{listed}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "task {id}_1 never ran: {listed}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let table = stdout(&env.orch(&["jobs", "--slurm"]));
+    assert!(table.contains("PARAMS"), "{table}");
     assert!(env.orch(&["wait", "--slurm", &id]).status.success());
     let expected = [
         "lr=0.1 seed=7 arg=0.1",
