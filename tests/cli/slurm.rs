@@ -222,8 +222,24 @@ fn orch_on_a_real_slurm() {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(env.orch(&["cancel", "--slurm", &id]).status.success());
+    let cancelled = Instant::now();
     let out = env.orch(&["wait", "--slurm", &id]);
+    eprintln!("cancel to end: {:?}", cancelled.elapsed());
     assert_ne!(out.status.code(), Some(0));
+    // The cancel reached the job's processes through orch: its devices are free again.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let leases = stdout(&env.orch(&["leases", "--json"]));
+        if leases.trim() == "[]" {
+            eprintln!("cancel to free devices: {:?}", cancelled.elapsed());
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a cancelled job still holds: {leases}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 
     // A sweep of 2 x 2 is an array of 4 tasks, each with its own parameters.
     let sweep = env.job(
@@ -254,7 +270,13 @@ fn orch_on_a_real_slurm() {
     }
     let table = stdout(&env.orch(&["jobs", "--slurm"]));
     assert!(table.contains("PARAMS"), "{table}");
-    assert!(env.orch(&["wait", "--slurm", &id]).status.success());
+    let out = env.orch(&["wait", "--slurm", &id]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        stderr(&out),
+        stdout(&env.orch(&["jobs", "--slurm"]))
+    );
     let expected = [
         "lr=0.1 seed=7 arg=0.1",
         "lr=0.1 seed=8 arg=0.1",

@@ -116,17 +116,29 @@ pub fn batch_script(input: &ScriptInput<'_>) -> String {
         quote(&input.orch.display().to_string()),
         quote(&input.job_path.display().to_string())
     );
+    // In the background, with the script waiting: a cancel (SIGTERM to the script) is passed on
+    // to orch, which stops the job's processes and releases its devices before the script ends;
+    // a script that ended at once would leave orch to Slurm's SIGKILL and the job's processes
+    // running on, holding their devices.
+    let _ = writeln!(s, "trap 'kill -TERM \"$child\" 2>/dev/null' TERM INT");
     if job.resources.nodes > 1 {
         // One `orch run` per node; each launches its node's processes with torchrun's variables.
         let _ = writeln!(
             s,
-            "srun --nodes={} --ntasks-per-node=1 --kill-on-bad-exit=1 {run}",
+            "srun --nodes={} --ntasks-per-node=1 --kill-on-bad-exit=1 {run} &",
             job.resources.nodes
         );
     } else {
-        let _ = writeln!(s, "{run}");
+        let _ = writeln!(s, "{run} &");
     }
+    let _ = writeln!(s, "child=$!");
+    let _ = writeln!(s, "wait \"$child\"");
     let _ = writeln!(s, "status=$?");
+    // A trapped signal ends `wait` early: wait again for orch's own status.
+    let _ = writeln!(
+        s,
+        "while kill -0 \"$child\" 2>/dev/null; do wait \"$child\"; status=$?; done"
+    );
     let _ = writeln!(
         s,
         "printf '{{\"exit_code\": %d}}\\n' \"$status\" > {}/{name}-\"$ID\".exit",
@@ -167,7 +179,7 @@ mod tests {
             "#SBATCH --output=/lab/orch-slurm/mnist_run-%j.out",
             "#SBATCH --partition=gpu",
             "#SBATCH --cpus-per-task=8",
-            "'/usr/local/bin/orch' run '/lab/job.toml' \"${TASK[@]}\"",
+            "'/usr/local/bin/orch' run '/lab/job.toml' \"${TASK[@]}\" &",
         ] {
             assert!(s.lines().any(|l| l == line), "{line} in\n{s}");
         }
@@ -187,6 +199,10 @@ mod tests {
             s.contains(
                 "srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 '/usr/local/bin/orch' run"
             ),
+            "{s}"
+        );
+        assert!(
+            s.contains("trap 'kill -TERM \"$child\" 2>/dev/null' TERM INT"),
             "{s}"
         );
     }
