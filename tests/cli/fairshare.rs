@@ -7,12 +7,6 @@ use crate::*;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-fn me() -> String {
-    stdout(&Command::new("id").arg("-un").output().unwrap())
-        .trim()
-        .to_string()
-}
-
 /// A daemon whose config is `text` (with `{me}` standing for this user).
 fn daemon(tag: &str, text: &str) -> Daemon {
     let mut d = Daemon::prepare(tag);

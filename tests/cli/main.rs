@@ -67,3 +67,15 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// This user's name.
+pub fn me() -> String {
+    stdout(
+        &std::process::Command::new("id")
+            .arg("-un")
+            .output()
+            .unwrap(),
+    )
+    .trim()
+    .to_string()
+}

@@ -9,12 +9,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn me() -> String {
-    stdout(&Command::new("id").arg("-un").output().unwrap())
-        .trim()
-        .to_string()
-}
-
 /// `sha256:HEX` of a token, as the config stores it.
 fn hashed(token: &str) -> String {
     let hash = orch_serve::config::TokenHash::of(token);

@@ -112,46 +112,22 @@ fn main() {
         .collect();
     let t = Instant::now();
     for s in &scripts {
-        let out = Command::new("sbatch")
-            .arg("--parsable")
-            .arg(s)
-            .envs(env.clone())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        must("sbatch", &["--parsable".as_ref(), s.as_os_str()], &env);
     }
     let plain = t.elapsed().as_secs_f64();
     let t = Instant::now();
     for f in &files {
-        let out = Command::new(orch)
-            .args(["submit", "--slurm"])
-            .arg(f)
-            .envs(env.clone())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        must(
+            orch,
+            &["submit".as_ref(), "--slurm".as_ref(), f.as_os_str()],
+            &env,
         );
     }
     let ours = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let out = Command::new(orch)
-        .args(["submit", "--slurm"])
-        .args(&files)
-        .envs(env.clone())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut all: Vec<&std::ffi::OsStr> = vec!["submit".as_ref(), "--slurm".as_ref()];
+    all.extend(files.iter().map(|f| f.as_os_str()));
+    must(orch, &all, &env);
     let batch = t.elapsed().as_secs_f64();
     println!(
         "{JOBS} job files in one `orch submit --slurm` command: {:.2} s ({:.1} ms each): {:.2}x",

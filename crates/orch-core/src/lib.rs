@@ -8,6 +8,7 @@ pub mod job;
 pub mod lease;
 pub mod location;
 pub mod process;
+pub mod random;
 pub mod size;
 
 pub use job::{JobSpec, PluginRef};

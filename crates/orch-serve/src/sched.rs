@@ -365,9 +365,14 @@ impl Scheduler {
         self.held.get(tenant).copied().unwrap_or(0)
     }
 
+    /// Jobs of a tenant in the queue.
+    pub fn queued_of(&self, tenant: usize) -> usize {
+        self.by_tenant.get(tenant).map_or(0, BTreeSet::len)
+    }
+
     /// Queued and running jobs of a tenant.
     pub fn counts(&self, tenant: usize) -> (u32, u32) {
-        let queued = self.by_tenant.get(tenant).map_or(0, |s| s.len()) as u32;
+        let queued = self.queued_of(tenant) as u32;
         let running = self.running.values().filter(|r| r.tenant == tenant).count() as u32;
         (queued, running)
     }

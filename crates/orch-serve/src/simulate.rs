@@ -218,15 +218,12 @@ pub fn simulate_with(
     let mut used = vec![0.0f64; n];
     let mut contended_used = vec![0.0f64; n];
     let mut contended_s = 0.0;
-    let mut running_gpus = vec![0u32; n];
-    let mut queued_count = vec![0u32; n];
     let mut submitted = vec![0u64; n];
     let mut rejected = vec![0u64; n];
     let mut finished = vec![0u64; n];
     let mut time_limited = vec![0u64; n];
     let mut preempted = vec![0u64; n];
     let mut waits: Vec<Vec<f64>> = vec![Vec::new(); n];
-    let mut free = gpus;
     let mut passes = 0u64;
     let start = order.first().map_or(0.0, |&i| trace[i].at);
     let mut now = start;
@@ -251,12 +248,12 @@ pub fn simulate_with(
         // Advance the clock: use and contention over [now, t).
         let dt = t - now;
         if dt > 0.0 {
-            let contended = (0..n).all(|i| !in_trace[i] || queued_count[i] > 0);
+            let contended = (0..n).all(|i| !in_trace[i] || sched.queued_of(i) > 0);
             if contended {
                 contended_s += dt;
             }
             for i in 0..n {
-                let g = f64::from(running_gpus[i]) * dt;
+                let g = f64::from(sched.held(i)) * dt;
                 used[i] += g;
                 if contended {
                     contended_used[i] += g;
@@ -282,8 +279,6 @@ pub fn simulate_with(
             sched.end(id, now);
             let ran = now - job.started.take().unwrap_or(now);
             job.remaining -= ran;
-            running_gpus[job.tenant] -= job.queued.gpus;
-            free += job.queued.gpus;
             if job.remaining > 1e-9 {
                 time_limited[job.tenant] += 1;
             }
@@ -299,7 +294,9 @@ pub fn simulate_with(
             let tenant = index[tj.tenant.as_str()];
             submitted[tenant] += 1;
             let limits = &config.tenants[tenant];
-            let over_queue = limits.max_queued.is_some_and(|m| queued_count[tenant] >= m);
+            let over_queue = limits
+                .max_queued
+                .is_some_and(|m| sched.queued_of(tenant) >= m as usize);
             if over_queue || tj.gpus > gpus {
                 rejected[tenant] += 1;
                 continue;
@@ -319,7 +316,6 @@ pub fn simulate_with(
                 preemptible: tj.preemptible,
             };
             sched.enqueue(queued.clone());
-            queued_count[tenant] += 1;
             jobs.insert(
                 id,
                 SimJob {
@@ -343,7 +339,7 @@ pub fn simulate_with(
             }
             passes += 1;
             let machine = Machine {
-                free_gpus: free,
+                free_gpus: gpus.saturating_sub((0..n).map(|i| sched.held(i)).sum()),
                 total_gpus: gpus,
             };
             let report = sched.pass(now, machine, &mut |_| Attempt::Started);
@@ -360,9 +356,6 @@ pub fn simulate_with(
                     job.first_start = Some(now);
                     waits[job.tenant].push(now - job.at);
                 }
-                queued_count[job.tenant] -= 1;
-                running_gpus[job.tenant] += job.queued.gpus;
-                free -= job.queued.gpus;
                 let runs_for = job.limit.map_or(job.remaining, |l| job.remaining.min(l));
                 ends.push(Reverse((T(now + runs_for), id, job.run)));
             }
@@ -375,11 +368,8 @@ pub fn simulate_with(
                 };
                 sched.end(p.victim, now);
                 job.remaining -= now - started;
-                running_gpus[job.tenant] -= job.queued.gpus;
-                free += job.queued.gpus;
                 preempted[job.tenant] += 1;
                 job.preempted += 1;
-                queued_count[job.tenant] += 1;
                 job.queued.queued_s = now;
                 sched.enqueue(job.queued.clone());
             }

@@ -37,7 +37,7 @@ struct Session {
 impl Sessions {
     /// A new session for `caller`; returns its id.
     pub fn open(&self, caller: Caller) -> std::io::Result<String> {
-        let id = random_hex(32)?;
+        let id = orch_core::random::random_hex(32)?;
         let mut map = lock(&self.by_id);
         let now = Instant::now();
         map.retain(|_, s| s.expires > now);
@@ -61,14 +61,6 @@ impl Sessions {
     pub fn close(&self, id: &str) {
         lock(&self.by_id).remove(id);
     }
-}
-
-/// `n` random bytes from the kernel, in hex.
-fn random_hex(n: usize) -> std::io::Result<String> {
-    use std::io::Read;
-    let mut bytes = vec![0u8; n];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Who a bearer token is: the tenants whose `tokens` list it, admin when `admin_tokens` does.

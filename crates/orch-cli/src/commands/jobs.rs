@@ -95,21 +95,14 @@ fn policy_bytes(job_path: &std::path::Path, job_text: &str) -> Result<Option<Str
 }
 
 /// 128 random bits, so a submission sent again after a daemon restart is recognised.
+/// Without the kernel's source, the time and pid stand in: the key must be unique, not secret.
 fn submission_key() -> String {
-    use std::io::Read;
-    let mut bytes = [0u8; 16];
-    if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .is_err()
-    {
+    orch_core::random::random_hex(16).unwrap_or_else(|_| {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
-        bytes = (nanos ^ (u128::from(std::process::id()) << 64)).to_le_bytes();
-    }
-    // 32 hex digits: the 128 bits as one number (their order does not matter, only that they
-    // are random).
-    format!("{:032x}", u128::from_le_bytes(bytes))
+        format!("{:032x}", nanos ^ (u128::from(std::process::id()) << 64))
+    })
 }
 
 /// The quick form as a job file: what `orch run --gpus N -- CMD` would run.
