@@ -96,7 +96,7 @@ lr = 0.05
         train.plugin,
         PluginRef::Path(PathBuf::from("jobs/plugins/mlp.wasm"))
     );
-    assert_eq!(train.step_timeout, DEFAULT_STEP_TIMEOUT);
+    assert_eq!(train.limits, crate::LimitSettings::default());
     assert_eq!((train.checkpoint_every, train.replicas), (None, None));
     assert_eq!(train.out, PathBuf::from("jobs/runs/t"));
     assert_eq!(train.data.test, None);
@@ -269,7 +269,18 @@ normalize = false
         panic!("a train job");
     };
     assert_eq!(train.plugin, PluginRef::Builtin("mlp".into()));
-    assert_eq!(train.step_timeout, std::time::Duration::from_secs(90));
+    let deadline = train
+        .limits
+        .deadline
+        .as_ref()
+        .map(|(d, at)| (*d, at.to_string()));
+    assert_eq!(
+        deadline,
+        Some((
+            std::time::Duration::from_secs(90),
+            "jobs/j.toml:8:16".to_string()
+        ))
+    );
     assert_eq!(
         (train.checkpoint_every, train.replicas),
         (Some(50), Some(1))
@@ -287,6 +298,17 @@ normalize = false
     for (extra, at, message) in [
         ("step_timeout = \"soon\"\n", "j.toml:7:16", "not a duration"),
         ("step_timeout = 0\n", "j.toml:7:16", "not a duration"),
+        (
+            "deadline = \"2s\"\nstep_timeout = \"3s\"\n",
+            "j.toml:8:16",
+            "both deadline and step_timeout",
+        ),
+        (
+            "memory = \"lots\"\n",
+            "j.toml:7:10",
+            "[train] memory is not a size",
+        ),
+        ("memory = \"8GiB\"\n", "j.toml:7:10", "above 4 GiB"),
         (
             "checkpoint_every = 0\n",
             "j.toml:7:20",
