@@ -198,7 +198,7 @@ impl<W: World> Host<W> {
             name: name.to_string(),
             extra,
             version,
-            limits: limits.clone(),
+            limits: *limits,
             pre,
             warm: None,
         });
