@@ -167,3 +167,21 @@ fn a_jobs_deadline_and_memory_apply_to_its_plugin_alone() {
     let good = host.load(&builtin("first-fit")).unwrap();
     assert!(host.decide(good, &request(1), &lab(), &[]).is_ok());
 }
+
+/// A daemon whose jobs give one plugin many different limits keeps a bounded number of warm
+/// instances: the pool (64 instances) never runs out.
+#[test]
+fn many_different_limits_do_not_exhaust_the_instance_pool() {
+    let mut host = host();
+    for ms in 0..80u64 {
+        let limits = Limits {
+            deadline: Duration::from_millis(100 + ms),
+            ..Limits::default()
+        };
+        let id = host
+            .load_with_limits(&builtin("first-fit"), &limits)
+            .unwrap();
+        let decision = host.decide(id, &request(1), &lab(), &[]);
+        assert!(decision.is_ok(), "limits #{ms}: {decision:?}");
+    }
+}
