@@ -222,6 +222,8 @@ impl std::fmt::Display for PluginRef {
 }
 
 /// Exactly one of `[command]` or `[train]`.
+// One per job, parsed once: the size of the larger variant costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Work {
     Command(CommandSpec),

@@ -29,8 +29,10 @@ pub(crate) struct Host<W: World> {
     limits: Limits,
     cache: ComponentCache,
     slots: Vec<Slot<W>>,
-    /// Loaded plugins by source (`builtin:NAME`, `file:PATH`, `bytes:NAME`).
+    /// Loaded plugins by source (`builtin:NAME`, `file:PATH`, `bytes:NAME`) and limits.
     by_source: HashMap<String, usize>,
+    /// Calls answered, a clock for [`Slot::last_used`].
+    calls: u64,
     _ticker: Ticker,
 }
 
@@ -62,7 +64,15 @@ struct Slot<W: World> {
     limits: Limits,
     pre: W::Pre,
     warm: Option<Warm<W>>,
+    /// When the warm instance last answered (the host's call counter), for eviction.
+    last_used: u64,
 }
+
+/// Warm instances a host keeps at most: the pool has room for [`POOL_INSTANCES`], and a daemon
+/// whose jobs give one plugin many different limits would otherwise hold one per limit.
+///
+/// [`POOL_INSTANCES`]: crate::engine::POOL_INSTANCES
+const MAX_WARM: usize = 32;
 
 /// An instance that has answered well and can answer again.
 pub(crate) struct Warm<W: World> {
@@ -87,6 +97,7 @@ impl<W: World> Host<W> {
             limits,
             slots: Vec::new(),
             by_source: HashMap::new(),
+            calls: 0,
             _ticker: ticker,
         })
     }
@@ -198,9 +209,10 @@ impl<W: World> Host<W> {
             name: name.to_string(),
             extra,
             version,
-            limits: limits.clone(),
+            limits: *limits,
             pre,
             warm: None,
+            last_used: 0,
         });
         self.by_source.insert(source, index);
         Ok(index)
@@ -306,6 +318,24 @@ impl<W: World> Host<W> {
 
     /// Keeps `warm` as plugin `index`'s instance for the next call.
     pub(crate) fn keep(&mut self, index: usize, warm: Warm<W>) {
+        self.calls += 1;
+        let slot = &mut self.slots[index];
+        slot.last_used = self.calls;
+        if slot.warm.is_none() {
+            // A new warm instance: past the cap, the least recently used other one goes.
+            let warm_count = self.slots.iter().filter(|s| s.warm.is_some()).count();
+            if warm_count >= MAX_WARM
+                && let Some(oldest) = self
+                    .slots
+                    .iter_mut()
+                    .enumerate()
+                    .filter(|(i, s)| *i != index && s.warm.is_some())
+                    .min_by_key(|(_, s)| s.last_used)
+                    .map(|(_, s)| s)
+            {
+                oldest.warm = None;
+            }
+        }
         self.slots[index].warm = Some(warm);
     }
 }

@@ -521,5 +521,24 @@ groups = ["nlp-lab"]
             c.queue_policy,
             orch_core::PluginRef::Builtin("fair-share".into())
         );
+        assert_eq!(c.queue_limits, orch_core::LimitSettings::default());
+    }
+
+    #[test]
+    fn the_queue_policys_limits_are_set_under_queue() {
+        let c = parse(
+            "[queue]\ndeadline = \"2s\"\nmemory = \"128MiB\"\n[[tenant]]\nname = \"a\"\nusers = [\"x\"]\n",
+        )
+        .unwrap();
+        let deadline = c.queue_limits.deadline.as_ref().map(|(d, _)| *d);
+        let memory = c.queue_limits.memory.as_ref().map(|(m, _)| *m);
+        assert_eq!(deadline, Some(Duration::from_secs(2)));
+        assert_eq!(memory, Some(128 << 20));
+        let e = parse("[queue]\ndeadline = \"soon\"\n[[tenant]]\nname = \"a\"\nusers = [\"x\"]\n")
+            .unwrap_err();
+        assert!(
+            e.contains("serve.toml:2:12") && e.contains("[queue] deadline is not a duration"),
+            "{e}"
+        );
     }
 }

@@ -39,7 +39,7 @@ pub enum TrainError {
         source: std::io::Error,
     },
     #[error(
-        "`{plugin}` is not a trainer component: {detail}; build one with `cargo build --release --target wasm32-wasip2` against wit/ (world `trainer`)"
+        "`{plugin}` is not a trainer component: {detail}; build one against orch's wit/ (world `trainer`), as docs/TRAINERS.md shows"
     )]
     NotTrainer { plugin: String, detail: String },
     #[error("trainer `{plugin}` cannot be loaded: {detail}")]

@@ -11,10 +11,6 @@ use orch_host::{Limits, PolicyHost};
 use orch_leases::Lease;
 use orch_runner::{Plan, PlanError, PlanInput};
 use serde::Serialize;
-use std::time::Duration;
-
-/// Overrides the per-decision deadline of policy plugins, in milliseconds.
-pub const DEADLINE_ENV: &str = "ORCH_POLICY_DEADLINE_MS";
 
 #[derive(Debug, Serialize)]
 struct PlanJson<'a> {
@@ -74,23 +70,10 @@ pub fn run(spec: &InventorySpec, args: &PlanArgs) -> CmdResult {
     Ok(())
 }
 
-/// The policy host `orch` uses: default limits, the deadline from `ORCH_POLICY_DEADLINE_MS`.
+/// The policy host `orch` uses: the default limits, which a job's `[policy] deadline` and
+/// `memory` replace for its plugin (within the machine's maxima).
 pub fn policy_host() -> Result<PolicyHost, Failure> {
-    let mut limits = Limits::default();
-    if let Ok(text) = std::env::var(DEADLINE_ENV) {
-        let ms: u64 = text
-            .trim()
-            .parse()
-            .ok()
-            .filter(|ms| *ms > 0)
-            .ok_or_else(|| {
-                Failure::bad_input_msg(format!(
-                    "{DEADLINE_ENV}=\"{text}\" is not a number of milliseconds above 0"
-                ))
-            })?;
-        limits.deadline = Duration::from_millis(ms);
-    }
-    PolicyHost::new(limits).map_err(Failure::failed_msg)
+    PolicyHost::new(Limits::default()).map_err(Failure::failed_msg)
 }
 
 fn json(plan: &Plan) -> String {

@@ -434,3 +434,39 @@ fn slurm_and_sweep_tables() {
     let e = parse(Path::new("j.toml"), &text).unwrap_err().to_string();
     assert!(e.contains("combinations"), "{e}");
 }
+
+#[test]
+fn a_policy_sets_its_own_deadline_and_memory() {
+    let base = "[job]\nname = \"x\"\n[resources]\ngpus = 1\n[policy]\nplugin = \"p.wasm\"\n";
+    let work = "[command]\nargv = [\"true\"]\n";
+    let job = parse_str(&format!(
+        "{base}deadline = \"250ms\"\nmemory = \"128MiB\"\n{work}"
+    ))
+    .unwrap();
+    let limits = &job.policy.limits;
+    assert_eq!(
+        limits.deadline.as_ref().map(|(d, at)| (*d, at.to_string())),
+        Some((
+            std::time::Duration::from_millis(250),
+            "jobs/j.toml:7:12".to_string()
+        ))
+    );
+    assert_eq!(limits.memory.as_ref().map(|(m, _)| *m), Some(128 << 20));
+    for (extra, words) in [
+        (
+            "deadline = \"soon\"\n",
+            "j.toml:7:12: [policy] deadline is not a duration",
+        ),
+        (
+            "memory = -1\n",
+            "j.toml:7:10: [policy] memory is not a size",
+        ),
+        (
+            "memory = \"5GiB\"\n",
+            "more than a wasm32 plugin can address",
+        ),
+    ] {
+        let e = parse_str(&format!("{base}{extra}{work}")).unwrap_err();
+        assert!(e.contains(words), "{extra}: {e}");
+    }
+}
