@@ -20,8 +20,16 @@ py="$dest/py"
 if [[ "$("$py/bin/componentize-py" --version 2>/dev/null)" != "componentize-py $COMPONENTIZE_PY"* ]]; then
   start=$SECONDS
   rm -rf "$py"
-  python3 -m venv "$py"
-  "$py/bin/pip" install --quiet --disable-pip-version-check "componentize-py==$COMPONENTIZE_PY"
+  if python3 -m venv "$py" 2>/dev/null; then
+    "$py/bin/pip" install --quiet --disable-pip-version-check "componentize-py==$COMPONENTIZE_PY"
+  else
+    # Debian's python3 without python3-venv has no ensurepip: an environment without pip, which
+    # the system's pip installs into.
+    rm -rf "$py"
+    python3 -m venv --without-pip "$py"
+    python3 -m pip --python "$py/bin/python" install --quiet --disable-pip-version-check \
+      "componentize-py==$COMPONENTIZE_PY"
+  fi
   echo "componentize-py $COMPONENTIZE_PY installed in $py ($((SECONDS - start)) s)"
 fi
 "$py/bin/componentize-py" --version

@@ -276,21 +276,26 @@ const CASES: &[Case] = &[
 ];
 
 fn sim(name: &str) -> String {
+    // Written once: the tests run in parallel, and one must not read it half-written.
+    static TIES_SIM: OnceLock<String> = OnceLock::new();
     match name {
         "lab" => lab_sim(),
-        _ => {
-            let path = tmp().join("ties.toml");
-            std::fs::create_dir_all(tmp()).unwrap();
-            std::fs::write(&path, TIES).unwrap();
-            format!("sim:{}", path.display())
-        }
+        _ => TIES_SIM
+            .get_or_init(|| {
+                let path = tmp().join("ties.toml");
+                std::fs::create_dir_all(tmp()).unwrap();
+                std::fs::write(&path, TIES).unwrap();
+                format!("sim:{}", path.display())
+            })
+            .clone(),
     }
 }
 
-/// `orch plan --json` of `case` with the policy at `wasm`.
-fn plan(case: &Case, wasm: &std::path::Path, limits: &str, n: usize) -> Output {
+/// `orch plan --json` of `case` with the policy at `wasm`, from a job file of `language`'s test
+/// (each test writes its own).
+fn plan(language: &str, case: &Case, wasm: &std::path::Path, limits: &str, n: usize) -> Output {
     let name = wasm.file_stem().unwrap().to_string_lossy().into_owned();
-    let job = tmp().join(format!("{name}-{n}.toml"));
+    let job = tmp().join(format!("{language}-{name}-{n}.toml"));
     std::fs::create_dir_all(tmp()).unwrap();
     std::fs::write(
         &job,
@@ -344,8 +349,8 @@ fn chooses_what_rust_chooses(language: &str, wasm: &std::path::Path) {
 
     let rust = rust_coolest();
     for (n, case) in CASES.iter().enumerate() {
-        let theirs = answer(&plan(case, rust, "", n), rust);
-        let ours = answer(&plan(case, wasm, LIMITS, n), wasm);
+        let theirs = answer(&plan(language, case, rust, "", n), rust);
+        let ours = answer(&plan(language, case, wasm, LIMITS, n), wasm);
         let what = format!(
             "{language}, {} on {}",
             case.resources.replace('\n', ", "),
