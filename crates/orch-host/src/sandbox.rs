@@ -5,8 +5,13 @@
 //! unused, so the linker provides it, with nothing behind it: no preopened folder, no socket,
 //! no environment, no arguments, no stdin. The clocks are not granted either: their functions
 //! trap with a message saying so (a policy decides on what the host passes it, not on the time).
+//! Random numbers are a fixed sequence from a fixed seed, restarted with every instance (Python
+//! and JavaScript guests read it to start up): a plugin's answer depends on its arguments only,
+//! and a fresh instance given the same arguments gives the same answer.
 
 use crate::limits::Limits;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -16,6 +21,9 @@ use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+/// The seed of every plugin instance's random numbers (`wasi:random`).
+const RANDOM_SEED: u64 = 0x6f72_6368; // "orch"
 
 /// The data of one plugin store.
 pub struct PluginState {
@@ -39,7 +47,11 @@ impl PluginState {
     pub fn new(plugin: &str, limits: &Limits) -> PluginState {
         let log = GuestLog::new(plugin, limits.log_bytes_per_call);
         let mut wasi = WasiCtx::builder();
-        wasi.stdout(log.clone()).stderr(log.clone());
+        wasi.stdout(log.clone())
+            .stderr(log.clone())
+            .secure_random(StdRng::seed_from_u64(RANDOM_SEED))
+            .insecure_random(StdRng::seed_from_u64(RANDOM_SEED ^ 1))
+            .insecure_random_seed(u128::from(RANDOM_SEED));
         PluginState {
             wasi: wasi.build(),
             table: ResourceTable::new(),

@@ -181,3 +181,27 @@ fn what_is_not_a_component_is_refused() {
         assert!(text.contains(words), "{text}");
     }
 }
+
+/// Random numbers are the sandbox's, from a fixed seed: two fresh instances given the same
+/// arguments answer the same, whatever the host's own randomness.
+#[test]
+fn random_numbers_repeat_from_instance_to_instance() {
+    let answer = || {
+        let mut host = host();
+        let id = host.load(&fixture("hostile_random")).unwrap();
+        host.decide(id, &request(1), &lab(), &[]).unwrap()
+    };
+    let (a, b) = (answer(), answer());
+    assert!(a.reason.starts_with("drew "), "{}", a.reason);
+    assert_eq!(a.reason, b.reason);
+    assert_eq!(a.devices, b.devices);
+    let mut host = host();
+    let id = host.load(&fixture("hostile_random")).unwrap();
+    let first = host.decide(id, &request(1), &lab(), &[]).unwrap();
+    host.discard_instance(id);
+    let again = host.decide(id, &request(1), &lab(), &[]).unwrap();
+    assert_eq!(
+        first.reason, again.reason,
+        "a fresh instance starts the sequence again"
+    );
+}
