@@ -152,6 +152,24 @@ pub fn default_state_dir() -> PathBuf {
     }
 }
 
+/// Where clients look for the daemon (`orch serve`) and where it listens by default:
+/// `$ORCH_STATE_DIR/orch.sock` when set; `/run/orch/orch.sock` for root;
+/// `$XDG_RUNTIME_DIR/orch.sock` for a user (else the state folder's). It lives here, beside the
+/// state folder it follows, so that every client (the CLI, the Python package) finds the same one.
+pub fn default_socket() -> PathBuf {
+    if let Some(dir) = std::env::var_os("ORCH_STATE_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir).join("orch.sock");
+    }
+    // SAFETY: getuid cannot fail.
+    if unsafe { libc::getuid() } == 0 {
+        return PathBuf::from("/run/orch/orch.sock");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(dir) => PathBuf::from(dir).join("orch.sock"),
+        None => default_state_dir().join("orch.sock"),
+    }
+}
+
 /// The machine-local folder used when the home folder is on a network file system.
 fn fallback_state_dir(uid: u32) -> PathBuf {
     PathBuf::from(format!("/var/tmp/orch-{uid}"))

@@ -7,14 +7,10 @@ use crate::table;
 use orch_core::job::{self, JobError};
 use orch_core::{ByteSize, DeviceLease};
 use orch_devices::{InventorySpec, Visibility, VisibilityEnv};
-use orch_host::{Limits, PolicyHost};
+use orch_host::PolicyHost;
 use orch_leases::Lease;
 use orch_runner::{Plan, PlanError, PlanInput};
 use serde::Serialize;
-use std::time::Duration;
-
-/// Overrides the per-decision deadline of policy plugins, in milliseconds.
-pub const DEADLINE_ENV: &str = "ORCH_POLICY_DEADLINE_MS";
 
 #[derive(Debug, Serialize)]
 struct PlanJson<'a> {
@@ -76,20 +72,7 @@ pub fn run(spec: &InventorySpec, args: &PlanArgs) -> CmdResult {
 
 /// The policy host `orch` uses: default limits, the deadline from `ORCH_POLICY_DEADLINE_MS`.
 pub fn policy_host() -> Result<PolicyHost, Failure> {
-    let mut limits = Limits::default();
-    if let Ok(text) = std::env::var(DEADLINE_ENV) {
-        let ms: u64 = text
-            .trim()
-            .parse()
-            .ok()
-            .filter(|ms| *ms > 0)
-            .ok_or_else(|| {
-                Failure::bad_input_msg(format!(
-                    "{DEADLINE_ENV}=\"{text}\" is not a number of milliseconds above 0"
-                ))
-            })?;
-        limits.deadline = Duration::from_millis(ms);
-    }
+    let limits = orch_runner::policy_limits_from_env().map_err(Failure::bad_input_msg)?;
     PolicyHost::new(limits).map_err(Failure::failed_msg)
 }
 

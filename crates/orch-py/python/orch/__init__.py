@@ -1,0 +1,497 @@
+"""orch from inside Python: race-free GPU leases for scripts and notebooks.
+
+    import orch
+    lease = orch.use(gpus=2)          # before importing torch / tensorflow / jax
+    import torch                      # sees exactly the two leased GPUs, as cuda:0 and cuda:1
+
+The lease is claimed atomically in orch's lease store (or through `orch serve` when a daemon
+runs), by the same policies and library as `orch run`, and held by this process: it ends with
+`lease.release()`, the end of a `with` block, or the process (a notebook kernel keeps it until it
+is restarted). See docs/PYTHON.md.
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import json
+import os
+import random
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Union
+
+from . import _cuda, _daemon, _native
+from ._native import BadRequest, NoFit, OrchError, PluginError
+
+__all__ = [
+    "BadRequest",
+    "CudaAlreadyInitialized",
+    "Device",
+    "Lease",
+    "LeasedDevice",
+    "NoFit",
+    "OrchError",
+    "Plan",
+    "PluginError",
+    "Process",
+    "Rejection",
+    "devices",
+    "lease",
+    "plan",
+    "use",
+]
+
+Size = Union[int, str]
+Seconds = Union[int, float, str]
+
+
+class CudaAlreadyInitialized(OrchError):
+    """`apply()` came after a framework initialised CUDA in this process: too late to choose devices."""
+
+
+@dataclass(frozen=True)
+class Process:
+    """A compute process on a device (NVML's reading)."""
+
+    pid: int
+    used_memory_bytes: Optional[int]
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device of the inventory. `index` is nvidia-smi's (physical, PCI order); `cuda_index`
+    is the index CUDA gives it in this process (under `CUDA_VISIBLE_DEVICES`), None when hidden.
+    A value the backend cannot read is None, never a guess."""
+
+    index: int
+    cuda_index: Optional[int]
+    uuid: str
+    name: str
+    backend: str
+    memory_total_bytes: Optional[int]
+    memory_used_bytes: Optional[int]
+    memory_free_bytes: Optional[int]
+    utilization_gpu_percent: Optional[int]
+    utilization_memory_percent: Optional[int]
+    temperature_c: Optional[int]
+    power_draw_w: Optional[float]
+    compute_capability: Optional[str]
+    pci_bus_id: Optional[str]
+    processes: Optional[List[Process]]
+    foreign_processes: List[Process]
+    held_by: Optional[str]
+
+
+@dataclass(frozen=True)
+class LeasedDevice:
+    """A device of a lease. `index` is its CUDA index once the lease is applied (0..n-1 in the
+    lease's order); `cuda_index` the one it had when it was chosen; `physical_index` nvidia-smi's."""
+
+    index: int
+    cuda_index: int
+    physical_index: int
+    uuid: str
+    name: str
+    memory_total_bytes: Optional[int] = None
+    memory_free_bytes: Optional[int] = None
+    utilization_gpu_percent: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A visible device the policy did not choose, and why."""
+
+    cuda_index: int
+    physical_index: int
+    why: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A dry run: what the policy would pick now, its reason, and why not the others."""
+
+    policy: str
+    devices: List[LeasedDevice]
+    reason: str
+    rejected: List[Rejection]
+    hidden: int
+
+
+def _leased(rows: List[dict]) -> List[LeasedDevice]:
+    return [
+        LeasedDevice(
+            index=i,
+            cuda_index=d["index"],
+            physical_index=d["physical_index"],
+            uuid=d["uuid"],
+            name=d.get("name", ""),
+            memory_total_bytes=d.get("memory_total_bytes"),
+            memory_free_bytes=d.get("memory_free_bytes"),
+            utilization_gpu_percent=d.get("utilization_gpu_percent"),
+        )
+        for i, d in enumerate(rows)
+    ]
+
+
+def _rejections(rows: List[dict]) -> List[Rejection]:
+    return [Rejection(r["index"], r["physical_index"], r["why"]) for r in rows]
+
+
+class Lease:
+    """Devices held by this process. Use as a context manager, or keep it for the process's life.
+
+    `apply()` points CUDA at them (`CUDA_VISIBLE_DEVICES` with their UUIDs,
+    `CUDA_DEVICE_ORDER=PCI_BUS_ID`); `release()` gives them back."""
+
+    def __init__(
+        self,
+        info: dict,
+        native: Optional[object] = None,
+        socket: Optional[str] = None,
+    ) -> None:
+        self._native = native
+        self._socket = socket
+        self._released = False
+        self._owner = os.getpid()
+        self.id: str = info.get("lease_id") or info["id"]
+        #: The daemon's job id for this lease (`orch jobs`), None without a daemon.
+        self.job_id: Optional[str] = info.get("job_id")
+        self.devices: List[LeasedDevice] = _leased(info.get("devices", []))
+        self.policy: str = info.get("policy", "")
+        self.reason: str = info.get("reason", "")
+        self.rejected: List[Rejection] = _rejections(info.get("rejected", []))
+        self.exclusive: bool = bool(info.get("exclusive", True))
+        #: The variables `apply()` sets: exactly what `orch run` gives a job on these devices.
+        self.env: Dict[str, str] = dict(info.get("env", {}))
+
+    @property
+    def uuids(self) -> List[str]:
+        return [d.uuid for d in self.devices]
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def apply(self) -> "Lease":
+        """Sets this process's CUDA environment to the leased devices; refuses when a framework
+        has initialised CUDA already (the change would be silently ignored)."""
+        if self._released:
+            raise OrchError(f"lease {self.id} was released; take a new one with orch.lease()")
+        frameworks = _cuda.initialized_frameworks()
+        if frameworks:
+            names = ", ".join(frameworks)
+            raise CudaAlreadyInitialized(
+                f"too late: {names} has already initialised CUDA in this process, so setting "
+                "CUDA_VISIBLE_DEVICES now would be ignored and it would keep the devices it saw "
+                "first; call orch.use() (or lease.apply()) before importing or initialising the "
+                "framework (the top of the script, the first notebook cell), or restart the kernel "
+                "and do that first"
+            )
+        os.environ.update(self.env)
+        return self
+
+    def release(self) -> bool:
+        """Gives the devices back now. False when released already."""
+        if self._released or os.getpid() != self._owner:
+            return False
+        self._released = True
+        _forget(self)
+        if self._native is not None:
+            return bool(self._native.release())
+        if self._socket is not None and self.job_id is not None:
+            status, answer = _daemon.call(
+                self._socket, "POST", f"/v1/leases/{self.job_id}/release"
+            )
+            if status >= 400:
+                raise _daemon.error_for(status, answer)
+        return True
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        devices = ", ".join(f"GPU {d.physical_index} ({d.uuid[:12]})" for d in self.devices)
+        state = "released" if self._released else "held"
+        return f"<orch.Lease {self.id} {state}: {devices} by {self.policy}>"
+
+
+# Every lease this process holds, so that `orch.use(gpus=1)` whose result is not kept still
+# holds its devices for the process's life.
+_held: List[Lease] = []
+_held_lock = threading.Lock()
+
+
+def _keep(lease: Lease) -> Lease:
+    with _held_lock:
+        _held.append(lease)
+    return lease
+
+
+def _forget(lease: Lease) -> None:
+    with _held_lock:
+        if lease in _held:
+            _held.remove(lease)
+
+
+@atexit.register
+def _release_all() -> None:
+    for lease in list(_held):
+        try:
+            lease.release()
+        except Exception:
+            pass  # the next reader of the store reclaims it: its holder is gone
+
+
+def _spec(devices: Optional[str]) -> str:
+    return devices if devices is not None else os.environ.get("ORCH_DEVICES", "auto")
+
+
+def _default_name() -> str:
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    if not argv0 or argv0 == "-c" or "ipykernel" in argv0:
+        return "python"
+    return os.path.basename(argv0)
+
+
+def _request(
+    gpus: int,
+    policy: str,
+    min_free_memory: Optional[Size],
+    max_utilization: Optional[int],
+    memory_limit: Optional[Size],
+    exclusive: bool,
+    config: Optional[Mapping[str, object]],
+    name: Optional[str],
+    tenant: Optional[str],
+    priority: int,
+) -> str:
+    if isinstance(gpus, bool) or not isinstance(gpus, int):
+        raise BadRequest(f"gpus must be a whole number of devices, found {gpus!r}")
+    for key, value in (("min_free_memory", min_free_memory), ("memory_limit", memory_limit)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, str))):
+            raise BadRequest(f'{key} is a size such as "10GiB" or a number of bytes, found {value!r}')
+        if isinstance(value, int) and value < 0:
+            raise BadRequest(f"{key} cannot be negative, found {value}")
+    if max_utilization is not None and (
+        isinstance(max_utilization, bool) or not isinstance(max_utilization, int)
+    ):
+        raise BadRequest(f"max_utilization is a percent from 0 to 100, found {max_utilization!r}")
+    pairs = [(str(k), str(v)) for k, v in (config or {}).items()]
+    return json.dumps(
+        {
+            "name": name or _default_name(),
+            "gpus": gpus,
+            "policy": policy,
+            "min_free_memory": min_free_memory,
+            "max_utilization": max_utilization,
+            "memory_limit": memory_limit,
+            "exclusive": bool(exclusive),
+            "config": pairs,
+            "tenant": tenant,
+            "priority": int(priority),
+            "argv": [sys.executable, *sys.argv],
+        }
+    )
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+
+
+def _seconds(timeout: Optional[Seconds]) -> Optional[float]:
+    if timeout is None:
+        return None
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout >= 0:
+        return float(timeout)
+    match = _DURATION.match(timeout) if isinstance(timeout, str) else None
+    if not match:
+        raise BadRequest(
+            f"timeout is a number of seconds or a duration such as 90s, 15m or 2h, found {timeout!r}"
+        )
+    scale = {"ms": 0.001, "s": 1, None: 1, "m": 60, "h": 3600}[match.group(2)]
+    return float(match.group(1)) * scale
+
+
+def devices(devices: Optional[str] = None) -> List[Device]:
+    """The inventory (`devices=` or ORCH_DEVICES: auto, nvml, cpu, sim:PATH), both numberings."""
+    rows = json.loads(_native.devices(_spec(devices)))
+
+    def procs(items: Optional[list]) -> Optional[List[Process]]:
+        if items is None:
+            return None
+        return [Process(p["pid"], p.get("used_memory_bytes")) for p in items]
+
+    return [
+        Device(
+            index=r["index"],
+            cuda_index=r.get("cuda_index"),
+            uuid=r["uuid"],
+            name=r["name"],
+            backend=r["backend"],
+            memory_total_bytes=r.get("memory_total_bytes"),
+            memory_used_bytes=r.get("memory_used_bytes"),
+            memory_free_bytes=r.get("memory_free_bytes"),
+            utilization_gpu_percent=r.get("utilization_gpu_percent"),
+            utilization_memory_percent=r.get("utilization_memory_percent"),
+            temperature_c=r.get("temperature_c"),
+            power_draw_w=r.get("power_draw_w"),
+            compute_capability=r.get("compute_capability"),
+            pci_bus_id=r.get("pci_bus_id"),
+            processes=procs(r.get("processes")),
+            foreign_processes=procs(r.get("foreign_processes")) or [],
+            held_by=r.get("held_by"),
+        )
+        for r in rows
+    ]
+
+
+def plan(
+    gpus: int = 1,
+    policy: str = "least-loaded",
+    min_free_memory: Optional[Size] = None,
+    max_utilization: Optional[int] = None,
+    memory_limit: Optional[Size] = None,
+    exclusive: bool = True,
+    config: Optional[Mapping[str, object]] = None,
+    devices: Optional[str] = None,
+    name: Optional[str] = None,
+) -> Plan:
+    """A dry run of `lease()` on this machine: what the policy picks now and why. Places nothing."""
+    request = _request(
+        gpus, policy, min_free_memory, max_utilization, memory_limit, exclusive, config, name, None, 0
+    )
+    info = json.loads(_native.plan(_spec(devices), request))
+    return Plan(
+        policy=info["policy"],
+        devices=_leased(info["devices"]),
+        reason=info["reason"],
+        rejected=_rejections(info["rejected"]),
+        hidden=info["hidden"],
+    )
+
+
+def lease(
+    gpus: int = 1,
+    policy: str = "least-loaded",
+    min_free_memory: Optional[Size] = None,
+    exclusive: bool = True,
+    wait: bool = False,
+    timeout: Optional[Seconds] = None,
+    config: Optional[Mapping[str, object]] = None,
+    max_utilization: Optional[int] = None,
+    memory_limit: Optional[Size] = None,
+    devices: Optional[str] = None,
+    name: Optional[str] = None,
+    tenant: Optional[str] = None,
+    priority: int = 0,
+    daemon: Optional[bool] = None,
+) -> Lease:
+    """Claims `gpus` devices for this process, chosen by `policy`; raises NoFit when none fit
+    (or, with `wait=True`, waits for a fit, up to `timeout` seconds or for ever)."""
+    request = _request(
+        gpus,
+        policy,
+        min_free_memory,
+        max_utilization,
+        memory_limit,
+        exclusive,
+        config,
+        name,
+        tenant,
+        priority,
+    )
+    limit = _seconds(timeout)
+    server = _daemon.socket_for(daemon)
+    if server is not None:
+        return _keep(_lease_from_daemon(server, request, policy, wait, limit))
+    spec = _spec(devices)
+    started = time.monotonic()
+    delay = 0.05
+    while True:
+        try:
+            native = _native.claim(spec, request)
+            return _keep(Lease(json.loads(native.info), native=native))
+        except NoFit as e:
+            reason = str(e)
+            if not wait:
+                raise NoFit(f"{reason} (pass wait=True to wait for a fit)") from None
+            waited = time.monotonic() - started
+            if limit is not None and waited + delay > limit:
+                raise NoFit(f"gave up waiting after {waited:.1f}s: {reason}") from None
+        # Different in every process, so waiters do not retry in lockstep.
+        time.sleep(delay + random.uniform(0, 0.05))
+        delay = min(delay * 1.5, 2.0)
+
+
+def _lease_from_daemon(
+    server: str, request: str, policy: str, wait: bool, limit: Optional[float]
+) -> Lease:
+    body: Dict[str, object] = {
+        "job_text": _native.job_text(request),
+        "job_path": os.path.join(os.getcwd(), "orch.lease()"),
+        "cwd": os.getcwd(),
+        "env": sorted(os.environ.items()),
+        "wait": bool(wait),
+    }
+    if policy.endswith(".wasm") or os.sep in policy:
+        try:
+            with open(policy, "rb") as f:
+                body["policy_wasm"] = base64.b64encode(f.read()).decode()
+        except OSError as e:
+            raise BadRequest(f"policy={policy!r}: {e.strerror}") from None
+    status, answer = _daemon.call(server, "POST", "/v1/leases", body)
+    if status >= 400:
+        raise _daemon.error_for(status, answer)
+    started = time.monotonic()
+    delay = 0.05
+    while answer.get("state") == "queued":
+        waited = time.monotonic() - started
+        if limit is not None and waited + delay > limit:
+            # Gives the place in the queue back (or the devices, if it started meanwhile).
+            _daemon.call(server, "POST", f"/v1/leases/{answer['job_id']}/release")
+            raise NoFit(f"gave up waiting after {waited:.1f}s: {answer.get('reason', '')}")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 1.0)
+        status, answer = _daemon.call(server, "GET", f"/v1/leases/{answer['job_id']}")
+        if status >= 400:
+            raise _daemon.error_for(status, answer)
+    if answer.get("state") != "running":
+        raise NoFit(
+            f"lease job {answer.get('job_id')} ended {answer.get('state')} before it started: {answer.get('reason', '')}"
+        )
+    return Lease(answer, socket=server)
+
+
+def use(
+    gpus: int = 1,
+    policy: str = "least-loaded",
+    min_free_memory: Optional[Size] = None,
+    exclusive: bool = True,
+    wait: bool = False,
+    timeout: Optional[Seconds] = None,
+    config: Optional[Mapping[str, object]] = None,
+    **more: object,
+) -> Lease:
+    """`lease(...)` and `apply()` in one line, for the top of a script or the first notebook cell.
+    If the lease cannot be applied (CUDA already initialised), it is released and the error raised."""
+    held = lease(
+        gpus=gpus,
+        policy=policy,
+        min_free_memory=min_free_memory,
+        exclusive=exclusive,
+        wait=wait,
+        timeout=timeout,
+        config=config,
+        **more,  # type: ignore[arg-type]
+    )
+    try:
+        return held.apply()
+    except BaseException:
+        held.release()
+        raise
