@@ -3,6 +3,7 @@
 mod browser;
 mod devices;
 mod fairshare;
+mod held_leases;
 mod operate;
 mod plan;
 mod run;

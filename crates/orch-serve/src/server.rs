@@ -196,7 +196,10 @@ async fn listen(shared: Arc<Shared>, socket: &Path) -> Result<(), ServeError> {
                     }
                 };
                 let caller = match stream.peer_cred() {
-                    Ok(cred) => caller_of(&shared.config, Identity::of_uid(cred.uid(), cred.gid())),
+                    Ok(cred) => Caller {
+                        pid: cred.pid().and_then(|p| u32::try_from(p).ok()),
+                        ..caller_of(&shared.config, Identity::of_uid(cred.uid(), cred.gid()))
+                    },
                     Err(e) => {
                         tracing::warn!("a connection without peer credentials was dropped: {e}");
                         continue;
@@ -317,5 +320,6 @@ fn caller_of(config: &Config, identity: Identity) -> Caller {
         refused,
         remote: false,
         unauthenticated: false,
+        pid: None,
     }
 }
