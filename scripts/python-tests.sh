@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Python package's tests: builds the `orch` wheel (crates/orch-py, maturin) into a fresh
-# virtual environment with pytest and torch from PyPI, then runs tests/python against it (the
+# virtual environment with pytest, numpy and torch from PyPI, then runs tests/python against it (the
 # sim inventory; the daemon tests start `orch serve` themselves).
 #
 # The wheel is built with the dev profile into the same target folder as `cargo test`, so the
@@ -21,7 +21,7 @@ echo "== python: a fresh venv with maturin, pytest and torch"
 rm -rf "$venv" "$wheels"
 python3 -m venv "$venv"
 started=$(date +%s)
-"$venv/bin/pip" install --quiet "maturin>=1.9.4,<2" pytest torch
+"$venv/bin/pip" install --quiet "maturin>=1.9.4,<2" pytest numpy torch
 echo "installed in $(( $(date +%s) - started )) s"
 
 echo "== python: the wheel"

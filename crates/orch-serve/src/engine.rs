@@ -713,6 +713,9 @@ impl Engine {
                     },
                 };
                 let _ = supervisor::write_exit(&dir, &record);
+                let (lease, prior) = (Some(job.lease_id.clone()), job.prior_gpu_s);
+                self.running.remove(&id);
+                self.finish_at(id, &lease, record, prior);
                 changed = true;
                 continue;
             }
