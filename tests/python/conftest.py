@@ -17,15 +17,20 @@ LAB = ROOT / "examples" / "sim" / "lab-8gpu.toml"
 
 
 @pytest.fixture(autouse=True)
-def machine(tmp_path, monkeypatch):
-    """Every test gets its own lease store and the sim inventory; no daemon unless it starts one."""
+def machine(tmp_path):
+    """Every test gets its own lease store and the sim inventory; no daemon unless it starts one.
+    The environment is restored afterwards: `apply()` writes to it."""
+    saved = dict(os.environ)
     state = tmp_path / "state"
-    monkeypatch.setenv("ORCH_STATE_DIR", str(state))
-    monkeypatch.setenv("ORCH_DEVICES", f"sim:{LAB}")
+    os.environ["ORCH_STATE_DIR"] = str(state)
+    os.environ["ORCH_DEVICES"] = f"sim:{LAB}"
     for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "ORCH_SERVER", "ORCH_JOB_ID",
-                 "ORCH_SIMULATE_CUDA_INITIALIZED", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
-        monkeypatch.delenv(name, raising=False)
-    return state
+                 "ORCH_SIMULATE_CUDA_INITIALIZED", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS",
+                 "TF_FORCE_GPU_ALLOW_GROWTH", "XLA_PYTHON_CLIENT_PREALLOCATE"):
+        os.environ.pop(name, None)
+    yield state
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def python(code, **kwargs):

@@ -63,3 +63,12 @@ def test_torch_with_cuda_initialised_refuses(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     with pytest.raises(orch.CudaAlreadyInitialized, match="torch"):
         orch.use(gpus=1)
+
+
+def test_release_gives_the_environment_back(monkeypatch):
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
+    with orch.use(gpus=1) as lease:
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == lease.uuids[0]
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    assert "ORCH_JOB_ID" not in os.environ
+    assert os.environ["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"

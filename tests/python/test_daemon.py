@@ -138,3 +138,19 @@ def test_without_a_daemon_the_local_store_is_used(machine):
     assert lease.job_id is None
     with pytest.raises(orch.OrchError, match="no orch daemon answers"):
         orch.lease(gpus=1, daemon=True)
+
+
+def test_a_waiter_that_gives_up_leaves_the_queue(daemon):
+    held = orch.lease(gpus=8)
+    with pytest.raises(orch.NoFit, match="gave up waiting after"):
+        orch.lease(gpus=1, wait=True, timeout=0.5)
+    assert [j for j in jobs(daemon) if j["state"] == "queued"] == []
+    held.release()
+
+
+def test_inside_an_orch_job_leases_are_local(daemon, monkeypatch):
+    # A program started by `orch run` or the daemon chooses among its job's own devices.
+    monkeypatch.setenv("ORCH_JOB_ID", "some-job")
+    lease = orch.lease(gpus=1)
+    assert lease.job_id is None
+    assert jobs(daemon) == []

@@ -157,6 +157,7 @@ class Lease:
         self._socket = socket
         self._released = False
         self._owner = os.getpid()
+        self._before: Dict[str, Optional[str]] = {}
         self.id: str = info.get("lease_id") or info["id"]
         #: The daemon's job id for this lease (`orch jobs`), None without a daemon.
         self.job_id: Optional[str] = info.get("job_id")
@@ -191,15 +192,31 @@ class Lease:
                 "framework (the top of the script, the first notebook cell), or restart the kernel "
                 "and do that first"
             )
-        os.environ.update(self.env)
+        for key, value in self.env.items():
+            self._before.setdefault(key, os.environ.get(key))
+            os.environ[key] = value
         return self
 
+    def _unapply(self) -> None:
+        # The variables apply() set go back to what they were (those changed since are left).
+        for key, before in self._before.items():
+            if os.environ.get(key) != self.env.get(key):
+                continue
+            if before is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = before
+        self._before.clear()
+
     def release(self) -> bool:
-        """Gives the devices back now. False when released already."""
+        """Gives the devices back now, and the variables `apply()` set their earlier values
+        (a framework that initialised CUDA meanwhile keeps the devices it saw: stop using them).
+        False when released already."""
         if self._released or os.getpid() != self._owner:
             return False
         self._released = True
         _forget(self)
+        self._unapply()
         if self._native is not None:
             return bool(self._native.release())
         if self._socket is not None and self.job_id is not None:
@@ -407,7 +424,9 @@ def lease(
         priority,
     )
     limit = _seconds(timeout)
-    server = _daemon.socket_for(daemon)
+    with _held_lock:
+        own = [held.id for held in _held]
+    server = _daemon.socket_for(daemon, own)
     if server is not None:
         return _keep(_lease_from_daemon(server, request, policy, wait, limit))
     spec = _spec(devices)
@@ -448,19 +467,27 @@ def _lease_from_daemon(
     status, answer = _daemon.call(server, "POST", "/v1/leases", body)
     if status >= 400:
         raise _daemon.error_for(status, answer)
+    job_id = answer.get("job_id")
     started = time.monotonic()
     delay = 0.05
-    while answer.get("state") == "queued":
-        waited = time.monotonic() - started
-        if limit is not None and waited + delay > limit:
-            # Gives the place in the queue back (or the devices, if it started meanwhile).
-            _daemon.call(server, "POST", f"/v1/leases/{answer['job_id']}/release")
-            raise NoFit(f"gave up waiting after {waited:.1f}s: {answer.get('reason', '')}")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 1.0)
-        status, answer = _daemon.call(server, "GET", f"/v1/leases/{answer['job_id']}")
-        if status >= 400:
-            raise _daemon.error_for(status, answer)
+    try:
+        while answer.get("state") == "queued":
+            waited = time.monotonic() - started
+            if limit is not None and waited + delay > limit:
+                raise NoFit(f"gave up waiting after {waited:.1f}s: {answer.get('reason', '')}")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 1.0)
+            status, answer = _daemon.call(server, "GET", f"/v1/leases/{job_id}")
+            if status >= 400:
+                raise _daemon.error_for(status, answer)
+    except BaseException:
+        # Gave up, or Ctrl-C in a notebook (the kernel lives on): the place in the queue goes
+        # back, or the devices, if it started meanwhile.
+        try:
+            _daemon.call(server, "POST", f"/v1/leases/{job_id}/release")
+        except OrchError:
+            pass
+        raise
     if answer.get("state") != "running":
         raise NoFit(
             f"lease job {answer.get('job_id')} ended {answer.get('state')} before it started: {answer.get('reason', '')}"

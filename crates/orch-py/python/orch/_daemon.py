@@ -3,8 +3,9 @@
 Which daemon, and whether: ``ORCH_SERVER`` (a socket path) names one, and then it must answer;
 without it the default socket (``$ORCH_STATE_DIR/orch.sock``, ``/run/orch/orch.sock`` for root,
 ``$XDG_RUNTIME_DIR/orch.sock``) is used when a daemon answers there, and leases are local (the
-lease store of the state folder) otherwise. ``daemon=False`` forces the local path, ``daemon=True``
-requires a daemon.
+lease store of the state folder) otherwise. Inside an orch job (``ORCH_JOB_ID`` set) leases are
+local too: the job's own devices are the ones to choose from. ``daemon=False`` forces the local
+path, ``daemon=True`` requires a daemon.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import http.client
 import json
 import os
 import socket
-from typing import Any, Optional, Tuple
+from typing import Any, Iterable, Optional, Tuple
 
 from . import _native
 from ._native import BadRequest, NoFit, OrchError
@@ -45,9 +46,15 @@ def _answers(path: str) -> bool:
         sock.close()
 
 
-def socket_for(daemon: Optional[bool]) -> Optional[str]:
-    """The daemon's socket to use, or None for the local path."""
+def socket_for(daemon: Optional[bool], own_leases: Iterable[str] = ()) -> Optional[str]:
+    """The daemon's socket to use, or None for the local path. `own_leases`: the ids of the
+    leases this process holds (its own `apply()` sets ORCH_JOB_ID to one of them)."""
     if daemon is False:
+        return None
+    # Inside an orch job (`orch run`, a daemon's job) the process already runs on its job's
+    # devices: it claims among them, inside the job's lease, as `orch run` inside a job does.
+    job = os.environ.get("ORCH_JOB_ID", "")
+    if daemon is None and job and job not in set(own_leases):
         return None
     named = os.environ.get("ORCH_SERVER", "").strip()
     if named.startswith(("http://", "https://")):
