@@ -19,15 +19,13 @@ def orch_bin():
     return path
 
 
-@pytest.fixture
-def daemon(machine):
-    """`orch serve` on the test's state folder; ORCH_SERVER names its socket."""
+def start_daemon(machine, *args):
     binary = orch_bin()
     socket = machine / "orch.sock"
     machine.mkdir(parents=True, exist_ok=True)
     log = open(machine / "daemon.log", "wb")
     proc = subprocess.Popen(
-        [binary, "serve"], stdin=subprocess.DEVNULL, stdout=log, stderr=log
+        [binary, "serve", *args], stdin=subprocess.DEVNULL, stdout=log, stderr=log
     )
     deadline = time.monotonic() + 30
     while not socket.exists():
@@ -35,8 +33,26 @@ def daemon(machine):
         assert time.monotonic() < deadline, "the daemon never listened"
         time.sleep(0.02)
     os.environ["ORCH_SERVER"] = str(socket)
+    return binary, proc
+
+
+@pytest.fixture
+def daemon(machine):
+    """`orch serve` on the test's state folder; ORCH_SERVER names its socket."""
+    binary, proc = start_daemon(machine)
     yield binary
-    os.environ.pop("ORCH_SERVER", None)
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture
+def limited_daemon(machine):
+    """A daemon whose one tenant (this user) may hold two devices at once."""
+    me = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
+    config = machine.parent / "serve.toml"
+    config.write_text(f'[[tenant]]\nname = "lab"\nusers = ["{me}"]\nmax_gpus = 2\n')
+    binary, proc = start_daemon(machine, "--config", str(config))
+    yield binary
     proc.kill()
     proc.wait()
 
@@ -154,3 +170,12 @@ def test_inside_an_orch_job_leases_are_local(daemon, monkeypatch):
     lease = orch.lease(gpus=1)
     assert lease.job_id is None
     assert jobs(daemon) == []
+
+
+def test_the_tenants_limits_hold_for_leases(limited_daemon):
+    first = orch.lease(gpus=2)
+    # Six devices are free, but the tenant holds its two.
+    with pytest.raises(orch.NoFit, match="max_gpus = 2"):
+        orch.lease(gpus=1)
+    first.release()
+    assert len(orch.lease(gpus=2).devices) == 2
