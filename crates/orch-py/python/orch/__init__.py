@@ -13,11 +13,8 @@ is restarted). See docs/PYTHON.md.
 from __future__ import annotations
 
 import atexit
-import base64
 import json
 import os
-import random
-import re
 import sys
 import threading
 import time
@@ -318,7 +315,7 @@ def _request(
     )
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_DURATION = r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$"
 
 
 def _seconds(timeout: Optional[Seconds]) -> Optional[float]:
@@ -326,7 +323,9 @@ def _seconds(timeout: Optional[Seconds]) -> Optional[float]:
         return None
     if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout >= 0:
         return float(timeout)
-    match = _DURATION.match(timeout) if isinstance(timeout, str) else None
+    import re
+
+    match = re.match(_DURATION, timeout) if isinstance(timeout, str) else None
     if not match:
         raise BadRequest(
             f"timeout is a number of seconds or a duration such as 90s, 15m or 2h, found {timeout!r}"
@@ -444,6 +443,8 @@ def lease(
             if limit is not None and waited + delay > limit:
                 raise NoFit(f"gave up waiting after {waited:.1f}s: {reason}") from None
         # Different in every process, so waiters do not retry in lockstep.
+        import random
+
         time.sleep(delay + random.uniform(0, 0.05))
         delay = min(delay * 1.5, 2.0)
 
@@ -459,6 +460,8 @@ def _lease_from_daemon(
         "wait": bool(wait),
     }
     if policy.endswith(".wasm") or os.sep in policy:
+        import base64
+
         try:
             with open(policy, "rb") as f:
                 body["policy_wasm"] = base64.b64encode(f.read()).decode()

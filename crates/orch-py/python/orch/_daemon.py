@@ -10,31 +10,35 @@ path, ``daemon=True`` requires a daemon.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
-import socket
 from typing import Any, Iterable, Optional, Tuple
 
 from . import _native
 from ._native import BadRequest, NoFit, OrchError
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("orch", timeout=timeout)
-        self._path = path
+def _connection(path: str, timeout: float) -> Any:
+    """An HTTP connection over the Unix socket `path`. http.client is imported here, on the
+    daemon path only: `import orch` stays cheap."""
+    import http.client
+    import socket
 
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.connect(self._path)
-        self.sock = sock
+    class UnixConnection(http.client.HTTPConnection):
+        def connect(self) -> None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout)
+            sock.connect(path)
+            self.sock = sock
+
+    return UnixConnection("orch", timeout=timeout)
 
 
 def _answers(path: str) -> bool:
     if not os.path.exists(path):
         return False
+    import socket
+
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(1.0)
     try:
@@ -77,7 +81,7 @@ def call(
     path: str, method: str, url: str, body: Optional[dict] = None, timeout: float = 60.0
 ) -> Tuple[int, Any]:
     """One request; returns the status and the decoded JSON answer."""
-    conn = _UnixConnection(path, timeout)
+    conn = _connection(path, timeout)
     try:
         data = None if body is None else json.dumps(body).encode()
         conn.request(method, url, body=data, headers={"content-type": "application/json"})
