@@ -6,8 +6,9 @@
 //! - The lease's holder is the Python process itself (pid and start time): it is reclaimed like
 //!   any other when the process dies, and a notebook kernel holds it until it is restarted or the
 //!   lease released. A forked child (a DataLoader worker) never releases its parent's lease.
-//! - Data crosses into Python as JSON text, which the pure-Python layer (`orch/__init__.py`)
-//!   turns into dataclasses: one small, stable surface instead of a class per record.
+//! - Data crosses into Python as plain dicts and lists (and requests come in as one), which the
+//!   pure-Python layer (`orch/__init__.py`) turns into dataclasses: one small, stable surface
+//!   instead of a class per record, and no `json` import on the way.
 //! - Waiting (`wait=True`) is a loop in Python around one attempt here, so Ctrl-C interrupts it
 //!   and other threads run; each attempt releases the GIL.
 //! - The daemon path (`orch serve`) is the Python layer's: HTTP over the daemon's socket. This
@@ -125,20 +126,100 @@ fn with_host<T>(f: impl FnOnce(&mut PolicyHost) -> Result<T, Failure>) -> Result
     }
 }
 
-fn parse_request(json: &str) -> Result<Request, Failure> {
-    serde_json::from_str(json).map_err(|e| Failure::BadRequest(format!("bad request: {e}")))
+fn parse_request(request: &Bound<'_, PyAny>) -> Result<Request, Failure> {
+    serde_json::from_value(from_py(request)?)
+        .map_err(|e| Failure::BadRequest(format!("bad request: {e}")))
 }
 
-fn to_json(value: &serde_json::Value) -> String {
-    // Serialising plain data cannot fail.
-    serde_json::to_string(value).unwrap_or_default()
+/// JSON data as Python objects (dicts, lists, str, int, float, bool, None): no `json` module to
+/// import on the Python side, which keeps `import orch` cheap.
+fn to_py<'py>(py: Python<'py>, value: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
+    use pyo3::types::{PyDict, PyList};
+    Ok(match value {
+        serde_json::Value::Null => py.None().into_bound(py),
+        serde_json::Value::Bool(b) => pyo3::types::PyBool::new(py, *b).to_owned().into_any(),
+        serde_json::Value::Number(n) => match (n.as_u64(), n.as_i64(), n.as_f64()) {
+            (Some(u), _, _) => u.into_pyobject(py)?.into_any(),
+            (None, Some(i), _) => i.into_pyobject(py)?.into_any(),
+            (None, None, f) => f.unwrap_or(f64::NAN).into_pyobject(py)?.into_any(),
+        },
+        serde_json::Value::String(t) => t.into_pyobject(py)?.into_any(),
+        serde_json::Value::Array(items) => {
+            let list = PyList::empty(py);
+            for item in items {
+                list.append(to_py(py, item)?)?;
+            }
+            list.into_any()
+        }
+        serde_json::Value::Object(map) => {
+            let dict = PyDict::new(py);
+            for (k, v) in map {
+                dict.set_item(k, to_py(py, v)?)?;
+            }
+            dict.into_any()
+        }
+    })
+}
+
+/// A request as the Python layer builds it (a dict of plain values) as JSON data.
+fn from_py(value: &Bound<'_, PyAny>) -> Result<serde_json::Value, Failure> {
+    use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+    if value.is_none() {
+        return Ok(serde_json::Value::Null);
+    }
+    if let Ok(b) = value.cast::<PyBool>() {
+        return Ok(b.is_true().into());
+    }
+    if value.is_instance_of::<PyInt>() {
+        return match value.extract::<i64>() {
+            Ok(i) => Ok(i.into()),
+            Err(_) => value
+                .extract::<u64>()
+                .map(Into::into)
+                .map_err(|_| Failure::BadRequest(format!("{value} is far too large"))),
+        };
+    }
+    if let Ok(f) = value.cast::<PyFloat>() {
+        return Ok(f.value().into());
+    }
+    if let Ok(t) = value.cast::<PyString>() {
+        return Ok(t.to_string_lossy().into_owned().into());
+    }
+    if let Ok(d) = value.cast::<PyDict>() {
+        let mut map = serde_json::Map::new();
+        for (k, v) in d.iter() {
+            map.insert(
+                k.str()
+                    .map_err(|e| Failure::BadRequest(e.to_string()))?
+                    .to_string_lossy()
+                    .into_owned(),
+                from_py(&v)?,
+            );
+        }
+        return Ok(map.into());
+    }
+    let items: Option<Vec<Bound<'_, PyAny>>> = if let Ok(l) = value.cast::<PyList>() {
+        Some(l.iter().collect())
+    } else {
+        value.cast::<PyTuple>().ok().map(|t| t.iter().collect())
+    };
+    match items {
+        Some(items) => Ok(items
+            .iter()
+            .map(from_py)
+            .collect::<Result<Vec<_>, _>>()?
+            .into()),
+        None => Err(Failure::BadRequest(format!(
+            "{value} cannot be sent to orch"
+        ))),
+    }
 }
 
 /// Every device with both numberings, telemetry and processes, as `orch devices --json` shows
 /// them (plus `cuda_index`, the index under this process's `CUDA_VISIBLE_DEVICES`).
 #[pyfunction]
-fn devices(py: Python<'_>, spec: String) -> PyResult<String> {
-    let rows = py.detach(move || -> Result<String, Failure> {
+fn devices(py: Python<'_>, spec: String) -> PyResult<Bound<'_, PyAny>> {
+    let rows = py.detach(move || -> Result<serde_json::Value, Failure> {
         let inventory = inventory(&spec)?;
         let visibility = visibility(&inventory);
         let leases = live_leases_if_any();
@@ -171,9 +252,9 @@ fn devices(py: Python<'_>, spec: String) -> PyResult<String> {
                 row
             })
             .collect();
-        Ok(to_json(&serde_json::Value::from(rows)))
+        Ok(serde_json::Value::from(rows))
     })?;
-    Ok(rows)
+    to_py(py, &rows)
 }
 
 /// The live leases, without creating a state folder where none is (listing devices writes
@@ -218,11 +299,14 @@ fn plan_json(plan: &Plan, inventory: &Inventory) -> serde_json::Value {
 
 /// A dry run: what the policy picks now, why, and why not each other visible device.
 #[pyfunction]
-fn plan(py: Python<'_>, spec: String, request: String) -> PyResult<String> {
-    let out = py.detach(move || -> Result<String, Failure> {
-        let job = parse_request(&request)?
-            .job()
-            .map_err(Failure::BadRequest)?;
+fn plan<'py>(
+    py: Python<'py>,
+    spec: String,
+    request: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let request = parse_request(request)?;
+    let out = py.detach(move || -> Result<serde_json::Value, Failure> {
+        let job = request.job().map_err(Failure::BadRequest)?;
         let inventory = inventory(&spec)?;
         let visibility = visibility(&inventory);
         let leases: Vec<orch_core::DeviceLease> = LeaseStore::open_default()
@@ -239,9 +323,9 @@ fn plan(py: Python<'_>, spec: String, request: String) -> PyResult<String> {
         };
         let env = |name: &str| std::env::var(name).ok();
         let plan = with_host(|host| orch_runner::plan(input, host, &env).map_err(plan_failure))?;
-        Ok(to_json(&plan_json(&plan, &inventory)))
+        Ok(plan_json(&plan, &inventory))
     })?;
-    Ok(out)
+    to_py(py, &out)
 }
 
 /// A lease held by this process, released by [`NativeLease::release`], or when the process ends
@@ -251,15 +335,15 @@ struct NativeLease {
     guard: Mutex<Option<LeaseGuard>>,
     /// The process that claimed it: a forked child neither releases it nor lets it go on drop.
     owner: u32,
-    info: String,
+    info: serde_json::Value,
 }
 
 #[pymethods]
 impl NativeLease {
-    /// The lease as JSON: id, devices, the plan's reason and rejections, the environment.
+    /// The lease: id, devices, the plan's reason and rejections, the environment.
     #[getter]
-    fn info(&self) -> String {
-        self.info.clone()
+    fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        to_py(py, &self.info)
     }
 
     /// Releases the lease now; false when it was released already (or this is a forked child,
@@ -311,11 +395,10 @@ impl Drop for NativeLease {
 /// One attempt to claim devices for this process: the plan runs inside the lease store's
 /// transaction, so no other process (`orch run`, another notebook) can take them meanwhile.
 #[pyfunction]
-fn claim(py: Python<'_>, spec: String, request: String) -> PyResult<NativeLease> {
+fn claim(py: Python<'_>, spec: String, request: &Bound<'_, PyAny>) -> PyResult<NativeLease> {
+    let request = parse_request(request)?;
     let lease = py.detach(move || -> Result<NativeLease, Failure> {
-        let job = parse_request(&request)?
-            .job()
-            .map_err(Failure::BadRequest)?;
+        let job = request.job().map_err(Failure::BadRequest)?;
         let inventory = inventory(&spec)?;
         orch_runner::check_enforcement(&job, inventory.backend).map_err(Failure::BadRequest)?;
         let visibility = visibility(&inventory);
@@ -350,7 +433,7 @@ fn claim(py: Python<'_>, spec: String, request: String) -> PyResult<NativeLease>
         Ok(NativeLease {
             guard: Mutex::new(Some(LeaseGuard::new(state_dir, lease))),
             owner: std::process::id(),
-            info: to_json(&info),
+            info,
         })
     })?;
     Ok(lease)
@@ -358,8 +441,8 @@ fn claim(py: Python<'_>, spec: String, request: String) -> PyResult<NativeLease>
 
 /// The request as a job file's text, for `POST /v1/leases` of the daemon.
 #[pyfunction]
-fn job_text(request: String) -> PyResult<String> {
-    let request = parse_request(&request)?;
+fn job_text(request: &Bound<'_, PyAny>) -> PyResult<String> {
+    let request = parse_request(request)?;
     Ok(request.job_text().map_err(Failure::BadRequest)?)
 }
 

@@ -13,16 +13,35 @@ is restarted). See docs/PYTHON.md.
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Union
 
 from . import _cuda, _daemon, _native
 from ._native import BadRequest, NoFit, OrchError, PluginError
+
+# Annotations are never evaluated at run time (`from __future__ import annotations`): `typing`
+# and the dataclasses (`_types`) are imported by type checkers here, and by the program only
+# when it first needs a record, which keeps `import orch` cheap.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Mapping, Optional, Union
+
+    from ._types import Device, LeasedDevice, Plan, Process, Rejection
+
+    Size = Union[int, str]
+    Seconds = Union[int, float, str]
+
+_RECORDS = ("Device", "LeasedDevice", "Plan", "Process", "Rejection")
+
+
+def __getattr__(name: str) -> object:
+    if name in _RECORDS:
+        from . import _types
+
+        return getattr(_types, name)
+    raise AttributeError(f"module 'orch' has no attribute {name!r}")
 
 __all__ = [
     "BadRequest",
@@ -42,100 +61,8 @@ __all__ = [
     "use",
 ]
 
-Size = Union[int, str]
-Seconds = Union[int, float, str]
-
-
 class CudaAlreadyInitialized(OrchError):
     """`apply()` came after a framework initialised CUDA in this process: too late to choose devices."""
-
-
-@dataclass(frozen=True)
-class Process:
-    """A compute process on a device (NVML's reading)."""
-
-    pid: int
-    used_memory_bytes: Optional[int]
-
-
-@dataclass(frozen=True)
-class Device:
-    """One device of the inventory. `index` is nvidia-smi's (physical, PCI order); `cuda_index`
-    is the index CUDA gives it in this process (under `CUDA_VISIBLE_DEVICES`), None when hidden.
-    A value the backend cannot read is None, never a guess."""
-
-    index: int
-    cuda_index: Optional[int]
-    uuid: str
-    name: str
-    backend: str
-    memory_total_bytes: Optional[int]
-    memory_used_bytes: Optional[int]
-    memory_free_bytes: Optional[int]
-    utilization_gpu_percent: Optional[int]
-    utilization_memory_percent: Optional[int]
-    temperature_c: Optional[int]
-    power_draw_w: Optional[float]
-    compute_capability: Optional[str]
-    pci_bus_id: Optional[str]
-    processes: Optional[List[Process]]
-    foreign_processes: List[Process]
-    held_by: Optional[str]
-
-
-@dataclass(frozen=True)
-class LeasedDevice:
-    """A device of a lease. `index` is its CUDA index once the lease is applied (0..n-1 in the
-    lease's order); `cuda_index` the one it had when it was chosen; `physical_index` nvidia-smi's."""
-
-    index: int
-    cuda_index: int
-    physical_index: int
-    uuid: str
-    name: str
-    memory_total_bytes: Optional[int] = None
-    memory_free_bytes: Optional[int] = None
-    utilization_gpu_percent: Optional[int] = None
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """A visible device the policy did not choose, and why."""
-
-    cuda_index: int
-    physical_index: int
-    why: str
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A dry run: what the policy would pick now, its reason, and why not the others."""
-
-    policy: str
-    devices: List[LeasedDevice]
-    reason: str
-    rejected: List[Rejection]
-    hidden: int
-
-
-def _leased(rows: List[dict]) -> List[LeasedDevice]:
-    return [
-        LeasedDevice(
-            index=i,
-            cuda_index=d["index"],
-            physical_index=d["physical_index"],
-            uuid=d["uuid"],
-            name=d.get("name", ""),
-            memory_total_bytes=d.get("memory_total_bytes"),
-            memory_free_bytes=d.get("memory_free_bytes"),
-            utilization_gpu_percent=d.get("utilization_gpu_percent"),
-        )
-        for i, d in enumerate(rows)
-    ]
-
-
-def _rejections(rows: List[dict]) -> List[Rejection]:
-    return [Rejection(r["index"], r["physical_index"], r["why"]) for r in rows]
 
 
 class Lease:
@@ -155,20 +82,33 @@ class Lease:
         self._released = False
         self._owner = os.getpid()
         self._before: Dict[str, Optional[str]] = {}
+        self._info = info
         self.id: str = info.get("lease_id") or info["id"]
         #: The daemon's job id for this lease (`orch jobs`), None without a daemon.
         self.job_id: Optional[str] = info.get("job_id")
-        self.devices: List[LeasedDevice] = _leased(info.get("devices", []))
-        self.policy: str = info.get("policy", "")
-        self.reason: str = info.get("reason", "")
-        self.rejected: List[Rejection] = _rejections(info.get("rejected", []))
+        self.policy: str = info.get("policy") or ""
+        self.reason: str = info.get("reason") or ""
         self.exclusive: bool = bool(info.get("exclusive", True))
         #: The variables `apply()` sets: exactly what `orch run` gives a job on these devices.
         self.env: Dict[str, str] = dict(info.get("env", {}))
 
     @property
+    def devices(self) -> List[LeasedDevice]:
+        """The leased devices, best first."""
+        from ._types import _leased
+
+        return _leased(self._info.get("devices") or [])
+
+    @property
+    def rejected(self) -> List[Rejection]:
+        """The visible devices the policy did not choose, and why."""
+        from ._types import _rejections
+
+        return _rejections(self._info.get("rejected") or [])
+
+    @property
     def uuids(self) -> List[str]:
-        return [d.uuid for d in self.devices]
+        return [d["uuid"] for d in self._info.get("devices") or []]
 
     @property
     def released(self) -> bool:
@@ -231,7 +171,9 @@ class Lease:
         self.release()
 
     def __repr__(self) -> str:
-        devices = ", ".join(f"GPU {d.physical_index} ({d.uuid[:12]})" for d in self.devices)
+        devices = ", ".join(
+            f"GPU {d['physical_index']} ({d['uuid'][:12]})" for d in self._info.get("devices") or []
+        )
         state = "released" if self._released else "held"
         return f"<orch.Lease {self.id} {state}: {devices} by {self.policy}>"
 
@@ -285,7 +227,7 @@ def _request(
     name: Optional[str],
     tenant: Optional[str],
     priority: int,
-) -> str:
+) -> dict:
     if isinstance(gpus, bool) or not isinstance(gpus, int):
         raise BadRequest(f"gpus must be a whole number of devices, found {gpus!r}")
     for key, value in (("min_free_memory", min_free_memory), ("memory_limit", memory_limit)):
@@ -298,7 +240,7 @@ def _request(
     ):
         raise BadRequest(f"max_utilization is a percent from 0 to 100, found {max_utilization!r}")
     pairs = [(str(k), str(v)) for k, v in (config or {}).items()]
-    return json.dumps(
+    return (
         {
             "name": name or _default_name(),
             "gpus": gpus,
@@ -336,7 +278,9 @@ def _seconds(timeout: Optional[Seconds]) -> Optional[float]:
 
 def devices(devices: Optional[str] = None) -> List[Device]:
     """The inventory (`devices=` or ORCH_DEVICES: auto, nvml, cpu, sim:PATH), both numberings."""
-    rows = json.loads(_native.devices(_spec(devices)))
+    from ._types import Device, Process
+
+    rows = _native.devices(_spec(devices))
 
     def procs(items: Optional[list]) -> Optional[List[Process]]:
         if items is None:
@@ -382,7 +326,9 @@ def plan(
     request = _request(
         gpus, policy, min_free_memory, max_utilization, memory_limit, exclusive, config, name, None, 0
     )
-    info = json.loads(_native.plan(_spec(devices), request))
+    from ._types import Plan, _leased, _rejections
+
+    info = _native.plan(_spec(devices), request)
     return Plan(
         policy=info["policy"],
         devices=_leased(info["devices"]),
@@ -434,7 +380,7 @@ def lease(
     while True:
         try:
             native = _native.claim(spec, request)
-            return _keep(Lease(json.loads(native.info), native=native))
+            return _keep(Lease(native.info, native=native))
         except NoFit as e:
             reason = str(e)
             if not wait:
@@ -450,7 +396,7 @@ def lease(
 
 
 def _lease_from_daemon(
-    server: str, request: str, policy: str, wait: bool, limit: Optional[float]
+    server: str, request: dict, policy: str, wait: bool, limit: Optional[float]
 ) -> Lease:
     body: Dict[str, object] = {
         "job_text": _native.job_text(request),

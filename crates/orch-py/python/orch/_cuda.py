@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import List
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import List
 
 #: Names a framework that "already initialised CUDA" (for tests of the refusal).
 SIMULATE_ENV = "ORCH_SIMULATE_CUDA_INITIALIZED"

@@ -10,12 +10,14 @@ path, ``daemon=True`` requires a daemon.
 
 from __future__ import annotations
 
-import json
 import os
-from typing import Any, Iterable, Optional, Tuple
 
 from . import _native
 from ._native import BadRequest, NoFit, OrchError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Iterable, Optional, Tuple
 
 
 def _connection(path: str, timeout: float) -> Any:
@@ -81,6 +83,8 @@ def call(
     path: str, method: str, url: str, body: Optional[dict] = None, timeout: float = 60.0
 ) -> Tuple[int, Any]:
     """One request; returns the status and the decoded JSON answer."""
+    import json
+
     conn = _connection(path, timeout)
     try:
         data = None if body is None else json.dumps(body).encode()
