@@ -74,7 +74,7 @@ class Lease:
     def __init__(
         self,
         info: dict,
-        native: Optional[object] = None,
+        native: Optional[_native.NativeLease] = None,
         socket: Optional[str] = None,
     ) -> None:
         self._native = native
