@@ -309,9 +309,26 @@ fn hostile_plugins_fail_the_plan_not_the_process() {
         "{}",
         stderr(&out)
     );
-    let out = plan_with(&[&spin], &[("ORCH_POLICY_DEADLINE_MS", "20")]);
+    let spin_20 = job_file(
+        "spin-20.toml",
+        &format!(
+            "[job]\nname = \"t\"\n[resources]\ngpus = 1\n[policy]\nplugin = \"{}\"\ndeadline = \"20ms\"\n[command]\nargv = [\"true\"]\n",
+            fixture("hostile_spin.wasm")
+        ),
+    );
+    let out = plan_with(&[&spin_20], &[]);
     assert!(
-        stderr(&out).contains("deadline of 20 ms"),
+        stderr(&out).contains("deadline of 20 ms and was stopped; if it needs longer, set `deadline` in [policy] of the job file"),
+        "{}",
+        stderr(&out)
+    );
+    // Past the machine's maximum: refused before the plugin runs, at the setting, naming the
+    // setting that raises the maximum.
+    let config = job_file("machine.toml", "[limits.policy]\nmax_deadline = \"10ms\"\n");
+    let out = plan_with(&[&spin_20], &[("ORCH_CONFIG", &config)]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("spin-20.toml:7:12: deadline = 20 ms in [policy] of the job file is above this machine's maximum of 10 ms (`max_deadline` under [limits.policy] in "),
         "{}",
         stderr(&out)
     );
@@ -336,7 +353,9 @@ fn hostile_plugins_fail_the_plan_not_the_process() {
     let out = plan_with(&[&other], &[]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
-        stderr(&out).contains("is a component of another world"),
+        stderr(&out).contains(
+            "is not a policy orch can load: it exports `wasi:cli/run@0.2.0` (an instance)"
+        ),
         "{}",
         stderr(&out)
     );
@@ -349,8 +368,13 @@ fn plugin_inspect_names_the_world_or_refuses() {
     let out = orch(&["plugin", "inspect", "least-loaded", "--json"], &env);
     assert!(out.status.success(), "{}", stderr(&out));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["world"], "orch:plugin/policy@0.1.0");
-    assert_eq!(v["exports"], serde_json::json!(["func select"]));
+    assert_eq!(v["world"], "orch:plugin/policy@0.2.0");
+    assert_eq!(v["contract"], "0.2.0");
+    assert_eq!(v["note"], Value::Null);
+    assert_eq!(
+        v["exports"],
+        serde_json::json!(["instance orch:plugin/placement@0.2.0"])
+    );
     assert!(v["size_bytes"].as_u64().unwrap() > 1000);
     assert!(
         v["imports"]
@@ -364,7 +388,7 @@ fn plugin_inspect_names_the_world_or_refuses() {
     let out = orch(&["plugin", "inspect", &spin], &env);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
-        stdout(&out).contains("a component of world orch:plugin/policy@0.1.0"),
+        stdout(&out).contains("a component of world orch:plugin/policy@0.2.0"),
         "{}",
         stdout(&out)
     );
@@ -372,7 +396,7 @@ fn plugin_inspect_names_the_world_or_refuses() {
     let cases = [
         (
             fixture("hostile-other-world.wasm"),
-            "is a component of another world, not orch:plugin/policy@0.1.0: it exports instance wasi:cli/run",
+            "is not a policy orch can load: it exports `wasi:cli/run@0.2.0` (an instance), and orch expected orch:plugin/policy@0.2.0",
         ),
         (
             root().join("Cargo.toml").display().to_string(),
@@ -434,4 +458,74 @@ fn a_users_policy_builds_with_cargo_and_loads_by_path() {
     assert_eq!(plan["policy"], "coolest.wasm");
     assert_eq!(chosen(&plan), vec![4, 1]);
     assert_eq!(why(&plan, 7), "fits, not chosen by coolest.wasm");
+}
+
+/// `orch plugin cache` lists the compiled plugins by use, keeps the folder under its cap
+/// (`ORCH_CACHE_SIZE`, least recently used first) and clears it.
+#[test]
+fn plugin_cache_lists_evicts_and_clears() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("cache-cli-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cache = dir.display().to_string();
+    let env = [("ORCH_CACHE_DIR", cache.as_str())];
+    for name in ["least-loaded", "pack"] {
+        let out = orch(&["plugin", "inspect", name], &env);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let out = orch(&["plugin", "cache", "--json"], &env);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["dir"], cache);
+    assert_eq!(v["limit_bytes"], 1u64 << 30);
+    let plugins: Vec<&str> = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["plugin"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        plugins,
+        vec!["pack", "least-loaded"],
+        "most recently used first"
+    );
+    assert!(v["total_bytes"].as_u64().unwrap() > 10_000);
+
+    // A cap below one entry: writing a third evicts the others, keeping the one just written.
+    let small = [
+        ("ORCH_CACHE_DIR", cache.as_str()),
+        ("ORCH_CACHE_SIZE", "1KiB"),
+    ];
+    let out = orch(&["plugin", "inspect", "spread"], &small);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = orch(&["plugin", "cache"], &small);
+    let text = stdout(&out);
+    assert!(text.contains("1 compiled plugin(s)"), "{text}");
+    assert!(text.contains("of 1 KiB (ORCH_CACHE_SIZE)"), "{text}");
+    assert!(text.contains("spread"), "{text}");
+    assert!(!text.contains("least-loaded"), "{text}");
+
+    let bad = [
+        ("ORCH_CACHE_DIR", cache.as_str()),
+        ("ORCH_CACHE_SIZE", "lots"),
+    ];
+    let out = orch(&["plugin", "cache"], &bad);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("ORCH_CACHE_SIZE=\"lots\""),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = orch(&["plugin", "cache", "--clear"], &env);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).starts_with("removed 1 compiled plugin(s)"),
+        "{}",
+        stdout(&out)
+    );
+    let out = orch(&["plugin", "cache", "--json"], &env);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["entries"], serde_json::json!([]));
+    let _ = std::fs::remove_dir_all(&dir);
 }

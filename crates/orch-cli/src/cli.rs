@@ -196,6 +196,16 @@ pub enum PluginAction {
         #[arg(long)]
         json: bool,
     },
+    /// The compile cache: compiled plugins by last use, their sizes and the cap
+    /// (`ORCH_CACHE_SIZE`, default 1GiB); `--clear` empties it.
+    Cache {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Remove every compiled plugin (the next load of each compiles it again).
+        #[arg(long)]
+        clear: bool,
+    },
 }
 
 #[derive(Debug, clap::Args)]

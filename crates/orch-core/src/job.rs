@@ -6,6 +6,7 @@
 //! happen at plan time; the spec keeps the locations they point at ([`Resources::gpus_at`],
 //! [`PolicySpec::plugin_at`]).
 
+use crate::limits::LimitSettings;
 use crate::{ByteSize, InputError, Location};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -187,6 +188,9 @@ pub struct PolicySpec {
     pub plugin: PluginRef,
     pub plugin_at: Location,
     pub config: Vec<(String, String)>,
+    /// `deadline` and `memory`: the plugin's limits, when the job sets them (bounded by the
+    /// machine's maxima, [`crate::MachineLimits`]).
+    pub limits: LimitSettings,
 }
 
 /// A policy (or trainer) plugin: a built-in name, or a `.wasm` component file.
@@ -218,6 +222,8 @@ impl std::fmt::Display for PluginRef {
 }
 
 /// Exactly one of `[command]` or `[train]`.
+// One per job, parsed once: the size of the larger variant costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Work {
     Command(CommandSpec),
@@ -253,8 +259,11 @@ pub struct TrainSpec {
     pub seed: u64,
     pub data: DataSpec,
     pub config: Vec<(String, String)>,
-    /// How long one plugin call (`init`, a training or evaluation step) may run (default 60 s).
-    pub step_timeout: std::time::Duration,
+    /// `deadline` (how long one plugin call, `init-replica` with the instantiation before it, a
+    /// training or an evaluation step, may run; `step_timeout` is its older name) and `memory`
+    /// (the plugin's linear memory; tensors live outside it), when the job sets them. Unset, a
+    /// trainer gets 60 s and 256 MiB, within the machine's maxima ([`crate::MachineLimits`]).
+    pub limits: LimitSettings,
     /// Save a checkpoint every this many steps (and always at the end); `None`: only at the end.
     pub checkpoint_every: Option<u64>,
     /// Replicas (data parallel); `None`: one per granted device. Fewer replicas than devices
@@ -375,6 +384,8 @@ struct RawResources {
 struct RawPolicy {
     plugin: Option<Spanned<String>>,
     config: Option<BTreeMap<String, Spanned<toml::Value>>>,
+    deadline: Option<Spanned<toml::Value>>,
+    memory: Option<Spanned<toml::Value>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -396,7 +407,9 @@ struct RawTrain {
     seed: u64,
     data: RawData,
     config: Option<BTreeMap<String, Spanned<toml::Value>>>,
+    deadline: Option<Spanned<toml::Value>>,
     step_timeout: Option<Spanned<toml::Value>>,
+    memory: Option<Spanned<toml::Value>>,
     checkpoint_every: Option<Spanned<i64>>,
     replicas: Option<Spanned<i64>>,
     out: Option<Spanned<String>>,
@@ -414,9 +427,6 @@ struct RawData {
     scale: Option<Spanned<f64>>,
     normalize: Option<bool>,
 }
-
-/// The default `[train] step_timeout`.
-pub const DEFAULT_STEP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// A positive duration: humantime's grammar (`90s`, `15m`, `2h 30m`, `3d`, `500ms`, `1week`),
 /// or a plain number of seconds (`3`, `0.5`, as `sleep` reads it); `None` when malformed or zero.
@@ -660,9 +670,18 @@ impl Checker<'_> {
     }
 
     fn policy(&self, raw: Option<RawPolicy>) -> Result<PolicySpec, InputError> {
-        let (plugin, config) = match raw {
-            Some(raw) => (raw.plugin, raw.config),
-            None => (None, None),
+        let (plugin, config, limits) = match raw {
+            Some(raw) => {
+                let limits = LimitSettings::parse(
+                    self.path,
+                    self.text,
+                    "[policy]",
+                    raw.deadline.as_ref(),
+                    raw.memory.as_ref(),
+                )?;
+                (raw.plugin, raw.config, limits)
+            }
+            None => (None, None, LimitSettings::default()),
         };
         let (plugin, plugin_at) = match plugin {
             Some(p) if p.get_ref().trim().is_empty() => {
@@ -683,6 +702,7 @@ impl Checker<'_> {
             plugin,
             plugin_at,
             config: self.config(config)?,
+            limits,
         })
     }
 
@@ -765,22 +785,18 @@ impl Checker<'_> {
                     .with_hint("give a path, relative to the job file's folder"));
             }
         }
-        let step_timeout = match &raw.step_timeout {
-            None => DEFAULT_STEP_TIMEOUT,
-            Some(value) => {
-                let parsed = match value.get_ref() {
-                    toml::Value::String(s) => parse_duration(s),
-                    toml::Value::Integer(i) if *i > 0 => {
-                        Some(std::time::Duration::from_secs(i.unsigned_abs()))
-                    }
-                    _ => None,
-                };
-                parsed.ok_or_else(|| {
-                    self.at(value.span(), "step_timeout is not a duration")
-                        .with_hint("give seconds, or a string such as \"90s\", \"15m\", \"500ms\"")
-                })?
-            }
-        };
+        if let (Some(_), Some(old)) = (&raw.deadline, &raw.step_timeout) {
+            return Err(self
+                .at(old.span(), "[train] sets both deadline and step_timeout")
+                .with_hint("keep `deadline`: `step_timeout` is its older name"));
+        }
+        let limits = LimitSettings::parse(
+            self.path,
+            self.text,
+            "[train]",
+            raw.deadline.as_ref().or(raw.step_timeout.as_ref()),
+            raw.memory.as_ref(),
+        )?;
         let checkpoint_every = raw
             .checkpoint_every
             .as_ref()
@@ -839,7 +855,7 @@ impl Checker<'_> {
                 normalize: raw.data.normalize.unwrap_or(true),
             },
             config: self.config(raw.config)?,
-            step_timeout,
+            limits,
             checkpoint_every,
             replicas,
             out,

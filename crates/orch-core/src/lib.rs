@@ -6,6 +6,7 @@
 
 pub mod job;
 pub mod lease;
+pub mod limits;
 pub mod location;
 pub mod process;
 pub mod random;
@@ -13,5 +14,6 @@ pub mod size;
 
 pub use job::{JobSpec, PluginRef};
 pub use lease::DeviceLease;
+pub use limits::{Bounds, LimitSettings, MachineLimits};
 pub use location::{InputError, Location};
 pub use size::{ByteSize, SizeParseError};

@@ -86,7 +86,7 @@ fn millis(d: Duration) -> String {
 fn main() {
     let cache = std::env::temp_dir().join("orch-bench-cache");
     let limits = Limits::queue_default();
-    let mut host = match QueueHost::with_cache_dir(limits.clone(), Some(cache)) {
+    let mut host = match QueueHost::with_cache_dir(limits, Some(cache)) {
         Ok(host) => host,
         Err(e) => {
             eprintln!("cannot start the queue host: {e}");

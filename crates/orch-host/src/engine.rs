@@ -28,7 +28,9 @@ pub fn new_engine(limits: &Limits) -> wasmtime::Result<Engine> {
         .max_memories_per_component(per(limits.memories))
         .max_tables_per_component(per(limits.tables))
         .table_elements(limits.table_elements)
-        .max_memory_size(limits.memory_bytes)
+        // A slot holds any memory a wasm32 plugin can have; each store's limiter applies the
+        // plugin's own cap (a job's `memory`, all its memories together).
+        .max_memory_size(WASM32_MEMORY)
         .linear_memory_keep_resident(KEEP_RESIDENT)
         .table_keep_resident(KEEP_RESIDENT)
         // Reset only the pages an instance touched (Linux 6.7+; elsewhere wasmtime falls back).
@@ -42,6 +44,9 @@ pub fn new_engine(limits: &Limits) -> wasmtime::Result<Engine> {
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     Engine::new(&config)
 }
+
+/// The most linear memory a wasm32 plugin can address.
+const WASM32_MEMORY: usize = 4 << 30;
 
 /// Bytes of a slot's memory kept mapped between instances.
 const KEEP_RESIDENT: usize = 1 << 20;

@@ -31,11 +31,19 @@ impl PluginKind {
         }
     }
 
-    /// The function a plugin of this kind exports.
-    pub fn export(self) -> &'static str {
+    /// Where a user sets this kind's limits, as orch-core names it.
+    pub fn limits_kind(self) -> orch_core::limits::PluginKind {
         match self {
-            PluginKind::Placement => "select",
-            PluginKind::Queue => "order",
+            PluginKind::Placement => orch_core::limits::PluginKind::Policy,
+            PluginKind::Queue => orch_core::limits::PluginKind::Queue,
+        }
+    }
+
+    /// The world a plugin of this kind implements.
+    pub fn world_kind(self) -> crate::contract::WorldKind {
+        match self {
+            PluginKind::Placement => crate::contract::WorldKind::Policy,
+            PluginKind::Queue => crate::contract::WorldKind::Queue,
         }
     }
 
@@ -91,7 +99,8 @@ pub enum PolicyError {
         source: std::io::Error,
     },
     #[error(
-        "`{plugin}` is not a WebAssembly component ({detail}); build {} with `cargo build --target wasm32-wasip2 --release`",
+        "`{plugin}` is not a WebAssembly component ({detail}); orch loads components of world {}: build {} with `cargo build --target wasm32-wasip2` (Rust), `componentize-py` (Python) or `jco componentize` (JavaScript) against orch's wit/, as docs/PLUGINS.md shows",
+        kind.world(),
         kind.noun_phrase()
     )]
     NotComponent {
@@ -99,10 +108,7 @@ pub enum PolicyError {
         plugin: String,
         detail: String,
     },
-    #[error(
-        "`{plugin}` is a component of another world, not {}: {detail}",
-        kind.world()
-    )]
+    #[error("`{plugin}` is not {} orch can load: {detail}", kind.noun_phrase())]
     WrongWorld {
         kind: PluginKind,
         plugin: String,
@@ -114,15 +120,20 @@ pub enum PolicyError {
         plugin: String,
         detail: String,
     },
-    #[error("{kind} `{plugin}` did not answer within its deadline of {} ms and was stopped", deadline.as_millis())]
+    #[error(
+        "{kind} `{plugin}` did not answer within its deadline of {} and was stopped; if it needs longer, set `deadline` in {}",
+        orch_core::limits::show_duration(*deadline),
+        kind.limits_kind().table()
+    )]
     Timeout {
         kind: PluginKind,
         plugin: String,
         deadline: Duration,
     },
     #[error(
-        "{kind} `{plugin}` went over its memory limit of {} MiB and was stopped",
-        limit >> 20
+        "{kind} `{plugin}` went over its memory limit of {} (all its memories together) and was stopped; if it needs more, set `memory` in {}",
+        orch_core::limits::show_bytes(*limit as u64),
+        kind.limits_kind().table()
     )]
     MemoryLimit {
         kind: PluginKind,

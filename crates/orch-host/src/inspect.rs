@@ -1,101 +1,113 @@
 //! `orch plugin inspect`: which world a component implements, what it imports and exports.
 
+use crate::contract::{self, Identity, WorldKind};
 use crate::error::{PluginKind, PolicyError};
 use crate::policy::PolicyHost;
-use crate::runtime::export_names;
-use orch_wit::{PolicyPre, QueuePre};
+use orch_wit::{PolicyPre, QueuePre, Version, v0_1};
 use wasmtime::component::Component;
 use wasmtime::component::types::{ComponentExtern, ComponentItem};
-
-/// What a trainer component exports.
-const TRAINER_EXPORTS: [&str; 3] = ["init", "train-step", "eval-step"];
 
 /// What a plugin component is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Inspection {
-    /// `orch:plugin/policy@0.1.0`, `orch:plugin/queue@0.1.0` or `orch:plugin/trainer@0.1.0`.
-    pub world: &'static str,
+    /// `orch:plugin/policy@0.2.0`, `orch:plugin/queue@0.1.0`, `orch:plugin/trainer@0.2.0`…
+    pub world: String,
+    /// The version of the contract it implements.
+    pub version: Version,
     /// `func NAME` / `instance NAME` lines.
     pub imports: Vec<String>,
     pub exports: Vec<String>,
     pub size_bytes: usize,
 }
 
+impl Inspection {
+    /// A sentence for a plugin built for an older contract than `wit/`'s: orch loads it, and
+    /// what rebuilding it changes; `None` for a plugin of the current contract.
+    pub fn version_note(&self) -> Option<String> {
+        (self.version < Version::CURRENT).then(|| {
+            format!(
+                "built for contract {}, an older version than this orch's {}: orch still loads and runs it; rebuild it against wit/ to move to {}",
+                self.version,
+                Version::CURRENT,
+                Version::CURRENT
+            )
+        })
+    }
+}
+
 /// Inspects `wasm` (named `name` in errors): it must be a component of the policy or the queue
-/// world whose imports orch provides, or a trainer; anything else is an error saying what it is
-/// instead.
+/// world (of a version orch loads) whose imports orch provides, or a trainer; anything else is
+/// an error saying what it is instead and what orch expected.
 pub fn inspect(host: &mut PolicyHost, name: &str, wasm: &[u8]) -> Result<Inspection, PolicyError> {
     let component = host.compile(name, wasm)?;
     let engine = host.engine().clone();
     let ty = component.component_type();
     let imports = describe(ty.imports(&engine));
     let exports = describe(ty.exports(&engine));
-    let names = export_names(&engine, &component);
-    // A trainer is told by its exports; its imports are checked by the trainer host when a job
-    // loads it (this host links the policy and queue worlds only).
-    let world = if TRAINER_EXPORTS.iter().all(|t| names.iter().any(|e| e == t)) {
-        orch_wit::TRAINER_WORLD
-    } else {
-        policy_world(host, name, &component, &names, &exports)?
+    let found = match contract::identify(&engine, &component) {
+        Identity::Known(found) => found,
+        identity => {
+            return Err(PolicyError::WrongWorld {
+                kind: PluginKind::Placement,
+                plugin: name.to_string(),
+                detail: format!(
+                    "{}; a queue policy implements orch:plugin/queue, a trainer orch:plugin/trainer",
+                    contract::mismatch(&identity, WorldKind::Policy).unwrap_or_default()
+                ),
+            });
+        }
     };
+    // A trainer's imports are checked by the trainer host when a job loads it (this host links
+    // the policy and queue worlds only).
+    if found.world != WorldKind::Trainer {
+        check_links(host, name, &component, found)?;
+    }
     Ok(Inspection {
-        world,
+        world: found.id(),
+        version: found.version,
         imports,
         exports,
         size_bytes: wasm.len(),
     })
 }
 
-/// The world of a component that exports `select` (a placement policy) or `order` (a queue
-/// policy), once its imports and exports are found to match it.
-fn policy_world(
+/// Links a policy or queue component and binds its exports, as loading it for a job would.
+fn check_links(
     host: &PolicyHost,
     name: &str,
     component: &Component,
-    names: &[String],
-    exports: &[String],
-) -> Result<&'static str, PolicyError> {
-    let exported = |kind: PluginKind| names.iter().any(|e| e == kind.export());
-    let kind = if exported(PluginKind::Queue) && !exported(PluginKind::Placement) {
-        PluginKind::Queue
-    } else {
-        PluginKind::Placement
+    found: contract::Found,
+) -> Result<(), PolicyError> {
+    let kind = match found.world {
+        WorldKind::Queue => PluginKind::Queue,
+        _ => PluginKind::Placement,
     };
-    if !exported(kind) {
-        return Err(PolicyError::WrongWorld {
-            kind,
-            plugin: name.to_string(),
-            detail: format!(
-                "it exports {}, and a policy exports `select` (a queue policy `order`)",
-                if exports.is_empty() {
-                    "nothing".to_string()
-                } else {
-                    exports.join(", ")
-                }
-            ),
-        });
-    }
     let pre = host
         .linker()
         .instantiate_pre(component)
         .map_err(|e| PolicyError::Load {
             kind,
             plugin: name.to_string(),
-            detail: format!("{e:#}"),
+            detail: format!(
+                "it implements {} but imports what orch does not provide ({e:#})",
+                found.id()
+            ),
         })?;
-    let typed = match kind {
-        PluginKind::Placement => PolicyPre::new(pre).map(drop),
-        PluginKind::Queue => QueuePre::new(pre).map(drop),
+    let typed = match (found.world, found.version) {
+        (WorldKind::Queue, Version::V0_1) => v0_1::queue::QueuePre::new(pre).map(drop),
+        (WorldKind::Queue, Version::V0_2) => QueuePre::new(pre).map(drop),
+        (_, Version::V0_1) => v0_1::policy::PolicyPre::new(pre).map(drop),
+        (_, Version::V0_2) => PolicyPre::new(pre).map(drop),
     };
     typed.map_err(|e| PolicyError::WrongWorld {
         kind,
         plugin: name.to_string(),
         detail: format!(
-            "its `{}` does not match the contract ({e:#})",
-            kind.export()
+            "it exports {} of {}, but not as the contract has it ({e:#})",
+            found.world.exports(found.version),
+            found.id()
         ),
-    })?;
-    Ok(kind.world())
+    })
 }
 
 /// Items as `kind name` lines.

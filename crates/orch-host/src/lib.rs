@@ -21,6 +21,7 @@ macro_rules! wasm {
 
 mod builtin;
 mod cache;
+mod contract;
 mod engine;
 mod error;
 mod failure;
@@ -33,7 +34,12 @@ mod sandbox;
 mod validate;
 
 pub use builtin::{BUILTINS, Builtin, builtin};
-pub use cache::{CACHE_DIR_ENV, default_cache_dir};
+pub use cache::{
+    CACHE_DIR_ENV, CACHE_SIZE_ENV, CacheEntry, DEFAULT_CACHE_SIZE, cache_entries, cache_size_limit,
+    clear_cache, default_cache_dir,
+};
+pub use contract::{Found, Identity, WorldKind, identify, mismatch};
+pub use orch_wit::Version;
 // The engine, cache and sandbox pieces the trainer host (crates/orch-trainer) reuses.
 pub use cache::ComponentCache;
 pub use engine::{Ticker, deadline_ticks, new_engine};

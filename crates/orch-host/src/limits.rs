@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 /// The limits every plugin instance runs under. `Limits::default()` is what `orch` uses.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Wall-clock time for one decision (instantiation included); the plugin is stopped after.
     pub deadline: Duration,
@@ -23,9 +23,10 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Limits {
+        let defaults = orch_core::limits::PluginKind::Policy.defaults();
         Limits {
-            deadline: Duration::from_millis(100),
-            memory_bytes: 64 << 20,
+            deadline: defaults.deadline,
+            memory_bytes: usize::try_from(defaults.memory).unwrap_or(usize::MAX),
             max_wasm_stack: 512 << 10,
             table_elements: 10_000,
             instances: 32,
@@ -37,7 +38,18 @@ impl Default for Limits {
 }
 
 impl Limits {
-    /// The limits of a queue policy: the default's, with a deadline of 250 ms instead of 100.
+    /// These limits with the deadline and memory cap of `bounds` (a job's, within the
+    /// machine's maxima).
+    pub fn with_bounds(self, bounds: orch_core::Bounds) -> Limits {
+        Limits {
+            deadline: bounds.deadline,
+            memory_bytes: usize::try_from(bounds.memory).unwrap_or(usize::MAX),
+            ..self
+        }
+    }
+
+    /// The limits of a queue policy: the default's, with the queue's default deadline and
+    /// memory (`orch_core::limits::PluginKind::Queue`: 250 ms, 64 MiB).
     ///
     /// Why another deadline: a placement decision sees a machine's few devices, but a queue
     /// pass sees the whole queue, so its cost grows with it. The host's copying of the jobs in
@@ -46,11 +58,8 @@ impl Limits {
     /// release build, ~110 ms in a debug build. 250 ms leaves a loaded machine (or a debug
     /// build) room for such a queue, while a policy that never returns still costs a pass no
     /// more than a quarter of a second. Memory stays at 64 MiB: the built-ins fit a queue of
-    /// ~200,000 jobs in it.
+    /// ~200,000 jobs in it. `[queue] deadline` and `memory` in serve.toml change both.
     pub fn queue_default() -> Limits {
-        Limits {
-            deadline: Duration::from_millis(250),
-            ..Limits::default()
-        }
+        Limits::default().with_bounds(orch_core::limits::PluginKind::Queue.defaults())
     }
 }

@@ -2,6 +2,7 @@
 //! per plugin, asks for decisions under the limits, and validates every answer.
 
 use crate::builtin::builtin;
+use crate::contract::WorldKind;
 use crate::error::{PluginKind, PolicyError};
 use crate::limits::Limits;
 use crate::runtime::{Host, World};
@@ -9,7 +10,7 @@ use crate::sandbox::PluginState;
 use crate::types::{Decision, Device, Lease, Refusal, Request};
 use crate::validate::{check_decision, clean_text};
 pub use orch_core::PluginRef;
-use orch_wit::{Policy, PolicyPre};
+use orch_wit::{Policy, PolicyPre, Version, v0_1};
 use std::path::PathBuf;
 use wasmtime::component::{Component, InstancePre, Linker};
 use wasmtime::{Engine, Store};
@@ -33,18 +34,58 @@ impl std::fmt::Debug for PolicyHost {
 /// The `policy` world; each plugin keeps the `[policy.config]` defaults of its built-in.
 struct PolicyWorld;
 
+/// A policy's bindings, by the version of the contract it implements.
+enum AnyPolicyPre {
+    V0_1(v0_1::policy::PolicyPre<PluginState>),
+    V0_2(PolicyPre<PluginState>),
+}
+
+/// A policy instance's exports, by version.
+enum AnyPolicy {
+    V0_1(v0_1::policy::Policy),
+    V0_2(Policy),
+}
+
+impl AnyPolicy {
+    /// `placement.select-devices` (0.2.0) or `select` (0.1.0): the same call.
+    fn select(
+        &self,
+        store: &mut Store<PluginState>,
+        request: &Request,
+        candidates: &[Device],
+        leases: &[Lease],
+    ) -> wasmtime::Result<Result<Decision, Refusal>> {
+        match self {
+            AnyPolicy::V0_1(policy) => policy.call_select(store, request, candidates, leases),
+            AnyPolicy::V0_2(policy) => policy
+                .orch_plugin_placement()
+                .call_select_devices(store, request, candidates, leases),
+        }
+    }
+}
+
 impl World for PolicyWorld {
     const KIND: PluginKind = PluginKind::Placement;
-    type Pre = PolicyPre<PluginState>;
-    type Exports = Policy;
+    const WORLD: WorldKind = WorldKind::Policy;
+    type Pre = AnyPolicyPre;
+    type Exports = AnyPolicy;
     type Extra = &'static [(&'static str, &'static str)];
 
-    fn pre(pre: InstancePre<PluginState>) -> wasmtime::Result<Self::Pre> {
-        PolicyPre::new(pre)
+    fn pre(pre: InstancePre<PluginState>, version: Version) -> wasmtime::Result<AnyPolicyPre> {
+        Ok(match version {
+            Version::V0_1 => AnyPolicyPre::V0_1(v0_1::policy::PolicyPre::new(pre)?),
+            Version::V0_2 => AnyPolicyPre::V0_2(PolicyPre::new(pre)?),
+        })
     }
 
-    fn instantiate(pre: &Self::Pre, store: &mut Store<PluginState>) -> wasmtime::Result<Policy> {
-        pre.instantiate(store)
+    fn instantiate(
+        pre: &AnyPolicyPre,
+        store: &mut Store<PluginState>,
+    ) -> wasmtime::Result<AnyPolicy> {
+        Ok(match pre {
+            AnyPolicyPre::V0_1(pre) => AnyPolicy::V0_1(pre.instantiate(store)?),
+            AnyPolicyPre::V0_2(pre) => AnyPolicy::V0_2(pre.instantiate(store)?),
+        })
     }
 }
 
@@ -81,16 +122,38 @@ impl PolicyHost {
         self.host.compile(name, wasm)
     }
 
-    /// Loads a built-in by name or a component from a file (once; later calls return the
-    /// same plugin).
+    /// Loads a built-in by name or a component from a file, under the host's limits (once;
+    /// later calls return the same plugin).
     pub fn load(&mut self, plugin: &PluginRef) -> Result<PluginId, PolicyError> {
+        let limits = *self.host.limits();
+        self.load_with_limits(plugin, &limits)
+    }
+
+    /// Loads a plugin to run under `limits` (a job's `[policy] deadline` and `memory`): a
+    /// plugin loaded with other limits is another instance of the same compiled component.
+    pub fn load_with_limits(
+        &mut self,
+        plugin: &PluginRef,
+        limits: &Limits,
+    ) -> Result<PluginId, PolicyError> {
         let found = |name: &str| builtin(name).map(|b| (b.wasm, b.default_config));
-        self.host.load(plugin, found).map(PluginId)
+        self.host.load(plugin, limits, found).map(PluginId)
     }
 
     /// Loads a component from bytes under `name` (the name every error uses).
     pub fn load_bytes(&mut self, name: &str, wasm: &[u8]) -> Result<PluginId, PolicyError> {
-        self.host.load_bytes(name, wasm).map(PluginId)
+        let limits = *self.host.limits();
+        self.host.load_bytes(name, wasm, &limits).map(PluginId)
+    }
+
+    /// The version of the contract the plugin implements.
+    pub fn version(&self, id: PluginId) -> Version {
+        self.host.version(id.0)
+    }
+
+    /// The limits the plugin runs under.
+    pub fn plugin_limits(&self, id: PluginId) -> &Limits {
+        self.host.plugin_limits(id.0)
     }
 
     /// The name errors use for the plugin.
@@ -119,7 +182,7 @@ impl PolicyHost {
         leases: &[Lease],
     ) -> Result<Decision, PolicyError> {
         let (answer, warm) = self.host.call(id.0, |policy, store| {
-            policy.call_select(store, request, candidates, leases)
+            policy.select(store, request, candidates, leases)
         })?;
         let plugin = || self.host.name(id.0).to_string();
         let result = match answer {

@@ -6,6 +6,7 @@
 //! `orch_queue`'s orders, embedded and sandboxed like anyone's plugin; they answer exactly as
 //! `orch_queue::builtin(name)` does natively, which is the daemon's fallback when a plugin fails.
 
+use crate::contract::WorldKind;
 use crate::error::{PluginKind, PolicyError};
 use crate::limits::Limits;
 use crate::runtime::{Host, World};
@@ -14,7 +15,7 @@ use crate::validate::clean_text;
 use orch_core::PluginRef;
 use orch_queue::{Job, Machine, Ranked, Tenant, check_order, clean_reason_owned};
 use orch_wit::queue_types as wit;
-use orch_wit::{Queue, QueuePre};
+use orch_wit::{Queue, QueuePre, Version, v0_1};
 use std::path::PathBuf;
 use wasmtime::Store;
 use wasmtime::component::InstancePre;
@@ -56,18 +57,58 @@ impl std::fmt::Debug for QueueHost {
 /// The `queue` world.
 struct QueueWorld;
 
+/// A queue policy's bindings, by the version of the contract it implements.
+enum AnyQueuePre {
+    V0_1(v0_1::queue::QueuePre<PluginState>),
+    V0_2(QueuePre<PluginState>),
+}
+
+/// A queue policy instance's exports, by version.
+enum AnyQueue {
+    V0_1(v0_1::queue::Queue),
+    V0_2(Queue),
+}
+
+impl AnyQueue {
+    /// `queue-order.order-jobs` (0.2.0) or `order` (0.1.0): the same call.
+    fn order(
+        &self,
+        store: &mut Store<PluginState>,
+        jobs: &[wit::QueuedJob],
+        tenants: &[wit::Tenant],
+        machine: wit::Machine,
+    ) -> wasmtime::Result<Result<Vec<wit::Ranked>, String>> {
+        match self {
+            AnyQueue::V0_1(queue) => queue.call_order(store, jobs, tenants, machine),
+            AnyQueue::V0_2(queue) => queue
+                .orch_plugin_queue_order()
+                .call_order_jobs(store, jobs, tenants, machine),
+        }
+    }
+}
+
 impl World for QueueWorld {
     const KIND: PluginKind = PluginKind::Queue;
-    type Pre = QueuePre<PluginState>;
-    type Exports = Queue;
+    const WORLD: WorldKind = WorldKind::Queue;
+    type Pre = AnyQueuePre;
+    type Exports = AnyQueue;
     type Extra = ();
 
-    fn pre(pre: InstancePre<PluginState>) -> wasmtime::Result<Self::Pre> {
-        QueuePre::new(pre)
+    fn pre(pre: InstancePre<PluginState>, version: Version) -> wasmtime::Result<AnyQueuePre> {
+        Ok(match version {
+            Version::V0_1 => AnyQueuePre::V0_1(v0_1::queue::QueuePre::new(pre)?),
+            Version::V0_2 => AnyQueuePre::V0_2(QueuePre::new(pre)?),
+        })
     }
 
-    fn instantiate(pre: &Self::Pre, store: &mut Store<PluginState>) -> wasmtime::Result<Queue> {
-        pre.instantiate(store)
+    fn instantiate(
+        pre: &AnyQueuePre,
+        store: &mut Store<PluginState>,
+    ) -> wasmtime::Result<AnyQueue> {
+        Ok(match pre {
+            AnyQueuePre::V0_1(pre) => AnyQueue::V0_1(pre.instantiate(store)?),
+            AnyQueuePre::V0_2(pre) => AnyQueue::V0_2(pre.instantiate(store)?),
+        })
     }
 }
 
@@ -96,13 +137,20 @@ impl QueueHost {
     /// Loads a built-in by name (`fair-share`, `fifo`, `priority`) or a component from a file,
     /// once: later calls return the same plugin.
     pub fn load(&mut self, plugin: &PluginRef) -> Result<QueuePluginId, PolicyError> {
+        let limits = *self.host.limits();
         let found = |name: &str| builtin_wasm(name).map(|wasm| (wasm, ()));
-        self.host.load(plugin, found).map(QueuePluginId)
+        self.host.load(plugin, &limits, found).map(QueuePluginId)
     }
 
     /// Loads a component from bytes under `name` (the name every error uses).
     pub fn load_bytes(&mut self, name: &str, wasm: &[u8]) -> Result<QueuePluginId, PolicyError> {
-        self.host.load_bytes(name, wasm).map(QueuePluginId)
+        let limits = *self.host.limits();
+        self.host.load_bytes(name, wasm, &limits).map(QueuePluginId)
+    }
+
+    /// The version of the contract the plugin implements.
+    pub fn version(&self, id: QueuePluginId) -> Version {
+        self.host.version(id.0)
     }
 
     /// The name errors use for the plugin (a built-in's name, a file's name).
@@ -135,7 +183,7 @@ impl QueueHost {
             total_gpus: machine.total_gpus,
         };
         let (answer, warm) = self.host.call(id.0, |queue, store| {
-            queue.call_order(store, &offered, &tenants, machine)
+            queue.order(store, &offered, &tenants, machine)
         })?;
         let plugin = || self.host.name(id.0).to_string();
         let ranked: Vec<Ranked> = match answer {

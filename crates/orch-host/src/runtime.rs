@@ -7,12 +7,14 @@
 //! in the world ([`World`]) and in how they check an answer.
 
 use crate::cache::ComponentCache;
+use crate::contract::{self, Identity, WorldKind};
 use crate::engine::{Ticker, deadline_ticks, new_engine};
 use crate::error::{PluginKind, PolicyError};
 use crate::failure::{self, CallFailure};
 use crate::limits::Limits;
 use crate::sandbox::{PluginState, add_wasi};
 use orch_core::PluginRef;
+use orch_wit::Version;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use wasmtime::component::{Component, InstancePre, Linker};
@@ -27,14 +29,17 @@ pub(crate) struct Host<W: World> {
     limits: Limits,
     cache: ComponentCache,
     slots: Vec<Slot<W>>,
-    /// Loaded plugins by source (`builtin:NAME`, `file:PATH`, `bytes:NAME`).
+    /// Loaded plugins by source (`builtin:NAME`, `file:PATH`, `bytes:NAME`) and limits.
     by_source: HashMap<String, usize>,
+    /// Calls answered, a clock for [`Slot::last_used`].
+    calls: u64,
     _ticker: Ticker,
 }
 
 /// A world of `orch:plugin`, as its bindings (in orch-wit) present it to a host.
 pub(crate) trait World {
     const KIND: PluginKind;
+    const WORLD: WorldKind;
     /// The world's bindings, ready to instantiate (`PolicyPre`, `QueuePre`).
     type Pre;
     /// An instance's exports (`Policy`, `Queue`).
@@ -42,7 +47,8 @@ pub(crate) trait World {
     /// What the host keeps beside each plugin (a built-in's defaults); `Default` for a plugin
     /// that is not built in.
     type Extra: Default;
-    fn pre(pre: InstancePre<PluginState>) -> wasmtime::Result<Self::Pre>;
+    /// The bindings of `version` of the world over `pre`.
+    fn pre(pre: InstancePre<PluginState>, version: Version) -> wasmtime::Result<Self::Pre>;
     fn instantiate(
         pre: &Self::Pre,
         store: &mut Store<PluginState>,
@@ -52,9 +58,21 @@ pub(crate) trait World {
 struct Slot<W: World> {
     name: String,
     extra: W::Extra,
+    /// The version of the contract the component implements.
+    version: Version,
+    /// What each call of this plugin may spend (the host's defaults, or the job's settings).
+    limits: Limits,
     pre: W::Pre,
     warm: Option<Warm<W>>,
+    /// When the warm instance last answered (the host's call counter), for eviction.
+    last_used: u64,
 }
+
+/// Warm instances a host keeps at most: the pool has room for [`POOL_INSTANCES`], and a daemon
+/// whose jobs give one plugin many different limits would otherwise hold one per limit.
+///
+/// [`POOL_INSTANCES`]: crate::engine::POOL_INSTANCES
+const MAX_WARM: usize = 32;
 
 /// An instance that has answered well and can answer again.
 pub(crate) struct Warm<W: World> {
@@ -79,6 +97,7 @@ impl<W: World> Host<W> {
             limits,
             slots: Vec::new(),
             by_source: HashMap::new(),
+            calls: 0,
             _ticker: ticker,
         })
     }
@@ -108,7 +127,7 @@ impl<W: World> Host<W> {
     pub(crate) fn compile(&mut self, name: &str, wasm: &[u8]) -> Result<Component, PolicyError> {
         check_component_header(W::KIND, name, wasm)?;
         self.cache
-            .get(&self.engine, wasm)
+            .get(&self.engine, name, wasm)
             .map_err(|e| PolicyError::NotComponent {
                 kind: W::KIND,
                 plugin: name.to_string(),
@@ -117,10 +136,11 @@ impl<W: World> Host<W> {
     }
 
     /// Loads a built-in by name (`builtin` finds its component and extra) or a component from
-    /// a file, once: later calls return the same plugin.
+    /// a file, once per plugin and limits: later calls return the same plugin.
     pub(crate) fn load(
         &mut self,
         plugin: &PluginRef,
+        limits: &Limits,
         builtin: impl FnOnce(&str) -> Option<(&'static [u8], W::Extra)>,
     ) -> Result<usize, PolicyError> {
         match plugin {
@@ -129,7 +149,7 @@ impl<W: World> Host<W> {
                     kind: W::KIND,
                     name: name.clone(),
                 })?;
-                self.load_named(format!("builtin:{name}"), name, wasm, extra)
+                self.load_named(format!("builtin:{name}"), name, wasm, extra, limits)
             }
             PluginRef::Path(path) => {
                 let wasm = std::fs::read(path).map_err(|source| PolicyError::Read {
@@ -138,14 +158,31 @@ impl<W: World> Host<W> {
                     source,
                 })?;
                 let source = format!("file:{}", path.display());
-                self.load_named(source, &plugin_name(path), &wasm, W::Extra::default())
+                self.load_named(
+                    source,
+                    &plugin_name(path),
+                    &wasm,
+                    W::Extra::default(),
+                    limits,
+                )
             }
         }
     }
 
     /// Loads a component from bytes under `name` (the name every error uses).
-    pub(crate) fn load_bytes(&mut self, name: &str, wasm: &[u8]) -> Result<usize, PolicyError> {
-        self.load_named(format!("bytes:{name}"), name, wasm, W::Extra::default())
+    pub(crate) fn load_bytes(
+        &mut self,
+        name: &str,
+        wasm: &[u8],
+        limits: &Limits,
+    ) -> Result<usize, PolicyError> {
+        self.load_named(
+            format!("bytes:{name}"),
+            name,
+            wasm,
+            W::Extra::default(),
+            limits,
+        )
     }
 
     fn load_named(
@@ -154,27 +191,46 @@ impl<W: World> Host<W> {
         name: &str,
         wasm: &[u8],
         extra: W::Extra,
+        limits: &Limits,
     ) -> Result<usize, PolicyError> {
+        // One slot per plugin and limits: jobs that give one plugin other limits get instances
+        // of their own, while the compiled component is shared.
+        let source = format!(
+            "{source}#{}ms#{}b",
+            limits.deadline.as_millis(),
+            limits.memory_bytes
+        );
         if let Some(&index) = self.by_source.get(&source) {
             return Ok(index);
         }
-        let pre = self.prepare(name, wasm)?;
+        let (version, pre) = self.prepare(name, wasm)?;
         let index = self.slots.len();
         self.slots.push(Slot {
             name: name.to_string(),
             extra,
+            version,
+            limits: *limits,
             pre,
             warm: None,
+            last_used: 0,
         });
         self.by_source.insert(source, index);
         Ok(index)
     }
 
-    /// Compiles `wasm`, checks it exports what world `W` exports and links it.
-    fn prepare(&mut self, name: &str, wasm: &[u8]) -> Result<W::Pre, PolicyError> {
+    /// Compiles `wasm`, tells which version of world `W` it implements, links it and binds it.
+    fn prepare(&mut self, name: &str, wasm: &[u8]) -> Result<(Version, W::Pre), PolicyError> {
         let component = self.compile(name, wasm)?;
-        let exports = export_names(&self.engine, &component);
-        check_exports(W::KIND, name, &exports)?;
+        let found = match contract::identify(&self.engine, &component) {
+            Identity::Known(found) if found.world == W::WORLD => found,
+            identity => {
+                return Err(PolicyError::WrongWorld {
+                    kind: W::KIND,
+                    plugin: name.to_string(),
+                    detail: contract::mismatch(&identity, W::WORLD).unwrap_or_default(),
+                });
+            }
+        };
         let pre = self
             .linker
             .instantiate_pre(&component)
@@ -182,17 +238,32 @@ impl<W: World> Host<W> {
                 kind: W::KIND,
                 plugin: name.to_string(),
                 detail: format!(
-                    "{e:#} (plugins get WASI with nothing behind it, and no other import)"
+                    "it implements {} but imports what orch does not provide ({e:#}); plugins \
+                     get the contract's types and WASI with nothing behind it, and no other import",
+                    found.id()
                 ),
             })?;
-        W::pre(pre).map_err(|e| PolicyError::WrongWorld {
+        let pre = W::pre(pre, found.version).map_err(|e| PolicyError::WrongWorld {
             kind: W::KIND,
             plugin: name.to_string(),
             detail: format!(
-                "its `{}` does not match the contract ({e:#}); rebuild it against this wit/",
-                W::KIND.export()
+                "it exports {} of {}, but not as the contract has it ({e:#}); rebuild it \
+                 against the wit/ of that version",
+                W::WORLD.exports(found.version),
+                found.id()
             ),
-        })
+        })?;
+        Ok((found.version, pre))
+    }
+
+    /// The version of the contract plugin `index` implements.
+    pub(crate) fn version(&self, index: usize) -> Version {
+        self.slots[index].version
+    }
+
+    /// The limits plugin `index` runs under.
+    pub(crate) fn plugin_limits(&self, index: usize) -> &Limits {
+        &self.slots[index].limits
     }
 
     /// The name errors use for plugin `index`.
@@ -219,16 +290,16 @@ impl<W: World> Host<W> {
         index: usize,
         call: impl FnOnce(&W::Exports, &mut Store<PluginState>) -> wasmtime::Result<R>,
     ) -> Result<(R, Warm<W>), PolicyError> {
-        let limits = &self.limits;
-        let ticks = deadline_ticks(limits.deadline);
         let slot = &mut self.slots[index];
+        let limits = slot.limits;
+        let ticks = deadline_ticks(limits.deadline);
         let mut warm = match slot.warm.take() {
             Some(mut warm) => {
                 warm.store.set_epoch_deadline(ticks);
                 warm.store.data().log.begin_call();
                 warm
             }
-            None => instantiate::<W>(&self.engine, slot, limits, ticks)?,
+            None => instantiate::<W>(&self.engine, slot, ticks)?,
         };
         let outcome = call(&warm.exports, &mut warm.store);
         let output = warm.store.data().log.end_call();
@@ -237,7 +308,7 @@ impl<W: World> Host<W> {
             Err(error) => Err(classify(
                 W::KIND,
                 &slot.name,
-                limits,
+                &limits,
                 warm.store.data(),
                 &error,
                 output,
@@ -247,6 +318,24 @@ impl<W: World> Host<W> {
 
     /// Keeps `warm` as plugin `index`'s instance for the next call.
     pub(crate) fn keep(&mut self, index: usize, warm: Warm<W>) {
+        self.calls += 1;
+        let slot = &mut self.slots[index];
+        slot.last_used = self.calls;
+        if slot.warm.is_none() {
+            // A new warm instance: past the cap, the least recently used other one goes.
+            let warm_count = self.slots.iter().filter(|s| s.warm.is_some()).count();
+            if warm_count >= MAX_WARM
+                && let Some(oldest) = self
+                    .slots
+                    .iter_mut()
+                    .enumerate()
+                    .filter(|(i, s)| *i != index && s.warm.is_some())
+                    .min_by_key(|(_, s)| s.last_used)
+                    .map(|(_, s)| s)
+            {
+                oldest.warm = None;
+            }
+        }
         self.slots[index].warm = Some(warm);
     }
 }
@@ -255,9 +344,9 @@ impl<W: World> Host<W> {
 fn instantiate<W: World>(
     engine: &Engine,
     slot: &Slot<W>,
-    limits: &Limits,
     ticks: u64,
 ) -> Result<Warm<W>, PolicyError> {
+    let limits = &slot.limits;
     let mut store = Store::new(engine, PluginState::new(&slot.name, limits));
     store.limiter(|state| &mut state.limiter);
     store.set_epoch_deadline(ticks);
@@ -323,45 +412,6 @@ fn check_component_header(kind: PluginKind, name: &str, wasm: &[u8]) -> Result<(
         return Err(not("a core WebAssembly module, not a component"));
     }
     Ok(())
-}
-
-/// Refuses a component that does not export what a plugin of `kind` exports, naming what it
-/// exports instead (`exports`, as [`export_names`] gives them).
-fn check_exports(kind: PluginKind, name: &str, exports: &[String]) -> Result<(), PolicyError> {
-    let wanted = kind.export();
-    if exports.iter().any(|e| e == wanted) {
-        return Ok(());
-    }
-    Err(PolicyError::WrongWorld {
-        kind,
-        plugin: name.to_string(),
-        detail: format!(
-            "it exports {}, and {} exports `{wanted}`",
-            list_or_nothing(exports),
-            kind.noun_phrase()
-        ),
-    })
-}
-
-/// The names a component exports.
-pub(crate) fn export_names(engine: &Engine, component: &Component) -> Vec<String> {
-    component
-        .component_type()
-        .exports(engine)
-        .map(|(name, _)| name.to_string())
-        .collect()
-}
-
-fn list_or_nothing(names: &[String]) -> String {
-    if names.is_empty() {
-        "nothing".to_string()
-    } else {
-        names
-            .iter()
-            .map(|n| format!("`{n}`"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
 }
 
 /// A plugin file's name, as errors show it (`my_policy.wasm`).

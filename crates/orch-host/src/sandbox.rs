@@ -102,11 +102,15 @@ pub fn add_wasi<T: HasPluginState>(linker: &mut Linker<T>) -> wasmtime::Result<(
     Ok(())
 }
 
-/// wasmtime's [`StoreLimits`], remembering whether the memory cap was what stopped the plugin.
+/// wasmtime's [`StoreLimits`] for tables and instances, and the memory cap over all of the
+/// plugin's linear memories together (a component of several core modules has several; wasmtime's
+/// own limit applies to each alone), remembering whether the cap was what stopped the plugin.
 #[derive(Debug)]
 pub struct Limiter {
     inner: StoreLimits,
     memory_cap: usize,
+    /// Bytes of linear memory the store's memories hold together.
+    memory_total: usize,
     pub memory_exceeded: bool,
 }
 
@@ -114,7 +118,6 @@ impl Limiter {
     fn new(limits: &Limits) -> Limiter {
         Limiter {
             inner: StoreLimitsBuilder::new()
-                .memory_size(limits.memory_bytes)
                 .table_elements(limits.table_elements)
                 .instances(limits.instances)
                 .tables(limits.tables)
@@ -122,6 +125,7 @@ impl Limiter {
                 .trap_on_grow_failure(true)
                 .build(),
             memory_cap: limits.memory_bytes,
+            memory_total: 0,
             memory_exceeded: false,
         }
     }
@@ -134,10 +138,25 @@ impl ResourceLimiter for Limiter {
         desired: usize,
         maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired > self.memory_cap {
+        // A new memory comes in as a grow from 0, so the total counts every memory from its
+        // creation. (A grow refused after this approves it stays counted: the plugin is then
+        // failing anyway.)
+        let total = self
+            .memory_total
+            .saturating_sub(current)
+            .saturating_add(desired);
+        if total > self.memory_cap {
             self.memory_exceeded = true;
+            return Err(wasmtime::format_err!(
+                "growing a memory to {desired} bytes would take the plugin's memories to {total} bytes together, past its cap of {}",
+                self.memory_cap
+            ));
         }
-        self.inner.memory_growing(current, desired, maximum)
+        if !self.inner.memory_growing(current, desired, maximum)? {
+            return Ok(false);
+        }
+        self.memory_total = total;
+        Ok(true)
     }
 
     fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
@@ -340,6 +359,26 @@ impl tokio::io::AsyncWrite for GuestLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_memory_cap_holds_for_all_memories_together() {
+        let limits = Limits {
+            memory_bytes: 64 << 20,
+            ..Limits::default()
+        };
+        let mut limiter = Limiter::new(&limits);
+        // Two memories of 40 MiB: each under the cap, both over it.
+        assert!(limiter.memory_growing(0, 40 << 20, None).unwrap());
+        assert!(!limiter.memory_exceeded);
+        assert!(limiter.memory_growing(0, 40 << 20, None).is_err());
+        assert!(limiter.memory_exceeded);
+        // Growing the first within what is left is fine.
+        let mut limiter = Limiter::new(&limits);
+        assert!(limiter.memory_growing(0, 40 << 20, None).unwrap());
+        assert!(limiter.memory_growing(0, 16 << 20, None).unwrap());
+        assert!(limiter.memory_growing(40 << 20, 48 << 20, None).unwrap());
+        assert!(limiter.memory_growing(48 << 20, 49 << 20, None).is_err());
+    }
 
     #[test]
     fn lines_are_kept_and_the_budget_holds() {

@@ -117,8 +117,11 @@ fn with_host<T>(f: impl FnOnce(&mut PolicyHost) -> Result<T, Failure>) -> Result
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     if slot.is_none() {
-        let limits = orch_runner::policy_limits_from_env().map_err(Failure::BadRequest)?;
-        *slot = Some(PolicyHost::new(limits).map_err(|e| Failure::Other(e.to_string()))?);
+        // The default limits, as `orch` uses them; a job's own bounds apply per plan.
+        *slot = Some(
+            PolicyHost::new(orch_host::Limits::default())
+                .map_err(|e| Failure::Other(e.to_string()))?,
+        );
     }
     match slot.as_mut() {
         Some(host) => f(host),

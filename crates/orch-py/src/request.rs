@@ -124,6 +124,7 @@ impl Request {
                 plugin: PluginRef::parse(&self.policy, &here_dir),
                 plugin_at: here(),
                 config: self.config.clone(),
+                limits: Default::default(),
             },
             work: Work::Command(CommandSpec {
                 argv,

@@ -12,7 +12,6 @@
 
 pub mod command;
 pub mod foreign;
-mod limits;
 pub mod place;
 pub mod plan;
 mod runner;
@@ -20,7 +19,6 @@ mod train;
 
 pub use command::{GRACE, ProcessOptions, check_enforcement, lease_env, placed_line};
 pub use foreign::foreign_processes;
-pub use limits::{DEADLINE_ENV, policy_limits_from_env};
 pub use place::{LeaseGuard, Machine, PlaceError, claim, claim_until, place_in_parent};
 pub use plan::{Plan, PlanError, PlanInput, PlannedDevice, Rejection, plan};
 pub use runner::{Outcome, Placement, Prepared, RunError, RunningJob, prepare, start};

@@ -6,6 +6,8 @@
 //! device's free memory by what they reserve; other people's processes already count in its
 //! used memory.
 
+use orch_core::MachineLimits;
+use orch_core::limits::PluginKind as LimitKind;
 use orch_core::{DeviceLease, InputError, JobSpec};
 use orch_devices::{Device, Visibility};
 use orch_host::types::{Device as WitDevice, Lease, Request};
@@ -100,7 +102,12 @@ pub fn plan(
     let job = input.job;
     let visible = visible_devices(input);
     check_count(input, visible.len())?;
-    let policy = host.load(&job.policy.plugin).map_err(|e| {
+    // The job's `[policy] deadline` and `memory`, within the machine's maxima.
+    let bounds = MachineLimits::current()
+        .and_then(|machine| machine.resolve(LimitKind::Policy, &job.policy.limits))
+        .map_err(PlanError::Input)?;
+    let limits = host.limits().with_bounds(bounds);
+    let policy = host.load_with_limits(&job.policy.plugin, &limits).map_err(|e| {
         if e.is_bad_input() {
             let hint = match e {
                 PolicyError::UnknownBuiltin { .. } => "check the spelling",

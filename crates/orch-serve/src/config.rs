@@ -16,6 +16,9 @@ pub struct Config {
     /// `queue_policy`: a built-in queue policy (`fair-share`, `fifo`, `priority`) or a queue
     /// component's path (relative paths resolve against the config's folder).
     pub queue_policy: orch_core::PluginRef,
+    /// `[queue] deadline` and `memory`: the queue policy's limits, when set (bounded by the
+    /// machine's maxima, `orch_core::MachineLimits`).
+    pub queue_limits: orch_core::LimitSettings,
     pub usage_half_life: Duration,
     /// How long finished jobs and their logs are kept.
     pub retention: Duration,
@@ -90,6 +93,7 @@ struct RawConfig {
     #[serde(default)]
     admins: Vec<String>,
     queue_policy: Option<String>,
+    queue: Option<RawQueue>,
     usage_half_life: Option<String>,
     retention: Option<String>,
     starvation_limit: Option<String>,
@@ -101,6 +105,14 @@ struct RawConfig {
     tls_key: Option<String>,
     #[serde(default)]
     tenant: Vec<RawTenant>,
+}
+
+/// `[queue]`: the queue policy's limits.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawQueue {
+    deadline: Option<toml::Spanned<toml::Value>>,
+    memory: Option<toml::Spanned<toml::Value>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -137,6 +149,7 @@ impl Config {
             path: None,
             admins: vec![user.to_string()],
             queue_policy: orch_core::PluginRef::Builtin(DEFAULT_QUEUE_POLICY.into()),
+            queue_limits: orch_core::LimitSettings::default(),
             usage_half_life: Duration::from_secs(7 * 86400),
             retention: DEFAULT_RETENTION,
             starvation_limit: DEFAULT_STARVATION_LIMIT,
@@ -323,10 +336,21 @@ impl Config {
                 plugin
             }
         };
+        let queue_limits = match &raw.queue {
+            Some(queue) => orch_core::LimitSettings::parse(
+                path,
+                text,
+                "[queue]",
+                queue.deadline.as_ref(),
+                queue.memory.as_ref(),
+            )?,
+            None => orch_core::LimitSettings::default(),
+        };
         Ok(Config {
             path: Some(path.to_path_buf()),
             admins: raw.admins,
             queue_policy,
+            queue_limits,
             usage_half_life: duration("usage_half_life", &raw.usage_half_life)?
                 .unwrap_or(Duration::from_secs(7 * 86400)),
             retention: duration("retention", &raw.retention)?.unwrap_or(DEFAULT_RETENTION),
@@ -496,6 +520,25 @@ groups = ["nlp-lab"]
         assert_eq!(
             c.queue_policy,
             orch_core::PluginRef::Builtin("fair-share".into())
+        );
+        assert_eq!(c.queue_limits, orch_core::LimitSettings::default());
+    }
+
+    #[test]
+    fn the_queue_policys_limits_are_set_under_queue() {
+        let c = parse(
+            "[queue]\ndeadline = \"2s\"\nmemory = \"128MiB\"\n[[tenant]]\nname = \"a\"\nusers = [\"x\"]\n",
+        )
+        .unwrap();
+        let deadline = c.queue_limits.deadline.as_ref().map(|(d, _)| *d);
+        let memory = c.queue_limits.memory.as_ref().map(|(m, _)| *m);
+        assert_eq!(deadline, Some(Duration::from_secs(2)));
+        assert_eq!(memory, Some(128 << 20));
+        let e = parse("[queue]\ndeadline = \"soon\"\n[[tenant]]\nname = \"a\"\nusers = [\"x\"]\n")
+            .unwrap_err();
+        assert!(
+            e.contains("serve.toml:2:12") && e.contains("[queue] deadline is not a duration"),
+            "{e}"
         );
     }
 }

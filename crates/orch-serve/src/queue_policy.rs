@@ -5,19 +5,20 @@
 
 use crate::config::Config;
 use crate::sched::{NativePolicy, QueuePolicy};
-use orch_core::PluginRef;
+use orch_core::limits::PluginKind as LimitKind;
+use orch_core::{MachineLimits, PluginRef};
 use orch_host::{Limits, QueueHost, QueuePluginId};
 
 /// The policy the daemon runs.
 pub fn for_daemon(config: &Config) -> Result<Box<dyn QueuePolicy>, String> {
-    load(&config.queue_policy)
+    load(config)
 }
 
 /// The policy the simulator runs: built-ins natively, a file in the sandbox.
 pub fn for_simulator(config: &Config) -> Result<Box<dyn QueuePolicy>, String> {
     match &config.queue_policy {
         PluginRef::Builtin(name) => native(name),
-        plugin => load(plugin),
+        _ => load(config),
     }
 }
 
@@ -35,9 +36,15 @@ fn unknown(name: &str) -> String {
     )
 }
 
-fn load(plugin: &PluginRef) -> Result<Box<dyn QueuePolicy>, String> {
-    let mut host = QueueHost::new(Limits::queue_default()).map_err(|e| e.to_string())?;
-    let id = host.load(plugin).map_err(|e| e.to_string())?;
+/// The config's queue component, under `[queue] deadline` and `memory` within the machine's
+/// maxima.
+fn load(config: &Config) -> Result<Box<dyn QueuePolicy>, String> {
+    let bounds = MachineLimits::current()
+        .and_then(|machine| machine.resolve(LimitKind::Queue, &config.queue_limits))
+        .map_err(|e| e.to_string())?;
+    let limits = Limits::queue_default().with_bounds(bounds);
+    let mut host = QueueHost::new(limits).map_err(|e| e.to_string())?;
+    let id = host.load(&config.queue_policy).map_err(|e| e.to_string())?;
     let name = host.name(id).to_string();
     Ok(Box::new(WasmQueuePolicy { host, id, name }))
 }

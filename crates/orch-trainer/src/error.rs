@@ -7,7 +7,7 @@ use std::time::Duration;
 /// Where in the run a plugin call was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
-    /// Instantiation and `init`.
+    /// Instantiation and `init-replica`.
     Init,
     /// `train-step` number `step` (0-based over the run), in `epoch` (0-based).
     Step { step: u64, epoch: u32 },
@@ -39,7 +39,7 @@ pub enum TrainError {
         source: std::io::Error,
     },
     #[error(
-        "`{plugin}` is not a trainer component: {detail}; build one with `cargo build --release --target wasm32-wasip2` against wit/ (world `trainer`)"
+        "`{plugin}` is not a trainer component: {detail}; build one against orch's wit/ (world `trainer`), as docs/TRAINERS.md shows"
     )]
     NotTrainer { plugin: String, detail: String },
     #[error("trainer `{plugin}` cannot be loaded: {detail}")]
@@ -51,8 +51,8 @@ pub enum TrainError {
     #[error("device {device}: {reason}")]
     Device { device: String, reason: String },
     #[error(
-        "trainer `{plugin}` did not return {stage} within its deadline of {} s (train.step_timeout) and was stopped",
-        deadline.as_secs_f64()
+        "trainer `{plugin}` did not return {stage} within its deadline of {} and was stopped; if it needs longer, set `deadline` in [train] of the job file",
+        orch_core::limits::show_duration(*deadline)
     )]
     Timeout {
         plugin: String,
@@ -60,8 +60,8 @@ pub enum TrainError {
         deadline: Duration,
     },
     #[error(
-        "trainer `{plugin}` went over its linear-memory limit of {} MiB {stage} and was stopped",
-        limit >> 20
+        "trainer `{plugin}` went over its linear-memory limit of {} (all its memories together) {stage} and was stopped; if it needs more, set `memory` in [train] of the job file",
+        orch_core::limits::show_bytes(*limit as u64)
     )]
     MemoryLimit {
         plugin: String,

@@ -35,6 +35,7 @@ pub mod report;
 mod run;
 pub mod safetensors;
 mod state;
+mod world;
 
 pub use builtin::{BUILTIN_TRAINERS, BuiltinTrainer, TRAINER_WASM_DIR, load_plugin};
 pub use error::{Stage, TrainError};

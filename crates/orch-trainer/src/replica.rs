@@ -11,10 +11,11 @@ use crate::error::{Stage, TrainError};
 use crate::host::{BatchSlot, NamedValues, Phase, ReplicaState, Shared, panic_message};
 use crate::safetensors::NamedTensor;
 use crate::state::{assign_params, load, snapshot};
+use crate::world::{AnyTrainer, AnyTrainerPre};
 use orch_host::{CallFailure, Limits, PluginState, printable};
 use orch_tensor::TensorError;
+use orch_wit::trainer::exports::orch::plugin::training::{RunInfo, StepInfo};
 use orch_wit::trainer::orch::plugin::metrics::Level;
-use orch_wit::trainer::{RunInfo, StepInfo, Trainer, TrainerPre};
 use std::sync::Arc;
 use std::sync::mpsc::Sender;
 use wasmtime::{Engine, Store};
@@ -82,7 +83,7 @@ pub(crate) struct Replica<'a> {
     pub rank: usize,
     pub shared: Arc<Shared>,
     pub engine: &'a Engine,
-    pub pre: &'a TrainerPre<ReplicaState>,
+    pub pre: &'a AnyTrainerPre,
     pub plan: &'a Plan,
     pub events: Sender<Event>,
     pub resume: Option<&'a Checkpoint>,
@@ -132,12 +133,14 @@ impl Replica<'_> {
         // of trapping in the copy. The copy is bounded by the plugin's memory limit.
         store.set_hostcall_fuel(plan.limits.memory_bytes.saturating_add(1 << 20));
         store.data_mut().phase = Phase::Init;
-        let trainer = self.call(&mut store, Stage::Init, |store| {
-            self.pre.instantiate(store).map(Ok)
-        })?;
+        // Instantiation and `init-replica` share one deadline: a plugin's start-up code (a
+        // language runtime's, say) cannot buy itself a second one.
         let info = self.run_info();
-        self.call(&mut store, Stage::Init, |store| {
-            trainer.call_init(&mut *store, &plan.config, info)
+        let trainer = self.call(&mut store, Stage::Init, |store| {
+            let trainer = self.pre.instantiate(store)?;
+            Ok(trainer
+                .init(&mut *store, &plan.config, info)?
+                .map(|()| trainer))
         })?;
         store.data_mut().phase = Phase::Idle;
         match self.resume {
@@ -169,7 +172,7 @@ impl Replica<'_> {
     fn train(
         &self,
         store: &mut Store<ReplicaState>,
-        trainer: &Trainer,
+        trainer: &AnyTrainer,
     ) -> Result<bool, TrainError> {
         let plan = self.plan;
         let schedule = plan.schedule;
@@ -197,7 +200,7 @@ impl Replica<'_> {
                     batches,
                 };
                 let stage = Stage::Step { step, epoch };
-                let report = self.call(store, stage, |s| trainer.call_train_step(s, info))?;
+                let report = self.call(store, stage, |s| trainer.train_step(s, info))?;
                 let state = store.data_mut();
                 let rows = match std::mem::take(&mut state.phase) {
                     Phase::Train(slot) => slot.indices.len(),
@@ -244,7 +247,7 @@ impl Replica<'_> {
     fn evaluate(
         &self,
         store: &mut Store<ReplicaState>,
-        trainer: &Trainer,
+        trainer: &AnyTrainer,
         epoch: u32,
         step: u64,
     ) -> Result<(), TrainError> {
@@ -283,7 +286,7 @@ impl Replica<'_> {
             };
             let stage = Stage::Eval { epoch };
             let report = self.call(store, stage, |s| {
-                orch_tensor::no_grad(|| trainer.call_eval_step(s, info))
+                orch_tensor::no_grad(|| trainer.eval_step(s, info))
             })?;
             store.data_mut().phase = Phase::Idle;
             if u64::from(report.rows) != rows || u64::from(report.correct) > rows {

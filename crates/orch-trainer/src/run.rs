@@ -9,21 +9,22 @@ use crate::collective::Collective;
 use crate::coordinator::Coordinator;
 use crate::data::{self, Schedule};
 use crate::error::TrainError;
-use crate::host::{DeviceSlot, ReplicaState, Shared};
+use crate::host::{DeviceSlot, Shared};
 use crate::progress::{Pace, ProgressEvent, ProgressSink, Reporter};
 use crate::replica::{Plan, Replica, Start};
 use crate::report::Metrics;
+use crate::world::{AnyTrainerPre, add_imports, trainer_version};
+use orch_core::MachineLimits;
 use orch_core::job::TrainSpec;
 use orch_host::{
     ComponentCache, Limits, Ticker, add_wasi, deadline_ticks, default_cache_dir, new_engine,
 };
 use orch_tensor::{Device, MemoryPool};
-use orch_wit::trainer::{Trainer, TrainerPre};
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use std::sync::Arc;
 use wasmtime::Engine;
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::{Component, Linker};
 
 /// A device the job was granted, as the trainer computes on it.
 #[derive(Debug, Clone)]
@@ -60,8 +61,6 @@ pub struct RunOptions {
     /// Autograd graph nodes one replica may keep alive at once: host memory no device quota
     /// sees (about 390 bytes a node, measured in docs/TRAINERS.md).
     pub max_graph_nodes: usize,
-    /// A replica's linear memory, bytes (the plugin's own heap; tensors live outside it).
-    pub plugin_memory: usize,
     /// Stop after this many steps, with a checkpoint (a deliberate interruption, for tests).
     pub stop_after: Option<u64>,
     /// Compiled-component cache (`None`: [`default_cache_dir`]).
@@ -75,7 +74,6 @@ impl Default for RunOptions {
             progress: None,
             max_tensors: 4096,
             max_graph_nodes: DEFAULT_MAX_GRAPH_NODES,
-            plugin_memory: 256 << 20,
             stop_after: None,
             cache_dir: None,
         }
@@ -122,7 +120,7 @@ pub struct Prepared<'a> {
     data: data::Data,
     limits: Limits,
     engine: Engine,
-    pre: TrainerPre<ReplicaState>,
+    pre: AnyTrainerPre,
 }
 
 impl std::fmt::Debug for Prepared<'_> {
@@ -139,11 +137,11 @@ impl<'a> Prepared<'a> {
     pub fn new(job: &TrainJob<'a>, options: &RunOptions) -> Result<Prepared<'a>, TrainError> {
         let spec = job.spec;
         let (plugin, wasm) = load_plugin(&spec.plugin)?;
-        let limits = Limits {
-            deadline: spec.step_timeout,
-            memory_bytes: options.plugin_memory,
-            ..Limits::default()
-        };
+        let machine = MachineLimits::current().map_err(|e| TrainError::Setup(e.to_string()))?;
+        let bounds = machine
+            .resolve(orch_core::limits::PluginKind::Trainer, &spec.limits)
+            .map_err(|e| TrainError::Setup(e.to_string()))?;
+        let limits = Limits::default().with_bounds(bounds);
         let engine = new_engine(&limits).map_err(|e| TrainError::Engine(e.to_string()))?;
         let pre = pre_instantiate(&engine, &plugin, &wasm, options)?;
         let data = data::load(&spec.data)?;
@@ -247,7 +245,7 @@ impl<'a> Prepared<'a> {
             replicas,
             max_tensors: options.max_tensors,
             max_graph_nodes: options.max_graph_nodes,
-            exchange_timeout: spec.step_timeout,
+            exchange_timeout: limits.deadline,
             grads: Collective::new(replicas),
             broadcast: Collective::new(replicas),
         });
@@ -259,7 +257,7 @@ impl<'a> Prepared<'a> {
             checkpoint_every: spec.checkpoint_every,
             stop_after: options.stop_after,
             eval_batch: (spec.batch_size as usize).max(256),
-            ticks: deadline_ticks(spec.step_timeout),
+            ticks: deadline_ticks(limits.deadline),
             limits,
         };
         let meta_template = Meta {
@@ -415,7 +413,7 @@ fn pre_instantiate(
     plugin: &str,
     wasm: &[u8],
     options: &RunOptions,
-) -> Result<TrainerPre<ReplicaState>, TrainError> {
+) -> Result<AnyTrainerPre, TrainError> {
     let not_trainer = |detail: String| TrainError::NotTrainer {
         plugin: plugin.to_string(),
         detail,
@@ -426,40 +424,23 @@ fn pre_instantiate(
     let cache_dir = options.cache_dir.clone().or_else(default_cache_dir);
     let mut cache = ComponentCache::new(engine, cache_dir);
     let component: Component = cache
-        .get(engine, wasm)
+        .get(engine, plugin, wasm)
         .map_err(|e| not_trainer(format!("it does not load as a component ({e})")))?;
-    let exports: Vec<String> = component
-        .component_type()
-        .exports(engine)
-        .map(|(name, _)| name.to_string())
-        .collect();
-    for wanted in ["init", "train-step", "eval-step"] {
-        if !exports.iter().any(|e| e == wanted) {
-            return Err(not_trainer(format!(
-                "it exports {}, and a trainer exports init, train-step and eval-step",
-                if exports.is_empty() {
-                    "nothing".to_string()
-                } else {
-                    exports.join(", ")
-                }
-            )));
-        }
-    }
+    let version = trainer_version(engine, &component).map_err(not_trainer)?;
     let mut linker = Linker::new(engine);
     add_wasi(&mut linker).map_err(|e| TrainError::Engine(e.to_string()))?;
-    Trainer::add_to_linker::<ReplicaState, HasSelf<ReplicaState>>(&mut linker, |s| s)
-        .map_err(|e| TrainError::Engine(e.to_string()))?;
+    add_imports(&mut linker).map_err(|e| TrainError::Engine(e.to_string()))?;
     let pre = linker
         .instantiate_pre(&component)
         .map_err(|e| TrainError::Load {
             plugin: plugin.to_string(),
             detail: format!(
-                "{e:#} (trainers get the trainer world's imports and WASI with nothing behind it)"
+                "it implements orch:plugin/trainer@{version} but imports what orch does not provide ({e:#}); trainers get the trainer world's imports and WASI with nothing behind it"
             ),
         })?;
-    TrainerPre::new(pre).map_err(|e| {
+    AnyTrainerPre::new(pre, version).map_err(|e| {
         not_trainer(format!(
-            "its exports do not match the contract ({e:#}); rebuild it against this wit/"
+            "it exports the trainer world of contract {version}, but not as the contract has it ({e:#}); rebuild it against the wit/ of that version"
         ))
     })
 }

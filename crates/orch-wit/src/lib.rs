@@ -1,12 +1,20 @@
-//! The plugin contract, `orch:plugin@0.1.0` in `wit/`, bound for the host.
+//! The plugin contract, `orch:plugin@0.2.0` in `wit/`, bound for the host, and the contract it
+//! replaced, `orch:plugin@0.1.0` (kept in `compat/0.1.0/`), so plugins built for it keep
+//! loading.
 //!
 //! Design decision: this is the only crate that runs `wasmtime::component::bindgen!`; every
 //! other crate uses the types it generates, so the contract has one Rust face (as Spin's
 //! `crates/world`). The trainer world has its own module, [`trainer`], beside [`policy`], and
 //! shares [`types`] with it; the queue world, [`queue`], has a vocabulary of its own
 //! ([`queue_types`]).
+//!
+//! 0.2.0 changed only where the exports live (each world exports one named interface instead of
+//! bare functions, whose names clashed with libc's in guests that link one); every type and
+//! every import is the same, field for field. So the 0.1.0 bindings ([`v0_1`]) reuse the 0.2.0
+//! Rust types (the component model checks types by structure, not by name), and a 0.1.0
+//! trainer's imports are the 0.2.0 host functions linked under the 0.1.0 names.
 
-/// The `policy` world: selection policies export `select`.
+/// The `policy` world: selection policies export `placement.select-devices`.
 pub mod policy {
     wasmtime::component::bindgen!({
         path: "../../wit",
@@ -15,9 +23,10 @@ pub mod policy {
 }
 
 /// The `trainer` world: trainers import tensors (host resources), autograd, parameters,
-/// optimizers, data, devices and metrics, and export `init`, `train-step` and `eval-step`.
-/// Imports are trappable: a host function returns `wasmtime::Result`, and an `Err` stops the
-/// plugin (a trap), while failures the plugin caused come back as `tensor-error` values.
+/// optimizers, data, devices and metrics, and export `training` (`init-replica`, `train-step`,
+/// `eval-step`). Imports are trappable: a host function returns `wasmtime::Result`, and an
+/// `Err` stops the plugin (a trap), while failures the plugin caused come back as
+/// `tensor-error` values.
 pub mod trainer {
     wasmtime::component::bindgen!({
         path: "../../wit",
@@ -27,12 +36,55 @@ pub mod trainer {
     });
 }
 
-/// The `queue` world: queue policies export `order`, which ranks the daemon's queued jobs.
+/// The `queue` world: queue policies export `queue-order.order-jobs`, which ranks the daemon's
+/// queued jobs.
 pub mod queue {
     wasmtime::component::bindgen!({
         path: "../../wit",
         world: "queue",
     });
+}
+
+/// The worlds of `orch:plugin@0.1.0`, whose exports were bare functions (`select`, `order`,
+/// `init`, `train-step`, `eval-step`), over the 0.2.0 types.
+pub mod v0_1 {
+    /// `select`.
+    pub mod policy {
+        wasmtime::component::bindgen!({
+            path: "compat/0.1.0",
+            world: "policy",
+            with: { "orch:plugin/types": crate::types },
+        });
+    }
+
+    /// `order`.
+    pub mod queue {
+        wasmtime::component::bindgen!({
+            path: "compat/0.1.0",
+            world: "queue",
+            with: { "orch:plugin/queue-types": crate::queue_types },
+        });
+    }
+
+    /// `init`, `train-step`, `eval-step`. The imports are the 0.2.0 interfaces'; link them
+    /// under [`TRAINER_IMPORTS`] with each interface's `add_to_linker_instance`.
+    pub mod trainer {
+        wasmtime::component::bindgen!({
+            path: "compat/0.1.0",
+            world: "trainer",
+            imports: { default: trappable },
+            with: {
+                "orch:plugin/types": crate::types,
+                "orch:plugin/tensors": crate::trainer::orch::plugin::tensors,
+                "orch:plugin/autograd": crate::trainer::orch::plugin::autograd,
+                "orch:plugin/params": crate::trainer::orch::plugin::params,
+                "orch:plugin/optim": crate::trainer::orch::plugin::optim,
+                "orch:plugin/data": crate::trainer::orch::plugin::data,
+                "orch:plugin/devices": crate::trainer::orch::plugin::devices,
+                "orch:plugin/metrics": crate::trainer::orch::plugin::metrics,
+            },
+        });
+    }
 }
 
 /// The shared `orch:plugin/types` interface: devices, leases, request, decision, refusal.
@@ -42,14 +94,55 @@ pub use policy::{Policy, PolicyPre};
 pub use queue::orch::plugin::queue_types;
 pub use queue::{Queue, QueuePre};
 
-/// The world a policy component implements, as `orch plugin inspect` names it.
-pub const POLICY_WORLD: &str = "orch:plugin/policy@0.1.0";
+/// A version of the contract, as a component implements it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Version {
+    /// `orch:plugin@0.1.0`: bare exports. Still loaded.
+    V0_1,
+    /// `orch:plugin@0.2.0`: every export in a named interface. What `wit/` holds.
+    V0_2,
+}
+
+impl Version {
+    /// The contract of `wit/`.
+    pub const CURRENT: Version = Version::V0_2;
+
+    /// `0.2.0`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Version::V0_1 => "0.1.0",
+            Version::V0_2 => "0.2.0",
+        }
+    }
+}
+
+impl std::fmt::Display for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The world a policy component implements (the current contract).
+pub const POLICY_WORLD: &str = "orch:plugin/policy@0.2.0";
 
 /// The world a queue-policy component implements.
-pub const QUEUE_WORLD: &str = "orch:plugin/queue@0.1.0";
+pub const QUEUE_WORLD: &str = "orch:plugin/queue@0.2.0";
 
 /// The world a trainer component implements.
-pub const TRAINER_WORLD: &str = "orch:plugin/trainer@0.1.0";
+pub const TRAINER_WORLD: &str = "orch:plugin/trainer@0.2.0";
 
 /// The package every orch world belongs to.
-pub const PACKAGE: &str = "orch:plugin@0.1.0";
+pub const PACKAGE: &str = "orch:plugin@0.2.0";
+
+/// What a 0.2.0 policy exports: an instance of this interface.
+pub const PLACEMENT_EXPORT: &str = "orch:plugin/placement@0.2.0";
+/// What a 0.2.0 queue policy exports.
+pub const QUEUE_ORDER_EXPORT: &str = "orch:plugin/queue-order@0.2.0";
+/// What a 0.2.0 trainer exports.
+pub const TRAINING_EXPORT: &str = "orch:plugin/training@0.2.0";
+
+/// The interfaces a trainer imports, without package and version (`tensors` is
+/// `orch:plugin/tensors@0.2.0` in the current contract, `…@0.1.0` in the old one).
+pub const TRAINER_IMPORTS: [&str; 7] = [
+    "tensors", "autograd", "params", "optim", "data", "devices", "metrics",
+];

@@ -14,7 +14,7 @@ extern crate self as orch_policy_kit;
 
 /// The guest bindings of the `policy` world. In a module: `#[macro_export]` puts the export
 /// macros at the crate root, where they would clash with the bindings' own re-exports. The
-/// generated `select` takes the canonical ABI's flat arguments, more than clippy likes.
+/// generated `select-devices` takes the canonical ABI's flat arguments, more than clippy likes.
 #[allow(clippy::too_many_arguments)]
 pub mod bindings {
     wit_bindgen::generate!({
@@ -27,8 +27,9 @@ pub mod bindings {
     });
 }
 
+pub use bindings::export_policy;
+pub use bindings::exports::orch::plugin::placement::Guest;
 pub use bindings::orch::plugin::types::{Decision, Device, Lease, Refusal, Request};
-pub use bindings::{Guest, export_policy};
 pub use wit_bindgen;
 
 mod lists;
@@ -39,7 +40,7 @@ pub use text::{push_label, push_size, push_summary, push_u64, size};
 
 use std::cmp::Ordering;
 
-/// What `select` receives, together.
+/// What `select-devices` receives, together.
 #[derive(Debug)]
 pub struct Input {
     pub request: Request,

@@ -23,12 +23,13 @@ pub mod bindings {
     });
 }
 
+pub use bindings::export_queue;
+pub use bindings::exports::orch::plugin::queue_order::Guest;
 pub use bindings::orch::plugin::queue_types::{Machine, QueuedJob, Ranked, Tenant};
-pub use bindings::{Guest, export_queue};
 pub use orch_queue::{self, Order};
 pub use wit_bindgen;
 
-/// Exports `order` from a plugin crate: `export_order!(orch_queue::fifo)` runs one of
+/// Exports `queue-order.order-jobs` from a plugin crate: `export_order!(orch_queue::fifo)` runs one of
 /// `orch_queue`'s orders (through [`run`]); `export_order!(|jobs, tenants, machine| body)`
 /// answers with `body`, a `Result<Vec<Ranked>, String>` (the hostile fixtures).
 #[macro_export]
@@ -37,7 +38,7 @@ macro_rules! export_order {
         struct Plugin;
 
         impl $crate::Guest for Plugin {
-            fn order(
+            fn order_jobs(
                 $jobs: Vec<$crate::QueuedJob>,
                 $tenants: Vec<$crate::Tenant>,
                 $machine: $crate::Machine,

@@ -7,7 +7,7 @@ use crate::table;
 use orch_core::job::{self, JobError};
 use orch_core::{ByteSize, DeviceLease};
 use orch_devices::{InventorySpec, Visibility, VisibilityEnv};
-use orch_host::PolicyHost;
+use orch_host::{Limits, PolicyHost};
 use orch_leases::Lease;
 use orch_runner::{Plan, PlanError, PlanInput};
 use serde::Serialize;
@@ -70,10 +70,10 @@ pub fn run(spec: &InventorySpec, args: &PlanArgs) -> CmdResult {
     Ok(())
 }
 
-/// The policy host `orch` uses: default limits, the deadline from `ORCH_POLICY_DEADLINE_MS`.
+/// The policy host `orch` uses: the default limits, which a job's `[policy] deadline` and
+/// `memory` replace for its plugin (within the machine's maxima).
 pub fn policy_host() -> Result<PolicyHost, Failure> {
-    let limits = orch_runner::policy_limits_from_env().map_err(Failure::bad_input_msg)?;
-    PolicyHost::new(limits).map_err(Failure::failed_msg)
+    PolicyHost::new(Limits::default()).map_err(Failure::failed_msg)
 }
 
 fn json(plan: &Plan) -> String {

@@ -235,6 +235,7 @@ fn quick_job(args: &RunArgs) -> Result<JobSpec, Failure> {
             plugin: PluginRef::parse(args.policy.as_deref().unwrap_or(DEFAULT_POLICY), &here),
             plugin_at: at,
             config: Vec::new(),
+            limits: Default::default(),
         },
         work: Work::Command(CommandSpec {
             argv: args.command.clone(),

@@ -96,7 +96,7 @@ lr = 0.05
         train.plugin,
         PluginRef::Path(PathBuf::from("jobs/plugins/mlp.wasm"))
     );
-    assert_eq!(train.step_timeout, DEFAULT_STEP_TIMEOUT);
+    assert_eq!(train.limits, crate::LimitSettings::default());
     assert_eq!((train.checkpoint_every, train.replicas), (None, None));
     assert_eq!(train.out, PathBuf::from("jobs/runs/t"));
     assert_eq!(train.data.test, None);
@@ -269,7 +269,18 @@ normalize = false
         panic!("a train job");
     };
     assert_eq!(train.plugin, PluginRef::Builtin("mlp".into()));
-    assert_eq!(train.step_timeout, std::time::Duration::from_secs(90));
+    let deadline = train
+        .limits
+        .deadline
+        .as_ref()
+        .map(|(d, at)| (*d, at.to_string()));
+    assert_eq!(
+        deadline,
+        Some((
+            std::time::Duration::from_secs(90),
+            "jobs/j.toml:8:16".to_string()
+        ))
+    );
     assert_eq!(
         (train.checkpoint_every, train.replicas),
         (Some(50), Some(1))
@@ -287,6 +298,17 @@ normalize = false
     for (extra, at, message) in [
         ("step_timeout = \"soon\"\n", "j.toml:7:16", "not a duration"),
         ("step_timeout = 0\n", "j.toml:7:16", "not a duration"),
+        (
+            "deadline = \"2s\"\nstep_timeout = \"3s\"\n",
+            "j.toml:8:16",
+            "both deadline and step_timeout",
+        ),
+        (
+            "memory = \"lots\"\n",
+            "j.toml:7:10",
+            "[train] memory is not a size",
+        ),
+        ("memory = \"8GiB\"\n", "j.toml:7:10", "above 4 GiB"),
         (
             "checkpoint_every = 0\n",
             "j.toml:7:20",
@@ -411,4 +433,40 @@ fn slurm_and_sweep_tables() {
     let text = format!("[job]\nname = \"x\"\n[command]\nargv = [\"true\"]\n[sweep]\n{keys}");
     let e = parse(Path::new("j.toml"), &text).unwrap_err().to_string();
     assert!(e.contains("combinations"), "{e}");
+}
+
+#[test]
+fn a_policy_sets_its_own_deadline_and_memory() {
+    let base = "[job]\nname = \"x\"\n[resources]\ngpus = 1\n[policy]\nplugin = \"p.wasm\"\n";
+    let work = "[command]\nargv = [\"true\"]\n";
+    let job = parse_str(&format!(
+        "{base}deadline = \"250ms\"\nmemory = \"128MiB\"\n{work}"
+    ))
+    .unwrap();
+    let limits = &job.policy.limits;
+    assert_eq!(
+        limits.deadline.as_ref().map(|(d, at)| (*d, at.to_string())),
+        Some((
+            std::time::Duration::from_millis(250),
+            "jobs/j.toml:7:12".to_string()
+        ))
+    );
+    assert_eq!(limits.memory.as_ref().map(|(m, _)| *m), Some(128 << 20));
+    for (extra, words) in [
+        (
+            "deadline = \"soon\"\n",
+            "j.toml:7:12: [policy] deadline is not a duration",
+        ),
+        (
+            "memory = -1\n",
+            "j.toml:7:10: [policy] memory is not a size",
+        ),
+        (
+            "memory = \"5GiB\"\n",
+            "more than a wasm32 plugin can address",
+        ),
+    ] {
+        let e = parse_str(&format!("{base}{extra}{work}")).unwrap_err();
+        assert!(e.contains(words), "{extra}: {e}");
+    }
 }

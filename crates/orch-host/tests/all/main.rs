@@ -3,5 +3,6 @@
 mod builtins;
 mod cache;
 mod common;
+mod compat;
 mod hostile;
 mod queue;

@@ -363,8 +363,8 @@ fn a_placement_policy_is_refused_as_a_queue_policy_and_back() {
     assert!(err.is_bad_input());
     assert_eq!(
         err.to_string(),
-        "`least_loaded.wasm` is a component of another world, not orch:plugin/queue@0.1.0: \
-         it exports `select`, and a queue policy exports `order`"
+        "`least_loaded.wasm` is not a queue policy orch can load: it implements \
+         orch:plugin/policy@0.2.0, and orch expected orch:plugin/queue@0.2.0 (or 0.1.0)"
     );
     // The host carries on.
     let (jobs, tenants) = small_queue();
@@ -375,13 +375,13 @@ fn a_placement_policy_is_refused_as_a_queue_policy_and_back() {
     let err = policies.load(&fixture("queue_fifo")).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "`queue_fifo.wasm` is a component of another world, not orch:plugin/policy@0.1.0: \
-         it exports `order`, and a policy exports `select`"
+        "`queue_fifo.wasm` is not a policy orch can load: it implements \
+         orch:plugin/queue@0.2.0, and orch expected orch:plugin/policy@0.2.0 (or 0.1.0)"
     );
     let err = host.load(&fixture("hostile-other-world")).unwrap_err();
     assert!(
         err.to_string()
-            .contains("and a queue policy exports `order`"),
+            .contains("which exports the instance `orch:plugin/queue-order@0.2.0` (0.1.0: the function `order`)"),
         "{err}"
     );
 }
@@ -392,9 +392,12 @@ fn inspect_names_the_queue_world() {
     let file = PathBuf::from(orch_host::PLUGIN_WASM_DIR).join("queue_fair_share.wasm");
     let wasm = std::fs::read(&file).unwrap();
     let found = orch_host::inspect(&mut policies, "queue_fair_share.wasm", &wasm).unwrap();
-    assert_eq!(found.world, "orch:plugin/queue@0.1.0");
+    assert_eq!(found.world, "orch:plugin/queue@0.2.0");
+    assert_eq!(found.version_note(), None);
     assert!(
-        found.exports.contains(&"func order".to_string()),
+        found
+            .exports
+            .contains(&"instance orch:plugin/queue-order@0.2.0".to_string()),
         "{found:?}"
     );
 }
@@ -422,7 +425,9 @@ fn unknown_builtins_and_missing_files_are_one_sentence() {
     assert_eq!(
         err.to_string(),
         "`odd.wasm` is not a WebAssembly component (a core WebAssembly module, not a \
-         component); build a queue policy with `cargo build --target wasm32-wasip2 --release`"
+         component); orch loads components of world orch:plugin/queue@0.2.0: build a queue \
+         policy with `cargo build --target wasm32-wasip2` (Rust), `componentize-py` (Python) \
+         or `jco componentize` (JavaScript) against orch's wit/, as docs/PLUGINS.md shows"
     );
 }
 

@@ -71,7 +71,7 @@ fn a_component_of_another_world_is_refused_by_name() {
     assert!(err.is_bad_input());
     let text = err.to_string();
     assert!(
-        text.contains("least_loaded") && text.contains("init, train-step and eval-step"),
+        text.contains("`least_loaded` is not a trainer component: it implements orch:plugin/policy@0.2.0, and orch expected orch:plugin/trainer@0.2.0 (or 0.1.0)"),
         "{text}"
     );
     let unknown = job_named(dir.path(), "nope");
@@ -105,4 +105,46 @@ fn the_mnist_example_reaches_97_5_percent_in_3_epochs() {
     let summary = run(&job, &cpu(), &options()).unwrap();
     let accuracy = summary.eval_accuracy.expect("MNIST has a test set");
     assert!(accuracy >= 0.975, "test accuracy {accuracy}");
+}
+
+/// A trainer built for contract 0.1.0 (bare `init`, `train-step`, `eval-step`; the model is the
+/// built-in `mlp`'s) still trains, to the very parameters the 0.2.0 built-in reaches.
+#[test]
+fn a_trainer_built_for_contract_0_1_0_trains_like_its_0_2_0_twin() {
+    let old = std::path::Path::new(orch_trainer::TRAINER_WASM_DIR).join("compat_trainer_mlp.wasm");
+    let train = |plugin: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let job = job(
+            dir.path(),
+            &format!(
+                "plugin = \"{plugin}\"\nepochs = 1\nbatch_size = 64\nseed = 3\n[train.config]\nhidden = \"16\"\nlr = 0.1"
+            ),
+        );
+        let summary = run(&job, &cpu(), &options()).unwrap();
+        (summary, final_params(&job))
+    };
+    let (old_run, old_params) = train(&old.display().to_string());
+    let (new_run, new_params) = train("mlp");
+    assert_eq!(old_run.steps, new_run.steps);
+    assert_eq!(old_run.eval_accuracy, new_run.eval_accuracy);
+    assert_eq!(max_relative_difference(&old_params, &new_params), 0.0);
+}
+
+/// A job's `[train] memory` is the plugin's cap, and an error about it names the setting.
+#[test]
+fn the_plugin_memory_cap_comes_from_the_job_and_is_named_when_hit() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = job(
+        dir.path(),
+        "plugin = \"mlp\"\nepochs = 1\nbatch_size = 64\nmemory = \"64KiB\"\n[train.config]\nhidden = \"16\"",
+    );
+    let err = run(&job, &cpu(), &options()).unwrap_err().to_string();
+    assert!(
+        err.contains("went over its linear-memory limit of 64 KiB (all its memories together)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("set `memory` in [train] of the job file"),
+        "{err}"
+    );
 }

@@ -10,13 +10,13 @@ wit_bindgen::generate!({
     world: "policy",
 });
 
-// The world `use`s request, device, lease, decision and refusal: the bindings put them in
-// scope.
+use exports::orch::plugin::placement::Guest;
+use orch::plugin::types::{Decision, Device, Lease, Refusal, Request};
 
 struct Coolest;
 
 impl Guest for Coolest {
-    fn select(
+    fn select_devices(
         request: Request,
         candidates: Vec<Device>,
         leases: Vec<Lease>,

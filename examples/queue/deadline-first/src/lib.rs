@@ -8,7 +8,8 @@ wit_bindgen::generate!({
     world: "queue",
 });
 
-// The world `use`s queued-job, tenant, machine and ranked: the bindings put them in scope.
+use exports::orch::plugin::queue_order::Guest;
+use orch::plugin::queue_types::{Machine, QueuedJob, Ranked, Tenant};
 
 use std::cmp::Ordering;
 
@@ -18,7 +19,7 @@ const DEADLINE: &str = "paper-deadline";
 struct DeadlineFirst;
 
 impl Guest for DeadlineFirst {
-    fn order(
+    fn order_jobs(
         jobs: Vec<QueuedJob>,
         tenants: Vec<Tenant>,
         _machine: Machine,

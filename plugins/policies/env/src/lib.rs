@@ -9,7 +9,7 @@ use orch_policy_kit::{
 struct FromEnv;
 
 impl Guest for FromEnv {
-    fn select(
+    fn select_devices(
         request: Request,
         candidates: Vec<Device>,
         leases: Vec<Lease>,

@@ -8,7 +8,7 @@ use orch_policy_kit::{
 struct Explicit;
 
 impl Guest for Explicit {
-    fn select(
+    fn select_devices(
         request: Request,
         candidates: Vec<Device>,
         leases: Vec<Lease>,

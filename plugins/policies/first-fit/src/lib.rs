@@ -8,7 +8,7 @@ use std::cmp::Ordering;
 struct FirstFit;
 
 impl Guest for FirstFit {
-    fn select(
+    fn select_devices(
         request: Request,
         candidates: Vec<Device>,
         leases: Vec<Lease>,

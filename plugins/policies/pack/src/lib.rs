@@ -9,7 +9,7 @@ use orch_policy_kit::{
 struct Pack;
 
 impl Guest for Pack {
-    fn select(
+    fn select_devices(
         request: Request,
         candidates: Vec<Device>,
         leases: Vec<Lease>,

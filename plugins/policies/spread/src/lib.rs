@@ -10,7 +10,7 @@ use orch_policy_kit::{
 struct Spread;
 
 impl Guest for Spread {
-    fn select(
+    fn select_devices(
         request: Request,
         candidates: Vec<Device>,
         leases: Vec<Lease>,
