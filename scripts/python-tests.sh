@@ -3,9 +3,11 @@
 # virtual environment with pytest, numpy and torch from PyPI, then runs tests/python against it (the
 # sim inventory; the daemon tests start `orch serve` themselves).
 #
-# The wheel is built with the dev profile into the same target folder as `cargo test`, so the
-# workspace's dependencies (wasmtime above all) are not compiled a second time; benches build it
-# with --release (scripts/bench-python.sh).
+# The wheel is built with the dev profile into the same target folder as `cargo test`: no release
+# build of the workspace. maturin builds orch-py alone, whose features unify differently from
+# `cargo test --workspace`'s, so wasmtime and cranelift are compiled once more for it (~3 min on
+# 2 cores); the other dependencies are reused. Benches build it with --release
+# (scripts/bench-python.sh).
 #
 # torch: PyPI has no CPU-only torch for x86-64 Linux (the CPU wheels live on PyTorch's own index,
 # which CI cannot reach), and its wheel loads the CUDA libraries at import even on a CPU, so the

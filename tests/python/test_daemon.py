@@ -179,3 +179,20 @@ def test_the_tenants_limits_hold_for_leases(limited_daemon):
         orch.lease(gpus=1)
     first.release()
     assert len(orch.lease(gpus=2).devices) == 2
+
+
+def test_orch_cancel_of_a_held_lease_stops_its_process(daemon, tmp_path):
+    holder = python(HOLD.format(gpus=1, wait=False, stop=str(tmp_path / "never")))
+    line = holder.stdout.readline().split()
+    assert line and line[0] == "OK", holder.stderr.read()
+    job = line[1]
+    out = subprocess.run([daemon, "cancel", job], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert holder.wait(timeout=10) == -signal.SIGTERM
+    deadline = time.monotonic() + 10
+    while True:
+        ended = {j["id"]: j for j in jobs(daemon, "--all")}[job]
+        if ended["state"] != "running" or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert ended["state"] == "cancelled", ended
