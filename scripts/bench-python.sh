@@ -6,11 +6,12 @@
 # same for every Python program) is left out; it is printed beside as `python -c pass`.
 #
 #   scripts/bench-python.sh [N]        (default 30)
+#   BENCH_VENV=PATH scripts/bench-python.sh   (an existing venv, torch in it: no 4 GiB install)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-30}
 target=${CARGO_TARGET_DIR:-target}
-venv="$target/bench-python/venv"
+venv=${BENCH_VENV:-$target/bench-python/venv}
 wheels="$target/bench-python/wheels"
 
 if [ ! -x "$venv/bin/python" ]; then
