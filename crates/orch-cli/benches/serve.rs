@@ -216,6 +216,7 @@ fn scheduling_pass(queued: usize, free: usize) -> f64 {
         env: Vec::new(),
         identity,
         policy_file: None,
+        holder: None,
     };
     let row = JobRow {
         id: String::new(),

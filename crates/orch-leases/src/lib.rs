@@ -17,4 +17,6 @@ mod holder;
 mod store;
 
 pub use holder::{Holder, this_boot, this_machine};
-pub use store::{ClaimError, ClaimRequest, Lease, LeaseError, LeaseStore, default_state_dir};
+pub use store::{
+    ClaimError, ClaimRequest, Lease, LeaseError, LeaseStore, default_socket, default_state_dir,
+};

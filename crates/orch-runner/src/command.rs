@@ -56,7 +56,7 @@ pub(crate) fn launch_spec(
         cwd: Some(options.cwd.clone().unwrap_or_else(|| job.dir.clone())),
         job: JobEnv {
             cluster: options.cluster.clone(),
-            ..job_env(job, command, lease, plan, inventory)
+            ..job_env(job, &command.env, lease, plan, inventory)
         },
         per_device: command.launch == Launch::PerDevice,
         grace: options.grace,
@@ -70,7 +70,7 @@ pub(crate) fn launch_spec(
 
 fn job_env(
     job: &JobSpec,
-    command: &CommandSpec,
+    extra: &std::collections::BTreeMap<String, String>,
     lease: &Lease,
     plan: &Plan,
     inventory: &Inventory,
@@ -98,9 +98,23 @@ fn job_env(
         devices: assigned,
         memory_limit_bytes: job.resources.memory_limit.map(ByteSize::bytes),
         exclusive: job.resources.exclusive,
-        extra: command.env.clone(),
+        extra: extra.clone(),
         cluster: None,
     }
+}
+
+/// The device variables of a process that holds `lease` itself (a Python program that leased
+/// its own devices): exactly those `orch run` gives a single-process job on the same lease
+/// (`CUDA_VISIBLE_DEVICES` with UUIDs, `CUDA_DEVICE_ORDER`, `ORCH_JOB_ID`, the frameworks'
+/// memory variables).
+pub fn lease_env(
+    job: &JobSpec,
+    lease: &Lease,
+    plan: &Plan,
+    inventory: &Inventory,
+) -> std::collections::BTreeMap<String, String> {
+    let env = job_env(job, &Default::default(), lease, plan, inventory);
+    orch_exec::process_env(&env, None, 0)
 }
 
 /// On real GPUs with a `memory_limit`, watches the job's processes' memory (NVML's per-process

@@ -17,7 +17,7 @@ pub mod plan;
 mod runner;
 mod train;
 
-pub use command::{GRACE, ProcessOptions, check_enforcement, placed_line};
+pub use command::{GRACE, ProcessOptions, check_enforcement, lease_env, placed_line};
 pub use foreign::foreign_processes;
 pub use place::{LeaseGuard, Machine, PlaceError, claim, claim_until, place_in_parent};
 pub use plan::{Plan, PlanError, PlanInput, PlannedDevice, Rejection, plan};

@@ -91,10 +91,12 @@ pub struct Caller {
     pub remote: bool,
     /// Over TCP with neither a valid token nor a session: 401.
     pub unauthenticated: bool,
+    /// The process on the other end of the Unix socket (its peer credentials), when known.
+    pub pid: Option<u32>,
 }
 
 #[derive(Debug)]
-pub struct ApiError(StatusCode, String);
+pub struct ApiError(pub StatusCode, pub String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -102,13 +104,13 @@ impl IntoResponse for ApiError {
     }
 }
 
-type ApiResult<T> = Result<T, ApiError>;
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
-fn err(status: StatusCode, message: impl Into<String>) -> ApiError {
+pub(crate) fn err(status: StatusCode, message: impl Into<String>) -> ApiError {
     ApiError(status, message.into())
 }
 
-fn internal(e: impl std::fmt::Display) -> ApiError {
+pub(crate) fn internal(e: impl std::fmt::Display) -> ApiError {
     tracing::error!("{e}");
     err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
 }
@@ -122,6 +124,9 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/jobs/{id}", get(status))
         .route("/v1/jobs/{id}/cancel", post(cancel))
         .route("/v1/jobs/{id}/logs", get(logs))
+        .route("/v1/leases", post(crate::leases::take))
+        .route("/v1/leases/{id}", get(crate::leases::show))
+        .route("/v1/leases/{id}/release", post(crate::leases::release))
         .route("/v1/devices", get(devices))
         .route("/v1/tenants", get(tenants))
         .route("/v1/whoami", get(whoami))
@@ -203,7 +208,7 @@ async fn json_errors(response: Response) -> Response {
     (status, Json(ErrorBody { error })).into_response()
 }
 
-fn admitted(caller: &Caller) -> ApiResult<()> {
+pub(crate) fn admitted(caller: &Caller) -> ApiResult<()> {
     if caller.unauthenticated {
         return Err(err(
             StatusCode::UNAUTHORIZED,
@@ -234,6 +239,22 @@ async fn submit(
             format!("the request body is not a job submission: {e}"),
         )
     })?;
+    let id = accept(&shared, &caller, request, None).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(SubmitResponse { id: id.to_string() }),
+    ))
+}
+
+/// Checks a submission (the job file, the tenant and its limits), commits it to the queue and
+/// wakes the engine; returns the job's id. `holder`: the process that holds the lease itself (a
+/// lease taken from a Python program, `POST /v1/leases`): nothing is started for such a job.
+pub(crate) async fn accept(
+    shared: &Arc<Shared>,
+    caller: &Caller,
+    request: SubmitRequest,
+    holder: Option<orch_leases::Holder>,
+) -> ApiResult<i64> {
     let spec = orch_core::job::parse(std::path::Path::new(&request.job_path), &request.job_text)
         .map_err(|e| err(StatusCode::BAD_REQUEST, e.to_string()))?;
     orch_runner::check_enforcement(&spec, shared.backend)
@@ -336,7 +357,7 @@ async fn submit(
                     ),
                 ));
             };
-            let shared = Arc::clone(&shared);
+            let shared = Arc::clone(shared);
             let text = text.clone();
             Some(
                 tokio::task::spawn_blocking(move || store_policy(&shared.state_dir, &text))
@@ -358,6 +379,7 @@ async fn submit(
         env: request.env,
         identity: caller.identity.clone(),
         policy_file,
+        holder,
     };
     let tenant = row.tenant.clone();
     // The limit is checked in the same transaction as the insert: concurrent submissions
@@ -389,10 +411,7 @@ async fn submit(
     }
     shared.metrics.submitted(&tenant);
     shared.kick(Kick::Submitted(id));
-    Ok((
-        StatusCode::CREATED,
-        Json(SubmitResponse { id: id.to_string() }),
-    ))
+    Ok(id)
 }
 
 /// Keeps a submitted policy component as `STATE/plugins/SHA256.wasm` (written once, atomically);
@@ -523,7 +542,7 @@ pub(crate) async fn read<T: Send + 'static>(
         .map_err(internal)
 }
 
-fn visible_to(caller: &Caller, row: &JobRow) -> bool {
+pub(crate) fn visible_to(caller: &Caller, row: &JobRow) -> bool {
     caller.admin || caller.tenants.contains(&row.tenant)
 }
 
@@ -538,7 +557,11 @@ fn with_reason(mut row: JobRow, reasons: &std::collections::HashMap<i64, String>
 
 /// The job, if it exists and the caller may see it; 404 alike otherwise, so that another
 /// tenant's jobs are not revealed.
-async fn find(shared: &Arc<Shared>, caller: &Caller, id: &str) -> ApiResult<(i64, JobRow)> {
+pub(crate) async fn find(
+    shared: &Arc<Shared>,
+    caller: &Caller,
+    id: &str,
+) -> ApiResult<(i64, JobRow)> {
     admitted(caller)?;
     let not_found = || {
         err(

@@ -62,6 +62,10 @@ pub struct Submission {
     /// The hash of the job's file policy as submitted (`STATE/plugins/HASH.wasm`).
     #[serde(default)]
     pub policy_file: Option<String>,
+    /// For a lease held by the client's own process (`POST /v1/leases`): that process. Nothing
+    /// is started for such a job; it runs while the process lives or until it releases the lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<orch_leases::Holder>,
 }
 
 /// A job as the API shows it.

@@ -28,6 +28,8 @@ pub enum Kick {
     Dequeued(i64),
     /// A supervisor process ended.
     SupervisorExited,
+    /// The process holding lease job `id` released it (`POST /v1/leases/ID/release`).
+    Release(i64),
 }
 
 /// What the API and the engine share.
@@ -138,6 +140,9 @@ struct Running {
     prior_gpu_s: f64,
     /// A preemption or idle reclaim decided for it.
     stop: Option<Stop>,
+    /// A lease held by the client's own process (`supervisor` is that process): nothing was
+    /// started for it, and it ends when the process releases it or ends.
+    held: bool,
 }
 
 pub struct Engine {
@@ -335,6 +340,11 @@ impl Engine {
             let (preemptible, exclusive) = spec.map_or((false, true), |spec| {
                 (spec.preemptible, spec.resources.exclusive)
             });
+            let held = db
+                .submission(id)
+                .ok()
+                .flatten()
+                .is_some_and(|(s, _)| s.holder.is_some());
             self.track_running(id, &row, preemptible, exclusive);
             // Counted up to the last record, or from the start when none was made.
             let charged_s = row
@@ -387,8 +397,14 @@ impl Engine {
                             spawned_at: Instant::now(),
                             prior_gpu_s: row.gpu_seconds,
                             stop: None,
+                            held,
                         },
                     );
+                }
+                Some(holder) if held => {
+                    // The process that held the lease ended while no daemon watched.
+                    let prior = row.gpu_seconds;
+                    self.finish_at(id, &row.lease_id, held_ended(holder.pid, now_ms()), prior);
                 }
                 _ if never_started => {
                     // It never ran: nothing to charge.
@@ -519,6 +535,7 @@ impl Engine {
                 }
             }
             Kick::SupervisorExited => {}
+            Kick::Release(id) => self.release_held(id),
         }
         true
     }
@@ -661,7 +678,9 @@ impl Engine {
                 && !stop.sent
             {
                 if holder.process_alive() {
+                    // A held lease's process is the program itself: it is asked to end.
                     let signal = match stop.kind {
+                        _ if job.held => libc::SIGTERM,
                         StopKind::Preempt => supervisor::PREEMPT_SIGNAL,
                         StopKind::Idle => supervisor::IDLE_SIGNAL,
                     };
@@ -676,6 +695,30 @@ impl Engine {
                 Some(holder) => !holder.process_alive(),
                 None => job.spawned_at.elapsed() > Duration::from_secs(30),
             };
+            if gone && job.held && supervisor::read_exit(&dir).is_none() {
+                let pid = job.supervisor.as_ref().map_or(0, |h| h.pid);
+                let record = match (job.cancel, &job.stop) {
+                    (Cancel::None, None) => held_ended(pid, now_ms()),
+                    (Cancel::None, Some(stop)) => ExitRecord {
+                        state: State::Failed,
+                        exit_code: None,
+                        reason: Some(stop.reason.clone()),
+                        ended_at_ms: now_ms(),
+                    },
+                    _ => ExitRecord {
+                        state: State::Cancelled,
+                        exit_code: None,
+                        reason: Some(supervisor::CANCELLED.into()),
+                        ended_at_ms: now_ms(),
+                    },
+                };
+                let _ = supervisor::write_exit(&dir, &record);
+                let (lease, prior) = (Some(job.lease_id.clone()), job.prior_gpu_s);
+                self.running.remove(&id);
+                self.finish_at(id, &lease, record, prior);
+                changed = true;
+                continue;
+            }
             if gone && supervisor::read_exit(&dir).is_none() {
                 // A job whose cancel was asked for is not queued again.
                 let (lease, requeue, prior) = (
@@ -794,6 +837,29 @@ impl Engine {
     /// Claims devices for queued job `id` and starts its supervisor. Ok(true): started;
     /// Ok(false): it left the queue (failed or cancelled meanwhile); Err: why it waits.
     fn place(&mut self, id: i64) -> Result<bool, String> {
+        let dead_holder = self
+            .queue
+            .get(&id)
+            .and_then(|j| j.submission.holder.as_ref())
+            .filter(|h| !h.process_alive())
+            .map(|h| h.pid);
+        if let Some(pid) = dead_holder {
+            self.queue.remove(&id);
+            self.sched().dequeue(id as u64);
+            let reason = format!("its process (pid {pid}) ended while it waited");
+            self.write(
+                id,
+                Change {
+                    state: Some(State::Cancelled),
+                    ended_at_ms: Some(now_ms()),
+                    event: Some(Event::now("finished", format!("cancelled: {reason}"))),
+                    reason: Some(reason),
+                    only_if: Some(State::Queued),
+                    ..Change::default()
+                },
+            );
+            return Ok(false);
+        }
         let Some(job) = self.queue.get(&id) else {
             return Ok(false);
         };
@@ -810,14 +876,16 @@ impl Engine {
             env: &env,
             nested: false,
         };
+        // A lease held by the client's process: that process is its holder, so the lease store
+        // reclaims it when the process dies, whatever happens to the daemon.
+        let holder = job
+            .submission
+            .holder
+            .clone()
+            .unwrap_or_else(Holder::current);
         let deciding = Instant::now();
-        let claimed = orch_runner::claim(
-            &mut self.store,
-            &mut self.host,
-            &job.spec,
-            &machine,
-            Holder::current(),
-        );
+        let claimed =
+            orch_runner::claim(&mut self.store, &mut self.host, &job.spec, &machine, holder);
         self.shared
             .metrics
             .decision("placement", deciding.elapsed().as_secs_f64());
@@ -839,6 +907,21 @@ impl Engine {
             orch_exec::prime_cgroup_migration();
         }
         let attempt = job.row.attempt + 1;
+        // A held lease's placement is on disk before the job shows as running, so whoever sees
+        // it running can read its devices.
+        if let Some(holder) = &job.submission.holder
+            && let Err(e) = self.write_placed(
+                &self.shared.job_dir(id, attempt),
+                &job,
+                &lease,
+                &plan,
+                holder,
+            )
+        {
+            let _ = self.store.release(&lease.id);
+            self.fail(id, format!("the daemon could not record the lease: {e}"));
+            return Ok(false);
+        }
         let started = self.shared.db.write_blocking({
             let change = Change {
                 state: Some(State::Running),
@@ -885,6 +968,10 @@ impl Engine {
             ms_to_s(now_ms().saturating_sub(job.row.submitted_at_ms)),
         );
         let dir = self.shared.job_dir(id, attempt);
+        if let Some(holder) = job.submission.holder.clone() {
+            self.start_held(id, &job, attempt, &lease, holder);
+            return Ok(true);
+        }
         let max_runtime = job
             .spec
             .max_runtime
@@ -924,6 +1011,7 @@ impl Engine {
                 spawned_at: Instant::now(),
                 prior_gpu_s: job.row.gpu_seconds,
                 stop: None,
+                held: false,
             },
         );
         if let Err(e) = self.spawn_supervisor(&dir, &spec) {
@@ -942,6 +1030,118 @@ impl Engine {
             );
         }
         Ok(true)
+    }
+
+    /// A held lease's placement in its folder (`lease.json`, read by `GET /v1/leases/ID`) and
+    /// the fence naming its process, so that a restarted daemon adopts it while that process lives.
+    fn write_placed(
+        &self,
+        dir: &Path,
+        job: &Queued,
+        lease: &orch_leases::Lease,
+        plan: &orch_runner::Plan,
+        holder: &Holder,
+    ) -> std::io::Result<()> {
+        use std::os::unix::fs::DirBuilderExt;
+        let env = orch_runner::lease_env(&job.spec, lease, plan, &self.inventory);
+        let devices = plan
+            .chosen
+            .iter()
+            .map(|d| {
+                serde_json::json!({
+                    "index": d.index,
+                    "physical_index": d.physical_index,
+                    "uuid": d.uuid,
+                    "name": d.name,
+                    "memory_total_bytes": d.in_inventory(&self.inventory).and_then(|x| x.memory_total_bytes),
+                    "memory_free_bytes": d.memory_free,
+                    "utilization_gpu_percent": d.utilization_gpu,
+                })
+            })
+            .collect();
+        let placed = crate::leases::Placed {
+            policy: plan.policy.clone(),
+            reason: plan.reason.clone(),
+            devices,
+            rejected: plan
+                .rejected
+                .iter()
+                .map(|r| serde_json::to_value(r).unwrap_or_default())
+                .collect(),
+            env,
+            exclusive: lease.exclusive,
+        };
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        let text = serde_json::to_vec(&placed).map_err(std::io::Error::other)?;
+        let tmp = dir.join("lease.json.tmp");
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, dir.join(crate::leases::PLACED_FILE))?;
+        supervisor::take_fence(
+            dir,
+            &Fence {
+                supervisor: Some(holder.clone()),
+            },
+        )?;
+        Ok(())
+    }
+
+    /// A held lease runs: the engine watches its process as it watches a supervisor.
+    fn start_held(
+        &mut self,
+        id: i64,
+        job: &Queued,
+        attempt: u32,
+        lease: &orch_leases::Lease,
+        holder: Holder,
+    ) {
+        self.running.insert(
+            id,
+            Running {
+                tenant: job.row.tenant.clone(),
+                devices: lease.devices.clone(),
+                idle_since: None,
+                idle_warned: false,
+                attempt,
+                lease_id: lease.id.clone(),
+                supervisor: Some(holder),
+                requeue: false,
+                cancel: Cancel::None,
+                spawned_at: Instant::now(),
+                prior_gpu_s: job.row.gpu_seconds,
+                stop: None,
+                held: true,
+            },
+        );
+    }
+
+    /// The process holding lease job `id` gave it back: the devices are free at once, and the
+    /// job ends `succeeded` at the next look at running jobs.
+    fn release_held(&mut self, id: i64) {
+        let Some(job) = self.running.get(&id).filter(|j| j.held) else {
+            return;
+        };
+        let dir = self.shared.job_dir(id, job.attempt);
+        if supervisor::read_exit(&dir).is_some() {
+            return;
+        }
+        let lease = job.lease_id.clone();
+        let _ = supervisor::write_exit(
+            &dir,
+            &ExitRecord {
+                state: State::Succeeded,
+                exit_code: None,
+                reason: Some("released by its process".into()),
+                ended_at_ms: now_ms(),
+            },
+        );
+        // Its holder still lives: the daemon's usual release would leave the lease held.
+        if let Err(e) = self.store.release(&lease) {
+            tracing::warn!("could not release lease {lease}: {e}");
+        }
+        self.publish_leases();
     }
 
     fn spawn_supervisor(&self, dir: &Path, spec: &SuperviseSpec) -> std::io::Result<()> {
@@ -1296,6 +1496,17 @@ impl Engine {
         {
             tracing::error!("job {id}: {e}");
         }
+    }
+}
+
+/// How a held lease ends when its process does: nothing can tell its exit status (the process
+/// is not the daemon's child), so it ends `succeeded` with the reason.
+fn held_ended(pid: u32, at_ms: u64) -> ExitRecord {
+    ExitRecord {
+        state: State::Succeeded,
+        exit_code: None,
+        reason: Some(format!("its process (pid {pid}) ended")),
+        ended_at_ms: at_ms,
     }
 }
 

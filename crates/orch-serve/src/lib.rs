@@ -13,6 +13,7 @@ pub mod api;
 pub mod config;
 pub mod db;
 pub mod engine;
+pub mod leases;
 mod logs;
 pub mod metrics;
 pub mod queue_policy;

@@ -49,16 +49,7 @@ pub enum ServeError {
 /// The default socket: `$ORCH_STATE_DIR/orch.sock` when set; `/run/orch/orch.sock` for root;
 /// `$XDG_RUNTIME_DIR/orch.sock` for a user (else the state folder's).
 pub fn default_socket() -> PathBuf {
-    if let Some(dir) = std::env::var_os("ORCH_STATE_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(dir).join("orch.sock");
-    }
-    if current_uid() == 0 {
-        return PathBuf::from("/run/orch/orch.sock");
-    }
-    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-        Some(dir) => PathBuf::from(dir).join("orch.sock"),
-        None => orch_leases::default_state_dir().join("orch.sock"),
-    }
+    orch_leases::default_socket()
 }
 
 /// Runs the daemon until SIGINT or SIGTERM. Jobs keep running under their supervisors when it
@@ -205,7 +196,10 @@ async fn listen(shared: Arc<Shared>, socket: &Path) -> Result<(), ServeError> {
                     }
                 };
                 let caller = match stream.peer_cred() {
-                    Ok(cred) => caller_of(&shared.config, Identity::of_uid(cred.uid(), cred.gid())),
+                    Ok(cred) => Caller {
+                        pid: cred.pid().and_then(|p| u32::try_from(p).ok()),
+                        ..caller_of(&shared.config, Identity::of_uid(cred.uid(), cred.gid()))
+                    },
                     Err(e) => {
                         tracing::warn!("a connection without peer credentials was dropped: {e}");
                         continue;
@@ -326,5 +320,6 @@ fn caller_of(config: &Config, identity: Identity) -> Caller {
         refused,
         remote: false,
         unauthenticated: false,
+        pid: None,
     }
 }

@@ -88,6 +88,7 @@ pub fn caller_of_token(config: &Config, token: &str) -> Option<Caller> {
         refused: None,
         remote: true,
         unauthenticated: false,
+        pid: None,
     })
 }
 
@@ -105,6 +106,7 @@ pub fn anonymous() -> Caller {
         refused: None,
         remote: true,
         unauthenticated: true,
+        pid: None,
     }
 }
 

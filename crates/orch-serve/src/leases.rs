@@ -1,0 +1,259 @@
+//! Leases held by the client's own process (`POST /v1/leases`): a Python program or notebook
+//! that calls `orch.lease()` while a daemon runs. Such a lease is a job like any other in the
+//! queue (the tenant's limits, fair share and backfill apply; `orch jobs` shows it), except that
+//! nothing is started for it: its holder is the calling process, known from the socket's peer
+//! credentials, and it ends when that process releases it or dies.
+
+use crate::api::{ApiError, ApiResult, Caller, SubmitRequest, accept, admitted, err, find, read};
+use crate::db::{Change, Event, JobRow, State, now_ms};
+use crate::engine::{Kick, Shared, lock};
+use axum::Json;
+use axum::extract::{Extension, Path, State as AxState};
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The body of `POST /v1/leases`: a submission (the lease's request as a job file's text) and
+/// whether to wait in the queue when nothing fits now.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LeaseRequest {
+    #[serde(flatten)]
+    pub submission: SubmitRequest,
+    #[serde(default)]
+    pub wait: bool,
+}
+
+/// A held lease as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LeaseView {
+    pub job_id: String,
+    pub state: State,
+    pub lease_id: Option<String>,
+    /// The leased devices with both numberings, best first (empty until it runs).
+    pub devices: Vec<serde_json::Value>,
+    pub policy: Option<String>,
+    /// The policy's reason once it runs; why it waits while queued; how it ended after.
+    pub reason: Option<String>,
+    pub rejected: Vec<serde_json::Value>,
+    /// The device variables the process sets for itself (what `orch run` gives a job).
+    pub env: std::collections::BTreeMap<String, String>,
+    pub exclusive: bool,
+}
+
+/// What the engine writes beside a held lease when it places it (`STATE/jobs/ID-1/lease.json`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Placed {
+    pub policy: String,
+    pub reason: String,
+    pub devices: Vec<serde_json::Value>,
+    pub rejected: Vec<serde_json::Value>,
+    pub env: std::collections::BTreeMap<String, String>,
+    pub exclusive: bool,
+}
+
+pub const PLACED_FILE: &str = "lease.json";
+
+/// How long a request waits for the engine's first verdict on a new lease.
+const VERDICT_PATIENCE: Duration = Duration::from_secs(20);
+
+/// `POST /v1/leases`: queue the lease, wait for the first pass that looks at it; placed: 201
+/// with the lease; no fit: 409 with the reason (it leaves the queue), or with `wait`, 202 and
+/// its place in the queue.
+pub async fn take(
+    AxState(shared): AxState<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    body: axum::body::Bytes,
+) -> ApiResult<(StatusCode, Json<LeaseView>)> {
+    admitted(&caller)?;
+    if caller.remote {
+        return Err(err(
+            StatusCode::FORBIDDEN,
+            "leases are taken over the daemon's Unix socket, where it knows the process that holds them",
+        ));
+    }
+    let request: LeaseRequest = serde_json::from_slice(&body).map_err(|e| {
+        err(
+            StatusCode::BAD_REQUEST,
+            format!("the request body is not a lease request: {e}"),
+        )
+    })?;
+    let holder = caller
+        .pid
+        .and_then(orch_leases::Holder::of_pid)
+        .ok_or_else(|| {
+            err(
+                StatusCode::BAD_REQUEST,
+                "the daemon cannot tell which process asks (no peer credentials with a live pid)",
+            )
+        })?;
+    let id = accept(&shared, &caller, request.submission, Some(holder)).await?;
+    let deadline = Instant::now() + VERDICT_PATIENCE;
+    let mut delay = Duration::from_millis(2);
+    loop {
+        let row = read(&shared, move |db| db.job(id)).await?;
+        let Some(row) = row else {
+            return Err(err(
+                StatusCode::NOT_FOUND,
+                format!("lease job {id} vanished"),
+            ));
+        };
+        match row.state {
+            State::Running => return Ok((StatusCode::CREATED, Json(view(&shared, row)))),
+            State::Queued => {}
+            State::Failed => {
+                return Err(err(
+                    StatusCode::BAD_REQUEST,
+                    row.reason.unwrap_or_else(|| "the lease failed".into()),
+                ));
+            }
+            _ => {
+                return Err(err(
+                    StatusCode::CONFLICT,
+                    row.reason.unwrap_or_else(|| "the lease ended".into()),
+                ));
+            }
+        }
+        let why = lock(&shared.reasons).get(&id).cloned();
+        if let Some(why) = why {
+            if request.wait {
+                let mut row = row;
+                row.reason = Some(why);
+                return Ok((StatusCode::ACCEPTED, Json(view(&shared, row))));
+            }
+            if leave_queue(&shared, id, format!("no fit: {why}")).await? {
+                return Err(err(
+                    StatusCode::CONFLICT,
+                    format!("{why} (pass wait=True to wait for a fit)"),
+                ));
+            }
+            continue; // it started meanwhile
+        }
+        if Instant::now() > deadline {
+            leave_queue(&shared, id, "the daemon gave no verdict in time".into()).await?;
+            return Err(err(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the daemon did not place lease job {id} within {}s; try again",
+                    VERDICT_PATIENCE.as_secs()
+                ),
+            ));
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// Cancels a queued lease job; false when it is no longer queued.
+async fn leave_queue(shared: &Arc<Shared>, id: i64, reason: String) -> ApiResult<bool> {
+    let change = Change {
+        state: Some(State::Cancelled),
+        ended_at_ms: Some(now_ms()),
+        event: Some(Event::now("finished", reason.clone())),
+        reason: Some(reason),
+        only_if: Some(State::Queued),
+        ..Default::default()
+    };
+    let changed = shared
+        .db
+        .write(move |tx| crate::db::apply(tx, id, &change))
+        .await
+        .map_err(|e| err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    if changed == 1 {
+        shared.kick(Kick::Dequeued(id));
+    }
+    Ok(changed == 1)
+}
+
+/// `GET /v1/leases/ID`: the lease job's state, and its devices once placed.
+pub async fn show(
+    AxState(shared): AxState<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<LeaseView>> {
+    let (n, mut row) = find(&shared, &caller, &id).await?;
+    if row.state == State::Queued
+        && let Some(why) = lock(&shared.reasons).get(&n)
+    {
+        row.reason = Some(why.clone());
+    }
+    Ok(Json(view(&shared, row)))
+}
+
+/// `POST /v1/leases/ID/release`: a queued lease leaves the queue; a running one ends
+/// (`succeeded`, "released") and its devices are free when the answer comes. Releasing twice is
+/// harmless. Only leases held by a process (not submitted jobs) are released this way.
+pub async fn release(
+    AxState(shared): AxState<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<LeaseView>> {
+    let (n, row) = find(&shared, &caller, &id).await?;
+    let held = read(&shared, move |db| db.submission(n))
+        .await?
+        .is_some_and(|(s, _)| s.holder.is_some());
+    if !held {
+        return Err(err(
+            StatusCode::CONFLICT,
+            format!(
+                "job {id} is a submitted job, not a held lease: stop it with `orch cancel {id}`"
+            ),
+        ));
+    }
+    if row.state == State::Queued
+        && leave_queue(
+            &shared,
+            n,
+            format!("released by {} while queued", caller.identity.name),
+        )
+        .await?
+    {
+        let row = read(&shared, move |db| db.job(n)).await?.unwrap_or(row);
+        return Ok(Json(view(&shared, row)));
+    }
+    shared.kick(Kick::Release(n));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let row = read(&shared, move |db| db.job(n)).await?;
+        match row {
+            Some(row) if row.state.is_final() => return Ok(Json(view(&shared, row))),
+            Some(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            _ => {
+                return Err(ApiError(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("lease job {id} was not released within 10s; try again"),
+                ));
+            }
+        }
+    }
+}
+
+fn view(shared: &Shared, row: JobRow) -> LeaseView {
+    let id: i64 = row.id.parse().unwrap_or(0);
+    let placed: Placed = std::fs::read(shared.job_dir(id, row.attempt.max(1)).join(PLACED_FILE))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .unwrap_or_default();
+    let running = row.state == State::Running;
+    LeaseView {
+        job_id: row.id,
+        state: row.state,
+        lease_id: row.lease_id,
+        devices: if running { placed.devices } else { Vec::new() },
+        policy: (!placed.policy.is_empty()).then_some(placed.policy),
+        reason: if running {
+            Some(placed.reason)
+        } else {
+            row.reason
+        },
+        rejected: placed.rejected,
+        env: if running {
+            placed.env
+        } else {
+            Default::default()
+        },
+        exclusive: placed.exclusive,
+    }
+}
