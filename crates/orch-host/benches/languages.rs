@@ -16,49 +16,15 @@
 //! 256 MiB memory cap (`ORCH_BENCH_DEADLINE_MS`, `ORCH_BENCH_MEMORY_MIB`), so that a slow
 //! language is measured rather than stopped; the last column says what each needs.
 
-use orch_host::types::{Decision, Device, Request};
+use orch_host::types::Decision;
 use orch_host::{Limits, PolicyHost};
 use std::hint::black_box;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-const GIB: u64 = 1 << 30;
+mod common;
 
-/// The candidates of benches/policy.rs: a spread of loads, temperatures and power draws.
-fn candidates(n: usize) -> Vec<Device> {
-    (0..n)
-        .map(|i| {
-            let free = ((i * 37) % 80) as u64 * GIB + GIB / 2;
-            let busy = ((i * 53) % 101) as u32;
-            Device {
-                index: i as u32,
-                physical_index: i as u32,
-                uuid: format!("GPU-{i:08x}-d72c-4106-c12f-20bd9faed9f6"),
-                memory_total: Some(80 * GIB),
-                memory_used: Some(80 * GIB - free),
-                memory_free: Some(free),
-                utilization_gpu: Some(busy),
-                utilization_memory: Some(busy / 2),
-                temperature_c: Some(30 + busy / 3),
-                power_draw_w: Some(70.0 + f64::from(busy) * 6.0),
-                compute_capability: Some((9, 0)),
-                process_count: Some(u32::from(busy > 0)),
-            }
-        })
-        .collect()
-}
-
-fn request() -> Request {
-    Request {
-        count: 2,
-        min_free_memory: Some(10 * GIB),
-        max_utilization: Some(90),
-        exclusive: true,
-        memory_limit: None,
-        config: vec![],
-        env: vec![],
-    }
-}
+use common::{candidates, request};
 
 /// Time per call of `f`: the best of 7 batches, each sized to take about 50 ms (the machines
 /// this runs on are shared; the best batch is the one least disturbed).
