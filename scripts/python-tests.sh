@@ -15,7 +15,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-target=${CARGO_TARGET_DIR:-target}
+# Absolute: the tests run from tests/python.
+target=$(realpath -m "${CARGO_TARGET_DIR:-target}")
 venv="$target/python-tests/venv"
 wheels="$target/python-tests/wheels"
 
