@@ -253,6 +253,9 @@ pub struct CacheEntry {
 pub fn cache_entries(cache_dir: &Path) -> std::io::Result<Vec<CacheEntry>> {
     let mut entries = list_entries(&entries_dir(cache_dir))?;
     entries.sort_by_key(|e| e.last_used);
+    for entry in &mut entries {
+        entry.plugin = entry_name(&entry.path);
+    }
     Ok(entries)
 }
 
@@ -286,8 +289,10 @@ fn list_entries(dir: &Path) -> std::io::Result<Vec<CacheEntry>> {
             continue;
         }
         let Ok(meta) = item.metadata() else { continue };
+        // The plugin's name is read from the file only where it is shown ([`cache_entries`]),
+        // not on every eviction.
         entries.push(CacheEntry {
-            plugin: entry_name(&path),
+            plugin: String::new(),
             bytes: meta.len(),
             last_used: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
             path,

@@ -3,8 +3,10 @@
 use crate::contract::{self, Identity, WorldKind};
 use crate::error::{PluginKind, PolicyError};
 use crate::policy::PolicyHost;
-use orch_wit::{PolicyPre, QueuePre, Version, v0_1};
-use wasmtime::component::Component;
+use crate::policy::PolicyWorld;
+use crate::queue::QueueWorld;
+use crate::runtime::bind;
+use orch_wit::Version;
 use wasmtime::component::types::{ComponentExtern, ComponentItem};
 
 /// What a plugin component is.
@@ -59,8 +61,20 @@ pub fn inspect(host: &mut PolicyHost, name: &str, wasm: &[u8]) -> Result<Inspect
     };
     // A trainer's imports are checked by the trainer host when a job loads it (this host links
     // the policy and queue worlds only).
-    if found.world != WorldKind::Trainer {
-        check_links(host, name, &component, found)?;
+    match found.world {
+        WorldKind::Policy => drop(bind::<PolicyWorld>(
+            host.engine(),
+            host.linker(),
+            name,
+            &component,
+        )?),
+        WorldKind::Queue => drop(bind::<QueueWorld>(
+            host.engine(),
+            host.linker(),
+            name,
+            &component,
+        )?),
+        WorldKind::Trainer => {}
     }
     Ok(Inspection {
         world: found.id(),
@@ -68,45 +82,6 @@ pub fn inspect(host: &mut PolicyHost, name: &str, wasm: &[u8]) -> Result<Inspect
         imports,
         exports,
         size_bytes: wasm.len(),
-    })
-}
-
-/// Links a policy or queue component and binds its exports, as loading it for a job would.
-fn check_links(
-    host: &PolicyHost,
-    name: &str,
-    component: &Component,
-    found: contract::Found,
-) -> Result<(), PolicyError> {
-    let kind = match found.world {
-        WorldKind::Queue => PluginKind::Queue,
-        _ => PluginKind::Placement,
-    };
-    let pre = host
-        .linker()
-        .instantiate_pre(component)
-        .map_err(|e| PolicyError::Load {
-            kind,
-            plugin: name.to_string(),
-            detail: format!(
-                "it implements {} but imports what orch does not provide ({e:#})",
-                found.id()
-            ),
-        })?;
-    let typed = match (found.world, found.version) {
-        (WorldKind::Queue, Version::V0_1) => v0_1::queue::QueuePre::new(pre).map(drop),
-        (WorldKind::Queue, Version::V0_2) => QueuePre::new(pre).map(drop),
-        (_, Version::V0_1) => v0_1::policy::PolicyPre::new(pre).map(drop),
-        (_, Version::V0_2) => PolicyPre::new(pre).map(drop),
-    };
-    typed.map_err(|e| PolicyError::WrongWorld {
-        kind,
-        plugin: name.to_string(),
-        detail: format!(
-            "it exports {} of {}, but not as the contract has it ({e:#})",
-            found.world.exports(found.version),
-            found.id()
-        ),
     })
 }
 

@@ -32,16 +32,16 @@ impl std::fmt::Debug for PolicyHost {
 }
 
 /// The `policy` world; each plugin keeps the `[policy.config]` defaults of its built-in.
-struct PolicyWorld;
+pub(crate) struct PolicyWorld;
 
 /// A policy's bindings, by the version of the contract it implements.
-enum AnyPolicyPre {
+pub(crate) enum AnyPolicyPre {
     V0_1(v0_1::policy::PolicyPre<PluginState>),
     V0_2(PolicyPre<PluginState>),
 }
 
 /// A policy instance's exports, by version.
-enum AnyPolicy {
+pub(crate) enum AnyPolicy {
     V0_1(v0_1::policy::Policy),
     V0_2(Policy),
 }

@@ -55,16 +55,16 @@ impl std::fmt::Debug for QueueHost {
 }
 
 /// The `queue` world.
-struct QueueWorld;
+pub(crate) struct QueueWorld;
 
 /// A queue policy's bindings, by the version of the contract it implements.
-enum AnyQueuePre {
+pub(crate) enum AnyQueuePre {
     V0_1(v0_1::queue::QueuePre<PluginState>),
     V0_2(QueuePre<PluginState>),
 }
 
 /// A queue policy instance's exports, by version.
-enum AnyQueue {
+pub(crate) enum AnyQueue {
     V0_1(v0_1::queue::Queue),
     V0_2(Queue),
 }

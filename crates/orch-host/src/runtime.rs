@@ -221,39 +221,7 @@ impl<W: World> Host<W> {
     /// Compiles `wasm`, tells which version of world `W` it implements, links it and binds it.
     fn prepare(&mut self, name: &str, wasm: &[u8]) -> Result<(Version, W::Pre), PolicyError> {
         let component = self.compile(name, wasm)?;
-        let found = match contract::identify(&self.engine, &component) {
-            Identity::Known(found) if found.world == W::WORLD => found,
-            identity => {
-                return Err(PolicyError::WrongWorld {
-                    kind: W::KIND,
-                    plugin: name.to_string(),
-                    detail: contract::mismatch(&identity, W::WORLD).unwrap_or_default(),
-                });
-            }
-        };
-        let pre = self
-            .linker
-            .instantiate_pre(&component)
-            .map_err(|e| PolicyError::Load {
-                kind: W::KIND,
-                plugin: name.to_string(),
-                detail: format!(
-                    "it implements {} but imports what orch does not provide ({e:#}); plugins \
-                     get the contract's types and WASI with nothing behind it, and no other import",
-                    found.id()
-                ),
-            })?;
-        let pre = W::pre(pre, found.version).map_err(|e| PolicyError::WrongWorld {
-            kind: W::KIND,
-            plugin: name.to_string(),
-            detail: format!(
-                "it exports {} of {}, but not as the contract has it ({e:#}); rebuild it \
-                 against the wit/ of that version",
-                W::WORLD.exports(found.version),
-                found.id()
-            ),
-        })?;
-        Ok((found.version, pre))
+        bind::<W>(&self.engine, &self.linker, name, &component)
     }
 
     /// The version of the contract plugin `index` implements.
@@ -338,6 +306,48 @@ impl<W: World> Host<W> {
         }
         self.slots[index].warm = Some(warm);
     }
+}
+
+/// Tells which version of world `W` `component` (named `name` in errors) implements, links it
+/// and binds it: what loading a plugin and `orch plugin inspect` both check.
+pub(crate) fn bind<W: World>(
+    engine: &Engine,
+    linker: &Linker<PluginState>,
+    name: &str,
+    component: &Component,
+) -> Result<(Version, W::Pre), PolicyError> {
+    let found = match contract::identify(engine, component) {
+        Identity::Known(found) if found.world == W::WORLD => found,
+        identity => {
+            return Err(PolicyError::WrongWorld {
+                kind: W::KIND,
+                plugin: name.to_string(),
+                detail: contract::mismatch(&identity, W::WORLD).unwrap_or_default(),
+            });
+        }
+    };
+    let pre = linker
+        .instantiate_pre(component)
+        .map_err(|e| PolicyError::Load {
+            kind: W::KIND,
+            plugin: name.to_string(),
+            detail: format!(
+                "it implements {} but imports what orch does not provide ({e:#}); plugins \
+                 get the contract's types and WASI with nothing behind it, and no other import",
+                found.id()
+            ),
+        })?;
+    let pre = W::pre(pre, found.version).map_err(|e| PolicyError::WrongWorld {
+        kind: W::KIND,
+        plugin: name.to_string(),
+        detail: format!(
+            "it exports {} of {}, but not as the contract has it ({e:#}); rebuild it \
+             against the wit/ of that version",
+            W::WORLD.exports(found.version),
+            found.id()
+        ),
+    })?;
+    Ok((found.version, pre))
 }
 
 /// A fresh store and instance for `slot`, under the deadline and the limits.

@@ -327,6 +327,15 @@ impl LeaseStore {
         Ok(leases)
     }
 
+    /// The live leases as placement sees them: one entry per leased device.
+    pub fn active_device_leases(&mut self) -> Result<Vec<DeviceLease>, LeaseError> {
+        Ok(self
+            .active()?
+            .iter()
+            .flat_map(Lease::device_leases)
+            .collect())
+    }
+
     /// Claims devices atomically. `choose` sees every live lease (as device leases) and returns
     /// the device uuids to take, ranked; it runs inside the store's write transaction, so no other
     /// process can claim in between. The choice is checked against the leases once more before it

@@ -312,12 +312,9 @@ fn plan<'py>(
         let job = request.job().map_err(Failure::BadRequest)?;
         let inventory = inventory(&spec)?;
         let visibility = visibility(&inventory);
-        let leases: Vec<orch_core::DeviceLease> = LeaseStore::open_default()
-            .and_then(|mut s| s.active())
-            .map_err(|e| Failure::Other(e.to_string()))?
-            .iter()
-            .flat_map(Lease::device_leases)
-            .collect();
+        let leases = LeaseStore::open_default()
+            .and_then(|mut s| s.active_device_leases())
+            .map_err(|e| Failure::Other(e.to_string()))?;
         let input = PlanInput {
             job: &job,
             devices: &inventory.devices,

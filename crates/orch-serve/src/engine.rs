@@ -845,19 +845,8 @@ impl Engine {
             .map(|h| h.pid);
         if let Some(pid) = dead_holder {
             self.queue.remove(&id);
-            self.sched().dequeue(id as u64);
             let reason = format!("its process (pid {pid}) ended while it waited");
-            self.write(
-                id,
-                Change {
-                    state: Some(State::Cancelled),
-                    ended_at_ms: Some(now_ms()),
-                    event: Some(Event::now("finished", format!("cancelled: {reason}"))),
-                    reason: Some(reason),
-                    only_if: Some(State::Queued),
-                    ..Change::default()
-                },
-            );
+            self.end_queued(id, State::Cancelled, reason);
             return Ok(false);
         }
         let Some(job) = self.queue.get(&id) else {
@@ -1426,14 +1415,21 @@ impl Engine {
     }
 
     fn fail(&mut self, id: i64, reason: String) {
+        self.end_queued(id, State::Failed, reason);
+    }
+
+    /// Ends queued job `id` in `state` (failed, cancelled) with `reason`, unless it left the
+    /// queue meanwhile.
+    fn end_queued(&mut self, id: i64, state: State, reason: String) {
         self.sched().dequeue(id as u64);
-        tracing::info!("job {id}: failed: {reason}");
+        let word = state.as_str();
+        tracing::info!("job {id}: {word}: {reason}");
         self.write(
             id,
             Change {
-                state: Some(State::Failed),
+                state: Some(state),
                 ended_at_ms: Some(now_ms()),
-                event: Some(Event::now("finished", format!("failed: {reason}"))),
+                event: Some(Event::now("finished", format!("{word}: {reason}"))),
                 reason: Some(reason),
                 only_if: Some(State::Queued),
                 ..Change::default()

@@ -40,35 +40,20 @@ pub(crate) fn trainer_version(
 /// Adds the trainer world's imports to `linker`, under the names of both versions.
 pub(crate) fn add_imports(linker: &mut Linker<ReplicaState>) -> wasmtime::Result<()> {
     Trainer::add_to_linker::<ReplicaState, HasSelf<ReplicaState>>(linker, |s| s)?;
-    let name = |interface: &str| format!("orch:plugin/{interface}@{}", Version::V0_1);
-    imports::tensors::add_to_linker_instance::<ReplicaState, HasSelf<ReplicaState>>(
-        &mut linker.instance(&name("tensors"))?,
-        |s| s,
-    )?;
-    imports::autograd::add_to_linker_instance::<ReplicaState, HasSelf<ReplicaState>>(
-        &mut linker.instance(&name("autograd"))?,
-        |s| s,
-    )?;
-    imports::params::add_to_linker_instance::<ReplicaState, HasSelf<ReplicaState>>(
-        &mut linker.instance(&name("params"))?,
-        |s| s,
-    )?;
-    imports::optim::add_to_linker_instance::<ReplicaState, HasSelf<ReplicaState>>(
-        &mut linker.instance(&name("optim"))?,
-        |s| s,
-    )?;
-    imports::data::add_to_linker_instance::<ReplicaState, HasSelf<ReplicaState>>(
-        &mut linker.instance(&name("data"))?,
-        |s| s,
-    )?;
-    imports::devices::add_to_linker_instance::<ReplicaState, HasSelf<ReplicaState>>(
-        &mut linker.instance(&name("devices"))?,
-        |s| s,
-    )?;
-    imports::metrics::add_to_linker_instance::<ReplicaState, HasSelf<ReplicaState>>(
-        &mut linker.instance(&name("metrics"))?,
-        |s| s,
-    )?;
+    // The 0.1.0 names of the same interfaces: `orch:plugin/tensors@0.1.0`, ...
+    macro_rules! link_v0_1 {
+        ($($interface:ident),*) => {$(
+            imports::$interface::add_to_linker_instance::<ReplicaState, HasSelf<ReplicaState>>(
+                &mut linker.instance(&format!(
+                    "orch:plugin/{}@{}",
+                    stringify!($interface),
+                    Version::V0_1
+                ))?,
+                |s| s,
+            )?;
+        )*};
+    }
+    link_v0_1!(tensors, autograd, params, optim, data, devices, metrics);
     Ok(())
 }
 

@@ -128,21 +128,5 @@ pub const POLICY_WORLD: &str = "orch:plugin/policy@0.2.0";
 /// The world a queue-policy component implements.
 pub const QUEUE_WORLD: &str = "orch:plugin/queue@0.2.0";
 
-/// The world a trainer component implements.
-pub const TRAINER_WORLD: &str = "orch:plugin/trainer@0.2.0";
-
 /// The package every orch world belongs to.
 pub const PACKAGE: &str = "orch:plugin@0.2.0";
-
-/// What a 0.2.0 policy exports: an instance of this interface.
-pub const PLACEMENT_EXPORT: &str = "orch:plugin/placement@0.2.0";
-/// What a 0.2.0 queue policy exports.
-pub const QUEUE_ORDER_EXPORT: &str = "orch:plugin/queue-order@0.2.0";
-/// What a 0.2.0 trainer exports.
-pub const TRAINING_EXPORT: &str = "orch:plugin/training@0.2.0";
-
-/// The interfaces a trainer imports, without package and version (`tensors` is
-/// `orch:plugin/tensors@0.2.0` in the current contract, `…@0.1.0` in the old one).
-pub const TRAINER_IMPORTS: [&str; 7] = [
-    "tensors", "autograd", "params", "optim", "data", "devices", "metrics",
-];

@@ -4,11 +4,10 @@ use super::load_inventory;
 use crate::cli::PlanArgs;
 use crate::failure::{CmdResult, Failure};
 use crate::table;
+use orch_core::ByteSize;
 use orch_core::job::{self, JobError};
-use orch_core::{ByteSize, DeviceLease};
 use orch_devices::{InventorySpec, Visibility, VisibilityEnv};
 use orch_host::{Limits, PolicyHost};
-use orch_leases::Lease;
 use orch_runner::{Plan, PlanError, PlanInput};
 use serde::Serialize;
 
@@ -43,12 +42,9 @@ pub fn run(spec: &InventorySpec, args: &PlanArgs) -> CmdResult {
         tracing::warn!("{note}");
     }
     let mut host = policy_host()?;
-    let leases: Vec<DeviceLease> = super::leases::open_store()?
-        .active()
-        .map_err(Failure::failed)?
-        .iter()
-        .flat_map(Lease::device_leases)
-        .collect();
+    let leases = super::leases::open_store()?
+        .active_device_leases()
+        .map_err(Failure::failed)?;
     let input = PlanInput {
         job: &job,
         devices: &inventory.devices,
