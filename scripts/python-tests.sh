@@ -12,6 +12,7 @@
 # torch: PyPI has no CPU-only torch for x86-64 Linux (the CPU wheels live on PyTorch's own index,
 # which CI cannot reach), and its wheel loads the CUDA libraries at import even on a CPU, so the
 # plain `pip install torch` (with its nvidia-* packages, ~4 GiB) is what runs the examples here.
+# tensorflow-cpu (~1.5 GB, ~20 s) runs the TensorFlow example.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,7 +25,7 @@ echo "== python: a fresh venv with maturin, pytest and torch"
 rm -rf "$venv" "$wheels"
 python3 -m venv "$venv"
 started=$(date +%s)
-"$venv/bin/pip" install --quiet "maturin>=1.9.4,<2" pytest numpy torch
+"$venv/bin/pip" install --quiet "maturin>=1.9.4,<2" pytest numpy torch tensorflow-cpu
 echo "installed in $(( $(date +%s) - started )) s"
 
 echo "== python: the wheel"
@@ -38,6 +39,7 @@ fi
 export ORCH_BIN
 ORCH_BIN=$(realpath "$target/debug/orch")
 export ORCH_REQUIRE_TORCH=1
+export ORCH_REQUIRE_TENSORFLOW=1
 
 echo "== python: tests/python"
 # Run from the tests folder so the checkout's crates/orch-py/python never shadows the wheel.

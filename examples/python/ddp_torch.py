@@ -60,6 +60,10 @@ def train(rank: int, world: int, port: int, steps: int) -> None:
         print(f"replicas agree: {same}", flush=True)
         if not same:
             sys.exit(1)
+    # Every rank reaches this point before any tears down: a rank that leaves while its peer
+    # is still closing gloo's connections aborts ("terminate called without an active
+    # exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 
