@@ -3,6 +3,7 @@
 mod browser;
 mod devices;
 mod fairshare;
+mod faults;
 mod held_leases;
 mod languages;
 mod operate;

@@ -15,6 +15,8 @@ pub struct Daemon {
     run_as: Option<(u32, u32)>,
     /// `--devices` (default: the 8-GPU lab sim).
     pub devices: Option<String>,
+    /// The daemon's open-file limit, soft and hard (default: the test's own).
+    pub nofile: Option<u64>,
 }
 
 impl Daemon {
@@ -35,6 +37,7 @@ impl Daemon {
             socket: None,
             run_as: None,
             devices: None,
+            nofile: None,
         };
         d.restart();
         d
@@ -52,6 +55,7 @@ impl Daemon {
             socket: None,
             run_as: None,
             devices: None,
+            nofile: None,
         }
     }
 
@@ -86,6 +90,22 @@ impl Daemon {
         if let Some((uid, gid)) = self.run_as {
             use std::os::unix::process::CommandExt;
             cmd.uid(uid).gid(gid);
+        }
+        if let Some(n) = self.nofile {
+            use std::os::unix::process::CommandExt;
+            let limit = libc::rlimit {
+                rlim_cur: n,
+                rlim_max: n,
+            };
+            // SAFETY: setrlimit is async-signal-safe and reads a struct copied into the closure.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
         }
         self.child = Some(cmd.spawn().unwrap());
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -650,7 +670,7 @@ fn queued_jobs_stay_queued_in_order_across_a_crash() {
 }
 
 /// Creates (once) a Unix user for the tenant tests; returns (uid, gid).
-fn test_user(name: &str) -> (u32, u32) {
+pub fn test_user(name: &str) -> (u32, u32) {
     // Tests run in parallel threads: two useradd at once race on /etc/passwd.
     static CREATING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one_at_a_time = CREATING.lock().unwrap_or_else(|e| e.into_inner());
@@ -677,7 +697,7 @@ fn test_user(name: &str) -> (u32, u32) {
 }
 
 /// True when the tests run as root; with ORCH_REQUIRE_ROOT set, not being root is a failure.
-fn root_or_skip(test: &str) -> bool {
+pub fn root_or_skip(test: &str) -> bool {
     if unsafe { libc::geteuid() } == 0 {
         return true;
     }
@@ -708,7 +728,7 @@ fn as_user(
         .unwrap()
 }
 
-fn world_dir(path: &std::path::Path) {
+pub fn world_dir(path: &std::path::Path) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(path).unwrap();
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o1777)).unwrap();

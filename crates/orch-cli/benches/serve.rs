@@ -265,6 +265,8 @@ fn scheduling_pass(queued: usize, free: usize) -> f64 {
         machine: std::sync::Mutex::new(orch_serve::engine::MachineView::new(inventory.clone())),
         metrics: Default::default(),
         sessions: Default::default(),
+        health: orch_serve::health::StateHealth::new(&dir),
+        supervisor_exits: Default::default(),
     });
     // The default queue policy, the built-in fair-share component, as the daemon runs it.
     let policy = orch_serve::queue_policy::for_daemon(&shared.config).unwrap();

@@ -22,11 +22,43 @@ impl ProcStat {
     }
 }
 
+/// `/proc` could not say whether a process exists: it could not be read for a reason other than
+/// "no such process" (no file descriptor left, no memory, ...). A caller must not take such a
+/// process for dead: that would end a running job and hand its devices to another.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unknown(pub String);
+
+impl std::fmt::Display for Unknown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unknown {}
+
 /// Reads `/proc/PID/stat` (through `procfs`, which parses command names holding spaces and
-/// parentheses correctly); `None` when no such process exists.
+/// parentheses correctly); `None` when no such process exists, or when `/proc` cannot be read
+/// (see [`probe`] where the difference matters).
 pub fn stat(pid: u32) -> Option<ProcStat> {
-    let process = procfs::process::Process::new(i32::try_from(pid).ok()?).ok()?;
-    of(&process.stat().ok()?)
+    probe(pid).ok().flatten()
+}
+
+/// Reads `/proc/PID/stat`: `Ok(None)` when no such process exists, `Err` when `/proc` cannot
+/// tell (any failure other than "not found" or "no such process").
+pub fn probe(pid: u32) -> Result<Option<ProcStat>, Unknown> {
+    let Ok(pid) = i32::try_from(pid) else {
+        return Ok(None);
+    };
+    let known = |result: procfs::ProcResult<procfs::process::Stat>| match result {
+        Ok(stat) => Ok(of(&stat)),
+        Err(procfs::ProcError::NotFound(_)) => Ok(None),
+        Err(e) => Err(Unknown(format!("cannot read /proc/{pid}/stat: {e}"))),
+    };
+    match procfs::process::Process::new(pid) {
+        Ok(process) => known(process.stat()),
+        Err(procfs::ProcError::NotFound(_)) => Ok(None),
+        Err(e) => Err(Unknown(format!("cannot read /proc/{pid}: {e}"))),
+    }
 }
 
 fn of(stat: &procfs::process::Stat) -> Option<ProcStat> {
@@ -53,9 +85,34 @@ pub fn all() -> Vec<(u32, ProcStat)> {
 }
 
 /// Some process of group `pgid` runs (zombies do not count: an orphan that died stays a zombie in
-/// its group until whatever adopted it reaps it).
+/// its group until whatever adopted it reaps it). False also when `/proc` cannot be read; see
+/// [`probe_group`].
 pub fn group_running(pgid: u32) -> bool {
-    pgid > 1 && all().iter().any(|(_, s)| s.pgrp == pgid && s.is_running())
+    probe_group(pgid).unwrap_or(false)
+}
+
+/// Whether some process of group `pgid` runs, or `Err` when `/proc` cannot be listed or one of
+/// its entries cannot be read for a reason other than the process having gone meanwhile.
+pub fn probe_group(pgid: u32) -> Result<bool, Unknown> {
+    if pgid <= 1 {
+        return Ok(false);
+    }
+    let processes =
+        procfs::process::all_processes().map_err(|e| Unknown(format!("cannot list /proc: {e}")))?;
+    for process in processes {
+        let stat = match process.and_then(|p| p.stat()) {
+            Ok(stat) => stat,
+            Err(procfs::ProcError::NotFound(_)) => continue,
+            Err(e) => return Err(Unknown(format!("cannot read /proc: {e}"))),
+        };
+        if let Some(s) = of(&stat)
+            && s.pgrp == pgid
+            && s.is_running()
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// Process `pid`'s cgroup on the v2 hierarchy (the `0::PATH` line of `/proc/PID/cgroup`).
@@ -81,10 +138,46 @@ pub fn cgroup_v2_mount() -> Option<std::path::PathBuf> {
         .map(|m| m.mount_point)
 }
 
-/// A cgroup v2 folder's `cgroup.events` says `populated 1`.
+/// A cgroup v2 folder's `cgroup.events` says `populated 1`. False also when it cannot be read;
+/// see [`probe_cgroup`].
 pub fn cgroup_populated(dir: &Path) -> bool {
-    std::fs::read_to_string(dir.join("cgroup.events"))
-        .is_ok_and(|text| text.lines().any(|line| line.trim() == "populated 1"))
+    probe_cgroup(dir).unwrap_or(false)
+}
+
+/// Whether a cgroup v2 folder holds a process: `Ok(false)` when the folder is gone, `Err` when
+/// its `cgroup.events` cannot be read for another reason.
+pub fn probe_cgroup(dir: &Path) -> Result<bool, Unknown> {
+    let path = dir.join("cgroup.events");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(text.lines().any(|line| line.trim() == "populated 1")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Unknown(format!("cannot read {}: {e}", path.display()))),
+    }
+}
+
+/// Sends `signal` to process `pid`; true when it was delivered. The caller has verified that
+/// `pid` is the process it means (by its start time): a pid alone may have been handed out again.
+pub fn signal(pid: u32, signal: i32) -> bool {
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
+    if pid <= 1 {
+        return false;
+    }
+    // SAFETY: kill(2) has no memory-safety preconditions; the pid is positive and not init.
+    unsafe { libc::kill(pid, signal) == 0 }
+}
+
+/// Sends `signal` to every process of group `pgid`; true when it was delivered.
+pub fn signal_group(pgid: u32, signal: i32) -> bool {
+    let Ok(pgid) = i32::try_from(pgid) else {
+        return false;
+    };
+    if pgid <= 1 {
+        return false;
+    }
+    // SAFETY: kill(2) with a negative pid signals a group; no memory-safety preconditions.
+    unsafe { libc::kill(-pgid, signal) == 0 }
 }
 
 #[cfg(test)]

@@ -87,22 +87,38 @@ impl Holder {
 
     /// True while the holder may still use its devices: the same process (pid and start time)
     /// runs and is not a zombie, or its process group or cgroup still has a member, or it runs on
-    /// another machine (which this one cannot check). A holder of an earlier boot is dead.
+    /// another machine (which this one cannot check), or `/proc` cannot tell right now (see
+    /// [`Holder::liveness`]). A holder of an earlier boot is dead.
     pub fn is_alive(&self) -> bool {
+        !self.liveness().is_dead()
+    }
+
+    /// Alive, dead, or unknown: [`Holder::is_alive`] with the reason `/proc` could not tell.
+    pub fn liveness(&self) -> Liveness {
         if self.elsewhere() {
-            return true;
+            return Liveness::Alive;
         }
         if self.boot.is_some() && self.boot != this_boot() {
-            return false;
+            return Liveness::Dead;
         }
-        if self
-            .cgroup
-            .as_deref()
-            .is_some_and(process::cgroup_populated)
-        {
-            return true;
+        let mut unknown = None;
+        if let Some(cgroup) = self.cgroup.as_deref() {
+            match process::probe_cgroup(cgroup) {
+                Ok(true) => return Liveness::Alive,
+                Ok(false) => {}
+                Err(e) => unknown = Some(e),
+            }
         }
-        self.group_alive() || self.process_alive()
+        match self.group_liveness() {
+            Liveness::Alive => return Liveness::Alive,
+            Liveness::Dead => {}
+            Liveness::Unknown(e) => unknown = Some(e),
+        }
+        match self.process_liveness() {
+            Liveness::Alive => Liveness::Alive,
+            Liveness::Dead => unknown.map_or(Liveness::Dead, Liveness::Unknown),
+            other => other,
+        }
     }
 
     /// The holder runs on another machine.
@@ -119,24 +135,59 @@ impl Holder {
     /// The holder's process group still has a running member, and is the same group: a group id
     /// is a pid, and the kernel does not hand out a pid while a group of that id exists, so when
     /// its leader (`pid`) now names a process with another start time, the group is a new one.
-    /// Only then may the group be signalled in the job's name.
+    /// Only then may the group be signalled in the job's name. False when `/proc` cannot tell.
     pub fn group_alive(&self) -> bool {
+        self.group_liveness() == Liveness::Alive
+    }
+
+    /// [`Holder::group_alive`], three-valued.
+    pub fn group_liveness(&self) -> Liveness {
         let Some(pgid) = self.pgid else {
-            return false;
+            return Liveness::Dead;
         };
         if self.boot.is_some() && self.boot != this_boot() {
-            return false;
+            return Liveness::Dead;
         }
-        if pgid == self.pid && process::stat(pgid).is_some_and(|s| s.start_time != self.start_time)
-        {
-            return false;
+        if pgid == self.pid {
+            match process::probe(pgid) {
+                Ok(Some(s)) if s.start_time != self.start_time => return Liveness::Dead,
+                Ok(_) => {}
+                Err(e) => return Liveness::Unknown(e),
+            }
         }
         group_has_members(pgid)
     }
 
-    /// The process itself (not its group) runs.
+    /// The process itself (not its group) runs. False when `/proc` cannot tell.
     pub fn process_alive(&self) -> bool {
-        process::stat(self.pid).is_some_and(|s| s.start_time == self.start_time && s.is_running())
+        self.process_liveness() == Liveness::Alive
+    }
+
+    /// [`Holder::process_alive`], three-valued: unknown when `/proc` cannot be read for a reason
+    /// other than "no such process" (no file descriptor left, say).
+    pub fn process_liveness(&self) -> Liveness {
+        match process::probe(self.pid) {
+            Ok(Some(s)) if s.start_time == self.start_time && s.is_running() => Liveness::Alive,
+            Ok(_) => Liveness::Dead,
+            Err(e) => Liveness::Unknown(e),
+        }
+    }
+}
+
+/// Whether a holder still lives. `Unknown` never ends a job or frees a lease: the caller keeps
+/// things as they are and asks again later.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Liveness {
+    Alive,
+    Dead,
+    /// `/proc` could not tell, and why.
+    Unknown(process::Unknown),
+}
+
+impl Liveness {
+    /// Known to be dead (not merely unknown).
+    pub fn is_dead(&self) -> bool {
+        *self == Liveness::Dead
     }
 }
 
@@ -175,19 +226,23 @@ pub fn this_host() -> Option<String> {
 
 /// `kill(-pgid, 0)` answers "no such group" cheaply (EPERM means it exists but belongs to another
 /// user); when the group exists, `/proc` tells whether a member still runs.
-fn group_has_members(pgid: u32) -> bool {
+fn group_has_members(pgid: u32) -> Liveness {
     let Ok(group) = i32::try_from(pgid) else {
-        return false;
+        return Liveness::Dead;
     };
     if group <= 1 {
-        return false;
+        return Liveness::Dead;
     }
     // SAFETY: signal 0 checks for existence and permission; it delivers nothing.
     let rc = unsafe { libc::kill(-group, 0) };
     if rc != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EPERM) {
-        return false;
+        return Liveness::Dead;
     }
-    process::group_running(pgid)
+    match process::probe_group(pgid) {
+        Ok(true) => Liveness::Alive,
+        Ok(false) => Liveness::Dead,
+        Err(e) => Liveness::Unknown(e),
+    }
 }
 
 fn start_time(pid: u32) -> Option<u64> {
@@ -302,6 +357,47 @@ mod tests {
             !reused_alive,
             "the same id now leads a group the holder never had"
         );
+    }
+
+    /// With no file descriptor left, `/proc` cannot be read: a live holder is then unknown, never
+    /// dead, and still counts as alive for reclaim. Runs in a child process of this test binary,
+    /// so that exhausting its descriptors touches no other test.
+    #[test]
+    fn a_holder_that_proc_cannot_read_is_unknown_not_dead() {
+        const CHILD: &str = "ORCH_TEST_EMFILE_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            let me = Holder::of_group_leader(std::process::id()).unwrap();
+            let mut keep = Vec::new();
+            // Every descriptor this process may have, taken.
+            while let Ok(file) = std::fs::File::open("/dev/null") {
+                keep.push(file);
+            }
+            let (liveness, alive, process) = (me.liveness(), me.is_alive(), me.process_liveness());
+            drop(keep);
+            assert!(matches!(liveness, Liveness::Unknown(_)), "{liveness:?}");
+            assert!(alive, "unknown counts as alive");
+            assert!(matches!(process, Liveness::Unknown(_)), "{process:?}");
+            return;
+        }
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "holder::tests::a_holder_that_proc_cannot_read_is_unknown_not_dead",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .status()
+            .unwrap();
+        assert!(status.success(), "the child's checks failed");
+        // With descriptors to spare, the same holder is alive and a gone one dead.
+        let me = Holder::current();
+        assert_eq!(me.liveness(), Liveness::Alive);
+        let gone = Holder {
+            pid: u32::MAX - 1,
+            start_time: 1,
+            ..me
+        };
+        assert_eq!(gone.liveness(), Liveness::Dead);
     }
 
     #[test]

@@ -11,12 +11,14 @@
 //!
 //! Liveness: a lease names its holders (the `orch` process and the processes it started), each
 //! as pid plus process start time. When none of them is alive any more (pid gone, or reused by a
-//! process with another start time), the next reader deletes the lease.
+//! process with another start time), the next reader deletes the lease. A holder whose `/proc`
+//! entry cannot be read for another reason (no file descriptor left, say) is neither: its
+//! liveness is unknown, and an unknown holder is never reclaimed.
 
 mod holder;
 mod store;
 
-pub use holder::{Holder, this_boot, this_machine};
+pub use holder::{Holder, Liveness, this_boot, this_machine};
 pub use store::{
     ClaimError, ClaimRequest, Lease, LeaseError, LeaseStore, default_socket, default_state_dir,
 };

@@ -255,6 +255,11 @@ pub(crate) async fn accept(
     request: SubmitRequest,
     holder: Option<orch_leases::Holder>,
 ) -> ApiResult<i64> {
+    // A job the daemon cannot record is not accepted: 503 with the sentence, never a 201 for
+    // a job that would then be lost.
+    if let Some(refusal) = shared.health.refusal() {
+        return Err(err(StatusCode::SERVICE_UNAVAILABLE, refusal));
+    }
     let spec = orch_core::job::parse(std::path::Path::new(&request.job_path), &request.job_text)
         .map_err(|e| err(StatusCode::BAD_REQUEST, e.to_string()))?;
     orch_runner::check_enforcement(&spec, shared.backend)
@@ -399,7 +404,14 @@ pub(crate) async fn accept(
             crate::db::insert_job(tx, &row, &submission, key.as_deref())
         })
         .await
-        .map_err(internal)?;
+        .map_err(|e| match e.fault() {
+            Some(fault) => {
+                shared.health.report(fault, e.to_string());
+                let refusal = shared.health.refusal().unwrap_or_else(|| e.to_string());
+                err(StatusCode::SERVICE_UNAVAILABLE, refusal)
+            }
+            None => internal(e),
+        })?;
     if id == OVER_LIMIT {
         let max = max_queued.unwrap_or(0);
         return Err(err(

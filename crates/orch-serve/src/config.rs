@@ -33,8 +33,19 @@ pub struct Config {
     pub admin_tokens: Vec<TokenHash>,
     /// `foreign = "avoid"`: no new job goes on a device busy with a process no lease covers.
     pub avoid_foreign: bool,
+    /// `max_connections`: open client connections at most, socket and TCP together (also bounded
+    /// by the open-file limit, less a reserve for the daemon's own work).
+    pub max_connections: u32,
+    /// `max_connections_per_peer`: open connections at most per Unix user (socket) or per
+    /// address (TCP); past it, or past `max_connections`, a connection is answered 503 and closed.
+    pub max_connections_per_peer: u32,
     pub tenants: Vec<Tenant>,
 }
+
+/// The default `max_connections`.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 4096;
+/// The default `max_connections_per_peer`.
+pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: u32 = 256;
 
 /// A named group of users sharing limits.
 #[derive(Debug, Clone)]
@@ -101,6 +112,8 @@ struct RawConfig {
     #[serde(default)]
     admin_tokens: Vec<String>,
     foreign: Option<String>,
+    max_connections: Option<toml::Spanned<i64>>,
+    max_connections_per_peer: Option<toml::Spanned<i64>>,
     tls_cert: Option<String>,
     tls_key: Option<String>,
     #[serde(default)]
@@ -157,6 +170,8 @@ impl Config {
             listen: None,
             admin_tokens: Vec::new(),
             avoid_foreign: false,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
             tenants: vec![Tenant {
                 name: user.to_string(),
                 users: vec![user.to_string()],
@@ -346,6 +361,33 @@ impl Config {
             )?,
             None => orch_core::LimitSettings::default(),
         };
+        let count = |key: &str, value: &Option<toml::Spanned<i64>>, default: u32| match value {
+            None => Ok(default),
+            Some(v) => u32::try_from(*v.get_ref())
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| {
+                    InputError::at(
+                        path,
+                        text,
+                        v.span().start,
+                        format!("{key} = {} is not a positive count", v.get_ref()),
+                    )
+                    .with_hint(format!(
+                        "give a whole number of connections such as {default}"
+                    ))
+                }),
+        };
+        let max_connections = count(
+            "max_connections",
+            &raw.max_connections,
+            DEFAULT_MAX_CONNECTIONS,
+        )?;
+        let max_connections_per_peer = count(
+            "max_connections_per_peer",
+            &raw.max_connections_per_peer,
+            DEFAULT_MAX_CONNECTIONS_PER_PEER,
+        )?;
         Ok(Config {
             path: Some(path.to_path_buf()),
             admins: raw.admins,
@@ -360,6 +402,8 @@ impl Config {
             listen,
             admin_tokens: tokens(&raw.admin_tokens)?,
             avoid_foreign,
+            max_connections,
+            max_connections_per_peer,
             preempt_after: match raw.preempt_after.as_deref().map(str::trim) {
                 Some("0" | "0s") | None => Duration::ZERO,
                 Some(_) => duration("preempt_after", &raw.preempt_after)?.unwrap_or_default(),

@@ -140,18 +140,29 @@ pub fn add_event(tx: &rusqlite::Transaction<'_>, id: i64, event: &Event) -> Resu
 pub struct DbError {
     pub op: &'static str,
     pub reason: String,
+    /// SQLite's error code, when SQLite failed (a full or read-only disk is told from it).
+    pub code: Option<rusqlite::ErrorCode>,
+}
+
+impl DbError {
+    /// The state folder's fault behind this error (a full or read-only disk), if it is one.
+    pub fn fault(&self) -> Option<crate::health::Fault> {
+        crate::health::fault_of_sqlite(self.code)
+    }
 }
 
 fn writer_gone() -> DbError {
     DbError {
         op: "writing",
         reason: "the writer thread is gone".into(),
+        code: None,
     }
 }
 
 fn db(op: &'static str) -> impl FnOnce(rusqlite::Error) -> DbError {
     move |e| DbError {
         op,
+        code: e.sqlite_error_code(),
         reason: e.to_string(),
     }
 }
@@ -222,6 +233,7 @@ impl Db {
             .map_err(|e| DbError {
                 op: "starting the writer",
                 reason: e.to_string(),
+                code: None,
             })?;
         Ok(Db {
             writer,
@@ -378,6 +390,7 @@ impl Db {
                     .map_err(|e| DbError {
                         op: "reading a submission",
                         reason: e.to_string(),
+                        code: None,
                     })
             })
             .transpose()
@@ -397,10 +410,13 @@ fn write_loop(mut conn: Connection, requests: mpsc::Receiver<WriteRequest>) {
         let tx = match conn.transaction() {
             Ok(tx) => tx,
             Err(e) => {
+                let code = e.sqlite_error_code();
                 for request in batch {
-                    let _ = request
-                        .reply
-                        .send(Err(db("starting a write")(e.clone_shallow())));
+                    let _ = request.reply.send(Err(DbError {
+                        op: "starting a write",
+                        reason: e.to_string(),
+                        code,
+                    }));
                 }
                 continue;
             }
@@ -409,15 +425,24 @@ fn write_loop(mut conn: Connection, requests: mpsc::Receiver<WriteRequest>) {
         let mut replies = Vec::with_capacity(batch.len());
         for (n, request) in batch.into_iter().enumerate() {
             // Each write in a savepoint of its own: one failing write does not undo the others.
+            // A savepoint that cannot be made or ended fails its request, never silently.
             let name = format!("w{n}");
-            let _ = tx.execute_batch(&format!("SAVEPOINT {name}"));
-            let result = (request.op)(&tx);
+            if let Err(e) = tx.execute_batch(&format!("SAVEPOINT {name}")) {
+                results.push(Err(db("starting a write")(e)));
+                replies.push(request.reply);
+                continue;
+            }
+            let mut result = (request.op)(&tx);
             let end = if result.is_ok() {
                 format!("RELEASE {name}")
             } else {
                 format!("ROLLBACK TO {name}; RELEASE {name}")
             };
-            let _ = tx.execute_batch(&end);
+            if let Err(e) = tx.execute_batch(&end)
+                && result.is_ok()
+            {
+                result = Err(db("ending a write")(e));
+            }
             results.push(result);
             replies.push(request.reply);
         }
@@ -428,19 +453,10 @@ fn write_loop(mut conn: Connection, requests: mpsc::Receiver<WriteRequest>) {
                 Err(e) => Err(DbError {
                     op: e.op,
                     reason: e.reason.clone(),
+                    code: e.code,
                 }),
             });
         }
-    }
-}
-
-trait CloneShallow {
-    fn clone_shallow(&self) -> rusqlite::Error;
-}
-
-impl CloneShallow for rusqlite::Error {
-    fn clone_shallow(&self) -> rusqlite::Error {
-        rusqlite::Error::InvalidParameterName(self.to_string())
     }
 }
 
@@ -586,6 +602,7 @@ pub fn insert_job(
     let text = serde_json::to_string(submission).map_err(|e| DbError {
         op: "writing a job",
         reason: e.to_string(),
+        code: None,
     })?;
     tx.execute(
         "INSERT INTO jobs (name, tenant, user, uid, state, gpus, priority, requeue,

@@ -10,9 +10,10 @@ use crate::supervisor::{self, ExitRecord, Fence, SuperviseSpec};
 use orch_core::JobSpec;
 use orch_devices::{Inventory, InventorySpec, Visibility, VisibilityEnv};
 use orch_host::{Limits, PolicyHost};
+use orch_leases::Liveness;
 use orch_leases::{Holder, LeaseStore};
 use orch_runner::{Machine, PlaceError};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
@@ -57,6 +58,54 @@ pub struct Shared {
     pub metrics: crate::metrics::Counters,
     /// Browser sessions of the TCP listener.
     pub sessions: crate::web::Sessions,
+    /// Whether the state folder takes writes (a full or read-only disk refuses submissions).
+    pub health: crate::health::StateHealth,
+    /// How each supervisor this daemon started ended, by (job, attempt): the wait on the child
+    /// knows it for certain, with no `/proc` reading that could fail.
+    pub supervisor_exits: Mutex<HashMap<(i64, u32), SupervisorEnd>>,
+}
+
+/// How a supervisor process this daemon started ended.
+#[derive(Debug, Clone, Copy)]
+pub struct SupervisorEnd {
+    pub pid: u32,
+    pub status: Option<std::process::ExitStatus>,
+}
+
+impl SupervisorEnd {
+    /// Why it ended, as a job's reason says: "was killed by signal 9", "exited with status 2".
+    fn words(&self) -> String {
+        use std::os::unix::process::ExitStatusExt;
+        match self.status {
+            Some(status) => match (status.signal(), status.code()) {
+                (Some(signal), _) => format!(
+                    "its supervisor (pid {}) was killed by signal {signal} before it recorded how the job ended",
+                    self.pid
+                ),
+                (None, Some(code)) => format!(
+                    "its supervisor (pid {}) exited with status {code} before it recorded how the job ended (see supervisor.log in the job's folder)",
+                    self.pid
+                ),
+                _ => format!(
+                    "its supervisor (pid {}) ended before it recorded how the job ended",
+                    self.pid
+                ),
+            },
+            None => format!(
+                "its supervisor (pid {}) ended before it recorded how the job ended",
+                self.pid
+            ),
+        }
+    }
+}
+
+/// A write the engine could not make (the state folder was full or read-only), kept to be made
+/// again, in order, once it can. A lease release waits behind the job's own record: devices are
+/// never free while the job still shows as running.
+#[derive(Debug)]
+enum Pending {
+    Write(i64, Change),
+    Release(String),
 }
 
 /// One reading of the machine: cheap to clone (shared parts).
@@ -143,6 +192,9 @@ struct Running {
     /// A lease held by the client's own process (`supervisor` is that process): nothing was
     /// started for it, and it ends when the process releases it or ends.
     held: bool,
+    /// Its supervisor is this daemon's child: how it ends comes from the wait on it
+    /// ([`Shared::supervisor_exits`]), not from `/proc`.
+    spawned: bool,
 }
 
 pub struct Engine {
@@ -167,6 +219,12 @@ pub struct Engine {
     /// The last queue-policy failure logged, and when: logged again only when it changes or a
     /// minute passed.
     policy_failure: Option<(String, Instant)>,
+    /// Writes and releases that failed on an unwell state folder, made again in order.
+    backlog: VecDeque<Pending>,
+    /// When the state folder was last probed while unwell.
+    last_probe: Instant,
+    /// Jobs whose supervisor's liveness `/proc` could not tell, and when that was last logged.
+    unknown_logged: HashMap<i64, Instant>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -238,6 +296,9 @@ impl Engine {
             sched,
             last_usage_save: Instant::now(),
             policy_failure: None,
+            backlog: VecDeque::new(),
+            last_probe: Instant::now(),
+            unknown_logged: HashMap::new(),
         })
     }
 
@@ -351,19 +412,20 @@ impl Engine {
                 .charged_ms
                 .or(row.started_at_ms)
                 .map_or_else(now_s, ms_to_s);
-            if let Some(exit) = supervisor::read_exit(&dir) {
+            if let Ok(Some(exit)) = supervisor::read_exit(&dir) {
                 let prior = row.gpu_seconds;
                 self.finish_at(id, &row.lease_id, exit, prior);
                 continue;
             }
             // The daemon may have stopped before it even made the job's folder.
-            let never_started = supervisor::read_fence(&dir).is_none()
+            let never_started = matches!(supervisor::read_fence(&dir), Ok(None))
                 && std::fs::create_dir_all(&dir).is_ok()
                 && supervisor::take_fence(&dir, &Fence { supervisor: None }).unwrap_or(false);
-            let fence = supervisor::read_fence(&dir);
+            let fence = supervisor::read_fence(&dir).ok().flatten();
             let supervisor = fence.and_then(|f| f.supervisor);
             match supervisor {
-                Some(holder) if holder.process_alive() => {
+                // A supervisor `/proc` cannot tell about is adopted: it is watched, never lost.
+                Some(holder) if !holder.process_liveness().is_dead() => {
                     tracing::info!("job {id}: adopted again (supervisor pid {})", holder.pid);
                     self.write(
                         id,
@@ -398,6 +460,7 @@ impl Engine {
                             prior_gpu_s: row.gpu_seconds,
                             stop: None,
                             held,
+                            spawned: false,
                         },
                     );
                 }
@@ -436,7 +499,12 @@ impl Engine {
                 _ => {
                     // When it ended is unknown: its use is counted up to the last record.
                     self.untrack_running(id, charged_s, row.gpu_seconds);
-                    self.vanished(id, &row.lease_id, row.requeue && !row.cancel_requested);
+                    self.vanished(
+                        id,
+                        &row.lease_id,
+                        row.requeue && !row.cancel_requested,
+                        VANISHED_UNWATCHED.into(),
+                    );
                 }
             }
         }
@@ -474,6 +542,7 @@ impl Engine {
             while let Ok(kick) = self.kicks.try_recv() {
                 changed |= self.handle(kick);
             }
+            changed |= self.catch_up();
             changed |= self.check_running();
             self.check_idle();
             if self.last_usage_save.elapsed() >= USAGE_SAMPLE {
@@ -609,19 +678,31 @@ impl Engine {
     }
 
     /// Looks at every running job: an exit record finishes it; a supervisor gone without one
-    /// makes it lost (or queued again).
+    /// makes it lost (or queued again). A job whose record, fence or supervisor `/proc` cannot
+    /// read right now (no file descriptor left, say) stays as it is until it can: unknown never
+    /// ends a job and never frees its devices.
     fn check_running(&mut self) -> bool {
         let mut changed = false;
         let ids: Vec<i64> = self.running.keys().copied().collect();
         for id in ids {
-            let Some(job) = self.running.get_mut(&id) else {
+            let Some(job) = self.running.get(&id) else {
                 continue;
             };
             let dir = self.shared.job_dir(id, job.attempt);
-            if let Some(exit) = supervisor::read_exit(&dir) {
+            let exit = match supervisor::read_exit(&dir) {
+                Ok(exit) => exit,
+                Err(e) => {
+                    self.cannot_tell(id, format!("cannot read its exit record: {e}"));
+                    continue;
+                }
+            };
+            if let Some(exit) = exit {
+                let Some(job) = self.running.remove(&id) else {
+                    continue;
+                };
+                lock(&self.shared.supervisor_exits).remove(&(id, job.attempt));
                 let lease = Some(job.lease_id.clone());
-                let (prior, stop, cancel) = (job.prior_gpu_s, job.stop.take(), job.cancel);
-                self.running.remove(&id);
+                let (prior, stop, cancel) = (job.prior_gpu_s, job.stop, job.cancel);
                 let exit = match stop {
                     // A cancel that came while it was being preempted: it ends cancelled.
                     Some(_) if exit.state == State::Queued && cancel != Cancel::None => {
@@ -655,47 +736,100 @@ impl Engine {
                     }
                     _ => exit,
                 };
+                self.unknown_logged.remove(&id);
                 self.finish_at(id, &lease, exit, prior);
                 changed = true;
                 continue;
             }
             if job.supervisor.is_none() {
-                job.supervisor = supervisor::read_fence(&dir).and_then(|f| f.supervisor);
-            }
-            if job.cancel == Cancel::Requested
-                && let Some(holder) = &job.supervisor
-            {
-                if holder.process_alive() {
-                    // SAFETY: kill(2) on the supervisor, verified by pid and start time.
-                    unsafe {
-                        libc::kill(holder.pid as i32, libc::SIGTERM);
+                match supervisor::read_fence(&dir) {
+                    Ok(fence) => {
+                        let supervisor = fence.and_then(|f| f.supervisor);
+                        if let Some(job) = self.running.get_mut(&id) {
+                            job.supervisor = supervisor;
+                        }
+                    }
+                    Err(e) => {
+                        self.cannot_tell(id, format!("cannot read its fence: {e}"));
+                        continue;
                     }
                 }
-                job.cancel = Cancel::Sent;
             }
-            if job.cancel == Cancel::None
-                && let (Some(stop), Some(holder)) = (&mut job.stop, &job.supervisor)
-                && !stop.sent
-            {
-                if holder.process_alive() {
+            let Some(job) = self.running.get(&id) else {
+                continue;
+            };
+            let ended = job
+                .spawned
+                .then(|| {
+                    lock(&self.shared.supervisor_exits)
+                        .get(&(id, job.attempt))
+                        .copied()
+                })
+                .flatten();
+            let liveness = match (&job.supervisor, ended) {
+                (_, Some(_)) => Liveness::Dead,
+                // This daemon's child: alive until the wait on it says otherwise.
+                (None, None) if job.spawned => Liveness::Alive,
+                (None, None) if job.spawned_at.elapsed() > Duration::from_secs(30) => {
+                    Liveness::Dead
+                }
+                (None, None) => Liveness::Alive,
+                (Some(holder), None) => holder.process_liveness(),
+            };
+            if let Liveness::Unknown(e) = &liveness {
+                let pid = job.supervisor.as_ref().map_or(0, |h| h.pid);
+                self.cannot_tell(
+                    id,
+                    format!("cannot tell whether its supervisor (pid {pid}) runs: {e}"),
+                );
+                continue;
+            }
+            if self.unknown_logged.remove(&id).is_some() {
+                tracing::info!("job {id}: its supervisor can be watched again");
+            }
+            let job = self.running.get_mut(&id).expect("looked up above");
+            if liveness == Liveness::Alive {
+                if job.cancel == Cancel::Requested
+                    && let Some(holder) = &job.supervisor
+                {
+                    // Verified by pid and start time just now: never a reused pid.
+                    if orch_core::process::signal(holder.pid, libc::SIGTERM) {
+                        job.cancel = Cancel::Sent;
+                    }
+                }
+                if job.cancel == Cancel::None
+                    && let (Some(stop), Some(holder)) = (&mut job.stop, &job.supervisor)
+                    && !stop.sent
+                {
                     // A held lease's process is the program itself: it is asked to end.
                     let signal = match stop.kind {
                         _ if job.held => libc::SIGTERM,
                         StopKind::Preempt => supervisor::PREEMPT_SIGNAL,
                         StopKind::Idle => supervisor::IDLE_SIGNAL,
                     };
-                    // SAFETY: kill(2) on the supervisor, verified by pid and start time.
-                    unsafe {
-                        libc::kill(holder.pid as i32, signal);
+                    if orch_core::process::signal(holder.pid, signal) {
+                        stop.sent = true;
                     }
                 }
-                stop.sent = true;
+                continue;
             }
-            let gone = match &job.supervisor {
-                Some(holder) => !holder.process_alive(),
-                None => job.spawned_at.elapsed() > Duration::from_secs(30),
+            // Dead: an exit record written in the meantime still counts.
+            match supervisor::read_exit(&dir) {
+                Ok(None) => {}
+                Ok(Some(_)) => continue,
+                Err(e) => {
+                    self.cannot_tell(id, format!("cannot read its exit record: {e}"));
+                    continue;
+                }
+            }
+            let Some(job) = self.running.remove(&id) else {
+                continue;
             };
-            if gone && job.held && supervisor::read_exit(&dir).is_none() {
+            lock(&self.shared.supervisor_exits).remove(&(id, job.attempt));
+            let lease = Some(job.lease_id.clone());
+            let prior = job.prior_gpu_s;
+            changed = true;
+            if job.held {
                 let pid = job.supervisor.as_ref().map_or(0, |h| h.pid);
                 let record = match (job.cancel, &job.stop) {
                     (Cancel::None, None) => held_ended(pid, now_ms()),
@@ -704,35 +838,149 @@ impl Engine {
                         exit_code: None,
                         reason: Some(stop.reason.clone()),
                         ended_at_ms: now_ms(),
+                        late: None,
                     },
                     _ => ExitRecord {
                         state: State::Cancelled,
                         exit_code: None,
                         reason: Some(supervisor::CANCELLED.into()),
                         ended_at_ms: now_ms(),
+                        late: None,
                     },
                 };
+                // For a restarted daemon; the database, written next, is what counts.
                 let _ = supervisor::write_exit(&dir, &record);
-                let (lease, prior) = (Some(job.lease_id.clone()), job.prior_gpu_s);
-                self.running.remove(&id);
                 self.finish_at(id, &lease, record, prior);
-                changed = true;
                 continue;
             }
-            if gone && supervisor::read_exit(&dir).is_none() {
-                // A job whose cancel was asked for is not queued again.
-                let (lease, requeue, prior) = (
-                    Some(job.lease_id.clone()),
-                    job.requeue && job.cancel == Cancel::None,
-                    job.prior_gpu_s,
-                );
-                self.running.remove(&id);
-                self.untrack_running(id, now_s(), prior);
-                self.vanished(id, &lease, requeue);
-                changed = true;
+            // A supervisor that ended before it took the fence never started the job: fenced
+            // now, the job goes back to the queue (it never ran; nothing is charged).
+            if job.supervisor.is_none() && ended.is_some() {
+                match supervisor::take_fence(&dir, &Fence { supervisor: None }) {
+                    Ok(true) => {
+                        let at = self
+                            .sched()
+                            .running_job(id as u64)
+                            .map_or_else(now_s, |r| r.charged_s);
+                        self.untrack_running(id, at, prior);
+                        let reason = format!(
+                            "queued again: {}; the job never started",
+                            ended.map(|e| e.words()).unwrap_or_default()
+                        );
+                        tracing::warn!("job {id}: {reason}");
+                        self.release(&lease);
+                        self.write(
+                            id,
+                            Change {
+                                state: Some(State::Queued),
+                                reason: Some(reason.clone()),
+                                only_if: Some(State::Running),
+                                event: Some(Event::now("queued", reason)),
+                                ..Change::default()
+                            },
+                        );
+                        self.enqueue(id);
+                        continue;
+                    }
+                    Ok(false) => {
+                        // Its supervisor took the fence after all: looked at again next time.
+                        self.running.insert(id, job);
+                        continue;
+                    }
+                    Err(e) => {
+                        self.running.insert(id, job);
+                        self.cannot_tell(id, format!("cannot fence off its folder: {e}"));
+                        continue;
+                    }
+                }
             }
+            let reason = match (ended, &job.supervisor) {
+                (Some(end), _) => end.words(),
+                (None, Some(holder)) => format!(
+                    "its supervisor (pid {}) ended before it recorded how the job ended",
+                    holder.pid
+                ),
+                (None, None) => "its supervisor never started".to_string(),
+            };
+            // A job whose cancel was asked for is not queued again.
+            let requeue = job.requeue && job.cancel == Cancel::None;
+            self.untrack_running(id, now_s(), prior);
+            self.vanished(id, &lease, requeue, reason);
         }
         changed
+    }
+
+    /// `/proc` or the job's folder could not tell how job `id` stands: it stays as it is, and
+    /// the log says so at most once a minute.
+    fn cannot_tell(&mut self, id: i64, why: String) {
+        let now = Instant::now();
+        let due = self
+            .unknown_logged
+            .get(&id)
+            .is_none_or(|at| now.duration_since(*at) >= Duration::from_secs(60));
+        if due {
+            tracing::warn!("job {id}: {why}; it stays as it is until the daemon can tell");
+            self.unknown_logged.insert(id, now);
+        }
+    }
+
+    /// While the state folder is unwell, or writes wait: probes it (at most twice a second) and,
+    /// once it takes writes, makes the waiting ones in order. True when something was caught up.
+    fn catch_up(&mut self) -> bool {
+        if self.backlog.is_empty() && self.shared.health.fault().is_none() {
+            return false;
+        }
+        if self.last_probe.elapsed() < Duration::from_millis(500) {
+            return false;
+        }
+        self.last_probe = Instant::now();
+        if let Err(e) = self.shared.health.probe() {
+            if let Some(fault) = crate::health::fault_of_io(&e) {
+                self.shared.health.report(fault, e.to_string());
+            }
+            return false;
+        }
+        let mut done = 0;
+        while let Some(pending) = self.backlog.front() {
+            let result = match pending {
+                Pending::Write(id, change) => {
+                    let (id, change) = (*id, change.clone());
+                    self.shared
+                        .db
+                        .write_blocking(move |tx| crate::db::apply(tx, id, &change))
+                        .map(|_| ())
+                        .map_err(|e| (e.fault(), e.to_string()))
+                }
+                Pending::Release(lease) => {
+                    let lease = lease.clone();
+                    match self.store.release_unless_held(&lease, &[Holder::current()]) {
+                        Ok(_) => Ok(()),
+                        Err(e) => Err((Some(crate::health::Fault::Io), e.to_string())),
+                    }
+                }
+            };
+            match result {
+                Ok(()) => {
+                    self.backlog.pop_front();
+                    done += 1;
+                }
+                Err((Some(fault), e)) => {
+                    self.shared.health.report(fault, e);
+                    break;
+                }
+                Err((None, e)) => {
+                    tracing::error!("a delayed write failed and is dropped: {e}");
+                    self.backlog.pop_front();
+                }
+            }
+        }
+        if done > 0 {
+            self.publish_leases();
+        }
+        if self.backlog.is_empty() {
+            self.shared.health.recovered();
+        }
+        done > 0
     }
 
     /// One scheduling pass: the queue in the queue policy's order, each job placed if it fits
@@ -740,6 +988,21 @@ impl Engine {
     /// preemptible jobs of tenants over their share are stopped for a tenant under its share.
     pub fn pass(&mut self) {
         if self.queue.is_empty() {
+            return;
+        }
+        // Nothing starts while the state folder cannot record it: the queue waits, and says why.
+        if let Some(fault) = self.shared.health.fault() {
+            let reason = format!(
+                "waiting: the state folder {} is {}; jobs start once it takes writes again",
+                self.shared.state_dir.display(),
+                match fault {
+                    crate::health::Fault::Full => "full",
+                    crate::health::Fault::ReadOnly => "read-only",
+                    crate::health::Fault::Io => "failing",
+                }
+            );
+            let reasons = self.queue.keys().map(|id| (*id, reason.clone())).collect();
+            *lock(&self.shared.reasons) = reasons;
             return;
         }
         self.refresh_inventory();
@@ -841,7 +1104,7 @@ impl Engine {
             .queue
             .get(&id)
             .and_then(|j| j.submission.holder.as_ref())
-            .filter(|h| !h.process_alive())
+            .filter(|h| h.process_liveness().is_dead())
             .map(|h| h.pid);
         if let Some(pid) = dead_holder {
             self.queue.remove(&id);
@@ -907,9 +1170,43 @@ impl Engine {
                 holder,
             )
         {
-            let _ = self.store.release(&lease.id);
+            self.release_now(&lease.id);
+            if let Some(fault) = crate::health::fault_of_io(&e) {
+                self.shared.health.report(fault, e.to_string());
+                return Err(format!(
+                    "waiting: the daemon could not record the lease: {e}"
+                ));
+            }
             self.fail(id, format!("the daemon could not record the lease: {e}"));
             return Ok(false);
+        }
+        // A command job's folder and spec are on disk before it shows as running: a state folder
+        // that cannot take them leaves the job queued, never running with no folder.
+        let dir = self.shared.job_dir(id, attempt);
+        let spec = job.submission.holder.is_none().then(|| SuperviseSpec {
+            job_id: id.to_string(),
+            submission: job.submission.clone(),
+            lease: lease.clone(),
+            plan: plan.clone(),
+            inventory: self.inventory.as_ref().clone(),
+            devices: self.shared.devices.clone(),
+            exe: self.shared.exe.clone(),
+            state_dir: self.shared.state_dir.clone(),
+            switch_user: self.shared.root,
+            max_runtime_s: self.max_runtime(&job).map(|d| d.as_secs_f64()),
+            grace_s: orch_runner::GRACE.as_secs_f64(),
+        });
+        if let Some(spec) = &spec
+            && let Err(e) = prepare_folder(&dir, spec)
+        {
+            self.release_now(&lease.id);
+            let reason = format!("waiting: the daemon could not write the job's folder: {e}");
+            match crate::health::fault_of_io(&e) {
+                Some(fault) => self.shared.health.report(fault, e.to_string()),
+                None => tracing::warn!("job {id}: {reason}"),
+            }
+            self.queue.insert(id, job);
+            return Err(reason);
         }
         let started = self.shared.db.write_blocking({
             let change = Change {
@@ -940,14 +1237,17 @@ impl Engine {
             Ok(1) => {}
             Ok(_) => {
                 // Cancelled meanwhile: the devices go back.
-                let _ = self.store.release(&lease.id);
+                self.release_now(&lease.id);
                 return Ok(false);
             }
             Err(e) => {
                 // The database failed: the job stays queued (its row says so) and is tried again.
-                let _ = self.store.release(&lease.id);
-                let reason = format!("the job database failed while starting it: {e}");
-                tracing::warn!("job {id}: {reason}");
+                self.release_now(&lease.id);
+                let reason = format!("waiting: the job database failed while starting it: {e}");
+                match e.fault() {
+                    Some(fault) => self.shared.health.report(fault, e.to_string()),
+                    None => tracing::warn!("job {id}: {reason}"),
+                }
                 self.queue.insert(id, job);
                 return Err(reason);
             }
@@ -956,35 +1256,12 @@ impl Engine {
             &job.row.tenant,
             ms_to_s(now_ms().saturating_sub(job.row.submitted_at_ms)),
         );
-        let dir = self.shared.job_dir(id, attempt);
-        if let Some(holder) = job.submission.holder.clone() {
-            self.start_held(id, &job, attempt, &lease, holder);
+        if spec.is_none() {
+            if let Some(holder) = job.submission.holder.clone() {
+                self.start_held(id, &job, attempt, &lease, holder);
+            }
             return Ok(true);
         }
-        let max_runtime = job
-            .spec
-            .max_runtime
-            .into_iter()
-            .chain(
-                self.shared
-                    .config
-                    .tenant(&job.row.tenant)
-                    .and_then(|t| t.max_runtime),
-            )
-            .min();
-        let spec = SuperviseSpec {
-            job_id: id.to_string(),
-            submission: job.submission.clone(),
-            lease: lease.clone(),
-            plan,
-            inventory: self.inventory.as_ref().clone(),
-            devices: self.shared.devices.clone(),
-            exe: self.shared.exe.clone(),
-            state_dir: self.shared.state_dir.clone(),
-            switch_user: self.shared.root,
-            max_runtime_s: max_runtime.map(|d| d.as_secs_f64()),
-            grace_s: orch_runner::GRACE.as_secs_f64(),
-        };
         self.running.insert(
             id,
             Running {
@@ -1001,9 +1278,10 @@ impl Engine {
                 prior_gpu_s: job.row.gpu_seconds,
                 stop: None,
                 held: false,
+                spawned: true,
             },
         );
-        if let Err(e) = self.spawn_supervisor(&dir, &spec) {
+        if let Err(e) = self.spawn_supervisor(id, attempt, &dir) {
             // Nothing started: fence the folder so nothing ever will, and fail the job.
             let _ = supervisor::take_fence(&dir, &Fence { supervisor: None });
             let _ = supervisor::write_exit(
@@ -1015,10 +1293,25 @@ impl Engine {
                         "the daemon could not start the job's supervisor: {e}"
                     )),
                     ended_at_ms: now_ms(),
+                    late: None,
                 },
             );
         }
         Ok(true)
+    }
+
+    /// The job's time limit: its own `max_runtime` or its tenant's, whichever is shorter.
+    fn max_runtime(&self, job: &Queued) -> Option<Duration> {
+        job.spec
+            .max_runtime
+            .into_iter()
+            .chain(
+                self.shared
+                    .config
+                    .tenant(&job.row.tenant)
+                    .and_then(|t| t.max_runtime),
+            )
+            .min()
     }
 
     /// A held lease's placement in its folder (`lease.json`, read by `GET /v1/leases/ID`) and
@@ -1102,6 +1395,7 @@ impl Engine {
                 prior_gpu_s: job.row.gpu_seconds,
                 stop: None,
                 held: true,
+                spawned: false,
             },
         );
     }
@@ -1113,7 +1407,7 @@ impl Engine {
             return;
         };
         let dir = self.shared.job_dir(id, job.attempt);
-        if supervisor::read_exit(&dir).is_some() {
+        if matches!(supervisor::read_exit(&dir), Ok(Some(_))) {
             return;
         }
         let lease = job.lease_id.clone();
@@ -1124,25 +1418,35 @@ impl Engine {
                 exit_code: None,
                 reason: Some("released by its process".into()),
                 ended_at_ms: now_ms(),
+                late: None,
             },
         );
         // Its holder still lives: the daemon's usual release would leave the lease held.
-        if let Err(e) = self.store.release(&lease) {
-            tracing::warn!("could not release lease {lease}: {e}");
-        }
+        self.release_now(&lease);
         self.publish_leases();
     }
 
-    fn spawn_supervisor(&self, dir: &Path, spec: &SuperviseSpec) -> std::io::Result<()> {
-        use std::os::unix::fs::DirBuilderExt;
+    /// Releases lease `id` outright (its holder is the daemon, or gave it back); when the store
+    /// cannot record that now, it is done later, in order, and the devices stay held meanwhile.
+    fn release_now(&mut self, id: &str) {
+        if !self.backlog.is_empty() {
+            self.backlog.push_back(Pending::Release(id.to_string()));
+            return;
+        }
+        if let Err(e) = self.store.release(id) {
+            tracing::warn!("could not release lease {id} ({e}); trying again until it can");
+            self.backlog.push_back(Pending::Release(id.to_string()));
+        }
+    }
+
+    /// Starts `orch __supervise DIR` for the folder [`prepare_folder`] wrote; the wait on it
+    /// records how it ended in [`Shared::supervisor_exits`].
+    fn spawn_supervisor(&self, id: i64, attempt: u32, dir: &Path) -> std::io::Result<()> {
         use std::os::unix::process::CommandExt;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)?;
-        let text = serde_json::to_string(spec).map_err(std::io::Error::other)?;
-        std::fs::write(dir.join("spec.json"), text)?;
-        let log = std::fs::File::create(dir.join("supervisor.log"))?;
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(dir.join("supervisor.log"))?;
         let mut child = std::process::Command::new(&self.shared.exe)
             .arg("__supervise")
             .arg(dir)
@@ -1153,8 +1457,10 @@ impl Engine {
             .process_group(0)
             .spawn()?;
         let shared = Arc::clone(&self.shared);
+        let pid = child.id();
         std::thread::spawn(move || {
-            let _ = child.wait();
+            let status = child.wait().ok();
+            lock(&shared.supervisor_exits).insert((id, attempt), SupervisorEnd { pid, status });
             shared.kick(Kick::SupervisorExited);
         });
         Ok(())
@@ -1337,7 +1643,6 @@ impl Engine {
         prior_gpu_s: f64,
     ) {
         self.untrack_running(id, ms_to_s(exit.ended_at_ms), prior_gpu_s);
-        self.release(lease_id);
         if exit.state == State::Queued {
             tracing::warn!(
                 "job {id}: {}",
@@ -1354,12 +1659,18 @@ impl Engine {
                     ..Change::default()
                 },
             );
+            self.release(lease_id);
             self.enqueue(id);
             return;
         }
         tracing::info!("job {id}: {}", exit.state.as_str());
-        let message = match &exit.reason {
-            Some(reason) if !reason.is_empty() => format!("{}: {reason}", exit.state.as_str()),
+        // A record written late (the state folder was full) says so in the reason.
+        let reason = match (exit.reason.filter(|r| !r.is_empty()), exit.late) {
+            (Some(reason), Some(late)) => Some(format!("{reason}; {late}")),
+            (reason, late) => reason.or(late),
+        };
+        let message = match &reason {
+            Some(reason) => format!("{}: {reason}", exit.state.as_str()),
             _ => exit.state.as_str().to_string(),
         };
         self.write(
@@ -1368,7 +1679,7 @@ impl Engine {
                 state: Some(exit.state),
                 ended_at_ms: Some(exit.ended_at_ms),
                 exit_code: exit.exit_code,
-                reason: exit.reason.or(Some(String::new())),
+                reason: reason.or(Some(String::new())),
                 only_if: Some(State::Running),
                 event: Some(Event {
                     at_ms: exit.ended_at_ms,
@@ -1378,39 +1689,45 @@ impl Engine {
                 ..Change::default()
             },
         );
+        // After the record: the devices are never free while the job still shows as running.
+        self.release(lease_id);
     }
 
-    fn vanished(&mut self, id: i64, lease_id: &Option<String>, requeue: bool) {
-        // Nobody can report how the job ends any more: end what is left of it, so that a job
-        // queued again never runs beside its own remains, and its devices come back.
+    /// Nobody can report how job `id` ends any more (`reason` says why): what is left of it is
+    /// ended, then it is lost, or queued again with `requeue`.
+    fn vanished(&mut self, id: i64, lease_id: &Option<String>, requeue: bool, reason: String) {
+        // End what is left of it, so that a job queued again never runs beside its own remains,
+        // and its devices come back.
         self.end_remains(lease_id);
-        self.release(lease_id);
         if requeue {
-            tracing::warn!("job {id}: its supervisor is gone; queued again (requeue = true)");
-            self.write(id, Change {
-                state: Some(State::Queued),
-                reason: Some("queued again: its processes vanished while no daemon watched (requeue = true)".into()),
-                only_if: Some(State::Running),
-                event: Some(Event::now("queued", "queued again: its processes vanished while no daemon watched (requeue = true)")),
-                ..Change::default()
-            });
+            let reason = format!("queued again: {reason} (requeue = true)");
+            tracing::warn!("job {id}: {reason}");
+            self.write(
+                id,
+                Change {
+                    state: Some(State::Queued),
+                    reason: Some(reason.clone()),
+                    only_if: Some(State::Running),
+                    event: Some(Event::now("queued", reason)),
+                    ..Change::default()
+                },
+            );
+            self.release(lease_id);
             self.enqueue(id);
         } else {
-            tracing::warn!("job {id}: lost (its supervisor ended without an exit record)");
+            tracing::warn!("job {id}: lost: {reason}");
             self.write(
                 id,
                 Change {
                     state: Some(State::Lost),
                     ended_at_ms: Some(now_ms()),
-                    reason: Some("its processes vanished while no daemon watched them".into()),
+                    reason: Some(reason.clone()),
                     only_if: Some(State::Running),
-                    event: Some(Event::now(
-                        "lost",
-                        "its processes vanished while no daemon watched them",
-                    )),
+                    event: Some(Event::now("lost", reason)),
                     ..Change::default()
                 },
             );
+            self.release(lease_id);
         }
     }
 
@@ -1449,10 +1766,7 @@ impl Engine {
             }
             // Only a group that is still the job's (its leader's id not handed out again).
             if let Some(pgid) = holder.pgid.filter(|&g| g > 1 && holder.group_alive()) {
-                // SAFETY: kill(2) on a process group the job's supervisor created and recorded.
-                unsafe {
-                    libc::kill(-(pgid as i32), libc::SIGKILL);
-                }
+                orch_core::process::signal_group(pgid, libc::SIGKILL);
             }
             if let Some(cgroup) = &holder.cgroup {
                 orch_exec::kill_cgroup(cgroup);
@@ -1471,29 +1785,66 @@ impl Engine {
     }
 
     /// Gives up the daemon's hold on a lease. A process of the job that is still alive (one that
-    /// ignored its supervisor's end) keeps it, and with it the devices, until it ends.
+    /// ignored its supervisor's end) keeps it, and with it the devices, until it ends. A release
+    /// the store cannot record now is made later, in order.
     fn release(&mut self, lease_id: &Option<String>) {
-        if let Some(lease) = lease_id {
-            match self.store.release_unless_held(lease, &[Holder::current()]) {
-                Ok(true) => self.publish_leases(),
-                Ok(false) => tracing::warn!(
-                    "lease {lease} stays: a process of its job still runs; the devices are free once it ends"
-                ),
-                Err(e) => tracing::warn!("could not release lease {lease}: {e}"),
+        let Some(lease) = lease_id else { return };
+        if !self.backlog.is_empty() {
+            self.backlog.push_back(Pending::Release(lease.clone()));
+            return;
+        }
+        match self.store.release_unless_held(lease, &[Holder::current()]) {
+            Ok(true) => self.publish_leases(),
+            Ok(false) => tracing::warn!(
+                "lease {lease} stays: a process of its job still runs; the devices are free once it ends"
+            ),
+            Err(e) => {
+                tracing::warn!("could not release lease {lease} ({e}); trying again until it can");
+                self.backlog.push_back(Pending::Release(lease.clone()));
             }
         }
     }
 
-    fn write(&self, id: i64, change: Change) {
+    /// Records `change` of job `id`. On a full or read-only state folder it is kept and made
+    /// again, in order with everything after it, once the folder takes writes.
+    fn write(&mut self, id: i64, change: Change) {
+        if !self.backlog.is_empty() {
+            self.backlog.push_back(Pending::Write(id, change));
+            return;
+        }
+        let attempt = change.clone();
         if let Err(e) = self
             .shared
             .db
-            .write_blocking(move |tx| crate::db::apply(tx, id, &change))
+            .write_blocking(move |tx| crate::db::apply(tx, id, &attempt))
         {
-            tracing::error!("job {id}: {e}");
+            match e.fault() {
+                Some(fault) => {
+                    self.shared.health.report(fault, e.to_string());
+                    self.backlog.push_back(Pending::Write(id, change));
+                }
+                None => tracing::error!("job {id}: {e}"),
+            }
         }
     }
 }
+
+/// Writes a command job's folder: `spec.json` and an empty `supervisor.log`, before the job shows
+/// as running.
+fn prepare_folder(dir: &Path, spec: &SuperviseSpec) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let text = serde_json::to_string(spec).map_err(std::io::Error::other)?;
+    orch_core::fsutil::write_atomic(&dir.join("spec.json"), text.as_bytes())?;
+    std::fs::File::create(dir.join("supervisor.log"))?;
+    Ok(())
+}
+
+/// What a job lost while no daemon watched says.
+const VANISHED_UNWATCHED: &str = "its processes vanished while no daemon watched them";
 
 /// How a held lease ends when its process does: nothing can tell its exit status (the process
 /// is not the daemon's child), so it ends `succeeded` with the reason.
@@ -1503,6 +1854,7 @@ fn held_ended(pid: u32, at_ms: u64) -> ExitRecord {
         exit_code: None,
         reason: Some(format!("its process (pid {pid}) ended")),
         ended_at_ms: at_ms,
+        late: None,
     }
 }
 

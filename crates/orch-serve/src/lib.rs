@@ -11,8 +11,10 @@
 
 pub mod api;
 pub mod config;
+pub mod conns;
 pub mod db;
 pub mod engine;
+pub mod health;
 pub mod leases;
 mod logs;
 pub mod metrics;

@@ -55,6 +55,9 @@ pub fn default_socket() -> PathBuf {
 /// Runs the daemon until SIGINT or SIGTERM. Jobs keep running under their supervisors when it
 /// stops; the next start adopts them.
 pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
+    // Before anything opens a file: a client's connections must never leave the engine without
+    // a descriptor for `/proc` or SQLite.
+    let open_files = crate::conns::raise_open_file_limit();
     let state = |reason: String| ServeError::State {
         dir: options.state_dir.clone(),
         reason,
@@ -90,6 +93,8 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         machine: Mutex::new(crate::engine::MachineView::new(inventory.clone())),
         metrics: crate::metrics::Counters::default(),
         sessions: crate::web::Sessions::default(),
+        health: crate::health::StateHealth::new(&options.state_dir),
+        supervisor_exits: Mutex::default(),
     });
     let mut engine = Engine::new(
         Arc::clone(&shared),
@@ -109,7 +114,17 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         .enable_all()
         .build()
         .map_err(|e| ServeError::Start(e.to_string()))?;
-    runtime.block_on(listen(shared, &options.socket))
+    let connections = Arc::new(crate::conns::Connections::new(
+        options.config.max_connections,
+        options.config.max_connections_per_peer,
+        open_files,
+    ));
+    tracing::info!(
+        "orch serve: at most {} client connections, {} per user or address",
+        connections.max_total(),
+        options.config.max_connections_per_peer
+    );
+    runtime.block_on(listen(shared, &options.socket, connections))
 }
 
 /// `flock` on `STATE/serve.lock`, held for the daemon's life; the file names the holder's pid.
@@ -147,7 +162,11 @@ fn lock_state(dir: &Path) -> Result<std::fs::File, ServeError> {
     Ok(file)
 }
 
-async fn listen(shared: Arc<Shared>, socket: &Path) -> Result<(), ServeError> {
+async fn listen(
+    shared: Arc<Shared>,
+    socket: &Path,
+    connections: Arc<crate::conns::Connections>,
+) -> Result<(), ServeError> {
     let listen_err = |reason: String| ServeError::Listen {
         socket: socket.to_path_buf(),
         reason,
@@ -184,17 +203,21 @@ async fn listen(shared: Arc<Shared>, socket: &Path) -> Result<(), ServeError> {
     let app = router(Arc::clone(&shared));
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| ServeError::Start(e.to_string()))?;
+    // Accept failures (no file descriptor left, say) back off instead of spinning: 10 ms,
+    // doubled up to a second, back to 10 ms after a success.
+    let mut backoff = Backoff::default();
+    let mut tcp_backoff = Backoff::default();
     loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let (stream, _) = match accepted {
                     Ok(pair) => pair,
                     Err(e) => {
-                        tracing::warn!("accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        backoff.failed("the socket", &e).await;
                         continue;
                     }
                 };
+                backoff.succeeded();
                 let caller = match stream.peer_cred() {
                     Ok(cred) => Caller {
                         pid: cred.pid().and_then(|p| u32::try_from(p).ok()),
@@ -205,22 +228,35 @@ async fn listen(shared: Arc<Shared>, socket: &Path) -> Result<(), ServeError> {
                         continue;
                     }
                 };
-                tokio::spawn(serve_connection(app.clone(), stream, Who::Local(caller)));
+                match connections.admit(crate::conns::Peer::Uid(caller.identity.uid)) {
+                    Ok(admitted) => {
+                        tokio::spawn(serve_connection(app.clone(), stream, Who::Local(caller), admitted));
+                    }
+                    Err(why) => {
+                        tokio::spawn(refuse(stream, why));
+                    }
+                }
             }
             accepted = accept_tcp(tcp.as_ref()) => {
                 match accepted {
-                    Ok((stream, _)) => {
+                    Ok((stream, address)) => {
+                        tcp_backoff.succeeded();
                         let _ = stream.set_nodelay(true);
-                        tokio::spawn(serve_connection(
-                            app.clone(),
-                            stream,
-                            Who::Remote(Arc::clone(&shared)),
-                        ));
+                        match connections.admit(crate::conns::Peer::Addr(address.ip())) {
+                            Ok(admitted) => {
+                                tokio::spawn(serve_connection(
+                                    app.clone(),
+                                    stream,
+                                    Who::Remote(Arc::clone(&shared)),
+                                    admitted,
+                                ));
+                            }
+                            Err(why) => {
+                                tokio::spawn(refuse(stream, why));
+                            }
+                        }
                     }
-                    Err(e) => {
-                        tracing::warn!("accept failed on the TCP listener: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
+                    Err(e) => tcp_backoff.failed("the TCP listener", &e).await,
                 }
             }
             _ = tokio::signal::ctrl_c() => break,
@@ -230,6 +266,68 @@ async fn listen(shared: Arc<Shared>, socket: &Path) -> Result<(), ServeError> {
     let _ = std::fs::remove_file(socket);
     tracing::info!("orch serve: stopped; running jobs continue under their supervisors");
     Ok(())
+}
+
+/// How long the accept loop waits after a failed accept.
+#[derive(Debug, Default)]
+struct Backoff {
+    wait: Option<Duration>,
+    failures: u64,
+}
+
+impl Backoff {
+    async fn failed(&mut self, listener: &str, e: &std::io::Error) {
+        self.failures += 1;
+        // The first failure of a spell, then every hundredth.
+        if self.failures == 1 || self.failures.is_multiple_of(100) {
+            tracing::warn!(
+                "accept failed on {listener} ({} time(s) in a row): {e}",
+                self.failures
+            );
+        }
+        let wait = self.wait.map_or(Duration::from_millis(10), |w| {
+            (w * 2).min(Duration::from_secs(1))
+        });
+        self.wait = Some(wait);
+        tokio::time::sleep(wait).await;
+    }
+
+    fn succeeded(&mut self) {
+        if self.failures > 0 {
+            tracing::info!(
+                "accepting connections again after {} failure(s)",
+                self.failures
+            );
+        }
+        *self = Backoff::default();
+    }
+}
+
+/// Answers a connection over its peer's cap with 503 and closes it (a second at most).
+async fn refuse<S>(mut stream: S, why: String)
+where
+    S: tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::AsyncWriteExt;
+    let answer = crate::conns::refusal_response(&why);
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = stream.write_all(&answer).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
+}
+
+/// Largest request body over the TCP listener: there a request is a login form or a cancel;
+/// jobs are submitted over the socket.
+pub const REMOTE_BODY_LIMIT: usize = 64 << 10;
+
+/// What anyone may ask over TCP without a token: the login page and its script, the login and
+/// logout forms. Everything else is refused from its headers, before any body is read.
+fn public(method: &hyper::Method, path: &str) -> bool {
+    matches!(
+        (method.as_str(), path),
+        ("GET" | "HEAD", "/" | "/app.js" | "/favicon.ico") | ("POST", "/login" | "/logout")
+    )
 }
 
 /// Time a client has to send its request headers (slow or half-open connections end here).
@@ -255,13 +353,19 @@ async fn accept_tcp(
     }
 }
 
-async fn serve_connection<S>(app: axum::Router, stream: S, who: Who)
-where
+async fn serve_connection<S>(
+    app: axum::Router,
+    stream: S,
+    who: Who,
+    admitted: crate::conns::Admitted,
+) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    // Counted until the connection ends.
+    let _admitted = admitted;
     let who = Arc::new(who);
-    let service =
-        hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+    let service = hyper::service::service_fn(
+        move |mut request: hyper::Request<hyper::body::Incoming>| {
             let caller = match who.as_ref() {
                 Who::Local(caller) => caller.clone(),
                 Who::Remote(shared) => crate::web::caller_of_request(
@@ -270,13 +374,47 @@ where
                     request.headers(),
                 ),
             };
+            // Over TCP, who asks is known from the headers: a request without a token or session
+            // is answered before its body is read, and no body past the remote limit is read.
+            let early = match who.as_ref() {
+                Who::Remote(_)
+                    if caller.unauthenticated
+                        && !public(request.method(), request.uri().path()) =>
+                {
+                    Some(crate::api::err(
+                        axum::http::StatusCode::UNAUTHORIZED,
+                        "this listener needs a token: send `Authorization: Bearer TOKEN`, or log in on the web page",
+                    ))
+                }
+                Who::Remote(_) if declared_length(request.headers()) > REMOTE_BODY_LIMIT as u64 => {
+                    Some(crate::api::err(
+                        axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                        format!(
+                            "a request over TCP may carry {} KiB at most; submit jobs over the daemon's Unix socket",
+                            REMOTE_BODY_LIMIT >> 10
+                        ),
+                    ))
+                }
+                _ => None,
+            };
+            let remote = matches!(who.as_ref(), Who::Remote(_));
             request.extensions_mut().insert(caller);
             let mut app = app.clone();
             async move {
+                if let Some(answer) = early {
+                    return Ok(axum::response::IntoResponse::into_response(answer));
+                }
+                let request = if remote {
+                    request.map(|body| {
+                        axum::body::Body::new(http_body_util::Limited::new(body, REMOTE_BODY_LIMIT))
+                    })
+                } else {
+                    request.map(axum::body::Body::new)
+                };
                 // A client that trickles its request body is cut off: it may not hold a
                 // connection (and a file descriptor) for ever. The answer's body (a followed
                 // log) is not limited.
-                let call = app.call(request.map(axum::body::Body::new));
+                let call = app.call(request);
                 match tokio::time::timeout(REQUEST_TIMEOUT, call).await {
                     Ok(answer) => answer,
                     Err(_) => Ok(axum::response::IntoResponse::into_response((
@@ -290,7 +428,8 @@ where
                     ))),
                 }
             }
-        });
+        },
+    );
     let connection = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)
@@ -298,6 +437,15 @@ where
     if let Err(e) = connection.await {
         tracing::debug!("connection ended: {e}");
     }
+}
+
+/// The body length a request's `Content-Length` declares (0 without one).
+fn declared_length(headers: &axum::http::HeaderMap) -> u64 {
+    headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// Who the caller is to this daemon.

@@ -55,6 +55,10 @@ pub struct ExitRecord {
     pub exit_code: Option<i32>,
     pub reason: Option<String>,
     pub ended_at_ms: u64,
+    /// Set when the record could not be written at once (the state folder was full or
+    /// read-only): what the supervisor waited through, for the job's reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub late: Option<String>,
 }
 
 pub const CANCELLED: &str = "cancelled";
@@ -94,22 +98,60 @@ pub fn take_fence(dir: &Path, fence: &Fence) -> std::io::Result<bool> {
     }
 }
 
-pub fn read_fence(dir: &Path) -> Option<Fence> {
-    serde_json::from_str(&std::fs::read_to_string(dir.join("started")).ok()?).ok()
+/// The fence: `Ok(None)` when nobody took it yet; `Err` when the folder cannot be read (no file
+/// descriptor left, say), which tells nothing about the job.
+pub fn read_fence(dir: &Path) -> std::io::Result<Option<Fence>> {
+    Ok(read_json(&dir.join("started"))?.and_then(|t| serde_json::from_str(&t).ok()))
 }
 
-pub fn read_exit(dir: &Path) -> Option<ExitRecord> {
-    serde_json::from_str(&std::fs::read_to_string(dir.join("exit.json")).ok()?).ok()
+/// The exit record: `Ok(None)` when there is none yet; `Err` when it cannot be read.
+pub fn read_exit(dir: &Path) -> std::io::Result<Option<ExitRecord>> {
+    Ok(read_json(&dir.join("exit.json"))?.and_then(|t| serde_json::from_str(&t).ok()))
+}
+
+fn read_json(path: &Path) -> std::io::Result<Option<String>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text)),
+        // No folder yet, or no file in it: nothing recorded.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// Writes `exit.json` atomically (temporary file, fsync, rename, fsync of the folder).
 pub fn write_exit(dir: &Path, record: &ExitRecord) -> std::io::Result<()> {
-    let tmp = dir.join("exit.json.tmp");
-    let mut file = std::fs::File::create(&tmp)?;
-    file.write_all(serde_json::to_string(record).unwrap_or_default().as_bytes())?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, dir.join("exit.json"))?;
-    std::fs::File::open(dir)?.sync_all()
+    let text = serde_json::to_string(record).map_err(std::io::Error::other)?;
+    orch_core::fsutil::write_atomic(&dir.join("exit.json"), text.as_bytes())
+}
+
+/// Writes `exit.json`, trying again every second until it succeeds: a supervisor that gave up
+/// would leave a finished job with no record, which the daemon would have to call lost. While it
+/// waits it still holds the job's lease, so the devices are not handed to another job.
+fn write_exit_until_done(dir: &Path, mut record: ExitRecord) {
+    let mut logged = false;
+    loop {
+        match write_exit(dir, &record) {
+            Ok(()) => {
+                if logged {
+                    eprintln!("orch supervisor: {}/exit.json written", dir.display());
+                }
+                return;
+            }
+            Err(e) => {
+                if !logged {
+                    eprintln!(
+                        "orch supervisor: cannot write {}/exit.json ({e}); trying again every second",
+                        dir.display()
+                    );
+                    logged = true;
+                }
+                let past =
+                    crate::health::fault_of_io(&e).map_or("could not be written", |f| f.past());
+                record.late = Some(format!("the state folder {past}: exit record written late"));
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+    }
 }
 
 /// The supervisor's whole life; returns its exit status.
@@ -159,13 +201,7 @@ pub fn supervise(dir: &Path) -> i32 {
     // The exit record first, the lease after: a supervisor killed in between leaves a finished
     // job with its record (the daemon then frees the devices), never free devices and no record
     // (which would make a finished job lost, or run it again with `requeue`).
-    if let Err(e) = write_exit(dir, &record) {
-        eprintln!(
-            "orch supervisor: cannot write {}/exit.json: {e}",
-            dir.display()
-        );
-        return 1;
-    }
+    write_exit_until_done(dir, record);
     if let Some(lease) = lease {
         lease.release();
     }
@@ -182,6 +218,7 @@ fn run(
         exit_code: None,
         reason: Some(reason),
         ended_at_ms: crate::db::now_ms(),
+        late: None,
     };
     let lease = LeaseGuard::new(spec.state_dir.clone(), spec.lease.clone());
     // Until this process holds the lease, only the daemon does; if the daemon died meanwhile, the
@@ -196,6 +233,7 @@ fn run(
                 "queued again: its lease was gone before it started ({e})"
             )),
             ended_at_ms: crate::db::now_ms(),
+            late: None,
         };
         return (record, None);
     }
@@ -324,5 +362,6 @@ fn record_of(outcome: &Outcome) -> ExitRecord {
         exit_code,
         reason,
         ended_at_ms: crate::db::now_ms(),
+        late: None,
     }
 }
