@@ -172,8 +172,23 @@ fn a_full_state_folder_delays_records_and_loses_nothing() {
     d.restart();
     let outside = std::env::temp_dir().join(format!("orch-full-{}", std::process::id()));
     std::fs::create_dir_all(&outside).unwrap();
-    let running = d.submit(&["--gpus", "8", "--", "sh", "-c", "sleep 2; echo done"]);
+    // It writes nothing while the disk is full (a write of its own would fail, as it should).
+    let running = d.submit(&["--gpus", "8", "--", "sh", "-c", "echo started; sleep 2"]);
     d.wait_state(&running, "running");
+    let out = d
+        .state
+        .join("jobs")
+        .join(format!("{running}-1"))
+        .join("stdout");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::read_to_string(&out).unwrap_or_default() != "started\n" {
+        assert!(
+            Instant::now() < deadline,
+            "the job never started: {}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let queued = d.submit(&["--gpus", "8", "--", "true"]);
     let filler = fill(&d.state);
     let filled = Instant::now();
@@ -212,7 +227,7 @@ fn a_full_state_folder_delays_records_and_loses_nothing() {
         d.wait_state(&id, "succeeded");
     }
     assert!(freed.elapsed() < Duration::from_secs(30));
-    assert_eq!(stdout(&d.client(&["logs", &running])), "done\n");
+    assert_eq!(stdout(&d.client(&["logs", &running])), "started\n");
     let log = d.log();
     assert!(log.contains("is full"), "{log}");
     assert!(log.contains("takes writes again"), "{log}");
@@ -380,4 +395,243 @@ fn a_job_killed_with_its_supervisor_says_so() {
     );
     let leases = d.client(&["leases", "--json"]);
     assert_eq!(stdout(&leases).trim(), "[]", "{}", d.log());
+}
+
+/// Seconds the soak runs: `ORCH_SOAK_S` (`.ci/run` sets 180), else 30.
+fn soak_seconds() -> u64 {
+    std::env::var("ORCH_SOAK_S")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30)
+}
+
+/// A steady submit load while the daemon is `kill -9`ed and restarted, supervisors are killed,
+/// connections flood in and the state folder fills up for short spells. At the end every job the
+/// daemon accepted ended exactly once, with its true status; no two jobs overlapped on a device;
+/// only jobs whose supervisor was killed are lost.
+#[test]
+fn a_soak_of_kills_floods_and_full_disks_loses_and_doubles_nothing() {
+    if !root_or_skip("a_soak_of_kills_floods_and_full_disks") {
+        return;
+    }
+    use std::collections::{BTreeMap, BTreeSet};
+    let seconds = soak_seconds();
+    let flooder = test_user("orchflood");
+    let mut d = Daemon::prepare("soak");
+    let fs = Tmpfs::mount(&d.state, "size=24m");
+    let world = std::env::temp_dir().join(format!("orch-soak-{}", std::process::id()));
+    crate::serve::world_dir(&world);
+    d.socket = Some(world.join("orch.sock"));
+    d.restart();
+    let runs = world.join("runs.log");
+    let _ = std::fs::remove_file(&runs);
+    // Job `token` records its start and end with its devices, outside the state folder; odd
+    // tokens exit 3 (failed), even ones 0.
+    let command = |token: u64| {
+        format!(
+            "echo \"$(date +%s%3N) start {token} $CUDA_VISIBLE_DEVICES\" >> {log}; sleep 0.{pause}; echo \"$(date +%s%3N) end {token}\" >> {log}; exit {code}",
+            log = runs.display(),
+            pause = 2 + token % 5,
+            code = if token % 2 == 1 { 3 } else { 0 },
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let d = std::sync::Mutex::new(d);
+    let mut tokens: BTreeMap<String, u64> = BTreeMap::new();
+    let mut killed: BTreeSet<String> = BTreeSet::new();
+    let (mut kills, mut supervisor_kills, mut floods, mut spells, mut refused) = (0, 0, 0, 0, 0);
+    std::thread::scope(|scope| {
+        let submitter = scope.spawn(|| {
+            let mut accepted = BTreeMap::new();
+            let mut refused = 0;
+            let mut token = 0u64;
+            while Instant::now() < deadline {
+                token += 1;
+                let gpus = (1 + token % 4).to_string();
+                let client = {
+                    let d = d.lock().unwrap();
+                    (d.socket(), d.state.clone())
+                };
+                let out = orch(
+                    &["submit", "--gpus", &gpus, "--", "sh", "-c", &command(token)],
+                    &[
+                        ("ORCH_SERVER", &client.0.display().to_string()),
+                        ("ORCH_STATE_DIR", &client.1.display().to_string()),
+                        ("ORCH_DEVICES", &lab_sim()),
+                    ],
+                );
+                if out.status.success() {
+                    accepted.insert(stdout(&out).trim().to_string(), token);
+                } else {
+                    refused += 1;
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            (accepted, refused)
+        });
+        let mut round = 0u64;
+        while Instant::now() + Duration::from_secs(3) < deadline {
+            std::thread::sleep(Duration::from_millis(1500 + (round * 7919) % 2500));
+            round += 1;
+            match round % 4 {
+                0 => {
+                    let mut d = d.lock().unwrap();
+                    d.kill9();
+                    d.restart();
+                    kills += 1;
+                }
+                1 => {
+                    let d = d.lock().unwrap();
+                    let jobs: serde_json::Value =
+                        serde_json::from_slice(&d.client(&["jobs", "--json"]).stdout)
+                            .unwrap_or_default();
+                    let running = jobs.as_array().into_iter().flatten().find(|j| {
+                        j["state"] == "running" && !killed.contains(j["id"].as_str().unwrap_or(""))
+                    });
+                    if let Some(job) = running {
+                        let id = job["id"].as_str().unwrap().to_string();
+                        let fence = d.state.join("jobs").join(format!("{id}-1")).join("started");
+                        if let Ok(text) = std::fs::read_to_string(&fence)
+                            && let Ok(v) = serde_json::from_str::<serde_json::Value>(&text)
+                            && let Some(pid) = v["supervisor"]["pid"].as_i64()
+                        {
+                            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                            killed.insert(id);
+                            supervisor_kills += 1;
+                        }
+                    }
+                }
+                2 => {
+                    let socket = d.lock().unwrap().socket();
+                    let mut f = flood(&socket.display().to_string(), 600, 2.0, Some(flooder));
+                    let _ = f.wait();
+                    floods += 1;
+                }
+                _ => {
+                    let state = d.lock().unwrap().state.clone();
+                    let filler = fill(&state);
+                    std::thread::sleep(Duration::from_millis(1500));
+                    std::fs::remove_file(&filler).unwrap();
+                    spells += 1;
+                }
+            }
+        }
+        let (accepted, r) = submitter.join().unwrap();
+        tokens = accepted;
+        refused = r;
+    });
+    let d = d.into_inner().unwrap();
+    // Everything accepted ends.
+    let settle = Instant::now() + Duration::from_secs(90);
+    let finals = ["succeeded", "failed", "lost", "cancelled"];
+    let all = loop {
+        let out = d.client(&["jobs", "--all", "--json"]);
+        let jobs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let jobs = jobs.as_array().cloned().unwrap_or_default();
+        if !jobs.is_empty()
+            && jobs
+                .iter()
+                .all(|j| finals.contains(&j["state"].as_str().unwrap_or("")))
+        {
+            break jobs;
+        }
+        assert!(Instant::now() < settle, "jobs never all ended: {}", d.log());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let log = std::fs::read_to_string(&runs).unwrap_or_default();
+    let mut starts: BTreeMap<u64, (u64, Vec<String>)> = BTreeMap::new();
+    let mut ends: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut doubled = 0;
+    for line in log.lines() {
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        let (Some(at), Some(kind), Some(token)) = (
+            parts.first().and_then(|v| v.parse::<u64>().ok()),
+            parts.get(1),
+            parts.get(2).and_then(|v| v.parse::<u64>().ok()),
+        ) else {
+            continue;
+        };
+        if *kind == "start" {
+            let devices = parts
+                .get(3)
+                .map_or(Vec::new(), |v| v.split(',').map(String::from).collect());
+            if starts.insert(token, (at, devices)).is_some() {
+                doubled += 1;
+            }
+        } else {
+            ends.insert(token, at);
+        }
+    }
+    assert_eq!(doubled, 0, "a job ran twice: {log}");
+    let mut lost = 0;
+    let mut intervals: BTreeMap<String, Vec<(u64, u64, u64)>> = BTreeMap::new();
+    for job in &all {
+        let id = job["id"].as_str().unwrap().to_string();
+        let state = job["state"].as_str().unwrap();
+        // Jobs the submitter never heard of (an answer lost to a kill) still have a token.
+        let token = tokens.get(&id).copied();
+        match state {
+            "lost" => {
+                lost += 1;
+                assert!(
+                    killed.contains(&id),
+                    "job {id} lost, yet its supervisor was not killed: {job} {}",
+                    d.log()
+                );
+            }
+            "succeeded" | "failed" => {
+                if let Some(token) = token {
+                    let want = if token % 2 == 1 {
+                        "failed"
+                    } else {
+                        "succeeded"
+                    };
+                    assert_eq!(
+                        state, want,
+                        "job {id} (token {token}) ended with the wrong status: {job}"
+                    );
+                    assert!(
+                        ends.contains_key(&token),
+                        "job {id} ended {state} without running to its end: {job}"
+                    );
+                }
+            }
+            other => panic!("job {id} ended {other}: {job}"),
+        }
+        if let Some(token) = token
+            && let Some((start, devices)) = starts.get(&token)
+        {
+            let end = ends
+                .get(&token)
+                .copied()
+                .unwrap_or_else(|| job["ended_at_ms"].as_u64().unwrap_or(u64::MAX));
+            for device in devices {
+                intervals
+                    .entry(device.clone())
+                    .or_default()
+                    .push((*start, end, token));
+            }
+        }
+    }
+    let mut overlaps = 0;
+    for list in intervals.values_mut() {
+        list.sort();
+        for pair in list.windows(2) {
+            if pair[1].0 < pair[0].1 {
+                overlaps += 1;
+                eprintln!(
+                    "overlap: token {} [{}, {}] and token {} [{}, {}]",
+                    pair[0].2, pair[0].0, pair[0].1, pair[1].2, pair[1].0, pair[1].1
+                );
+            }
+        }
+    }
+    println!(
+        "soak {seconds}s: jobs {}, refused submissions {refused}, daemon kills {kills}, supervisor kills {supervisor_kills}, floods {floods}, disk-full spells {spells}, overlaps {overlaps}, lost {lost}",
+        all.len()
+    );
+    assert_eq!(overlaps, 0);
+    assert!(all.len() >= tokens.len());
+    drop(d);
+    drop(fs);
 }

@@ -132,16 +132,20 @@ impl StateHealth {
         })
     }
 
-    /// Whether the folder takes a small write now: a file written, synced and removed.
+    /// Whether the folder, and the job folders' folder in it, take a small write now: a file
+    /// written, synced and removed in each.
     pub fn probe(&self) -> std::io::Result<()> {
-        let path = self.dir.join(".write-probe");
-        let result = (|| {
-            let mut file = std::fs::File::create(&path)?;
-            file.write_all(&[0u8; 4096])?;
-            file.sync_all()
-        })();
-        let _ = std::fs::remove_file(&path);
-        result
+        for dir in [self.dir.clone(), self.dir.join("jobs")] {
+            let path = dir.join(".write-probe");
+            let result = (|| {
+                let mut file = std::fs::File::create(&path)?;
+                file.write_all(&[0u8; 4096])?;
+                file.sync_all()
+            })();
+            let _ = std::fs::remove_file(&path);
+            result?;
+        }
+        Ok(())
     }
 }
 
@@ -171,6 +175,7 @@ mod tests {
     fn a_spell_is_reported_until_it_recovers() {
         let dir = std::env::temp_dir().join(format!("orch-health-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(dir.join("jobs")).unwrap();
         let health = StateHealth::new(&dir);
         assert!(health.refusal().is_none());
         assert!(health.probe().is_ok());

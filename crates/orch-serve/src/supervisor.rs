@@ -73,6 +73,15 @@ pub const IDLE_SIGNAL: i32 = libc::SIGUSR2;
 /// The reason a job stopped for idling ends with (the daemon says how long it idled).
 pub const IDLE: &str = "idle";
 
+/// A line in the supervisor's log (its stderr, `supervisor.log`). Never a panic: on a full disk
+/// the line is lost, and the supervisor goes on.
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 /// Who holds the fence: the supervisor that started the job, or the daemon's recovery.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Fence {
@@ -133,13 +142,13 @@ fn write_exit_until_done(dir: &Path, mut record: ExitRecord) {
         match write_exit(dir, &record) {
             Ok(()) => {
                 if logged {
-                    eprintln!("orch supervisor: {}/exit.json written", dir.display());
+                    note!("orch supervisor: {}/exit.json written", dir.display());
                 }
                 return;
             }
             Err(e) => {
                 if !logged {
-                    eprintln!(
+                    note!(
                         "orch supervisor: cannot write {}/exit.json ({e}); trying again every second",
                         dir.display()
                     );
@@ -162,7 +171,7 @@ pub fn supervise(dir: &Path) -> i32 {
     {
         Ok(spec) => spec,
         Err(e) => {
-            eprintln!(
+            note!(
                 "orch supervisor: cannot read {}/spec.json: {e}",
                 dir.display()
             );
@@ -183,14 +192,14 @@ pub fn supervise(dir: &Path) -> i32 {
     match take_fence(dir, &me) {
         Ok(true) => {}
         Ok(false) => {
-            eprintln!(
+            note!(
                 "orch supervisor: job {} was fenced off before it started",
                 spec.job_id
             );
             return 3;
         }
         Err(e) => {
-            eprintln!(
+            note!(
                 "orch supervisor: cannot write {}/started: {e}",
                 dir.display()
             );
