@@ -40,14 +40,20 @@ impl Client {
         body: Option<Vec<u8>>,
     ) -> Result<(StatusCode, Bytes), Failure> {
         let mut body_out = Vec::new();
-        let status = self.stream(method, path, body, |chunk| {
+        let (status, error) = self.stream(method, path, body, |chunk| {
             body_out.extend_from_slice(chunk);
             Ok(())
         })?;
-        Ok((status, Bytes::from(body_out)))
+        if status.is_success() {
+            Ok((status, Bytes::from(body_out)))
+        } else {
+            Ok((status, error))
+        }
     }
 
-    /// Sends a request and hands the response body to `sink` as it arrives. While the daemon
+    /// Sends a request and hands the body of a successful (2xx) answer to `sink` as it arrives;
+    /// an error answer's body (its sentence, at most [`ERROR_BODY_LIMIT`] bytes) is returned
+    /// instead, so that it never reaches a command's output. While the daemon
     /// restarts (its socket is there but nobody answers, or it hung up before answering), the
     /// request is sent again for up to [`RESTART_PATIENCE`]; a submission carries a key that
     /// makes sending it twice harmless. No socket at all fails at once.
@@ -57,7 +63,7 @@ impl Client {
         path: &str,
         body: Option<Vec<u8>>,
         mut sink: impl FnMut(&[u8]) -> std::io::Result<()>,
-    ) -> Result<StatusCode, Failure> {
+    ) -> Result<(StatusCode, Bytes), Failure> {
         let started = std::time::Instant::now();
         let mut delay = std::time::Duration::from_millis(20);
         let mut seen_socket = false;
@@ -86,7 +92,7 @@ impl Client {
                 }
                 Err(Attempt::Unreachable(e)) => return Err(self.unreachable(&e)),
                 Err(Attempt::Failed(f)) => return Err(f),
-                Ok(status) => return Ok(status),
+                Ok(answer) => return Ok(answer),
             }
         }
     }
@@ -97,7 +103,7 @@ impl Client {
         path: &str,
         body: Option<Vec<u8>>,
         sink: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
-    ) -> Result<StatusCode, Attempt> {
+    ) -> Result<(StatusCode, Bytes), Attempt> {
         self.runtime.block_on(async {
             let stream = tokio::net::UnixStream::connect(&self.socket)
                 .await
@@ -119,6 +125,7 @@ impl Client {
                 .await
                 .map_err(|e| Attempt::Unreachable(format!("it hung up: {e}")))?;
             let status = response.status();
+            let mut error = Vec::new();
             while let Some(frame) = response.body_mut().frame().await {
                 let frame = frame.map_err(|e| {
                     Attempt::Failed(Failure::failed_msg(format!(
@@ -126,13 +133,17 @@ impl Client {
                         self.socket.display()
                     )))
                 })?;
-                if let Some(data) = frame.data_ref()
-                    && sink(data).is_err()
-                {
+                let Some(data) = frame.data_ref() else {
+                    continue;
+                };
+                if !status.is_success() {
+                    let room = ERROR_BODY_LIMIT.saturating_sub(error.len());
+                    error.extend_from_slice(&data[..data.len().min(room)]);
+                } else if sink(data).is_err() {
                     break; // our own output went away (a closed pipe)
                 }
             }
-            Ok(status)
+            Ok((status, Bytes::from(error)))
         })
     }
 
@@ -143,6 +154,9 @@ impl Client {
         ))
     }
 }
+
+/// Most of an error answer's body kept (the daemon's errors are one sentence).
+pub const ERROR_BODY_LIMIT: usize = 64 * 1024;
 
 /// How long a client keeps trying while a daemon restarts.
 pub const RESTART_PATIENCE: std::time::Duration = std::time::Duration::from_secs(15);

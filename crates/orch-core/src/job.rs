@@ -466,6 +466,13 @@ impl Checker<'_> {
                 .at(name.span(), "[job] name is empty")
                 .with_hint("name the job, such as name = \"mnist-mlp\""));
         }
+        // Everyone's `orch jobs`, `orch status` and web page show the name: it may not carry
+        // terminal escapes, line breaks or bidirectional overrides, nor pad every row.
+        if let Some(problem) = crate::text::name_problem(name.get_ref()) {
+            return Err(self
+                .at(name.span(), format!("[job] name {problem}"))
+                .with_hint(crate::text::NAME_RULE));
+        }
         let work = self.work(raw.command, raw.train, name.get_ref().trim())?;
         let resources = self.resources(raw.resources)?;
         if resources.nodes > 1 && matches!(work, Work::Train(_)) {

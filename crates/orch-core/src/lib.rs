@@ -1,5 +1,6 @@
 //! Shared vocabulary of orch: byte sizes with units, source locations in user files, the
-//! error every user-file parser returns, and the job spec (`job.toml`).
+//! error every user-file parser returns, the job spec (`job.toml`), and what counts as printable
+//! text.
 //!
 //! Design decision: this crate knows nothing of devices, wasmtime or CUDA, so every other crate
 //! can depend on it and it never drags a heavy dependency along.
@@ -12,6 +13,7 @@ pub mod location;
 pub mod process;
 pub mod random;
 pub mod size;
+pub mod text;
 
 pub use job::{JobSpec, PluginRef};
 pub use lease::DeviceLease;

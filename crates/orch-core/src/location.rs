@@ -87,8 +87,8 @@ impl InputError {
 /// parser quotes whole strings) must not turn one sentence into pages.
 const MAX_CHARS: usize = 1000;
 
-/// `text` with its control characters escaped the way Rust writes them in a string literal, cut
-/// after [`MAX_CHARS`] characters.
+/// `text` with its unprintable characters ([`crate::text::is_unprintable`]) escaped the way Rust
+/// writes them in a string literal, cut after [`MAX_CHARS`] characters.
 fn one_line(text: &str) -> String {
     let mut out = String::with_capacity(text.len().min(4 * MAX_CHARS));
     for (n, c) in text.chars().enumerate() {
@@ -96,7 +96,7 @@ fn one_line(text: &str) -> String {
             out.push('…');
             break;
         }
-        if c.is_control() {
+        if crate::text::is_unprintable(c) {
             out.extend(c.escape_default());
         } else {
             out.push(c);

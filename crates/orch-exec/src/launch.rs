@@ -121,6 +121,16 @@ pub enum ExecError {
     EmptyCommand,
     #[error("cannot start \"{program}\": {reason}")]
     Spawn { program: String, reason: String },
+    /// The job's processes could not enter their working folder (as the job's user).
+    #[error(
+        "cannot enter the working folder {} as user {user} ({reason}): start the job from a folder {user} may enter",
+        folder.display()
+    )]
+    WorkingFolder {
+        folder: PathBuf,
+        user: String,
+        reason: String,
+    },
     #[error("cannot find a free port for MASTER_PORT: {0}")]
     NoPort(String),
     #[error("cannot install the signal handlers: {0}")]
@@ -199,20 +209,17 @@ pub fn start(spec: &LaunchSpec, mut on_spawn: impl FnMut(u32)) -> Result<Launche
         command.envs(process_env(&spec.job, *rank, master_port));
         let reads_input = slot == 0;
         setup.stdio(&mut command, reads_input)?;
-        if spec.credentials.is_none()
-            && let Some(cwd) = &spec.cwd
-        {
-            command.current_dir(cwd);
-        }
         setup.install(&mut command, reads_input);
         let child = match command.spawn() {
             Ok(child) => child,
             Err(e) => {
                 stop_all(&groups, libc::SIGKILL);
-                return Err(ExecError::Spawn {
-                    program: program.clone(),
-                    reason: spawn_reason(&e),
-                });
+                return Err(setup
+                    .folder_failure(spec, &e)
+                    .unwrap_or_else(|| ExecError::Spawn {
+                        program: program.clone(),
+                        reason: spawn_reason(&e),
+                    }));
             }
         };
         let pid = child.id();

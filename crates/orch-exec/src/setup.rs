@@ -15,6 +15,9 @@ pub(crate) struct ChildSetup {
     cwd: Option<CString>,
     foreground: bool,
     files: Option<(File, File)>,
+    /// Set by a child that could not enter `cwd`: the parent's only way to tell that failure
+    /// from the program's own (both come back as the same errno).
+    cwd_failed: Option<SharedFlag>,
 }
 
 impl ChildSetup {
@@ -29,12 +32,13 @@ impl ChildSetup {
             Some(dir) => Some(c_path(&dir.join("cgroup.procs"), "cgroup")?),
             None => None,
         };
-        // With another user's credentials, the folder is entered after becoming that user, so a
-        // job cannot start in a folder its user may not enter.
-        let cwd = match (&spec.credentials, &spec.cwd) {
-            (Some(_), Some(cwd)) => Some(c_path(cwd, "working folder")?),
-            _ => None,
+        // The folder is entered in the child, after becoming the job's user when there is one,
+        // so a job cannot start in a folder its user may not enter.
+        let cwd = match &spec.cwd {
+            Some(cwd) => Some(c_path(cwd, "working folder")?),
+            None => None,
         };
+        let cwd_failed = cwd.as_ref().and_then(|_| SharedFlag::new());
         let files = match &spec.stdio {
             StdioMode::Inherit => None,
             StdioMode::Files { stdout, stderr } => {
@@ -57,6 +61,34 @@ impl ChildSetup {
             cwd,
             foreground,
             files,
+            cwd_failed,
+        })
+    }
+
+    /// Why `spawn` failed with `error`, as the job's reason: its working folder, when the child
+    /// could not enter it; `None` for any other failure (the program's own).
+    pub(crate) fn folder_failure(
+        &self,
+        spec: &LaunchSpec,
+        error: &std::io::Error,
+    ) -> Option<ExecError> {
+        if !self.cwd_failed.as_ref().is_some_and(SharedFlag::is_set) {
+            return None;
+        }
+        let uid = match &self.credentials {
+            Some(c) => c.uid,
+            // SAFETY: getuid cannot fail.
+            None => unsafe { libc::getuid() },
+        };
+        let reason = match error.kind() {
+            std::io::ErrorKind::PermissionDenied => "permission denied".to_string(),
+            std::io::ErrorKind::NotFound => "it does not exist".to_string(),
+            _ => error.to_string(),
+        };
+        Some(ExecError::WorkingFolder {
+            folder: spec.cwd.clone().unwrap_or_default(),
+            user: user_name(uid),
+            reason,
         })
     }
 
@@ -88,6 +120,10 @@ impl ChildSetup {
         let cgroup_procs = self.cgroup_procs.clone();
         let credentials = self.credentials.clone();
         let cwd = self.cwd.clone();
+        let cwd_failed = self.cwd_failed.as_ref().map(SharedFlag::address);
+        if let Some(flag) = &self.cwd_failed {
+            flag.clear();
+        }
         let foreground = self.foreground && reads_input;
         // SAFETY: the closure runs in the forked child and makes only async-signal-safe system
         // calls on data prepared before the fork (no allocation, no locks).
@@ -102,7 +138,11 @@ impl ChildSetup {
                 if let Some(cwd) = &cwd
                     && libc::chdir(cwd.as_ptr()) != 0
                 {
-                    return Err(std::io::Error::last_os_error());
+                    let error = std::io::Error::last_os_error();
+                    if let Some(flag) = cwd_failed {
+                        SharedFlag::set_at(flag);
+                    }
+                    return Err(error);
                 }
                 if foreground {
                     crate::terminal::take_in_child();
@@ -140,4 +180,89 @@ unsafe fn become_user(c: &Credentials) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// One byte of memory shared with forked children (an anonymous `MAP_SHARED` page): what a child
+/// writes there between fork and exec, the parent reads after `spawn` returns.
+#[derive(Debug)]
+struct SharedFlag(*mut u8);
+
+// SAFETY: the page is only read and written with volatile byte accesses; it is unmapped once,
+// on drop, after every child that could write it has been spawned.
+unsafe impl Send for SharedFlag {}
+// SAFETY: as above.
+unsafe impl Sync for SharedFlag {}
+
+impl SharedFlag {
+    /// `None` when no page can be mapped: the reason then falls back to the plain errno.
+    fn new() -> Option<SharedFlag> {
+        // SAFETY: an anonymous mapping of one page; the result is checked.
+        let page = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                1,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        (page != libc::MAP_FAILED).then(|| SharedFlag(page.cast()))
+    }
+
+    fn address(&self) -> usize {
+        self.0 as usize
+    }
+
+    fn clear(&self) {
+        // SAFETY: the page is mapped while `self` lives.
+        unsafe { std::ptr::write_volatile(self.0, 0) }
+    }
+
+    fn is_set(&self) -> bool {
+        // SAFETY: as in `clear`.
+        unsafe { std::ptr::read_volatile(self.0) != 0 }
+    }
+
+    /// Sets the flag at `address` (from [`SharedFlag::address`]); async-signal-safe.
+    ///
+    /// # Safety
+    /// `address` must come from a live [`SharedFlag`].
+    unsafe fn set_at(address: usize) {
+        // SAFETY: the caller passes the address of a mapped page.
+        unsafe { std::ptr::write_volatile(address as *mut u8, 1) }
+    }
+}
+
+impl Drop for SharedFlag {
+    fn drop(&mut self) {
+        // SAFETY: unmaps the page `new` mapped, once.
+        unsafe {
+            libc::munmap(self.0.cast(), 1);
+        }
+    }
+}
+
+/// The name of `uid` in the user database; `uid N` when it has none.
+fn user_name(uid: u32) -> String {
+    let mut buf = vec![0u8; 16 * 1024];
+    // SAFETY: passwd is plain data; getpwuid_r fills it with pointers into `buf`, which outlives
+    // the read below.
+    unsafe {
+        let mut pwd: libc::passwd = std::mem::zeroed();
+        let mut result: *mut libc::passwd = std::ptr::null_mut();
+        let rc = libc::getpwuid_r(
+            uid,
+            &mut pwd,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut result,
+        );
+        if rc != 0 || result.is_null() || pwd.pw_name.is_null() {
+            return format!("uid {uid}");
+        }
+        std::ffi::CStr::from_ptr(pwd.pw_name)
+            .to_string_lossy()
+            .into_owned()
+    }
 }

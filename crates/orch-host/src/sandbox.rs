@@ -303,11 +303,18 @@ impl LogState {
     }
 }
 
-/// `text` with control characters (terminal escapes included) replaced by spaces, and no
-/// trailing blanks: how text from a plugin (its output, a trap's message) is shown.
+/// `text` with unprintable characters ([`orch_core::text::is_unprintable`]: terminal escapes,
+/// line breaks, bidirectional overrides) replaced by spaces, and no trailing blanks: how text
+/// from a plugin (its output, a trap's message) is shown.
 pub fn printable(text: &str) -> String {
     text.chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
+        .map(|c| {
+            if orch_core::text::is_unprintable(c) {
+                ' '
+            } else {
+                c
+            }
+        })
         .collect::<String>()
         .trim_end()
         .to_string()

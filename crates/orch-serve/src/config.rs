@@ -16,6 +16,8 @@ pub struct Config {
     /// `queue_policy`: a built-in queue policy (`fair-share`, `fifo`, `priority`) or a queue
     /// component's path (relative paths resolve against the config's folder).
     pub queue_policy: orch_core::PluginRef,
+    /// Where `queue_policy` is written (`None`: the default), for errors about its component.
+    pub queue_policy_at: Option<orch_core::Location>,
     /// `[queue] deadline` and `memory`: the queue policy's limits, when set (bounded by the
     /// machine's maxima, `orch_core::MachineLimits`).
     pub queue_limits: orch_core::LimitSettings,
@@ -103,7 +105,7 @@ struct RawConfig {
     listen: Option<String>,
     #[serde(default)]
     admins: Vec<String>,
-    queue_policy: Option<String>,
+    queue_policy: Option<toml::Spanned<String>>,
     queue: Option<RawQueue>,
     usage_half_life: Option<String>,
     retention: Option<String>,
@@ -162,6 +164,7 @@ impl Config {
             path: None,
             admins: vec![user.to_string()],
             queue_policy: orch_core::PluginRef::Builtin(DEFAULT_QUEUE_POLICY.into()),
+            queue_policy_at: None,
             queue_limits: orch_core::LimitSettings::default(),
             usage_half_life: Duration::from_secs(7 * 86400),
             retention: DEFAULT_RETENTION,
@@ -330,7 +333,11 @@ impl Config {
                 ),
             );
         }
-        let queue_policy = match raw.queue_policy.as_deref() {
+        let queue_policy_at = raw
+            .queue_policy
+            .as_ref()
+            .map(|p| orch_core::Location::from_offset(path, text, p.span().start));
+        let queue_policy = match raw.queue_policy.as_ref().map(|p| p.get_ref().as_str()) {
             None => orch_core::PluginRef::Builtin(DEFAULT_QUEUE_POLICY.into()),
             Some(text) => {
                 let base = path.parent().unwrap_or(Path::new("."));
@@ -392,6 +399,7 @@ impl Config {
             path: Some(path.to_path_buf()),
             admins: raw.admins,
             queue_policy,
+            queue_policy_at,
             queue_limits,
             usage_half_life: duration("usage_half_life", &raw.usage_half_life)?
                 .unwrap_or(Duration::from_secs(7 * 86400)),
@@ -441,6 +449,48 @@ impl Config {
 
     pub fn tenant(&self, name: &str) -> Option<&Tenant> {
         self.tenants.iter().find(|t| t.name == name)
+    }
+
+    /// One sentence for each admin, tenant user or tenant group this machine's user or group
+    /// database does not know (a typo, or an account not made yet): the daemon logs them as
+    /// warnings at start. They are kept: a name may resolve later (LDAP, an account made after).
+    pub fn unknown_names(&self) -> Vec<String> {
+        self.unknown_names_with(
+            |user| crate::users::uid_of(user).is_some(),
+            |group| crate::users::gid_of(group).is_some(),
+        )
+    }
+
+    fn unknown_names_with(
+        &self,
+        user_exists: impl Fn(&str) -> bool,
+        group_exists: impl Fn(&str) -> bool,
+    ) -> Vec<String> {
+        let file = self
+            .path
+            .as_ref()
+            .map_or_else(|| "the config".to_string(), |p| p.display().to_string());
+        let mut out = Vec::new();
+        for admin in self.admins.iter().filter(|a| !user_exists(a)) {
+            out.push(format!(
+                "{file}: admin \"{admin}\" is no user of this machine (no passwd entry): nobody is that admin until the account exists"
+            ));
+        }
+        for tenant in &self.tenants {
+            for user in tenant.users.iter().filter(|u| !user_exists(u)) {
+                out.push(format!(
+                    "{file}: tenant \"{}\" lists user \"{user}\", who is no user of this machine (no passwd entry): check the spelling",
+                    tenant.name
+                ));
+            }
+            for group in tenant.groups.iter().filter(|g| !group_exists(g)) {
+                out.push(format!(
+                    "{file}: tenant \"{}\" lists group \"{group}\", which is no group of this machine (no group entry): check the spelling",
+                    tenant.name
+                ));
+            }
+        }
+        out
     }
 }
 
@@ -566,6 +616,21 @@ groups = ["nlp-lab"]
             orch_core::PluginRef::Builtin("fair-share".into())
         );
         assert_eq!(c.queue_limits, orch_core::LimitSettings::default());
+    }
+
+    #[test]
+    fn unknown_users_groups_and_admins_are_named_one_by_one() {
+        let c = parse(
+            "admins = [\"root\", \"ghost-admin\"]\n[[tenant]]\nname = \"a\"\nusers = [\"alice\", \"ghost\"]\ngroups = [\"lab\", \"ghost-lab\"]\n",
+        )
+        .unwrap();
+        let known = ["root", "alice", "lab"];
+        let warnings = c.unknown_names_with(|u| known.contains(&u), |g| known.contains(&g));
+        assert_eq!(warnings.len(), 3, "{warnings:?}");
+        assert!(warnings[0].starts_with("serve.toml: admin \"ghost-admin\""));
+        assert!(warnings[1].contains("tenant \"a\" lists user \"ghost\""));
+        assert!(warnings[2].contains("lists group \"ghost-lab\""));
+        assert!(c.unknown_names_with(|_| true, |_| true).is_empty());
     }
 
     #[test]

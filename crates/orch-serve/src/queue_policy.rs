@@ -37,14 +37,20 @@ fn unknown(name: &str) -> String {
 }
 
 /// The config's queue component, under `[queue] deadline` and `memory` within the machine's
-/// maxima.
+/// maxima. A component that cannot be loaded (a missing file, not a queue component) is an error
+/// at `queue_policy`'s place in the config.
 fn load(config: &Config) -> Result<Box<dyn QueuePolicy>, String> {
     let bounds = MachineLimits::current()
         .and_then(|machine| machine.resolve(LimitKind::Queue, &config.queue_limits))
         .map_err(|e| e.to_string())?;
     let limits = Limits::queue_default().with_bounds(bounds);
     let mut host = QueueHost::new(limits).map_err(|e| e.to_string())?;
-    let id = host.load(&config.queue_policy).map_err(|e| e.to_string())?;
+    let id = host
+        .load(&config.queue_policy)
+        .map_err(|e| match &config.queue_policy_at {
+            Some(at) => format!("{at}: {e}"),
+            None => e.to_string(),
+        })?;
     let name = host.name(id).to_string();
     Ok(Box::new(WasmQueuePolicy { host, id, name }))
 }

@@ -42,6 +42,14 @@ pub enum ServeError {
     State { dir: PathBuf, reason: String },
     #[error("cannot listen on {socket}: {reason}")]
     Listen { socket: PathBuf, reason: String },
+    #[error(
+        "cannot listen on {address} (`listen` in {config}): {reason}; stop what holds that port, or give `listen` another address"
+    )]
+    ListenTcp {
+        address: std::net::SocketAddr,
+        config: String,
+        reason: String,
+    },
     #[error("{0}")]
     Start(String),
 }
@@ -65,6 +73,16 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     std::fs::create_dir_all(options.state_dir.join("jobs")).map_err(|e| state(e.to_string()))?;
     let _ = std::fs::set_permissions(&options.state_dir, std::fs::Permissions::from_mode(0o700));
     let _lock = lock_state(&options.state_dir)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ServeError::Start(e.to_string()))?;
+    // Every listener is bound before anything is started or announced: a port another program
+    // holds fails the start here, and dropping `listeners` on any failure below leaves no socket.
+    let listeners = runtime.block_on(Listeners::bind(&options))?;
+    for warning in options.config.unknown_names() {
+        tracing::warn!("{warning}");
+    }
     let db = Db::open(&options.state_dir).map_err(|e| state(e.to_string()))?;
     let inventory = options
         .devices
@@ -109,11 +127,6 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         .name("orch-engine".into())
         .spawn(move || engine.run())
         .map_err(|e| ServeError::Start(e.to_string()))?;
-
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| ServeError::Start(e.to_string()))?;
     let connections = Arc::new(crate::conns::Connections::new(
         options.config.max_connections,
         options.config.max_connections_per_peer,
@@ -124,7 +137,7 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         connections.max_total(),
         options.config.max_connections_per_peer
     );
-    runtime.block_on(listen(shared, &options.socket, connections))
+    runtime.block_on(listen(shared, listeners, connections))
 }
 
 /// `flock` on `STATE/serve.lock`, held for the daemon's life; the file names the holder's pid.
@@ -162,44 +175,112 @@ fn lock_state(dir: &Path) -> Result<std::fs::File, ServeError> {
     Ok(file)
 }
 
-async fn listen(
-    shared: Arc<Shared>,
-    socket: &Path,
-    connections: Arc<crate::conns::Connections>,
-) -> Result<(), ServeError> {
-    let listen_err = |reason: String| ServeError::Listen {
-        socket: socket.to_path_buf(),
-        reason,
-    };
-    if let Some(parent) = socket.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| listen_err(e.to_string()))?;
+/// The daemon's listeners, bound before any is announced. The Unix socket is bound beside its
+/// path and renamed over it only when the daemon starts answering; dropped before that (a start
+/// that failed), they leave no socket file behind, not even a dead daemon's.
+struct Listeners {
+    socket: PathBuf,
+    /// Where the Unix socket is bound until [`Listeners::announce`] renames it to `socket`.
+    fresh: PathBuf,
+    unix: Option<tokio::net::UnixListener>,
+    tcp: Option<tokio::net::TcpListener>,
+    announced: bool,
+}
+
+impl Listeners {
+    async fn bind(options: &ServeOptions) -> Result<Listeners, ServeError> {
+        let socket = options.socket.clone();
+        let listen_err = |reason: String| ServeError::Listen {
+            socket: socket.clone(),
+            reason,
+        };
+        if let Some(parent) = socket.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| listen_err(e.to_string()))?;
+        }
+        // The state lock is held: a socket file left here is a dead daemon's. The new socket is
+        // bound beside it and renamed over it, so clients waiting out a restart never find the
+        // path missing (which means "no daemon" to them).
+        let fresh = socket.with_extension(format!("sock.{}", std::process::id()));
+        let _ = std::fs::remove_file(&fresh);
+        let unix = tokio::net::UnixListener::bind(&fresh).map_err(|e| listen_err(e.to_string()))?;
+        let mut listeners = Listeners {
+            socket,
+            fresh,
+            unix: Some(unix),
+            tcp: None,
+            announced: false,
+        };
+        // Anyone may connect; the peer credentials decide what they may do.
+        let _ = std::fs::set_permissions(&listeners.fresh, std::fs::Permissions::from_mode(0o666));
+        if let Some(address) = options.config.listen {
+            let tcp = tokio::net::TcpListener::bind(address).await.map_err(|e| {
+                ServeError::ListenTcp {
+                    address,
+                    config: options
+                        .config
+                        .path
+                        .as_ref()
+                        .map_or_else(|| "the config".into(), |p| p.display().to_string()),
+                    reason: e.to_string(),
+                }
+            })?;
+            listeners.tcp = Some(tcp);
+        }
+        Ok(listeners)
     }
-    // The state lock is held: a socket file left here is a dead daemon's. The new socket is
-    // bound beside it and renamed over it, so clients waiting out a restart never find the path
-    // missing (which means "no daemon" to them).
-    let fresh = socket.with_extension(format!("sock.{}", std::process::id()));
-    let _ = std::fs::remove_file(&fresh);
-    let listener = tokio::net::UnixListener::bind(&fresh).map_err(|e| listen_err(e.to_string()))?;
-    // Anyone may connect; the peer credentials decide what they may do.
-    let _ = std::fs::set_permissions(&fresh, std::fs::Permissions::from_mode(0o666));
-    std::fs::rename(&fresh, socket).map_err(|e| listen_err(e.to_string()))?;
-    tracing::info!("orch serve: listening on {}", socket.display());
-    let tcp = match shared.config.listen {
-        Some(address) => {
-            let listener =
-                tokio::net::TcpListener::bind(address)
-                    .await
-                    .map_err(|e| ServeError::Listen {
-                        socket: PathBuf::from(address.to_string()),
-                        reason: e.to_string(),
-                    })?;
+
+    /// Puts the socket in place and says where the daemon listens: clients are answered from
+    /// here on.
+    fn announce(
+        mut self,
+    ) -> Result<(tokio::net::UnixListener, Option<tokio::net::TcpListener>), ServeError> {
+        std::fs::rename(&self.fresh, &self.socket).map_err(|e| ServeError::Listen {
+            socket: self.socket.clone(),
+            reason: e.to_string(),
+        })?;
+        self.announced = true;
+        tracing::info!("orch serve: listening on {}", self.socket.display());
+        let tcp = self.tcp.take();
+        if let Some(address) = tcp.as_ref().and_then(|t| t.local_addr().ok()) {
             tracing::info!(
                 "orch serve: the web page, /metrics and the API with tokens on http://{address}"
             );
-            Some(listener)
         }
-        None => None,
-    };
+        let unix = self.unix.take().ok_or_else(|| ServeError::Listen {
+            socket: self.socket.clone(),
+            reason: "the socket was not bound".into(),
+        })?;
+        Ok((unix, tcp))
+    }
+}
+
+impl Drop for Listeners {
+    fn drop(&mut self) {
+        if self.announced {
+            return;
+        }
+        let _ = std::fs::remove_file(&self.fresh);
+        // A dead daemon's socket at the path would make clients wait for a daemon that is not
+        // coming; one that answers is another daemon's (started with the same --socket) and stays.
+        use std::os::unix::fs::FileTypeExt;
+        let is_socket =
+            std::fs::symlink_metadata(&self.socket).is_ok_and(|m| m.file_type().is_socket());
+        if is_socket
+            && std::os::unix::net::UnixStream::connect(&self.socket)
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            let _ = std::fs::remove_file(&self.socket);
+        }
+    }
+}
+
+async fn listen(
+    shared: Arc<Shared>,
+    listeners: Listeners,
+    connections: Arc<crate::conns::Connections>,
+) -> Result<(), ServeError> {
+    let socket = listeners.socket.clone();
+    let (listener, tcp) = listeners.announce()?;
     let app = router(Arc::clone(&shared));
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| ServeError::Start(e.to_string()))?;
@@ -263,7 +344,7 @@ async fn listen(
             _ = terminate.recv() => break,
         }
     }
-    let _ = std::fs::remove_file(socket);
+    let _ = std::fs::remove_file(&socket);
     tracing::info!("orch serve: stopped; running jobs continue under their supervisors");
     Ok(())
 }

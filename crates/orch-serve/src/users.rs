@@ -80,6 +80,25 @@ pub fn uid_of(name: &str) -> Option<u32> {
     }
 }
 
+/// The gid of group `name`.
+pub fn gid_of(name: &str) -> Option<u32> {
+    let c_name = CString::new(name).ok()?;
+    let mut buf = vec![0u8; 64 * 1024];
+    // SAFETY: as in `passwd`, for the group database (a group's member list can be long).
+    unsafe {
+        let mut grp: libc::group = std::mem::zeroed();
+        let mut result: *mut libc::group = std::ptr::null_mut();
+        let rc = libc::getgrnam_r(
+            c_name.as_ptr(),
+            &mut grp,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut result,
+        );
+        (rc == 0 && !result.is_null()).then_some(grp.gr_gid)
+    }
+}
+
 fn group_list(name: &str, gid: u32) -> Option<Vec<u32>> {
     let c_name = CString::new(name).ok()?;
     let mut count: libc::c_int = 64;

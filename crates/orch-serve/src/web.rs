@@ -220,4 +220,25 @@ mod tests {
         );
         assert!(login_page(Some("<b>")).contains("&lt;b&gt;"));
     }
+
+    /// What the API says (a job's name, a reason) reaches the page as text, never as HTML; a
+    /// long name is cut with an ellipsis and whole in its tooltip, so the columns stay in view.
+    #[test]
+    fn the_page_inserts_text_only_and_cuts_long_names() {
+        for sink in [
+            "innerHTML",
+            "outerHTML",
+            "insertAdjacentHTML",
+            "document.write",
+            "DOMParser",
+            "eval(",
+            "new Function",
+        ] {
+            assert!(!SCRIPT.contains(sink), "app.js uses {sink}");
+        }
+        assert!(SCRIPT.contains("cell(tr, \"Name\", clip(j.name))"));
+        assert!(SCRIPT.contains("s.title = "));
+        assert!(PAGE.contains(".clip{display:inline-block;max-width:16rem"));
+        assert!(PAGE.contains("text-overflow:ellipsis"));
+    }
 }

@@ -117,9 +117,12 @@ fn quick_job_text(args: &SubmitArgs) -> Result<String, Failure> {
         return Err(Failure::bad_input_msg("--gpus must be at least 1"));
     }
     let quote = |s: &str| toml::Value::String(s.to_string()).to_string();
-    let name = std::path::Path::new(program)
-        .file_name()
-        .map_or_else(|| program.clone(), |n| n.to_string_lossy().into_owned());
+    // Named after its program, cleaned (not refused) where the program's name is no job name.
+    let name = orch_core::text::derived_name(
+        &std::path::Path::new(program)
+            .file_name()
+            .map_or_else(|| program.clone(), |n| n.to_string_lossy().into_owned()),
+    );
     let argv: Vec<String> = args.command.iter().map(|a| quote(a)).collect();
     let mut text = format!("[job]\nname = {}\n", quote(&name));
     if let Some(t) = &args.tenant {
@@ -276,20 +279,25 @@ pub fn status(args: &JobIdArgs) -> CmdResult {
         );
         return Ok(());
     }
+    // Everything here may hold what a user typed (escaped as `orch jobs` escapes it).
+    let esc = table::escape;
     let mut lines = vec![
-        ("job", format!("{} ({})", job.id, job.name)),
-        ("tenant", format!("{} (user {})", job.tenant, job.user)),
+        ("job", format!("{} ({})", esc(&job.id), esc(&job.name))),
+        (
+            "tenant",
+            format!("{} (user {})", esc(&job.tenant), esc(&job.user)),
+        ),
         ("state", job.state.as_str().to_string()),
         ("gpus", job.gpus.to_string()),
     ];
     if !job.devices.is_empty() {
-        lines.push(("devices", job.devices.join(", ")));
+        lines.push(("devices", esc(&job.devices.join(", "))));
     }
     if let Some(code) = job.exit_code {
         lines.push(("exit status", code.to_string()));
     }
     if let Some(reason) = &job.reason {
-        lines.push(("reason", reason.clone()));
+        lines.push(("reason", esc(reason)));
     }
     if job.gpu_seconds > 0.0 {
         let used = if job.gpu_seconds < 3600.0 {
@@ -308,8 +316,8 @@ pub fn status(args: &JobIdArgs) -> CmdResult {
             println!(
                 "  {}  {:<9} {}",
                 clock(event.at_ms),
-                event.kind,
-                event.message
+                esc(&event.kind),
+                esc(&event.message)
             );
         }
     }
@@ -324,8 +332,8 @@ pub fn cancel(args: &JobIdArgs) -> CmdResult {
         None,
     )?;
     match status {
-        StatusCode::OK => println!("job {} cancelled", args.id),
-        StatusCode::ACCEPTED => println!("job {} is being stopped", args.id),
+        StatusCode::OK => println!("job {} cancelled", table::escape(&args.id)),
+        StatusCode::ACCEPTED => println!("job {} is being stopped", table::escape(&args.id)),
         _ => return Err(answer_failure(status, &body)),
     }
     Ok(())
@@ -340,13 +348,11 @@ pub fn logs(args: &LogsArgs) -> CmdResult {
         if args.follow { "&follow=true" } else { "" }
     );
     let mut out = std::io::stdout().lock();
-    let mut error_body = Vec::new();
-    let status = client.stream(Method::GET, &path, None, |chunk| {
-        error_body.extend_from_slice(&chunk[..chunk.len().min(4096 - error_body.len().min(4096))]);
+    // Only the job's output reaches stdout; an error answer is the failure's sentence (stderr).
+    let (status, error_body) = client.stream(Method::GET, &path, None, |chunk| {
         out.write_all(chunk)?;
         out.flush()
-    });
-    let status = status?;
+    })?;
     if status != StatusCode::OK {
         return Err(answer_failure(status, &error_body));
     }

@@ -25,7 +25,7 @@ pub fn run(args: &LeasesArgs) -> CmdResult {
     if let Some(LeasesAction::Release { id }) = &args.action {
         return match store.release(id) {
             Ok(true) => {
-                println!("released lease {id}");
+                println!("released lease {}", table::escape(id));
                 Ok(())
             }
             Ok(false) => Err(Failure::bad_input_msg(format!(

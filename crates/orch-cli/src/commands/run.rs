@@ -206,9 +206,11 @@ fn quick_job(args: &RunArgs) -> Result<JobSpec, Failure> {
     if gpus == 0 {
         return Err(Failure::bad_input_msg("--gpus must be at least 1"));
     }
-    let name = std::path::Path::new(program)
-        .file_name()
-        .map_or_else(|| program.clone(), |n| n.to_string_lossy().into_owned());
+    let name = orch_core::text::derived_name(
+        &std::path::Path::new(program)
+            .file_name()
+            .map_or_else(|| program.clone(), |n| n.to_string_lossy().into_owned()),
+    );
     Ok(JobSpec {
         path: "command line".into(),
         dir: here.clone(),

@@ -43,10 +43,9 @@ pub fn run(devices: &str, args: &ServeArgs) -> CmdResult {
         devices,
         exe,
     })
-    .map_err(|e| match e {
-        orch_serve::ServeError::Start(_) => Failure::bad_input(e),
-        _ => Failure::failed(e),
-    })
+    // Every error of `serve` is a start-up failure (a config, a state folder, a port or another
+    // daemon in the way): exit 2, as for a bad config. Once it serves, it ends only on a signal.
+    .map_err(Failure::bad_input)
 }
 
 pub fn supervise(dir: &std::path::Path) -> CmdResult {

@@ -278,14 +278,14 @@ pub fn status(args: &JobIdArgs) -> CmdResult {
     for job in mine {
         println!(
             "job {} ({}): {} {}",
-            job.id,
-            job.name,
-            job.state,
-            if job.nodes.is_empty() {
+            table::escape(&job.id),
+            table::escape(&job.name),
+            table::escape(&job.state),
+            table::escape(if job.nodes.is_empty() {
                 &job.reason
             } else {
                 &job.nodes
-            }
+            })
         );
     }
     Ok(())

@@ -470,3 +470,37 @@ fn a_policy_sets_its_own_deadline_and_memory() {
         assert!(e.contains(words), "{extra}: {e}");
     }
 }
+
+/// `orch jobs` and `orch status` print a job's name to every user of the machine: one that could
+/// drive their terminal (ESC, BEL, CR, LF, NUL), reorder the line (U+202E) or pad every row is
+/// refused where it is written, with the rule.
+#[test]
+fn a_job_name_is_printable_and_at_most_128_characters() {
+    let cmd = "[command]\nargv = [\"true\"]\n";
+    let long = "n".repeat(10_000);
+    let cases = [
+        ("\\u001b]0;owned\\u0007", "U+001B"),
+        ("ring\\u0007", "U+0007"),
+        ("a\\rb", "U+000D"),
+        ("a\\nb", "U+000A"),
+        ("a\\u0000b", "U+0000"),
+        ("txt.\\u202Eexe", "U+202E"),
+        ("x\\u2066y", "U+2066"),
+        (long.as_str(), "is 10000 characters long"),
+    ];
+    for (name, words) in cases {
+        let err = parse_str(&format!("[job]\nname = \"{name}\"\n{cmd}")).unwrap_err();
+        assert!(
+            err.starts_with("jobs/j.toml:2:8: [job] name ") && err.contains(words),
+            "{name}: {err}"
+        );
+        assert!(err.contains("at most 128 printable characters"), "{err}");
+        assert!(!err.contains(['\n', '\r', '\u{1b}', '\u{202e}']), "{err:?}");
+        assert!(err.len() < 1500, "{}", err.len());
+    }
+    let fine = "n".repeat(128);
+    for name in [fine.as_str(), "résumé 日本 (run 2) / \\\\ \\\" ok"] {
+        let text = format!("[job]\nname = \"{name}\"\n{cmd}");
+        assert!(parse_str(&text).is_ok(), "{name}");
+    }
+}

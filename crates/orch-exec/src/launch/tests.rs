@@ -125,6 +125,25 @@ fn a_missing_program_is_a_clear_error() {
     );
 }
 
+/// A folder the job cannot enter is named as such, not taken for the program's own failure
+/// (both are ENOENT or EACCES from `spawn`).
+#[test]
+fn a_working_folder_that_cannot_be_entered_is_named() {
+    let mut s = spec("true", 1, false);
+    s.cwd = Some("/nonexistent/orch-test-folder".into());
+    let err = launch(&s, |_| {}, None).unwrap_err().to_string();
+    assert!(
+        err.starts_with("cannot enter the working folder /nonexistent/orch-test-folder as user ")
+            && err.contains("(it does not exist)"),
+        "{err}"
+    );
+    // A missing program in a folder that exists is still the program's failure.
+    s.cwd = Some("/".into());
+    s.argv = vec!["/nonexistent/orch-test-program".into()];
+    let err = launch(&s, |_| {}, None).unwrap_err().to_string();
+    assert!(err.contains("no such program"), "{err}");
+}
+
 #[test]
 fn a_monitor_can_stop_the_job() {
     let started = Instant::now();

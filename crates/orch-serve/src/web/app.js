@@ -16,6 +16,12 @@
     row.appendChild(td);
     return td;
   };
+  // A name of any length keeps the columns in view: cut with an ellipsis, whole in its tooltip.
+  const clip = (text) => {
+    const s = el("span", text, "clip");
+    s.title = text == null ? "" : String(text);
+    return s;
+  };
   const bar = (fraction, label) => {
     const b = el("div", null, "bar");
     const fill = el("i");
@@ -55,7 +61,7 @@
       cell(tr, "Memory", used == null || !total ? "n/a" : bar(used / total, gib(used) + " / " + gib(total)));
       cell(tr, "Temp", d.temperature_c == null ? "" : d.temperature_c + " °C");
       const held = (d.held_by || []).map((h) => (h.job_id ? "job " + h.job_id + " " : "") + h.name + (h.tenant ? " (" + h.tenant + ")" : "") + " for " + age(now - h.since_ms));
-      cell(tr, "Held by", held.length ? held.join("; ") : "free").className = held.length ? "holder" : "holder muted";
+      cell(tr, "Held by", held.length ? clip(held.join("; ")) : "free").className = held.length ? "holder" : "holder muted";
       const foreign = (d.foreign_processes || []).map((p) => "pid " + p.pid + (p.used_memory_bytes == null ? "" : " (" + gib(p.used_memory_bytes) + ")"));
       cell(tr, "Foreign", foreign.join(", ")).className = foreign.length ? "foreign" : "";
       return tr;
@@ -67,8 +73,8 @@
       const tr = el("tr");
       tr.dataset.id = j.id;
       cell(tr, "ID", j.id);
-      cell(tr, "Name", j.name);
-      cell(tr, "Tenant", j.tenant);
+      cell(tr, "Name", clip(j.name)).className = "name";
+      cell(tr, "Tenant", clip(j.tenant));
       cell(tr, "State", j.state).className = "state-" + j.state;
       cell(tr, "GPUs", j.gpus);
       cell(tr, "Age", age(now - j.submitted_at_ms));
