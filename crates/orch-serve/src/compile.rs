@@ -4,7 +4,7 @@
 //! (`PUT /v1/plugins/sha256:HEX`) or carried by the submission (`policy_wasm`), kept as
 //! `STATE/plugins/HEX.wasm`. The engine thread never compiles one. Worker threads
 //! ([`CompileCaps::workers`]) run each compile in a child process (`orch __compile-policy`, at
-//! nice 10) under caps of its own: `RLIMIT_CPU` for its time, `RLIMIT_AS` for the memory it may
+//! nice 19) under caps of its own: `RLIMIT_CPU` for its time, `RLIMIT_AS` for the memory it may
 //! add to what the engine reserves. The child writes wasmtime's serialized component
 //! (`STATE/plugins/HEX-KEY.cwasm`, KEY naming the engine's settings), the worker maps it
 //! (`deserialize_file`) and keeps it ready; the engine hands it to its policy host when the job's
@@ -454,7 +454,7 @@ impl Inner {
             }
             Ended::OverTime(wall) => {
                 return failed(format!(
-                    "{what} did not compile within {} of wall time (the compile time cap of {} CPU-s, with room)",
+                    "{what} did not compile within {} of wall time (ten times the compile time cap of {} CPU-s, and half an hour)",
                     seconds(wall),
                     caps.cpu.as_secs()
                 ));
@@ -505,6 +505,13 @@ impl Inner {
             .stderr(std::process::Stdio::piped())
             // A panic's message, not a backtrace, is what the job's reason quotes.
             .env("RUST_BACKTRACE", "0")
+            // Compiles use half the cores at most, all workers together: a compile on every core
+            // (even at nice 19) held up other jobs' starts several times over on 2 cores, one
+            // thread on one of them did not.
+            .env(
+                "RAYON_NUM_THREADS",
+                compile_threads(caps.workers).to_string(),
+            )
             // Its own group: a Ctrl-C meant for the daemon does not reach it.
             .process_group(0)
             .spawn()?;
@@ -517,9 +524,10 @@ impl Inner {
             }
             String::from_utf8_lossy(&text).into_owned()
         });
-        // Past its CPU cap the kernel stops it; the wall-clock cap is for a compile that waits
-        // on something instead (it should not).
-        let wall_cap = caps.cpu * 3 + Duration::from_secs(30);
+        // Past its CPU cap the kernel stops it. The wall-clock cap is a safety net for a compile
+        // that waits on something instead (it should not): generous, since at nice 19 on a busy
+        // machine a compile gets a small share of the CPU.
+        let wall_cap = caps.cpu * 10 + Duration::from_secs(1800);
         let started = Instant::now();
         let mut killed = false;
         let (status, usage) = loop {
@@ -611,6 +619,13 @@ enum Ended {
     Crashed(String),
 }
 
+/// Threads of one compile, with `workers` compiling at once: half the cores between them, at
+/// least one each.
+fn compile_threads(workers: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    (cores / 2 / workers.max(1)).max(1)
+}
+
 /// The exit status of `orch __compile-policy` when the component is at fault.
 pub const REFUSED: i32 = 3;
 
@@ -648,13 +663,19 @@ fn last_line(text: &str) -> String {
 }
 
 /// `orch __compile-policy`: compiles the component `source` (named `name` in messages) to
-/// `out`, at nice 10, under `cpu_s` seconds of CPU and `memory` bytes of address space beyond
+/// `out`, at the lowest priority (nice 19, SCHED_BATCH), under `cpu_s` seconds of CPU and `memory` bytes of address space beyond
 /// what the engine reserves. Exit 0: compiled; [`REFUSED`]: not a component orch compiles (the
 /// sentence on stderr); 1: something else went wrong.
 pub fn compile_child(cpu_s: u64, memory: u64, name: &str, source: &Path, out: &Path) -> i32 {
-    // SAFETY: setpriority on this process; a failure only leaves it at the daemon's priority.
+    // The daemon and the jobs come first: nice 19 and SCHED_BATCH (inherited by the compiler's
+    // threads) give it what they leave, and a small share under load, never none (SCHED_IDLE
+    // could starve it behind a job's own CPU work for ever). A failure only leaves it at the
+    // daemon's priority.
+    // SAFETY: setpriority and sched_setscheduler on this process, with a valid parameter.
     unsafe {
-        libc::setpriority(libc::PRIO_PROCESS, 0, 10);
+        let param = libc::sched_param { sched_priority: 0 };
+        libc::sched_setscheduler(0, libc::SCHED_BATCH, &param);
+        libc::setpriority(libc::PRIO_PROCESS, 0, 19);
     }
     // The engine the daemon's host uses (engine.rs makes it with `Limits::default()`): its
     // artifacts are what that host accepts.
