@@ -391,18 +391,30 @@ fn coolest_in_python_chooses_what_the_rust_coolest_chooses() {
     chooses_what_rust_chooses("python", &wasm);
 }
 
+/// examples/policies/coolest-js built with componentize-js, once per test run for every test
+/// that needs it; `None` (after saying why) without the toolchain.
+pub fn coolest_js(test: &str) -> Option<PathBuf> {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let tool = componentize_js(test)?;
+    Some(
+        BUILT
+            .get_or_init(|| {
+                build_example(
+                    "examples/policies/coolest-js",
+                    "COMPONENTIZE_JS",
+                    &tool,
+                    "coolest-js.wasm",
+                )
+            })
+            .clone(),
+    )
+}
+
 #[test]
 fn coolest_in_javascript_chooses_what_the_rust_coolest_chooses() {
-    let test = "coolest_in_javascript";
-    let Some(tool) = componentize_js(test) else {
+    let Some(wasm) = coolest_js("coolest_in_javascript") else {
         return;
     };
-    let wasm = build_example(
-        "examples/policies/coolest-js",
-        "COMPONENTIZE_JS",
-        &tool,
-        "coolest-js.wasm",
-    );
     chooses_what_rust_chooses("javascript", &wasm);
 }
 

@@ -10,6 +10,7 @@ mod operate;
 mod plan;
 mod run;
 mod serve;
+mod serve_plugins;
 mod slurm;
 mod train;
 

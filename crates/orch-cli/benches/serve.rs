@@ -249,8 +249,15 @@ fn scheduling_pass(queued: usize, free: usize) -> f64 {
     })
     .unwrap();
     let (kick, kicks) = std::sync::mpsc::channel::<Kick>();
+    let compiler = orch_serve::compile::Compiler::new(
+        PathBuf::from("/bin/true"),
+        &dir,
+        Default::default(),
+        kick.clone(),
+    );
     let shared = std::sync::Arc::new(Shared {
         db,
+        compiler,
         config: orch_serve::Config::single_user("bench"),
         state_dir: dir.clone(),
         devices,

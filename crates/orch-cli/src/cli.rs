@@ -56,6 +56,21 @@ pub enum Command {
     /// The daemon's per-job supervisor (started by `orch serve`, not by hand).
     #[command(name = "__supervise", hide = true)]
     Supervise { dir: std::path::PathBuf },
+    /// Compiles a policy component a tenant sent, under caps (started by `orch serve`).
+    #[command(name = "__compile-policy", hide = true)]
+    CompilePolicy {
+        /// CPU seconds it may use.
+        #[arg(long)]
+        cpu_s: u64,
+        /// Bytes of address space it may add to what the engine reserves.
+        #[arg(long)]
+        memory: u64,
+        /// The component's name in messages.
+        #[arg(long)]
+        name: String,
+        source: std::path::PathBuf,
+        out: std::path::PathBuf,
+    },
 }
 
 #[derive(Debug, clap::Args)]

@@ -122,6 +122,28 @@ impl PolicyHost {
         self.host.compile(name, wasm)
     }
 
+    /// A loader of compiled components for this host's engine, for another thread.
+    pub fn loader(&self) -> crate::ComponentLoader {
+        crate::ComponentLoader::new(self.host.engine())
+    }
+
+    /// Makes `component` what the plugin file `path` loads as: the host neither reads nor
+    /// compiles that file.
+    pub fn provide(&mut self, path: &std::path::Path, component: &crate::CompiledComponent) {
+        self.host.provide(path, component.component.clone());
+    }
+
+    /// Whether [`PolicyHost::provide`] gave plugin file `path` its component.
+    pub fn is_provided(&self, path: &std::path::Path) -> bool {
+        self.host.is_provided(path)
+    }
+
+    /// From now on, a plugin file loads only as [`PolicyHost::provide`] gave it; any other is
+    /// refused, never compiled here (the daemon's scheduling thread).
+    pub fn files_precompiled_only(&mut self) {
+        self.host.files_precompiled_only();
+    }
+
     /// Loads a built-in by name or a component from a file, under the host's limits (once;
     /// later calls return the same plugin).
     pub fn load(&mut self, plugin: &PluginRef) -> Result<PluginId, PolicyError> {

@@ -33,6 +33,10 @@ pub(crate) struct Host<W: World> {
     by_source: HashMap<String, usize>,
     /// Calls answered, a clock for [`Slot::last_used`].
     calls: u64,
+    /// Components compiled elsewhere for plugin files, by path ([`Host::provide`]).
+    provided: HashMap<PathBuf, Component>,
+    /// Plugin files load from `provided` only: nothing is compiled for them on this host.
+    files_precompiled_only: bool,
     _ticker: Ticker,
 }
 
@@ -98,6 +102,8 @@ impl<W: World> Host<W> {
             slots: Vec::new(),
             by_source: HashMap::new(),
             calls: 0,
+            provided: HashMap::new(),
+            files_precompiled_only: false,
             _ticker: ticker,
         })
     }
@@ -152,12 +158,29 @@ impl<W: World> Host<W> {
                 self.load_named(format!("builtin:{name}"), name, wasm, extra, limits)
             }
             PluginRef::Path(path) => {
+                let source = format!("file:{}", path.display());
+                if let Some(component) = self.provided.get(path).cloned() {
+                    let key = slot_key(&source, limits);
+                    return self.add_slot(
+                        key,
+                        &plugin_name(path),
+                        component,
+                        W::Extra::default(),
+                        limits,
+                    );
+                }
+                if self.files_precompiled_only {
+                    return Err(PolicyError::Load {
+                        kind: W::KIND,
+                        plugin: plugin_name(path),
+                        detail: "it has not been compiled yet, and this host compiles no plugin file itself".into(),
+                    });
+                }
                 let wasm = std::fs::read(path).map_err(|source| PolicyError::Read {
                     kind: W::KIND,
                     path: path.clone(),
                     source,
                 })?;
-                let source = format!("file:{}", path.display());
                 self.load_named(
                     source,
                     &plugin_name(path),
@@ -167,6 +190,20 @@ impl<W: World> Host<W> {
                 )
             }
         }
+    }
+
+    /// Makes `component` what plugin file `path` loads as: nothing is read or compiled for it.
+    pub(crate) fn provide(&mut self, path: &Path, component: Component) {
+        self.provided.insert(path.to_path_buf(), component);
+    }
+
+    pub(crate) fn is_provided(&self, path: &Path) -> bool {
+        self.provided.contains_key(path)
+    }
+
+    /// From now on, a plugin file loads only as [`Host::provide`] gave it.
+    pub(crate) fn files_precompiled_only(&mut self) {
+        self.files_precompiled_only = true;
     }
 
     /// Loads a component from bytes under `name` (the name every error uses).
@@ -193,17 +230,27 @@ impl<W: World> Host<W> {
         extra: W::Extra,
         limits: &Limits,
     ) -> Result<usize, PolicyError> {
-        // One slot per plugin and limits: jobs that give one plugin other limits get instances
-        // of their own, while the compiled component is shared.
-        let source = format!(
-            "{source}#{}ms#{}b",
-            limits.deadline.as_millis(),
-            limits.memory_bytes
-        );
-        if let Some(&index) = self.by_source.get(&source) {
+        let key = slot_key(&source, limits);
+        if let Some(&index) = self.by_source.get(&key) {
             return Ok(index);
         }
-        let (version, pre) = self.prepare(name, wasm)?;
+        let component = self.compile(name, wasm)?;
+        self.add_slot(key, name, component, extra, limits)
+    }
+
+    /// The plugin of slot `key`, made from `component` (linked and bound) unless loaded already.
+    fn add_slot(
+        &mut self,
+        key: String,
+        name: &str,
+        component: Component,
+        extra: W::Extra,
+        limits: &Limits,
+    ) -> Result<usize, PolicyError> {
+        if let Some(&index) = self.by_source.get(&key) {
+            return Ok(index);
+        }
+        let (version, pre) = bind::<W>(&self.engine, &self.linker, name, &component)?;
         let index = self.slots.len();
         self.slots.push(Slot {
             name: name.to_string(),
@@ -214,14 +261,8 @@ impl<W: World> Host<W> {
             warm: None,
             last_used: 0,
         });
-        self.by_source.insert(source, index);
+        self.by_source.insert(key, index);
         Ok(index)
-    }
-
-    /// Compiles `wasm`, tells which version of world `W` it implements, links it and binds it.
-    fn prepare(&mut self, name: &str, wasm: &[u8]) -> Result<(Version, W::Pre), PolicyError> {
-        let component = self.compile(name, wasm)?;
-        bind::<W>(&self.engine, &self.linker, name, &component)
     }
 
     /// The version of the contract plugin `index` implements.
@@ -409,7 +450,11 @@ fn classify(
 }
 
 /// Rejects what is not a component before compiling: another file, or a core module.
-fn check_component_header(kind: PluginKind, name: &str, wasm: &[u8]) -> Result<(), PolicyError> {
+pub(crate) fn check_component_header(
+    kind: PluginKind,
+    name: &str,
+    wasm: &[u8],
+) -> Result<(), PolicyError> {
     let not = |detail: &str| PolicyError::NotComponent {
         kind,
         plugin: name.to_string(),
@@ -422,6 +467,16 @@ fn check_component_header(kind: PluginKind, name: &str, wasm: &[u8]) -> Result<(
         return Err(not("a core WebAssembly module, not a component"));
     }
     Ok(())
+}
+
+/// One slot per plugin and limits: jobs that give one plugin other limits get instances of their
+/// own, while the compiled component is shared.
+fn slot_key(source: &str, limits: &Limits) -> String {
+    format!(
+        "{source}#{}ms#{}b",
+        limits.deadline.as_millis(),
+        limits.memory_bytes
+    )
 }
 
 /// A plugin file's name, as errors show it (`my_policy.wasm`).

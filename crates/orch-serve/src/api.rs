@@ -32,6 +32,10 @@ pub struct SubmitRequest {
     /// read, or a FIFO that never ends.
     #[serde(default)]
     pub policy_wasm: Option<String>,
+    /// When the job's `[policy] plugin` is a file: its digest (`sha256:HEX`), uploaded before
+    /// with `PUT /v1/plugins/sha256:HEX`, instead of `policy_wasm`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_digest: Option<String>,
 }
 
 /// What the insert answers when the tenant's queue is full (ids are positive).
@@ -124,6 +128,10 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/jobs/{id}", get(status))
         .route("/v1/jobs/{id}/cancel", post(cancel))
         .route("/v1/jobs/{id}/logs", get(logs))
+        .route(
+            "/v1/plugins/{digest}",
+            get(crate::compile::show).put(crate::compile::upload),
+        )
         .route("/v1/leases", post(crate::leases::take))
         .route("/v1/leases/{id}", get(crate::leases::show))
         .route("/v1/leases/{id}/release", post(crate::leases::release))
@@ -351,31 +359,17 @@ pub(crate) async fn accept(
     let key = request.key.filter(|k| !k.is_empty() && k.len() <= 128);
     let policy_file = match &spec.policy.plugin {
         orch_core::PluginRef::Builtin(_) => None,
-        orch_core::PluginRef::Path(path) => {
-            let Some(text) = &request.policy_wasm else {
-                return Err(err(
-                    StatusCode::BAD_REQUEST,
-                    format!(
-                        "{}: the policy {} came without its bytes; submit with `orch submit` (which sends them)",
-                        spec.policy.plugin_at,
-                        path.display()
-                    ),
-                ));
-            };
-            let shared = Arc::clone(shared);
-            let text = text.clone();
-            Some(
-                tokio::task::spawn_blocking(move || store_policy(&shared.state_dir, &text))
-                    .await
-                    .map_err(internal)?
-                    .map_err(|e| {
-                        err(
-                            StatusCode::BAD_REQUEST,
-                            format!("{}: {e}", spec.policy.plugin_at),
-                        )
-                    })?,
+        orch_core::PluginRef::Path(path) => Some(
+            crate::compile::submitted(
+                shared,
+                &row.tenant,
+                &spec.policy.plugin_at.to_string(),
+                path,
+                request.policy_wasm.as_deref(),
+                request.policy_digest.as_deref(),
             )
-        }
+            .await?,
+        ),
     };
     let submission = Submission {
         job_text: request.job_text,
@@ -424,36 +418,6 @@ pub(crate) async fn accept(
     shared.metrics.submitted(&tenant);
     shared.kick(Kick::Submitted(id));
     Ok(id)
-}
-
-/// Keeps a submitted policy component as `STATE/plugins/SHA256.wasm` (written once, atomically);
-/// returns its hash. The engine loads the policy from there.
-fn store_policy(state_dir: &std::path::Path, base64_text: &str) -> Result<String, String> {
-    use base64::Engine as _;
-    use sha2::Digest as _;
-    if base64_text.len() > POLICY_LIMIT / 3 * 4 + 4 {
-        return Err(format!(
-            "the policy component is over {} MiB",
-            POLICY_LIMIT >> 20
-        ));
-    }
-    let wasm = base64::engine::general_purpose::STANDARD
-        .decode(base64_text)
-        .map_err(|e| format!("the policy component's bytes are not base64: {e}"))?;
-    let hash: String = sha2::Sha256::digest(&wasm)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    let dir = state_dir.join("plugins");
-    let path = dir.join(format!("{hash}.wasm"));
-    if !path.is_file() {
-        let keep = |e: std::io::Error| format!("the daemon could not keep the policy: {e}");
-        std::fs::create_dir_all(&dir).map_err(keep)?;
-        let tmp = dir.join(format!("{hash}.tmp-{}", std::process::id()));
-        std::fs::write(&tmp, &wasm).map_err(keep)?;
-        std::fs::rename(&tmp, &path).map_err(keep)?;
-    }
-    Ok(hash)
 }
 
 #[derive(Debug, Deserialize)]

@@ -41,6 +41,8 @@ pub struct Config {
     /// `max_connections_per_peer`: open connections at most per Unix user (socket) or per
     /// address (TCP); past it, or past `max_connections`, a connection is answered 503 and closed.
     pub max_connections_per_peer: u32,
+    /// `[compile]`: the caps of compiling a policy component a tenant sent.
+    pub compile: CompileCaps,
     pub tenants: Vec<Tenant>,
 }
 
@@ -48,6 +50,50 @@ pub struct Config {
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 4096;
 /// The default `max_connections_per_peer`.
 pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: u32 = 256;
+
+/// `[compile]` of serve.toml: what compiling one policy component a tenant sent may use, and how
+/// many compile at once, every tenant together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompileCaps {
+    /// `cpu`: CPU time of one compile (whole seconds, `RLIMIT_CPU`).
+    pub cpu: Duration,
+    /// `memory`: bytes of address space one compile may add to what the engine reserves.
+    pub memory: u64,
+    /// `workers`: compiles at once.
+    pub workers: usize,
+}
+
+impl Default for CompileCaps {
+    fn default() -> CompileCaps {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        CompileCaps {
+            cpu: Duration::from_secs(60),
+            memory: 2 << 30,
+            workers: (cores / 2).max(1),
+        }
+    }
+}
+
+/// A tenant's compile budget (`compile_concurrency`, `compile_cpu`, `compile_window` of its
+/// `[[tenant]]`): past it, a submission that needs a new compile is refused (429).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompileBudget {
+    /// Its compiles queued or running at once.
+    pub concurrency: u32,
+    /// CPU time its compiles may use within `window`.
+    pub cpu: Duration,
+    pub window: Duration,
+}
+
+impl Default for CompileBudget {
+    fn default() -> CompileBudget {
+        CompileBudget {
+            concurrency: 1,
+            cpu: Duration::from_secs(120),
+            window: Duration::from_secs(600),
+        }
+    }
+}
 
 /// A named group of users sharing limits.
 #[derive(Debug, Clone)]
@@ -69,6 +115,8 @@ pub struct Tenant {
     /// Percent.
     pub idle_utilization: u32,
     pub idle_grace: Duration,
+    /// What compiling the policies it sends may use.
+    pub compile: CompileBudget,
 }
 
 /// The SHA-256 of a bearer token, as the config stores it (`sha256:` and 64 hex digits).
@@ -118,8 +166,18 @@ struct RawConfig {
     max_connections_per_peer: Option<toml::Spanned<i64>>,
     tls_cert: Option<String>,
     tls_key: Option<String>,
+    compile: Option<RawCompile>,
     #[serde(default)]
     tenant: Vec<RawTenant>,
+}
+
+/// `[compile]`: the caps of one compile of a tenant's policy.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCompile {
+    cpu: Option<toml::Spanned<String>>,
+    memory: Option<toml::Spanned<String>>,
+    workers: Option<toml::Spanned<i64>>,
 }
 
 /// `[queue]`: the queue policy's limits.
@@ -148,6 +206,9 @@ struct RawTenant {
     idle_timeout: Option<String>,
     idle_utilization: Option<u32>,
     idle_grace: Option<String>,
+    compile_concurrency: Option<toml::Spanned<i64>>,
+    compile_cpu: Option<toml::Spanned<String>>,
+    compile_window: Option<toml::Spanned<String>>,
 }
 
 /// The queue policy when the config names none.
@@ -175,6 +236,7 @@ impl Config {
             avoid_foreign: false,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
+            compile: CompileCaps::default(),
             tenants: vec![Tenant {
                 name: user.to_string(),
                 users: vec![user.to_string()],
@@ -188,6 +250,7 @@ impl Config {
                 idle_timeout: None,
                 idle_utilization: DEFAULT_IDLE_UTILIZATION,
                 idle_grace: DEFAULT_IDLE_GRACE,
+                compile: CompileBudget::default(),
             }],
         }
     }
@@ -271,6 +334,76 @@ impl Config {
                 ));
             }
         };
+        // A key whose place is known exactly (a `Spanned` value): errors point at it.
+        let spanned = |span: std::ops::Range<usize>, message: String, hint: &str| {
+            InputError::at(path, text, span.start, message).with_hint(hint)
+        };
+        let spanned_duration = |key: &str, value: &Option<toml::Spanned<String>>| {
+            value
+                .as_ref()
+                .map(|v| {
+                    orch_core::job::parse_duration(v.get_ref()).ok_or_else(|| {
+                        spanned(
+                            v.span(),
+                            format!("{key} = \"{}\" is not a duration", v.get_ref()),
+                            "give a positive duration such as \"90s\", \"10m\" or \"1h\"",
+                        )
+                    })
+                })
+                .transpose()
+        };
+        let compile = match &raw.compile {
+            None => CompileCaps::default(),
+            Some(c) => {
+                let defaults = CompileCaps::default();
+                let cpu = match spanned_duration("[compile] cpu", &c.cpu)? {
+                    // RLIMIT_CPU counts whole seconds.
+                    Some(d) if d < Duration::from_secs(1) => {
+                        return Err(spanned(
+                            c.cpu.as_ref().map_or(0..0, |v| v.span()),
+                            "[compile] cpu is under a second".into(),
+                            "the kernel caps CPU time in whole seconds: give \"1s\" or more",
+                        ));
+                    }
+                    Some(d) => Duration::from_secs(d.as_secs_f64().ceil() as u64),
+                    None => defaults.cpu,
+                };
+                let memory = match &c.memory {
+                    None => defaults.memory,
+                    Some(v) => match v.get_ref().parse::<orch_core::ByteSize>() {
+                        Ok(size) if size.bytes() >= 1 << 20 => size.bytes(),
+                        _ => {
+                            return Err(spanned(
+                                v.span(),
+                                format!(
+                                    "[compile] memory = \"{}\" is not a size of 1MiB or more",
+                                    v.get_ref()
+                                ),
+                                "give a size such as \"2GiB\" or \"512MiB\"",
+                            ));
+                        }
+                    },
+                };
+                let workers = match &c.workers {
+                    None => defaults.workers,
+                    Some(v) => match usize::try_from(*v.get_ref()) {
+                        Ok(n) if (1..=256).contains(&n) => n,
+                        _ => {
+                            return Err(spanned(
+                                v.span(),
+                                format!("[compile] workers = {} is not from 1 to 256", v.get_ref()),
+                                "give how many compiles may run at once, such as workers = 2",
+                            ));
+                        }
+                    },
+                };
+                CompileCaps {
+                    cpu,
+                    memory,
+                    workers,
+                }
+            }
+        };
         let mut tenants = Vec::new();
         for t in &raw.tenant {
             if t.name.trim().is_empty() {
@@ -324,6 +457,30 @@ impl Config {
                 idle_timeout: duration("idle_timeout", &t.idle_timeout)?,
                 idle_utilization: t.idle_utilization.unwrap_or(DEFAULT_IDLE_UTILIZATION),
                 idle_grace: duration("idle_grace", &t.idle_grace)?.unwrap_or(DEFAULT_IDLE_GRACE),
+                compile: {
+                    let defaults = CompileBudget::default();
+                    let concurrency = match &t.compile_concurrency {
+                        None => defaults.concurrency,
+                        Some(v) => u32::try_from(*v.get_ref()).map_err(|_| {
+                            spanned(
+                                v.span(),
+                                format!(
+                                    "tenant \"{}\": compile_concurrency = {} is not a count",
+                                    t.name,
+                                    v.get_ref()
+                                ),
+                                "give how many of its policies may compile at once, such as 1 (0: built-in policies only)",
+                            )
+                        })?,
+                    };
+                    CompileBudget {
+                        concurrency,
+                        cpu: spanned_duration("compile_cpu", &t.compile_cpu)?
+                            .unwrap_or(defaults.cpu),
+                        window: spanned_duration("compile_window", &t.compile_window)?
+                            .unwrap_or(defaults.window),
+                    }
+                },
             });
         }
         if tenants.is_empty() {
@@ -412,6 +569,7 @@ impl Config {
             avoid_foreign,
             max_connections,
             max_connections_per_peer,
+            compile,
             preempt_after: match raw.preempt_after.as_deref().map(str::trim) {
                 Some("0" | "0s") | None => Duration::ZERO,
                 Some(_) => duration("preempt_after", &raw.preempt_after)?.unwrap_or_default(),
@@ -647,6 +805,61 @@ groups = ["nlp-lab"]
             .unwrap_err();
         assert!(
             e.contains("serve.toml:2:12") && e.contains("[queue] deadline is not a duration"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn compile_caps_and_budgets_have_defaults_and_point_at_their_mistakes() {
+        let c = parse("[[tenant]]\nname = \"a\"\nusers = [\"x\"]\n").unwrap();
+        assert_eq!(c.tenants[0].compile, CompileBudget::default());
+        assert_eq!(c.compile.cpu, Duration::from_secs(60));
+        assert_eq!(c.compile.memory, 2 << 30);
+        let c = parse(
+            "[compile]\ncpu = \"90s\"\nmemory = \"512MiB\"\nworkers = 3\n[[tenant]]\nname = \"a\"\nusers = [\"x\"]\ncompile_concurrency = 2\ncompile_cpu = \"5m\"\ncompile_window = \"1h\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.compile,
+            CompileCaps {
+                cpu: Duration::from_secs(90),
+                memory: 512 << 20,
+                workers: 3
+            }
+        );
+        assert_eq!(
+            c.tenants[0].compile,
+            CompileBudget {
+                concurrency: 2,
+                cpu: Duration::from_secs(300),
+                window: Duration::from_secs(3600)
+            }
+        );
+        let e = parse("[[tenant]]\nname = \"a\"\nusers = [\"x\"]\ncompile_cpu = \"lots\"\n")
+            .unwrap_err();
+        assert!(
+            e.contains("serve.toml:4:15") && e.contains("compile_cpu = \"lots\" is not a duration"),
+            "{e}"
+        );
+        let e = parse("[[tenant]]\nname = \"a\"\nusers = [\"x\"]\ncompile_concurrency = -1\n")
+            .unwrap_err();
+        assert!(
+            e.contains("serve.toml:4:23") && e.contains("not a count"),
+            "{e}"
+        );
+        let e = parse("[compile]\ncpu = \"100ms\"\n[[tenant]]\nname = \"a\"\nusers = [\"x\"]\n")
+            .unwrap_err();
+        assert!(
+            e.contains("serve.toml:2:7") && e.contains("under a second"),
+            "{e}"
+        );
+        let e = parse("[compile]\nmemory = \"lots\"\n[[tenant]]\nname = \"a\"\nusers = [\"x\"]\n")
+            .unwrap_err();
+        assert!(e.contains("serve.toml:2:10"), "{e}");
+        let e = parse("[compile]\nworkers = 0\n[[tenant]]\nname = \"a\"\nusers = [\"x\"]\n")
+            .unwrap_err();
+        assert!(
+            e.contains("serve.toml:2:11") && e.contains("1 to 256"),
             "{e}"
         );
     }

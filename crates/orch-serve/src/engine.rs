@@ -31,12 +31,16 @@ pub enum Kick {
     SupervisorExited,
     /// The process holding lease job `id` released it (`POST /v1/leases/ID/release`).
     Release(i64),
+    /// A policy component (its digest, hex) compiled, or failed to.
+    PolicyCompiled(String),
 }
 
 /// What the API and the engine share.
 #[derive(Debug)]
 pub struct Shared {
     pub db: Db,
+    /// Compiles the policy components tenants send, off the engine thread.
+    pub compiler: crate::compile::Compiler,
     pub config: Config,
     pub state_dir: PathBuf,
     pub devices: String,
@@ -274,7 +278,10 @@ impl Engine {
                 );
             }
         }
-        let host = PolicyHost::new(Limits::default()).map_err(|e| e.to_string())?;
+        let mut host = PolicyHost::new(Limits::default()).map_err(|e| e.to_string())?;
+        // A tenant's component is compiled elsewhere (crate::compile), never on this thread.
+        host.files_precompiled_only();
+        shared.compiler.start(host.loader());
         let visibility = Visibility::resolve(&inventory.devices, &VisibilityEnv::from_process());
         let inventory = Arc::new(inventory);
         let view = lock(&shared.machine).clone();
@@ -605,6 +612,7 @@ impl Engine {
             }
             Kick::SupervisorExited => {}
             Kick::Release(id) => self.release_held(id),
+            Kick::PolicyCompiled(hash) => self.policy_compiled(&hash),
         }
         true
     }
@@ -627,6 +635,9 @@ impl Engine {
             Ok(mut spec) => {
                 // A file policy runs from the copy the user submitted, never from their path.
                 if let Some(hash) = &submission.policy_file {
+                    let path = self.shared.compiler.source(hash);
+                    let bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
+                    let _ = self.shared.compiler.request(hash, &row.tenant, None, bytes);
                     spec.policy.plugin = orch_core::PluginRef::Path(
                         self.shared
                             .state_dir
@@ -674,6 +685,24 @@ impl Engine {
                 );
             }
             Err(e) => self.fail(id, e.to_string()),
+        }
+    }
+
+    /// A policy component compiled, or failed to: the queued jobs naming one that failed fail
+    /// with its sentence now, not when devices free up for them.
+    fn policy_compiled(&mut self, hash: &str) {
+        let Some(reason) = self.shared.compiler.failure(hash) else {
+            return;
+        };
+        let failed: Vec<i64> = self
+            .queue
+            .iter()
+            .filter(|(_, q)| q.submission.policy_file.as_deref() == Some(hash))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in failed {
+            self.queue.remove(&id);
+            self.fail(id, reason.clone());
         }
     }
 
@@ -1115,6 +1144,23 @@ impl Engine {
         let Some(job) = self.queue.get(&id) else {
             return Ok(false);
         };
+        // A policy the tenant sent: placed once compiled, off this thread.
+        if let Some(hash) = &job.submission.policy_file {
+            let plugin = &job.spec.policy.plugin;
+            match self
+                .shared
+                .compiler
+                .prepare(&mut self.host, hash, &job.row.tenant, plugin)
+            {
+                crate::compile::Prepared::Ready => {}
+                crate::compile::Prepared::Waits(reason) => return Err(reason),
+                crate::compile::Prepared::Failed(reason) => {
+                    self.queue.remove(&id);
+                    self.fail(id, reason);
+                    return Ok(false);
+                }
+            }
+        }
         let env_map: HashMap<&str, &str> = job
             .submission
             .env

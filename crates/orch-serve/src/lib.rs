@@ -10,6 +10,7 @@
 //! runs, finishes what ended, and queues again what never started, and no job runs twice.
 
 pub mod api;
+pub mod compile;
 pub mod config;
 pub mod conns;
 pub mod db;

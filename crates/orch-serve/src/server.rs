@@ -96,8 +96,15 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     .devices
     .len();
     let (kick, kicks) = std::sync::mpsc::channel::<Kick>();
+    let compiler = crate::compile::Compiler::new(
+        options.exe.clone(),
+        &options.state_dir,
+        options.config.compile,
+        kick.clone(),
+    );
     let shared = Arc::new(Shared {
         db,
+        compiler,
         config: options.config.clone(),
         state_dir: options.state_dir.clone(),
         devices: options.devices.clone(),

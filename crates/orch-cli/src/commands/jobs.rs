@@ -40,9 +40,11 @@ pub fn submit(args: &SubmitArgs) -> CmdResult {
             ),
         }
     }
-    let policy_wasm = policy_bytes(&job_path, &job_text)?;
+    let client = Client::from_env()?;
+    let (policy_wasm, policy_digest) = send_policy(&client, &job_path, &job_text)?;
     let request = SubmitRequest {
         policy_wasm,
+        policy_digest,
         job_text,
         job_path: text(&job_path, "job file's path")?,
         cwd: text(&cwd, "working folder")?,
@@ -50,7 +52,6 @@ pub fn submit(args: &SubmitArgs) -> CmdResult {
         key: Some(submission_key()),
     };
     let body = serde_json::to_vec(&request).map_err(Failure::failed)?;
-    let client = Client::from_env()?;
     let (status, answer) = client.call(Method::POST, "/v1/jobs", Some(body))?;
     if status != StatusCode::CREATED {
         return Err(answer_failure(status, &answer));
@@ -60,16 +61,24 @@ pub fn submit(args: &SubmitArgs) -> CmdResult {
     Ok(())
 }
 
-/// A file policy's bytes, in base64, read here as the submitting user: the daemon never opens a
-/// user's path. A job file that does not parse is sent as it is (the daemon says what is wrong).
-fn policy_bytes(job_path: &std::path::Path, job_text: &str) -> Result<Option<String>, Failure> {
+/// A file policy, read here as the submitting user (the daemon never opens a user's path) and
+/// sent content-addressed: uploaded (`PUT /v1/plugins/sha256:HEX`) only when the daemon lacks
+/// it, then named by its digest. A daemon too old for uploads gets the bytes in the submission
+/// (base64, within its 16 MiB). A job file that does not parse is sent as it is (the daemon says
+/// what is wrong). Returns `(policy_wasm, policy_digest)`.
+fn send_policy(
+    client: &Client,
+    job_path: &std::path::Path,
+    job_text: &str,
+) -> Result<(Option<String>, Option<String>), Failure> {
     use base64::Engine as _;
+    use sha2::Digest as _;
     use std::io::Read;
     let Ok(spec) = orch_core::job::parse(job_path, job_text) else {
-        return Ok(None);
+        return Ok((None, None));
     };
     let orch_core::PluginRef::Path(path) = &spec.policy.plugin else {
-        return Ok(None);
+        return Ok((None, None));
     };
     let cannot = |why: String| {
         Failure::bad_input_msg(format!(
@@ -83,7 +92,7 @@ fn policy_bytes(job_path: &std::path::Path, job_text: &str) -> Result<Option<Str
     if !meta.is_file() {
         return Err(cannot("it is not a regular file".into()));
     }
-    let limit = orch_serve::api::POLICY_LIMIT as u64;
+    let limit = orch_serve::compile::UPLOAD_LIMIT;
     let mut wasm = Vec::new();
     file.take(limit + 1)
         .read_to_end(&mut wasm)
@@ -91,7 +100,46 @@ fn policy_bytes(job_path: &std::path::Path, job_text: &str) -> Result<Option<Str
     if wasm.len() as u64 > limit {
         return Err(cannot(format!("it is over {} MiB", limit >> 20)));
     }
-    Ok(Some(base64::engine::general_purpose::STANDARD.encode(wasm)))
+    let digest: String = sha2::Sha256::digest(&wasm)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let address = format!("/v1/plugins/sha256:{digest}");
+    let (status, answer) = client.call(Method::HEAD, &address, None)?;
+    match status {
+        StatusCode::OK => return Ok((None, Some(format!("sha256:{digest}")))),
+        StatusCode::NOT_FOUND => {}
+        _ => return Err(answer_failure(status, &answer)),
+    }
+    // Its compile is paid from the job's tenant's budget.
+    let upload = match &spec.tenant {
+        Some(tenant) => format!("{address}?tenant={}", percent_encode(tenant)),
+        None => address,
+    };
+    let (status, answer) = client.call(Method::PUT, &upload, Some(wasm.clone()))?;
+    match status {
+        StatusCode::OK | StatusCode::CREATED => Ok((None, Some(format!("sha256:{digest}")))),
+        // A daemon from before uploads: the bytes travel with the submission.
+        StatusCode::NOT_FOUND if wasm.len() <= orch_serve::api::POLICY_LIMIT => Ok((
+            Some(base64::engine::general_purpose::STANDARD.encode(wasm)),
+            None,
+        )),
+        StatusCode::NOT_FOUND => Err(cannot(format!(
+            "it is over {} MiB, and this daemon takes no uploads (an older orch serve); upgrade it",
+            orch_serve::api::POLICY_LIMIT >> 20
+        ))),
+        _ => Err(answer_failure(status, &answer)),
+    }
+}
+
+/// `text` for a query string: what is not a letter, digit, `-`, `_` or `.` as `%XX`.
+fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// 128 random bits, so a submission sent again after a daemon restart is recognised.

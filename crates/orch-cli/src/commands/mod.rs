@@ -38,6 +38,16 @@ pub fn dispatch(cli: Cli) -> CmdResult {
         Command::Usage(args) => jobs::usage(&args),
         Command::Simulate(args) => simulate::run(&spec, &args),
         Command::Supervise { dir } => serve::supervise(&dir),
+        // Its exit status and its last line on stderr are what the daemon reads.
+        Command::CompilePolicy {
+            cpu_s,
+            memory,
+            name,
+            source,
+            out,
+        } => std::process::exit(orch_serve::compile::compile_child(
+            cpu_s, memory, &name, &source, &out,
+        )),
     }
 }
 
