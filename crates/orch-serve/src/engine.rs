@@ -108,7 +108,7 @@ impl SupervisorEnd {
 /// never free while the job still shows as running.
 #[derive(Debug)]
 enum Pending {
-    Write(i64, Change),
+    Write(i64, Box<Change>),
     Release(String),
 }
 
@@ -973,7 +973,7 @@ impl Engine {
         while let Some(pending) = self.backlog.front() {
             let result = match pending {
                 Pending::Write(id, change) => {
-                    let (id, change) = (*id, change.clone());
+                    let (id, change) = (*id, change.as_ref().clone());
                     self.shared
                         .db
                         .write_blocking(move |tx| crate::db::apply(tx, id, &change))
@@ -1855,7 +1855,7 @@ impl Engine {
     /// again, in order with everything after it, once the folder takes writes.
     fn write(&mut self, id: i64, change: Change) {
         if !self.backlog.is_empty() {
-            self.backlog.push_back(Pending::Write(id, change));
+            self.backlog.push_back(Pending::Write(id, Box::new(change)));
             return;
         }
         let attempt = change.clone();
@@ -1867,7 +1867,7 @@ impl Engine {
             match e.fault() {
                 Some(fault) => {
                     self.shared.health.report(fault, e.to_string());
-                    self.backlog.push_back(Pending::Write(id, change));
+                    self.backlog.push_back(Pending::Write(id, Box::new(change)));
                 }
                 None => tracing::error!("job {id}: {e}"),
             }
