@@ -297,7 +297,8 @@ fn a_second_daemon_on_the_same_state_folder_refuses() {
             ("ORCH_DEVICES", &lab_sim()),
         ],
     );
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    // A start-up failure, as every other: exit status 2.
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("another orch serve is running"),
         "{}",
