@@ -277,7 +277,8 @@ fn a_second_daemon_on_the_same_state_folder_refuses() {
             ("ORCH_DEVICES", &lab_sim()),
         ],
     );
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    // A start-up failure: exit 2, as for a bad config.
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("another orch serve is running"),
         "{}",
@@ -650,7 +651,7 @@ fn queued_jobs_stay_queued_in_order_across_a_crash() {
 }
 
 /// Creates (once) a Unix user for the tenant tests; returns (uid, gid).
-fn test_user(name: &str) -> (u32, u32) {
+pub fn test_user(name: &str) -> (u32, u32) {
     // Tests run in parallel threads: two useradd at once race on /etc/passwd.
     static CREATING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one_at_a_time = CREATING.lock().unwrap_or_else(|e| e.into_inner());
@@ -677,7 +678,7 @@ fn test_user(name: &str) -> (u32, u32) {
 }
 
 /// True when the tests run as root; with ORCH_REQUIRE_ROOT set, not being root is a failure.
-fn root_or_skip(test: &str) -> bool {
+pub fn root_or_skip(test: &str) -> bool {
     if unsafe { libc::geteuid() } == 0 {
         return true;
     }
@@ -690,7 +691,7 @@ fn root_or_skip(test: &str) -> bool {
 }
 
 /// `orch ARGS` as another user, from a folder everyone may enter.
-fn as_user(
+pub fn as_user(
     user: (u32, u32),
     socket: &std::path::Path,
     cwd: &std::path::Path,
@@ -708,7 +709,7 @@ fn as_user(
         .unwrap()
 }
 
-fn world_dir(path: &std::path::Path) {
+pub fn world_dir(path: &std::path::Path) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(path).unwrap();
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o1777)).unwrap();
