@@ -5,7 +5,7 @@ use crate::serve::Daemon;
 use std::io::{Read, Write};
 
 /// One request over the daemon's socket; the status and the JSON answer.
-fn http(
+pub fn http(
     d: &Daemon,
     method: &str,
     path: &str,

@@ -2,6 +2,7 @@
 
 mod browser;
 mod devices;
+mod edges;
 mod fairshare;
 mod faults;
 mod held_leases;

@@ -381,6 +381,30 @@ fn the_web_page_in_headless_chromium() {
     );
     let tenants = browser.eval("document.querySelector('#tenants tbody').rows.length");
     assert_eq!(tenants, 1, "a tenant sees its own standing");
+    // A name of 10,000 characters (from before names were checked: written into the database)
+    // is cut with an ellipsis, whole in its tooltip, and every column stays in view.
+    let long = format!("alpha-resnet-{}", "x".repeat(10_000));
+    rusqlite::Connection::open(d.state.join("jobs.sqlite3"))
+        .unwrap()
+        .execute(
+            "UPDATE jobs SET name = ?1 WHERE id = ?2",
+            rusqlite::params![long, a.parse::<i64>().unwrap()],
+        )
+        .unwrap();
+    browser.navigate(&url);
+    browser.wait_for(
+        "document.body && document.body.dataset.ready === '1'",
+        Duration::from_secs(30),
+    );
+    let shown = browser.eval(&format!(
+        "(() => {{ const s = document.querySelector('#jobs tr[data-id=\"{a}\"] td.name .clip'); const t = document.getElementById('jobs'); return JSON.stringify({{title: s.title.length, text: s.textContent.length, cut: s.scrollWidth > s.clientWidth, overflow: getComputedStyle(s).textOverflow, fits: t.scrollWidth <= t.parentElement.clientWidth + 1}}); }})()"
+    ));
+    let shown: serde_json::Value = serde_json::from_str(shown.as_str().unwrap()).unwrap();
+    assert_eq!(shown["title"], long.len(), "{shown}");
+    assert_eq!(shown["text"], long.len(), "{shown}");
+    assert_eq!(shown["cut"], true, "{shown}");
+    assert_eq!(shown["overflow"], "ellipsis", "{shown}");
+    assert_eq!(shown["fits"], true, "the columns stay in view: {shown}");
     browser.screenshot(&out.join("desktop.png"));
 
     browser.as_phone();

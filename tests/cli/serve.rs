@@ -297,7 +297,7 @@ fn a_second_daemon_on_the_same_state_folder_refuses() {
             ("ORCH_DEVICES", &lab_sim()),
         ],
     );
-    // A start-up failure, as every other: exit status 2.
+    // A start-up failure: exit 2, as for a bad config.
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("another orch serve is running"),
@@ -711,7 +711,7 @@ pub fn root_or_skip(test: &str) -> bool {
 }
 
 /// `orch ARGS` as another user, from a folder everyone may enter.
-fn as_user(
+pub fn as_user(
     user: (u32, u32),
     socket: &std::path::Path,
     cwd: &std::path::Path,
