@@ -378,6 +378,7 @@ fn chooses_what_rust_chooses(language: &str, wasm: &std::path::Path) {
 
 #[test]
 fn coolest_in_python_chooses_what_the_rust_coolest_chooses() {
+    let _heavy = heavy();
     let test = "coolest_in_python";
     let Some(tool) = componentize_py(test) else {
         return;
@@ -412,6 +413,7 @@ pub fn coolest_js(test: &str) -> Option<PathBuf> {
 
 #[test]
 fn coolest_in_javascript_chooses_what_the_rust_coolest_chooses() {
+    let _heavy = heavy();
     let Some(wasm) = coolest_js("coolest_in_javascript") else {
         return;
     };
@@ -422,6 +424,7 @@ fn coolest_in_javascript_chooses_what_the_rust_coolest_chooses() {
 /// through `orch run`, on one simulated GPU and on two (data parallel), and learns them.
 #[test]
 fn a_trainer_in_python_learns_the_digits() {
+    let _heavy = heavy();
     let test = "a_trainer_in_python";
     let Some(tool) = componentize_py(test) else {
         return;

@@ -33,6 +33,16 @@ pub fn lab_sim() -> String {
     )
 }
 
+/// Tests that compile large components (a Python or JavaScript plugin: tens of CPU-seconds) hold
+/// this while they run, one at a time: the latency the streaming test measures is then the
+/// daemon's, not a neighbour test's compile.
+pub fn heavy() -> std::sync::MutexGuard<'static, ()> {
+    static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    HEAVY
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// `orch ARGS` with a clean device environment plus `env`.
 pub fn orch(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_orch"));

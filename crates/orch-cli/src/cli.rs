@@ -68,6 +68,9 @@ pub enum Command {
         /// The component's name in messages.
         #[arg(long)]
         name: String,
+        /// The SHA-256 (hex) the source's bytes must have.
+        #[arg(long)]
+        sha256: Option<String>,
         source: std::path::PathBuf,
         out: std::path::PathBuf,
     },

@@ -460,6 +460,16 @@ impl Inner {
                 ));
             }
             Ended::Crashed(how) => return failed(format!("{what} made the compiler fail: {how}")),
+            Ended::Damaged => {
+                remove_tmp();
+                let _ = std::fs::remove_file(self.dir.join(format!("{hex}.wasm")));
+                return (
+                    cpu,
+                    Err(Failure::ours(format!(
+                        "the daemon's copy of {what} was damaged (a crash, say) and is removed: submit the job again (`orch submit` uploads the policy again)"
+                    ))),
+                );
+            }
         }
         if let Err(e) = std::fs::rename(&tmp, &artifact) {
             remove_tmp();
@@ -498,6 +508,8 @@ impl Inner {
             .arg(caps.memory.to_string())
             .arg("--name")
             .arg(format!("sha256:{}", short(hex)))
+            .arg("--sha256")
+            .arg(hex)
             .arg(self.dir.join(format!("{hex}.wasm")))
             .arg(out)
             .stdin(std::process::Stdio::null())
@@ -566,6 +578,7 @@ impl Inner {
         } else if libc::WIFEXITED(status) {
             match libc::WEXITSTATUS(status) {
                 0 => Ended::Done,
+                DAMAGED => Ended::Damaged,
                 REFUSED if memory_failure(&text) => Ended::OverMemory,
                 REFUSED => Ended::Refused(last_line(&text)),
                 _ if memory_failure(&text) => Ended::OverMemory,
@@ -617,6 +630,8 @@ enum Ended {
     OverMemory,
     OverTime(Duration),
     Crashed(String),
+    /// The kept copy no longer has its digest.
+    Damaged,
 }
 
 /// Threads of one compile, with `workers` compiling at once: half the cores between them, at
@@ -628,6 +643,10 @@ fn compile_threads(workers: usize) -> usize {
 
 /// The exit status of `orch __compile-policy` when the component is at fault.
 pub const REFUSED: i32 = 3;
+
+/// The exit status of `orch __compile-policy` when the file is not the component its digest
+/// names (a crash damaged the copy).
+pub const DAMAGED: i32 = 4;
 
 /// Whether a compile's last words say it ran out of memory (an allocation, a mapping or a thread
 /// refused under its `RLIMIT_AS`).
@@ -665,8 +684,16 @@ fn last_line(text: &str) -> String {
 /// `orch __compile-policy`: compiles the component `source` (named `name` in messages) to
 /// `out`, at the lowest priority (nice 19, SCHED_BATCH), under `cpu_s` seconds of CPU and `memory` bytes of address space beyond
 /// what the engine reserves. Exit 0: compiled; [`REFUSED`]: not a component orch compiles (the
-/// sentence on stderr); 1: something else went wrong.
-pub fn compile_child(cpu_s: u64, memory: u64, name: &str, source: &Path, out: &Path) -> i32 {
+/// sentence on stderr); [`DAMAGED`]: the bytes of `source` do not have the digest `sha256`;
+/// 1: something else went wrong.
+pub fn compile_child(
+    cpu_s: u64,
+    memory: u64,
+    name: &str,
+    sha256: Option<&str>,
+    source: &Path,
+    out: &Path,
+) -> i32 {
     // The daemon and the jobs come first: nice 19 and SCHED_BATCH (inherited by the compiler's
     // threads) give it what they leave, and a small share under load, never none (SCHED_IDLE
     // could starve it behind a job's own CPU work for ever). A failure only leaves it at the
@@ -714,6 +741,14 @@ pub fn compile_child(cpu_s: u64, memory: u64, name: &str, source: &Path, out: &P
             return 1;
         }
     };
+    if let Some(want) = sha256
+        && hex_of(&<sha2::Sha256 as sha2::Digest>::digest(&wasm)) != want
+    {
+        eprintln!(
+            "the daemon's copy of the component is damaged (its bytes no longer have its digest)"
+        );
+        return DAMAGED;
+    }
     match compiler.compile(name, &wasm) {
         Ok(compiled) => match std::fs::write(out, compiled) {
             Ok(()) => 0,
@@ -984,11 +1019,13 @@ async fn receive(
             if total > UPLOAD_LIMIT {
                 return Err(too_big(total));
             }
-            hasher.update(&data);
+            // Tens of MB take a while to hash: the runtime moves its other work off this thread.
+            tokio::task::block_in_place(|| hasher.update(&data));
             file.write_all(&data).await.map_err(keep)?;
         }
+        // No fsync: it would hold up every commit of the job database behind tens of MB. A copy
+        // a crash damaged is found by the compile, which checks the digest, and removed.
         file.flush().await.map_err(keep)?;
-        file.sync_all().await.map_err(keep)?;
         Ok(())
     }
     .await;

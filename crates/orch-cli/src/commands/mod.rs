@@ -43,10 +43,16 @@ pub fn dispatch(cli: Cli) -> CmdResult {
             cpu_s,
             memory,
             name,
+            sha256,
             source,
             out,
         } => std::process::exit(orch_serve::compile::compile_child(
-            cpu_s, memory, &name, &source, &out,
+            cpu_s,
+            memory,
+            &name,
+            sha256.as_deref(),
+            &source,
+            &out,
         )),
     }
 }
