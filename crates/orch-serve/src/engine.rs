@@ -896,19 +896,7 @@ impl Engine {
                             "queued again: {}; the job never started",
                             ended.map(|e| e.words()).unwrap_or_default()
                         );
-                        tracing::warn!("job {id}: {reason}");
-                        self.release(&lease);
-                        self.write(
-                            id,
-                            Change {
-                                state: Some(State::Queued),
-                                reason: Some(reason.clone()),
-                                only_if: Some(State::Running),
-                                event: Some(Event::now("queued", reason)),
-                                ..Change::default()
-                            },
-                        );
-                        self.enqueue(id);
+                        self.queue_again(id, &lease, reason);
                         continue;
                     }
                     Ok(false) => {
@@ -1746,20 +1734,11 @@ impl Engine {
         // and its devices come back.
         self.end_remains(lease_id);
         if requeue {
-            let reason = format!("queued again: {reason} (requeue = true)");
-            tracing::warn!("job {id}: {reason}");
-            self.write(
+            self.queue_again(
                 id,
-                Change {
-                    state: Some(State::Queued),
-                    reason: Some(reason.clone()),
-                    only_if: Some(State::Running),
-                    event: Some(Event::now("queued", reason)),
-                    ..Change::default()
-                },
+                lease_id,
+                format!("queued again: {reason} (requeue = true)"),
             );
-            self.release(lease_id);
-            self.enqueue(id);
         } else {
             tracing::warn!("job {id}: lost: {reason}");
             self.write(
@@ -1775,6 +1754,24 @@ impl Engine {
             );
             self.release(lease_id);
         }
+    }
+
+    /// Running job `id` goes back to the queue with `reason`: recorded first, its lease released
+    /// after.
+    fn queue_again(&mut self, id: i64, lease_id: &Option<String>, reason: String) {
+        tracing::warn!("job {id}: {reason}");
+        self.write(
+            id,
+            Change {
+                state: Some(State::Queued),
+                reason: Some(reason.clone()),
+                only_if: Some(State::Running),
+                event: Some(Event::now("queued", reason)),
+                ..Change::default()
+            },
+        );
+        self.release(lease_id);
+        self.enqueue(id);
     }
 
     fn fail(&mut self, id: i64, reason: String) {
