@@ -68,5 +68,8 @@ fn init_logging() {
         .without_time()
         .with_target(false)
         .with_level(false)
+        // A log line that cannot be written (a supervisor's log on a full disk) is dropped: the
+        // subscriber's own report of it would go to the same stderr, fail, and abort orch.
+        .log_internal_errors(false)
         .init();
 }
