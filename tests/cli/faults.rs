@@ -409,7 +409,7 @@ fn soak_seconds() -> u64 {
 /// connections flood in and the state folder fills up for short spells. At the end every job the
 /// daemon accepted ended exactly once, with its true status; no two jobs overlapped on a device;
 /// only jobs whose supervisor was killed are lost.
-// Not run by default yet: in about one run in three it still finds a job lost although its
+// Not run by default yet: it still finds, in some runs, a job lost although its
 // supervisor was not killed (after a daemon restart that followed a disk-full spell). Run it
 // with `cargo test soak -- --ignored --nocapture`.
 #[test]
