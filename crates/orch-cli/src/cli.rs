@@ -1,4 +1,4 @@
-//! The command line, as DESIGN.md fixes it.
+//! The command line: every subcommand and flag (README.md has the tour).
 
 use clap::{Parser, Subcommand};
 

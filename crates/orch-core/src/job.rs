@@ -1,4 +1,4 @@
-//! `job.toml`, the whole schema of DESIGN.md: parsed with spans, validated, relative paths
+//! `job.toml`, the whole schema of docs/JOBS.md: parsed with spans, validated, relative paths
 //! resolved against the job file's folder.
 //!
 //! Every error is an [`InputError`]: file:line:col of the offending value, one sentence, and a
@@ -328,13 +328,13 @@ pub fn parse(path: &Path, text: &str) -> Result<JobSpec, InputError> {
 fn toml_error(path: &Path, text: &str, err: &toml::de::Error) -> InputError {
     let error = InputError::from_toml(path, text, err);
     let hint = if error.message.contains("unknown field") {
-        "check the spelling; DESIGN.md (Jobs) lists every key"
+        "check the spelling; docs/JOBS.md lists every key"
     } else if error.message.contains("missing field") {
         "add the missing key"
     } else if error.message.contains("invalid type") {
         "check the value's type: sizes are \"10GiB\" or integers, flags true/false"
     } else {
-        "see the job.toml example in DESIGN.md (Jobs)"
+        "see the example in docs/JOBS.md"
     };
     error.with_hint(hint)
 }

@@ -1,6 +1,6 @@
 //! Simulated GPUs described by a TOML file (`sim:PATH`).
 //!
-//! Used for tests, demos, capacity planning and trying policies. The format is DESIGN.md's; sizes
+//! Used for tests, demos, capacity planning and trying policies. The format is docs/DEVICES.md's; sizes
 //! take units. A malformed file is rejected with file, line and column and what was expected.
 
 use crate::{Backend, Device, DeviceError, GpuProcess, MigDevice};

@@ -66,7 +66,7 @@ normalize = false
 hidden = "64,32"
 "#;
 
-/// Every table of the schema with its keys (DESIGN.md, Jobs).
+/// Every table of the schema with its keys (docs/JOBS.md).
 const SCHEMA: &[(&[&str], &[&str])] = &[
     (&[], &["job", "resources", "policy", "command", "train"]),
     (

@@ -1,4 +1,4 @@
-//! HTTP + JSON under `/v1`, as DESIGN.md fixes it. Errors are `{"error": "one sentence"}` with
+//! HTTP + JSON under `/v1`, as docs/SERVE.md describes it. Errors are `{"error": "one sentence"}` with
 //! the status that fits (400 bad job file, 403, 404, 409 wrong state, 429 over a queue limit).
 
 use crate::db::{JobRow, State, Submission, now_ms};

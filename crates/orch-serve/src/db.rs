@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::{Mutex, mpsc};
 
-/// A job's state (DESIGN.md: `queued -> running -> succeeded | failed | cancelled`, and `lost`).
+/// A job's state (docs/SERVE.md: `queued -> running -> succeeded | failed | cancelled`, and `lost`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum State {

@@ -816,7 +816,9 @@ impl Engine {
             if self.unknown_logged.remove(&id).is_some() {
                 tracing::info!("job {id}: its supervisor can be watched again");
             }
-            let job = self.running.get_mut(&id).expect("looked up above");
+            let Some(job) = self.running.get_mut(&id) else {
+                continue;
+            };
             if liveness == Liveness::Alive {
                 if job.cancel == Cancel::Requested
                     && let Some(holder) = &job.supervisor
