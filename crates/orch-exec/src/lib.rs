@@ -27,4 +27,5 @@ pub use launch::{
     Credentials, ExecError, ExitOutcome, LaunchSpec, Launched, Monitor, StdioMode, Stopper, launch,
     start,
 };
+pub use setup::passwd_entry;
 pub use watch::{MemoryWatch, ProcessMemory, Verdict, descendants};

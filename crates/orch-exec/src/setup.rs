@@ -245,9 +245,14 @@ impl Drop for SharedFlag {
 
 /// The name of `uid` in the user database; `uid N` when it has none.
 fn user_name(uid: u32) -> String {
+    passwd_entry(uid).map_or_else(|| format!("uid {uid}"), |(name, _)| name)
+}
+
+/// `(name, primary gid)` of `uid` from the user database.
+pub fn passwd_entry(uid: u32) -> Option<(String, u32)> {
     let mut buf = vec![0u8; 16 * 1024];
     // SAFETY: passwd is plain data; getpwuid_r fills it with pointers into `buf`, which outlives
-    // the read below.
+    // the reads below.
     unsafe {
         let mut pwd: libc::passwd = std::mem::zeroed();
         let mut result: *mut libc::passwd = std::ptr::null_mut();
@@ -259,10 +264,11 @@ fn user_name(uid: u32) -> String {
             &mut result,
         );
         if rc != 0 || result.is_null() || pwd.pw_name.is_null() {
-            return format!("uid {uid}");
+            return None;
         }
-        std::ffi::CStr::from_ptr(pwd.pw_name)
+        let name = std::ffi::CStr::from_ptr(pwd.pw_name)
             .to_string_lossy()
-            .into_owned()
+            .into_owned();
+        Some((name, pwd.pw_gid))
     }
 }

@@ -281,32 +281,12 @@ pub(crate) async fn accept(
             ),
         ));
     }
-    let tenant = match &spec.tenant {
-        Some(t)
-            if caller.tenants.contains(t)
-                || (caller.admin && shared.config.tenant(t).is_some()) =>
-        {
-            t.clone()
-        }
-        Some(t) => {
-            return Err(err(
-                StatusCode::FORBIDDEN,
-                format!(
-                    "{}: user {} is not in tenant \"{t}\"",
-                    request.job_path, caller.identity.name
-                ),
-            ));
-        }
-        None => caller.tenants.first().cloned().ok_or_else(|| {
-            err(
-                StatusCode::FORBIDDEN,
-                format!(
-                    "user {} is in no tenant of this daemon; ask its admin to add them",
-                    caller.identity.name
-                ),
-            )
-        })?,
-    };
+    let tenant = tenant_for(
+        shared,
+        caller,
+        spec.tenant.as_deref(),
+        Some(&request.job_path),
+    )?;
     if spec.resources.nodes > 1 || !spec.sweep.is_empty() {
         let what = if spec.resources.nodes > 1 {
             format!("nodes = {}", spec.resources.nodes)
@@ -418,6 +398,43 @@ pub(crate) async fn accept(
     shared.metrics.submitted(&tenant);
     shared.kick(Kick::Submitted(id));
     Ok(id)
+}
+
+/// The tenant a request of `caller` counts against: the one it names (which the caller must be
+/// in, or an admin may name), else the caller's first. `place` (the job file) leads the refusal.
+pub(crate) fn tenant_for(
+    shared: &Shared,
+    caller: &Caller,
+    wanted: Option<&str>,
+    place: Option<&str>,
+) -> ApiResult<String> {
+    match wanted {
+        Some(t)
+            if caller.tenants.iter().any(|c| c == t)
+                || (caller.admin && shared.config.tenant(t).is_some()) =>
+        {
+            Ok(t.to_string())
+        }
+        Some(t) => {
+            let place = place.map_or(String::new(), |p| format!("{p}: "));
+            Err(err(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "{place}user {} is not in tenant \"{t}\"",
+                    caller.identity.name
+                ),
+            ))
+        }
+        None => caller.tenants.first().cloned().ok_or_else(|| {
+            err(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "user {} is in no tenant of this daemon; ask its admin to add them",
+                    caller.identity.name
+                ),
+            )
+        }),
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -895,29 +895,7 @@ pub(crate) async fn upload(
 ) -> ApiResult<(StatusCode, Json<PluginAnswer>)> {
     local(&caller)?;
     let hex = parse_digest(&address).map_err(|e| err(StatusCode::BAD_REQUEST, e))?;
-    let tenant = match query.tenant {
-        Some(t)
-            if caller.tenants.contains(&t)
-                || (caller.admin && shared.config.tenant(&t).is_some()) =>
-        {
-            t
-        }
-        Some(t) => {
-            return Err(err(
-                StatusCode::FORBIDDEN,
-                format!("user {} is not in tenant \"{t}\"", caller.identity.name),
-            ));
-        }
-        None => caller.tenants.first().cloned().ok_or_else(|| {
-            err(
-                StatusCode::FORBIDDEN,
-                format!(
-                    "user {} is in no tenant of this daemon; ask its admin to add them",
-                    caller.identity.name
-                ),
-            )
-        })?,
-    };
+    let tenant = crate::api::tenant_for(&shared, &caller, query.tenant.as_deref(), None)?;
     let too_big = |bytes: u64| {
         err(
             StatusCode::PAYLOAD_TOO_LARGE,

@@ -109,7 +109,15 @@ impl SupervisorEnd {
 #[derive(Debug)]
 enum Pending {
     Write(i64, Box<Change>),
-    Release(String),
+    Release(Release),
+}
+
+/// A lease release: `outright` for a lease the daemon alone decides on (its holder gave it back,
+/// or the job never started); otherwise a process of the job that still lives keeps it.
+#[derive(Debug, Clone)]
+struct Release {
+    lease: String,
+    outright: bool,
 }
 
 /// One reading of the machine: cheap to clone (shared parts).
@@ -970,12 +978,11 @@ impl Engine {
                         .map(|_| ())
                         .map_err(|e| (e.fault(), e.to_string()))
                 }
-                Pending::Release(lease) => {
-                    let lease = lease.clone();
-                    match self.store.release_unless_held(&lease, &[Holder::current()]) {
-                        Ok(_) => Ok(()),
-                        Err(e) => Err((Some(crate::health::Fault::Io), e.to_string())),
-                    }
+                Pending::Release(release) => {
+                    let release = release.clone();
+                    self.store_release(&release)
+                        .map(|_| ())
+                        .map_err(|e| (Some(crate::health::Fault::Io), e.to_string()))
                 }
             };
             match result {
@@ -1465,13 +1472,41 @@ impl Engine {
     /// Releases lease `id` outright (its holder is the daemon, or gave it back); when the store
     /// cannot record that now, it is done later, in order, and the devices stay held meanwhile.
     fn release_now(&mut self, id: &str) {
+        self.release_lease(Release {
+            lease: id.to_string(),
+            outright: true,
+        });
+    }
+
+    /// Makes `release` now, or queues it behind the writes waiting before it, or after a failure.
+    fn release_lease(&mut self, release: Release) {
         if !self.backlog.is_empty() {
-            self.backlog.push_back(Pending::Release(id.to_string()));
+            self.backlog.push_back(Pending::Release(release));
             return;
         }
-        if let Err(e) = self.store.release(id) {
-            tracing::warn!("could not release lease {id} ({e}); trying again until it can");
-            self.backlog.push_back(Pending::Release(id.to_string()));
+        match self.store_release(&release) {
+            Ok(true) => self.publish_leases(),
+            Ok(false) => tracing::warn!(
+                "lease {} stays: a process of its job still runs; the devices are free once it ends",
+                release.lease
+            ),
+            Err(e) => {
+                tracing::warn!(
+                    "could not release lease {} ({e}); trying again until it can",
+                    release.lease
+                );
+                self.backlog.push_back(Pending::Release(release));
+            }
+        }
+    }
+
+    /// The lease store's side of `release`: true when the lease is gone.
+    fn store_release(&mut self, release: &Release) -> Result<bool, orch_leases::LeaseError> {
+        if release.outright {
+            self.store.release(&release.lease).map(|_| true)
+        } else {
+            self.store
+                .release_unless_held(&release.lease, &[Holder::current()])
         }
     }
 
@@ -1833,20 +1868,11 @@ impl Engine {
     /// ignored its supervisor's end) keeps it, and with it the devices, until it ends. A release
     /// the store cannot record now is made later, in order.
     fn release(&mut self, lease_id: &Option<String>) {
-        let Some(lease) = lease_id else { return };
-        if !self.backlog.is_empty() {
-            self.backlog.push_back(Pending::Release(lease.clone()));
-            return;
-        }
-        match self.store.release_unless_held(lease, &[Holder::current()]) {
-            Ok(true) => self.publish_leases(),
-            Ok(false) => tracing::warn!(
-                "lease {lease} stays: a process of its job still runs; the devices are free once it ends"
-            ),
-            Err(e) => {
-                tracing::warn!("could not release lease {lease} ({e}); trying again until it can");
-                self.backlog.push_back(Pending::Release(lease.clone()));
-            }
+        if let Some(lease) = lease_id {
+            self.release_lease(Release {
+                lease: lease.clone(),
+                outright: false,
+            });
         }
     }
 

@@ -40,32 +40,15 @@ pub fn current_uid() -> u32 {
 
 /// `(name, primary gid)` of `uid` from the user database.
 fn passwd(uid: u32) -> Option<(String, u32)> {
-    let mut buf = vec![0u8; 16 * 1024];
-    // SAFETY: passwd is plain data; getpwuid_r fills it with pointers into `buf`, which outlives
-    // the reads below.
-    unsafe {
-        let mut pwd: libc::passwd = std::mem::zeroed();
-        let mut result: *mut libc::passwd = std::ptr::null_mut();
-        let rc = libc::getpwuid_r(
-            uid,
-            &mut pwd,
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            &mut result,
-        );
-        if rc != 0 || result.is_null() {
-            return None;
-        }
-        let name = CStr::from_ptr(pwd.pw_name).to_string_lossy().into_owned();
-        Some((name, pwd.pw_gid))
-    }
+    orch_exec::passwd_entry(uid)
 }
 
 /// The uid of user `name`.
 pub fn uid_of(name: &str) -> Option<u32> {
     let c_name = CString::new(name).ok()?;
     let mut buf = vec![0u8; 16 * 1024];
-    // SAFETY: as in `passwd`.
+    // SAFETY: passwd is plain data; getpwnam_r fills it with pointers into `buf`, which
+    // outlives the read below.
     unsafe {
         let mut pwd: libc::passwd = std::mem::zeroed();
         let mut result: *mut libc::passwd = std::ptr::null_mut();
