@@ -7,6 +7,33 @@ use std::path::Path;
 /// over `path`, then the folder synced so that the rename itself survives a crash. On any
 /// failure (a full disk, say) `path` keeps its old content, and the temporary file is removed.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let (tmp, dir) = temporary(path)?;
+    let result = write_synced(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+        return result;
+    }
+    sync_dir(dir)
+}
+
+/// Creates `path` with `bytes` unless it exists, atomically: `Ok(false)` when it already exists
+/// (its content untouched), `Ok(true)` when this call made it. The content is written and synced
+/// in a temporary file first and then linked into place, so `path` never exists half-written:
+/// a full disk or a crash leaves either no file or the whole one. (Creating `path` itself with
+/// `O_EXCL` and then writing would leave an empty file behind a failed write, claimed by nobody.)
+pub fn create_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<bool> {
+    let (tmp, dir) = temporary(path)?;
+    let result = write_synced(&tmp, bytes).and_then(|()| std::fs::hard_link(&tmp, path));
+    let _ = std::fs::remove_file(&tmp);
+    match result {
+        Ok(()) => sync_dir(dir).map(|()| true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// A temporary name beside `path`, private to this process, and `path`'s folder.
+fn temporary(path: &Path) -> std::io::Result<(std::path::PathBuf, Option<&Path>)> {
     let name = path
         .file_name()
         .ok_or_else(|| std::io::Error::other(format!("{} names no file", path.display())))?;
@@ -18,16 +45,16 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         Some(dir) => dir.join(&tmp_name),
         None => tmp_name.into(),
     };
-    let result = (|| {
-        let mut file = std::fs::File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-        return result;
-    }
+    Ok((tmp, dir))
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut file = std::fs::File::create(path)?;
+    file.write_all(bytes)?;
+    file.sync_all()
+}
+
+fn sync_dir(dir: Option<&Path>) -> std::io::Result<()> {
     std::fs::File::open(dir.unwrap_or(Path::new(".")))?.sync_all()
 }
 
@@ -47,6 +74,49 @@ mod tests {
         assert_eq!(names.len(), 1, "no temporary file is left behind");
         let missing = dir.join("no-such-folder").join("x");
         assert!(write_atomic(&missing, b"x").is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn creates_once_and_never_replaces() {
+        let dir = std::env::temp_dir().join(format!("orch-fsutil-create-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("started");
+        assert!(create_atomic(&path, b"first").unwrap());
+        assert!(!create_atomic(&path, b"second").unwrap());
+        assert_eq!(std::fs::read(&path).unwrap(), b"first");
+        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+        assert_eq!(names.len(), 1, "no temporary file is left behind");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The child half of the next test: runs in a process that may not write a byte.
+    const CHILD: &str = "ORCH_FSUTIL_UNWRITABLE_DIR";
+
+    #[test]
+    fn a_write_that_fails_leaves_no_file_behind() {
+        if let Some(dir) = std::env::var_os(CHILD) {
+            let path = Path::new(&dir).join("started");
+            let made = create_atomic(&path, b"{\"supervisor\":1}");
+            print!("{}", if made.is_err() { "refused" } else { "made" });
+            return;
+        }
+        // The same test binary again, under `ulimit -f 0` (every write fails with EFBIG; its
+        // SIGXFSZ ignored): as a full disk fails a write after the file was created.
+        let dir = std::env::temp_dir().join(format!("orch-fsutil-full-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = std::process::Command::new("sh")
+            .args(["-c", "trap '' XFSZ; ulimit -f 0; exec \"$0\" \"$@\""])
+            .arg(std::env::current_exe().unwrap())
+            .args(["--exact", "fsutil::tests::a_write_that_fails_leaves_no_file_behind"])
+            .args(["--nocapture", "--test-threads=1"])
+            .env(CHILD, &dir)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("refused"), "{stdout}");
+        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+        assert!(names.is_empty(), "a failed write left {names:?}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

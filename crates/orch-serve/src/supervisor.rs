@@ -19,7 +19,6 @@ use orch_exec::{Credentials, ExitOutcome, StdioMode};
 use orch_leases::{Holder, Lease};
 use orch_runner::{LeaseGuard, Outcome, Placement, Plan, ProcessOptions};
 use serde::{Deserialize, Serialize};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -89,22 +88,12 @@ pub struct Fence {
     pub supervisor: Option<Holder>,
 }
 
-/// Creates the fence; false when someone else already did.
+/// Creates the fence; false when someone else already did. Atomic: a full disk leaves no fence
+/// rather than an empty one, which would say "taken" without saying by whom, so a recovering
+/// daemon could neither adopt the job nor fence it off as never started.
 pub fn take_fence(dir: &Path, fence: &Fence) -> std::io::Result<bool> {
-    let path = dir.join("started");
-    match std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&path)
-    {
-        Ok(mut file) => {
-            file.write_all(serde_json::to_string(fence).unwrap_or_default().as_bytes())?;
-            file.sync_all()?;
-            Ok(true)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
-        Err(e) => Err(e),
-    }
+    let text = serde_json::to_string(fence).map_err(std::io::Error::other)?;
+    orch_core::fsutil::create_atomic(&dir.join("started"), text.as_bytes())
 }
 
 /// The fence: `Ok(None)` when nobody took it yet; `Err` when the folder cannot be read (no file
