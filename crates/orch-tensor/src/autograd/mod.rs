@@ -93,10 +93,9 @@ pub fn with_graph_budget<T>(budget: &Arc<GraphBudget>, f: impl FnOnce() -> T) ->
 
 /// How a tensor was computed, with the inputs its gradient rule needs.
 pub(crate) enum Op {
-    /// Add, Sub, Mul or Div with broadcasting.
+    /// A binary op of the op table (broadcasting), recorded when either side has a rule.
     Binary(BinaryOp, Tensor, Tensor),
-    /// `x * mul + add`.
-    Affine(Tensor, f32),
+    /// A unary op of the op table (affine and scalar arithmetic included).
     Unary(UnaryOp, Tensor),
     Matmul(Tensor, Tensor),
     /// Sum over axes; `kept` is the output shape with the reduced axes kept as 1.
@@ -120,8 +119,7 @@ impl Op {
     pub(crate) fn into_tensors(self) -> Vec<Tensor> {
         match self {
             Op::Binary(_, a, b) | Op::Matmul(a, b) | Op::CrossEntropy(a, b) => vec![a, b],
-            Op::Affine(x, _)
-            | Op::Unary(_, x)
+            Op::Unary(_, x)
             | Op::Sum(x, _)
             | Op::Max(x, _)
             | Op::Softmax(x, _)
@@ -139,8 +137,7 @@ impl Op {
         match self {
             Op::Binary(_, a, b) | Op::Matmul(a, b) => vec![a, b],
             Op::CrossEntropy(logits, _) => vec![logits],
-            Op::Affine(x, _)
-            | Op::Unary(_, x)
+            Op::Unary(_, x)
             | Op::Sum(x, _)
             | Op::Max(x, _)
             | Op::Softmax(x, _)

@@ -9,12 +9,12 @@ mod optim;
 mod reduce;
 mod strided;
 
-pub(crate) use elementwise::{binary, unary};
+pub(crate) use elementwise::{binary, map, unary};
 pub(crate) use matmul::matmul;
 pub(crate) use nn::{cross_entropy, cross_entropy_grad, label_index, softmax_last};
 pub(crate) use optim::update;
 pub(crate) use reduce::{argmax, reduce};
-pub(crate) use strided::{gather, scatter};
+pub(crate) use strided::{gather, scatter, zip_map};
 
 /// CPU tensor data.
 pub(crate) type CpuStorage = Vec<f32>;

@@ -44,24 +44,15 @@ __device__ __forceinline__ float gelu_grad_f(float x) {
 
 // ---- elementwise --------------------------------------------------------------------------
 
+// The elementwise kernels are generated from the op table (ops/table.rs): one `UNARY(u_<name>,
+// expr)` or `BINARY(b_<name>, expr)` line per op is appended to this file before NVRTC compiles
+// it (cuda/mod.rs, `kernel_source`). Unary kernels all take two scalar parameters `p0`, `p1`
+// (the op's parameters, 0 when unused).
 #define UNARY(name, expr) \
-    extern "C" __global__ void name(const float* __restrict__ x, float* __restrict__ y, unsigned int n) { \
+    extern "C" __global__ void name(const float* __restrict__ x, float* __restrict__ y, unsigned int n, \
+                                    float p0, float p1) { \
         GRID_STRIDE(i, n) { float v = x[i]; y[i] = (expr); } \
     }
-
-UNARY(u_neg, -v)
-UNARY(u_relu, v > 0.0f ? v : 0.0f)
-UNARY(u_gelu, gelu_f(v))
-UNARY(u_tanh, tanhf(v))
-UNARY(u_sigmoid, 1.0f / (1.0f + expf(-v)))
-UNARY(u_exp, expf(v))
-UNARY(u_log, logf(v))
-UNARY(u_sqr, v * v)
-
-extern "C" __global__ void u_affine(const float* __restrict__ x, float* __restrict__ y, unsigned int n,
-                                    float mul, float add) {
-    GRID_STRIDE(i, n) { y[i] = fmaf(x[i], mul, add); }
-}
 
 extern "C" __global__ void fill(float* __restrict__ y, unsigned int n, float value) {
     GRID_STRIDE(i, n) { y[i] = value; }
@@ -81,16 +72,6 @@ extern "C" __global__ void fill(float* __restrict__ y, unsigned int n, float val
             float x = a[oa]; float z = b[ob]; y[i] = (expr); \
         } \
     }
-
-BINARY(b_add, x + z)
-BINARY(b_sub, x - z)
-BINARY(b_mul, x * z)
-BINARY(b_div, x / z)
-BINARY(b_eq, x == z ? 1.0f : 0.0f)
-BINARY(b_relu_grad, z > 0.0f ? x : 0.0f)
-BINARY(b_gelu_grad, x * gelu_grad_f(z))
-BINARY(b_tanh_grad, x * (1.0f - z * z))
-BINARY(b_sigmoid_grad, x * z * (1.0f - z))
 
 // dst[strided s1] = src[strided s0] for n elements (gather when s1 is dense, scatter when s0 is).
 extern "C" __global__ void copy_strided(const float* __restrict__ src, float* __restrict__ dst,

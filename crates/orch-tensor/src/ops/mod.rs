@@ -1,51 +1,12 @@
-//! Backend-neutral names of the kernels both backends implement.
+//! Backend-neutral names of the kernels both backends implement. The elementwise ops are the op
+//! table (table.rs): one declaration per op, from which their enums, kernels and gradient rules
+//! are generated (macros.rs).
 
-/// Elementwise maps of one tensor. `Affine` is `x * mul + add` (all scalar ops).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum UnaryOp {
-    Neg,
-    Relu,
-    Gelu,
-    Tanh,
-    Sigmoid,
-    Exp,
-    Log,
-    Sqr,
-    Affine { mul: f32, add: f32 },
-}
+#[macro_use]
+mod macros;
+mod table;
 
-impl UnaryOp {
-    /// The op's name in errors.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            UnaryOp::Neg => "neg",
-            UnaryOp::Relu => "relu",
-            UnaryOp::Gelu => "gelu",
-            UnaryOp::Tanh => "tanh",
-            UnaryOp::Sigmoid => "sigmoid",
-            UnaryOp::Exp => "exp",
-            UnaryOp::Log => "log",
-            UnaryOp::Sqr => "sqr",
-            UnaryOp::Affine { .. } => "affine",
-        }
-    }
-}
-
-/// Elementwise maps of two broadcast tensors. The `*Grad` ops are backward rules:
-/// `ReluGrad(g, x)`, `GeluGrad(g, x)` take the op's input, `TanhGrad(g, y)` and
-/// `SigmoidGrad(g, y)` its output. `Eq` yields 1.0 or 0.0.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum BinaryOp {
-    Add,
-    Sub,
-    Mul,
-    Div,
-    Eq,
-    ReluGrad,
-    GeluGrad,
-    TanhGrad,
-    SigmoidGrad,
-}
+pub(crate) use table::{BinaryOp, UnaryOp};
 
 /// Reductions over one axis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
