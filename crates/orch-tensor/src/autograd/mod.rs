@@ -16,7 +16,7 @@
 mod rules;
 
 use crate::error::{Result, TensorError};
-use crate::ops::{BinaryOp, UnaryOp};
+use crate::ops::{BinaryOp, DropoutMask, UnaryOp};
 use crate::tensor::Tensor;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
@@ -103,12 +103,29 @@ pub(crate) enum Op {
     Max(Tensor, Vec<usize>),
     Softmax(Tensor, usize),
     LogSoftmax(Tensor, usize),
-    /// Mean softmax cross-entropy of logits `[rows, classes]` against labels `[rows]`.
-    CrossEntropy(Tensor, Tensor),
+    /// Mean softmax cross-entropy of logits `[rows, classes]` against labels `[rows]`, labels
+    /// equal to `ignore` left out; `denom` is the count of the others (at least 1).
+    CrossEntropy {
+        logits: Tensor,
+        labels: Tensor,
+        ignore: Option<f32>,
+        denom: Tensor,
+    },
     Reshape(Tensor),
     Permute(Tensor, Vec<usize>),
     /// Narrow of `dim` starting at `start`.
     Narrow(Tensor, usize, usize),
+    /// Slice of `dim` from `start` every `step`.
+    Slice(Tensor, usize, usize, usize),
+    /// Inputs joined along an axis.
+    Concat(Vec<Tensor>, usize),
+    /// Padding with the `before` widths of every axis.
+    Pad(Tensor, Vec<usize>),
+    /// `index_select(axis, index)` of the tensor.
+    IndexSelect(Tensor, Tensor, usize),
+    /// `gather(axis, index)` of the tensor (already cut to the index along other axes).
+    Gather(Tensor, Tensor, usize),
+    Dropout(Tensor, DropoutMask),
     Broadcast(Tensor),
     Contiguous(Tensor),
     ToDevice(Tensor),
@@ -118,7 +135,17 @@ impl Op {
     /// The op's tensors, moved out (used to drop long graphs without recursion).
     pub(crate) fn into_tensors(self) -> Vec<Tensor> {
         match self {
-            Op::Binary(_, a, b) | Op::Matmul(a, b) | Op::CrossEntropy(a, b) => vec![a, b],
+            Op::Binary(_, a, b)
+            | Op::Matmul(a, b)
+            | Op::IndexSelect(a, b, _)
+            | Op::Gather(a, b, _) => vec![a, b],
+            Op::CrossEntropy {
+                logits,
+                labels,
+                denom,
+                ..
+            } => vec![logits, labels, denom],
+            Op::Concat(xs, _) => xs,
             Op::Unary(_, x)
             | Op::Sum(x, _)
             | Op::Max(x, _)
@@ -127,6 +154,9 @@ impl Op {
             | Op::Reshape(x)
             | Op::Permute(x, _)
             | Op::Narrow(x, _, _)
+            | Op::Slice(x, ..)
+            | Op::Pad(x, _)
+            | Op::Dropout(x, _)
             | Op::Broadcast(x)
             | Op::Contiguous(x)
             | Op::ToDevice(x) => vec![x],
@@ -136,7 +166,9 @@ impl Op {
     fn inputs(&self) -> Vec<&Tensor> {
         match self {
             Op::Binary(_, a, b) | Op::Matmul(a, b) => vec![a, b],
-            Op::CrossEntropy(logits, _) => vec![logits],
+            Op::CrossEntropy { logits, .. } => vec![logits],
+            Op::IndexSelect(x, ..) | Op::Gather(x, ..) => vec![x],
+            Op::Concat(xs, _) => xs.iter().collect(),
             Op::Unary(_, x)
             | Op::Sum(x, _)
             | Op::Max(x, _)
@@ -145,6 +177,9 @@ impl Op {
             | Op::Reshape(x)
             | Op::Permute(x, _)
             | Op::Narrow(x, _, _)
+            | Op::Slice(x, ..)
+            | Op::Pad(x, _)
+            | Op::Dropout(x, _)
             | Op::Broadcast(x)
             | Op::Contiguous(x)
             | Op::ToDevice(x) => vec![x],

@@ -4,7 +4,7 @@
 
 use super::Op;
 use crate::error::Result;
-use crate::ops::BinaryOp;
+use crate::ops::{BinaryOp, IndexOp};
 use crate::tensor::Tensor;
 
 /// Pushes `(input, grad)` when the input wants a gradient; computes the gradient only then.
@@ -62,8 +62,13 @@ pub(super) fn input_grads(op: &Op, out: &Tensor, g: &Tensor) -> Result<Vec<(Tens
             let total = g.sum(&[*axis as isize], true)?;
             g.sub(&out.exp()?.mul(&total)?)
         })?,
-        Op::CrossEntropy(logits, labels) => push(&mut grads, logits, || {
-            logits.cross_entropy_backward(labels, g)
+        Op::CrossEntropy {
+            logits,
+            labels,
+            ignore,
+            denom,
+        } => push(&mut grads, logits, || {
+            logits.cross_entropy_backward(labels, *ignore, denom, g)
         })?,
         Op::Reshape(x) => push(&mut grads, x, || g.reshape(x.shape()))?,
         Op::Permute(x, perm) => push(&mut grads, x, || {
@@ -76,6 +81,25 @@ pub(super) fn input_grads(op: &Op, out: &Tensor, g: &Tensor) -> Result<Vec<(Tens
         Op::Narrow(x, dim, start) => {
             push(&mut grads, x, || g.narrow_backward(x.shape(), *dim, *start))?
         }
+        Op::Slice(x, dim, start, step) => push(&mut grads, x, || {
+            g.slice_backward(x.shape(), *dim, *start, *step)
+        })?,
+        Op::Concat(xs, axis) => {
+            let mut start = 0;
+            for x in xs {
+                let len = x.shape()[*axis];
+                push(&mut grads, x, || g.narrow(*axis as isize, start, len))?;
+                start += len;
+            }
+        }
+        Op::Pad(x, befores) => push(&mut grads, x, || g.pad_backward(x.shape(), befores))?,
+        Op::IndexSelect(x, index, axis) => push(&mut grads, x, || {
+            g.index_backward(index, IndexOp::Select, *axis, x.shape())
+        })?,
+        Op::Gather(x, index, axis) => push(&mut grads, x, || {
+            g.index_backward(index, IndexOp::Gather, *axis, x.shape())
+        })?,
+        Op::Dropout(x, mask) => push(&mut grads, x, || g.dropout_raw(mask))?,
         Op::Broadcast(x) => push(&mut grads, x, || g.sum_to(x.shape()))?,
         Op::Contiguous(x) => push(&mut grads, x, || Ok(g.clone()))?,
         Op::ToDevice(x) => push(&mut grads, x, || g.to(x.pool()))?,

@@ -10,6 +10,7 @@
 //! switched off; allocation is stream ordered (`cuMemAllocAsync`) where the device supports it.
 
 mod blas;
+mod index;
 mod ops;
 mod rows;
 
@@ -45,6 +46,11 @@ const HAND_WRITTEN_KERNELS: &[&str] = &[
     "ce_bwd",
     "sgd_step",
     "adam_step",
+    "index_select",
+    "index_add",
+    "gather_axis",
+    "scatter_add",
+    "dropout",
 ];
 
 /// Every kernel of the compiled module, loaded by name.
