@@ -124,24 +124,24 @@ pub(crate) fn gather(pool: &MemoryPool, s: &Storage, layout: &Layout) -> Result<
     }
 }
 
-/// Writes dense `src` into the elements of `dst` that `dst_layout` views.
+/// Writes the dense view `(src, src_layout)` into the elements of `dst` that `dst_layout` views
+/// (same shape).
 pub(crate) fn scatter(
     pool: &MemoryPool,
     dst: &mut Storage,
     dst_layout: &Layout,
-    src: &Storage,
+    (src, src_layout): (&Storage, &Layout),
 ) -> Result<()> {
     match (dst, src) {
         (Storage::Cpu(d), Storage::Cpu(s)) => {
-            cpu::scatter(d, dst_layout, &s[..dst_layout.numel()]);
+            cpu::scatter(d, dst_layout, &s[range_of(src_layout)]);
             Ok(())
         }
         (Storage::Cuda(d), Storage::Cuda(s)) => {
-            let dense = Layout::contiguous(dst_layout.shape());
-            pool.cuda("narrow backward")?
-                .copy_strided(s, &dense, d, dst_layout)
+            pool.cuda("scatter")?
+                .copy_strided(s, src_layout, d, dst_layout)
         }
-        _ => Err(internal("narrow backward", pool)),
+        _ => Err(internal("scatter", pool)),
     }
 }
 

@@ -305,7 +305,7 @@ impl Tensor {
             Tensor::dense(buffer, src.shape(), None)
         };
         let mut dst = self.0.buffer.write();
-        storage::scatter(pool, &mut dst, self.layout(), &dense.buffer().read())
+        storage::scatter(pool, &mut dst, self.layout(), (&dense.buffer().read(), dense.layout()))
     }
 
     // ---- autograd handles ----------------------------------------------------------------

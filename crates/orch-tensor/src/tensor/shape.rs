@@ -49,7 +49,7 @@ impl Tensor {
                 let len = t.shape()[d];
                 let part = autograd::no_grad(|| t.contiguous())?;
                 let target = dense.narrow(d, start, len);
-                storage::scatter(pool, &mut out, &target, &part.buffer().read())?;
+                storage::scatter(pool, &mut out, &target, (&part.buffer().read(), part.layout()))?;
                 start += len;
             }
             Ok(out)

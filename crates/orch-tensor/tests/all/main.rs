@@ -6,6 +6,7 @@ mod common;
 mod degenerate;
 mod errors;
 mod grads;
+mod grads_more;
 mod ops;
 mod optim;
 mod quota;
