@@ -5,6 +5,7 @@
 mod common;
 mod degenerate;
 mod errors;
+mod new_ops;
 mod grads;
 mod grads_more;
 mod ops;
