@@ -137,10 +137,9 @@ pub(crate) fn scatter(
             cpu::scatter(d, dst_layout, &s[range_of(src_layout)]);
             Ok(())
         }
-        (Storage::Cuda(d), Storage::Cuda(s)) => {
-            pool.cuda("scatter")?
-                .copy_strided(s, src_layout, d, dst_layout)
-        }
+        (Storage::Cuda(d), Storage::Cuda(s)) => pool
+            .cuda("scatter")?
+            .copy_strided(s, src_layout, d, dst_layout),
         _ => Err(internal("scatter", pool)),
     }
 }
@@ -294,9 +293,12 @@ pub(crate) fn index(
                 IndexOp::GatherBackward => cpu::scatter_add(s, i, dims)?,
             }))
         }
-        (Storage::Cuda(s), Storage::Cuda(i)) => Ok(Storage::Cuda(
-            pool.cuda(op.name())?.index(op, (s, rs), (i, ri), dims)?,
-        )),
+        (Storage::Cuda(s), Storage::Cuda(i)) => Ok(Storage::Cuda(pool.cuda(op.name())?.index(
+            op,
+            (s, rs),
+            (i, ri),
+            dims,
+        )?)),
         _ => Err(internal(op.name(), pool)),
     }
 }

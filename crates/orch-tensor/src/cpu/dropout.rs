@@ -33,9 +33,7 @@ pub(crate) fn dropout(x: &[f32], rows: usize, mask: &DropoutMask) -> CpuStorage 
                 .enumerate()
                 .for_each(|(r, o)| row(r, o));
         } else {
-            out.chunks_mut(per)
-                .enumerate()
-                .for_each(|(r, o)| row(r, o));
+            out.chunks_mut(per).enumerate().for_each(|(r, o)| row(r, o));
         }
     })
 }

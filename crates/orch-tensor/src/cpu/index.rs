@@ -188,10 +188,7 @@ mod tests {
             index_add(&g, &[2., 0., 2.], (1, 3, 2)).unwrap(),
             vec![2., 2., 0., 0., 4., 4.]
         );
-        assert_eq!(
-            gather(&x, &[1., 0.], (1, 3, 2)).unwrap(),
-            vec![2., 1.]
-        );
+        assert_eq!(gather(&x, &[1., 0.], (1, 3, 2)).unwrap(), vec![2., 1.]);
         assert_eq!(
             scatter_add(&[5., 7.], &[1., 1.], (1, 3, 2)).unwrap(),
             vec![0., 0., 5., 7., 0., 0.]

@@ -13,7 +13,9 @@ mod strided;
 
 pub(crate) use dropout::dropout;
 pub(crate) use elementwise::{binary, map, unary};
-pub(crate) use index::{check_indices, gather as gather_axis, index_add, index_select, scatter_add};
+pub(crate) use index::{
+    check_indices, gather as gather_axis, index_add, index_select, scatter_add,
+};
 pub(crate) use matmul::matmul;
 pub(crate) use nn::{cross_entropy, cross_entropy_grad, label_index, softmax_last};
 pub(crate) use optim::update;

@@ -138,6 +138,9 @@ mod tests {
         assert!(cross_entropy(&x, &[2.0], 2, None).is_err());
         assert!(cross_entropy(&x, &[0.5], 2, None).is_err());
         assert!(cross_entropy(&x, &[-1.0], 2, None).is_err());
-        assert_eq!(cross_entropy(&x, &[-100.0], 2, Some(-100.0)).unwrap(), vec![0.0]);
+        assert_eq!(
+            cross_entropy(&x, &[-100.0], 2, Some(-100.0)).unwrap(),
+            vec![0.0]
+        );
     }
 }

@@ -56,9 +56,7 @@ const HAND_WRITTEN_KERNELS: &[&str] = &[
 /// Every kernel of the compiled module, loaded by name.
 fn all_kernel_names() -> &'static [&'static str] {
     static NAMES: OnceLock<Vec<&'static str>> = OnceLock::new();
-    NAMES.get_or_init(|| {
-        [UnaryOp::KERNELS, BinaryOp::KERNELS, HAND_WRITTEN_KERNELS].concat()
-    })
+    NAMES.get_or_init(|| [UnaryOp::KERNELS, BinaryOp::KERNELS, HAND_WRITTEN_KERNELS].concat())
 }
 
 /// `kernels.cu` followed by the elementwise kernels generated from the op table.
@@ -270,7 +268,9 @@ mod tests {
     fn generated_kernels_are_in_the_source_once() {
         let source = kernel_source();
         for name in [UnaryOp::KERNELS, BinaryOp::KERNELS].concat() {
-            let base = name.trim_end_matches("_contig").trim_end_matches("_strided");
+            let base = name
+                .trim_end_matches("_contig")
+                .trim_end_matches("_strided");
             let line = format!("({base}, (");
             assert_eq!(source.matches(&line).count(), 1, "{name}");
         }

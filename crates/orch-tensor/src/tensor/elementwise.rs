@@ -199,7 +199,8 @@ impl Tensor {
     /// Each element limited to `[min, max]`; NaN stays NaN. `min > max` (or a NaN bound) is an
     /// error. The gradient flows where the input lies in `[min, max]`, bounds included.
     pub fn clamp(&self, min: f32, max: f32) -> Result<Tensor> {
-        if !(min <= max) {
+        // Also refuses a NaN bound.
+        if min.partial_cmp(&max).is_none_or(|o| o.is_gt()) {
             return Err(TensorError::InvalidArgument {
                 op: "clamp",
                 reason: format!("the lower bound {min} is not at most the upper bound {max}"),

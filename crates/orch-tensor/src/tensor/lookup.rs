@@ -23,7 +23,8 @@ impl Tensor {
         source_shape: &[usize],
         out_shape: &[usize],
     ) -> Result<Tensor> {
-        let (s, i) = autograd::no_grad(|| Ok::<_, TensorError>((src.contiguous()?, index.contiguous()?)))?;
+        let (s, i) =
+            autograd::no_grad(|| Ok::<_, TensorError>((src.contiguous()?, index.contiguous()?)))?;
         let outer = source_shape[..axis].iter().product();
         let inner = source_shape[axis + 1..].iter().product();
         let dims = (outer, source_shape[axis], inner);
@@ -51,9 +52,7 @@ impl Tensor {
         let mut shape = self.shape().to_vec();
         shape[d] = index.numel();
         let out = Tensor::index_op(self, index, IndexOp::Select, d, self.shape(), &shape)?;
-        let rec = autograd::record(&[self], || {
-            Op::IndexSelect(self.clone(), index.detach(), d)
-        })?;
+        let rec = autograd::record(&[self], || Op::IndexSelect(self.clone(), index.detach(), d))?;
         Ok(out.view(out.layout().clone(), rec))
     }
 

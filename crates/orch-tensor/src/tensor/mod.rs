@@ -305,7 +305,12 @@ impl Tensor {
             Tensor::dense(buffer, src.shape(), None)
         };
         let mut dst = self.0.buffer.write();
-        storage::scatter(pool, &mut dst, self.layout(), (&dense.buffer().read(), dense.layout()))
+        storage::scatter(
+            pool,
+            &mut dst,
+            self.layout(),
+            (&dense.buffer().read(), dense.layout()),
+        )
     }
 
     // ---- autograd handles ----------------------------------------------------------------

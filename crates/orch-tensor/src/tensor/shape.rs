@@ -32,13 +32,14 @@ impl Tensor {
                     rhs: t.shape().to_vec(),
                 });
             }
-            shape[d] = shape[d]
-                .checked_add(t.shape()[d])
-                .ok_or_else(|| TensorError::InvalidShape {
-                    op: "concat",
-                    shape: t.shape().to_vec(),
-                    reason: "the joined dimension overflows".into(),
-                })?;
+            shape[d] =
+                shape[d]
+                    .checked_add(t.shape()[d])
+                    .ok_or_else(|| TensorError::InvalidShape {
+                        op: "concat",
+                        shape: t.shape().to_vec(),
+                        reason: "the joined dimension overflows".into(),
+                    })?;
         }
         let pool = first.pool();
         let dense = Layout::contiguous(&shape);
@@ -49,7 +50,12 @@ impl Tensor {
                 let len = t.shape()[d];
                 let part = autograd::no_grad(|| t.contiguous())?;
                 let target = dense.narrow(d, start, len);
-                storage::scatter(pool, &mut out, &target, (&part.buffer().read(), part.layout()))?;
+                storage::scatter(
+                    pool,
+                    &mut out,
+                    &target,
+                    (&part.buffer().read(), part.layout()),
+                )?;
                 start += len;
             }
             Ok(out)

@@ -242,7 +242,12 @@ impl Tensor {
         let out = Tensor::full(shape, value, self.pool())?;
         {
             let mut dst = out.buffer().write();
-            storage::scatter(self.pool(), &mut dst, target, (&g.buffer().read(), g.layout()))?;
+            storage::scatter(
+                self.pool(),
+                &mut dst,
+                target,
+                (&g.buffer().read(), g.layout()),
+            )?;
         }
         Ok(out)
     }

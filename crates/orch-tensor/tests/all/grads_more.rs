@@ -42,7 +42,12 @@ fn grad_new_unary_ops(pool: &Pool) -> TestResult {
     run_cases(CASES, (shape(3), any::<u64>()), |(s, seed)| {
         let pos = Input::range(&s, seed, 0.5, 2.0);
         let x = Input::random(&s, seed ^ 1);
-        check(pool, [pos.clone()], |t| t[0].sqrt(), |r| r[0].map(f64::sqrt))?;
+        check(
+            pool,
+            [pos.clone()],
+            |t| t[0].sqrt(),
+            |r| r[0].map(f64::sqrt),
+        )?;
         check(
             pool,
             [pos.clone()],
@@ -88,7 +93,11 @@ fn grad_maximum_minimum(pool: &Pool) -> TestResult {
         (shape(3), any::<bool>(), any::<u64>()),
         |(s, row, seed)| {
             // The right operand broadcasts: a row (last dim) or a full tensor.
-            let b_shape = if row { vec![*s.last().unwrap()] } else { s.clone() };
+            let b_shape = if row {
+                vec![*s.last().unwrap()]
+            } else {
+                s.clone()
+            };
             let inputs = [Input::random(&s, seed), Input::random(&b_shape, seed ^ 7)];
             check(
                 pool,
@@ -114,41 +123,49 @@ fn ties_split_the_gradient(pool: &Pool) -> TestResult {
     assert_eq!(b.grad().unwrap().to_vec()?, vec![0.5, 1.0, 0.0]);
     let x = Tensor::from_slice(&[-1.0, 0.0, 2.0], &[3], pool)?.with_requires_grad();
     x.clamp(0.0, 2.0)?.sum_all()?.backward()?;
-    assert_eq!(x.grad().unwrap().to_vec()?, vec![0.0, 1.0, 1.0], "bounds pass");
+    assert_eq!(
+        x.grad().unwrap().to_vec()?,
+        vec![0.0, 1.0, 1.0],
+        "bounds pass"
+    );
     Ok(())
 }
 
 fn grad_where_and_masked_fill(pool: &Pool) -> TestResult {
-    run_cases(CASES, (1usize..4, 1usize..5, any::<u64>()), |(m, n, seed)| {
-        let cond: Vec<f64> = values(m * n, seed ^ 3, 0.0, 1.0)
-            .into_iter()
-            .map(|v| if v < 0.5 { 0.0 } else { 1.0 })
-            .collect();
-        let c = tensor(&cond, &[m, n], pool)?;
-        let cr = R::new(&[m, n], cond.clone());
-        // a broadcasts along rows, b is full.
-        let inputs = [Input::random(&[n], seed), Input::random(&[m, n], seed ^ 1)];
-        check(
-            pool,
-            &inputs,
-            |t| Tensor::where_(&c, &t[0], &t[1]),
-            |r| {
-                let picked_a = cr.zip(&r[0], |c, a| if c != 0.0 { a } else { 0.0 });
-                let picked_b = cr.zip(&r[1], |c, b| if c != 0.0 { 0.0 } else { b });
-                picked_a.add(&picked_b)
-            },
-        )?;
-        // The mask broadcasts to the tensor (a column).
-        let col: Vec<f64> = cond[..m].to_vec();
-        let mask = tensor(&col, &[m, 1], pool)?;
-        let mr = R::new(&[m, 1], col);
-        check(
-            pool,
-            [inputs[1].clone()],
-            |t| t[0].masked_fill(&mask, -2.5),
-            |r| mr.zip(&r[0], |c, x| if c != 0.0 { -2.5 } else { x }),
-        )
-    })
+    run_cases(
+        CASES,
+        (1usize..4, 1usize..5, any::<u64>()),
+        |(m, n, seed)| {
+            let cond: Vec<f64> = values(m * n, seed ^ 3, 0.0, 1.0)
+                .into_iter()
+                .map(|v| if v < 0.5 { 0.0 } else { 1.0 })
+                .collect();
+            let c = tensor(&cond, &[m, n], pool)?;
+            let cr = R::new(&[m, n], cond.clone());
+            // a broadcasts along rows, b is full.
+            let inputs = [Input::random(&[n], seed), Input::random(&[m, n], seed ^ 1)];
+            check(
+                pool,
+                &inputs,
+                |t| Tensor::where_(&c, &t[0], &t[1]),
+                |r| {
+                    let picked_a = cr.zip(&r[0], |c, a| if c != 0.0 { a } else { 0.0 });
+                    let picked_b = cr.zip(&r[1], |c, b| if c != 0.0 { 0.0 } else { b });
+                    picked_a.add(&picked_b)
+                },
+            )?;
+            // The mask broadcasts to the tensor (a column).
+            let col: Vec<f64> = cond[..m].to_vec();
+            let mask = tensor(&col, &[m, 1], pool)?;
+            let mr = R::new(&[m, 1], col);
+            check(
+                pool,
+                [inputs[1].clone()],
+                |t| t[0].masked_fill(&mask, -2.5),
+                |r| mr.zip(&r[0], |c, x| if c != 0.0 { -2.5 } else { x }),
+            )
+        },
+    )
 }
 
 fn grad_concat_split_expand_permute(pool: &Pool) -> TestResult {
@@ -202,7 +219,11 @@ fn grad_concat_split_expand_permute(pool: &Pool) -> TestResult {
                 )
                 .collect();
             let mut full: Vec<usize> = vec![2];
-            full.extend(ones.iter().enumerate().map(|(i, &d)| if i == axis { 3 } else { d }));
+            full.extend(
+                ones.iter()
+                    .enumerate()
+                    .map(|(i, &d)| if i == axis { 3 } else { d }),
+            );
             check(
                 pool,
                 [Input::random(&ones, seed ^ 6)],
@@ -349,7 +370,12 @@ fn grad_dropout(pool: &Pool) -> TestResult {
         let x = Input::random(&s, seed);
         // p = 0 is the identity.
         let identity = Dropout::new(0.0, seed, 3);
-        check(pool, [x.clone()], |t| t[0].dropout(&identity), |r| r[0].clone())?;
+        check(
+            pool,
+            [x.clone()],
+            |t| t[0].dropout(&identity),
+            |r| r[0].clone(),
+        )?;
         for p in [0.3f32, 0.75] {
             let d = Dropout {
                 sample_offset: 5,

@@ -5,9 +5,9 @@
 mod common;
 mod degenerate;
 mod errors;
-mod new_ops;
 mod grads;
 mod grads_more;
+mod new_ops;
 mod ops;
 mod optim;
 mod quota;

@@ -130,7 +130,10 @@ fn bad_arguments_are_errors(pool: &Pool) -> TestResult {
     ));
     assert!(matches!(
         Tensor::zeros(&[2, 3, 4], pool)?.embedding(&table),
-        Err(TensorError::InvalidShape { op: "embedding", .. })
+        Err(TensorError::InvalidShape {
+            op: "embedding",
+            ..
+        })
     ));
     // Cross-entropy over a leading shape: labels must match it; a bad label is still refused
     // (on the CPU; CUDA gives NaN) unless it is the ignored one.

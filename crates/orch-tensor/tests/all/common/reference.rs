@@ -338,7 +338,11 @@ impl R {
                 count += 1;
             }
         }
-        R::scalar(if count == 0 { 0.0 } else { total / count as f64 })
+        R::scalar(if count == 0 {
+            0.0
+        } else {
+            total / count as f64
+        })
     }
 }
 
