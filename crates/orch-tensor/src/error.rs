@@ -51,6 +51,11 @@ pub enum TensorError {
         device: Device,
     },
 
+    /// An argument other than a shape or axis is out of its domain (a bound, a probability, an
+    /// index value).
+    #[error("{op}: {reason}")]
+    InvalidArgument { op: &'static str, reason: String },
+
     #[error("{op}: label {label} is not a class index in 0..{classes}")]
     InvalidLabel {
         op: &'static str,

@@ -207,6 +207,14 @@ impl Layout {
         out
     }
 
+    /// Keeps `len` entries of dimension `dim`, every `step`-th from `start` (bounds checked by
+    /// the caller: `start + (len - 1) * step` is inside the dimension when `len > 0`).
+    pub fn slice(&self, dim: usize, start: usize, len: usize, step: usize) -> Layout {
+        let mut out = self.narrow(dim, start, len);
+        out.strides[dim] *= step;
+        out
+    }
+
     /// The same data under a new shape, when the data is contiguous.
     pub fn reshape(&self, shape: &[usize]) -> Option<Layout> {
         self.is_contiguous().then(|| Layout {

@@ -45,4 +45,4 @@ pub use device::Device;
 pub use error::{Result, TensorError};
 pub use layout::{MAX_NUMEL, MAX_RANK};
 pub use memory::{MemoryPool, MemoryStats, Reservation};
-pub use tensor::Tensor;
+pub use tensor::{Dropout, Tensor};

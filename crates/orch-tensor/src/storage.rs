@@ -10,7 +10,7 @@ use crate::cuda::CudaStorage;
 use crate::error::{Result, TensorError};
 use crate::layout::{self, Layout};
 use crate::memory::{MemoryPool, Reservation};
-use crate::ops::{BinaryOp, ReduceOp, UnaryOp, UpdateOp};
+use crate::ops::{BinaryOp, DropoutMask, IndexOp, ReduceOp, UnaryOp, UpdateOp};
 use std::ops::Range;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -124,24 +124,23 @@ pub(crate) fn gather(pool: &MemoryPool, s: &Storage, layout: &Layout) -> Result<
     }
 }
 
-/// Writes dense `src` into the elements of `dst` that `dst_layout` views.
+/// Writes the dense view `(src, src_layout)` into the elements of `dst` that `dst_layout` views
+/// (same shape).
 pub(crate) fn scatter(
     pool: &MemoryPool,
     dst: &mut Storage,
     dst_layout: &Layout,
-    src: &Storage,
+    (src, src_layout): (&Storage, &Layout),
 ) -> Result<()> {
     match (dst, src) {
         (Storage::Cpu(d), Storage::Cpu(s)) => {
-            cpu::scatter(d, dst_layout, &s[..dst_layout.numel()]);
+            cpu::scatter(d, dst_layout, &s[range_of(src_layout)]);
             Ok(())
         }
-        (Storage::Cuda(d), Storage::Cuda(s)) => {
-            let dense = Layout::contiguous(dst_layout.shape());
-            pool.cuda("narrow backward")?
-                .copy_strided(s, &dense, d, dst_layout)
-        }
-        _ => Err(internal("narrow backward", pool)),
+        (Storage::Cuda(d), Storage::Cuda(s)) => pool
+            .cuda("scatter")?
+            .copy_strided(s, src_layout, d, dst_layout),
+        _ => Err(internal("scatter", pool)),
     }
 }
 
@@ -227,47 +226,97 @@ pub(crate) fn softmax_last(
     }
 }
 
-/// Per-row losses of dense logits and dense labels.
+/// Per-row losses of dense logits and dense labels (0 for a label equal to `ignore`).
 pub(crate) fn cross_entropy(
     pool: &MemoryPool,
     (x, lx): (&Storage, &Layout),
     (y, ly): (&Storage, &Layout),
     classes: usize,
+    ignore: Option<f32>,
 ) -> Result<Storage> {
     let (rx, ry) = (range_of(lx), range_of(ly));
     match (x, y) {
-        (Storage::Cpu(x), Storage::Cpu(y)) => {
-            Ok(Storage::Cpu(cpu::cross_entropy(&x[rx], &y[ry], classes)?))
-        }
+        (Storage::Cpu(x), Storage::Cpu(y)) => Ok(Storage::Cpu(cpu::cross_entropy(
+            &x[rx], &y[ry], classes, ignore,
+        )?)),
         (Storage::Cuda(x), Storage::Cuda(y)) => Ok(Storage::Cuda(
             pool.cuda("cross_entropy")?
-                .cross_entropy(x, rx, y, ry, classes)?,
+                .cross_entropy(x, rx, y, ry, classes, ignore)?,
         )),
         _ => Err(internal("cross_entropy", pool)),
     }
 }
 
-/// Gradient of the mean cross-entropy, scaled by the upstream scalar gradient `g`.
+/// Gradient of the per-row losses summed and scaled by the one-element `scale` (the upstream
+/// gradient over the count of labels); rows whose label equals `ignore` get 0.
 pub(crate) fn cross_entropy_grad(
     pool: &MemoryPool,
     (x, lx): (&Storage, &Layout),
     (y, ly): (&Storage, &Layout),
     (g, lg): (&Storage, &Layout),
     classes: usize,
+    ignore: Option<f32>,
 ) -> Result<Storage> {
     let (rx, ry, rg) = (range_of(lx), range_of(ly), range_of(lg));
     match (x, y, g) {
         (Storage::Cpu(x), Storage::Cpu(y), Storage::Cpu(g)) => {
-            let scale = g[rg.start] / ry.len().max(1) as f32;
+            let scale = g[rg.start];
             Ok(Storage::Cpu(cpu::cross_entropy_grad(
-                &x[rx], &y[ry], classes, scale,
+                &x[rx], &y[ry], classes, scale, ignore,
             )?))
         }
         (Storage::Cuda(x), Storage::Cuda(y), Storage::Cuda(g)) => Ok(Storage::Cuda(
             pool.cuda("cross_entropy")?
-                .cross_entropy_grad(x, rx, y, ry, g, rg, classes)?,
+                .cross_entropy_grad(x, rx, y, ry, g, rg, classes, ignore)?,
         )),
         _ => Err(internal("cross_entropy backward", pool)),
+    }
+}
+
+/// A lookup by index (`op`) of dense `src` seen as `[outer, n, inner]` with dense f32 indices.
+/// Indices are checked (integers in `0..n`) before anything is read.
+pub(crate) fn index(
+    pool: &MemoryPool,
+    op: IndexOp,
+    (src, ls): (&Storage, &Layout),
+    (idx, li): (&Storage, &Layout),
+    dims: (usize, usize, usize),
+) -> Result<Storage> {
+    let (rs, ri) = (range_of(ls), range_of(li));
+    match (src, idx) {
+        (Storage::Cpu(s), Storage::Cpu(i)) => {
+            let (s, i) = (&s[rs], &i[ri]);
+            Ok(Storage::Cpu(match op {
+                IndexOp::Select => cpu::index_select(s, i, dims)?,
+                IndexOp::SelectBackward => cpu::index_add(s, i, dims)?,
+                IndexOp::Gather => cpu::gather_axis(s, i, dims)?,
+                IndexOp::GatherBackward => cpu::scatter_add(s, i, dims)?,
+            }))
+        }
+        (Storage::Cuda(s), Storage::Cuda(i)) => Ok(Storage::Cuda(pool.cuda(op.name())?.index(
+            op,
+            (s, rs),
+            (i, ri),
+            dims,
+        )?)),
+        _ => Err(internal(op.name(), pool)),
+    }
+}
+
+/// Dropout of a dense view of `rows` samples under `mask`.
+pub(crate) fn dropout(
+    pool: &MemoryPool,
+    s: &Storage,
+    layout: &Layout,
+    rows: usize,
+    mask: &DropoutMask,
+) -> Result<Storage> {
+    let range = range_of(layout);
+    match s {
+        Storage::Cpu(x) => Ok(Storage::Cpu(cpu::dropout(&x[range], rows, mask))),
+        Storage::Cuda(x) => Ok(Storage::Cuda(
+            pool.cuda("dropout")?.dropout(x, range, rows, mask)?,
+        )),
     }
 }
 

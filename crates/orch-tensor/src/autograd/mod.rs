@@ -16,7 +16,7 @@
 mod rules;
 
 use crate::error::{Result, TensorError};
-use crate::ops::{BinaryOp, UnaryOp};
+use crate::ops::{BinaryOp, DropoutMask, UnaryOp};
 use crate::tensor::Tensor;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
@@ -93,10 +93,9 @@ pub fn with_graph_budget<T>(budget: &Arc<GraphBudget>, f: impl FnOnce() -> T) ->
 
 /// How a tensor was computed, with the inputs its gradient rule needs.
 pub(crate) enum Op {
-    /// Add, Sub, Mul or Div with broadcasting.
+    /// A binary op of the op table (broadcasting), recorded when either side has a rule.
     Binary(BinaryOp, Tensor, Tensor),
-    /// `x * mul + add`.
-    Affine(Tensor, f32),
+    /// A unary op of the op table (affine and scalar arithmetic included).
     Unary(UnaryOp, Tensor),
     Matmul(Tensor, Tensor),
     /// Sum over axes; `kept` is the output shape with the reduced axes kept as 1.
@@ -104,12 +103,29 @@ pub(crate) enum Op {
     Max(Tensor, Vec<usize>),
     Softmax(Tensor, usize),
     LogSoftmax(Tensor, usize),
-    /// Mean softmax cross-entropy of logits `[rows, classes]` against labels `[rows]`.
-    CrossEntropy(Tensor, Tensor),
+    /// Mean softmax cross-entropy of logits `[rows, classes]` against labels `[rows]`, labels
+    /// equal to `ignore` left out; `denom` is the count of the others (at least 1).
+    CrossEntropy {
+        logits: Tensor,
+        labels: Tensor,
+        ignore: Option<f32>,
+        denom: Tensor,
+    },
     Reshape(Tensor),
     Permute(Tensor, Vec<usize>),
     /// Narrow of `dim` starting at `start`.
     Narrow(Tensor, usize, usize),
+    /// Slice of `dim` from `start` every `step`.
+    Slice(Tensor, usize, usize, usize),
+    /// Inputs joined along an axis.
+    Concat(Vec<Tensor>, usize),
+    /// Padding with the `before` widths of every axis.
+    Pad(Tensor, Vec<usize>),
+    /// `index_select(axis, index)` of the tensor.
+    IndexSelect(Tensor, Tensor, usize),
+    /// `gather(axis, index)` of the tensor (already cut to the index along other axes).
+    Gather(Tensor, Tensor, usize),
+    Dropout(Tensor, DropoutMask),
     Broadcast(Tensor),
     Contiguous(Tensor),
     ToDevice(Tensor),
@@ -119,9 +135,18 @@ impl Op {
     /// The op's tensors, moved out (used to drop long graphs without recursion).
     pub(crate) fn into_tensors(self) -> Vec<Tensor> {
         match self {
-            Op::Binary(_, a, b) | Op::Matmul(a, b) | Op::CrossEntropy(a, b) => vec![a, b],
-            Op::Affine(x, _)
-            | Op::Unary(_, x)
+            Op::Binary(_, a, b)
+            | Op::Matmul(a, b)
+            | Op::IndexSelect(a, b, _)
+            | Op::Gather(a, b, _) => vec![a, b],
+            Op::CrossEntropy {
+                logits,
+                labels,
+                denom,
+                ..
+            } => vec![logits, labels, denom],
+            Op::Concat(xs, _) => xs,
+            Op::Unary(_, x)
             | Op::Sum(x, _)
             | Op::Max(x, _)
             | Op::Softmax(x, _)
@@ -129,6 +154,9 @@ impl Op {
             | Op::Reshape(x)
             | Op::Permute(x, _)
             | Op::Narrow(x, _, _)
+            | Op::Slice(x, ..)
+            | Op::Pad(x, _)
+            | Op::Dropout(x, _)
             | Op::Broadcast(x)
             | Op::Contiguous(x)
             | Op::ToDevice(x) => vec![x],
@@ -138,9 +166,10 @@ impl Op {
     fn inputs(&self) -> Vec<&Tensor> {
         match self {
             Op::Binary(_, a, b) | Op::Matmul(a, b) => vec![a, b],
-            Op::CrossEntropy(logits, _) => vec![logits],
-            Op::Affine(x, _)
-            | Op::Unary(_, x)
+            Op::CrossEntropy { logits, .. } => vec![logits],
+            Op::IndexSelect(x, ..) | Op::Gather(x, ..) => vec![x],
+            Op::Concat(xs, _) => xs.iter().collect(),
+            Op::Unary(_, x)
             | Op::Sum(x, _)
             | Op::Max(x, _)
             | Op::Softmax(x, _)
@@ -148,6 +177,9 @@ impl Op {
             | Op::Reshape(x)
             | Op::Permute(x, _)
             | Op::Narrow(x, _, _)
+            | Op::Slice(x, ..)
+            | Op::Pad(x, _)
+            | Op::Dropout(x, _)
             | Op::Broadcast(x)
             | Op::Contiguous(x)
             | Op::ToDevice(x) => vec![x],

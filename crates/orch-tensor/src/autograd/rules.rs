@@ -4,7 +4,7 @@
 
 use super::Op;
 use crate::error::Result;
-use crate::ops::{BinaryOp, UnaryOp};
+use crate::ops::{BinaryOp, IndexOp};
 use crate::tensor::Tensor;
 
 /// Pushes `(input, grad)` when the input wants a gradient; computes the gradient only then.
@@ -36,8 +36,7 @@ pub(super) fn input_grads(op: &Op, out: &Tensor, g: &Tensor) -> Result<Vec<(Tens
     let mut grads = Vec::with_capacity(2);
     match op {
         Op::Binary(kind, a, b) => binary(&mut grads, *kind, a, b, out, g)?,
-        Op::Affine(x, mul) => push(&mut grads, x, || g.mul_scalar(*mul))?,
-        Op::Unary(kind, x) => push(&mut grads, x, || unary(*kind, x, out, g))?,
+        Op::Unary(kind, x) => push(&mut grads, x, || kind.grad(x, out, g))?,
         Op::Matmul(a, b) => {
             push(&mut grads, a, || g.matmul(&b.t()?)?.sum_to(a.shape()))?;
             push(&mut grads, b, || a.t()?.matmul(g)?.sum_to(b.shape()))?;
@@ -63,8 +62,13 @@ pub(super) fn input_grads(op: &Op, out: &Tensor, g: &Tensor) -> Result<Vec<(Tens
             let total = g.sum(&[*axis as isize], true)?;
             g.sub(&out.exp()?.mul(&total)?)
         })?,
-        Op::CrossEntropy(logits, labels) => push(&mut grads, logits, || {
-            logits.cross_entropy_backward(labels, g)
+        Op::CrossEntropy {
+            logits,
+            labels,
+            ignore,
+            denom,
+        } => push(&mut grads, logits, || {
+            logits.cross_entropy_backward(labels, *ignore, denom, g)
         })?,
         Op::Reshape(x) => push(&mut grads, x, || g.reshape(x.shape()))?,
         Op::Permute(x, perm) => push(&mut grads, x, || {
@@ -77,6 +81,25 @@ pub(super) fn input_grads(op: &Op, out: &Tensor, g: &Tensor) -> Result<Vec<(Tens
         Op::Narrow(x, dim, start) => {
             push(&mut grads, x, || g.narrow_backward(x.shape(), *dim, *start))?
         }
+        Op::Slice(x, dim, start, step) => push(&mut grads, x, || {
+            g.slice_backward(x.shape(), *dim, *start, *step)
+        })?,
+        Op::Concat(xs, axis) => {
+            let mut start = 0;
+            for x in xs {
+                let len = x.shape()[*axis];
+                push(&mut grads, x, || g.narrow(*axis as isize, start, len))?;
+                start += len;
+            }
+        }
+        Op::Pad(x, befores) => push(&mut grads, x, || g.pad_backward(x.shape(), befores))?,
+        Op::IndexSelect(x, index, axis) => push(&mut grads, x, || {
+            g.index_backward(index, IndexOp::Select, *axis, x.shape())
+        })?,
+        Op::Gather(x, index, axis) => push(&mut grads, x, || {
+            g.index_backward(index, IndexOp::Gather, *axis, x.shape())
+        })?,
+        Op::Dropout(x, mask) => push(&mut grads, x, || g.dropout_raw(mask))?,
         Op::Broadcast(x) => push(&mut grads, x, || g.sum_to(x.shape()))?,
         Op::Contiguous(x) => push(&mut grads, x, || Ok(g.clone()))?,
         Op::ToDevice(x) => push(&mut grads, x, || g.to(x.pool()))?,
@@ -84,6 +107,8 @@ pub(super) fn input_grads(op: &Op, out: &Tensor, g: &Tensor) -> Result<Vec<(Tens
     Ok(grads)
 }
 
+/// A binary op's rules come from the op table; each side's gradient (in the output's shape) is
+/// summed down to that operand's shape. A side the table declares without a rule gets nothing.
 fn binary(
     grads: &mut Vec<(Tensor, Tensor)>,
     kind: BinaryOp,
@@ -92,38 +117,15 @@ fn binary(
     out: &Tensor,
     g: &Tensor,
 ) -> Result<()> {
-    match kind {
-        BinaryOp::Add => {
-            push(grads, a, || g.sum_to(a.shape()))?;
-            push(grads, b, || g.sum_to(b.shape()))
-        }
-        BinaryOp::Sub => {
-            push(grads, a, || g.sum_to(a.shape()))?;
-            push(grads, b, || g.neg()?.sum_to(b.shape()))
-        }
-        BinaryOp::Mul => {
-            push(grads, a, || g.mul(b)?.sum_to(a.shape()))?;
-            push(grads, b, || g.mul(a)?.sum_to(b.shape()))
-        }
-        BinaryOp::Div => {
-            push(grads, a, || g.div(b)?.sum_to(a.shape()))?;
-            // d(a/b)/db = -(a/b)/b = -out/b
-            push(grads, b, || g.mul(out)?.div(b)?.neg()?.sum_to(b.shape()))
-        }
-        _ => Ok(()),
+    if a.requires_grad()
+        && let Some(ga) = kind.grad_lhs(a, b, out, g)?
+    {
+        grads.push((a.clone(), ga.sum_to(a.shape())?));
     }
-}
-
-fn unary(kind: UnaryOp, x: &Tensor, out: &Tensor, g: &Tensor) -> Result<Tensor> {
-    match kind {
-        UnaryOp::Neg => g.neg(),
-        UnaryOp::Relu => g.binary(x, BinaryOp::ReluGrad, "relu backward"),
-        UnaryOp::Gelu => g.binary(x, BinaryOp::GeluGrad, "gelu backward"),
-        UnaryOp::Tanh => g.binary(out, BinaryOp::TanhGrad, "tanh backward"),
-        UnaryOp::Sigmoid => g.binary(out, BinaryOp::SigmoidGrad, "sigmoid backward"),
-        UnaryOp::Exp => g.mul(out),
-        UnaryOp::Log => g.div(x),
-        UnaryOp::Sqr => g.mul(x)?.mul_scalar(2.0),
-        UnaryOp::Affine { mul, .. } => g.mul_scalar(mul),
+    if b.requires_grad()
+        && let Some(gb) = kind.grad_rhs(a, b, out, g)?
+    {
+        grads.push((b.clone(), gb.sum_to(b.shape())?));
     }
+    Ok(())
 }

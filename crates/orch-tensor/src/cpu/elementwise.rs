@@ -1,13 +1,14 @@
-//! Elementwise kernels. Each op is matched once per call and runs a monomorphised loop.
+//! Elementwise kernels. The op table (ops/table.rs) gives each op's f32 expression; the loops
+//! here are generic over it, so each op is matched once per call and runs a monomorphised loop.
 
-use super::strided::zip_map;
 use super::{CpuStorage, PAR_CHUNK, PAR_MIN, build};
 use crate::layout::Layout;
-use crate::ops::{self, BinaryOp, UnaryOp};
+use crate::ops::{BinaryOp, UnaryOp};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
-fn map<F: Fn(f32) -> f32 + Sync>(x: &[f32], f: F) -> CpuStorage {
+/// `f` over a dense slice, in parallel chunks when large.
+pub(crate) fn map<F: Fn(f32) -> f32 + Sync>(x: &[f32], f: F) -> CpuStorage {
     // Every chunk of the output is written in full from the matching chunk of `x`.
     let body = |i: usize, o: &mut [MaybeUninit<f32>]| {
         for (o, v) in o.iter_mut().zip(&x[i * PAR_CHUNK..]) {
@@ -27,30 +28,10 @@ fn map<F: Fn(f32) -> f32 + Sync>(x: &[f32], f: F) -> CpuStorage {
 
 /// `op` over a dense slice.
 pub(crate) fn unary(op: UnaryOp, x: &[f32]) -> CpuStorage {
-    match op {
-        UnaryOp::Neg => map(x, |v| -v),
-        UnaryOp::Relu => map(x, |v| if v > 0.0 { v } else { 0.0 }),
-        UnaryOp::Gelu => map(x, ops::gelu),
-        UnaryOp::Tanh => map(x, f32::tanh),
-        UnaryOp::Sigmoid => map(x, ops::sigmoid),
-        UnaryOp::Exp => map(x, f32::exp),
-        UnaryOp::Log => map(x, f32::ln),
-        UnaryOp::Sqr => map(x, |v| v * v),
-        UnaryOp::Affine { mul, add } => map(x, |v| v.mul_add(mul, add)),
-    }
+    op.cpu(x)
 }
 
 /// `op` over two layouts broadcast to the same shape.
 pub(crate) fn binary(op: BinaryOp, a: &[f32], la: &Layout, b: &[f32], lb: &Layout) -> CpuStorage {
-    match op {
-        BinaryOp::Add => zip_map(a, la, b, lb, |x, y| x + y),
-        BinaryOp::Sub => zip_map(a, la, b, lb, |x, y| x - y),
-        BinaryOp::Mul => zip_map(a, la, b, lb, |x, y| x * y),
-        BinaryOp::Div => zip_map(a, la, b, lb, |x, y| x / y),
-        BinaryOp::Eq => zip_map(a, la, b, lb, |x, y| if x == y { 1.0 } else { 0.0 }),
-        BinaryOp::ReluGrad => zip_map(a, la, b, lb, |g, x| if x > 0.0 { g } else { 0.0 }),
-        BinaryOp::GeluGrad => zip_map(a, la, b, lb, |g, x| g * ops::gelu_grad(x)),
-        BinaryOp::TanhGrad => zip_map(a, la, b, lb, |g, y| g * (1.0 - y * y)),
-        BinaryOp::SigmoidGrad => zip_map(a, la, b, lb, |g, y| g * y * (1.0 - y)),
-    }
+    op.cpu(a, la, b, lb)
 }

@@ -2,19 +2,25 @@
 //! vectorises, rayon over rows or chunks when the work is large enough to pay for it, and
 //! matrix products through the `gemm` crate on all cores.
 
+mod dropout;
 mod elementwise;
+mod index;
 mod matmul;
 mod nn;
 mod optim;
 mod reduce;
 mod strided;
 
-pub(crate) use elementwise::{binary, unary};
+pub(crate) use dropout::dropout;
+pub(crate) use elementwise::{binary, map, unary};
+pub(crate) use index::{
+    check_indices, gather as gather_axis, index_add, index_select, scatter_add,
+};
 pub(crate) use matmul::matmul;
 pub(crate) use nn::{cross_entropy, cross_entropy_grad, label_index, softmax_last};
 pub(crate) use optim::update;
 pub(crate) use reduce::{argmax, reduce};
-pub(crate) use strided::{gather, scatter};
+pub(crate) use strided::{gather, scatter, zip_map};
 
 /// CPU tensor data.
 pub(crate) type CpuStorage = Vec<f32>;

@@ -63,30 +63,56 @@ pub(crate) fn label_index(op: &'static str, label: f32, classes: usize) -> Resul
     }
 }
 
-/// Per-row loss `logsumexp(x_r) - x_r[label_r]` of dense logits `[rows, classes]`.
-pub(crate) fn cross_entropy(x: &[f32], labels: &[f32], classes: usize) -> Result<CpuStorage> {
+/// Per-row loss `logsumexp(x_r) - x_r[label_r]` of dense logits `[rows, classes]`; 0 for a row
+/// whose label equals `ignore`.
+pub(crate) fn cross_entropy(
+    x: &[f32],
+    labels: &[f32],
+    classes: usize,
+    ignore: Option<f32>,
+) -> Result<CpuStorage> {
     x.chunks(classes)
         .zip(labels)
         .map(|(row, &label)| {
+            if Some(label) == ignore {
+                return Ok(0.0);
+            }
             let k = label_index("cross_entropy", label, classes)?;
             Ok(log_sum_exp(row) - row[k])
         })
         .collect()
 }
 
-/// Gradient of the mean loss: `(softmax(x_r) - onehot(label_r)) * scale` with `scale = g / rows`.
+/// Gradient of the summed loss scaled by `scale` (the upstream gradient over the count of
+/// labels): `(softmax(x_r) - onehot(label_r)) * scale`, 0 for ignored rows.
 pub(crate) fn cross_entropy_grad(
     x: &[f32],
     labels: &[f32],
     classes: usize,
     scale: f32,
+    ignore: Option<f32>,
 ) -> Result<CpuStorage> {
     let mut out = vec![0.0; x.len()];
-    for ((dst, row), &label) in out.chunks_mut(classes).zip(x.chunks(classes)).zip(labels) {
+    let row = |(dst, row, &label): (&mut [f32], &[f32], &f32)| -> Result<()> {
+        if Some(label) == ignore {
+            return Ok(());
+        }
         let k = label_index("cross_entropy", label, classes)?;
         softmax_row(row, dst);
         dst[k] -= 1.0;
         dst.iter_mut().for_each(|v| *v *= scale);
+        Ok(())
+    };
+    if x.len() >= PAR_MIN {
+        out.par_chunks_mut(classes)
+            .zip(x.par_chunks(classes))
+            .zip(labels.par_iter())
+            .try_for_each(|((d, r), l)| row((d, r, l)))?;
+    } else {
+        out.chunks_mut(classes)
+            .zip(x.chunks(classes))
+            .zip(labels)
+            .try_for_each(|((d, r), l)| row((d, r, l)))?;
     }
     Ok(out)
 }
@@ -108,9 +134,13 @@ mod tests {
     #[test]
     fn cross_entropy_rejects_bad_labels() {
         let x = [0.0, 0.0];
-        assert!((cross_entropy(&x, &[1.0], 2).unwrap()[0] - 2f32.ln()).abs() < 1e-6);
-        assert!(cross_entropy(&x, &[2.0], 2).is_err());
-        assert!(cross_entropy(&x, &[0.5], 2).is_err());
-        assert!(cross_entropy(&x, &[-1.0], 2).is_err());
+        assert!((cross_entropy(&x, &[1.0], 2, None).unwrap()[0] - 2f32.ln()).abs() < 1e-6);
+        assert!(cross_entropy(&x, &[2.0], 2, None).is_err());
+        assert!(cross_entropy(&x, &[0.5], 2, None).is_err());
+        assert!(cross_entropy(&x, &[-1.0], 2, None).is_err());
+        assert_eq!(
+            cross_entropy(&x, &[-100.0], 2, Some(-100.0)).unwrap(),
+            vec![0.0]
+        );
     }
 }

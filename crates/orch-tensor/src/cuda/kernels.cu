@@ -44,24 +44,15 @@ __device__ __forceinline__ float gelu_grad_f(float x) {
 
 // ---- elementwise --------------------------------------------------------------------------
 
+// The elementwise kernels are generated from the op table (ops/table.rs): one `UNARY(u_<name>,
+// expr)` or `BINARY(b_<name>, expr)` line per op is appended to this file before NVRTC compiles
+// it (cuda/mod.rs, `kernel_source`). Unary kernels all take two scalar parameters `p0`, `p1`
+// (the op's parameters, 0 when unused).
 #define UNARY(name, expr) \
-    extern "C" __global__ void name(const float* __restrict__ x, float* __restrict__ y, unsigned int n) { \
+    extern "C" __global__ void name(const float* __restrict__ x, float* __restrict__ y, unsigned int n, \
+                                    float p0, float p1) { \
         GRID_STRIDE(i, n) { float v = x[i]; y[i] = (expr); } \
     }
-
-UNARY(u_neg, -v)
-UNARY(u_relu, v > 0.0f ? v : 0.0f)
-UNARY(u_gelu, gelu_f(v))
-UNARY(u_tanh, tanhf(v))
-UNARY(u_sigmoid, 1.0f / (1.0f + expf(-v)))
-UNARY(u_exp, expf(v))
-UNARY(u_log, logf(v))
-UNARY(u_sqr, v * v)
-
-extern "C" __global__ void u_affine(const float* __restrict__ x, float* __restrict__ y, unsigned int n,
-                                    float mul, float add) {
-    GRID_STRIDE(i, n) { y[i] = fmaf(x[i], mul, add); }
-}
 
 extern "C" __global__ void fill(float* __restrict__ y, unsigned int n, float value) {
     GRID_STRIDE(i, n) { y[i] = value; }
@@ -81,16 +72,6 @@ extern "C" __global__ void fill(float* __restrict__ y, unsigned int n, float val
             float x = a[oa]; float z = b[ob]; y[i] = (expr); \
         } \
     }
-
-BINARY(b_add, x + z)
-BINARY(b_sub, x - z)
-BINARY(b_mul, x * z)
-BINARY(b_div, x / z)
-BINARY(b_eq, x == z ? 1.0f : 0.0f)
-BINARY(b_relu_grad, z > 0.0f ? x : 0.0f)
-BINARY(b_gelu_grad, x * gelu_grad_f(z))
-BINARY(b_tanh_grad, x * (1.0f - z * z))
-BINARY(b_sigmoid_grad, x * z * (1.0f - z))
 
 // dst[strided s1] = src[strided s0] for n elements (gather when s1 is dense, scatter when s0 is).
 extern "C" __global__ void copy_strided(const float* __restrict__ src, float* __restrict__ dst,
@@ -227,9 +208,11 @@ __device__ __forceinline__ int label_index(float label, unsigned int classes) {
     return (int)label;
 }
 
-// loss[r] = logsumexp(x_r) - x_r[label_r]; NaN for an invalid label.
+// loss[r] = logsumexp(x_r) - x_r[label_r]; 0 for an ignored label (has_ignore and label ==
+// ignore); NaN for an invalid label.
 extern "C" __global__ void ce_fwd(const float* __restrict__ x, const float* __restrict__ labels,
-                                  float* __restrict__ loss, unsigned int rows, unsigned int classes) {
+                                  float* __restrict__ loss, unsigned int rows, unsigned int classes,
+                                  int has_ignore, float ignore) {
     unsigned int r = blockIdx.x;
     if (r >= rows) return;
     const float* row = x + (size_t)r * classes;
@@ -240,15 +223,17 @@ extern "C" __global__ void ce_fwd(const float* __restrict__ x, const float* __re
     for (unsigned int j = threadIdx.x; j < classes; j += blockDim.x) s += expf(row[j] - m);
     s = block_sum(s);
     if (threadIdx.x == 0) {
-        int k = label_index(labels[r], classes);
-        loss[r] = k < 0 ? nan_f() : m + logf(s) - row[k];
+        float label = labels[r];
+        int k = label_index(label, classes);
+        loss[r] = (has_ignore && label == ignore) ? 0.0f : (k < 0 ? nan_f() : m + logf(s) - row[k]);
     }
 }
 
-// dx = (softmax(x_r) - onehot(label_r)) * g[0] * inv_rows.
+// dx = (softmax(x_r) - onehot(label_r)) * g[0] * inv_rows; 0 for an ignored label.
 extern "C" __global__ void ce_bwd(const float* __restrict__ x, const float* __restrict__ labels,
                                   const float* __restrict__ g, float* __restrict__ dx,
-                                  unsigned int rows, unsigned int classes, float inv_rows) {
+                                  unsigned int rows, unsigned int classes, float inv_rows,
+                                  int has_ignore, float ignore) {
     unsigned int r = blockIdx.x;
     if (r >= rows) return;
     const float* row = x + (size_t)r * classes;
@@ -259,12 +244,14 @@ extern "C" __global__ void ce_bwd(const float* __restrict__ x, const float* __re
     float s = 0.0f;
     for (unsigned int j = threadIdx.x; j < classes; j += blockDim.x) s += expf(row[j] - m);
     s = block_sum(s);
-    int k = label_index(labels[r], classes);
+    float label = labels[r];
+    int k = label_index(label, classes);
+    int ignored = has_ignore && label == ignore;
     float scale = g[0] * inv_rows;
     float inv = 1.0f / s;
     for (unsigned int j = threadIdx.x; j < classes; j += blockDim.x) {
         float p = expf(row[j] - m) * inv - ((int)j == k ? 1.0f : 0.0f);
-        out[j] = k < 0 ? nan_f() : p * scale;
+        out[j] = ignored ? 0.0f : (k < 0 ? nan_f() : p * scale);
     }
 }
 
@@ -300,5 +287,81 @@ extern "C" __global__ void adam_step(float* __restrict__ p, const float* __restr
         m[i] = mi;
         v[i] = vi;
         p[i] = pi - lr * (mi / bias1) / (sqrtf(vi / bias2) + eps);
+    }
+}
+
+// ---- lookups by index ([outer, n, inner] around the indexed axis) -----------------------------
+// Indices are f32, checked on the host before launch; an invalid one is still refused here (NaN
+// read, nothing written). `total` threads run over the index-driven side, [outer, k, inner].
+
+// y[o, j, i] = x[o, idx[j], i].
+extern "C" __global__ void index_select(const float* __restrict__ x, const float* __restrict__ idx,
+                                        float* __restrict__ y, unsigned int total, unsigned int n,
+                                        unsigned int k, unsigned int inner) {
+    GRID_STRIDE(t, total) {
+        unsigned int i = t % inner, j = (t / inner) % k, o = t / (inner * k);
+        int r = label_index(idx[j], n);
+        y[t] = r < 0 ? nan_f() : x[((size_t)o * n + r) * inner + i];
+    }
+}
+
+// y[o, idx[j], i] += g[o, j, i]; y is zeroed first. Float atomics: the order of the additions
+// (and so the last bits of a sum of duplicates) can differ between runs.
+extern "C" __global__ void index_add(const float* __restrict__ g, const float* __restrict__ idx,
+                                     float* __restrict__ y, unsigned int total, unsigned int n,
+                                     unsigned int k, unsigned int inner) {
+    GRID_STRIDE(t, total) {
+        unsigned int i = t % inner, j = (t / inner) % k, o = t / (inner * k);
+        int r = label_index(idx[j], n);
+        if (r >= 0) atomicAdd(&y[((size_t)o * n + r) * inner + i], g[t]);
+    }
+}
+
+// y[o, j, i] = x[o, idx[o, j, i], i].
+extern "C" __global__ void gather_axis(const float* __restrict__ x, const float* __restrict__ idx,
+                                       float* __restrict__ y, unsigned int total, unsigned int n,
+                                       unsigned int k, unsigned int inner) {
+    GRID_STRIDE(t, total) {
+        unsigned int i = t % inner, o = t / (inner * k);
+        int r = label_index(idx[t], n);
+        y[t] = r < 0 ? nan_f() : x[((size_t)o * n + r) * inner + i];
+    }
+}
+
+// y[o, idx[o, j, i], i] += g[o, j, i]; y is zeroed first.
+extern "C" __global__ void scatter_add(const float* __restrict__ g, const float* __restrict__ idx,
+                                       float* __restrict__ y, unsigned int total, unsigned int n,
+                                       unsigned int k, unsigned int inner) {
+    GRID_STRIDE(t, total) {
+        unsigned int i = t % inner, o = t / (inner * k);
+        int r = label_index(idx[t], n);
+        if (r >= 0) atomicAdd(&y[((size_t)o * n + r) * inner + i], g[t]);
+    }
+}
+
+// ---- dropout ---------------------------------------------------------------------------------
+// The mask of ops::DropoutMask (ops/mod.rs), bit for bit: element e of row r is kept when the
+// top 24 bits of the hash of (seed, step, site, offset + r, e), as a fraction, are >= p.
+
+__device__ __forceinline__ unsigned long long splitmix_finalize(unsigned long long z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+extern "C" __global__ void dropout(const float* __restrict__ x, float* __restrict__ y, unsigned int n,
+                                   unsigned int per, unsigned long long seed, unsigned long long step,
+                                   unsigned long long site, unsigned long long offset, float p,
+                                   float scale) {
+    const unsigned long long G = 0x9E3779B97F4A7C15ull;
+    GRID_STRIDE(t, n) {
+        unsigned long long r = t / per, e = t % per;
+        unsigned long long k = splitmix_finalize(seed + G);
+        k = splitmix_finalize(k ^ (step + G));
+        k = splitmix_finalize(k ^ (site + G));
+        k = splitmix_finalize(k ^ (offset + r + G));
+        unsigned long long bits = splitmix_finalize(k + (e + 1ull) * G);
+        float u = (float)(bits >> 40) * (1.0f / 16777216.0f);
+        y[t] = u >= p ? x[t] * scale : 0.0f;
     }
 }

@@ -10,6 +10,7 @@
 //! switched off; allocation is stream ordered (`cuMemAllocAsync`) where the device supports it.
 
 mod blas;
+mod index;
 mod ops;
 mod rows;
 
@@ -17,6 +18,7 @@ pub(crate) use blas::operand_ok as matmul_operand_ok;
 
 use crate::device::Device;
 use crate::error::{Result, TensorError};
+use crate::ops::{BinaryOp, UnaryOp};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream};
 use orch_devices::cuda as cuda_presence;
@@ -29,36 +31,10 @@ pub(crate) type CudaStorage = CudaSlice<f32>;
 
 const KERNELS_CU: &str = include_str!("kernels.cu");
 
-/// Every kernel in `kernels.cu`, loaded by name.
-const KERNEL_NAMES: &[&str] = &[
-    "u_neg",
-    "u_relu",
-    "u_gelu",
-    "u_tanh",
-    "u_sigmoid",
-    "u_exp",
-    "u_log",
-    "u_sqr",
-    "u_affine",
+/// The kernels written out in `kernels.cu` (the elementwise ones are generated from the op
+/// table: [`UnaryOp::KERNELS`], [`BinaryOp::KERNELS`]).
+const HAND_WRITTEN_KERNELS: &[&str] = &[
     "fill",
-    "b_add_contig",
-    "b_add_strided",
-    "b_sub_contig",
-    "b_sub_strided",
-    "b_mul_contig",
-    "b_mul_strided",
-    "b_div_contig",
-    "b_div_strided",
-    "b_eq_contig",
-    "b_eq_strided",
-    "b_relu_grad_contig",
-    "b_relu_grad_strided",
-    "b_gelu_grad_contig",
-    "b_gelu_grad_strided",
-    "b_tanh_grad_contig",
-    "b_tanh_grad_strided",
-    "b_sigmoid_grad_contig",
-    "b_sigmoid_grad_strided",
     "copy_strided",
     "reduce_sum_rows",
     "reduce_max_rows",
@@ -70,7 +46,27 @@ const KERNEL_NAMES: &[&str] = &[
     "ce_bwd",
     "sgd_step",
     "adam_step",
+    "index_select",
+    "index_add",
+    "gather_axis",
+    "scatter_add",
+    "dropout",
 ];
+
+/// Every kernel of the compiled module, loaded by name.
+fn all_kernel_names() -> &'static [&'static str] {
+    static NAMES: OnceLock<Vec<&'static str>> = OnceLock::new();
+    NAMES.get_or_init(|| [UnaryOp::KERNELS, BinaryOp::KERNELS, HAND_WRITTEN_KERNELS].concat())
+}
+
+/// `kernels.cu` followed by the elementwise kernels generated from the op table.
+fn kernel_source() -> String {
+    format!(
+        "{KERNELS_CU}\n// ---- generated from the op table (ops/table.rs) ----\n{}{}",
+        UnaryOp::CUDA_SOURCE,
+        BinaryOp::CUDA_SOURCE
+    )
+}
 
 /// One opened CUDA device: context, stream, cuBLAS handle and compiled kernels.
 pub struct CudaDevice {
@@ -147,12 +143,12 @@ fn compile_ptx(arch: &str) -> std::result::Result<cudarc::nvrtc::Ptx, cudarc::nv
         name: Some("orch_tensor_kernels.cu".into()),
         ..Default::default()
     };
-    cudarc::nvrtc::compile_ptx_with_opts(KERNELS_CU, options)
+    cudarc::nvrtc::compile_ptx_with_opts(kernel_source(), options)
 }
 
 /// Names of every kernel in the compiled module (for checks).
 pub fn kernel_names() -> &'static [&'static str] {
-    KERNEL_NAMES
+    all_kernel_names()
 }
 
 /// The process-wide handle of CUDA device `ordinal`, opened (and its kernels compiled) on first use.
@@ -196,7 +192,7 @@ impl CudaDevice {
         let ptx = compile_ptx(&arch).map_err(|e| fail("compile kernels (NVRTC)", &e))?;
         let module = ctx.load_module(ptx).map_err(|e| fail("load kernels", &e))?;
         let mut kernels = HashMap::new();
-        for &kernel in KERNEL_NAMES {
+        for &kernel in all_kernel_names() {
             let f = module
                 .load_function(kernel)
                 .map_err(|e| fail("load kernel", &format!("{kernel}: {e}")))?;
@@ -244,5 +240,44 @@ impl CudaDevice {
         self.kernels
             .get(name)
             .ok_or_else(|| self.error(name, "internal: kernel not loaded"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every hand-written kernel named in the list is defined in kernels.cu and every kernel
+    /// defined there is in the list (NVRTC, which checks the PTX, is not everywhere).
+    #[test]
+    fn hand_written_kernel_list_matches_the_source() {
+        let defined: Vec<&str> = KERNELS_CU
+            .split("extern \"C\" __global__ void ")
+            .skip(1)
+            .filter_map(|rest| rest.split('(').next())
+            .filter(|name| !name.starts_with("name"))
+            .collect();
+        let mut listed = HAND_WRITTEN_KERNELS.to_vec();
+        let mut found = defined.clone();
+        listed.sort_unstable();
+        found.sort_unstable();
+        assert_eq!(listed, found);
+    }
+
+    #[test]
+    fn generated_kernels_are_in_the_source_once() {
+        let source = kernel_source();
+        for name in [UnaryOp::KERNELS, BinaryOp::KERNELS].concat() {
+            let base = name
+                .trim_end_matches("_contig")
+                .trim_end_matches("_strided");
+            let line = format!("({base}, (");
+            assert_eq!(source.matches(&line).count(), 1, "{name}");
+        }
+        let mut all = all_kernel_names().to_vec();
+        all.sort_unstable();
+        let before = all.len();
+        all.dedup();
+        assert_eq!(all.len(), before, "a kernel name is used twice");
     }
 }

@@ -134,23 +134,10 @@ impl CudaDevice {
         let n = self.count("unary", range.len())?;
         let mut y = self.alloc("unary", range.len())?;
         let x = x.slice(range);
-        let (name, affine) = match op {
-            UnaryOp::Neg => ("u_neg", None),
-            UnaryOp::Relu => ("u_relu", None),
-            UnaryOp::Gelu => ("u_gelu", None),
-            UnaryOp::Tanh => ("u_tanh", None),
-            UnaryOp::Sigmoid => ("u_sigmoid", None),
-            UnaryOp::Exp => ("u_exp", None),
-            UnaryOp::Log => ("u_log", None),
-            UnaryOp::Sqr => ("u_sqr", None),
-            UnaryOp::Affine { mul, add } => ("u_affine", Some((mul, add))),
-        };
+        let name = op.kernel();
+        let [p0, p1] = op.params();
         let mut launch = self.stream.launch_builder(self.kernel(name)?);
-        launch.arg(&x).arg(&mut y).arg(&n);
-        let (mul, add) = affine.unwrap_or_default();
-        if affine.is_some() {
-            launch.arg(&mul).arg(&add);
-        }
+        launch.arg(&x).arg(&mut y).arg(&n).arg(&p0).arg(&p1);
         // SAFETY: `x` and `y` hold `n` floats; arguments match the kernel's signature.
         unsafe { launch.launch(grid_for(n)) }.map_err(|e| self.error(name, e))?;
         Ok(y)
@@ -171,20 +158,10 @@ impl CudaDevice {
         if numel == 0 {
             return Ok(y);
         }
-        let base = match op {
-            BinaryOp::Add => "b_add",
-            BinaryOp::Sub => "b_sub",
-            BinaryOp::Mul => "b_mul",
-            BinaryOp::Div => "b_div",
-            BinaryOp::Eq => "b_eq",
-            BinaryOp::ReluGrad => "b_relu_grad",
-            BinaryOp::GeluGrad => "b_gelu_grad",
-            BinaryOp::TanhGrad => "b_tanh_grad",
-            BinaryOp::SigmoidGrad => "b_sigmoid_grad",
-        };
         let (va, vb) = (a.slice(la.offset()..), b.slice(lb.offset()..));
         let dense = la.is_contiguous() && lb.is_contiguous();
-        let kernel = self.kernel(binary_name(base, dense))?;
+        let name = op.kernel(dense);
+        let kernel = self.kernel(name)?;
         let strided = if dense {
             None
         } else {
@@ -197,7 +174,7 @@ impl CudaDevice {
         }
         // SAFETY: offsets reached through the strides stay inside `a` and `b` (layouts come from
         // validated views); `y` holds `n` floats.
-        unsafe { launch.launch(grid_for(n)) }.map_err(|e| self.error(base, e))?;
+        unsafe { launch.launch(grid_for(n)) }.map_err(|e| self.error(name, e))?;
         Ok(y)
     }
 
@@ -233,26 +210,4 @@ impl CudaDevice {
         unsafe { launch.launch(grid_for(n)) }.map_err(|e| self.error("copy_strided", e))?;
         Ok(())
     }
-}
-
-fn binary_name(base: &'static str, dense: bool) -> &'static str {
-    macro_rules! pick {
-        ($($b:literal),*) => {
-            match (base, dense) {
-                $(($b, true) => concat!($b, "_contig"), ($b, false) => concat!($b, "_strided"),)*
-                _ => "missing",
-            }
-        };
-    }
-    pick!(
-        "b_add",
-        "b_sub",
-        "b_mul",
-        "b_div",
-        "b_eq",
-        "b_relu_grad",
-        "b_gelu_grad",
-        "b_tanh_grad",
-        "b_sigmoid_grad"
-    )
 }

@@ -106,6 +106,7 @@ impl CudaDevice {
         labels: &CudaStorage,
         lr: Range<usize>,
         classes: usize,
+        ignore: Option<f32>,
     ) -> Result<CudaStorage> {
         let rows = lr.len();
         let (r, c) = (
@@ -118,13 +119,16 @@ impl CudaDevice {
         }
         let (x, labels) = (x.slice(xr), labels.slice(lr));
         let mut launch = self.stream.launch_builder(self.kernel("ce_fwd")?);
+        let (has_ignore, ignore) = (i32::from(ignore.is_some()), ignore.unwrap_or(0.0));
         launch.arg(&x).arg(&labels).arg(&mut loss).arg(&r).arg(&c);
+        launch.arg(&has_ignore).arg(&ignore);
         // SAFETY: `x` holds rows*classes floats, `labels` and `loss` rows.
         unsafe { launch.launch(rows_config(r, c)) }.map_err(|e| self.error("cross_entropy", e))?;
         Ok(loss)
     }
 
-    /// `(softmax(x) - onehot(labels)) * g[0] / rows`.
+    /// `(softmax(x) - onehot(labels)) * g[0]` (`g` is the upstream gradient over the count of
+    /// labels); 0 for ignored rows.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn cross_entropy_grad(
         &self,
@@ -135,6 +139,7 @@ impl CudaDevice {
         g: &CudaStorage,
         gr: Range<usize>,
         classes: usize,
+        ignore: Option<f32>,
     ) -> Result<CudaStorage> {
         let rows = lr.len();
         let (r, c) = (
@@ -145,7 +150,9 @@ impl CudaDevice {
         if rows == 0 {
             return Ok(dx);
         }
-        let inv_rows = 1.0f32 / rows as f32;
+        // The caller has divided the upstream gradient by the count of labels.
+        let inv_rows = 1.0f32;
+        let (has_ignore, ignore) = (i32::from(ignore.is_some()), ignore.unwrap_or(0.0));
         let (x, labels, g) = (x.slice(xr), labels.slice(lr), g.slice(gr));
         let mut launch = self.stream.launch_builder(self.kernel("ce_bwd")?);
         launch
@@ -155,7 +162,9 @@ impl CudaDevice {
             .arg(&mut dx)
             .arg(&r)
             .arg(&c)
-            .arg(&inv_rows);
+            .arg(&inv_rows)
+            .arg(&has_ignore)
+            .arg(&ignore);
         // SAFETY: as for `cross_entropy`; `g` holds one float.
         unsafe { launch.launch(rows_config(r, c)) }
             .map_err(|e| self.error("cross_entropy backward", e))?;

@@ -1,11 +1,16 @@
 //! The tensor handle: a shared storage, a layout over it, and (when it takes part in autograd)
 //! the op that produced it.
 
+mod dropout;
 mod elementwise;
+mod lookup;
 mod matmul;
 mod nn;
 mod reduce;
+mod shape;
 mod view;
+
+pub use dropout::Dropout;
 
 use crate::autograd::{self, NodeToken, Op, Recorded};
 use crate::device::Device;
@@ -300,7 +305,12 @@ impl Tensor {
             Tensor::dense(buffer, src.shape(), None)
         };
         let mut dst = self.0.buffer.write();
-        storage::scatter(pool, &mut dst, self.layout(), &dense.buffer().read())
+        storage::scatter(
+            pool,
+            &mut dst,
+            self.layout(),
+            (&dense.buffer().read(), dense.layout()),
+        )
     }
 
     // ---- autograd handles ----------------------------------------------------------------

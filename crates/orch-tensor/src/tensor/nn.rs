@@ -63,45 +63,99 @@ impl Tensor {
         }
     }
 
-    /// Mean over the batch of `-log softmax(logits)[label]`, for logits `[rows, classes]` and
-    /// labels `[rows]` holding class indices as f32. Fused: no softmax tensor is kept. An invalid
-    /// label is an error on the CPU and a NaN loss on CUDA (checking would need a device sync).
+    /// Mean over the batch of `-log softmax(logits)[label]`, for logits `[.., classes]` and
+    /// labels of the logits' leading shape (`[rows]` for `[rows, classes]`) holding class
+    /// indices as f32. Fused: no softmax tensor is kept. An invalid label is an error on the CPU
+    /// and a NaN loss on CUDA (checking would need a device sync).
     pub fn cross_entropy(&self, labels: &Tensor) -> Result<Tensor> {
-        let classes = self.check_labels(labels, "cross_entropy")?;
-        let (x, y) = (
-            self.contiguous()?,
-            autograd::no_grad(|| labels.contiguous())?,
-        );
+        self.cross_entropy_with(labels, None)
+    }
+
+    /// [`Tensor::cross_entropy`] where labels equal to `ignore_index` (PyTorch's, e.g. -100 for
+    /// padding) count neither in the loss nor in the mean's denominator. When every label is
+    /// ignored (or there are none) the loss is 0 and so is its gradient (PyTorch gives NaN).
+    pub fn cross_entropy_with(&self, labels: &Tensor, ignore_index: Option<i64>) -> Result<Tensor> {
+        let op = "cross_entropy";
+        same_device(op, self, labels)?;
+        let Some((&classes, lead)) = self.shape().split_last() else {
+            return Err(TensorError::InvalidShape {
+                op,
+                shape: vec![],
+                reason: "logits need a class dimension".into(),
+            });
+        };
+        if classes == 0 {
+            return Err(TensorError::InvalidShape {
+                op,
+                shape: self.shape().to_vec(),
+                reason: "logits with no classes have no label to score".into(),
+            });
+        }
+        if labels.shape() != lead {
+            return Err(TensorError::ShapeMismatch {
+                op,
+                lhs: self.shape().to_vec(),
+                rhs: labels.shape().to_vec(),
+            });
+        }
+        let rows = labels.numel();
+        let x = self.reshape(&[rows, classes])?;
+        let y = autograd::no_grad(|| labels.reshape(&[rows]))?;
+        let ignore = ignore_index.map(|i| i as f32);
         let pool = x.pool();
-        let rows = y.numel();
-        let losses = storage::alloc(pool, "cross_entropy", &[rows], || {
+        let losses = storage::alloc(pool, op, &[rows], || {
             storage::read_two(x.buffer(), y.buffer(), |xs, ys| {
-                storage::cross_entropy(pool, (xs, x.layout()), (ys, y.layout()), classes)
+                storage::cross_entropy(pool, (xs, x.layout()), (ys, y.layout()), classes, ignore)
             })
         })?;
         let losses = Tensor::dense(losses, &[rows], None);
-        let mean = autograd::no_grad(|| losses.mean_all())?;
-        let rec = autograd::record(&[&x], || Op::CrossEntropy(x.clone(), y.clone()))?;
+        let (mean, denom) = autograd::no_grad(|| -> Result<(Tensor, Tensor)> {
+            // The count of labels that score, at least 1 (kept on the device: no sync).
+            let denom = match ignore {
+                None => Tensor::scalar(rows.max(1) as f32, pool)?,
+                Some(v) => {
+                    let ignored = y.eq(&Tensor::scalar(v, pool)?)?.sum_all()?;
+                    Tensor::scalar(rows as f32, pool)?
+                        .sub(&ignored)?
+                        .maximum(&Tensor::scalar(1.0, pool)?)?
+                }
+            };
+            Ok((losses.sum_all()?.div(&denom)?, denom))
+        })?;
+        let rec = autograd::record(&[&x], || Op::CrossEntropy {
+            logits: x.clone(),
+            labels: y.clone(),
+            ignore,
+            denom,
+        })?;
         Ok(mean.view(mean.layout().clone(), rec))
     }
 
-    /// Gradient of [`Tensor::cross_entropy`] for upstream scalar gradient `g`.
-    pub(crate) fn cross_entropy_backward(&self, labels: &Tensor, g: &Tensor) -> Result<Tensor> {
+    /// Gradient of [`Tensor::cross_entropy_with`] (for 2-D logits `self` and 1-D labels) for
+    /// upstream scalar gradient `g` and the count of scoring labels `denom`.
+    pub(crate) fn cross_entropy_backward(
+        &self,
+        labels: &Tensor,
+        ignore: Option<f32>,
+        denom: &Tensor,
+        g: &Tensor,
+    ) -> Result<Tensor> {
         let classes = self.check_labels(labels, "cross_entropy backward")?;
-        let g = g.contiguous()?;
+        let scale = g.div(denom)?;
         let pool = self.pool();
         let buffer = storage::alloc(pool, "cross_entropy backward", self.shape(), || {
             let (xs, ys, gs) = (
                 self.buffer().read(),
                 labels.buffer().read(),
-                g.buffer().read(),
+                scale.buffer().read(),
             );
             storage::cross_entropy_grad(
                 pool,
                 (&xs, self.layout()),
                 (&ys, labels.layout()),
-                (&gs, g.layout()),
+                (&gs, scale.layout()),
                 classes,
+                ignore,
             )
         })?;
         Ok(Tensor::dense(buffer, self.shape(), None))

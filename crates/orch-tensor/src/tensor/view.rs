@@ -102,6 +102,82 @@ impl Tensor {
         ))
     }
 
+    /// Every `step`-th entry of dimension `axis` from `start` up to (not including) `end`, as
+    /// Python's `x[start:end:step]`: `end` past the dimension is cut to it, `start >= end`
+    /// gives an empty dimension. `step` must be at least 1. A view.
+    pub fn slice(&self, axis: isize, start: usize, end: usize, step: usize) -> Result<Tensor> {
+        let d = resolve_axis("slice", axis, self.rank())?;
+        if step == 0 {
+            return Err(TensorError::InvalidArgument {
+                op: "slice",
+                reason: "the step must be at least 1".into(),
+            });
+        }
+        let size = self.shape()[d];
+        let end = end.min(size);
+        let len = end.saturating_sub(start).div_ceil(step);
+        // One entry or none: the step is irrelevant (and must not scale the stride past usize).
+        let step = if len <= 1 { 1 } else { step };
+        let view = self.layout().slice(d, start.min(size), len, step);
+        Ok(self.view(
+            view,
+            autograd::record(&[self], || Op::Slice(self.clone(), d, start, step))?,
+        ))
+    }
+
+    /// Pieces of `sizes` entries along `axis`, in order (views); the sizes must add up to the
+    /// dimension.
+    pub fn split(&self, sizes: &[usize], axis: isize) -> Result<Vec<Tensor>> {
+        let d = resolve_axis("split", axis, self.rank())?;
+        let total = sizes.iter().try_fold(0usize, |a, &s| a.checked_add(s));
+        if total != Some(self.shape()[d]) {
+            return Err(TensorError::InvalidShape {
+                op: "split",
+                shape: self.shape().to_vec(),
+                reason: format!(
+                    "sizes {sizes:?} do not add up to dimension {d}'s {}",
+                    self.shape()[d]
+                ),
+            });
+        }
+        let mut start = 0;
+        sizes
+            .iter()
+            .map(|&len| {
+                let piece = self.narrow(d as isize, start, len);
+                start += len;
+                piece
+            })
+            .collect()
+    }
+
+    /// This tensor broadcast to `shape`, where `-1` keeps this tensor's dimension (PyTorch's
+    /// `expand`; new leading dimensions must be given). A view.
+    pub fn expand(&self, shape: &[isize]) -> Result<Tensor> {
+        let invalid = |reason: String| TensorError::InvalidArgument {
+            op: "expand",
+            reason,
+        };
+        let lead = shape.len().checked_sub(self.rank()).ok_or_else(|| {
+            invalid(format!(
+                "{shape:?} has fewer dimensions than the tensor {:?}",
+                self.shape()
+            ))
+        })?;
+        let resolved = shape
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| match s {
+                -1 if i >= lead => Ok(self.shape()[i - lead]),
+                s if s >= 0 => Ok(s as usize),
+                _ => Err(invalid(format!(
+                    "size {s} at dimension {i} of {shape:?} (only -1, on an existing dimension, keeps it)"
+                ))),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.broadcast_to(&resolved)
+    }
+
     /// This tensor repeated (numpy broadcasting, stride 0) to `shape`.
     pub fn broadcast_to(&self, shape: &[usize]) -> Result<Tensor> {
         if shape == self.shape() {
@@ -137,12 +213,41 @@ impl Tensor {
         dim: usize,
         start: usize,
     ) -> Result<Tensor> {
+        let target = Layout::contiguous(shape).narrow(dim, start, self.shape()[dim]);
+        self.written_into(shape, 0.0, &target)
+    }
+
+    /// Gradient of `slice`: zeros of `shape` with `self` written at every `step`-th entry of
+    /// `dim` from `start`.
+    pub(crate) fn slice_backward(
+        &self,
+        shape: &[usize],
+        dim: usize,
+        start: usize,
+        step: usize,
+    ) -> Result<Tensor> {
+        let target = Layout::contiguous(shape).slice(dim, start, self.shape()[dim], step);
+        self.written_into(shape, 0.0, &target)
+    }
+
+    /// A dense tensor of `shape` filled with `value`, with this tensor's elements written into
+    /// the elements `target` views (a layout over that shape, no broadcast dimensions).
+    pub(crate) fn written_into(
+        &self,
+        shape: &[usize],
+        value: f32,
+        target: &Layout,
+    ) -> Result<Tensor> {
         let g = self.contiguous()?;
-        let out = Tensor::zeros(shape, self.pool())?;
-        let target = Layout::contiguous(shape).narrow(dim, start, g.shape()[dim]);
+        let out = Tensor::full(shape, value, self.pool())?;
         {
             let mut dst = out.buffer().write();
-            storage::scatter(self.pool(), &mut dst, &target, &g.buffer().read())?;
+            storage::scatter(
+                self.pool(),
+                &mut dst,
+                target,
+                (&g.buffer().read(), g.layout()),
+            )?;
         }
         Ok(out)
     }

@@ -4,7 +4,7 @@
 use crate::common::TestResult;
 use crate::test_device;
 use orch_tensor::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
-use orch_tensor::{MemoryPool, Tensor, TensorError};
+use orch_tensor::{Dropout, MemoryPool, Tensor, TensorError};
 use std::sync::Arc;
 
 type Pool = Arc<MemoryPool>;
@@ -200,7 +200,62 @@ fn optimizers_on_empty_parameters(pool: &Pool) -> TestResult {
     Ok(())
 }
 
+/// The ops of contract 0.3.0 on zero-size shapes.
+fn new_ops_on_empty_shapes(pool: &Pool) -> TestResult {
+    let x = Tensor::zeros(&[3, 0], pool)?.with_requires_grad();
+    for y in [
+        x.sqrt()?,
+        x.rsqrt()?,
+        x.pow(2.0)?,
+        x.abs()?,
+        x.clamp(0.0, 1.0)?,
+        x.silu()?,
+        x.maximum(&x)?,
+        x.minimum(&x)?,
+        x.lt(&x)?,
+        x.gt(&x)?,
+        Tensor::where_(&x, &x, &x)?,
+        x.masked_fill(&x, 1.0)?,
+        x.dropout(&Dropout::new(0.5, 1, 1))?,
+        x.slice(0, 1, 3, 2)?.expand(&[3, -1, 0])?.sum(&[0], false)?,
+    ] {
+        assert_eq!(y.numel(), 0);
+        assert_eq!(y.to_vec()?, Vec::<f32>::new());
+    }
+    // Empty axes, empty pieces, empty indices.
+    assert_eq!(x.slice(0, 2, 1, 1)?.shape(), &[0, 0]);
+    assert_eq!(x.slice(0, 5, 9, 1)?.shape(), &[0, 0]);
+    let pieces = Tensor::zeros(&[4, 2], pool)?.split(&[0, 4, 0], 0)?;
+    assert_eq!(pieces[0].shape(), &[0, 2]);
+    let joined = Tensor::concat(&[x.clone(), Tensor::zeros(&[3, 2], pool)?], 1)?;
+    assert_eq!(joined.shape(), &[3, 2]);
+    assert_eq!(x.pad(&[(0, 0), (1, 1)], 7.0)?.to_vec()?, vec![7.0; 6]);
+    let table = Tensor::ones(&[4, 2], pool)?.with_requires_grad();
+    let none = Tensor::zeros(&[0], pool)?;
+    let rows = table.embedding(&Tensor::zeros(&[2, 0], pool)?)?;
+    assert_eq!(rows.shape(), &[2, 0, 2]);
+    rows.sum_all()?.backward()?;
+    assert_eq!(table.grad().unwrap().to_vec()?, vec![0.0; 8]);
+    assert_eq!(table.index_select(1, &none)?.shape(), &[4, 0]);
+    assert_eq!(
+        table.gather(0, &Tensor::zeros(&[0, 2], pool)?)?.shape(),
+        &[0, 2]
+    );
+    // An empty table has no row to look up.
+    let empty = Tensor::zeros(&[0, 2], pool)?;
+    assert!(empty.embedding(&Tensor::zeros(&[1], pool)?).is_err());
+    assert_eq!(empty.embedding(&none)?.shape(), &[0, 2]);
+    // No labels: loss 0.
+    let logits = Tensor::zeros(&[0, 5, 3], pool)?.with_requires_grad();
+    let loss = logits.cross_entropy_with(&Tensor::zeros(&[0, 5], pool)?, Some(-100))?;
+    assert_eq!(loss.to_scalar()?, 0.0);
+    loss.backward()?;
+    assert_eq!(logits.grad().unwrap().shape(), &[0, 5, 3]);
+    Ok(())
+}
+
 test_device!(
+    new_ops_on_empty_shapes,
     creation,
     unary_and_scalar_ops,
     binary_ops,

@@ -6,6 +6,8 @@ mod common;
 mod degenerate;
 mod errors;
 mod grads;
+mod grads_more;
+mod new_ops;
 mod ops;
 mod optim;
 mod quota;

@@ -250,6 +250,102 @@ impl R {
     }
 }
 
+impl R {
+    /// The tensors joined along `axis`.
+    pub fn concat(parts: &[R], axis: usize) -> R {
+        let mut shape = parts[0].shape.clone();
+        shape[axis] = parts.iter().map(|p| p.shape[axis]).sum();
+        let data = (0..numel(&shape))
+            .map(|i| {
+                let mut idx = unravel(i, &shape);
+                let mut part = 0;
+                while idx[axis] >= parts[part].shape[axis] {
+                    idx[axis] -= parts[part].shape[axis];
+                    part += 1;
+                }
+                parts[part].data[ravel(&idx, &parts[part].shape)]
+            })
+            .collect();
+        R::new(&shape, data)
+    }
+
+    /// Python's `x[start:end:step]` along `dim`.
+    pub fn slice(&self, dim: usize, start: usize, end: usize, step: usize) -> R {
+        let end = end.min(self.shape[dim]);
+        let picked: Vec<usize> = (start..end).step_by(step).collect();
+        self.select(dim, &picked)
+    }
+
+    /// Entries `index` of dimension `dim`, in order.
+    pub fn select(&self, dim: usize, index: &[usize]) -> R {
+        let mut shape = self.shape.clone();
+        shape[dim] = index.len();
+        let data = (0..numel(&shape))
+            .map(|i| {
+                let mut idx = unravel(i, &shape);
+                idx[dim] = index[idx[dim]];
+                self.data[ravel(&idx, &self.shape)]
+            })
+            .collect();
+        R::new(&shape, data)
+    }
+
+    /// `value` around every dimension, `widths[d] = (before, after)`.
+    pub fn pad(&self, widths: &[(usize, usize)], value: f64) -> R {
+        let shape: Vec<usize> = self
+            .shape
+            .iter()
+            .zip(widths)
+            .map(|(&n, &(b, a))| n + b + a)
+            .collect();
+        let data = (0..numel(&shape))
+            .map(|i| {
+                let idx = unravel(i, &shape);
+                let inner: Option<Vec<usize>> = idx
+                    .iter()
+                    .zip(widths)
+                    .zip(&self.shape)
+                    .map(|((&j, &(b, _)), &n)| j.checked_sub(b).filter(|&k| k < n))
+                    .collect();
+                inner.map_or(value, |k| self.data[ravel(&k, &self.shape)])
+            })
+            .collect();
+        R::new(&shape, data)
+    }
+
+    /// PyTorch's `gather` along `dim` (index of the output's shape).
+    pub fn gather(&self, dim: usize, index: &[usize], index_shape: &[usize]) -> R {
+        let data = (0..numel(index_shape))
+            .map(|i| {
+                let mut idx = unravel(i, index_shape);
+                idx[dim] = index[i];
+                self.data[ravel(&idx, &self.shape)]
+            })
+            .collect();
+        R::new(index_shape, data)
+    }
+
+    /// Mean cross-entropy of logits `[.., classes]` with integer labels of the leading shape,
+    /// labels equal to `ignore` left out (0 when none is left).
+    pub fn cross_entropy_ignoring(&self, labels: &[i64], ignore: Option<i64>) -> R {
+        let classes = *self.shape.last().unwrap();
+        let rows = labels.len();
+        let ls = self.reshape(&[rows, classes]).log_softmax(1);
+        let (mut total, mut count) = (0.0, 0usize);
+        for (r, &k) in labels.iter().enumerate() {
+            if Some(k) != ignore {
+                total -= ls.data[r * classes + k as usize];
+                count += 1;
+            }
+        }
+        R::scalar(if count == 0 {
+            0.0
+        } else {
+            total / count as f64
+        })
+    }
+}
+
 pub fn gelu(x: f64) -> f64 {
     let c = (2.0 / std::f64::consts::PI).sqrt();
     0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
