@@ -1,0 +1,511 @@
+//! 2-D convolution (`torch.nn.functional.conv2d`): NCHW input `[N, C, H, W]`, weight
+//! `[O, C/groups, kh, kw]`, optional bias `[O]`, stride, zero padding, dilation and groups.
+//!
+//! Algorithm: per sample, **im2col** writes the `[C*kh*kw, OH*OW]` column matrix into a
+//! workspace slot, then one gemm per group gives `out_g = W_g col_g`. A 1x1 kernel with stride 1
+//! and no padding skips im2col (the input is its own column matrix). Backward, per sample:
+//! im2col again, `dW_g += dY_g col_g^T` into the slot's own partial weight gradient (summed over
+//! slots at the end), then `dcol_g = W_g^T dY_g` into the same column buffer and **col2im**
+//! scatters it into `d_input`. Samples are split into one contiguous run per slot and the slots
+//! run in parallel (rayon); each gemm is single-threaded unless there is one slot only.
+//!
+//! Memory: forward needs one column matrix per slot (`C*kh*kw*OH*OW`, none for the 1x1 case);
+//! backward one column matrix plus one weight-sized and one bias-sized partial gradient per slot.
+
+use super::slice_gemm::{Mat, sgemm};
+use crate::error::Result;
+use crate::layout::checked_numel;
+use crate::nn_kernels::{bad_arg, check_len, checked_product, usable_slots, wanted_slots};
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+const OP: &str = "conv2d";
+
+/// A validated 2-D convolution: shapes, stride, padding, dilation, groups.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conv2dSpec {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    o: usize,
+    kh: usize,
+    kw: usize,
+    stride: [usize; 2],
+    padding: [usize; 2],
+    dilation: [usize; 2],
+    groups: usize,
+    bias: bool,
+    oh: usize,
+    ow: usize,
+}
+
+/// Output length of one spatial dimension, or why there is none.
+fn out_len(
+    size: usize,
+    kernel: usize,
+    stride: usize,
+    pad: usize,
+    dilation: usize,
+) -> std::result::Result<usize, String> {
+    let padded = pad
+        .checked_mul(2)
+        .and_then(|p| p.checked_add(size))
+        .ok_or("padding overflows")?;
+    let reach = (kernel - 1)
+        .checked_mul(dilation)
+        .map(|r| r + 1)
+        .ok_or("dilated kernel overflows")?;
+    if reach > padded {
+        return Err(format!(
+            "the kernel spans {reach} (dilation included) but the padded input is only {padded}"
+        ));
+    }
+    Ok((padded - reach) / stride + 1)
+}
+
+impl Conv2dSpec {
+    /// Validates a convolution of `input` `[N, C, H, W]` by `weight` `[O, C/groups, kh, kw]`,
+    /// with a bias `[O]` when `bias` is given. `stride` and `dilation` are at least 1; `groups`
+    /// divides both `C` and `O`; the dilated kernel fits the padded input.
+    pub fn new(
+        input: &[usize],
+        weight: &[usize],
+        bias: Option<&[usize]>,
+        stride: [usize; 2],
+        padding: [usize; 2],
+        dilation: [usize; 2],
+        groups: usize,
+    ) -> Result<Self> {
+        let &[n, c, h, w] = input else {
+            return Err(bad_arg(OP, input, "the input must be [N, C, H, W]".into()));
+        };
+        let &[o, cg, kh, kw] = weight else {
+            return Err(bad_arg(
+                OP,
+                weight,
+                "the weight must be [O, C/groups, kh, kw]".into(),
+            ));
+        };
+        checked_numel(OP, input)?;
+        checked_numel(OP, weight)?;
+        if stride.contains(&0) || dilation.contains(&0) {
+            return Err(bad_arg(
+                OP,
+                input,
+                format!("stride {stride:?} and dilation {dilation:?} must be at least 1"),
+            ));
+        }
+        if groups == 0 || c % groups != 0 || o % groups != 0 {
+            return Err(bad_arg(
+                OP,
+                weight,
+                format!("groups = {groups} must divide the {c} input and {o} output channels"),
+            ));
+        }
+        if cg * groups != c {
+            return Err(bad_arg(
+                OP,
+                weight,
+                format!(
+                    "the weight has {cg} input channels per group; {c} channels in {groups} groups need {}",
+                    c / groups
+                ),
+            ));
+        }
+        if kh == 0 || kw == 0 {
+            return Err(bad_arg(OP, weight, "the kernel is empty".into()));
+        }
+        if let Some(b) = bias
+            && b != [o]
+        {
+            return Err(bad_arg(OP, b, format!("the bias must be [{o}]")));
+        }
+        let oh = out_len(h, kh, stride[0], padding[0], dilation[0]);
+        let ow = out_len(w, kw, stride[1], padding[1], dilation[1]);
+        let (oh, ow) = match (oh, ow) {
+            (Ok(oh), Ok(ow)) => (oh, ow),
+            (Err(why), _) | (_, Err(why)) => return Err(bad_arg(OP, input, why)),
+        };
+        let spec = Conv2dSpec {
+            n,
+            c,
+            h,
+            w,
+            o,
+            kh,
+            kw,
+            stride,
+            padding,
+            dilation,
+            groups,
+            bias: bias.is_some(),
+            oh,
+            ow,
+        };
+        checked_numel(OP, &spec.out_shape())?;
+        checked_product(OP, "the column matrix", &[c, kh, kw, oh, ow])?;
+        checked_product(OP, "the workspace", &[spec.slot_len()?, wanted_slots(n)])?;
+        Ok(spec)
+    }
+
+    /// `[N, O, OH, OW]`.
+    pub fn out_shape(&self) -> [usize; 4] {
+        [self.n, self.o, self.oh, self.ow]
+    }
+
+    /// f32 elements of workspace that [`conv2d_forward`] and [`conv2d_backward`] need for one
+    /// slot per thread of the current rayon pool (either accepts fewer slots, at least one).
+    pub fn workspace_elems(&self) -> usize {
+        // new() checked this product.
+        self.slot_len().unwrap_or(0) * wanted_slots(self.n)
+    }
+
+    fn direct(&self) -> bool {
+        self.kh == 1 && self.kw == 1 && self.stride == [1, 1] && self.padding == [0, 0]
+    }
+
+    fn col_len(&self) -> usize {
+        if self.direct() {
+            0
+        } else {
+            self.c * self.kh * self.kw * self.oh * self.ow
+        }
+    }
+
+    fn weight_len(&self) -> usize {
+        self.o * (self.c / self.groups) * self.kh * self.kw
+    }
+
+    /// One slot: the column matrix, then (backward) the partial weight and bias gradients.
+    fn slot_len(&self) -> Result<usize> {
+        self.col_len()
+            .checked_add(self.weight_len() + self.o)
+            .ok_or_else(|| bad_arg(OP, &[self.o], "workspace overflows".into()))
+    }
+
+    fn in_len(&self) -> usize {
+        self.c * self.h * self.w
+    }
+
+    fn spatial(&self) -> usize {
+        self.oh * self.ow
+    }
+
+    fn out_len(&self) -> usize {
+        self.o * self.spatial()
+    }
+
+    /// Rows of one group's column matrix (`C/groups * kh * kw`).
+    fn group_k(&self) -> usize {
+        self.c / self.groups * self.kh * self.kw
+    }
+
+    fn check_common(&self, x: &[f32], weight: &[f32]) -> Result<()> {
+        check_len(OP, "the input", x.len(), self.n * self.in_len())?;
+        check_len(OP, "the weight", weight.len(), self.weight_len())
+    }
+}
+
+/// For kernel offset `off` (already dilated) along a dimension: the output positions whose
+/// input index `pos * stride + off - pad` lies in `0..size`, as a range `lo..hi`.
+fn valid_range(
+    out: usize,
+    size: usize,
+    stride: usize,
+    off: usize,
+    pad: usize,
+) -> std::ops::Range<usize> {
+    let lo = if pad > off {
+        (pad - off).div_ceil(stride)
+    } else {
+        0
+    };
+    let hi = if size + pad > off {
+        (size + pad - off).div_ceil(stride)
+    } else {
+        0
+    };
+    lo.min(out)..hi.clamp(lo.min(out), out)
+}
+
+/// Calls `f(col_row, channel_plane_offset, row_offset_in_col, ...)` for every (channel, ki, kj)
+/// row of the column matrix: shared by im2col and col2im. `f(c, i, j, row)` with `row` the
+/// index of the column-matrix row.
+fn for_each_col_row(s: &Conv2dSpec, mut f: impl FnMut(usize, usize, usize, usize)) {
+    for c in 0..s.c {
+        for i in 0..s.kh {
+            for j in 0..s.kw {
+                f(c, i, j, (c * s.kh + i) * s.kw + j);
+            }
+        }
+    }
+}
+
+/// Writes the column matrix of one sample `x` (`[C, H, W]`) into `col` (`[C*kh*kw, OH*OW]`).
+fn im2col(s: &Conv2dSpec, x: &[f32], col: &mut [f32]) {
+    let (l, ow) = (s.spatial(), s.ow);
+    let [sh, sw] = s.stride;
+    let [ph, pw] = s.padding;
+    let [dh, dw] = s.dilation;
+    for_each_col_row(s, |c, i, j, row| {
+        let dst = &mut col[row * l..][..l];
+        let plane = &x[c * s.h * s.w..][..s.h * s.w];
+        let rows = valid_range(s.oh, s.h, sh, i * dh, ph);
+        let cols = valid_range(ow, s.w, sw, j * dw, pw);
+        dst[..rows.start * ow].fill(0.0);
+        dst[rows.end * ow..].fill(0.0);
+        for oh in rows {
+            let ih = oh * sh + i * dh - ph;
+            let src = &plane[ih * s.w..][..s.w];
+            let d = &mut dst[oh * ow..][..ow];
+            d[..cols.start].fill(0.0);
+            d[cols.end..].fill(0.0);
+            if cols.is_empty() {
+                continue;
+            }
+            let first = cols.start * sw + j * dw - pw;
+            if sw == 1 {
+                d[cols.clone()].copy_from_slice(&src[first..first + cols.len()]);
+            } else {
+                for (k, v) in d[cols.clone()].iter_mut().enumerate() {
+                    *v = src[first + k * sw];
+                }
+            }
+        }
+    });
+}
+
+/// Adds the column matrix `col` back into one sample's input gradient `dx` (`[C, H, W]`).
+fn col2im(s: &Conv2dSpec, col: &[f32], dx: &mut [f32]) {
+    let (l, ow) = (s.spatial(), s.ow);
+    let [sh, sw] = s.stride;
+    let [ph, pw] = s.padding;
+    let [dh, dw] = s.dilation;
+    dx.fill(0.0);
+    for_each_col_row(s, |c, i, j, row| {
+        let src = &col[row * l..][..l];
+        let plane = &mut dx[c * s.h * s.w..][..s.h * s.w];
+        let cols = valid_range(ow, s.w, sw, j * dw, pw);
+        if cols.is_empty() {
+            return;
+        }
+        for oh in valid_range(s.oh, s.h, sh, i * dh, ph) {
+            let ih = oh * sh + i * dh - ph;
+            let d = &mut plane[ih * s.w..][..s.w];
+            let first = cols.start * sw + j * dw - pw;
+            let from = &src[oh * ow + cols.start..oh * ow + cols.end];
+            if sw == 1 {
+                for (v, g) in d[first..first + cols.len()].iter_mut().zip(from) {
+                    *v += g;
+                }
+            } else {
+                for (k, g) in from.iter().enumerate() {
+                    d[first + k * sw] += g;
+                }
+            }
+        }
+    });
+}
+
+/// Samples per slot when `n` samples are split over `slots` runs.
+fn per_slot(n: usize, slots: usize) -> usize {
+    n.div_ceil(slots).max(1)
+}
+
+fn gemm_par(slots: usize) -> Parallelism {
+    if slots == 1 && rayon::current_num_threads() > 1 {
+        Parallelism::Rayon(0)
+    } else {
+        Parallelism::None
+    }
+}
+
+/// `out = conv2d(x, weight) + bias` for dense `x` `[N, C, H, W]`, `weight`, `bias` `[O]` and
+/// `out` `[N, O, OH, OW]` (see [`Conv2dSpec::out_shape`]); `ws` holds at least one slot
+/// (see [`Conv2dSpec::workspace_elems`]).
+pub fn conv2d_forward(
+    spec: &Conv2dSpec,
+    x: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    ws: &mut [f32],
+) -> Result<()> {
+    let s = spec;
+    s.check_common(x, weight)?;
+    check_len(OP, "the output", out.len(), s.n * s.out_len())?;
+    match bias {
+        Some(b) if s.bias => check_len(OP, "the bias", b.len(), s.o)?,
+        None if !s.bias => {}
+        _ => return Err(bad_arg(OP, &[s.o], "bias given or missing against the spec".into())),
+    }
+    if s.n == 0 || s.out_len() == 0 {
+        return Ok(());
+    }
+    let col_len = s.col_len();
+    let slots = usable_slots(OP, ws.len(), col_len, s.n)?;
+    let per = per_slot(s.n, slots);
+    let par = gemm_par(slots);
+    let (l, og, kg) = (s.spatial(), s.o / s.groups, s.group_k());
+    let mut ws_chunks: Vec<&mut [f32]> = if col_len == 0 {
+        (0..slots).map(|_| Default::default()).collect()
+    } else {
+        ws.chunks_mut(col_len).take(slots).collect()
+    };
+    out.par_chunks_mut(per * s.out_len())
+        .zip(x.par_chunks(per * s.in_len()))
+        .zip(ws_chunks.par_iter_mut())
+        .for_each(|((out, x), col)| {
+            for (y, xs) in out
+                .chunks_mut(s.out_len())
+                .zip(x.chunks(s.in_len()))
+            {
+                let cols: &[f32] = if s.direct() {
+                    xs
+                } else {
+                    im2col(s, xs, col);
+                    col
+                };
+                if let Some(b) = bias {
+                    for (row, &bv) in y.chunks_mut(l).zip(b) {
+                        row.fill(bv);
+                    }
+                }
+                for g in 0..s.groups {
+                    sgemm(
+                        &mut y[g * og * l..(g + 1) * og * l],
+                        l,
+                        Mat::rows(&weight[g * og * kg..], og, kg),
+                        Mat::rows(&cols[g * kg * l..], kg, l),
+                        1.0,
+                        bias.is_some(),
+                        par,
+                    );
+                }
+            }
+        });
+    Ok(())
+}
+
+/// Gradients of [`conv2d_forward`] given `d_out` `[N, O, OH, OW]`: whichever of `d_input`
+/// (`[N, C, H, W]`, overwritten), `d_weight` (weight-sized, overwritten) and `d_bias` (`[O]`,
+/// overwritten) are given. `ws` holds at least one slot.
+#[allow(clippy::too_many_arguments)]
+pub fn conv2d_backward(
+    spec: &Conv2dSpec,
+    x: &[f32],
+    weight: &[f32],
+    d_out: &[f32],
+    mut d_input: Option<&mut [f32]>,
+    d_weight: Option<&mut [f32]>,
+    d_bias: Option<&mut [f32]>,
+    ws: &mut [f32],
+) -> Result<()> {
+    let s = spec;
+    s.check_common(x, weight)?;
+    check_len(OP, "the output gradient", d_out.len(), s.n * s.out_len())?;
+    if let Some(dx) = d_input.as_deref() {
+        check_len(OP, "the input gradient", dx.len(), s.n * s.in_len())?;
+    }
+    if let Some(dw) = d_weight.as_deref() {
+        check_len(OP, "the weight gradient", dw.len(), s.weight_len())?;
+    }
+    if let Some(db) = d_bias.as_deref() {
+        check_len(OP, "the bias gradient", db.len(), s.o)?;
+    }
+    let slot_len = s.slot_len()?;
+    let slots = usable_slots(OP, ws.len(), slot_len, s.n)?;
+    let per = per_slot(s.n, slots);
+    let par = gemm_par(slots);
+    let (l, og, kg) = (s.spatial(), s.o / s.groups, s.group_k());
+    let (want_dw, want_db) = (d_weight.is_some(), d_bias.is_some());
+    let (col_len, w_len) = (s.col_len(), s.weight_len());
+
+    // One task per slot: its samples' inputs, output gradients, input gradients, workspace.
+    let mut tasks = Vec::with_capacity(slots);
+    let mut dx_rest = d_input.as_deref_mut();
+    for (i, slot) in ws.chunks_mut(slot_len).take(slots).enumerate() {
+        let range = (i * per).min(s.n)..((i + 1) * per).min(s.n);
+        let dx = match dx_rest.take() {
+            Some(rest) => {
+                let (head, tail) = rest.split_at_mut(range.len() * s.in_len());
+                dx_rest = Some(tail);
+                Some(head)
+            }
+            None => None,
+        };
+        tasks.push((range, dx, slot));
+    }
+    tasks.par_iter_mut().for_each(|(range, dx, slot)| {
+        let (col, rest) = slot.split_at_mut(col_len);
+        let (dw, db) = rest.split_at_mut(w_len);
+        dw.fill(0.0);
+        db.fill(0.0);
+        for (k, n) in range.clone().enumerate() {
+            let xs = &x[n * s.in_len()..][..s.in_len()];
+            let dy = &d_out[n * s.out_len()..][..s.out_len()];
+            if want_dw {
+                let cols: &[f32] = if s.direct() {
+                    xs
+                } else {
+                    im2col(s, xs, col);
+                    col
+                };
+                for g in 0..s.groups {
+                    sgemm(
+                        &mut dw[g * og * kg..(g + 1) * og * kg],
+                        kg,
+                        Mat::rows(&dy[g * og * l..], og, l),
+                        Mat::rows(&cols[g * kg * l..], kg, l).t(),
+                        1.0,
+                        true,
+                        par,
+                    );
+                }
+            }
+            if want_db {
+                for (b, row) in db.iter_mut().zip(dy.chunks(l)) {
+                    *b += row.iter().sum::<f32>();
+                }
+            }
+            if let Some(dx) = dx.as_deref_mut() {
+                let dxs = &mut dx[k * s.in_len()..][..s.in_len()];
+                // dcol = W^T dY, straight into dx when the input is its own column matrix.
+                let dcol: &mut [f32] = if s.direct() { dxs } else { col };
+                for g in 0..s.groups {
+                    sgemm(
+                        &mut dcol[g * kg * l..(g + 1) * kg * l],
+                        l,
+                        Mat::rows(&weight[g * og * kg..], og, kg).t(),
+                        Mat::rows(&dy[g * og * l..], og, l),
+                        1.0,
+                        false,
+                        par,
+                    );
+                }
+                if !s.direct() {
+                    col2im(s, col, dxs);
+                }
+            }
+        }
+    });
+    // Sum the slots' partial gradients.
+    if let Some(dw) = d_weight {
+        dw.fill(0.0);
+        for slot in ws.chunks(slot_len).take(slots) {
+            for (d, p) in dw.iter_mut().zip(&slot[col_len..col_len + w_len]) {
+                *d += p;
+            }
+        }
+    }
+    if let Some(db) = d_bias {
+        db.fill(0.0);
+        for slot in ws.chunks(slot_len).take(slots) {
+            for (d, p) in db.iter_mut().zip(&slot[col_len + w_len..]) {
+                *d += p;
+            }
+        }
+    }
+    Ok(())
+}
