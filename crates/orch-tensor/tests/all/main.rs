@@ -6,6 +6,7 @@ mod common;
 mod degenerate;
 mod errors;
 mod grads;
+mod nn_kernels;
 mod ops;
 mod optim;
 mod quota;
