@@ -26,13 +26,12 @@
 use crate::error::{Result, TensorError};
 
 pub use crate::cpu::attention::{
-    AttentionMask, AttentionSpec, BLOCK_K, BLOCK_Q, MaskKind, attention_backward,
-    attention_forward,
+    AttentionMask, AttentionSpec, BLOCK_K, BLOCK_Q, MaskKind, attention_backward, attention_forward,
 };
 pub use crate::cpu::conv::{Conv2dSpec, conv2d_backward, conv2d_forward};
 pub use crate::cpu::norm::{
-    BatchNormMode, BatchNormSpec, LayerNormSpec, RunningStats, batch_norm_backward, batch_norm_forward, layer_norm_backward,
-    layer_norm_forward,
+    BatchNormMode, BatchNormSpec, LayerNormSpec, RunningStats, batch_norm_backward,
+    batch_norm_forward, layer_norm_backward, layer_norm_forward,
 };
 pub use crate::cpu::pool::{
     Pool2dSpec, avg_pool2d_backward, avg_pool2d_forward, max_pool2d_backward, max_pool2d_forward,
@@ -64,7 +63,13 @@ pub(crate) fn checked_product(op: &'static str, what: &str, dims: &[usize]) -> R
     dims.iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))
         .filter(|&n| n <= crate::MAX_NUMEL)
-        .ok_or_else(|| bad_arg(op, dims, format!("{what} would exceed {} elements", crate::MAX_NUMEL)))
+        .ok_or_else(|| {
+            bad_arg(
+                op,
+                dims,
+                format!("{what} would exceed {} elements", crate::MAX_NUMEL),
+            )
+        })
 }
 
 /// Slots worth having for `units` independent units of work: one per rayon thread, at most one

@@ -86,7 +86,11 @@ impl AttentionSpec {
             checked_numel(OP, shape)?;
         }
         let (&[b, h, t, d], &[kb, kh, s, kd], &[vb, vh, vs, dv]) = (q, k, v) else {
-            return Err(bad_arg(OP, q, "q, k and v must each be [B, H, len, dim]".into()));
+            return Err(bad_arg(
+                OP,
+                q,
+                "q, k and v must each be [B, H, len, dim]".into(),
+            ));
         };
         let mismatch = |lhs: &[usize], rhs: &[usize]| TensorError::ShapeMismatch {
             op: OP,
@@ -176,7 +180,11 @@ impl AttentionSpec {
         match (&self.mask, mask) {
             (Some(m), Some(data)) => check_len(OP, "the mask", data.len(), m.len),
             (None, None) => Ok(()),
-            _ => Err(bad_arg(OP, &[self.t, self.s], "mask given or missing against the spec".into())),
+            _ => Err(bad_arg(
+                OP,
+                &[self.t, self.s],
+                "mask given or missing against the spec".into(),
+            )),
         }
     }
 }
@@ -415,9 +423,9 @@ impl AttentionSpec {
         for (rows, keys) in self.blocks() {
             let n = rows.len();
             let do_rows = &d_out[rows.start * dv..rows.end * dv];
-            for r in 0..n {
+            for (r, d) in di[..n].iter_mut().enumerate() {
                 let at = (rows.start + r) * dv;
-                di[r] = dot(&d_out[at..at + dv], &out[at..at + dv]);
+                *d = dot(&d_out[at..at + dv], &out[at..at + dv]);
             }
             for keys in keys {
                 let c = keys.len();
@@ -503,6 +511,7 @@ fn runs<T>(buf: &mut [T], unit: usize, per: usize, slots: usize) -> Vec<&mut [T]
 /// Attention forward: `out` `[B, H, T, Dv]` and the per-row logsumexp `lse` `[B, H, T]` (kept
 /// for backward), from dense `q`, `k`, `v` and the spec's mask data. `ws` holds at least one
 /// slot (see [`AttentionSpec::workspace_elems`]).
+#[allow(clippy::too_many_arguments)]
 pub fn attention_forward(
     spec: &AttentionSpec,
     q: &[f32],

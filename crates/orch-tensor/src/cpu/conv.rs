@@ -338,7 +338,13 @@ pub fn conv2d_forward(
     match bias {
         Some(b) if s.bias => check_len(OP, "the bias", b.len(), s.o)?,
         None if !s.bias => {}
-        _ => return Err(bad_arg(OP, &[s.o], "bias given or missing against the spec".into())),
+        _ => {
+            return Err(bad_arg(
+                OP,
+                &[s.o],
+                "bias given or missing against the spec".into(),
+            ));
+        }
     }
     if s.n == 0 || s.out_len() == 0 {
         return Ok(());
@@ -357,10 +363,7 @@ pub fn conv2d_forward(
         .zip(x.par_chunks(per * s.in_len()))
         .zip(ws_chunks.par_iter_mut())
         .for_each(|((out, x), col)| {
-            for (y, xs) in out
-                .chunks_mut(s.out_len())
-                .zip(x.chunks(s.in_len()))
-            {
+            for (y, xs) in out.chunks_mut(s.out_len()).zip(x.chunks(s.in_len())) {
                 let cols: &[f32] = if s.direct() {
                     xs
                 } else {
@@ -397,7 +400,7 @@ pub fn conv2d_backward(
     x: &[f32],
     weight: &[f32],
     d_out: &[f32],
-    mut d_input: Option<&mut [f32]>,
+    d_input: Option<&mut [f32]>,
     d_weight: Option<&mut [f32]>,
     d_bias: Option<&mut [f32]>,
     ws: &mut [f32],
@@ -424,7 +427,7 @@ pub fn conv2d_backward(
 
     // One task per slot: its samples' inputs, output gradients, input gradients, workspace.
     let mut tasks = Vec::with_capacity(slots);
-    let mut dx_rest = d_input.as_deref_mut();
+    let mut dx_rest = d_input;
     for (i, slot) in ws.chunks_mut(slot_len).take(slots).enumerate() {
         let range = (i * per).min(s.n)..((i + 1) * per).min(s.n);
         let dx = match dx_rest.take() {

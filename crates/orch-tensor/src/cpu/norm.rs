@@ -36,7 +36,11 @@ fn check_eps(op: &'static str, shape: &[usize], eps: f32) -> Result<()> {
     if eps.is_finite() && eps >= 0.0 {
         return Ok(());
     }
-    Err(bad_arg(op, shape, format!("eps = {eps} must be finite and at least 0")))
+    Err(bad_arg(
+        op,
+        shape,
+        format!("eps = {eps} must be finite and at least 0"),
+    ))
 }
 
 /// An optional per-column (or per-channel) parameter's length check.
@@ -241,18 +245,32 @@ pub fn layer_norm_backward(
     check_len(OP, "the mean", mean.len(), s.rows)?;
     check_len(OP, "the rstd", rstd.len(), s.rows)?;
     check_param(OP, "the weight", weight.map(<[f32]>::len), s.cols)?;
-    check_param(OP, "the input gradient", dx.as_deref().map(<[f32]>::len), numel)?;
-    check_param(OP, "the weight gradient", d_weight.as_deref().map(<[f32]>::len), s.cols)?;
-    check_param(OP, "the bias gradient", d_bias.as_deref().map(<[f32]>::len), s.cols)?;
+    check_param(
+        OP,
+        "the input gradient",
+        dx.as_deref().map(<[f32]>::len),
+        numel,
+    )?;
+    check_param(
+        OP,
+        "the weight gradient",
+        d_weight.as_deref().map(<[f32]>::len),
+        s.cols,
+    )?;
+    check_param(
+        OP,
+        "the bias gradient",
+        d_bias.as_deref().map(<[f32]>::len),
+        s.cols,
+    )?;
     let slot_len = 2 * s.cols;
     let slots = usable_slots(OP, ws.len(), slot_len, s.rows)?;
     // Few rows per task cost more in rayon than they compute: fewer slots then.
     let slots = slots.min(numel.div_ceil(PAR_MIN)).max(1);
     let per = s.rows.div_ceil(slots).max(1);
     let cols = s.cols.max(1);
-    let mut dx = dx;
     let mut tasks = Vec::with_capacity(slots);
-    let mut dx_rest = dx.as_deref_mut();
+    let mut dx_rest = dx;
     for (i, slot) in ws.chunks_mut(slot_len.max(1)).take(slots).enumerate() {
         let rows = (i * per).min(s.rows)..((i + 1) * per).min(s.rows);
         let mine = match dx_rest.take() {
@@ -326,7 +344,11 @@ impl BatchNormSpec {
         }
         check_eps(OP, input, eps)?;
         if !momentum.is_finite() {
-            return Err(bad_arg(OP, input, format!("momentum = {momentum} must be finite")));
+            return Err(bad_arg(
+                OP,
+                input,
+                format!("momentum = {momentum} must be finite"),
+            ));
         }
         let (n, c) = (input[0], input[1]);
         let spatial = input[2..].iter().product::<usize>();
@@ -412,11 +434,7 @@ fn per_block(
         .zip(input.par_chunks(sample))
         .with_min_len(s.min_samples())
         .for_each(|(o, i)| {
-            for (ch, (o, i)) in o
-                .chunks_mut(s.spatial)
-                .zip(i.chunks(s.spatial))
-                .enumerate()
-            {
+            for (ch, (o, i)) in o.chunks_mut(s.spatial).zip(i.chunks(s.spatial)).enumerate() {
                 f(ch, i, o);
             }
         });
@@ -530,9 +548,24 @@ pub fn batch_norm_backward(
     check_len(OP, "the saved mean", save_mean.len(), s.c)?;
     check_len(OP, "the saved rstd", save_rstd.len(), s.c)?;
     check_param(OP, "the weight", weight.map(<[f32]>::len), s.c)?;
-    check_param(OP, "the input gradient", dx.as_deref().map(<[f32]>::len), s.numel())?;
-    check_param(OP, "the weight gradient", d_weight.as_deref().map(<[f32]>::len), s.c)?;
-    check_param(OP, "the bias gradient", d_bias.as_deref().map(<[f32]>::len), s.c)?;
+    check_param(
+        OP,
+        "the input gradient",
+        dx.as_deref().map(<[f32]>::len),
+        s.numel(),
+    )?;
+    check_param(
+        OP,
+        "the weight gradient",
+        d_weight.as_deref().map(<[f32]>::len),
+        s.c,
+    )?;
+    check_param(
+        OP,
+        "the bias gradient",
+        d_bias.as_deref().map(<[f32]>::len),
+        s.c,
+    )?;
     if ws.len() < 2 * s.c {
         return Err(bad_arg(
             OP,

@@ -46,7 +46,11 @@ impl Pool2dSpec {
         };
         checked_numel(OP, input)?;
         if h == 0 || w == 0 {
-            return Err(bad_arg(OP, input, "the planes are empty (H or W is 0)".into()));
+            return Err(bad_arg(
+                OP,
+                input,
+                "the planes are empty (H or W is 0)".into(),
+            ));
         }
         if kernel.contains(&0) || stride.contains(&0) {
             return Err(bad_arg(
@@ -129,7 +133,9 @@ impl Pool2dSpec {
         let clip = |o: usize, d: usize, size: usize| {
             let start = o * self.stride[d];
             let lo = start.saturating_sub(self.padding[d]);
-            let hi = (start + self.kernel[d]).saturating_sub(self.padding[d]).min(size);
+            let hi = (start + self.kernel[d])
+                .saturating_sub(self.padding[d])
+                .min(size);
             lo..hi
         };
         (clip(oh, 0, self.h), clip(ow, 1, self.w))
@@ -166,7 +172,9 @@ pub fn max_pool2d_forward(
     let s = spec;
     let op = s.out_plane();
     let tasks = out.par_chunks_mut(op).zip(indices.par_chunks_mut(op));
-    let tasks = tasks.zip(x.par_chunks(s.plane())).with_min_len(s.min_planes());
+    let tasks = tasks
+        .zip(x.par_chunks(s.plane()))
+        .with_min_len(s.min_planes());
     tasks.for_each(|((out, idx), x)| {
         for oh in 0..s.oh {
             for ow in 0..s.ow {
@@ -214,7 +222,9 @@ pub fn max_pool2d_backward(
     }
     let op = spec.out_plane();
     let tasks = d_input.par_chunks_mut(plane).zip(d_out.par_chunks(op));
-    let tasks = tasks.zip(indices.par_chunks(op)).with_min_len(spec.min_planes());
+    let tasks = tasks
+        .zip(indices.par_chunks(op))
+        .with_min_len(spec.min_planes());
     tasks.for_each(|((dx, dy), idx)| {
         for (&g, &i) in dy.iter().zip(idx) {
             dx[i as usize] += g;
@@ -232,13 +242,19 @@ pub fn avg_pool2d_forward(spec: &Pool2dSpec, x: &[f32], out: &mut [f32]) -> Resu
     }
     let s = spec;
     let scale = 1.0 / (s.kernel[0] * s.kernel[1]) as f32;
-    let tasks = out.par_chunks_mut(s.out_plane()).zip(x.par_chunks(s.plane()));
+    let tasks = out
+        .par_chunks_mut(s.out_plane())
+        .zip(x.par_chunks(s.plane()));
     tasks.with_min_len(s.min_planes()).for_each(|(out, x)| {
         for oh in 0..s.oh {
             for ow in 0..s.ow {
                 let (rows, cols) = s.window(oh, ow);
                 let total: f32 = rows
-                    .map(|ih| x[ih * s.w + cols.start..ih * s.w + cols.end].iter().sum::<f32>())
+                    .map(|ih| {
+                        x[ih * s.w + cols.start..ih * s.w + cols.end]
+                            .iter()
+                            .sum::<f32>()
+                    })
                     .sum();
                 out[oh * s.ow + ow] = total * scale;
             }
@@ -257,7 +273,9 @@ pub fn avg_pool2d_backward(spec: &Pool2dSpec, d_out: &[f32], d_input: &mut [f32]
     }
     let s = spec;
     let scale = 1.0 / (s.kernel[0] * s.kernel[1]) as f32;
-    let tasks = d_input.par_chunks_mut(s.plane()).zip(d_out.par_chunks(s.out_plane()));
+    let tasks = d_input
+        .par_chunks_mut(s.plane())
+        .zip(d_out.par_chunks(s.out_plane()));
     tasks.with_min_len(s.min_planes()).for_each(|(dx, dy)| {
         for oh in 0..s.oh {
             for ow in 0..s.ow {

@@ -15,12 +15,15 @@ pub(crate) fn has_avx2_fma() -> bool {
 macro_rules! multiversion {
     ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
         $(#[$meta])*
+        #[allow(clippy::too_many_arguments)]
         $vis fn $name($($arg: $ty),*) $(-> $ret)? {
             #[inline(always)]
+            #[allow(clippy::too_many_arguments)]
             fn imp($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
                 fn avx2($($arg: $ty),*) $(-> $ret)? { imp($($arg),*) }
                 if $crate::cpu::simd::has_avx2_fma() {
                     // SAFETY: the CPU has the features `avx2` was compiled for (checked above).
@@ -51,7 +54,10 @@ pub(crate) fn sum_zip(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> f32 
         .map(|(&x, &y)| f(x, y))
         .sum();
     for (ca, cb) in ac.zip(bc) {
-        let (ca, cb): (&[f32; LANES], &[f32; LANES]) = (ca.try_into().unwrap_or(&[0.0; LANES]), cb.try_into().unwrap_or(&[0.0; LANES]));
+        let (ca, cb): (&[f32; LANES], &[f32; LANES]) = (
+            ca.try_into().unwrap_or(&[0.0; LANES]),
+            cb.try_into().unwrap_or(&[0.0; LANES]),
+        );
         for l in 0..LANES {
             acc[l] += f(ca[l], cb[l]);
         }

@@ -61,11 +61,17 @@ pub(crate) fn sgemm(
 ) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     assert!(b.rows == k && ld >= n, "sgemm: shapes do not chain");
-    assert!(a.in_bounds() && b.in_bounds(), "sgemm: operand out of bounds");
+    assert!(
+        a.in_bounds() && b.in_bounds(),
+        "sgemm: operand out of bounds"
+    );
     if m == 0 || n == 0 {
         return;
     }
-    assert!((m - 1) * ld + n <= dst.len(), "sgemm: destination too small");
+    assert!(
+        (m - 1) * ld + n <= dst.len(),
+        "sgemm: destination too small"
+    );
     if k == 0 {
         if !accumulate {
             dst.chunks_mut(ld).take(m).for_each(|r| r[..n].fill(0.0));

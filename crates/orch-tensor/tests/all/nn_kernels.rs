@@ -77,8 +77,10 @@ fn conv_ref(c: &ConvCase, x: &[f64], w: &[f64], b: Option<&[f64]>) -> (Vec<f64>,
                         let cin = g * cg + ci;
                         for i in 0..c.k[0] {
                             for j in 0..c.k[1] {
-                                let ih = (y * c.stride[0] + i * c.dil[0]) as isize - c.pad[0] as isize;
-                                let iw = (xo * c.stride[1] + j * c.dil[1]) as isize - c.pad[1] as isize;
+                                let ih =
+                                    (y * c.stride[0] + i * c.dil[0]) as isize - c.pad[0] as isize;
+                                let iw =
+                                    (xo * c.stride[1] + j * c.dil[1]) as isize - c.pad[1] as isize;
                                 if ih < 0 || iw < 0 || ih >= h as isize || iw >= wd as isize {
                                     continue;
                                 }
@@ -109,16 +111,64 @@ fn conv_cases() -> Vec<ConvCase> {
     };
     vec![
         base,
-        ConvCase { stride: [2, 2], pad: [1, 1], ..base },
-        ConvCase { dil: [2, 2], pad: [2, 2], bias: false, ..base },
-        ConvCase { x: [2, 4, 6, 5], o: 6, groups: 2, bias: false, ..base },
-        ConvCase { x: [3, 3, 5, 5], o: 3, groups: 3, pad: [1, 1], ..base },
+        ConvCase {
+            stride: [2, 2],
+            pad: [1, 1],
+            ..base
+        },
+        ConvCase {
+            dil: [2, 2],
+            pad: [2, 2],
+            bias: false,
+            ..base
+        },
+        ConvCase {
+            x: [2, 4, 6, 5],
+            o: 6,
+            groups: 2,
+            bias: false,
+            ..base
+        },
+        ConvCase {
+            x: [3, 3, 5, 5],
+            o: 3,
+            groups: 3,
+            pad: [1, 1],
+            ..base
+        },
         ConvCase { k: [1, 1], ..base },
-        ConvCase { k: [1, 1], bias: false, x: [3, 4, 3, 5], o: 2, groups: 2, ..base },
-        ConvCase { k: [1, 1], stride: [2, 2], ..base },
-        ConvCase { k: [2, 3], stride: [2, 1], pad: [1, 0], dil: [1, 2], ..base },
-        ConvCase { k: [5, 4], pad: [1, 0], ..base }, // the kernel fills the padded height
-        ConvCase { x: [1, 2, 9, 9], k: [3, 3], stride: [3, 2], pad: [1, 1], ..base },
+        ConvCase {
+            k: [1, 1],
+            bias: false,
+            x: [3, 4, 3, 5],
+            o: 2,
+            groups: 2,
+            ..base
+        },
+        ConvCase {
+            k: [1, 1],
+            stride: [2, 2],
+            ..base
+        },
+        ConvCase {
+            k: [2, 3],
+            stride: [2, 1],
+            pad: [1, 0],
+            dil: [1, 2],
+            ..base
+        },
+        ConvCase {
+            k: [5, 4],
+            pad: [1, 0],
+            ..base
+        }, // the kernel fills the padded height
+        ConvCase {
+            x: [1, 2, 9, 9],
+            k: [3, 3],
+            stride: [3, 2],
+            pad: [1, 1],
+            ..base
+        },
     ]
 }
 
@@ -143,7 +193,15 @@ fn run_conv(c: &ConvCase, x: &[f64], w: &[f64], b: &[f64], g: &[f64], ws_slots: 
     }
     let (xf, wf, bf) = (f32s(x), f32s(w), f32s(b));
     let mut out = vec![f32::NAN; want.len()];
-    conv2d_forward(&spec, &xf, &wf, c.bias.then_some(&bf[..]), &mut out, &mut ws).unwrap();
+    conv2d_forward(
+        &spec,
+        &xf,
+        &wf,
+        c.bias.then_some(&bf[..]),
+        &mut out,
+        &mut ws,
+    )
+    .unwrap();
     assert_close(&format!("{c:?} out"), &out, &want, 1e-4);
 
     let mut dx = vec![f32::NAN; x.len()];
@@ -180,7 +238,12 @@ fn conv2d_matches_the_reference_and_finite_differences() {
     for (i, c) in conv_cases().iter().enumerate() {
         let [n, ch, h, w] = c.x;
         let x = values(n * ch * h * w, 10 + i as u64, -1.0, 1.0);
-        let wt = values(c.o * ch / c.groups * c.k[0] * c.k[1], 20 + i as u64, -1.0, 1.0);
+        let wt = values(
+            c.o * ch / c.groups * c.k[0] * c.k[1],
+            20 + i as u64,
+            -1.0,
+            1.0,
+        );
         let b = values(c.o, 30 + i as u64, -1.0, 1.0);
         let (out, _) = conv_ref(c, &x, &wt, None);
         let g = values(out.len(), 40 + i as u64, -1.0, 1.0);
@@ -200,20 +263,50 @@ fn conv2d_only_some_gradients_and_empty_batches() {
     let mut ws = vec![0.0; spec.workspace_elems()];
     let (mut dw_all, mut dw_only) = (vec![0.0; w.len()], vec![0.0; w.len()]);
     let mut dx = vec![0.0; x.len()];
-    conv2d_backward(&spec, &x, &w, &g, Some(&mut dx), Some(&mut dw_all), None, &mut ws).unwrap();
+    conv2d_backward(
+        &spec,
+        &x,
+        &w,
+        &g,
+        Some(&mut dx),
+        Some(&mut dw_all),
+        None,
+        &mut ws,
+    )
+    .unwrap();
     conv2d_backward(&spec, &x, &w, &g, None, Some(&mut dw_only), None, &mut ws).unwrap();
     assert_eq!(dw_all, dw_only);
 
-    let spec = Conv2dSpec::new(&[0, 3, 7, 6], &[4, 3, 3, 3], Some(&[4]), [1, 1], [0, 0], [1, 1], 1)
-        .unwrap();
+    let spec = Conv2dSpec::new(
+        &[0, 3, 7, 6],
+        &[4, 3, 3, 3],
+        Some(&[4]),
+        [1, 1],
+        [0, 0],
+        [1, 1],
+        1,
+    )
+    .unwrap();
     assert_eq!(spec.out_shape(), [0, 4, 5, 4]);
     let mut ws = vec![0.0; spec.workspace_elems()];
     conv2d_forward(&spec, &[], &w, Some(&[0.0; 4]), &mut [], &mut ws).unwrap();
     let mut dw = vec![f32::NAN; w.len()];
     let mut db = vec![f32::NAN; 4];
-    conv2d_backward(&spec, &[], &w, &[], Some(&mut []), Some(&mut dw), Some(&mut db), &mut ws)
-        .unwrap();
-    assert!(dw.iter().chain(&db).all(|&v| v == 0.0), "no samples, zero gradients");
+    conv2d_backward(
+        &spec,
+        &[],
+        &w,
+        &[],
+        Some(&mut []),
+        Some(&mut dw),
+        Some(&mut db),
+        &mut ws,
+    )
+    .unwrap();
+    assert!(
+        dw.iter().chain(&db).all(|&v| v == 0.0),
+        "no samples, zero gradients"
+    );
 }
 
 #[test]
@@ -224,20 +317,70 @@ fn conv2d_bad_arguments_are_errors() {
     let x = [2, 4, 5, 5];
     assert!(ok(&x, &[3, 4, 3, 3], None, [1, 1], [0, 0], [1, 1], 1).is_ok());
     for (why, r) in [
-        ("stride 0", ok(&x, &[3, 4, 3, 3], None, [0, 1], [0, 0], [1, 1], 1)),
-        ("dilation 0", ok(&x, &[3, 4, 3, 3], None, [1, 1], [0, 0], [1, 0], 1)),
-        ("kernel too big", ok(&x, &[3, 4, 6, 3], None, [1, 1], [0, 0], [1, 1], 1)),
-        ("dilated kernel too big", ok(&x, &[3, 4, 3, 3], None, [1, 1], [0, 0], [3, 1], 1)),
-        ("groups 0", ok(&x, &[3, 4, 3, 3], None, [1, 1], [0, 0], [1, 1], 0)),
-        ("groups vs C", ok(&x, &[3, 4, 3, 3], None, [1, 1], [0, 0], [1, 1], 3)),
-        ("groups vs O", ok(&x, &[3, 2, 3, 3], None, [1, 1], [0, 0], [1, 1], 2)),
-        ("weight channels", ok(&x, &[3, 3, 3, 3], None, [1, 1], [0, 0], [1, 1], 1)),
-        ("weight rank", ok(&x, &[3, 4, 3], None, [1, 1], [0, 0], [1, 1], 1)),
-        ("input rank", ok(&[4, 5, 5], &[3, 4, 3, 3], None, [1, 1], [0, 0], [1, 1], 1)),
-        ("empty kernel", ok(&x, &[3, 4, 0, 3], None, [1, 1], [0, 0], [1, 1], 1)),
-        ("bias shape", ok(&x, &[3, 4, 3, 3], Some(&[4]), [1, 1], [0, 0], [1, 1], 1)),
-        ("padding overflow", ok(&x, &[3, 4, 3, 3], None, [1, 1], [usize::MAX, 0], [1, 1], 1)),
-        ("huge output", ok(&x, &[3, 4, 3, 3], None, [1, 1], [1 << 40, 1 << 40], [1, 1], 1)),
+        (
+            "stride 0",
+            ok(&x, &[3, 4, 3, 3], None, [0, 1], [0, 0], [1, 1], 1),
+        ),
+        (
+            "dilation 0",
+            ok(&x, &[3, 4, 3, 3], None, [1, 1], [0, 0], [1, 0], 1),
+        ),
+        (
+            "kernel too big",
+            ok(&x, &[3, 4, 6, 3], None, [1, 1], [0, 0], [1, 1], 1),
+        ),
+        (
+            "dilated kernel too big",
+            ok(&x, &[3, 4, 3, 3], None, [1, 1], [0, 0], [3, 1], 1),
+        ),
+        (
+            "groups 0",
+            ok(&x, &[3, 4, 3, 3], None, [1, 1], [0, 0], [1, 1], 0),
+        ),
+        (
+            "groups vs C",
+            ok(&x, &[3, 4, 3, 3], None, [1, 1], [0, 0], [1, 1], 3),
+        ),
+        (
+            "groups vs O",
+            ok(&x, &[3, 2, 3, 3], None, [1, 1], [0, 0], [1, 1], 2),
+        ),
+        (
+            "weight channels",
+            ok(&x, &[3, 3, 3, 3], None, [1, 1], [0, 0], [1, 1], 1),
+        ),
+        (
+            "weight rank",
+            ok(&x, &[3, 4, 3], None, [1, 1], [0, 0], [1, 1], 1),
+        ),
+        (
+            "input rank",
+            ok(&[4, 5, 5], &[3, 4, 3, 3], None, [1, 1], [0, 0], [1, 1], 1),
+        ),
+        (
+            "empty kernel",
+            ok(&x, &[3, 4, 0, 3], None, [1, 1], [0, 0], [1, 1], 1),
+        ),
+        (
+            "bias shape",
+            ok(&x, &[3, 4, 3, 3], Some(&[4]), [1, 1], [0, 0], [1, 1], 1),
+        ),
+        (
+            "padding overflow",
+            ok(&x, &[3, 4, 3, 3], None, [1, 1], [usize::MAX, 0], [1, 1], 1),
+        ),
+        (
+            "huge output",
+            ok(
+                &x,
+                &[3, 4, 3, 3],
+                None,
+                [1, 1],
+                [1 << 40, 1 << 40],
+                [1, 1],
+                1,
+            ),
+        ),
     ] {
         assert!(r.is_err(), "{why}: {r:?}");
     }
@@ -248,9 +391,15 @@ fn conv2d_bad_arguments_are_errors() {
     let b = [0.0; 3];
     assert!(conv2d_forward(&spec, &xs[..199], &w, Some(&b), &mut out, &mut ws).is_err());
     assert!(conv2d_forward(&spec, &xs, &w[..107], Some(&b), &mut out, &mut ws).is_err());
-    assert!(conv2d_forward(&spec, &xs, &w, None, &mut out, &mut ws).is_err(), "bias missing");
+    assert!(
+        conv2d_forward(&spec, &xs, &w, None, &mut out, &mut ws).is_err(),
+        "bias missing"
+    );
     assert!(conv2d_forward(&spec, &xs, &w, Some(&b), &mut out[1..], &mut ws).is_err());
-    assert!(conv2d_forward(&spec, &xs, &w, Some(&b), &mut out, &mut []).is_err(), "no workspace");
+    assert!(
+        conv2d_forward(&spec, &xs, &w, Some(&b), &mut out, &mut []).is_err(),
+        "no workspace"
+    );
     let mut dw = vec![0.0; 107];
     assert!(conv2d_backward(&spec, &xs, &w, &out, None, Some(&mut dw), None, &mut ws).is_err());
 }
@@ -258,7 +407,14 @@ fn conv2d_bad_arguments_are_errors() {
 // ---------------------------------------------------------------------------------------------
 // pooling
 
-fn pool_ref(x: &[f64], shape: [usize; 4], k: [usize; 2], s: [usize; 2], p: [usize; 2], max: bool) -> Vec<f64> {
+fn pool_ref(
+    x: &[f64],
+    shape: [usize; 4],
+    k: [usize; 2],
+    s: [usize; 2],
+    p: [usize; 2],
+    max: bool,
+) -> Vec<f64> {
     let [n, c, h, w] = shape;
     let oh = (h + 2 * p[0] - k[0]) / s[0] + 1;
     let ow = (w + 2 * p[1] - k[1]) / s[1] + 1;
@@ -280,7 +436,11 @@ fn pool_ref(x: &[f64], shape: [usize; 4], k: [usize; 2], s: [usize; 2], p: [usiz
                         sum += v;
                     }
                 }
-                out.push(if max { best } else { sum / (k[0] * k[1]) as f64 });
+                out.push(if max {
+                    best
+                } else {
+                    sum / (k[0] * k[1]) as f64
+                });
             }
         }
     }
@@ -289,7 +449,8 @@ fn pool_ref(x: &[f64], shape: [usize; 4], k: [usize; 2], s: [usize; 2], p: [usiz
 
 #[test]
 fn pooling_matches_the_reference_and_finite_differences() {
-    let cases: [([usize; 4], [usize; 2], [usize; 2], [usize; 2]); 6] = [
+    type PoolCase = ([usize; 4], [usize; 2], [usize; 2], [usize; 2]);
+    let cases: [PoolCase; 6] = [
         ([2, 3, 6, 6], [2, 2], [2, 2], [0, 0]),
         ([2, 2, 7, 5], [3, 3], [2, 2], [1, 1]),
         ([1, 3, 6, 7], [3, 2], [1, 2], [1, 1]),
@@ -318,7 +479,7 @@ fn pooling_matches_the_reference_and_finite_differences() {
             let what = format!("{shape:?} k{k:?} s{s:?} p{p:?} max={max}");
             assert_close(&format!("{what} out"), &out, &want, 1e-6);
             let f = |xs: &[Vec<f64>]| pool_ref(&xs[0], shape, k, s, p, max);
-            let grads = fd_grads(&f, &[x.clone()], &g);
+            let grads = fd_grads(&f, std::slice::from_ref(&x), &g);
             assert_close(&format!("{what} d_input"), &dx, &grads[0], 1e-4);
         }
     }
@@ -337,7 +498,10 @@ fn max_pooling_takes_the_first_maximum_and_propagates_nan() {
     let mut dx = [9.0; 8];
     max_pool2d_backward(&spec, &[1.0, 2.0], &idx, &mut dx).unwrap();
     assert_eq!(dx, [0.0, 1.0, 0.0, 2.0, 0.0, 0.0, 0.0, 0.0]);
-    assert!(max_pool2d_backward(&spec, &[1.0, 2.0], &[0, 8], &mut dx).is_err(), "bad index");
+    assert!(
+        max_pool2d_backward(&spec, &[1.0, 2.0], &[0, 8], &mut dx).is_err(),
+        "bad index"
+    );
 }
 
 #[test]
@@ -346,10 +510,19 @@ fn pooling_bad_arguments_and_empty_batches() {
     for (why, r) in [
         ("kernel 0", Pool2dSpec::new(&x, [0, 2], [1, 1], [0, 0])),
         ("stride 0", Pool2dSpec::new(&x, [2, 2], [1, 0], [0, 0])),
-        ("padding > kernel/2", Pool2dSpec::new(&x, [3, 3], [1, 1], [2, 0])),
-        ("kernel > input", Pool2dSpec::new(&x, [6, 2], [1, 1], [0, 0])),
+        (
+            "padding > kernel/2",
+            Pool2dSpec::new(&x, [3, 3], [1, 1], [2, 0]),
+        ),
+        (
+            "kernel > input",
+            Pool2dSpec::new(&x, [6, 2], [1, 1], [0, 0]),
+        ),
         ("rank", Pool2dSpec::new(&[3, 5, 5], [2, 2], [1, 1], [0, 0])),
-        ("empty plane", Pool2dSpec::new(&[2, 3, 0, 5], [2, 2], [1, 1], [1, 1])),
+        (
+            "empty plane",
+            Pool2dSpec::new(&[2, 3, 0, 5], [2, 2], [1, 1], [1, 1]),
+        ),
     ] {
         assert!(r.is_err(), "{why}: {r:?}");
     }
@@ -370,7 +543,13 @@ fn pooling_bad_arguments_and_empty_batches() {
 // ---------------------------------------------------------------------------------------------
 // layer norm
 
-fn layer_norm_ref(x: &[f64], cols: usize, w: Option<&[f64]>, b: Option<&[f64]>, eps: f64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+fn layer_norm_ref(
+    x: &[f64],
+    cols: usize,
+    w: Option<&[f64]>,
+    b: Option<&[f64]>,
+    eps: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let (mut y, mut means, mut rstds) = (Vec::new(), Vec::new(), Vec::new());
     for row in x.chunks(cols) {
         let mean = row.iter().sum::<f64>() / cols as f64;
@@ -387,7 +566,8 @@ fn layer_norm_ref(x: &[f64], cols: usize, w: Option<&[f64]>, b: Option<&[f64]>, 
 
 #[test]
 fn layer_norm_matches_the_reference_and_finite_differences() {
-    let cases: [(&[usize], &[usize], bool, bool, f32); 7] = [
+    type LnCase<'a> = (&'a [usize], &'a [usize], bool, bool, f32);
+    let cases: [LnCase<'_>; 7] = [
         (&[3, 4, 5], &[5], true, true, 1e-5),
         (&[3, 4, 5], &[4, 5], true, true, 1e-5),
         (&[6, 5], &[5], true, false, 1e-5),
@@ -417,12 +597,34 @@ fn layer_norm_matches_the_reference_and_finite_differences() {
         let g = values(x.len(), 73 + i as u64, -1.0, 1.0);
         let mut ws = vec![0.0; spec.workspace_elems()];
         let (mut dx, mut dw, mut db) = (vec![0.0; x.len()], vec![0.0; cols], vec![0.0; cols]);
-        layer_norm_backward(&spec, &xf, wf, &mean, &rstd, &f32s(&g), Some(&mut dx), Some(&mut dw), Some(&mut db), &mut ws).unwrap();
-        let f = |xs: &[Vec<f64>]| layer_norm_ref(&xs[0], cols, has_w.then_some(&xs[1][..]), has_b.then_some(&xs[2][..]), eps as f64).0;
+        layer_norm_backward(
+            &spec,
+            &xf,
+            wf,
+            &mean,
+            &rstd,
+            &f32s(&g),
+            Some(&mut dx),
+            Some(&mut dw),
+            Some(&mut db),
+            &mut ws,
+        )
+        .unwrap();
+        let f = |xs: &[Vec<f64>]| {
+            layer_norm_ref(
+                &xs[0],
+                cols,
+                has_w.then_some(&xs[1][..]),
+                has_b.then_some(&xs[2][..]),
+                eps as f64,
+            )
+            .0
+        };
         let grads = fd_grads(&f, &[x.clone(), w.clone(), b.clone()], &g);
         assert_close(&format!("{what} dx"), &dx, &grads[0], 2e-3);
         // d_weight and d_bias are the gradients the affine parameters would have.
-        let f_affine = |xs: &[Vec<f64>]| layer_norm_ref(&x, cols, Some(&xs[0]), Some(&xs[1]), eps as f64).0;
+        let f_affine =
+            |xs: &[Vec<f64>]| layer_norm_ref(&x, cols, Some(&xs[0]), Some(&xs[1]), eps as f64).0;
         let affine = fd_grads(&f_affine, &[w.clone(), b.clone()], &g);
         assert_close(&format!("{what} dw"), &dw, &affine[0], 2e-3);
         assert_close(&format!("{what} db"), &db, &affine[1], 2e-3);
@@ -433,8 +635,14 @@ fn layer_norm_matches_the_reference_and_finite_differences() {
 fn layer_norm_bad_arguments_and_empty_batches() {
     for (why, r) in [
         ("not the last dims", LayerNormSpec::new(&[3, 4], &[3], 1e-5)),
-        ("empty normalized shape", LayerNormSpec::new(&[3, 4], &[], 1e-5)),
-        ("longer than the input", LayerNormSpec::new(&[4], &[1, 4], 1e-5)),
+        (
+            "empty normalized shape",
+            LayerNormSpec::new(&[3, 4], &[], 1e-5),
+        ),
+        (
+            "longer than the input",
+            LayerNormSpec::new(&[4], &[1, 4], 1e-5),
+        ),
         ("negative eps", LayerNormSpec::new(&[3, 4], &[4], -1.0)),
         ("NaN eps", LayerNormSpec::new(&[3, 4], &[4], f32::NAN)),
     ] {
@@ -442,17 +650,57 @@ fn layer_norm_bad_arguments_and_empty_batches() {
     }
     let spec = LayerNormSpec::new(&[3, 4], &[4], 1e-5).unwrap();
     let (mut y, mut m, mut r) = (vec![0.0; 12], vec![0.0; 3], vec![0.0; 3]);
-    assert!(layer_norm_forward(&spec, &[0.0; 12], Some(&[1.0; 3]), None, &mut y, &mut m, &mut r).is_err());
+    assert!(
+        layer_norm_forward(
+            &spec,
+            &[0.0; 12],
+            Some(&[1.0; 3]),
+            None,
+            &mut y,
+            &mut m,
+            &mut r
+        )
+        .is_err()
+    );
     assert!(layer_norm_forward(&spec, &[0.0; 11], None, None, &mut y, &mut m, &mut r).is_err());
-    assert!(layer_norm_forward(&spec, &[0.0; 12], None, None, &mut y, &mut m[..2], &mut r).is_err());
+    assert!(
+        layer_norm_forward(&spec, &[0.0; 12], None, None, &mut y, &mut m[..2], &mut r).is_err()
+    );
     let mut dx = vec![0.0; 12];
-    assert!(layer_norm_backward(&spec, &[0.0; 12], None, &m, &r, &y, Some(&mut dx), None, None, &mut []).is_err(), "no workspace");
+    assert!(
+        layer_norm_backward(
+            &spec,
+            &[0.0; 12],
+            None,
+            &m,
+            &r,
+            &y,
+            Some(&mut dx),
+            None,
+            None,
+            &mut []
+        )
+        .is_err(),
+        "no workspace"
+    );
 
     let spec = LayerNormSpec::new(&[0, 4], &[4], 1e-5).unwrap();
     layer_norm_forward(&spec, &[], None, None, &mut [], &mut [], &mut []).unwrap();
     let mut ws = vec![0.0; spec.workspace_elems()];
     let (mut dw, mut db) = ([f32::NAN; 4], [f32::NAN; 4]);
-    layer_norm_backward(&spec, &[], None, &[], &[], &[], Some(&mut []), Some(&mut dw), Some(&mut db), &mut ws).unwrap();
+    layer_norm_backward(
+        &spec,
+        &[],
+        None,
+        &[],
+        &[],
+        &[],
+        Some(&mut []),
+        Some(&mut dw),
+        Some(&mut db),
+        &mut ws,
+    )
+    .unwrap();
     assert!(dw.iter().chain(&db).all(|&v| v == 0.0));
 }
 
@@ -460,7 +708,14 @@ fn layer_norm_bad_arguments_and_empty_batches() {
 // batch norm
 
 /// Batch norm of `[N, C, S]` with the given (or the batch's) statistics: (y, mean, biased var).
-fn batch_norm_ref(x: &[f64], [n, c, s]: [usize; 3], stats: Option<(&[f64], &[f64])>, w: Option<&[f64]>, b: Option<&[f64]>, eps: f64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+fn batch_norm_ref(
+    x: &[f64],
+    [n, c, s]: [usize; 3],
+    stats: Option<(&[f64], &[f64])>,
+    w: Option<&[f64]>,
+    b: Option<&[f64]>,
+    eps: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let at = |ni: usize, ch: usize, i: usize| x[(ni * c + ch) * s + i];
     let count = (n * s) as f64;
     let mut means = Vec::new();
@@ -469,9 +724,15 @@ fn batch_norm_ref(x: &[f64], [n, c, s]: [usize; 3], stats: Option<(&[f64], &[f64
         let (mean, var) = match stats {
             Some((m, v)) => (m[ch], v[ch]),
             None => {
-                let vals: Vec<f64> = (0..n).flat_map(|ni| (0..s).map(move |i| (ni, i))).map(|(ni, i)| at(ni, ch, i)).collect();
+                let vals: Vec<f64> = (0..n)
+                    .flat_map(|ni| (0..s).map(move |i| (ni, i)))
+                    .map(|(ni, i)| at(ni, ch, i))
+                    .collect();
                 let mean = vals.iter().sum::<f64>() / count;
-                (mean, vals.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / count)
+                (
+                    mean,
+                    vals.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / count,
+                )
             }
         };
         means.push(mean);
@@ -482,7 +743,8 @@ fn batch_norm_ref(x: &[f64], [n, c, s]: [usize; 3], stats: Option<(&[f64], &[f64
         for ch in 0..c {
             for i in 0..s {
                 let xhat = (at(ni, ch, i) - means[ch]) / (vars[ch] + eps).sqrt();
-                y[(ni * c + ch) * s + i] = xhat * w.map_or(1.0, |w| w[ch]) + b.map_or(0.0, |b| b[ch]);
+                y[(ni * c + ch) * s + i] =
+                    xhat * w.map_or(1.0, |w| w[ch]) + b.map_or(0.0, |b| b[ch]);
             }
         }
     }
@@ -518,7 +780,10 @@ fn batch_norm_matches_the_reference_and_finite_differences() {
         let (mut rmf, mut rvf) = (f32s(&rm), f32s(&rv));
         let mut y = vec![0.0; x.len()];
         let (mut sm, mut sr) = (vec![0.0; c], vec![0.0; c]);
-        let running = RunningStats { mean: &mut rmf, var: &mut rvf };
+        let running = RunningStats {
+            mean: &mut rmf,
+            var: &mut rvf,
+        };
         batch_norm_forward(&spec, &xf, wf, bf, Some(running), &mut y, &mut sm, &mut sr).unwrap();
         let what = format!("{shape:?} {mode:?} affine={affine}");
         assert_close(&format!("{what} y"), &y, &want, 1e-5);
@@ -527,22 +792,58 @@ fn batch_norm_matches_the_reference_and_finite_differences() {
         assert_close(&format!("{what} rstd"), &sr, &rstd, 1e-5);
         if train {
             let unbias = (n * s) as f64 / (n * s - 1) as f64;
-            let want_rm: Vec<f64> = rm.iter().zip(&mean).map(|(r, m)| 0.9 * r + 0.1 * m).collect();
-            let want_rv: Vec<f64> = rv.iter().zip(&var).map(|(r, v)| 0.9 * r + 0.1 * v * unbias).collect();
+            let want_rm: Vec<f64> = rm
+                .iter()
+                .zip(&mean)
+                .map(|(r, m)| 0.9 * r + 0.1 * m)
+                .collect();
+            let want_rv: Vec<f64> = rv
+                .iter()
+                .zip(&var)
+                .map(|(r, v)| 0.9 * r + 0.1 * v * unbias)
+                .collect();
             assert_close(&format!("{what} running mean"), &rmf, &want_rm, 1e-6);
             assert_close(&format!("{what} running var"), &rvf, &want_rv, 1e-6);
         } else {
-            assert_eq!((rmf, rvf), (f32s(&rm), f32s(&rv)), "eval leaves the running stats");
+            assert_eq!(
+                (rmf, rvf),
+                (f32s(&rm), f32s(&rv)),
+                "eval leaves the running stats"
+            );
         }
 
         let g = values(x.len(), 85 + i as u64, -1.0, 1.0);
         let mut ws = vec![0.0; spec.workspace_elems()];
         let (mut dx, mut dw, mut db) = (vec![0.0; x.len()], vec![0.0; c], vec![0.0; c]);
-        batch_norm_backward(&spec, &xf, wf, &sm, &sr, &f32s(&g), Some(&mut dx), Some(&mut dw), Some(&mut db), &mut ws).unwrap();
-        let f = |xs: &[Vec<f64>]| batch_norm_ref(&xs[0], [n, c, s], stats, affine.then_some(&xs[1][..]), affine.then_some(&xs[2][..]), eps).0;
+        batch_norm_backward(
+            &spec,
+            &xf,
+            wf,
+            &sm,
+            &sr,
+            &f32s(&g),
+            Some(&mut dx),
+            Some(&mut dw),
+            Some(&mut db),
+            &mut ws,
+        )
+        .unwrap();
+        let f = |xs: &[Vec<f64>]| {
+            batch_norm_ref(
+                &xs[0],
+                [n, c, s],
+                stats,
+                affine.then_some(&xs[1][..]),
+                affine.then_some(&xs[2][..]),
+                eps,
+            )
+            .0
+        };
         let grads = fd_grads(&f, &[x.clone(), w.clone(), b.clone()], &g);
         assert_close(&format!("{what} dx"), &dx, &grads[0], 2e-3);
-        let f_affine = |xs: &[Vec<f64>]| batch_norm_ref(&x, [n, c, s], stats, Some(&xs[0]), Some(&xs[1]), eps).0;
+        let f_affine = |xs: &[Vec<f64>]| {
+            batch_norm_ref(&x, [n, c, s], stats, Some(&xs[0]), Some(&xs[1]), eps).0
+        };
         let affine_grads = fd_grads(&f_affine, &[w.clone(), b.clone()], &g);
         assert_close(&format!("{what} dw"), &dw, &affine_grads[0], 2e-3);
         assert_close(&format!("{what} db"), &db, &affine_grads[1], 2e-3);
@@ -554,29 +855,87 @@ fn batch_norm_bad_arguments_and_empty_batches() {
     let train = BatchNormMode::Train;
     for (why, r) in [
         ("rank 1", BatchNormSpec::new(&[4], train, 0.1, 1e-5)),
-        ("one value per channel", BatchNormSpec::new(&[1, 3], train, 0.1, 1e-5)),
-        ("one value per channel, spatial", BatchNormSpec::new(&[1, 3, 1, 1], train, 0.1, 1e-5)),
-        ("NaN momentum", BatchNormSpec::new(&[4, 3], train, f32::NAN, 1e-5)),
-        ("negative eps", BatchNormSpec::new(&[4, 3], train, 0.1, -1e-5)),
+        (
+            "one value per channel",
+            BatchNormSpec::new(&[1, 3], train, 0.1, 1e-5),
+        ),
+        (
+            "one value per channel, spatial",
+            BatchNormSpec::new(&[1, 3, 1, 1], train, 0.1, 1e-5),
+        ),
+        (
+            "NaN momentum",
+            BatchNormSpec::new(&[4, 3], train, f32::NAN, 1e-5),
+        ),
+        (
+            "negative eps",
+            BatchNormSpec::new(&[4, 3], train, 0.1, -1e-5),
+        ),
     ] {
         assert!(r.is_err(), "{why}: {r:?}");
     }
     assert!(BatchNormSpec::new(&[1, 3], BatchNormMode::Eval, 0.1, 1e-5).is_ok());
     let spec = BatchNormSpec::new(&[2, 3], BatchNormMode::Eval, 0.1, 1e-5).unwrap();
     let (mut y, mut m, mut r) = (vec![0.0; 6], vec![0.0; 3], vec![0.0; 3]);
-    assert!(batch_norm_forward(&spec, &[0.0; 6], None, None, None, &mut y, &mut m, &mut r).is_err(), "eval needs running stats");
+    assert!(
+        batch_norm_forward(&spec, &[0.0; 6], None, None, None, &mut y, &mut m, &mut r).is_err(),
+        "eval needs running stats"
+    );
     let spec = BatchNormSpec::new(&[2, 3], train, 0.1, 1e-5).unwrap();
-    assert!(batch_norm_forward(&spec, &[0.0; 5], None, None, None, &mut y, &mut m, &mut r).is_err());
-    assert!(batch_norm_forward(&spec, &[0.0; 6], Some(&[1.0; 2]), None, None, &mut y, &mut m, &mut r).is_err());
+    assert!(
+        batch_norm_forward(&spec, &[0.0; 5], None, None, None, &mut y, &mut m, &mut r).is_err()
+    );
+    assert!(
+        batch_norm_forward(
+            &spec,
+            &[0.0; 6],
+            Some(&[1.0; 2]),
+            None,
+            None,
+            &mut y,
+            &mut m,
+            &mut r
+        )
+        .is_err()
+    );
 
     let spec = BatchNormSpec::new(&[0, 3, 4], train, 0.1, 1e-5).unwrap();
     let (mut rm, mut rv) = ([0.5; 3], [2.0; 3]);
-    let running = RunningStats { mean: &mut rm, var: &mut rv };
-    batch_norm_forward(&spec, &[], None, None, Some(running), &mut [], &mut m, &mut r).unwrap();
-    assert_eq!((rm, rv), ([0.5; 3], [2.0; 3]), "an empty batch leaves the running stats");
+    let running = RunningStats {
+        mean: &mut rm,
+        var: &mut rv,
+    };
+    batch_norm_forward(
+        &spec,
+        &[],
+        None,
+        None,
+        Some(running),
+        &mut [],
+        &mut m,
+        &mut r,
+    )
+    .unwrap();
+    assert_eq!(
+        (rm, rv),
+        ([0.5; 3], [2.0; 3]),
+        "an empty batch leaves the running stats"
+    );
     let mut ws = vec![0.0; spec.workspace_elems()];
     let (mut dw, mut db) = ([f32::NAN; 3], [f32::NAN; 3]);
-    batch_norm_backward(&spec, &[], None, &m, &r, &[], Some(&mut []), Some(&mut dw), Some(&mut db), &mut ws).unwrap();
+    batch_norm_backward(
+        &spec,
+        &[],
+        None,
+        &m,
+        &r,
+        &[],
+        Some(&mut []),
+        Some(&mut dw),
+        Some(&mut db),
+        &mut ws,
+    )
+    .unwrap();
     assert!(dw.iter().chain(&db).all(|&v| v == 0.0));
 }
 
@@ -619,11 +978,13 @@ fn attention_ref(c: &AttnCase, q: &[f64], k: &[f64], v: &[f64], mask: Option<&[f
                     if c.causal && j > i {
                         continue;
                     }
-                    let dot: f64 = (0..c.d).map(|e| q[(head * c.t + i) * c.d + e] * k[(head * c.s + j) * c.d + e]).sum();
+                    let dot: f64 = (0..c.d)
+                        .map(|e| q[(head * c.t + i) * c.d + e] * k[(head * c.s + j) * c.d + e])
+                        .sum();
                     let mut val = dot * scale;
                     match (c.mask.as_ref().map(|m| m.0), mask_at(b, h, i, j)) {
                         (Some(MaskKind::Additive), Some(m)) => val += m,
-                        (Some(MaskKind::Boolean), Some(m)) if m == 0.0 => val = f64::NEG_INFINITY,
+                        (Some(MaskKind::Boolean), Some(0.0)) => val = f64::NEG_INFINITY,
                         _ => {}
                     }
                     *sc = val;
@@ -635,7 +996,9 @@ fn attention_ref(c: &AttnCase, q: &[f64], k: &[f64], v: &[f64], mask: Option<&[f
                 let e: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
                 let total: f64 = e.iter().sum();
                 for o in 0..c.dv {
-                    let val: f64 = (0..c.s).map(|j| e[j] / total * v[(head * c.s + j) * c.dv + o]).sum();
+                    let val: f64 = (0..c.s)
+                        .map(|j| e[j] / total * v[(head * c.s + j) * c.dv + o])
+                        .sum();
                     out[(head * c.t + i) * c.dv + o] = val;
                 }
             }
@@ -645,27 +1008,95 @@ fn attention_ref(c: &AttnCase, q: &[f64], k: &[f64], v: &[f64], mask: Option<&[f
 }
 
 fn attn_cases() -> Vec<AttnCase> {
-    let base = AttnCase { b: 2, h: 2, t: 5, s: 7, d: 3, dv: 4, causal: false, mask: None, scale: None };
+    let base = AttnCase {
+        b: 2,
+        h: 2,
+        t: 5,
+        s: 7,
+        d: 3,
+        dv: 4,
+        causal: false,
+        mask: None,
+        scale: None,
+    };
     vec![
         base.clone(),
-        AttnCase { causal: true, ..base.clone() },
-        AttnCase { t: 7, s: 5, causal: true, ..base.clone() },
-        AttnCase { scale: Some(0.7), dv: 3, ..base.clone() },
-        AttnCase { mask: Some((MaskKind::Additive, vec![5, 7])), ..base.clone() },
-        AttnCase { mask: Some((MaskKind::Boolean, vec![5, 7])), causal: true, ..base.clone() },
-        AttnCase { mask: Some((MaskKind::Additive, vec![2, 1, 5, 7])), ..base.clone() },
-        AttnCase { mask: Some((MaskKind::Boolean, vec![1, 7])), ..base.clone() },
-        AttnCase { b: 1, h: 1, t: 70, s: 67, d: 3, dv: 2, causal: true, mask: None, scale: None },
-        AttnCase { b: 1, h: 2, t: 66, s: 130, d: 2, dv: 3, causal: false, mask: Some((MaskKind::Additive, vec![66, 130])), scale: Some(0.5) },
+        AttnCase {
+            causal: true,
+            ..base.clone()
+        },
+        AttnCase {
+            t: 7,
+            s: 5,
+            causal: true,
+            ..base.clone()
+        },
+        AttnCase {
+            scale: Some(0.7),
+            dv: 3,
+            ..base.clone()
+        },
+        AttnCase {
+            mask: Some((MaskKind::Additive, vec![5, 7])),
+            ..base.clone()
+        },
+        AttnCase {
+            mask: Some((MaskKind::Boolean, vec![5, 7])),
+            causal: true,
+            ..base.clone()
+        },
+        AttnCase {
+            mask: Some((MaskKind::Additive, vec![2, 1, 5, 7])),
+            ..base.clone()
+        },
+        AttnCase {
+            mask: Some((MaskKind::Boolean, vec![1, 7])),
+            ..base.clone()
+        },
+        AttnCase {
+            b: 1,
+            h: 1,
+            t: 70,
+            s: 67,
+            d: 3,
+            dv: 2,
+            causal: true,
+            mask: None,
+            scale: None,
+        },
+        AttnCase {
+            b: 1,
+            h: 2,
+            t: 66,
+            s: 130,
+            d: 2,
+            dv: 3,
+            causal: false,
+            mask: Some((MaskKind::Additive, vec![66, 130])),
+            scale: Some(0.5),
+        },
     ]
 }
 
 fn mask_values(kind: MaskKind, len: usize, seed: u64) -> Vec<f64> {
     let raw = values(len, seed, 0.0, 1.0);
     match kind {
-        MaskKind::Additive => raw.iter().map(|&r| if r < 0.2 { f64::NEG_INFINITY } else { r * 2.0 - 1.0 }).collect(),
+        MaskKind::Additive => raw
+            .iter()
+            .map(|&r| {
+                if r < 0.2 {
+                    f64::NEG_INFINITY
+                } else {
+                    r * 2.0 - 1.0
+                }
+            })
+            .collect(),
         // Element 0 attends, so no row of a [1, S] mask is empty; others 70%.
-        MaskKind::Boolean => raw.iter().enumerate().map(|(i, &r)| f64::from(i == 0 || r < 0.7)).collect(),
+        MaskKind::Boolean => raw
+            .iter()
+            .enumerate()
+            .map(|(i, &r)| f64::from(i == 0 || r < 0.7))
+            .collect(),
     }
 }
 
@@ -676,13 +1107,18 @@ fn attention_matches_the_reference_and_finite_differences() {
         let q = values(c.b * c.h * c.t * c.d, seed, -1.0, 1.0);
         let k = values(c.b * c.h * c.s * c.d, seed + 1, -1.0, 1.0);
         let v = values(c.b * c.h * c.s * c.dv, seed + 2, -1.0, 1.0);
-        let mask = c.mask.as_ref().map(|(kind, shape)| mask_values(*kind, shape.iter().product(), seed + 3));
+        let mask = c
+            .mask
+            .as_ref()
+            .map(|(kind, shape)| mask_values(*kind, shape.iter().product(), seed + 3));
         let spec = AttentionSpec::new(
             &[c.b, c.h, c.t, c.d],
             &[c.b, c.h, c.s, c.d],
             &[c.b, c.h, c.s, c.dv],
             c.causal,
-            c.mask.as_ref().map(|(kind, shape)| AttentionMask { kind: *kind, shape }),
+            c.mask
+                .as_ref()
+                .map(|(kind, shape)| AttentionMask { kind: *kind, shape }),
             c.scale,
         )
         .unwrap();
@@ -692,12 +1128,40 @@ fn attention_matches_the_reference_and_finite_differences() {
         let mut ws = vec![0.0; spec.workspace_elems()];
         let mut out = vec![f32::NAN; want.len()];
         let mut lse = vec![f32::NAN; spec.lse_len()];
-        attention_forward(&spec, &qf, &kf, &vf, maskf.as_deref(), &mut out, &mut lse, &mut ws).unwrap();
+        attention_forward(
+            &spec,
+            &qf,
+            &kf,
+            &vf,
+            maskf.as_deref(),
+            &mut out,
+            &mut lse,
+            &mut ws,
+        )
+        .unwrap();
         assert_close(&format!("{c:?} out"), &out, &want, 1e-5);
 
         let g = values(want.len(), seed + 4, -1.0, 1.0);
-        let (mut dq, mut dk, mut dv) = (vec![f32::NAN; q.len()], vec![f32::NAN; k.len()], vec![f32::NAN; v.len()]);
-        attention_backward(&spec, &qf, &kf, &vf, maskf.as_deref(), &out, &lse, &f32s(&g), &mut dq, &mut dk, &mut dv, &mut ws).unwrap();
+        let (mut dq, mut dk, mut dv) = (
+            vec![f32::NAN; q.len()],
+            vec![f32::NAN; k.len()],
+            vec![f32::NAN; v.len()],
+        );
+        attention_backward(
+            &spec,
+            &qf,
+            &kf,
+            &vf,
+            maskf.as_deref(),
+            &out,
+            &lse,
+            &f32s(&g),
+            &mut dq,
+            &mut dk,
+            &mut dv,
+            &mut ws,
+        )
+        .unwrap();
         let f = |xs: &[Vec<f64>]| attention_ref(c, &xs[0], &xs[1], &xs[2], mask.as_deref());
         let grads = fd_grads(&f, &[q.clone(), k.clone(), v.clone()], &g);
         assert_close(&format!("{c:?} dq"), &dq, &grads[0], 1e-3);
@@ -711,7 +1175,18 @@ fn attention_rows_that_see_nothing_give_zeros() {
     // Row 1 of the boolean mask attends nowhere.
     let mask = [1.0, 0.0, 0.0, 0.0];
     let shape = [2, 2];
-    let spec = AttentionSpec::new(&[1, 1, 2, 2], &[1, 1, 2, 2], &[1, 1, 2, 2], false, Some(AttentionMask { kind: MaskKind::Boolean, shape: &shape }), None).unwrap();
+    let spec = AttentionSpec::new(
+        &[1, 1, 2, 2],
+        &[1, 1, 2, 2],
+        &[1, 1, 2, 2],
+        false,
+        Some(AttentionMask {
+            kind: MaskKind::Boolean,
+            shape: &shape,
+        }),
+        None,
+    )
+    .unwrap();
     let x = [0.5, -1.0, 2.0, 0.25];
     let mut ws = vec![0.0; spec.workspace_elems()];
     let (mut out, mut lse) = ([f32::NAN; 4], [f32::NAN; 2]);
@@ -719,7 +1194,21 @@ fn attention_rows_that_see_nothing_give_zeros() {
     assert_eq!(out, [0.5, -1.0, 0.0, 0.0]);
     assert_eq!(lse[1], f32::NEG_INFINITY);
     let (mut dq, mut dk, mut dv) = ([f32::NAN; 4], [f32::NAN; 4], [f32::NAN; 4]);
-    attention_backward(&spec, &x, &x, &x, Some(&mask), &out, &lse, &[1.0; 4], &mut dq, &mut dk, &mut dv, &mut ws).unwrap();
+    attention_backward(
+        &spec,
+        &x,
+        &x,
+        &x,
+        Some(&mask),
+        &out,
+        &lse,
+        &[1.0; 4],
+        &mut dq,
+        &mut dk,
+        &mut dv,
+        &mut ws,
+    )
+    .unwrap();
     assert!(dq.iter().chain(&dk).chain(&dv).all(|v| v.is_finite()));
     assert_eq!(&dq[2..], &[0.0, 0.0]);
 }
@@ -727,31 +1216,122 @@ fn attention_rows_that_see_nothing_give_zeros() {
 #[test]
 fn attention_bad_arguments_and_empty_inputs() {
     let q = [2, 3, 5, 4];
-    let new = |q: &[usize], k: &[usize], v: &[usize], mask: Option<AttentionMask<'_>>, scale| AttentionSpec::new(q, k, v, false, mask, scale);
+    let new = |q: &[usize], k: &[usize], v: &[usize], mask: Option<AttentionMask<'_>>, scale| {
+        AttentionSpec::new(q, k, v, false, mask, scale)
+    };
     assert!(new(&q, &[2, 3, 6, 4], &[2, 3, 6, 7], None, None).is_ok());
     let bad_mask = [5, 5];
     let rank5 = [1, 1, 1, 5, 6];
     for (why, r) in [
-        ("D differs", new(&q, &[2, 3, 6, 3], &[2, 3, 6, 4], None, None)),
-        ("S differs", new(&q, &[2, 3, 6, 4], &[2, 3, 5, 4], None, None)),
-        ("B differs", new(&q, &[1, 3, 6, 4], &[1, 3, 6, 4], None, None)),
-        ("H differs", new(&q, &[2, 3, 6, 4], &[2, 2, 6, 4], None, None)),
+        (
+            "D differs",
+            new(&q, &[2, 3, 6, 3], &[2, 3, 6, 4], None, None),
+        ),
+        (
+            "S differs",
+            new(&q, &[2, 3, 6, 4], &[2, 3, 5, 4], None, None),
+        ),
+        (
+            "B differs",
+            new(&q, &[1, 3, 6, 4], &[1, 3, 6, 4], None, None),
+        ),
+        (
+            "H differs",
+            new(&q, &[2, 3, 6, 4], &[2, 2, 6, 4], None, None),
+        ),
         ("rank", new(&[3, 5, 4], &[3, 6, 4], &[3, 6, 4], None, None)),
-        ("mask shape", new(&q, &[2, 3, 6, 4], &[2, 3, 6, 4], Some(AttentionMask { kind: MaskKind::Additive, shape: &bad_mask }), None)),
-        ("mask rank", new(&q, &[2, 3, 6, 4], &[2, 3, 6, 4], Some(AttentionMask { kind: MaskKind::Boolean, shape: &rank5 }), None)),
-        ("NaN scale", new(&q, &[2, 3, 6, 4], &[2, 3, 6, 4], None, Some(f32::NAN))),
+        (
+            "mask shape",
+            new(
+                &q,
+                &[2, 3, 6, 4],
+                &[2, 3, 6, 4],
+                Some(AttentionMask {
+                    kind: MaskKind::Additive,
+                    shape: &bad_mask,
+                }),
+                None,
+            ),
+        ),
+        (
+            "mask rank",
+            new(
+                &q,
+                &[2, 3, 6, 4],
+                &[2, 3, 6, 4],
+                Some(AttentionMask {
+                    kind: MaskKind::Boolean,
+                    shape: &rank5,
+                }),
+                None,
+            ),
+        ),
+        (
+            "NaN scale",
+            new(&q, &[2, 3, 6, 4], &[2, 3, 6, 4], None, Some(f32::NAN)),
+        ),
     ] {
         assert!(r.is_err(), "{why}: {r:?}");
     }
     let shape = [5, 6];
-    let spec = new(&[1, 1, 5, 4], &[1, 1, 6, 4], &[1, 1, 6, 4], Some(AttentionMask { kind: MaskKind::Additive, shape: &shape }), None).unwrap();
+    let spec = new(
+        &[1, 1, 5, 4],
+        &[1, 1, 6, 4],
+        &[1, 1, 6, 4],
+        Some(AttentionMask {
+            kind: MaskKind::Additive,
+            shape: &shape,
+        }),
+        None,
+    )
+    .unwrap();
     let (q, k) = ([0.0; 20], [0.0; 24]);
     let mut ws = vec![0.0; spec.workspace_elems()];
     let (mut out, mut lse) = ([0.0; 20], [0.0; 5]);
-    assert!(attention_forward(&spec, &q, &k, &k, None, &mut out, &mut lse, &mut ws).is_err(), "mask missing");
-    assert!(attention_forward(&spec, &q, &k, &k, Some(&[0.0; 29]), &mut out, &mut lse, &mut ws).is_err());
-    assert!(attention_forward(&spec, &q, &k[..23], &k, Some(&[0.0; 30]), &mut out, &mut lse, &mut ws).is_err());
-    assert!(attention_forward(&spec, &q, &k, &k, Some(&[0.0; 30]), &mut out, &mut lse, &mut []).is_err(), "no workspace");
+    assert!(
+        attention_forward(&spec, &q, &k, &k, None, &mut out, &mut lse, &mut ws).is_err(),
+        "mask missing"
+    );
+    assert!(
+        attention_forward(
+            &spec,
+            &q,
+            &k,
+            &k,
+            Some(&[0.0; 29]),
+            &mut out,
+            &mut lse,
+            &mut ws
+        )
+        .is_err()
+    );
+    assert!(
+        attention_forward(
+            &spec,
+            &q,
+            &k[..23],
+            &k,
+            Some(&[0.0; 30]),
+            &mut out,
+            &mut lse,
+            &mut ws
+        )
+        .is_err()
+    );
+    assert!(
+        attention_forward(
+            &spec,
+            &q,
+            &k,
+            &k,
+            Some(&[0.0; 30]),
+            &mut out,
+            &mut lse,
+            &mut []
+        )
+        .is_err(),
+        "no workspace"
+    );
 
     for (t, s) in [(0, 4), (4, 0)] {
         let spec = new(&[2, 1, t, 3], &[2, 1, s, 3], &[2, 1, s, 2], None, None).unwrap();
@@ -760,8 +1340,15 @@ fn attention_bad_arguments_and_empty_inputs() {
         let (mut out, mut lse) = (vec![f32::NAN; 4 * t], vec![f32::NAN; 2 * t]);
         attention_forward(&spec, &q, &k, &v, None, &mut out, &mut lse, &mut ws).unwrap();
         assert!(out.iter().all(|&o| o == 0.0), "no keys: zeros");
-        let (mut dq, mut dk, mut dv) = (vec![f32::NAN; q.len()], vec![f32::NAN; k.len()], vec![f32::NAN; v.len()]);
-        attention_backward(&spec, &q, &k, &v, None, &out, &lse, &out, &mut dq, &mut dk, &mut dv, &mut ws).unwrap();
+        let (mut dq, mut dk, mut dv) = (
+            vec![f32::NAN; q.len()],
+            vec![f32::NAN; k.len()],
+            vec![f32::NAN; v.len()],
+        );
+        attention_backward(
+            &spec, &q, &k, &v, None, &out, &lse, &out, &mut dq, &mut dk, &mut dv, &mut ws,
+        )
+        .unwrap();
         assert!(dq.iter().chain(&dk).chain(&dv).all(|&g| g == 0.0));
     }
     let spec = new(&[0, 2, 3, 3], &[0, 2, 3, 3], &[0, 2, 3, 3], None, None).unwrap();
