@@ -1,7 +1,9 @@
 //! Forward and forward+backward times of the nn kernels (`orch_tensor::nn_kernels`) at the
 //! shapes `scripts/bench_nn_torch.py` times in PyTorch; `scripts/bench-nn.sh` runs both and
-//! prints the ratios. Outputs, gradients and workspaces are allocated inside the timed call, as
-//! PyTorch allocates its own. Run: `cargo bench -p orch-tensor --bench nn_ops [-- THREADS]`.
+//! prints the ratios. Outputs, gradients and workspaces are allocated once and reused (the
+//! kernels overwrite them; PyTorch's allocator hands back freed blocks without zeroing them, so
+//! zero-filled fresh vectors per call would time a memset PyTorch does not do). `NN_BREAKDOWN=1` also times conv2d's two backward halves alone.
+//! Run: `cargo bench -p orch-tensor --bench nn_ops [-- THREADS]`.
 
 #[path = "support/common.rs"]
 mod common;
@@ -38,16 +40,14 @@ fn conv() -> orch_tensor::Result<()> {
     let (x, w, b) = (data(128 * 16 * 196, 1), data(32 * 16 * 25, 2), data(32, 3));
     let out_len: usize = spec.out_shape().iter().product();
     let g = data(out_len, 4);
-    let forward = || {
-        let mut out = zeros(out_len);
-        let mut ws = zeros(spec.workspace_elems());
-        conv2d_forward(&spec, &x, &w, Some(&b), &mut out, &mut ws).expect("conv2d");
-        (out, ws)
+    let (mut out, mut ws) = (zeros(out_len), zeros(spec.workspace_elems()));
+    let (mut dx, mut dw, mut db) = (zeros(x.len()), zeros(w.len()), zeros(32));
+    let mut forward = |out: &mut [f32], ws: &mut [f32]| {
+        conv2d_forward(&spec, &x, &w, Some(&b), out, ws).expect("conv2d");
     };
-    time("nn/conv2d/fwd", || drop(forward()));
+    time("nn/conv2d/fwd", || forward(&mut out, &mut ws));
     time("nn/conv2d/fwdbwd", || {
-        let (_out, mut ws) = forward();
-        let (mut dx, mut dw, mut db) = (zeros(x.len()), zeros(w.len()), zeros(32));
+        forward(&mut out, &mut ws);
         conv2d_backward(
             &spec,
             &x,
@@ -60,6 +60,14 @@ fn conv() -> orch_tensor::Result<()> {
         )
         .expect("conv2d backward");
     });
+    if std::env::var_os("NN_BREAKDOWN").is_some() {
+        time("nn/conv2d/bwd_weight", || {
+            conv2d_backward(&spec, &x, &w, &g, None, Some(&mut dw), None, &mut ws).unwrap()
+        });
+        time("nn/conv2d/bwd_input", || {
+            conv2d_backward(&spec, &x, &w, &g, Some(&mut dx), None, None, &mut ws).unwrap()
+        });
+    }
     Ok(())
 }
 
@@ -68,16 +76,17 @@ fn attention() -> orch_tensor::Result<()> {
     let n: usize = shape.iter().product();
     let spec = AttentionSpec::new(&shape, &shape, &shape, true, None, None)?;
     let (q, k, v, g) = (data(n, 5), data(n, 6), data(n, 7), data(n, 8));
-    let forward = || {
-        let (mut out, mut lse) = (zeros(n), zeros(spec.lse_len()));
-        let mut ws = zeros(spec.workspace_elems());
-        attention_forward(&spec, &q, &k, &v, None, &mut out, &mut lse, &mut ws).expect("sdpa");
-        (out, lse, ws)
+    let (mut out, mut lse) = (zeros(n), zeros(spec.lse_len()));
+    let mut ws = zeros(spec.workspace_elems());
+    let (mut dq, mut dk, mut dv) = (zeros(n), zeros(n), zeros(n));
+    let forward = |out: &mut [f32], lse: &mut [f32], ws: &mut [f32]| {
+        attention_forward(&spec, &q, &k, &v, None, out, lse, ws).expect("sdpa");
     };
-    time("nn/sdpa_causal/fwd", || drop(forward()));
+    time("nn/sdpa_causal/fwd", || {
+        forward(&mut out, &mut lse, &mut ws)
+    });
     time("nn/sdpa_causal/fwdbwd", || {
-        let (out, lse, mut ws) = forward();
-        let (mut dq, mut dk, mut dv) = (zeros(n), zeros(n), zeros(n));
+        forward(&mut out, &mut lse, &mut ws);
         attention_backward(
             &spec, &q, &k, &v, None, &out, &lse, &g, &mut dq, &mut dk, &mut dv, &mut ws,
         )
@@ -91,17 +100,17 @@ fn layer_norm() -> orch_tensor::Result<()> {
     let n: usize = shape.iter().product();
     let spec = LayerNormSpec::new(&shape, &[128], 1e-5)?;
     let (x, w, b, g) = (data(n, 9), data(128, 10), data(128, 11), data(n, 12));
-    let forward = || {
-        let (mut y, mut mean, mut rstd) = (zeros(n), zeros(spec.rows()), zeros(spec.rows()));
-        layer_norm_forward(&spec, &x, Some(&w), Some(&b), &mut y, &mut mean, &mut rstd)
-            .expect("layer_norm");
-        (y, mean, rstd)
+    let (mut y, mut mean, mut rstd) = (zeros(n), zeros(spec.rows()), zeros(spec.rows()));
+    let (mut dx, mut dw, mut db) = (zeros(n), zeros(128), zeros(128));
+    let mut ws = zeros(spec.workspace_elems());
+    let forward = |y: &mut [f32], mean: &mut [f32], rstd: &mut [f32]| {
+        layer_norm_forward(&spec, &x, Some(&w), Some(&b), y, mean, rstd).expect("layer_norm");
     };
-    time("nn/layer_norm/fwd", || drop(forward()));
+    time("nn/layer_norm/fwd", || {
+        forward(&mut y, &mut mean, &mut rstd)
+    });
     time("nn/layer_norm/fwdbwd", || {
-        let (_y, mean, rstd) = forward();
-        let (mut dx, mut dw, mut db) = (zeros(n), zeros(128), zeros(128));
-        let mut ws = zeros(spec.workspace_elems());
+        forward(&mut y, &mut mean, &mut rstd);
         layer_norm_backward(
             &spec,
             &x,

@@ -455,12 +455,14 @@ pub fn conv2d_backward(
                     im2col(s, xs, col);
                     col
                 };
+                // The slot's partial is dW^T per group (`kg x og`): the column matrix is then
+                // the left operand with its contraction dim contiguous (measured faster).
                 for g in 0..s.groups {
                     sgemm(
                         &mut dw[g * og * kg..(g + 1) * og * kg],
-                        kg,
-                        Mat::rows(&dy[g * og * l..], og, l),
-                        Mat::rows(&cols[g * kg * l..], kg, l).t(),
+                        og,
+                        Mat::rows(&cols[g * kg * l..], kg, l),
+                        Mat::rows(&dy[g * og * l..], og, l).t(),
                         1.0,
                         true,
                         par,
@@ -496,9 +498,16 @@ pub fn conv2d_backward(
     // Sum the slots' partial gradients.
     if let Some(dw) = d_weight {
         dw.fill(0.0);
+        let (og, kg) = (s.o / s.groups, s.group_k());
         for slot in ws.chunks(slot_len).take(slots) {
-            for (d, p) in dw.iter_mut().zip(&slot[col_len..col_len + w_len]) {
-                *d += p;
+            let part = &slot[col_len..col_len + w_len];
+            for (dw, part) in dw.chunks_mut(og * kg).zip(part.chunks(og * kg)) {
+                // part is this group's dW^T, kg x og.
+                for (o, row) in dw.chunks_mut(kg).enumerate() {
+                    for (k, d) in row.iter_mut().enumerate() {
+                        *d += part[k * og + o];
+                    }
+                }
             }
         }
     }

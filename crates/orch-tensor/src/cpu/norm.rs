@@ -18,7 +18,7 @@
 //! Workspace: `2 * C` (backward's per-channel sums).
 
 use super::PAR_MIN;
-use super::simd::{multiversion, sum_map, sum_zip};
+use super::simd::{LANES, multiversion, sum_map, sum_zip};
 use crate::error::Result;
 use crate::layout::checked_numel;
 use crate::nn_kernels::{bad_arg, check_len, checked_product, usable_slots, wanted_slots};
@@ -176,47 +176,53 @@ multiversion! {
         dw: &mut [f32],
         db: &mut [f32],
     ) {
-        let n = x.len().max(1) as f32;
-        // mean(g) and mean(g * xhat) with g = dy * w.
-        let (mg, mgx) = match w {
-            Some(w) => {
-                let g_sum = sum_zip(dy, w, |d, w| d * w);
-                let mut acc = [0.0f32; 16];
-                let mut tail = 0.0;
-                let mut i = 0;
-                while i + 16 <= x.len() {
-                    for l in 0..16 {
-                        acc[l] += dy[i + l] * w[i + l] * (x[i + l] - mean);
-                    }
-                    i += 16;
-                }
-                for j in i..x.len() {
-                    tail += dy[j] * w[j] * (x[j] - mean);
-                }
-                (g_sum / n, (tail + acc.iter().sum::<f32>()) * rstd / n)
-            }
-            None => (
-                sum_map(dy, |d| d) / n,
-                sum_zip(dy, x, |d, x| d * (x - mean)) * rstd / n,
-            ),
-        };
-        if let Some(dx) = dx {
-            match w {
-                Some(w) => {
-                    for (((dx, &x), &dy), &w) in dx.iter_mut().zip(x).zip(dy).zip(w) {
-                        *dx = rstd * (dy * w - mg - (x - mean) * rstd * mgx);
-                    }
-                }
-                None => {
-                    for ((dx, &x), &dy) in dx.iter_mut().zip(x).zip(dy) {
-                        *dx = rstd * (dy - mg - (x - mean) * rstd * mgx);
-                    }
-                }
+        // Equal lengths up front, so the loops below carry no bounds checks.
+        let len = x.len();
+        let (dy, w) = (&dy[..len], w.map(|w| &w[..len]));
+        let (dw, db) = (&mut dw[..len], &mut db[..len]);
+        let dx = dx.map(|d| &mut d[..len]);
+        let n = len.max(1) as f32;
+        let ones = [1.0f32; LANES];
+        // Pass 1: sum(g) and sum(g * (x - mean)) with g = dy * w, in lanes.
+        let (mut sg, mut sgx) = ([0.0f32; LANES], [0.0f32; LANES]);
+        let (mut tg, mut tgx) = (0.0f32, 0.0f32);
+        let (xc, dc) = (x.chunks_exact(LANES), dy.chunks_exact(LANES));
+        let tail = xc.remainder().len();
+        for (i, (xs, ds)) in xc.zip(dc).enumerate() {
+            let ws = w.map_or(&ones[..], |w| &w[i * LANES..][..LANES]);
+            for l in 0..LANES {
+                let g = ds[l] * ws[l];
+                sg[l] += g;
+                sgx[l] += g * (xs[l] - mean);
             }
         }
-        for (((dw, db), &x), &dy) in dw.iter_mut().zip(db.iter_mut()).zip(x).zip(dy) {
-            *dw += dy * (x - mean) * rstd;
-            *db += dy;
+        let start = x.len() - tail;
+        for i in start..x.len() {
+            let g = dy[i] * w.map_or(1.0, |w| w[i]);
+            tg += g;
+            tgx += g * (x[i] - mean);
+        }
+        let mg = (tg + sg.iter().sum::<f32>()) / n;
+        let mgx = (tgx + sgx.iter().sum::<f32>()) * rstd / n;
+        // Pass 2: dx, dw, db.
+        let (a, c) = (rstd * rstd * mgx, rstd * (mg - mean * rstd * mgx));
+        // dx = rstd * g - rstd^2 * mgx * x - rstd * (mg - mean * rstd * mgx) = rstd*g - a*x - c
+        match dx {
+            Some(dx) => {
+                for i in 0..x.len() {
+                    let (xi, di) = (x[i], dy[i]);
+                    let g = di * w.map_or(1.0, |w| w[i]);
+                    dx[i] = rstd * g - a * xi - c;
+                    dw[i] += di * (xi - mean) * rstd;
+                    db[i] += di;
+                }
+            }
+            None => {
+                for i in 0..x.len() {
+                    dw[i] += dy[i] * (x[i] - mean) * rstd;
+                    db[i] += dy[i];
+                }
+            }
         }
     }
 }

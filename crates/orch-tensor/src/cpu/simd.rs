@@ -37,7 +37,7 @@ macro_rules! multiversion {
 pub(crate) use multiversion;
 
 /// Lanes of the accumulators below: enough independent sums to fill AVX-512 registers.
-const LANES: usize = 16;
+pub(crate) const LANES: usize = 16;
 
 /// Sum of `f(a[i], b[i])` over the common length, in `LANES` interleaved partial sums
 /// (vectorisable).
