@@ -42,7 +42,7 @@ fn conv() -> orch_tensor::Result<()> {
     let g = data(out_len, 4);
     let (mut out, mut ws) = (zeros(out_len), zeros(spec.workspace_elems()));
     let (mut dx, mut dw, mut db) = (zeros(x.len()), zeros(w.len()), zeros(32));
-    let mut forward = |out: &mut [f32], ws: &mut [f32]| {
+    let forward = |out: &mut [f32], ws: &mut [f32]| {
         conv2d_forward(&spec, &x, &w, Some(&b), out, ws).expect("conv2d");
     };
     time("nn/conv2d/fwd", || forward(&mut out, &mut ws));
