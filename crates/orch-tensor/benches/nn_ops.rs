@@ -61,6 +61,21 @@ fn conv() -> orch_tensor::Result<()> {
         .expect("conv2d backward");
     });
     if std::env::var_os("NN_BREAKDOWN").is_some() {
+        // The same products without im2col: a 1x1 conv over 400 channels.
+        let spec1 = Conv2dSpec::new(
+            &[128, 400, 14, 14],
+            &[32, 400, 1, 1],
+            None,
+            [1, 1],
+            [0, 0],
+            [1, 1],
+            1,
+        )?;
+        let x1 = data(128 * 400 * 196, 13);
+        let mut ws1 = zeros(spec1.workspace_elems());
+        time("nn/conv2d/gemm_only_fwd", || {
+            conv2d_forward(&spec1, &x1, &w, None, &mut out, &mut ws1).unwrap()
+        });
         time("nn/conv2d/bwd_weight", || {
             conv2d_backward(&spec, &x, &w, &g, None, Some(&mut dw), None, &mut ws).unwrap()
         });

@@ -1,16 +1,18 @@
 //! 2-D convolution (`torch.nn.functional.conv2d`): NCHW input `[N, C, H, W]`, weight
 //! `[O, C/groups, kh, kw]`, optional bias `[O]`, stride, zero padding, dilation and groups.
 //!
-//! Algorithm: per sample, **im2col** writes the `[C*kh*kw, OH*OW]` column matrix into a
-//! workspace slot, then one gemm per group gives `out_g = W_g col_g`. A 1x1 kernel with stride 1
+//! Algorithm: per batch of up to 4 samples (wider products run faster), **im2col** writes the
+//! samples' `[C*kh*kw, OH*OW]` column matrices side by side into a workspace slot, then one
+//! gemm per group gives `out_g = W_g col_g`, copied back to the samples (plus bias). A 1x1 kernel with stride 1
 //! and no padding skips im2col (the input is its own column matrix). Backward, per sample:
 //! im2col again, `dW_g += dY_g col_g^T` into the slot's own partial weight gradient (summed over
 //! slots at the end), then `dcol_g = W_g^T dY_g` into the same column buffer and **col2im**
 //! scatters it into `d_input`. Samples are split into one contiguous run per slot and the slots
 //! run in parallel (rayon); each gemm is single-threaded unless there is one slot only.
 //!
-//! Memory: forward needs one column matrix per slot (`C*kh*kw*OH*OW`, none for the 1x1 case);
-//! backward one column matrix plus one weight-sized and one bias-sized partial gradient per slot.
+//! Memory per slot: a batch's column matrices (`batch*C*kh*kw*OH*OW`) and outputs
+//! (`batch*O*OH*OW`), none for the 1x1 case; backward adds a weight-sized and a bias-sized
+//! partial gradient.
 
 use super::slice_gemm::{Mat, sgemm};
 use crate::error::Result;
@@ -20,6 +22,12 @@ use gemm::Parallelism;
 use rayon::prelude::*;
 
 const OP: &str = "conv2d";
+
+/// Most samples in one gemm.
+const SAMPLES_PER_GEMM: usize = 4;
+
+/// Most column-matrix elements a batch may take (2 MiB of f32: about one core's L2).
+const COL_BUDGET: usize = 1 << 19;
 
 /// A validated 2-D convolution: shapes, stride, padding, dilation, groups.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,7 +152,6 @@ impl Conv2dSpec {
             ow,
         };
         checked_numel(OP, &spec.out_shape())?;
-        checked_product(OP, "the column matrix", &[c, kh, kw, oh, ow])?;
         checked_product(OP, "the workspace", &[spec.slot_len()?, wanted_slots(n)])?;
         Ok(spec)
     }
@@ -165,11 +172,31 @@ impl Conv2dSpec {
         self.kh == 1 && self.kw == 1 && self.stride == [1, 1] && self.padding == [0, 0]
     }
 
+    /// Samples whose column matrices sit side by side for one gemm (wider products run
+    /// faster): up to [`SAMPLES_PER_GEMM`], within [`COL_BUDGET`] elements; 1 when direct.
+    fn batch(&self) -> usize {
+        if self.direct() {
+            return 1;
+        }
+        let one = (self.c * self.kh * self.kw * self.oh * self.ow).max(1);
+        SAMPLES_PER_GEMM.min(COL_BUDGET / one).min(self.n).max(1)
+    }
+
+    /// The column matrices of one batch (`C*kh*kw x batch*OH*OW`); none when direct.
     fn col_len(&self) -> usize {
         if self.direct() {
             0
         } else {
-            self.c * self.kh * self.kw * self.oh * self.ow
+            self.batch() * self.c * self.kh * self.kw * self.oh * self.ow
+        }
+    }
+
+    /// The batch's outputs or output gradients as one `O x batch*OH*OW` matrix.
+    fn tmp_len(&self) -> usize {
+        if self.direct() {
+            0
+        } else {
+            self.batch() * self.o * self.oh * self.ow
         }
     }
 
@@ -177,11 +204,21 @@ impl Conv2dSpec {
         self.o * (self.c / self.groups) * self.kh * self.kw
     }
 
-    /// One slot: the column matrix, then (backward) the partial weight and bias gradients.
+    /// One slot of forward: column matrices and the output matrix.
+    fn forward_slot_len(&self) -> usize {
+        self.col_len() + self.tmp_len()
+    }
+
+    /// One slot: forward's, then (backward) the partial weight and bias gradients.
     fn slot_len(&self) -> Result<usize> {
-        self.col_len()
-            .checked_add(self.weight_len() + self.o)
-            .ok_or_else(|| bad_arg(OP, &[self.o], "workspace overflows".into()))
+        let one = checked_product(OP, "the column matrix", &[self.c, self.kh, self.kw])?;
+        let one = checked_product(OP, "the column matrix", &[one, self.oh, self.ow])?;
+        let tmp = checked_product(OP, "the output matrix", &[self.o, self.oh, self.ow])?;
+        one.checked_add(tmp)
+            .and_then(|v| v.checked_mul(self.batch()))
+            .and_then(|v| v.checked_add(self.weight_len() + self.o))
+            .filter(|&v| v <= crate::MAX_NUMEL)
+            .ok_or_else(|| bad_arg(OP, &[self.o], "the workspace overflows".into()))
     }
 
     fn in_len(&self) -> usize {
@@ -242,14 +279,15 @@ fn for_each_col_row(s: &Conv2dSpec, mut f: impl FnMut(usize, usize, usize, usize
     }
 }
 
-/// Writes the column matrix of one sample `x` (`[C, H, W]`) into `col` (`[C*kh*kw, OH*OW]`).
-fn im2col(s: &Conv2dSpec, x: &[f32], col: &mut [f32]) {
+/// Writes the column matrix of one sample `x` (`[C, H, W]`) into `col` (`[C*kh*kw, OH*OW]`),
+/// at column `off` of a matrix with row stride `ld`.
+fn im2col(s: &Conv2dSpec, x: &[f32], col: &mut [f32], ld: usize, off: usize) {
     let (l, ow) = (s.spatial(), s.ow);
     let [sh, sw] = s.stride;
     let [ph, pw] = s.padding;
     let [dh, dw] = s.dilation;
     for_each_col_row(s, |c, i, j, row| {
-        let dst = &mut col[row * l..][..l];
+        let dst = &mut col[row * ld + off..][..l];
         let plane = &x[c * s.h * s.w..][..s.h * s.w];
         let rows = valid_range(s.oh, s.h, sh, i * dh, ph);
         let cols = valid_range(ow, s.w, sw, j * dw, pw);
@@ -276,15 +314,16 @@ fn im2col(s: &Conv2dSpec, x: &[f32], col: &mut [f32]) {
     });
 }
 
-/// Adds the column matrix `col` back into one sample's input gradient `dx` (`[C, H, W]`).
-fn col2im(s: &Conv2dSpec, col: &[f32], dx: &mut [f32]) {
+/// Adds the column matrix at column `off` of `col` (row stride `ld`) back into one sample's
+/// input gradient `dx` (`[C, H, W]`).
+fn col2im(s: &Conv2dSpec, col: &[f32], ld: usize, off: usize, dx: &mut [f32]) {
     let (l, ow) = (s.spatial(), s.ow);
     let [sh, sw] = s.stride;
     let [ph, pw] = s.padding;
     let [dh, dw] = s.dilation;
     dx.fill(0.0);
     for_each_col_row(s, |c, i, j, row| {
-        let src = &col[row * l..][..l];
+        let src = &col[row * ld + off..][..l];
         let plane = &mut dx[c * s.h * s.w..][..s.h * s.w];
         let cols = valid_range(ow, s.w, sw, j * dw, pw);
         if cols.is_empty() {
@@ -349,42 +388,70 @@ pub fn conv2d_forward(
     if s.n == 0 || s.out_len() == 0 {
         return Ok(());
     }
-    let col_len = s.col_len();
-    let slots = usable_slots(OP, ws.len(), col_len, s.n)?;
+    let slot_len = s.forward_slot_len();
+    let slots = usable_slots(OP, ws.len(), slot_len, s.n)?;
     let per = per_slot(s.n, slots);
     let par = gemm_par(slots);
-    let (l, og, kg) = (s.spatial(), s.o / s.groups, s.group_k());
-    let mut ws_chunks: Vec<&mut [f32]> = if col_len == 0 {
+    let (l, og, kg, batch) = (s.spatial(), s.o / s.groups, s.group_k(), s.batch());
+    let mut ws_chunks: Vec<&mut [f32]> = if slot_len == 0 {
         (0..slots).map(|_| Default::default()).collect()
     } else {
-        ws.chunks_mut(col_len).take(slots).collect()
+        ws.chunks_mut(slot_len).take(slots).collect()
     };
     out.par_chunks_mut(per * s.out_len())
         .zip(x.par_chunks(per * s.in_len()))
         .zip(ws_chunks.par_iter_mut())
-        .for_each(|((out, x), col)| {
-            for (y, xs) in out.chunks_mut(s.out_len()).zip(x.chunks(s.in_len())) {
-                let cols: &[f32] = if s.direct() {
-                    xs
-                } else {
-                    im2col(s, xs, col);
-                    col
-                };
-                if let Some(b) = bias {
-                    for (row, &bv) in y.chunks_mut(l).zip(b) {
-                        row.fill(bv);
+        .for_each(|((out, x), slot)| {
+            let (col, tmp) = slot.split_at_mut(s.col_len());
+            let runs = out
+                .chunks_mut(batch * s.out_len())
+                .zip(x.chunks(batch * s.in_len()));
+            for (y, xs) in runs {
+                if s.direct() {
+                    // One sample, its own column matrix, written straight into `y`.
+                    if let Some(b) = bias {
+                        for (row, &bv) in y.chunks_mut(l).zip(b) {
+                            row.fill(bv);
+                        }
                     }
+                    for g in 0..s.groups {
+                        sgemm(
+                            &mut y[g * og * l..(g + 1) * og * l],
+                            l,
+                            Mat::rows(&weight[g * og * kg..], og, kg),
+                            Mat::rows(&xs[g * kg * l..], kg, l),
+                            1.0,
+                            bias.is_some(),
+                            par,
+                        );
+                    }
+                    continue;
+                }
+                let nb = xs.len() / s.in_len();
+                let ld = nb * l;
+                for (b, xb) in xs.chunks(s.in_len()).enumerate() {
+                    im2col(s, xb, col, ld, b * l);
                 }
                 for g in 0..s.groups {
                     sgemm(
-                        &mut y[g * og * l..(g + 1) * og * l],
-                        l,
+                        &mut tmp[g * og * ld..(g + 1) * og * ld],
+                        ld,
                         Mat::rows(&weight[g * og * kg..], og, kg),
-                        Mat::rows(&cols[g * kg * l..], kg, l),
+                        Mat::rows(&col[g * kg * ld..], kg, ld),
                         1.0,
-                        bias.is_some(),
+                        false,
                         par,
                     );
+                }
+                // The batch's `O x nb*L` product back to `nb` samples of `O x L`, plus bias.
+                for (b, yb) in y.chunks_mut(s.out_len()).enumerate() {
+                    for (o, row) in yb.chunks_mut(l).enumerate() {
+                        let src = &tmp[o * ld + b * l..][..l];
+                        let bv = bias.map_or(0.0, |bias| bias[o]);
+                        for (d, &v) in row.iter_mut().zip(src) {
+                            *d = v + bv;
+                        }
+                    }
                 }
             }
         });
@@ -421,11 +488,11 @@ pub fn conv2d_backward(
     let slots = usable_slots(OP, ws.len(), slot_len, s.n)?;
     let per = per_slot(s.n, slots);
     let par = gemm_par(slots);
-    let (l, og, kg) = (s.spatial(), s.o / s.groups, s.group_k());
+    let (l, og, kg, batch) = (s.spatial(), s.o / s.groups, s.group_k(), s.batch());
     let (want_dw, want_db) = (d_weight.is_some(), d_bias.is_some());
-    let (col_len, w_len) = (s.col_len(), s.weight_len());
+    let (col_len, tmp_len, w_len) = (s.col_len(), s.tmp_len(), s.weight_len());
 
-    // One task per slot: its samples' inputs, output gradients, input gradients, workspace.
+    // One task per slot: its samples, their input gradients, its workspace.
     let mut tasks = Vec::with_capacity(slots);
     let mut dx_rest = d_input;
     for (i, slot) in ws.chunks_mut(slot_len).take(slots).enumerate() {
@@ -442,17 +509,33 @@ pub fn conv2d_backward(
     }
     tasks.par_iter_mut().for_each(|(range, dx, slot)| {
         let (col, rest) = slot.split_at_mut(col_len);
+        let (tmp, rest) = rest.split_at_mut(tmp_len);
         let (dw, db) = rest.split_at_mut(w_len);
         dw.fill(0.0);
         db.fill(0.0);
-        for (k, n) in range.clone().enumerate() {
-            let xs = &x[n * s.in_len()..][..s.in_len()];
-            let dy = &d_out[n * s.out_len()..][..s.out_len()];
+        for first in range.clone().step_by(batch) {
+            let nb = batch.min(range.end - first);
+            let ld = nb * l;
+            let xs = &x[first * s.in_len()..][..nb * s.in_len()];
+            let dys = &d_out[first * s.out_len()..][..nb * s.out_len()];
+            // The batch's output gradients as one `O x nb*L` matrix.
+            let dyb: &[f32] = if s.direct() {
+                dys
+            } else {
+                for (b, dyb) in dys.chunks(s.out_len()).enumerate() {
+                    for (o, row) in dyb.chunks(l).enumerate() {
+                        tmp[o * ld + b * l..][..l].copy_from_slice(row);
+                    }
+                }
+                tmp
+            };
             if want_dw {
                 let cols: &[f32] = if s.direct() {
                     xs
                 } else {
-                    im2col(s, xs, col);
+                    for (b, xb) in xs.chunks(s.in_len()).enumerate() {
+                        im2col(s, xb, col, ld, b * l);
+                    }
                     col
                 };
                 // The slot's partial is dW^T per group (`kg x og`): the column matrix is then
@@ -461,8 +544,8 @@ pub fn conv2d_backward(
                     sgemm(
                         &mut dw[g * og * kg..(g + 1) * og * kg],
                         og,
-                        Mat::rows(&cols[g * kg * l..], kg, l),
-                        Mat::rows(&dy[g * og * l..], og, l).t(),
+                        Mat::rows(&cols[g * kg * ld..], kg, ld),
+                        Mat::rows(&dyb[g * og * ld..], og, ld).t(),
                         1.0,
                         true,
                         par,
@@ -470,27 +553,32 @@ pub fn conv2d_backward(
                 }
             }
             if want_db {
-                for (b, row) in db.iter_mut().zip(dy.chunks(l)) {
-                    *b += row.iter().sum::<f32>();
+                for dy in dys.chunks(s.out_len()) {
+                    for (b, row) in db.iter_mut().zip(dy.chunks(l)) {
+                        *b += row.iter().sum::<f32>();
+                    }
                 }
             }
             if let Some(dx) = dx.as_deref_mut() {
-                let dxs = &mut dx[k * s.in_len()..][..s.in_len()];
+                let k0 = first - range.start;
+                let dxs = &mut dx[k0 * s.in_len()..][..nb * s.in_len()];
                 // dcol = W^T dY, straight into dx when the input is its own column matrix.
                 let dcol: &mut [f32] = if s.direct() { dxs } else { col };
                 for g in 0..s.groups {
                     sgemm(
-                        &mut dcol[g * kg * l..(g + 1) * kg * l],
-                        l,
+                        &mut dcol[g * kg * ld..(g + 1) * kg * ld],
+                        ld,
                         Mat::rows(&weight[g * og * kg..], og, kg).t(),
-                        Mat::rows(&dy[g * og * l..], og, l),
+                        Mat::rows(&dyb[g * og * ld..], og, ld),
                         1.0,
                         false,
                         par,
                     );
                 }
                 if !s.direct() {
-                    col2im(s, col, dxs);
+                    for (b, dxb) in dxs.chunks_mut(s.in_len()).enumerate() {
+                        col2im(s, col, ld, b * l, dxb);
+                    }
                 }
             }
         }
@@ -498,11 +586,10 @@ pub fn conv2d_backward(
     // Sum the slots' partial gradients.
     if let Some(dw) = d_weight {
         dw.fill(0.0);
-        let (og, kg) = (s.o / s.groups, s.group_k());
         for slot in ws.chunks(slot_len).take(slots) {
-            let part = &slot[col_len..col_len + w_len];
+            let part = &slot[col_len + tmp_len..][..w_len];
             for (dw, part) in dw.chunks_mut(og * kg).zip(part.chunks(og * kg)) {
-                // part is this group's dW^T, kg x og.
+                // `part` is this group's dW^T, kg x og.
                 for (o, row) in dw.chunks_mut(kg).enumerate() {
                     for (k, d) in row.iter_mut().enumerate() {
                         *d += part[k * og + o];
@@ -514,7 +601,7 @@ pub fn conv2d_backward(
     if let Some(db) = d_bias {
         db.fill(0.0);
         for slot in ws.chunks(slot_len).take(slots) {
-            for (d, p) in db.iter_mut().zip(&slot[col_len + w_len..]) {
+            for (d, p) in db.iter_mut().zip(&slot[col_len + tmp_len + w_len..]) {
                 *d += p;
             }
         }

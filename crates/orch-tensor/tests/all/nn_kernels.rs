@@ -162,6 +162,13 @@ fn conv_cases() -> Vec<ConvCase> {
             pad: [1, 0],
             ..base
         }, // the kernel fills the padded height
+        // Batches of 4 samples in one gemm, and a remainder of 2.
+        ConvCase {
+            x: [6, 2, 5, 5],
+            o: 3,
+            pad: [1, 1],
+            ..base
+        },
         ConvCase {
             x: [1, 2, 9, 9],
             k: [3, 3],
