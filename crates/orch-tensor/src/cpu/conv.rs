@@ -7,8 +7,9 @@
 //! and no padding skips im2col (the input is its own column matrix). Backward, per sample:
 //! im2col again, `dW_g += dY_g col_g^T` into the slot's own partial weight gradient (summed over
 //! slots at the end), then `dcol_g = W_g^T dY_g` into the same column buffer and **col2im**
-//! scatters it into `d_input`. Samples are split into one contiguous run per slot and the slots
-//! run in parallel (rayon); each gemm is single-threaded unless there is one slot only.
+//! scatters it into `d_input`. Batches are rayon tasks (scheduled dynamically, so a core that
+//! another job slows down takes fewer), each using its thread's workspace slot; each gemm is
+//! single-threaded unless there is one slot only.
 //!
 //! Memory per slot: a batch's column matrices (`batch*C*kh*kw*OH*OW`) and outputs
 //! (`batch*O*OH*OW`), none for the 1x1 case; backward adds a weight-sized and a bias-sized
@@ -20,6 +21,7 @@ use crate::layout::checked_numel;
 use crate::nn_kernels::{bad_arg, check_len, checked_product, usable_slots, wanted_slots};
 use gemm::Parallelism;
 use rayon::prelude::*;
+use std::sync::{Mutex, PoisonError};
 
 const OP: &str = "conv2d";
 
@@ -120,6 +122,9 @@ impl Conv2dSpec {
                     c / groups
                 ),
             ));
+        }
+        if c == 0 || o == 0 {
+            return Err(bad_arg(OP, weight, "no input or no output channels".into()));
         }
         if kh == 0 || kw == 0 {
             return Err(bad_arg(OP, weight, "the kernel is empty".into()));
@@ -347,17 +352,22 @@ fn col2im(s: &Conv2dSpec, col: &[f32], ld: usize, off: usize, dx: &mut [f32]) {
     });
 }
 
-/// Samples per slot when `n` samples are split over `slots` runs.
-fn per_slot(n: usize, slots: usize) -> usize {
-    n.div_ceil(slots).max(1)
-}
-
 fn gemm_par(slots: usize) -> Parallelism {
     if slots == 1 && rayon::current_num_threads() > 1 {
         Parallelism::Rayon(0)
     } else {
         Parallelism::None
     }
+}
+
+/// Runs `f` on the workspace slot of the current rayon thread. Tasks run on their thread
+/// from start to end (their products are single-threaded, so a thread never takes up another
+/// task inside one), hence each slot is uncontended when there is one per thread; with fewer
+/// slots than threads the lock makes threads sharing a slot take turns.
+fn with_slot<R>(slots: &[Mutex<&mut [f32]>], f: impl FnOnce(&mut [f32]) -> R) -> R {
+    let i = rayon::current_thread_index().unwrap_or(0) % slots.len();
+    let mut slot = slots[i].lock().unwrap_or_else(PoisonError::into_inner);
+    f(&mut slot)
 }
 
 /// `out = conv2d(x, weight) + bias` for dense `x` `[N, C, H, W]`, `weight`, `bias` `[O]` and
@@ -390,72 +400,78 @@ pub fn conv2d_forward(
     }
     let slot_len = s.forward_slot_len();
     let slots = usable_slots(OP, ws.len(), slot_len, s.n)?;
-    let per = per_slot(s.n, slots);
-    let par = gemm_par(slots);
     let (l, og, kg, batch) = (s.spatial(), s.o / s.groups, s.group_k(), s.batch());
-    let mut ws_chunks: Vec<&mut [f32]> = if slot_len == 0 {
-        (0..slots).map(|_| Default::default()).collect()
-    } else {
-        ws.chunks_mut(slot_len).take(slots).collect()
-    };
-    out.par_chunks_mut(per * s.out_len())
-        .zip(x.par_chunks(per * s.in_len()))
-        .zip(ws_chunks.par_iter_mut())
-        .for_each(|((out, x), slot)| {
-            let (col, tmp) = slot.split_at_mut(s.col_len());
-            let runs = out
-                .chunks_mut(batch * s.out_len())
-                .zip(x.chunks(batch * s.in_len()));
-            for (y, xs) in runs {
-                if s.direct() {
-                    // One sample, its own column matrix, written straight into `y`.
-                    if let Some(b) = bias {
-                        for (row, &bv) in y.chunks_mut(l).zip(b) {
-                            row.fill(bv);
-                        }
-                    }
-                    for g in 0..s.groups {
-                        sgemm(
-                            &mut y[g * og * l..(g + 1) * og * l],
-                            l,
-                            Mat::rows(&weight[g * og * kg..], og, kg),
-                            Mat::rows(&xs[g * kg * l..], kg, l),
-                            1.0,
-                            bias.is_some(),
-                            par,
-                        );
-                    }
-                    continue;
-                }
-                let nb = xs.len() / s.in_len();
-                let ld = nb * l;
-                for (b, xb) in xs.chunks(s.in_len()).enumerate() {
-                    im2col(s, xb, col, ld, b * l);
-                }
-                for g in 0..s.groups {
-                    sgemm(
-                        &mut tmp[g * og * ld..(g + 1) * og * ld],
-                        ld,
-                        Mat::rows(&weight[g * og * kg..], og, kg),
-                        Mat::rows(&col[g * kg * ld..], kg, ld),
-                        1.0,
-                        false,
-                        par,
-                    );
-                }
-                // The batch's `O x nb*L` product back to `nb` samples of `O x L`, plus bias.
-                for (b, yb) in y.chunks_mut(s.out_len()).enumerate() {
-                    for (o, row) in yb.chunks_mut(l).enumerate() {
-                        let src = &tmp[o * ld + b * l..][..l];
-                        let bv = bias.map_or(0.0, |bias| bias[o]);
-                        for (d, &v) in row.iter_mut().zip(src) {
-                            *d = v + bv;
-                        }
-                    }
+    // One batch of samples: `y` and `xs` hold its outputs and inputs.
+    let run = |y: &mut [f32], xs: &[f32], slot: &mut [f32], par: Parallelism| {
+        if s.direct() {
+            // One sample, its own column matrix, written straight into `y`.
+            if let Some(b) = bias {
+                for (row, &bv) in y.chunks_mut(l).zip(b) {
+                    row.fill(bv);
                 }
             }
-        });
+            for g in 0..s.groups {
+                sgemm(
+                    &mut y[g * og * l..(g + 1) * og * l],
+                    l,
+                    Mat::rows(&weight[g * og * kg..], og, kg),
+                    Mat::rows(&xs[g * kg * l..], kg, l),
+                    1.0,
+                    bias.is_some(),
+                    par,
+                );
+            }
+            return;
+        }
+        let (col, tmp) = slot.split_at_mut(s.col_len());
+        let nb = xs.len() / s.in_len();
+        let ld = nb * l;
+        for (b, xb) in xs.chunks(s.in_len()).enumerate() {
+            im2col(s, xb, col, ld, b * l);
+        }
+        for g in 0..s.groups {
+            sgemm(
+                &mut tmp[g * og * ld..(g + 1) * og * ld],
+                ld,
+                Mat::rows(&weight[g * og * kg..], og, kg),
+                Mat::rows(&col[g * kg * ld..], kg, ld),
+                1.0,
+                false,
+                par,
+            );
+        }
+        // The batch's `O x nb*L` product back to `nb` samples of `O x L`, plus bias.
+        for (b, yb) in y.chunks_mut(s.out_len()).enumerate() {
+            for (o, row) in yb.chunks_mut(l).enumerate() {
+                let src = &tmp[o * ld + b * l..][..l];
+                let bv = bias.map_or(0.0, |bias| bias[o]);
+                for (d, &v) in row.iter_mut().zip(src) {
+                    *d = v + bv;
+                }
+            }
+        }
+    };
+    let (out_batch, in_batch) = (batch * s.out_len(), batch * s.in_len());
+    if slots == 1 {
+        let slot = &mut ws[..slot_len];
+        for (y, xs) in out.chunks_mut(out_batch).zip(x.chunks(in_batch)) {
+            run(y, xs, slot, gemm_par(1));
+        }
+    } else {
+        let locks = split_slots(ws, slot_len, slots);
+        out.par_chunks_mut(out_batch)
+            .zip(x.par_chunks(in_batch))
+            .for_each(|(y, xs)| with_slot(&locks, |slot| run(y, xs, slot, Parallelism::None)));
+    }
     Ok(())
+}
+
+/// The workspace as `slots` locked slots of `len` (empty ones when `len` is 0).
+fn split_slots(ws: &mut [f32], len: usize, slots: usize) -> Vec<Mutex<&mut [f32]>> {
+    if len == 0 {
+        return (0..slots).map(|_| Mutex::new(Default::default())).collect();
+    }
+    ws.chunks_mut(len).take(slots).map(Mutex::new).collect()
 }
 
 /// Gradients of [`conv2d_forward`] given `d_out` `[N, O, OH, OW]`: whichever of `d_input`
@@ -486,103 +502,101 @@ pub fn conv2d_backward(
     }
     let slot_len = s.slot_len()?;
     let slots = usable_slots(OP, ws.len(), slot_len, s.n)?;
-    let per = per_slot(s.n, slots);
-    let par = gemm_par(slots);
     let (l, og, kg, batch) = (s.spatial(), s.o / s.groups, s.group_k(), s.batch());
     let (want_dw, want_db) = (d_weight.is_some(), d_bias.is_some());
     let (col_len, tmp_len, w_len) = (s.col_len(), s.tmp_len(), s.weight_len());
-
-    // One task per slot: its samples, their input gradients, its workspace.
-    let mut tasks = Vec::with_capacity(slots);
-    let mut dx_rest = d_input;
-    for (i, slot) in ws.chunks_mut(slot_len).take(slots).enumerate() {
-        let range = (i * per).min(s.n)..((i + 1) * per).min(s.n);
-        let dx = match dx_rest.take() {
-            Some(rest) => {
-                let (head, tail) = rest.split_at_mut(range.len() * s.in_len());
-                dx_rest = Some(tail);
-                Some(head)
-            }
-            None => None,
-        };
-        tasks.push((range, dx, slot));
+    for slot in ws.chunks_mut(slot_len).take(slots) {
+        slot[col_len + tmp_len..].fill(0.0);
     }
-    tasks.par_iter_mut().for_each(|(range, dx, slot)| {
+    // One batch: its index and its input gradients.
+    let run = |bi: usize, dx: Option<&mut [f32]>, slot: &mut [f32], par: Parallelism| {
         let (col, rest) = slot.split_at_mut(col_len);
         let (tmp, rest) = rest.split_at_mut(tmp_len);
         let (dw, db) = rest.split_at_mut(w_len);
-        dw.fill(0.0);
-        db.fill(0.0);
-        for first in range.clone().step_by(batch) {
-            let nb = batch.min(range.end - first);
-            let ld = nb * l;
-            let xs = &x[first * s.in_len()..][..nb * s.in_len()];
-            let dys = &d_out[first * s.out_len()..][..nb * s.out_len()];
-            // The batch's output gradients as one `O x nb*L` matrix.
-            let dyb: &[f32] = if s.direct() {
-                dys
+        let first = bi * batch;
+        let nb = batch.min(s.n - first);
+        let ld = nb * l;
+        let xs = &x[first * s.in_len()..][..nb * s.in_len()];
+        let dys = &d_out[first * s.out_len()..][..nb * s.out_len()];
+        // The batch's output gradients as one `O x nb*L` matrix.
+        let dyb: &[f32] = if s.direct() {
+            dys
+        } else {
+            for (b, dyb) in dys.chunks(s.out_len()).enumerate() {
+                for (o, row) in dyb.chunks(l).enumerate() {
+                    tmp[o * ld + b * l..][..l].copy_from_slice(row);
+                }
+            }
+            tmp
+        };
+        if want_dw {
+            let cols: &[f32] = if s.direct() {
+                xs
             } else {
-                for (b, dyb) in dys.chunks(s.out_len()).enumerate() {
-                    for (o, row) in dyb.chunks(l).enumerate() {
-                        tmp[o * ld + b * l..][..l].copy_from_slice(row);
-                    }
+                for (b, xb) in xs.chunks(s.in_len()).enumerate() {
+                    im2col(s, xb, col, ld, b * l);
                 }
-                tmp
+                col
             };
-            if want_dw {
-                let cols: &[f32] = if s.direct() {
-                    xs
-                } else {
-                    for (b, xb) in xs.chunks(s.in_len()).enumerate() {
-                        im2col(s, xb, col, ld, b * l);
-                    }
-                    col
-                };
-                // The slot's partial is dW^T per group (`kg x og`): the column matrix is then
-                // the left operand with its contraction dim contiguous (measured faster).
-                for g in 0..s.groups {
-                    sgemm(
-                        &mut dw[g * og * kg..(g + 1) * og * kg],
-                        og,
-                        Mat::rows(&cols[g * kg * ld..], kg, ld),
-                        Mat::rows(&dyb[g * og * ld..], og, ld).t(),
-                        1.0,
-                        true,
-                        par,
-                    );
-                }
+            // The slot's partial is dW^T per group (`kg x og`): the column matrix is then the
+            // left operand with its contraction dim contiguous (measured faster).
+            for g in 0..s.groups {
+                sgemm(
+                    &mut dw[g * og * kg..(g + 1) * og * kg],
+                    og,
+                    Mat::rows(&cols[g * kg * ld..], kg, ld),
+                    Mat::rows(&dyb[g * og * ld..], og, ld).t(),
+                    1.0,
+                    true,
+                    par,
+                );
             }
-            if want_db {
-                for dy in dys.chunks(s.out_len()) {
-                    for (b, row) in db.iter_mut().zip(dy.chunks(l)) {
-                        *b += row.iter().sum::<f32>();
-                    }
-                }
-            }
-            if let Some(dx) = dx.as_deref_mut() {
-                let k0 = first - range.start;
-                let dxs = &mut dx[k0 * s.in_len()..][..nb * s.in_len()];
-                // dcol = W^T dY, straight into dx when the input is its own column matrix.
-                let dcol: &mut [f32] = if s.direct() { dxs } else { col };
-                for g in 0..s.groups {
-                    sgemm(
-                        &mut dcol[g * kg * ld..(g + 1) * kg * ld],
-                        ld,
-                        Mat::rows(&weight[g * og * kg..], og, kg).t(),
-                        Mat::rows(&dyb[g * og * ld..], og, ld),
-                        1.0,
-                        false,
-                        par,
-                    );
-                }
-                if !s.direct() {
-                    for (b, dxb) in dxs.chunks_mut(s.in_len()).enumerate() {
-                        col2im(s, col, ld, b * l, dxb);
-                    }
+        }
+        if want_db {
+            for dy in dys.chunks(s.out_len()) {
+                for (b, row) in db.iter_mut().zip(dy.chunks(l)) {
+                    *b += row.iter().sum::<f32>();
                 }
             }
         }
-    });
+        if let Some(dxs) = dx {
+            // dcol = W^T dY, straight into dx when the input is its own column matrix.
+            let dcol: &mut [f32] = if s.direct() { dxs } else { col };
+            for g in 0..s.groups {
+                sgemm(
+                    &mut dcol[g * kg * ld..(g + 1) * kg * ld],
+                    ld,
+                    Mat::rows(&weight[g * og * kg..], og, kg).t(),
+                    Mat::rows(&dyb[g * og * ld..], og, ld),
+                    1.0,
+                    false,
+                    par,
+                );
+            }
+            if !s.direct() {
+                for (b, dxb) in dxs.chunks_mut(s.in_len()).enumerate() {
+                    col2im(s, col, ld, b * l, dxb);
+                }
+            }
+        }
+    };
+    let n_batches = s.n.div_ceil(batch);
+    let dx_batches: Vec<Option<&mut [f32]>> = match d_input {
+        Some(dx) if s.in_len() > 0 => dx.chunks_mut(batch * s.in_len()).map(Some).collect(),
+        _ => (0..n_batches).map(|_| None).collect(),
+    };
+    if slots == 1 {
+        let slot = &mut ws[..slot_len];
+        for (bi, dx) in dx_batches.into_iter().enumerate() {
+            run(bi, dx, slot, gemm_par(1));
+        }
+    } else {
+        let locks = split_slots(ws, slot_len, slots);
+        dx_batches
+            .into_par_iter()
+            .enumerate()
+            .for_each(|(bi, dx)| with_slot(&locks, |slot| run(bi, dx, slot, Parallelism::None)));
+    }
     // Sum the slots' partial gradients.
     if let Some(dw) = d_weight {
         dw.fill(0.0);

@@ -365,6 +365,22 @@ fn conv2d_bad_arguments_are_errors() {
             ok(&[4, 5, 5], &[3, 4, 3, 3], None, [1, 1], [0, 0], [1, 1], 1),
         ),
         (
+            "no input channels",
+            ok(
+                &[2, 0, 5, 5],
+                &[3, 0, 3, 3],
+                None,
+                [1, 1],
+                [0, 0],
+                [1, 1],
+                1,
+            ),
+        ),
+        (
+            "no output channels",
+            ok(&x, &[0, 4, 3, 3], None, [1, 1], [0, 0], [1, 1], 1),
+        ),
+        (
             "empty kernel",
             ok(&x, &[3, 4, 0, 3], None, [1, 1], [0, 0], [1, 1], 1),
         ),
