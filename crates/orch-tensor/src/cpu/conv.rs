@@ -3,17 +3,20 @@
 //!
 //! Algorithm: per batch of up to 4 samples (wider products run faster), **im2col** writes the
 //! samples' `[C*kh*kw, OH*OW]` column matrices side by side into a workspace slot, then one
-//! gemm per group gives `out_g = W_g col_g`, copied back to the samples (plus bias). A 1x1 kernel with stride 1
-//! and no padding skips im2col (the input is its own column matrix). Backward, per sample:
-//! im2col again, `dW_g += dY_g col_g^T` into the slot's own partial weight gradient (summed over
-//! slots at the end), then `dcol_g = W_g^T dY_g` into the same column buffer and **col2im**
-//! scatters it into `d_input`. Batches are rayon tasks (scheduled dynamically, so a core that
-//! another job slows down takes fewer), each using its thread's workspace slot; each gemm is
-//! single-threaded unless there is one slot only.
+//! gemm per group gives `out_g = W_g col_g`, copied back to the samples (plus bias). A 1x1
+//! kernel with stride 1 and no padding skips im2col (the input is its own column matrix).
+//! Backward, per batch: the output gradients side by side, im2col again,
+//! `dW_g^T += col_g dY_g^T` into the partial weight gradient of the batch's group, then
+//! `dcol_g = W_g^T dY_g` into the same column buffer and **col2im** scatters it into `d_input`.
+//! Batches fall into at most 8 groups with their own partial weight and bias gradients, added
+//! in order at the end, so gradients are the same bits whatever the thread count. Batches
+//! (forward) and groups (backward) are rayon tasks scheduled dynamically (a core slowed by
+//! other work takes fewer), each on its thread's workspace slot; each gemm is single-threaded
+//! unless there is one slot only.
 //!
-//! Memory per slot: a batch's column matrices (`batch*C*kh*kw*OH*OW`) and outputs
-//! (`batch*O*OH*OW`), none for the 1x1 case; backward adds a weight-sized and a bias-sized
-//! partial gradient.
+//! Memory: per slot (thread), a batch's column matrices (`batch*C*kh*kw*OH*OW`, a batch kept
+//! within 2 MiB of them) and outputs (`batch*O*OH*OW`), none for the 1x1 case; plus, for
+//! backward, a weight-sized and a bias-sized partial gradient per group.
 
 use super::slice_gemm::{Mat, sgemm};
 use crate::error::Result;
@@ -24,6 +27,9 @@ use rayon::prelude::*;
 use std::sync::{Mutex, PoisonError};
 
 const OP: &str = "conv2d";
+
+/// Groups of batches with their own partial weight gradients (see `grad_groups`).
+const GRAD_GROUPS: usize = 8;
 
 /// Most samples in one gemm.
 const SAMPLES_PER_GEMM: usize = 4;
@@ -157,7 +163,7 @@ impl Conv2dSpec {
             ow,
         };
         checked_numel(OP, &spec.out_shape())?;
-        checked_product(OP, "the workspace", &[spec.slot_len()?, wanted_slots(n)])?;
+        spec.workspace_for(wanted_slots(n))?;
         Ok(spec)
     }
 
@@ -167,10 +173,39 @@ impl Conv2dSpec {
     }
 
     /// f32 elements of workspace that [`conv2d_forward`] and [`conv2d_backward`] need for one
-    /// slot per thread of the current rayon pool (either accepts fewer slots, at least one).
+    /// slot per thread of the current rayon pool (either accepts fewer slots, at least one):
+    /// backward's partial gradients of its batch groups, then the slots.
     pub fn workspace_elems(&self) -> usize {
-        // new() checked this product.
-        self.slot_len().unwrap_or(0) * wanted_slots(self.n)
+        // new() checked this sum.
+        self.workspace_for(wanted_slots(self.n)).unwrap_or(0)
+    }
+
+    fn workspace_for(&self, slots: usize) -> Result<usize> {
+        self.slot_len()?
+            .checked_mul(slots)
+            .and_then(|v| v.checked_add(self.parts_len()))
+            .filter(|&v| v <= crate::MAX_NUMEL)
+            .ok_or_else(|| bad_arg(OP, &[self.o], "the workspace overflows".into()))
+    }
+
+    /// Batches of samples (one gemm each).
+    fn batches(&self) -> usize {
+        self.n.div_ceil(self.batch())
+    }
+
+    /// Groups of batches whose weight and bias gradients are summed apart, then added in
+    /// order: a fixed number, so gradients are the same bits for any thread count.
+    fn grad_groups(&self) -> usize {
+        GRAD_GROUPS.min(self.batches()).max(1)
+    }
+
+    /// One group's partial weight and bias gradients.
+    fn part_len(&self) -> usize {
+        self.weight_len() + self.o
+    }
+
+    fn parts_len(&self) -> usize {
+        self.grad_groups() * self.part_len()
     }
 
     fn direct(&self) -> bool {
@@ -196,34 +231,23 @@ impl Conv2dSpec {
         }
     }
 
-    /// The batch's outputs or output gradients as one `O x batch*OH*OW` matrix.
-    fn tmp_len(&self) -> usize {
-        if self.direct() {
-            0
-        } else {
-            self.batch() * self.o * self.oh * self.ow
-        }
-    }
-
     fn weight_len(&self) -> usize {
         self.o * (self.c / self.groups) * self.kh * self.kw
     }
 
-    /// One slot of forward: column matrices and the output matrix.
-    fn forward_slot_len(&self) -> usize {
-        self.col_len() + self.tmp_len()
-    }
-
-    /// One slot: forward's, then (backward) the partial weight and bias gradients.
+    /// One slot: a batch's column matrices and its output matrix.
     fn slot_len(&self) -> Result<usize> {
         let one = checked_product(OP, "the column matrix", &[self.c, self.kh, self.kw])?;
         let one = checked_product(OP, "the column matrix", &[one, self.oh, self.ow])?;
         let tmp = checked_product(OP, "the output matrix", &[self.o, self.oh, self.ow])?;
-        one.checked_add(tmp)
-            .and_then(|v| v.checked_mul(self.batch()))
-            .and_then(|v| v.checked_add(self.weight_len() + self.o))
-            .filter(|&v| v <= crate::MAX_NUMEL)
-            .ok_or_else(|| bad_arg(OP, &[self.o], "the workspace overflows".into()))
+        Ok(if self.direct() {
+            0
+        } else {
+            one.checked_add(tmp)
+                .and_then(|v| v.checked_mul(self.batch()))
+                .filter(|&v| v <= crate::MAX_NUMEL)
+                .ok_or_else(|| bad_arg(OP, &[self.o], "the workspace overflows".into()))?
+        })
     }
 
     fn in_len(&self) -> usize {
@@ -398,7 +422,7 @@ pub fn conv2d_forward(
     if s.n == 0 || s.out_len() == 0 {
         return Ok(());
     }
-    let slot_len = s.forward_slot_len();
+    let slot_len = s.slot_len()?;
     let slots = usable_slots(OP, ws.len(), slot_len, s.n)?;
     let (l, og, kg, batch) = (s.spatial(), s.o / s.groups, s.group_k(), s.batch());
     // One batch of samples: `y` and `xs` hold its outputs and inputs.
@@ -500,19 +524,29 @@ pub fn conv2d_backward(
     if let Some(db) = d_bias.as_deref() {
         check_len(OP, "the bias gradient", db.len(), s.o)?;
     }
+    let (parts_len, part_len) = (s.parts_len(), s.part_len());
+    if ws.len() < parts_len {
+        return Err(bad_arg(
+            OP,
+            &[ws.len()],
+            format!(
+                "the workspace holds {} elements; at least {} are needed",
+                ws.len(),
+                parts_len
+            ),
+        ));
+    }
+    let (parts, ws) = ws.split_at_mut(parts_len);
+    parts.fill(0.0);
     let slot_len = s.slot_len()?;
     let slots = usable_slots(OP, ws.len(), slot_len, s.n)?;
     let (l, og, kg, batch) = (s.spatial(), s.o / s.groups, s.group_k(), s.batch());
     let (want_dw, want_db) = (d_weight.is_some(), d_bias.is_some());
-    let (col_len, tmp_len, w_len) = (s.col_len(), s.tmp_len(), s.weight_len());
-    for slot in ws.chunks_mut(slot_len).take(slots) {
-        slot[col_len + tmp_len..].fill(0.0);
-    }
-    // One batch: its index and its input gradients.
-    let run = |bi: usize, dx: Option<&mut [f32]>, slot: &mut [f32], par: Parallelism| {
-        let (col, rest) = slot.split_at_mut(col_len);
-        let (tmp, rest) = rest.split_at_mut(tmp_len);
-        let (dw, db) = rest.split_at_mut(w_len);
+    let (col_len, w_len) = (s.col_len(), s.weight_len());
+    // One batch: its index, its input gradients, a slot, its group's partial gradients.
+    let run = |bi: usize, dx: Option<&mut [f32]>, slot: &mut [f32], part: &mut [f32], par| {
+        let (col, tmp) = slot.split_at_mut(col_len);
+        let (dw, db) = part.split_at_mut(w_len);
         let first = bi * batch;
         let nb = batch.min(s.n - first);
         let ld = nb * l;
@@ -580,29 +614,46 @@ pub fn conv2d_backward(
             }
         }
     };
-    let n_batches = s.n.div_ceil(batch);
-    let dx_batches: Vec<Option<&mut [f32]>> = match d_input {
+    let n_batches = s.batches();
+    let per_group = n_batches.div_ceil(s.grad_groups());
+    let mut dx_batches: Vec<Option<&mut [f32]>> = match d_input {
         Some(dx) if s.in_len() > 0 => dx.chunks_mut(batch * s.in_len()).map(Some).collect(),
         _ => (0..n_batches).map(|_| None).collect(),
     };
+    // Each group: its partial gradients and its batches' input gradients, in batch order.
+    // (first batch, partial gradients, the batches' input gradients)
+    type Group<'a> = (usize, &'a mut [f32], Vec<Option<&'a mut [f32]>>);
+    let mut groups: Vec<Group<'_>> = Vec::new();
+    for (g, part) in parts.chunks_mut(part_len).enumerate() {
+        let take = per_group.min(dx_batches.len());
+        let rest = dx_batches.split_off(take);
+        groups.push((
+            g * per_group,
+            part,
+            std::mem::replace(&mut dx_batches, rest),
+        ));
+    }
+    let run_group = |(first, part, dxs): Group<'_>, slot: &mut [f32], par: Parallelism| {
+        for (k, dx) in dxs.into_iter().enumerate() {
+            run(first + k, dx, slot, part, par);
+        }
+    };
     if slots == 1 {
         let slot = &mut ws[..slot_len];
-        for (bi, dx) in dx_batches.into_iter().enumerate() {
-            run(bi, dx, slot, gemm_par(1));
+        for group in groups {
+            run_group(group, slot, gemm_par(1));
         }
     } else {
         let locks = split_slots(ws, slot_len, slots);
-        dx_batches
+        groups
             .into_par_iter()
-            .enumerate()
-            .for_each(|(bi, dx)| with_slot(&locks, |slot| run(bi, dx, slot, Parallelism::None)));
+            .for_each(|group| with_slot(&locks, |slot| run_group(group, slot, Parallelism::None)));
     }
-    // Sum the slots' partial gradients.
+    // Sum the groups' partial gradients, in order.
     if let Some(dw) = d_weight {
         dw.fill(0.0);
-        for slot in ws.chunks(slot_len).take(slots) {
-            let part = &slot[col_len + tmp_len..][..w_len];
-            for (dw, part) in dw.chunks_mut(og * kg).zip(part.chunks(og * kg)) {
+        for part in parts.chunks(part_len) {
+            for (dw, part) in dw.chunks_mut(og * kg).zip(part[..w_len].chunks(og * kg)) {
                 // `part` is this group's dW^T, kg x og.
                 for (o, row) in dw.chunks_mut(kg).enumerate() {
                     for (k, d) in row.iter_mut().enumerate() {
@@ -614,8 +665,8 @@ pub fn conv2d_backward(
     }
     if let Some(db) = d_bias {
         db.fill(0.0);
-        for slot in ws.chunks(slot_len).take(slots) {
-            for (d, p) in db.iter_mut().zip(&slot[col_len + tmp_len + w_len..]) {
+        for part in parts.chunks(part_len) {
+            for (d, p) in db.iter_mut().zip(&part[w_len..]) {
                 *d += p;
             }
         }

@@ -234,10 +234,18 @@ fn run_conv(c: &ConvCase, x: &[f64], w: &[f64], b: &[f64], g: &[f64], ws_slots: 
     }
 }
 
-/// Length of a workspace of `slots` slots (the spec's workspace divided by its slot count).
+/// Length of a workspace of `slots` slots: the spec's request inside a pool of that many
+/// threads.
 fn slots_len(spec: &Conv2dSpec, slots: usize) -> usize {
-    let wanted = rayon::current_num_threads().min(spec.out_shape()[0]).max(1);
-    spec.workspace_elems() / wanted * slots
+    in_pool(slots, || spec.workspace_elems())
+}
+
+fn in_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("a rayon pool")
+        .install(f)
 }
 
 #[test]
@@ -314,6 +322,46 @@ fn conv2d_only_some_gradients_and_empty_batches() {
         dw.iter().chain(&db).all(|&v| v == 0.0),
         "no samples, zero gradients"
     );
+}
+
+#[test]
+fn conv2d_gradients_are_the_same_bits_for_any_thread_count() {
+    let c = ConvCase {
+        x: [37, 3, 6, 6],
+        o: 4,
+        k: [3, 3],
+        stride: [1, 1],
+        pad: [1, 1],
+        dil: [1, 1],
+        groups: 1,
+        bias: true,
+    };
+    let spec = Conv2dSpec::new(&c.x, &[4, 3, 3, 3], Some(&[4]), c.stride, c.pad, c.dil, 1).unwrap();
+    let x = f32s(&values(37 * 3 * 36, 5, -1.0, 1.0));
+    let w = f32s(&values(4 * 27, 6, -1.0, 1.0));
+    let g = f32s(&values(37 * 4 * 36, 7, -1.0, 1.0));
+    let grads = |threads: usize| {
+        in_pool(threads, || {
+            let mut ws = vec![0.0; spec.workspace_elems()];
+            let (mut dx, mut dw, mut db) = (vec![0.0; x.len()], vec![0.0; w.len()], vec![0.0; 4]);
+            conv2d_backward(
+                &spec,
+                &x,
+                &w,
+                &g,
+                Some(&mut dx),
+                Some(&mut dw),
+                Some(&mut db),
+                &mut ws,
+            )
+            .unwrap();
+            (dx, dw, db)
+        })
+    };
+    let one = grads(1);
+    for threads in [2, 3, 5] {
+        assert_eq!(grads(threads), one, "{threads} threads");
+    }
 }
 
 #[test]
