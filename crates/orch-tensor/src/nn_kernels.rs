@@ -11,8 +11,9 @@
 //!
 //! Workspaces are made of **slots**, one per parallel task: `workspace_elems()` asks for one slot
 //! per thread of the current rayon pool (at most one per unit of work), and a kernel given fewer
-//! slots (at least one) runs that many tasks. Results may differ in the last bits with the slot
-//! count (partial sums are added in another order), never otherwise.
+//! slots (at least one) runs that many tasks at once. Where partial sums are added across tasks
+//! (conv2d's and layer norm's weight and bias gradients), they are kept per fixed group of
+//! samples or rows and added in order, so results are the same bits whatever the thread count.
 //!
 //! | kernel | matches (PyTorch) | module docs |
 //! | --- | --- | --- |

@@ -6,7 +6,9 @@
 //! rstd per row (`torch.native_layer_norm`). Backward, per row in one visit:
 //! `dx = rstd * (g - mean(g) - xhat * mean(g * xhat))` with `g = dy * w`, while accumulating
 //! `dw += dy * xhat` and `db += dy` into the slot's partial sums (summed over slots at the end).
-//! Rows are split into one contiguous run per slot. Workspace: `2 * cols` per slot (backward).
+//! Rows are split into at most 8 contiguous groups (rayon tasks), each with its own partial
+//! sums, added in order: gradients are the same bits whatever the thread count. Workspace:
+//! `2 * cols` per group (backward).
 //!
 //! **Batch norm** normalises each channel over `N` and the spatial dims of `[N, C, *]`. Training
 //! uses the batch's mean and biased variance and updates the running statistics as PyTorch
@@ -21,8 +23,12 @@ use super::PAR_MIN;
 use super::simd::{LANES, multiversion, sum_map, sum_zip};
 use crate::error::Result;
 use crate::layout::checked_numel;
-use crate::nn_kernels::{bad_arg, check_len, checked_product, usable_slots, wanted_slots};
+use crate::nn_kernels::{bad_arg, check_len, checked_product};
 use rayon::prelude::*;
+use std::ops::Range;
+
+/// Row groups of layer norm's backward (see `LayerNormSpec::groups`).
+const ROW_GROUPS: usize = 8;
 
 /// A validated layer norm: `rows` rows of `cols` normalised elements.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,7 +71,7 @@ impl LayerNormSpec {
         check_eps(OP, input, eps)?;
         let cols = normalized_shape.iter().product::<usize>();
         let rows = input[..input.len() - k].iter().product::<usize>();
-        checked_product(OP, "the workspace", &[2, cols, wanted_slots(rows)])?;
+        checked_product(OP, "the workspace", &[2, cols, ROW_GROUPS])?;
         Ok(LayerNormSpec { rows, cols, eps })
     }
 
@@ -79,10 +85,16 @@ impl LayerNormSpec {
         self.cols
     }
 
-    /// Workspace of [`layer_norm_backward`] for one slot per rayon thread (fewer, at least one,
-    /// also work); forward needs none.
+    /// Workspace of [`layer_norm_backward`] (the row groups' partial weight and bias
+    /// gradients); forward needs none.
     pub fn workspace_elems(&self) -> usize {
-        2 * self.cols * wanted_slots(self.rows)
+        2 * self.cols * self.groups()
+    }
+
+    /// Groups of rows whose weight and bias gradients are summed apart, then added in order:
+    /// a fixed number (not the thread count), so gradients are the same bits on any machine.
+    fn groups(&self) -> usize {
+        ROW_GROUPS.min(self.rows).max(1)
     }
 
     fn min_rows(&self) -> usize {
@@ -270,9 +282,17 @@ pub fn layer_norm_backward(
         s.cols,
     )?;
     let slot_len = 2 * s.cols;
-    let slots = usable_slots(OP, ws.len(), slot_len, s.rows)?;
-    // Few rows per task cost more in rayon than they compute: fewer slots then.
-    let slots = slots.min(numel.div_ceil(PAR_MIN)).max(1);
+    let slots = s.groups();
+    if ws.len() < slots * slot_len {
+        return Err(bad_arg(
+            OP,
+            &[ws.len()],
+            format!(
+                "the workspace needs {} elements (see workspace_elems)",
+                slots * slot_len
+            ),
+        ));
+    }
     let per = s.rows.div_ceil(slots).max(1);
     let cols = s.cols.max(1);
     let mut tasks = Vec::with_capacity(slots);
@@ -289,7 +309,7 @@ pub fn layer_norm_backward(
         };
         tasks.push((rows, mine, slot));
     }
-    tasks.par_iter_mut().for_each(|(rows, dx, slot)| {
+    let run = |(rows, dx, slot): &mut (Range<usize>, Option<&mut [f32]>, &mut [f32])| {
         let (dw, db) = slot.split_at_mut(s.cols.min(slot.len()));
         dw.fill(0.0);
         db.fill(0.0);
@@ -299,7 +319,13 @@ pub fn layer_norm_backward(
             let dxr = dx.as_deref_mut().map(|d| &mut d[k * cols..][..s.cols]);
             layer_norm_row_backward(xr, dyr, weight, mean[r], rstd[r], dxr, dw, db);
         }
-    });
+    };
+    // Few rows per task cost more in rayon than they compute: one thread then.
+    if numel < PAR_MIN {
+        tasks.iter_mut().for_each(run);
+    } else {
+        tasks.par_iter_mut().for_each(run);
+    }
     for (out, offset) in [(d_weight, 0), (d_bias, s.cols)] {
         if let Some(out) = out {
             out.fill(0.0);

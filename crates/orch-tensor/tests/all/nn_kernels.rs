@@ -703,6 +703,42 @@ fn layer_norm_matches_the_reference_and_finite_differences() {
 }
 
 #[test]
+fn layer_norm_gradients_are_the_same_bits_for_any_thread_count() {
+    let (rows, cols) = (1000, 40); // big enough for the parallel path
+    let spec = LayerNormSpec::new(&[rows, cols], &[cols], 1e-5).unwrap();
+    let x = f32s(&values(rows * cols, 90, -2.0, 2.0));
+    let w = f32s(&values(cols, 91, 0.5, 1.5));
+    let dy = f32s(&values(rows * cols, 92, -1.0, 1.0));
+    let grads = |threads: usize| {
+        in_pool(threads, || {
+            let (mut y, mut mean, mut rstd) =
+                (vec![0.0; x.len()], vec![0.0; rows], vec![0.0; rows]);
+            layer_norm_forward(&spec, &x, Some(&w), None, &mut y, &mut mean, &mut rstd).unwrap();
+            let mut ws = vec![0.0; spec.workspace_elems()];
+            let (mut dx, mut dw, mut db) = (vec![0.0; x.len()], vec![0.0; cols], vec![0.0; cols]);
+            layer_norm_backward(
+                &spec,
+                &x,
+                Some(&w),
+                &mean,
+                &rstd,
+                &dy,
+                Some(&mut dx),
+                Some(&mut dw),
+                Some(&mut db),
+                &mut ws,
+            )
+            .unwrap();
+            (y, dx, dw, db)
+        })
+    };
+    let one = grads(1);
+    for threads in [2, 3] {
+        assert_eq!(grads(threads), one, "{threads} threads");
+    }
+}
+
+#[test]
 fn layer_norm_bad_arguments_and_empty_batches() {
     for (why, r) in [
         ("not the last dims", LayerNormSpec::new(&[3, 4], &[3], 1e-5)),
