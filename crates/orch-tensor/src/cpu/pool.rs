@@ -69,8 +69,9 @@ impl Pool2dSpec {
         let mut out = [0; 2];
         for d in 0..2 {
             let size = [h, w][d];
-            // padding <= kernel / 2, so this cannot overflow once the kernel fits in usize.
-            let padded = size + 2 * padding[d];
+            let padded = (2 * padding[d]) // padding <= kernel / 2: no overflow
+                .checked_add(size)
+                .ok_or_else(|| bad_arg(OP, input, "the padding overflows".into()))?;
             if kernel[d] > padded {
                 return Err(bad_arg(
                     OP,

@@ -594,6 +594,10 @@ fn pooling_bad_arguments_and_empty_batches() {
             "empty plane",
             Pool2dSpec::new(&[2, 3, 0, 5], [2, 2], [1, 1], [1, 1]),
         ),
+        (
+            "padding overflow",
+            Pool2dSpec::new(&x, [usize::MAX, 2], [1, 1], [usize::MAX / 2, 0]),
+        ),
     ] {
         assert!(r.is_err(), "{why}: {r:?}");
     }
