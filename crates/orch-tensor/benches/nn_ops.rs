@@ -40,6 +40,7 @@ fn conv() -> orch_tensor::Result<()> {
     let (x, w, b) = (data(128 * 16 * 196, 1), data(32 * 16 * 25, 2), data(32, 3));
     let out_len: usize = spec.out_shape().iter().product();
     let g = data(out_len, 4);
+    println!("conv2d workspace: {} f32", spec.workspace_elems());
     let (mut out, mut ws) = (zeros(out_len), zeros(spec.workspace_elems()));
     let (mut dx, mut dw, mut db) = (zeros(x.len()), zeros(w.len()), zeros(32));
     let forward = |out: &mut [f32], ws: &mut [f32]| {
@@ -91,6 +92,7 @@ fn attention() -> orch_tensor::Result<()> {
     let n: usize = shape.iter().product();
     let spec = AttentionSpec::new(&shape, &shape, &shape, true, None, None)?;
     let (q, k, v, g) = (data(n, 5), data(n, 6), data(n, 7), data(n, 8));
+    println!("sdpa workspace: {} f32", spec.workspace_elems());
     let (mut out, mut lse) = (zeros(n), zeros(spec.lse_len()));
     let mut ws = zeros(spec.workspace_elems());
     let (mut dq, mut dk, mut dv) = (zeros(n), zeros(n), zeros(n));
@@ -117,6 +119,7 @@ fn layer_norm() -> orch_tensor::Result<()> {
     let (x, w, b, g) = (data(n, 9), data(128, 10), data(128, 11), data(n, 12));
     let (mut y, mut mean, mut rstd) = (zeros(n), zeros(spec.rows()), zeros(spec.rows()));
     let (mut dx, mut dw, mut db) = (zeros(n), zeros(128), zeros(128));
+    println!("layer_norm workspace: {} f32", spec.workspace_elems());
     let mut ws = zeros(spec.workspace_elems());
     let forward = |y: &mut [f32], mean: &mut [f32], rstd: &mut [f32]| {
         layer_norm_forward(&spec, &x, Some(&w), Some(&b), y, mean, rstd).expect("layer_norm");
