@@ -33,6 +33,7 @@ const ROW_GROUPS: usize = 8;
 /// A validated layer norm: `rows` rows of `cols` normalised elements.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerNormSpec {
+    shape: Vec<usize>,
     rows: usize,
     cols: usize,
     eps: f32,
@@ -72,7 +73,17 @@ impl LayerNormSpec {
         let cols = normalized_shape.iter().product::<usize>();
         let rows = input[..input.len() - k].iter().product::<usize>();
         checked_product(OP, "the workspace", &[2, cols, ROW_GROUPS])?;
-        Ok(LayerNormSpec { rows, cols, eps })
+        Ok(LayerNormSpec {
+            shape: input.to_vec(),
+            rows,
+            cols,
+            eps,
+        })
+    }
+
+    /// The output's shape: the input's.
+    pub fn out_shape(&self) -> &[usize] {
+        &self.shape
     }
 
     /// Rows (the length of the mean and rstd buffers).
@@ -349,6 +360,7 @@ pub enum BatchNormMode {
 /// A validated batch norm over `[N, C, *]` (or `[N, C]`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct BatchNormSpec {
+    shape: Vec<usize>,
     n: usize,
     c: usize,
     spatial: usize,
@@ -392,6 +404,7 @@ impl BatchNormSpec {
             ));
         }
         Ok(BatchNormSpec {
+            shape: input.to_vec(),
             n,
             c,
             spatial,
@@ -399,6 +412,11 @@ impl BatchNormSpec {
             momentum,
             eps,
         })
+    }
+
+    /// The output's shape: the input's.
+    pub fn out_shape(&self) -> &[usize] {
+        &self.shape
     }
 
     /// Channels (the length of weight, bias, running and saved statistics).

@@ -653,6 +653,7 @@ fn layer_norm_matches_the_reference_and_finite_differences() {
     ];
     for (i, &(shape, norm, has_w, has_b, eps)) in cases.iter().enumerate() {
         let spec = LayerNormSpec::new(shape, norm, eps).unwrap();
+        assert_eq!(spec.out_shape(), shape);
         let cols = spec.cols();
         let x = values(shape.iter().product(), 70 + i as u64, -2.0, 2.0);
         let w = values(cols, 71 + i as u64, 0.5, 1.5);
@@ -875,6 +876,7 @@ fn batch_norm_matches_the_reference_and_finite_differences() {
     let eps = 1e-5;
     for (i, &(shape, mode, affine)) in cases.iter().enumerate() {
         let spec = BatchNormSpec::new(shape, mode, 0.1, eps as f32).unwrap();
+        assert_eq!(spec.out_shape(), shape);
         let (n, c) = (shape[0], shape[1]);
         let s = shape[2..].iter().product::<usize>();
         let x = values(n * c * s, 80 + i as u64, -2.0, 2.0);
