@@ -34,6 +34,7 @@ mod device;
 mod error;
 mod layout;
 mod memory;
+pub mod nn_kernels;
 mod ops;
 pub mod optim;
 mod rng;

@@ -2,13 +2,19 @@
 //! vectorises, rayon over rows or chunks when the work is large enough to pay for it, and
 //! matrix products through the `gemm` crate on all cores.
 
+pub(crate) mod attention;
+pub(crate) mod conv;
 mod dropout;
 mod elementwise;
 mod index;
 mod matmul;
 mod nn;
+pub(crate) mod norm;
 mod optim;
+pub(crate) mod pool;
 mod reduce;
+pub(crate) mod simd;
+mod slice_gemm;
 mod strided;
 
 pub(crate) use dropout::dropout;

@@ -8,6 +8,7 @@ mod errors;
 mod grads;
 mod grads_more;
 mod new_ops;
+mod nn_kernels;
 mod ops;
 mod optim;
 mod quota;

@@ -1,0 +1,160 @@
+//! Forward and forward+backward times of the nn kernels (`orch_tensor::nn_kernels`) at the
+//! shapes `scripts/bench_nn_torch.py` times in PyTorch; `scripts/bench-nn.sh` runs both and
+//! prints the ratios. Outputs, gradients and workspaces are allocated once and reused (the
+//! kernels overwrite them; PyTorch's allocator hands back freed blocks without zeroing them, so
+//! zero-filled fresh vectors per call would time a memset PyTorch does not do). `NN_BREAKDOWN=1` also times conv2d's two backward halves alone.
+//! Run: `cargo bench -p orch-tensor --bench nn_ops [-- THREADS]`.
+
+#[path = "support/common.rs"]
+mod common;
+
+use orch_tensor::nn_kernels::*;
+use std::time::Duration;
+
+fn data(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s >> 8) as f32 / (1 << 24) as f32 * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn zeros(n: usize) -> Vec<f32> {
+    vec![0.0; n]
+}
+
+/// Median milliseconds of `f`, printed and as a `kv` line.
+fn time(key: &str, mut f: impl FnMut()) {
+    let secs = common::median_secs(3, 20, Duration::from_millis(1500), &mut f, || {});
+    common::kv(key, secs * 1e3);
+    println!("{key:<24} {:>10.3} ms", secs * 1e3);
+}
+
+fn conv() -> orch_tensor::Result<()> {
+    let (x_shape, w_shape) = ([128, 16, 14, 14], [32, 16, 5, 5]);
+    let spec = Conv2dSpec::new(&x_shape, &w_shape, Some(&[32]), [1, 1], [2, 2], [1, 1], 1)?;
+    let (x, w, b) = (data(128 * 16 * 196, 1), data(32 * 16 * 25, 2), data(32, 3));
+    let out_len: usize = spec.out_shape().iter().product();
+    let g = data(out_len, 4);
+    println!("conv2d workspace: {} f32", spec.workspace_elems());
+    let (mut out, mut ws) = (zeros(out_len), zeros(spec.workspace_elems()));
+    let (mut dx, mut dw, mut db) = (zeros(x.len()), zeros(w.len()), zeros(32));
+    let forward = |out: &mut [f32], ws: &mut [f32]| {
+        conv2d_forward(&spec, &x, &w, Some(&b), out, ws).expect("conv2d");
+    };
+    time("nn/conv2d/fwd", || forward(&mut out, &mut ws));
+    time("nn/conv2d/fwdbwd", || {
+        forward(&mut out, &mut ws);
+        conv2d_backward(
+            &spec,
+            &x,
+            &w,
+            &g,
+            Some(&mut dx),
+            Some(&mut dw),
+            Some(&mut db),
+            &mut ws,
+        )
+        .expect("conv2d backward");
+    });
+    if std::env::var_os("NN_BREAKDOWN").is_some() {
+        // The same products without im2col: a 1x1 conv over 400 channels.
+        let spec1 = Conv2dSpec::new(
+            &[128, 400, 14, 14],
+            &[32, 400, 1, 1],
+            None,
+            [1, 1],
+            [0, 0],
+            [1, 1],
+            1,
+        )?;
+        let x1 = data(128 * 400 * 196, 13);
+        let mut ws1 = zeros(spec1.workspace_elems());
+        time("nn/conv2d/gemm_only_fwd", || {
+            conv2d_forward(&spec1, &x1, &w, None, &mut out, &mut ws1).unwrap()
+        });
+        time("nn/conv2d/bwd_weight", || {
+            conv2d_backward(&spec, &x, &w, &g, None, Some(&mut dw), None, &mut ws).unwrap()
+        });
+        time("nn/conv2d/bwd_input", || {
+            conv2d_backward(&spec, &x, &w, &g, Some(&mut dx), None, None, &mut ws).unwrap()
+        });
+    }
+    Ok(())
+}
+
+fn attention() -> orch_tensor::Result<()> {
+    let shape = [12, 4, 64, 32];
+    let n: usize = shape.iter().product();
+    let spec = AttentionSpec::new(&shape, &shape, &shape, true, None, None)?;
+    let (q, k, v, g) = (data(n, 5), data(n, 6), data(n, 7), data(n, 8));
+    println!("sdpa workspace: {} f32", spec.workspace_elems());
+    let (mut out, mut lse) = (zeros(n), zeros(spec.lse_len()));
+    let mut ws = zeros(spec.workspace_elems());
+    let (mut dq, mut dk, mut dv) = (zeros(n), zeros(n), zeros(n));
+    let forward = |out: &mut [f32], lse: &mut [f32], ws: &mut [f32]| {
+        attention_forward(&spec, &q, &k, &v, None, out, lse, ws).expect("sdpa");
+    };
+    time("nn/sdpa_causal/fwd", || {
+        forward(&mut out, &mut lse, &mut ws)
+    });
+    time("nn/sdpa_causal/fwdbwd", || {
+        forward(&mut out, &mut lse, &mut ws);
+        attention_backward(
+            &spec, &q, &k, &v, None, &out, &lse, &g, &mut dq, &mut dk, &mut dv, &mut ws,
+        )
+        .expect("sdpa backward");
+    });
+    Ok(())
+}
+
+fn layer_norm() -> orch_tensor::Result<()> {
+    let shape = [12, 64, 128];
+    let n: usize = shape.iter().product();
+    let spec = LayerNormSpec::new(&shape, &[128], 1e-5)?;
+    let (x, w, b, g) = (data(n, 9), data(128, 10), data(128, 11), data(n, 12));
+    let (mut y, mut mean, mut rstd) = (zeros(n), zeros(spec.rows()), zeros(spec.rows()));
+    let (mut dx, mut dw, mut db) = (zeros(n), zeros(128), zeros(128));
+    println!("layer_norm workspace: {} f32", spec.workspace_elems());
+    let mut ws = zeros(spec.workspace_elems());
+    let forward = |y: &mut [f32], mean: &mut [f32], rstd: &mut [f32]| {
+        layer_norm_forward(&spec, &x, Some(&w), Some(&b), y, mean, rstd).expect("layer_norm");
+    };
+    time("nn/layer_norm/fwd", || {
+        forward(&mut y, &mut mean, &mut rstd)
+    });
+    time("nn/layer_norm/fwdbwd", || {
+        forward(&mut y, &mut mean, &mut rstd);
+        layer_norm_backward(
+            &spec,
+            &x,
+            Some(&w),
+            &mean,
+            &rstd,
+            &g,
+            Some(&mut dx),
+            Some(&mut dw),
+            Some(&mut db),
+            &mut ws,
+        )
+        .expect("layer_norm backward");
+    });
+    Ok(())
+}
+
+fn main() -> orch_tensor::Result<()> {
+    let threads = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    println!("nn kernels, {threads} threads: median ms per call");
+    common::threads(threads).install(|| -> orch_tensor::Result<()> {
+        conv()?;
+        attention()?;
+        layer_norm()
+    })
+}

@@ -1,0 +1,675 @@
+//! 2-D convolution (`torch.nn.functional.conv2d`): NCHW input `[N, C, H, W]`, weight
+//! `[O, C/groups, kh, kw]`, optional bias `[O]`, stride, zero padding, dilation and groups.
+//!
+//! Algorithm: per batch of up to 4 samples (wider products run faster), **im2col** writes the
+//! samples' `[C*kh*kw, OH*OW]` column matrices side by side into a workspace slot, then one
+//! gemm per group gives `out_g = W_g col_g`, copied back to the samples (plus bias). A 1x1
+//! kernel with stride 1 and no padding skips im2col (the input is its own column matrix).
+//! Backward, per batch: the output gradients side by side, im2col again,
+//! `dW_g^T += col_g dY_g^T` into the partial weight gradient of the batch's group, then
+//! `dcol_g = W_g^T dY_g` into the same column buffer and **col2im** scatters it into `d_input`.
+//! Batches fall into at most 8 groups with their own partial weight and bias gradients, added
+//! in order at the end, so gradients are the same bits whatever the thread count. Batches
+//! (forward) and groups (backward) are rayon tasks scheduled dynamically (a core slowed by
+//! other work takes fewer), each on its thread's workspace slot; each gemm is single-threaded
+//! unless there is one slot only.
+//!
+//! Memory: per slot (thread), a batch's column matrices (`batch*C*kh*kw*OH*OW`, a batch kept
+//! within 2 MiB of them) and outputs (`batch*O*OH*OW`), none for the 1x1 case; plus, for
+//! backward, a weight-sized and a bias-sized partial gradient per group.
+
+use super::slice_gemm::{Mat, sgemm};
+use crate::error::Result;
+use crate::layout::checked_numel;
+use crate::nn_kernels::{bad_arg, check_len, checked_product, usable_slots, wanted_slots};
+use gemm::Parallelism;
+use rayon::prelude::*;
+use std::sync::{Mutex, PoisonError};
+
+const OP: &str = "conv2d";
+
+/// Groups of batches with their own partial weight gradients (see `grad_groups`).
+const GRAD_GROUPS: usize = 8;
+
+/// Most samples in one gemm.
+const SAMPLES_PER_GEMM: usize = 4;
+
+/// Most column-matrix elements a batch may take (2 MiB of f32: about one core's L2).
+const COL_BUDGET: usize = 1 << 19;
+
+/// A validated 2-D convolution: shapes, stride, padding, dilation, groups.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conv2dSpec {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    o: usize,
+    kh: usize,
+    kw: usize,
+    stride: [usize; 2],
+    padding: [usize; 2],
+    dilation: [usize; 2],
+    groups: usize,
+    bias: bool,
+    oh: usize,
+    ow: usize,
+}
+
+/// Output length of one spatial dimension, or why there is none.
+fn out_len(
+    size: usize,
+    kernel: usize,
+    stride: usize,
+    pad: usize,
+    dilation: usize,
+) -> std::result::Result<usize, String> {
+    let padded = pad
+        .checked_mul(2)
+        .and_then(|p| p.checked_add(size))
+        .ok_or("padding overflows")?;
+    let reach = (kernel - 1)
+        .checked_mul(dilation)
+        .map(|r| r + 1)
+        .ok_or("dilated kernel overflows")?;
+    if reach > padded {
+        return Err(format!(
+            "the kernel spans {reach} (dilation included) but the padded input is only {padded}"
+        ));
+    }
+    Ok((padded - reach) / stride + 1)
+}
+
+impl Conv2dSpec {
+    /// Validates a convolution of `input` `[N, C, H, W]` by `weight` `[O, C/groups, kh, kw]`,
+    /// with a bias `[O]` when `bias` is given. `stride` and `dilation` are at least 1; `groups`
+    /// divides both `C` and `O`; the dilated kernel fits the padded input.
+    pub fn new(
+        input: &[usize],
+        weight: &[usize],
+        bias: Option<&[usize]>,
+        stride: [usize; 2],
+        padding: [usize; 2],
+        dilation: [usize; 2],
+        groups: usize,
+    ) -> Result<Self> {
+        let &[n, c, h, w] = input else {
+            return Err(bad_arg(OP, input, "the input must be [N, C, H, W]".into()));
+        };
+        let &[o, cg, kh, kw] = weight else {
+            return Err(bad_arg(
+                OP,
+                weight,
+                "the weight must be [O, C/groups, kh, kw]".into(),
+            ));
+        };
+        checked_numel(OP, input)?;
+        checked_numel(OP, weight)?;
+        if stride.contains(&0) || dilation.contains(&0) {
+            return Err(bad_arg(
+                OP,
+                input,
+                format!("stride {stride:?} and dilation {dilation:?} must be at least 1"),
+            ));
+        }
+        if groups == 0 || c % groups != 0 || o % groups != 0 {
+            return Err(bad_arg(
+                OP,
+                weight,
+                format!("groups = {groups} must divide the {c} input and {o} output channels"),
+            ));
+        }
+        if cg * groups != c {
+            return Err(bad_arg(
+                OP,
+                weight,
+                format!(
+                    "the weight has {cg} input channels per group; {c} channels in {groups} groups need {}",
+                    c / groups
+                ),
+            ));
+        }
+        if c == 0 || o == 0 {
+            return Err(bad_arg(OP, weight, "no input or no output channels".into()));
+        }
+        if kh == 0 || kw == 0 {
+            return Err(bad_arg(OP, weight, "the kernel is empty".into()));
+        }
+        if let Some(b) = bias
+            && b != [o]
+        {
+            return Err(bad_arg(OP, b, format!("the bias must be [{o}]")));
+        }
+        let oh = out_len(h, kh, stride[0], padding[0], dilation[0]);
+        let ow = out_len(w, kw, stride[1], padding[1], dilation[1]);
+        let (oh, ow) = match (oh, ow) {
+            (Ok(oh), Ok(ow)) => (oh, ow),
+            (Err(why), _) | (_, Err(why)) => return Err(bad_arg(OP, input, why)),
+        };
+        let spec = Conv2dSpec {
+            n,
+            c,
+            h,
+            w,
+            o,
+            kh,
+            kw,
+            stride,
+            padding,
+            dilation,
+            groups,
+            bias: bias.is_some(),
+            oh,
+            ow,
+        };
+        checked_numel(OP, &spec.out_shape())?;
+        spec.workspace_for(wanted_slots(n))?;
+        Ok(spec)
+    }
+
+    /// `[N, O, OH, OW]`.
+    pub fn out_shape(&self) -> [usize; 4] {
+        [self.n, self.o, self.oh, self.ow]
+    }
+
+    /// f32 elements of workspace that [`conv2d_forward`] and [`conv2d_backward`] need for one
+    /// slot per thread of the current rayon pool (either accepts fewer slots, at least one):
+    /// backward's partial gradients of its batch groups, then the slots.
+    pub fn workspace_elems(&self) -> usize {
+        // new() checked this sum.
+        self.workspace_for(wanted_slots(self.n)).unwrap_or(0)
+    }
+
+    fn workspace_for(&self, slots: usize) -> Result<usize> {
+        self.slot_len()?
+            .checked_mul(slots)
+            .and_then(|v| v.checked_add(self.parts_len()))
+            .filter(|&v| v <= crate::MAX_NUMEL)
+            .ok_or_else(|| bad_arg(OP, &[self.o], "the workspace overflows".into()))
+    }
+
+    /// Batches of samples (one gemm each).
+    fn batches(&self) -> usize {
+        self.n.div_ceil(self.batch())
+    }
+
+    /// Groups of batches whose weight and bias gradients are summed apart, then added in
+    /// order: a fixed number, so gradients are the same bits for any thread count.
+    fn grad_groups(&self) -> usize {
+        GRAD_GROUPS.min(self.batches()).max(1)
+    }
+
+    /// One group's partial weight and bias gradients.
+    fn part_len(&self) -> usize {
+        self.weight_len() + self.o
+    }
+
+    fn parts_len(&self) -> usize {
+        self.grad_groups() * self.part_len()
+    }
+
+    fn direct(&self) -> bool {
+        self.kh == 1 && self.kw == 1 && self.stride == [1, 1] && self.padding == [0, 0]
+    }
+
+    /// Samples whose column matrices sit side by side for one gemm (wider products run
+    /// faster): up to [`SAMPLES_PER_GEMM`], within [`COL_BUDGET`] elements; 1 when direct.
+    fn batch(&self) -> usize {
+        if self.direct() {
+            return 1;
+        }
+        let one = (self.c * self.kh * self.kw * self.oh * self.ow).max(1);
+        SAMPLES_PER_GEMM.min(COL_BUDGET / one).min(self.n).max(1)
+    }
+
+    /// The column matrices of one batch (`C*kh*kw x batch*OH*OW`); none when direct.
+    fn col_len(&self) -> usize {
+        if self.direct() {
+            0
+        } else {
+            self.batch() * self.c * self.kh * self.kw * self.oh * self.ow
+        }
+    }
+
+    fn weight_len(&self) -> usize {
+        self.o * (self.c / self.groups) * self.kh * self.kw
+    }
+
+    /// One slot: a batch's column matrices and its output matrix.
+    fn slot_len(&self) -> Result<usize> {
+        let one = checked_product(OP, "the column matrix", &[self.c, self.kh, self.kw])?;
+        let one = checked_product(OP, "the column matrix", &[one, self.oh, self.ow])?;
+        let tmp = checked_product(OP, "the output matrix", &[self.o, self.oh, self.ow])?;
+        Ok(if self.direct() {
+            0
+        } else {
+            one.checked_add(tmp)
+                .and_then(|v| v.checked_mul(self.batch()))
+                .filter(|&v| v <= crate::MAX_NUMEL)
+                .ok_or_else(|| bad_arg(OP, &[self.o], "the workspace overflows".into()))?
+        })
+    }
+
+    fn in_len(&self) -> usize {
+        self.c * self.h * self.w
+    }
+
+    fn spatial(&self) -> usize {
+        self.oh * self.ow
+    }
+
+    fn out_len(&self) -> usize {
+        self.o * self.spatial()
+    }
+
+    /// Rows of one group's column matrix (`C/groups * kh * kw`).
+    fn group_k(&self) -> usize {
+        self.c / self.groups * self.kh * self.kw
+    }
+
+    fn check_common(&self, x: &[f32], weight: &[f32]) -> Result<()> {
+        check_len(OP, "the input", x.len(), self.n * self.in_len())?;
+        check_len(OP, "the weight", weight.len(), self.weight_len())
+    }
+}
+
+/// For kernel offset `off` (already dilated) along a dimension: the output positions whose
+/// input index `pos * stride + off - pad` lies in `0..size`, as a range `lo..hi`.
+fn valid_range(
+    out: usize,
+    size: usize,
+    stride: usize,
+    off: usize,
+    pad: usize,
+) -> std::ops::Range<usize> {
+    let lo = if pad > off {
+        (pad - off).div_ceil(stride)
+    } else {
+        0
+    };
+    let hi = if size + pad > off {
+        (size + pad - off).div_ceil(stride)
+    } else {
+        0
+    };
+    lo.min(out)..hi.clamp(lo.min(out), out)
+}
+
+/// Calls `f(col_row, channel_plane_offset, row_offset_in_col, ...)` for every (channel, ki, kj)
+/// row of the column matrix: shared by im2col and col2im. `f(c, i, j, row)` with `row` the
+/// index of the column-matrix row.
+fn for_each_col_row(s: &Conv2dSpec, mut f: impl FnMut(usize, usize, usize, usize)) {
+    for c in 0..s.c {
+        for i in 0..s.kh {
+            for j in 0..s.kw {
+                f(c, i, j, (c * s.kh + i) * s.kw + j);
+            }
+        }
+    }
+}
+
+/// Writes the column matrix of one sample `x` (`[C, H, W]`) into `col` (`[C*kh*kw, OH*OW]`),
+/// at column `off` of a matrix with row stride `ld`.
+fn im2col(s: &Conv2dSpec, x: &[f32], col: &mut [f32], ld: usize, off: usize) {
+    let (l, ow) = (s.spatial(), s.ow);
+    let [sh, sw] = s.stride;
+    let [ph, pw] = s.padding;
+    let [dh, dw] = s.dilation;
+    for_each_col_row(s, |c, i, j, row| {
+        let dst = &mut col[row * ld + off..][..l];
+        let plane = &x[c * s.h * s.w..][..s.h * s.w];
+        let rows = valid_range(s.oh, s.h, sh, i * dh, ph);
+        let cols = valid_range(ow, s.w, sw, j * dw, pw);
+        dst[..rows.start * ow].fill(0.0);
+        dst[rows.end * ow..].fill(0.0);
+        for oh in rows {
+            let ih = oh * sh + i * dh - ph;
+            let src = &plane[ih * s.w..][..s.w];
+            let d = &mut dst[oh * ow..][..ow];
+            d[..cols.start].fill(0.0);
+            d[cols.end..].fill(0.0);
+            if cols.is_empty() {
+                continue;
+            }
+            let first = cols.start * sw + j * dw - pw;
+            if sw == 1 {
+                d[cols.clone()].copy_from_slice(&src[first..first + cols.len()]);
+            } else {
+                for (k, v) in d[cols.clone()].iter_mut().enumerate() {
+                    *v = src[first + k * sw];
+                }
+            }
+        }
+    });
+}
+
+/// Adds the column matrix at column `off` of `col` (row stride `ld`) back into one sample's
+/// input gradient `dx` (`[C, H, W]`).
+fn col2im(s: &Conv2dSpec, col: &[f32], ld: usize, off: usize, dx: &mut [f32]) {
+    let (l, ow) = (s.spatial(), s.ow);
+    let [sh, sw] = s.stride;
+    let [ph, pw] = s.padding;
+    let [dh, dw] = s.dilation;
+    dx.fill(0.0);
+    for_each_col_row(s, |c, i, j, row| {
+        let src = &col[row * ld + off..][..l];
+        let plane = &mut dx[c * s.h * s.w..][..s.h * s.w];
+        let cols = valid_range(ow, s.w, sw, j * dw, pw);
+        if cols.is_empty() {
+            return;
+        }
+        for oh in valid_range(s.oh, s.h, sh, i * dh, ph) {
+            let ih = oh * sh + i * dh - ph;
+            let d = &mut plane[ih * s.w..][..s.w];
+            let first = cols.start * sw + j * dw - pw;
+            let from = &src[oh * ow + cols.start..oh * ow + cols.end];
+            if sw == 1 {
+                for (v, g) in d[first..first + cols.len()].iter_mut().zip(from) {
+                    *v += g;
+                }
+            } else {
+                for (k, g) in from.iter().enumerate() {
+                    d[first + k * sw] += g;
+                }
+            }
+        }
+    });
+}
+
+fn gemm_par(slots: usize) -> Parallelism {
+    if slots == 1 && rayon::current_num_threads() > 1 {
+        Parallelism::Rayon(0)
+    } else {
+        Parallelism::None
+    }
+}
+
+/// Runs `f` on the workspace slot of the current rayon thread. Tasks run on their thread
+/// from start to end (their products are single-threaded, so a thread never takes up another
+/// task inside one), hence each slot is uncontended when there is one per thread; with fewer
+/// slots than threads the lock makes threads sharing a slot take turns.
+fn with_slot<R>(slots: &[Mutex<&mut [f32]>], f: impl FnOnce(&mut [f32]) -> R) -> R {
+    let i = rayon::current_thread_index().unwrap_or(0) % slots.len();
+    let mut slot = slots[i].lock().unwrap_or_else(PoisonError::into_inner);
+    f(&mut slot)
+}
+
+/// `out = conv2d(x, weight) + bias` for dense `x` `[N, C, H, W]`, `weight`, `bias` `[O]` and
+/// `out` `[N, O, OH, OW]` (see [`Conv2dSpec::out_shape`]); `ws` holds at least one slot
+/// (see [`Conv2dSpec::workspace_elems`]).
+pub fn conv2d_forward(
+    spec: &Conv2dSpec,
+    x: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    ws: &mut [f32],
+) -> Result<()> {
+    let s = spec;
+    s.check_common(x, weight)?;
+    check_len(OP, "the output", out.len(), s.n * s.out_len())?;
+    match bias {
+        Some(b) if s.bias => check_len(OP, "the bias", b.len(), s.o)?,
+        None if !s.bias => {}
+        _ => {
+            return Err(bad_arg(
+                OP,
+                &[s.o],
+                "bias given or missing against the spec".into(),
+            ));
+        }
+    }
+    if s.n == 0 || s.out_len() == 0 {
+        return Ok(());
+    }
+    let slot_len = s.slot_len()?;
+    let slots = usable_slots(OP, ws.len(), slot_len, s.n)?;
+    let (l, og, kg, batch) = (s.spatial(), s.o / s.groups, s.group_k(), s.batch());
+    // One batch of samples: `y` and `xs` hold its outputs and inputs.
+    let run = |y: &mut [f32], xs: &[f32], slot: &mut [f32], par: Parallelism| {
+        if s.direct() {
+            // One sample, its own column matrix, written straight into `y`.
+            if let Some(b) = bias {
+                for (row, &bv) in y.chunks_mut(l).zip(b) {
+                    row.fill(bv);
+                }
+            }
+            for g in 0..s.groups {
+                sgemm(
+                    &mut y[g * og * l..(g + 1) * og * l],
+                    l,
+                    Mat::rows(&weight[g * og * kg..], og, kg),
+                    Mat::rows(&xs[g * kg * l..], kg, l),
+                    1.0,
+                    bias.is_some(),
+                    par,
+                );
+            }
+            return;
+        }
+        let (col, tmp) = slot.split_at_mut(s.col_len());
+        let nb = xs.len() / s.in_len();
+        let ld = nb * l;
+        for (b, xb) in xs.chunks(s.in_len()).enumerate() {
+            im2col(s, xb, col, ld, b * l);
+        }
+        for g in 0..s.groups {
+            sgemm(
+                &mut tmp[g * og * ld..(g + 1) * og * ld],
+                ld,
+                Mat::rows(&weight[g * og * kg..], og, kg),
+                Mat::rows(&col[g * kg * ld..], kg, ld),
+                1.0,
+                false,
+                par,
+            );
+        }
+        // The batch's `O x nb*L` product back to `nb` samples of `O x L`, plus bias.
+        for (b, yb) in y.chunks_mut(s.out_len()).enumerate() {
+            for (o, row) in yb.chunks_mut(l).enumerate() {
+                let src = &tmp[o * ld + b * l..][..l];
+                let bv = bias.map_or(0.0, |bias| bias[o]);
+                for (d, &v) in row.iter_mut().zip(src) {
+                    *d = v + bv;
+                }
+            }
+        }
+    };
+    let (out_batch, in_batch) = (batch * s.out_len(), batch * s.in_len());
+    if slots == 1 {
+        let slot = &mut ws[..slot_len];
+        for (y, xs) in out.chunks_mut(out_batch).zip(x.chunks(in_batch)) {
+            run(y, xs, slot, gemm_par(1));
+        }
+    } else {
+        let locks = split_slots(ws, slot_len, slots);
+        out.par_chunks_mut(out_batch)
+            .zip(x.par_chunks(in_batch))
+            .for_each(|(y, xs)| with_slot(&locks, |slot| run(y, xs, slot, Parallelism::None)));
+    }
+    Ok(())
+}
+
+/// The workspace as `slots` locked slots of `len` (empty ones when `len` is 0).
+fn split_slots(ws: &mut [f32], len: usize, slots: usize) -> Vec<Mutex<&mut [f32]>> {
+    if len == 0 {
+        return (0..slots).map(|_| Mutex::new(Default::default())).collect();
+    }
+    ws.chunks_mut(len).take(slots).map(Mutex::new).collect()
+}
+
+/// Gradients of [`conv2d_forward`] given `d_out` `[N, O, OH, OW]`: whichever of `d_input`
+/// (`[N, C, H, W]`, overwritten), `d_weight` (weight-sized, overwritten) and `d_bias` (`[O]`,
+/// overwritten) are given. `ws` holds at least one slot.
+#[allow(clippy::too_many_arguments)]
+pub fn conv2d_backward(
+    spec: &Conv2dSpec,
+    x: &[f32],
+    weight: &[f32],
+    d_out: &[f32],
+    d_input: Option<&mut [f32]>,
+    d_weight: Option<&mut [f32]>,
+    d_bias: Option<&mut [f32]>,
+    ws: &mut [f32],
+) -> Result<()> {
+    let s = spec;
+    s.check_common(x, weight)?;
+    check_len(OP, "the output gradient", d_out.len(), s.n * s.out_len())?;
+    if let Some(dx) = d_input.as_deref() {
+        check_len(OP, "the input gradient", dx.len(), s.n * s.in_len())?;
+    }
+    if let Some(dw) = d_weight.as_deref() {
+        check_len(OP, "the weight gradient", dw.len(), s.weight_len())?;
+    }
+    if let Some(db) = d_bias.as_deref() {
+        check_len(OP, "the bias gradient", db.len(), s.o)?;
+    }
+    let (parts_len, part_len) = (s.parts_len(), s.part_len());
+    if ws.len() < parts_len {
+        return Err(bad_arg(
+            OP,
+            &[ws.len()],
+            format!(
+                "the workspace holds {} elements; at least {} are needed",
+                ws.len(),
+                parts_len
+            ),
+        ));
+    }
+    let (parts, ws) = ws.split_at_mut(parts_len);
+    parts.fill(0.0);
+    let slot_len = s.slot_len()?;
+    let slots = usable_slots(OP, ws.len(), slot_len, s.n)?;
+    let (l, og, kg, batch) = (s.spatial(), s.o / s.groups, s.group_k(), s.batch());
+    let (want_dw, want_db) = (d_weight.is_some(), d_bias.is_some());
+    let (col_len, w_len) = (s.col_len(), s.weight_len());
+    // One batch: its index, its input gradients, a slot, its group's partial gradients.
+    let run = |bi: usize, dx: Option<&mut [f32]>, slot: &mut [f32], part: &mut [f32], par| {
+        let (col, tmp) = slot.split_at_mut(col_len);
+        let (dw, db) = part.split_at_mut(w_len);
+        let first = bi * batch;
+        let nb = batch.min(s.n - first);
+        let ld = nb * l;
+        let xs = &x[first * s.in_len()..][..nb * s.in_len()];
+        let dys = &d_out[first * s.out_len()..][..nb * s.out_len()];
+        // The batch's output gradients as one `O x nb*L` matrix.
+        let dyb: &[f32] = if s.direct() {
+            dys
+        } else {
+            for (b, dyb) in dys.chunks(s.out_len()).enumerate() {
+                for (o, row) in dyb.chunks(l).enumerate() {
+                    tmp[o * ld + b * l..][..l].copy_from_slice(row);
+                }
+            }
+            tmp
+        };
+        if want_dw {
+            let cols: &[f32] = if s.direct() {
+                xs
+            } else {
+                for (b, xb) in xs.chunks(s.in_len()).enumerate() {
+                    im2col(s, xb, col, ld, b * l);
+                }
+                col
+            };
+            // The slot's partial is dW^T per group (`kg x og`): the column matrix is then the
+            // left operand with its contraction dim contiguous (measured faster).
+            for g in 0..s.groups {
+                sgemm(
+                    &mut dw[g * og * kg..(g + 1) * og * kg],
+                    og,
+                    Mat::rows(&cols[g * kg * ld..], kg, ld),
+                    Mat::rows(&dyb[g * og * ld..], og, ld).t(),
+                    1.0,
+                    true,
+                    par,
+                );
+            }
+        }
+        if want_db {
+            for dy in dys.chunks(s.out_len()) {
+                for (b, row) in db.iter_mut().zip(dy.chunks(l)) {
+                    *b += row.iter().sum::<f32>();
+                }
+            }
+        }
+        if let Some(dxs) = dx {
+            // dcol = W^T dY, straight into dx when the input is its own column matrix.
+            let dcol: &mut [f32] = if s.direct() { dxs } else { col };
+            for g in 0..s.groups {
+                sgemm(
+                    &mut dcol[g * kg * ld..(g + 1) * kg * ld],
+                    ld,
+                    Mat::rows(&weight[g * og * kg..], og, kg).t(),
+                    Mat::rows(&dyb[g * og * ld..], og, ld),
+                    1.0,
+                    false,
+                    par,
+                );
+            }
+            if !s.direct() {
+                for (b, dxb) in dxs.chunks_mut(s.in_len()).enumerate() {
+                    col2im(s, col, ld, b * l, dxb);
+                }
+            }
+        }
+    };
+    let n_batches = s.batches();
+    let per_group = n_batches.div_ceil(s.grad_groups());
+    let mut dx_batches: Vec<Option<&mut [f32]>> = match d_input {
+        Some(dx) if s.in_len() > 0 => dx.chunks_mut(batch * s.in_len()).map(Some).collect(),
+        _ => (0..n_batches).map(|_| None).collect(),
+    };
+    // Each group: its partial gradients and its batches' input gradients, in batch order.
+    // (first batch, partial gradients, the batches' input gradients)
+    type Group<'a> = (usize, &'a mut [f32], Vec<Option<&'a mut [f32]>>);
+    let mut groups: Vec<Group<'_>> = Vec::new();
+    for (g, part) in parts.chunks_mut(part_len).enumerate() {
+        let take = per_group.min(dx_batches.len());
+        let rest = dx_batches.split_off(take);
+        groups.push((
+            g * per_group,
+            part,
+            std::mem::replace(&mut dx_batches, rest),
+        ));
+    }
+    let run_group = |(first, part, dxs): Group<'_>, slot: &mut [f32], par: Parallelism| {
+        for (k, dx) in dxs.into_iter().enumerate() {
+            run(first + k, dx, slot, part, par);
+        }
+    };
+    if slots == 1 {
+        let slot = &mut ws[..slot_len];
+        for group in groups {
+            run_group(group, slot, gemm_par(1));
+        }
+    } else {
+        let locks = split_slots(ws, slot_len, slots);
+        groups
+            .into_par_iter()
+            .for_each(|group| with_slot(&locks, |slot| run_group(group, slot, Parallelism::None)));
+    }
+    // Sum the groups' partial gradients, in order.
+    if let Some(dw) = d_weight {
+        dw.fill(0.0);
+        for part in parts.chunks(part_len) {
+            for (dw, part) in dw.chunks_mut(og * kg).zip(part[..w_len].chunks(og * kg)) {
+                // `part` is this group's dW^T, kg x og.
+                for (o, row) in dw.chunks_mut(kg).enumerate() {
+                    for (k, d) in row.iter_mut().enumerate() {
+                        *d += part[k * og + o];
+                    }
+                }
+            }
+        }
+    }
+    if let Some(db) = d_bias {
+        db.fill(0.0);
+        for part in parts.chunks(part_len) {
+            for (d, p) in db.iter_mut().zip(&part[w_len..]) {
+                *d += p;
+            }
+        }
+    }
+    Ok(())
+}

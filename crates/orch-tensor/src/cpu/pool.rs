@@ -1,0 +1,294 @@
+//! 2-D max and average pooling over NCHW input (`F.max_pool2d`, `F.avg_pool2d`), with kernel,
+//! stride and implicit padding, `ceil_mode=False`.
+//!
+//! Max pooling pads with `-inf`, keeps the first maximum of each window in row-major order (a
+//! NaN wins, as in PyTorch) and records its index `ih * W + iw` within the plane as `u32`
+//! (`return_indices=True`); backward adds each output gradient to the input at its index.
+//! Average pooling counts the padding (`count_include_pad=True`, PyTorch's default), so every
+//! window divides by `kh * kw`; backward spreads each gradient evenly over its window.
+//! Padding is at most half the kernel, as PyTorch requires. Planes (`N * C`) run in parallel.
+//!
+//! Memory: no workspace; max pooling's indices are one `u32` per output element
+//! ([`Pool2dSpec::out_numel`]), kept by the caller from forward to backward.
+
+use super::PAR_MIN;
+use crate::error::Result;
+use crate::layout::checked_numel;
+use crate::nn_kernels::{bad_arg, check_len};
+use rayon::prelude::*;
+
+/// A validated 2-D pooling window over `[N, C, H, W]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pool2dSpec {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    padding: [usize; 2],
+    oh: usize,
+    ow: usize,
+}
+
+impl Pool2dSpec {
+    /// Validates pooling of `input` `[N, C, H, W]` with `kernel` (at least 1), `stride` (at
+    /// least 1; PyTorch's default is the kernel) and `padding` (at most half the kernel).
+    pub fn new(
+        input: &[usize],
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+    ) -> Result<Self> {
+        const OP: &str = "pool2d";
+        let &[n, c, h, w] = input else {
+            return Err(bad_arg(OP, input, "the input must be [N, C, H, W]".into()));
+        };
+        checked_numel(OP, input)?;
+        if h == 0 || w == 0 {
+            return Err(bad_arg(
+                OP,
+                input,
+                "the planes are empty (H or W is 0)".into(),
+            ));
+        }
+        if kernel.contains(&0) || stride.contains(&0) {
+            return Err(bad_arg(
+                OP,
+                input,
+                format!("kernel {kernel:?} and stride {stride:?} must be at least 1"),
+            ));
+        }
+        if padding[0] > kernel[0] / 2 || padding[1] > kernel[1] / 2 {
+            return Err(bad_arg(
+                OP,
+                input,
+                format!("padding {padding:?} must be at most half the kernel {kernel:?}"),
+            ));
+        }
+        let mut out = [0; 2];
+        for d in 0..2 {
+            let size = [h, w][d];
+            let padded = (2 * padding[d]) // padding <= kernel / 2: no overflow
+                .checked_add(size)
+                .ok_or_else(|| bad_arg(OP, input, "the padding overflows".into()))?;
+            if kernel[d] > padded {
+                return Err(bad_arg(
+                    OP,
+                    input,
+                    format!(
+                        "the kernel {kernel:?} is larger than the padded input ({padded} along dimension {})",
+                        d + 2
+                    ),
+                ));
+            }
+            out[d] = (padded - kernel[d]) / stride[d] + 1;
+        }
+        if h.checked_mul(w).is_none_or(|p| p > u32::MAX as usize) {
+            return Err(bad_arg(
+                OP,
+                input,
+                "a plane of more than 2^32 elements cannot be indexed".into(),
+            ));
+        }
+        let spec = Pool2dSpec {
+            n,
+            c,
+            h,
+            w,
+            kernel,
+            stride,
+            padding,
+            oh: out[0],
+            ow: out[1],
+        };
+        checked_numel(OP, &spec.out_shape())?;
+        Ok(spec)
+    }
+
+    /// `[N, C, OH, OW]`.
+    pub fn out_shape(&self) -> [usize; 4] {
+        [self.n, self.c, self.oh, self.ow]
+    }
+
+    /// Output elements (and max pooling's indices).
+    pub fn out_numel(&self) -> usize {
+        self.n * self.c * self.oh * self.ow
+    }
+
+    /// Workspace: none.
+    pub fn workspace_elems(&self) -> usize {
+        0
+    }
+
+    fn plane(&self) -> usize {
+        self.h * self.w
+    }
+
+    fn out_plane(&self) -> usize {
+        self.oh * self.ow
+    }
+
+    /// The window of output `(oh, ow)` clipped to the input: row and column ranges.
+    fn window(&self, oh: usize, ow: usize) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+        let clip = |o: usize, d: usize, size: usize| {
+            let start = o * self.stride[d];
+            let lo = start.saturating_sub(self.padding[d]);
+            let hi = (start + self.kernel[d])
+                .saturating_sub(self.padding[d])
+                .min(size);
+            lo..hi
+        };
+        (clip(oh, 0, self.h), clip(ow, 1, self.w))
+    }
+
+    fn check(&self, op: &'static str, x: usize, out: usize) -> Result<()> {
+        check_len(op, "the input", x, self.n * self.c * self.plane())?;
+        check_len(op, "the output", out, self.out_numel())
+    }
+
+    /// Planes per rayon task: enough that a task does about [`PAR_MIN`] element visits.
+    fn min_planes(&self) -> usize {
+        let visits = (self.out_plane())
+            .saturating_mul(self.kernel[0] * self.kernel[1])
+            .saturating_add(self.plane());
+        (PAR_MIN / visits).max(1)
+    }
+}
+
+/// Max pooling of dense `x` `[N, C, H, W]` into `out` `[N, C, OH, OW]`, with the argmax of each
+/// window (`ih * W + iw`) in `indices` (one per output).
+pub fn max_pool2d_forward(
+    spec: &Pool2dSpec,
+    x: &[f32],
+    out: &mut [f32],
+    indices: &mut [u32],
+) -> Result<()> {
+    const OP: &str = "max_pool2d";
+    spec.check(OP, x.len(), out.len())?;
+    check_len(OP, "the indices", indices.len(), spec.out_numel())?;
+    if spec.out_numel() == 0 {
+        return Ok(());
+    }
+    let s = spec;
+    let op = s.out_plane();
+    let tasks = out.par_chunks_mut(op).zip(indices.par_chunks_mut(op));
+    let tasks = tasks
+        .zip(x.par_chunks(s.plane()))
+        .with_min_len(s.min_planes());
+    tasks.for_each(|((out, idx), x)| {
+        for oh in 0..s.oh {
+            for ow in 0..s.ow {
+                let (rows, cols) = s.window(oh, ow);
+                let (mut best, mut at) = (f32::NEG_INFINITY, rows.start * s.w + cols.start);
+                for ih in rows {
+                    for iw in cols.clone() {
+                        let v = x[ih * s.w + iw];
+                        if v > best || v.is_nan() {
+                            best = v;
+                            at = ih * s.w + iw;
+                        }
+                    }
+                }
+                out[oh * s.ow + ow] = best;
+                idx[oh * s.ow + ow] = at as u32;
+            }
+        }
+    });
+    Ok(())
+}
+
+/// `d_input` (`[N, C, H, W]`, overwritten) from `d_out` and the forward's `indices`; an index
+/// outside its plane is an error.
+pub fn max_pool2d_backward(
+    spec: &Pool2dSpec,
+    d_out: &[f32],
+    indices: &[u32],
+    d_input: &mut [f32],
+) -> Result<()> {
+    const OP: &str = "max_pool2d_backward";
+    spec.check(OP, d_input.len(), d_out.len())?;
+    check_len(OP, "the indices", indices.len(), spec.out_numel())?;
+    let plane = spec.plane();
+    if let Some(&bad) = indices.iter().find(|&&i| i as usize >= plane) {
+        return Err(bad_arg(
+            OP,
+            &spec.out_shape(),
+            format!("index {bad} is outside a plane of {plane} elements"),
+        ));
+    }
+    d_input.fill(0.0);
+    if spec.out_numel() == 0 {
+        return Ok(());
+    }
+    let op = spec.out_plane();
+    let tasks = d_input.par_chunks_mut(plane).zip(d_out.par_chunks(op));
+    let tasks = tasks
+        .zip(indices.par_chunks(op))
+        .with_min_len(spec.min_planes());
+    tasks.for_each(|((dx, dy), idx)| {
+        for (&g, &i) in dy.iter().zip(idx) {
+            dx[i as usize] += g;
+        }
+    });
+    Ok(())
+}
+
+/// Average pooling (padding counted) of dense `x` into `out` `[N, C, OH, OW]`.
+pub fn avg_pool2d_forward(spec: &Pool2dSpec, x: &[f32], out: &mut [f32]) -> Result<()> {
+    const OP: &str = "avg_pool2d";
+    spec.check(OP, x.len(), out.len())?;
+    if spec.out_numel() == 0 {
+        return Ok(());
+    }
+    let s = spec;
+    let scale = 1.0 / (s.kernel[0] * s.kernel[1]) as f32;
+    let tasks = out
+        .par_chunks_mut(s.out_plane())
+        .zip(x.par_chunks(s.plane()));
+    tasks.with_min_len(s.min_planes()).for_each(|(out, x)| {
+        for oh in 0..s.oh {
+            for ow in 0..s.ow {
+                let (rows, cols) = s.window(oh, ow);
+                let total: f32 = rows
+                    .map(|ih| {
+                        x[ih * s.w + cols.start..ih * s.w + cols.end]
+                            .iter()
+                            .sum::<f32>()
+                    })
+                    .sum();
+                out[oh * s.ow + ow] = total * scale;
+            }
+        }
+    });
+    Ok(())
+}
+
+/// `d_input` (`[N, C, H, W]`, overwritten) of [`avg_pool2d_forward`] from `d_out`.
+pub fn avg_pool2d_backward(spec: &Pool2dSpec, d_out: &[f32], d_input: &mut [f32]) -> Result<()> {
+    const OP: &str = "avg_pool2d_backward";
+    spec.check(OP, d_input.len(), d_out.len())?;
+    d_input.fill(0.0);
+    if spec.out_numel() == 0 {
+        return Ok(());
+    }
+    let s = spec;
+    let scale = 1.0 / (s.kernel[0] * s.kernel[1]) as f32;
+    let tasks = d_input
+        .par_chunks_mut(s.plane())
+        .zip(d_out.par_chunks(s.out_plane()));
+    tasks.with_min_len(s.min_planes()).for_each(|(dx, dy)| {
+        for oh in 0..s.oh {
+            for ow in 0..s.ow {
+                let (rows, cols) = s.window(oh, ow);
+                let g = dy[oh * s.ow + ow] * scale;
+                for ih in rows {
+                    dx[ih * s.w + cols.start..ih * s.w + cols.end]
+                        .iter_mut()
+                        .for_each(|v| *v += g);
+                }
+            }
+        }
+    });
+    Ok(())
+}

@@ -1,0 +1,77 @@
+"""PyTorch CPU baselines for scripts/bench-nn.sh: forward and forward+backward of conv2d,
+causal scaled-dot-product attention and layer norm at the shapes of
+crates/orch-tensor/benches/nn_ops.rs. Prints `kv KEY MILLISECONDS` lines.
+
+Usage: python scripts/bench_nn_torch.py [THREADS]   (default: all cores)
+"""
+
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def median_ms(f, warmup=3, min_reps=20, min_time=1.5):
+    for _ in range(warmup):
+        f()
+    times = []
+    start = time.perf_counter()
+    while len(times) < min_reps or time.perf_counter() - start < min_time:
+        t = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - t)
+    times.sort()
+    return times[len(times) // 2] * 1e3
+
+
+def report(key, f):
+    ms = median_ms(f)
+    print(f"kv {key} {ms:.4f}", flush=True)
+
+
+def main():
+    threads = int(sys.argv[1]) if len(sys.argv) > 1 else (os.cpu_count() or 1)
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+
+    x = torch.randn(128, 16, 14, 14, requires_grad=True)
+    w = torch.randn(32, 16, 5, 5, requires_grad=True)
+    b = torch.randn(32, requires_grad=True)
+    g = torch.randn(128, 32, 14, 14)
+    with torch.no_grad():
+        report("nn/conv2d/fwd", lambda: F.conv2d(x, w, b, padding=2))
+
+    def conv_step():
+        F.conv2d(x, w, b, padding=2).backward(g)
+
+    report("nn/conv2d/fwdbwd", conv_step)
+
+    q, k, v = (torch.randn(12, 4, 64, 32, requires_grad=True) for _ in range(3))
+    go = torch.randn(12, 4, 64, 32)
+    with torch.no_grad():
+        report("nn/sdpa_causal/fwd", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+    def sdpa_step():
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(go)
+
+    report("nn/sdpa_causal/fwdbwd", sdpa_step)
+
+    xl = torch.randn(12, 64, 128, requires_grad=True)
+    wl = torch.randn(128, requires_grad=True)
+    bl = torch.randn(128, requires_grad=True)
+    gl = torch.randn(12, 64, 128)
+    with torch.no_grad():
+        report("nn/layer_norm/fwd", lambda: F.layer_norm(xl, (128,), wl, bl))
+
+    def ln_step():
+        F.layer_norm(xl, (128,), wl, bl).backward(gl)
+
+    report("nn/layer_norm/fwdbwd", ln_step)
+    print(f"kv torch_version/{torch.__version__} 0")
+    print(f"kv torch_mkldnn/{int(torch.backends.mkldnn.is_available())} 0")
+
+
+if __name__ == "__main__":
+    main()
