@@ -8,6 +8,9 @@
 #   ORCH_PY_REUSE=1 scripts/python-env.sh
 #                                    keeps a venv that already has the packages (pip is skipped;
 #                                    only the wheel is rebuilt and reinstalled)
+#   scripts/python-env.sh --packages-only
+#                                    the venv and its packages, no wheel (.ci/run makes it while
+#                                    the Rust build runs)
 #
 # The wheel is built with the dev profile into the same target folder as `cargo test`: no release
 # build of the workspace. maturin builds orch-py alone, whose features unify differently from
@@ -37,6 +40,11 @@ else
   started=$(date +%s)
   "$venv/bin/pip" install --quiet "${packages[@]}" >&2
   echo "installed in $(( $(date +%s) - started )) s" >&2
+fi
+
+if [[ "${1:-}" == --packages-only ]]; then
+  echo "$venv"
+  exit 0
 fi
 
 echo "== python: the wheel" >&2

@@ -55,16 +55,22 @@ def train(rank: int, world: int, port: int, steps: int) -> None:
     flat = torch.cat([p.detach().flatten() for p in model.parameters()]).cpu()
     gathered = [torch.zeros_like(flat) for _ in range(world)]
     dist.all_gather(gathered, flat)
+    same = all(torch.allclose(gathered[0], g) for g in gathered)
     if rank == 0:
-        same = all(torch.allclose(gathered[0], g) for g in gathered)
         print(f"replicas agree: {same}", flush=True)
-        if not same:
-            sys.exit(1)
-    # Every rank reaches this point before any tears down: a rank that leaves while its peer
-    # is still closing gloo's connections aborts ("terminate called without an active
-    # exception").
+    # The ending is written this way for a reason; copy it. Once DDP has wrapped a model, torch
+    # keeps the process group alive inside its C++ side: after `destroy_process_group` gloo's
+    # threads (and rank 0's store server) go on running, whatever Python frees. Left to the
+    # interpreter's exit, they are torn down while still running, and now and then that aborts
+    # the process after training succeeded ("terminate called without an active exception",
+    # SIGABRT). So: every rank waits for the others, the group is destroyed (the store is no
+    # longer needed), output is flushed, and the process ends at once with `os._exit`: the
+    # kernel stops those threads, with no teardown left to race them. Nothing may come after.
     dist.barrier()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if same else 1)
 
 
 def main() -> None:

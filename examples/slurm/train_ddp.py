@@ -1,6 +1,7 @@
 """A minimal DDP script for examples/slurm/ddp.toml: everything it needs comes from the
 environment orch sets for each process (no torchrun, no srun arithmetic in the script)."""
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -24,7 +25,15 @@ def main() -> None:
         optimizer.step()
     if rank == 0:
         print(f"done: {world} processes on {os.environ.get('NNODES', '1')} node(s)")
+    # Once DDP has wrapped a model, torch keeps the process group (and gloo's or NCCL's threads)
+    # alive past `destroy_process_group`; torn down by the interpreter's exit while they run,
+    # they can abort a finished process. So: wait for every rank, destroy the group, flush, and
+    # end at once (examples/python/ddp_torch.py says more).
+    dist.barrier()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -414,11 +414,7 @@ fn soak_seconds() -> u64 {
 /// connections flood in and the state folder fills up for short spells. At the end every job the
 /// daemon accepted ended exactly once, with its true status; no two jobs overlapped on a device;
 /// only jobs whose supervisor was killed are lost.
-// Not run by default yet: it still finds, in some runs, a job lost although its
-// supervisor was not killed (after a daemon restart that followed a disk-full spell). Run it
-// with `cargo test soak -- --ignored --nocapture`.
 #[test]
-#[ignore = "finds a job lost after a restart that followed a disk-full spell; see its comment"]
 fn a_soak_of_kills_floods_and_full_disks_loses_and_doubles_nothing() {
     if !root_or_skip("a_soak_of_kills_floods_and_full_disks") {
         return;
