@@ -11,3 +11,4 @@ mod new_ops;
 mod ops;
 mod optim;
 mod quota;
+mod torch_agreement;
