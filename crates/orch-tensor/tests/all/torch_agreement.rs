@@ -22,7 +22,8 @@
 //!
 //! **The nn ops being written.** `scripts/torch_reference.py --with-nn` adds cases for conv2d,
 //! max/avg pool2d, layer norm, batch norm and scaled-dot-product attention. When the ops land,
-//! regenerate with the flag and add their arms to [`forward`], with the planned signatures:
+//! regenerate with the flag and add their arms to [`forward`], with the planned signatures
+//! (and three `Env` helpers: `pair` for `[usize; 2]`, `opt` for an optional input, `opt_f32`):
 //!
 //! ```text
 //! "conv2d" => x.conv2d(e.t("w"), e.opt("b"), e.pair("stride"), e.pair("padding"), e.pair("dilation"), e.usize("groups"))?,
