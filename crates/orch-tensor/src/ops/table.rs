@@ -73,12 +73,18 @@ unary_ops! {
         cpu |v| v.abs(),
         cuda "fabsf(v)",
         grad |x, y, g| g.binary(x, BinaryOp::AbsGrad);
-    /// `min(max(x, min), max)`; NaN stays NaN. The gradient flows where the input was inside
-    /// `[min, max]` (bounds included, as PyTorch's), that is where the output equals the input.
+    /// `min(max(x, min), max)`; NaN stays NaN. The gradient flows where the input was strictly
+    /// inside `(min, max)`: 0 on a bound, the minimum-norm subgradient, as `relu` at 0 and as
+    /// PyTorch's scalar-bound `clamp` since it changed (pytorch#191142; earlier releases passed
+    /// the gradient on the bounds). Checked against torch in tests/all/torch_agreement.rs.
     Clamp { min, max } => "clamp",
         cpu |v| if v.is_nan() { v } else { v.max(min).min(max) },
         cuda "v != v ? v : fminf(fmaxf(v, p0), p1)",
-        grad |x, y, g| g.mul(&y.eq(x)?);
+        grad |x, y, g| {
+            let above = x.gt(&Tensor::scalar(min, x.pool())?)?;
+            let below = x.lt(&Tensor::scalar(max, x.pool())?)?;
+            g.mul(&above.mul(&below)?)
+        };
     /// `x * sigmoid(x)` (SiLU, swish).
     Silu => "silu",
         cpu |v| v / (1.0 + (-v).exp()),

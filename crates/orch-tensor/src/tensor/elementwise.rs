@@ -197,7 +197,8 @@ impl Tensor {
     }
 
     /// Each element limited to `[min, max]`; NaN stays NaN. `min > max` (or a NaN bound) is an
-    /// error. The gradient flows where the input lies in `[min, max]`, bounds included.
+    /// error. The gradient flows where the input lies strictly inside `(min, max)`: 0 on a bound
+    /// (PyTorch's minimum-norm subgradient, as `relu` at 0).
     pub fn clamp(&self, min: f32, max: f32) -> Result<Tensor> {
         // Also refuses a NaN bound.
         if min.partial_cmp(&max).is_none_or(|o| o.is_gt()) {

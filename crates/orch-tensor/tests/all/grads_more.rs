@@ -121,13 +121,17 @@ fn ties_split_the_gradient(pool: &Pool) -> TestResult {
     a.maximum(&b)?.sum_all()?.backward()?;
     assert_eq!(a.grad().unwrap().to_vec()?, vec![0.5, 0.0, 1.0]);
     assert_eq!(b.grad().unwrap().to_vec()?, vec![0.5, 1.0, 0.0]);
-    let x = Tensor::from_slice(&[-1.0, 0.0, 2.0], &[3], pool)?.with_requires_grad();
+    let x = Tensor::from_slice(&[-1.0, 0.0, 1.0, 2.0, 3.0], &[5], pool)?.with_requires_grad();
     x.clamp(0.0, 2.0)?.sum_all()?.backward()?;
     assert_eq!(
         x.grad().unwrap().to_vec()?,
-        vec![0.0, 1.0, 1.0],
-        "bounds pass"
+        vec![0.0, 0.0, 1.0, 0.0, 0.0],
+        "a bound stops the gradient (PyTorch's minimum-norm subgradient)"
     );
+    // A point interval: every input is on a bound or outside.
+    let p = Tensor::from_slice(&[0.5, 0.25, 0.0], &[3], pool)?.with_requires_grad();
+    p.clamp(0.25, 0.25)?.sum_all()?.backward()?;
+    assert_eq!(p.grad().unwrap().to_vec()?, vec![0.0; 3], "point interval");
     Ok(())
 }
 

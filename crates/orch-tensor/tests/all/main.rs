@@ -12,3 +12,4 @@ mod nn_kernels;
 mod ops;
 mod optim;
 mod quota;
+mod torch_agreement;
