@@ -77,7 +77,11 @@ pub(crate) fn alloc_many(
     if storages.len() != shapes.len() {
         return Err(TensorError::Internal {
             op,
-            reason: format!("{} outputs made for {} shapes", storages.len(), shapes.len()),
+            reason: format!(
+                "{} outputs made for {} shapes",
+                storages.len(),
+                shapes.len()
+            ),
         });
     }
     Ok(storages

@@ -209,7 +209,10 @@ impl Op {
             | Op::ToDevice(x) => vec![x],
             Op::Conv2d {
                 x, weight, bias, ..
-            } => [Some(x), Some(weight), bias].into_iter().flatten().collect(),
+            } => [Some(x), Some(weight), bias]
+                .into_iter()
+                .flatten()
+                .collect(),
             Op::MaxPool2d { x, indices, .. } => vec![x, indices],
             Op::AvgPool2d { x, .. } => vec![x],
             Op::LayerNorm {

@@ -208,7 +208,11 @@ pub(crate) fn layer_norm_forward(
         let (ws, bs) = affine_slices(s, w.is_some(), b.is_some());
         let [mut y, mut mean, mut rstd] = host_vecs([s[0].len(), spec.rows(), spec.rows()]);
         nn_kernels::layer_norm_forward(spec, s[0], ws, bs, &mut y, &mut mean, &mut rstd)?;
-        Ok(vec![Storage::Cpu(y), Storage::Cpu(mean), Storage::Cpu(rstd)])
+        Ok(vec![
+            Storage::Cpu(y),
+            Storage::Cpu(mean),
+            Storage::Cpu(rstd),
+        ])
     })
 }
 
@@ -280,7 +284,11 @@ pub(crate) fn batch_norm_forward(
             &mut mean,
             &mut rstd,
         )?;
-        Ok(vec![Storage::Cpu(y), Storage::Cpu(mean), Storage::Cpu(rstd)])
+        Ok(vec![
+            Storage::Cpu(y),
+            Storage::Cpu(mean),
+            Storage::Cpu(rstd),
+        ])
     })
 }
 
@@ -326,8 +334,7 @@ pub(crate) fn attention_forward(
 ) -> Result<Vec<Storage>> {
     let op = "scaled_dot_product_attention";
     with_host_slices(pool, op, &with_opt(vec![q, k, v], mask), |s| {
-        let [mut out, mut lse, mut ws] =
-            host_vecs([numel(&spec.out_shape()), spec.lse_len(), ws]);
+        let [mut out, mut lse, mut ws] = host_vecs([numel(&spec.out_shape()), spec.lse_len(), ws]);
         let m = s.get(3).copied();
         nn_kernels::attention_forward(spec, s[0], s[1], s[2], m, &mut out, &mut lse, &mut ws)?;
         Ok(vec![Storage::Cpu(out), Storage::Cpu(lse)])
@@ -346,8 +353,7 @@ pub(crate) fn attention_backward(
     let op = "scaled_dot_product_attention backward";
     let inputs = with_opt(vec![q, k, v, out, lse, dy], mask);
     with_host_slices(pool, op, &inputs, |s| {
-        let [mut dq, mut dk, mut dv, mut ws] =
-            host_vecs([s[0].len(), s[1].len(), s[2].len(), ws]);
+        let [mut dq, mut dk, mut dv, mut ws] = host_vecs([s[0].len(), s[1].len(), s[2].len(), ws]);
         let m = s.get(6).copied();
         nn_kernels::attention_backward(
             spec, s[0], s[1], s[2], m, s[3], s[4], s[5], &mut dq, &mut dk, &mut dv, &mut ws,

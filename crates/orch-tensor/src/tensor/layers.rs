@@ -129,7 +129,13 @@ impl Tensor {
         let [out] = take(
             OP,
             storage::alloc_many(pool, OP, &[&shape], || {
-                kernels::conv2d_forward(pool, &spec, (dense(&x), dense(&w)), b.as_ref().map(dense), ws)
+                kernels::conv2d_forward(
+                    pool,
+                    &spec,
+                    (dense(&x), dense(&w)),
+                    b.as_ref().map(dense),
+                    ws,
+                )
             })?,
         )?;
         let rec = autograd::record(&[&x, &w, b.as_ref().unwrap_or(&x)], || Op::Conv2d {

@@ -51,18 +51,43 @@ fn conv_cases() -> Vec<ConvCase> {
     };
     vec![
         base,
-        ConvCase { bias: false, ..base },
-        ConvCase { stride: [2, 1], ..base },
-        ConvCase { pad: [1, 2], ..base },
-        ConvCase { dil: [2, 2], ..base },
-        ConvCase { x: [1, 4, 4, 4], o: 6, groups: 2, pad: [1, 1], ..base },
+        ConvCase {
+            bias: false,
+            ..base
+        },
+        ConvCase {
+            stride: [2, 1],
+            ..base
+        },
+        ConvCase {
+            pad: [1, 2],
+            ..base
+        },
+        ConvCase {
+            dil: [2, 2],
+            ..base
+        },
+        ConvCase {
+            x: [1, 4, 4, 4],
+            o: 6,
+            groups: 2,
+            pad: [1, 1],
+            ..base
+        },
         ConvCase { k: [1, 1], ..base },
     ]
 }
 
 fn conv2d_matches_reference_and_gradients(pool: &Pool) -> TestResult {
     if cuda_refuses(pool, "conv2d", || {
-        x4(pool)?.conv2d(&Tensor::ones(&[1, 2, 3, 3], pool)?, None, [1, 1], [0, 0], [1, 1], 1)
+        x4(pool)?.conv2d(
+            &Tensor::ones(&[1, 2, 3, 3], pool)?,
+            None,
+            [1, 1],
+            [0, 0],
+            [1, 1],
+            1,
+        )
     }) {
         return Ok(());
     }
@@ -92,7 +117,14 @@ fn conv2d_matches_reference_and_gradients(pool: &Pool) -> TestResult {
 
 fn conv2d_takes_non_contiguous_inputs(pool: &Pool) -> TestResult {
     if cuda_refuses(pool, "conv2d", || {
-        x4(pool)?.conv2d(&Tensor::ones(&[1, 2, 3, 3], pool)?, None, [1, 1], [0, 0], [1, 1], 1)
+        x4(pool)?.conv2d(
+            &Tensor::ones(&[1, 2, 3, 3], pool)?,
+            None,
+            [1, 1],
+            [0, 0],
+            [1, 1],
+            1,
+        )
     }) {
         return Ok(());
     }
@@ -139,7 +171,9 @@ const POOL_CASES: [PoolCase; 4] = [
 ];
 
 fn pooling_matches_reference_and_gradients(pool: &Pool) -> TestResult {
-    if cuda_refuses(pool, "max_pool2d", || x4(pool)?.max_pool2d([2, 2], [2, 2], [0, 0])) {
+    if cuda_refuses(pool, "max_pool2d", || {
+        x4(pool)?.max_pool2d([2, 2], [2, 2], [0, 0])
+    }) {
         assert!(cuda_refuses(pool, "avg_pool2d", || {
             x4(pool)?.avg_pool2d([2, 2], [2, 2], [0, 0])
         }));
@@ -171,7 +205,9 @@ fn pooling_matches_reference_and_gradients(pool: &Pool) -> TestResult {
 // ---- layer norm ------------------------------------------------------------------------------
 
 fn layer_norm_matches_reference_and_gradients(pool: &Pool) -> TestResult {
-    if cuda_refuses(pool, "layer_norm", || x4(pool)?.layer_norm(1, None, None, 1e-5)) {
+    if cuda_refuses(pool, "layer_norm", || {
+        x4(pool)?.layer_norm(1, None, None, 1e-5)
+    }) {
         return Ok(());
     }
     let cases: [(&[usize], usize); 3] = [(&[4, 6], 1), (&[2, 3, 4], 2), (&[3, 5], 2)];
@@ -198,7 +234,7 @@ fn layer_norm_matches_reference_and_gradients(pool: &Pool) -> TestResult {
                 |r| {
                     let w = affine_w.then(|| &r[1].data[..]);
                     let b = affine_b.then(|| &r[1 + usize::from(affine_w)].data[..]);
-                    let (y, _, _) = layer_norm_ref(&r[0].data, cols, w, b, eps as f32 as f64);
+                    let (y, _, _) = layer_norm_ref(&r[0].data, cols, w, b, eps as f64);
                     R::new(shape, y)
                 },
             )
@@ -324,11 +360,31 @@ fn attn_cases() -> Vec<AttnCase> {
     };
     vec![
         base.clone(),
-        AttnCase { causal: true, ..base.clone() },
-        AttnCase { scale: Some(0.7), ..base.clone() },
-        AttnCase { mask: Some((MaskKind::Additive, vec![4, 5])), ..base.clone() },
-        AttnCase { mask: Some((MaskKind::Additive, vec![2, 1, 4, 5])), causal: true, ..base.clone() },
-        AttnCase { t: 6, s: 6, d: 4, dv: 4, causal: true, ..base },
+        AttnCase {
+            causal: true,
+            ..base.clone()
+        },
+        AttnCase {
+            scale: Some(0.7),
+            ..base.clone()
+        },
+        AttnCase {
+            mask: Some((MaskKind::Additive, vec![4, 5])),
+            ..base.clone()
+        },
+        AttnCase {
+            mask: Some((MaskKind::Additive, vec![2, 1, 4, 5])),
+            causal: true,
+            ..base.clone()
+        },
+        AttnCase {
+            t: 6,
+            s: 6,
+            d: 4,
+            dv: 4,
+            causal: true,
+            ..base
+        },
     ]
 }
 
@@ -360,7 +416,14 @@ fn attention_matches_reference_and_gradients(pool: &Pool) -> TestResult {
             &inputs,
             |t| {
                 let m = mask.as_ref().map(|m| m.tensor(pool)).transpose()?;
-                Tensor::scaled_dot_product_attention(&t[0], &t[1], &t[2], c.causal, m.as_ref(), c.scale)
+                Tensor::scaled_dot_product_attention(
+                    &t[0],
+                    &t[1],
+                    &t[2],
+                    c.causal,
+                    m.as_ref(),
+                    c.scale,
+                )
             },
             |r| {
                 let m = mask.as_ref().map(|m| &m.data[..]);
@@ -382,7 +445,10 @@ fn attention_mask_gets_no_gradient(pool: &Pool) -> TestResult {
     }
     run()?.sum_all()?.backward()?;
     assert!(q.grad().is_some());
-    assert!(mask.grad().is_none(), "the additive mask is not differentiated");
+    assert!(
+        mask.grad().is_none(),
+        "the additive mask is not differentiated"
+    );
     Ok(())
 }
 
@@ -397,8 +463,14 @@ fn zero_size_batches(pool: &Pool) -> TestResult {
     let y = x.conv2d(&w, None, [1, 1], [1, 1], [1, 1], 1)?;
     assert_eq!(y.shape(), [0, 3, 4, 4]);
     y.sum_all()?.backward()?;
-    assert_eq!(w.grad().map(|g| g.to_vec()).transpose()?, Some(vec![0.0; 54]));
-    for y in [x.max_pool2d([2, 2], [2, 2], [0, 0])?, x.avg_pool2d([2, 2], [2, 2], [1, 1])?] {
+    assert_eq!(
+        w.grad().map(|g| g.to_vec()).transpose()?,
+        Some(vec![0.0; 54])
+    );
+    for y in [
+        x.max_pool2d([2, 2], [2, 2], [0, 0])?,
+        x.avg_pool2d([2, 2], [2, 2], [1, 1])?,
+    ] {
         assert_eq!(y.numel(), 0);
         y.sum_all()?.backward()?;
     }
@@ -407,11 +479,18 @@ fn zero_size_batches(pool: &Pool) -> TestResult {
     let y = rows.layer_norm(1, Some(&lw), None, 1e-5)?;
     assert_eq!(y.shape(), [0, 5]);
     y.sum_all()?.backward()?;
-    assert_eq!(lw.grad().map(|g| g.to_vec()).transpose()?, Some(vec![0.0; 5]));
+    assert_eq!(
+        lw.grad().map(|g| g.to_vec()).transpose()?,
+        Some(vec![0.0; 5])
+    );
     let (m, v) = (Tensor::ones(&[2], pool)?, Tensor::ones(&[2], pool)?);
     let y = x.batch_norm(&m, &v, None, None, true, 0.1, 1e-5)?;
     assert_eq!(y.shape(), x.shape());
-    assert_eq!((m.to_vec()?, v.to_vec()?), (vec![1.0; 2], vec![1.0; 2]), "unchanged");
+    assert_eq!(
+        (m.to_vec()?, v.to_vec()?),
+        (vec![1.0; 2], vec![1.0; 2]),
+        "unchanged"
+    );
     for (b, t) in [(0, 3), (1, 0)] {
         let q = Tensor::zeros(&[b, 2, t, 4], pool)?.with_requires_grad();
         let k = Tensor::zeros(&[b, 2, 3, 4], pool)?.with_requires_grad();
@@ -426,15 +505,37 @@ fn bad_arguments_are_errors(pool: &Pool) -> TestResult {
     let x = x4(pool)?;
     let w = Tensor::ones(&[3, 2, 3, 3], pool)?;
     let conv = |s, p, d, g, w: &Tensor, b: Option<&Tensor>| x.conv2d(w, b, s, p, d, g);
-    assert!(conv([0, 1], [0, 0], [1, 1], 1, &w, None).is_err(), "stride 0");
-    assert!(conv([1, 1], [0, 0], [0, 1], 1, &w, None).is_err(), "dilation 0");
+    assert!(
+        conv([0, 1], [0, 0], [1, 1], 1, &w, None).is_err(),
+        "stride 0"
+    );
+    assert!(
+        conv([1, 1], [0, 0], [0, 1], 1, &w, None).is_err(),
+        "dilation 0"
+    );
     assert!(conv([1, 1], [0, 0], [1, 1], 2, &w, None).is_err(), "groups");
-    assert!(conv([1, 1], [0, 0], [3, 3], 1, &w, None).is_err(), "kernel too large");
+    assert!(
+        conv([1, 1], [0, 0], [3, 3], 1, &w, None).is_err(),
+        "kernel too large"
+    );
     let b = Tensor::ones(&[2], pool)?;
-    assert!(conv([1, 1], [0, 0], [1, 1], 1, &w, Some(&b)).is_err(), "bias shape");
-    assert!(x.reshape(&[2, 50])?.conv2d(&w, None, [1, 1], [0, 0], [1, 1], 1).is_err());
-    assert!(x.max_pool2d([2, 2], [1, 1], [2, 0]).is_err(), "padding over half the kernel");
-    assert!(x.avg_pool2d([0, 2], [1, 1], [0, 0]).is_err(), "empty kernel");
+    assert!(
+        conv([1, 1], [0, 0], [1, 1], 1, &w, Some(&b)).is_err(),
+        "bias shape"
+    );
+    assert!(
+        x.reshape(&[2, 50])?
+            .conv2d(&w, None, [1, 1], [0, 0], [1, 1], 1)
+            .is_err()
+    );
+    assert!(
+        x.max_pool2d([2, 2], [1, 1], [2, 0]).is_err(),
+        "padding over half the kernel"
+    );
+    assert!(
+        x.avg_pool2d([0, 2], [1, 1], [0, 0]).is_err(),
+        "empty kernel"
+    );
     assert!(x.max_pool2d([2, 2], [0, 1], [0, 0]).is_err(), "stride 0");
     assert!(matches!(
         x.layer_norm(0, None, None, 1e-5),
@@ -444,13 +545,26 @@ fn bad_arguments_are_errors(pool: &Pool) -> TestResult {
     assert!(x.layer_norm(1, None, None, -1.0).is_err(), "negative eps");
     assert!(x.layer_norm(1, None, None, f32::NAN).is_err(), "NaN eps");
     let w5 = Tensor::ones(&[5], pool)?;
-    assert!(x.layer_norm(2, Some(&w5), None, 1e-5).is_err(), "weight shape");
+    assert!(
+        x.layer_norm(2, Some(&w5), None, 1e-5).is_err(),
+        "weight shape"
+    );
     let (m2, m3) = (Tensor::zeros(&[2], pool)?, Tensor::zeros(&[3], pool)?);
     assert!(x.batch_norm(&m3, &m2, None, None, true, 0.1, 1e-5).is_err());
-    assert!(x.batch_norm(&m2, &m2, Some(&m3), None, true, 0.1, 1e-5).is_err());
-    assert!(x.batch_norm(&m2, &m2, None, None, true, f32::NAN, 1e-5).is_err());
+    assert!(
+        x.batch_norm(&m2, &m2, Some(&m3), None, true, 0.1, 1e-5)
+            .is_err()
+    );
+    assert!(
+        x.batch_norm(&m2, &m2, None, None, true, f32::NAN, 1e-5)
+            .is_err()
+    );
     let one = Tensor::zeros(&[1, 2], pool)?;
-    assert!(one.batch_norm(&m2, &m2, None, None, true, 0.1, 1e-5).is_err(), "one value");
+    assert!(
+        one.batch_norm(&m2, &m2, None, None, true, 0.1, 1e-5)
+            .is_err(),
+        "one value"
+    );
     let q = Tensor::zeros(&[1, 2, 3, 4], pool)?;
     let k = Tensor::zeros(&[1, 2, 5, 3], pool)?;
     let sdpa = Tensor::scaled_dot_product_attention;
@@ -459,8 +573,14 @@ fn bad_arguments_are_errors(pool: &Pool) -> TestResult {
         Err(TensorError::ShapeMismatch { .. })
     ));
     let bad_mask = Tensor::zeros(&[2, 3], pool)?;
-    assert!(sdpa(&q, &q, &q, false, Some(&bad_mask), None).is_err(), "mask shape");
-    assert!(sdpa(&q, &q, &q, false, None, Some(f32::INFINITY)).is_err(), "scale");
+    assert!(
+        sdpa(&q, &q, &q, false, Some(&bad_mask), None).is_err(),
+        "mask shape"
+    );
+    assert!(
+        sdpa(&q, &q, &q, false, None, Some(f32::INFINITY)).is_err(),
+        "scale"
+    );
     // Another device is a DeviceMismatch value.
     let other = match pool.device() {
         Device::Cpu => MemoryPool::new(Device::Sim(3), None)?,
@@ -495,13 +615,25 @@ fn workspace_is_reserved_before_anything(pool: &Pool) -> TestResult {
     for (slack, ok) in [(0, false), (ws_bytes, true)] {
         let small = MemoryPool::new(device, Some(io_bytes + lse_bytes + slack))?;
         let q = Tensor::randn(&shape, 1, &small)?;
-        let (k, v) = (Tensor::randn(&shape, 2, &small)?, Tensor::randn(&shape, 3, &small)?);
+        let (k, v) = (
+            Tensor::randn(&shape, 2, &small)?,
+            Tensor::randn(&shape, 3, &small)?,
+        );
         let before = small.in_use();
         let out = Tensor::scaled_dot_product_attention(&q, &k, &v, false, None, None);
         match (ok, out) {
             (true, Ok(_)) => {}
-            (false, Err(TensorError::OutOfMemory { requested, in_use, .. })) => {
-                assert_eq!((requested, in_use), (ws_bytes, before), "the workspace first");
+            (
+                false,
+                Err(TensorError::OutOfMemory {
+                    requested, in_use, ..
+                }),
+            ) => {
+                assert_eq!(
+                    (requested, in_use),
+                    (ws_bytes, before),
+                    "the workspace first"
+                );
                 assert_eq!(small.in_use(), before, "nothing kept");
                 assert_eq!(small.peak(), before, "nothing reserved past it");
             }
@@ -523,7 +655,10 @@ fn workspace_is_reserved_before_anything(pool: &Pool) -> TestResult {
             (false, Err(TensorError::OutOfMemory { requested, .. })) => {
                 // The workspace fits the limit but not with the output: refused at the output,
                 // after the workspace was reserved and before it was allocated.
-                assert!(requested == 4 * 2 * 4 * 64 || requested == ws_bytes, "{requested}");
+                assert!(
+                    requested == 4 * 2 * 4 * 64 || requested == ws_bytes,
+                    "{requested}"
+                );
                 assert_eq!(small.in_use(), before);
             }
             (ok, other) => panic!("conv2d with room {ok}: {other:?}"),

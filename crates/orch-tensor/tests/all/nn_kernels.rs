@@ -2,7 +2,8 @@
 //! loops: forward values, and every gradient against central finite differences of the
 //! reference (a loss `sum(out * g)` with random `g`), over tables of cases covering each
 //! argument that changes the maths; zero-size inputs; every bad argument an error value.
-//! CPU only: these kernels are not wired into `Tensor` yet.
+//! CPU only, on slices; the Tensor ops over them are tested in layers.rs (which reuses the
+//! references here).
 
 use crate::common::gradcheck::values;
 use orch_tensor::nn_kernels::*;
@@ -60,7 +61,12 @@ pub(crate) struct ConvCase {
     pub(crate) bias: bool,
 }
 
-pub(crate) fn conv_ref(c: &ConvCase, x: &[f64], w: &[f64], b: Option<&[f64]>) -> (Vec<f64>, [usize; 2]) {
+pub(crate) fn conv_ref(
+    c: &ConvCase,
+    x: &[f64],
+    w: &[f64],
+    b: Option<&[f64]>,
+) -> (Vec<f64>, [usize; 2]) {
     let [n, ch, h, wd] = c.x;
     let cg = ch / c.groups;
     let og = c.o / c.groups;
@@ -1069,7 +1075,13 @@ pub(crate) struct AttnCase {
 }
 
 /// Softmax attention in f64; a row that sees no key outputs zeros.
-pub(crate) fn attention_ref(c: &AttnCase, q: &[f64], k: &[f64], v: &[f64], mask: Option<&[f64]>) -> Vec<f64> {
+pub(crate) fn attention_ref(
+    c: &AttnCase,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    mask: Option<&[f64]>,
+) -> Vec<f64> {
     let scale = c.scale.map_or(1.0 / (c.d as f64).sqrt(), |s| s as f64);
     let mshape = c.mask.as_ref().map(|m| m.1.clone()).unwrap_or_default();
     let mask_at = |b: usize, h: usize, i: usize, j: usize| {
