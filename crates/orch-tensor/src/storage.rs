@@ -14,6 +14,8 @@ use crate::ops::{BinaryOp, DropoutMask, IndexOp, ReduceOp, UnaryOp, UpdateOp};
 use std::ops::Range;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+pub(crate) mod nn;
+
 pub(crate) enum Storage {
     Cpu(CpuStorage),
     Cuda(CudaStorage),
@@ -56,6 +58,48 @@ pub(crate) fn alloc(
         storage: RwLock::new(storage),
         reservation,
     }))
+}
+
+/// [`alloc`] for ops with several outputs: checks and reserves every shape's floats (all or
+/// none), then runs `make`, which gives one storage per shape, in order.
+pub(crate) fn alloc_many(
+    pool: &Arc<MemoryPool>,
+    op: &'static str,
+    shapes: &[&[usize]],
+    make: impl FnOnce() -> Result<Vec<Storage>>,
+) -> Result<Vec<Arc<Buffer>>> {
+    let mut reservations = Vec::with_capacity(shapes.len());
+    for shape in shapes {
+        let numel = layout::checked_numel(op, shape)?;
+        reservations.push(pool.reserve((numel * std::mem::size_of::<f32>()) as u64)?);
+    }
+    let storages = make()?;
+    if storages.len() != shapes.len() {
+        return Err(TensorError::Internal {
+            op,
+            reason: format!(
+                "{} outputs made for {} shapes",
+                storages.len(),
+                shapes.len()
+            ),
+        });
+    }
+    Ok(storages
+        .into_iter()
+        .zip(reservations)
+        .map(|(storage, reservation)| {
+            Arc::new(Buffer {
+                storage: RwLock::new(storage),
+                reservation,
+            })
+        })
+        .collect())
+}
+
+/// Reserves a kernel's workspace of `elems` f32 (see the specs' `workspace_elems`) before it
+/// is allocated; the bytes go back when the returned reservation is dropped, after the kernel.
+pub(crate) fn reserve_workspace(pool: &Arc<MemoryPool>, elems: usize) -> Result<Reservation> {
+    pool.reserve((elems as u64).saturating_mul(std::mem::size_of::<f32>() as u64))
 }
 
 /// Runs `f` with both storages read-locked (once when they are the same buffer).

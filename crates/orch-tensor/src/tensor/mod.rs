@@ -3,6 +3,7 @@
 
 mod dropout;
 mod elementwise;
+mod layers;
 mod lookup;
 mod matmul;
 mod nn;

@@ -254,7 +254,53 @@ fn new_ops_on_empty_shapes(pool: &Pool) -> TestResult {
     Ok(())
 }
 
+/// The layer ops (tests/all/layers.rs has their zero-size batches): empty channels, planes,
+/// rows and key sequences give empty results or, where nothing has a value, errors. Host
+/// devices only: these ops have no CUDA kernels yet (an error value there, tested in layers.rs).
+fn layer_ops_on_empty_shapes(pool: &Pool) -> TestResult {
+    if !pool.device().is_host() {
+        return Ok(());
+    }
+    let x = Tensor::zeros(&[2, 0, 4, 4], pool)?;
+    let w = Tensor::zeros(&[3, 0, 3, 3], pool)?;
+    assert!(
+        x.conv2d(&w, None, [1, 1], [0, 0], [1, 1], 1).is_err(),
+        "no input channels"
+    );
+    assert_eq!(x.max_pool2d([2, 2], [2, 2], [0, 0])?.shape(), &[2, 0, 2, 2]);
+    let flat = Tensor::zeros(&[2, 3, 0, 4], pool)?;
+    assert!(
+        flat.avg_pool2d([1, 1], [1, 1], [0, 0]).is_err(),
+        "empty planes"
+    );
+    let cols = Tensor::zeros(&[3, 0], pool)?.with_requires_grad();
+    let y = cols.layer_norm(1, None, None, 1e-5)?;
+    assert_eq!(y.shape(), &[3, 0]);
+    y.sum_all()?.backward()?;
+    let none = Tensor::zeros(&[0], pool)?;
+    let y = x.batch_norm(&none, &none, None, None, true, 0.1, 1e-5)?;
+    assert_eq!(y.shape(), x.shape());
+    // No keys: every row sees nothing and is zero; no head dim: the scores are all 0.
+    let q = Tensor::ones(&[1, 1, 2, 3], pool)?.with_requires_grad();
+    let k = Tensor::zeros(&[1, 1, 0, 3], pool)?;
+    let y = Tensor::scaled_dot_product_attention(&q, &k, &k, false, None, None)?;
+    assert_eq!(y.to_vec()?, vec![0.0; 6]);
+    let kv = Tensor::zeros(&[1, 1, 0, 2], pool)?;
+    let y = Tensor::scaled_dot_product_attention(&q, &k, &kv, false, None, None)?;
+    assert_eq!(y.shape(), &[1, 1, 2, 2]);
+    assert_eq!(y.to_vec()?, vec![0.0; 4]);
+    y.sum_all()?.backward()?;
+    assert_eq!(q.grad().unwrap().to_vec()?, vec![0.0; 6]);
+    let q0 = Tensor::zeros(&[1, 1, 2, 0], pool)?;
+    let v = Tensor::ones(&[1, 1, 3, 2], pool)?;
+    let k0 = Tensor::zeros(&[1, 1, 3, 0], pool)?;
+    let y = Tensor::scaled_dot_product_attention(&q0, &k0, &v, false, None, None)?;
+    assert_eq!(y.to_vec()?, vec![1.0; 4]);
+    Ok(())
+}
+
 test_device!(
+    layer_ops_on_empty_shapes,
     new_ops_on_empty_shapes,
     creation,
     unary_and_scalar_ops,

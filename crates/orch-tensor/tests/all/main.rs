@@ -7,6 +7,7 @@ mod degenerate;
 mod errors;
 mod grads;
 mod grads_more;
+mod layers;
 mod new_ops;
 mod nn_kernels;
 mod ops;

@@ -2,7 +2,8 @@
 //! loops: forward values, and every gradient against central finite differences of the
 //! reference (a loss `sum(out * g)` with random `g`), over tables of cases covering each
 //! argument that changes the maths; zero-size inputs; every bad argument an error value.
-//! CPU only: these kernels are not wired into `Tensor` yet.
+//! CPU only, on slices; the Tensor ops over them are tested in layers.rs (which reuses the
+//! references here).
 
 use crate::common::gradcheck::values;
 use orch_tensor::nn_kernels::*;
@@ -49,18 +50,23 @@ fn fd_grads(f: &dyn Fn(&[Vec<f64>]) -> Vec<f64>, inputs: &[Vec<f64>], g: &[f64])
 // conv2d
 
 #[derive(Debug, Clone, Copy)]
-struct ConvCase {
-    x: [usize; 4],
-    o: usize,
-    k: [usize; 2],
-    stride: [usize; 2],
-    pad: [usize; 2],
-    dil: [usize; 2],
-    groups: usize,
-    bias: bool,
+pub(crate) struct ConvCase {
+    pub(crate) x: [usize; 4],
+    pub(crate) o: usize,
+    pub(crate) k: [usize; 2],
+    pub(crate) stride: [usize; 2],
+    pub(crate) pad: [usize; 2],
+    pub(crate) dil: [usize; 2],
+    pub(crate) groups: usize,
+    pub(crate) bias: bool,
 }
 
-fn conv_ref(c: &ConvCase, x: &[f64], w: &[f64], b: Option<&[f64]>) -> (Vec<f64>, [usize; 2]) {
+pub(crate) fn conv_ref(
+    c: &ConvCase,
+    x: &[f64],
+    w: &[f64],
+    b: Option<&[f64]>,
+) -> (Vec<f64>, [usize; 2]) {
     let [n, ch, h, wd] = c.x;
     let cg = ch / c.groups;
     let og = c.o / c.groups;
@@ -478,7 +484,7 @@ fn conv2d_bad_arguments_are_errors() {
 // ---------------------------------------------------------------------------------------------
 // pooling
 
-fn pool_ref(
+pub(crate) fn pool_ref(
     x: &[f64],
     shape: [usize; 4],
     k: [usize; 2],
@@ -618,7 +624,7 @@ fn pooling_bad_arguments_and_empty_batches() {
 // ---------------------------------------------------------------------------------------------
 // layer norm
 
-fn layer_norm_ref(
+pub(crate) fn layer_norm_ref(
     x: &[f64],
     cols: usize,
     w: Option<&[f64]>,
@@ -820,7 +826,7 @@ fn layer_norm_bad_arguments_and_empty_batches() {
 // batch norm
 
 /// Batch norm of `[N, C, S]` with the given (or the batch's) statistics: (y, mean, biased var).
-fn batch_norm_ref(
+pub(crate) fn batch_norm_ref(
     x: &[f64],
     [n, c, s]: [usize; 3],
     stats: Option<(&[f64], &[f64])>,
@@ -1056,20 +1062,26 @@ fn batch_norm_bad_arguments_and_empty_batches() {
 // attention
 
 #[derive(Debug, Clone)]
-struct AttnCase {
-    b: usize,
-    h: usize,
-    t: usize,
-    s: usize,
-    d: usize,
-    dv: usize,
-    causal: bool,
-    mask: Option<(MaskKind, Vec<usize>)>,
-    scale: Option<f32>,
+pub(crate) struct AttnCase {
+    pub(crate) b: usize,
+    pub(crate) h: usize,
+    pub(crate) t: usize,
+    pub(crate) s: usize,
+    pub(crate) d: usize,
+    pub(crate) dv: usize,
+    pub(crate) causal: bool,
+    pub(crate) mask: Option<(MaskKind, Vec<usize>)>,
+    pub(crate) scale: Option<f32>,
 }
 
 /// Softmax attention in f64; a row that sees no key outputs zeros.
-fn attention_ref(c: &AttnCase, q: &[f64], k: &[f64], v: &[f64], mask: Option<&[f64]>) -> Vec<f64> {
+pub(crate) fn attention_ref(
+    c: &AttnCase,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    mask: Option<&[f64]>,
+) -> Vec<f64> {
     let scale = c.scale.map_or(1.0 / (c.d as f64).sqrt(), |s| s as f64);
     let mshape = c.mask.as_ref().map(|m| m.1.clone()).unwrap_or_default();
     let mask_at = |b: usize, h: usize, i: usize, j: usize| {
