@@ -121,7 +121,7 @@ def _sdpa(t, causal=False, scale=None):
         t["q"],
         t["k"],
         t["v"],
-        attn_mask=None if mask is None else mask != 0,
+        attn_mask=mask,  # additive, as orch's
         is_causal=causal,
         scale=scale,
     )
@@ -371,12 +371,12 @@ def base_cases():
 
 
 def nn_cases():
-    """Cases of the nn ops being written; `--with-nn` adds them. Orch signatures (planned):
+    """Cases of the layer ops; `--with-nn` adds them (the checked-in table has them). Orch:
     x.conv2d(&w, Option<&b>, stride, padding, dilation, groups); x.max_pool2d(kernel, stride,
     padding), x.avg_pool2d(..) (count_include_pad); x.layer_norm(normalized_dims, Option<&w>,
     Option<&b>, eps); x.batch_norm(&running_mean, &running_var, Option<&w>, Option<&b>, training,
     momentum, eps) (outputs 1 and 2: the running stats after the call);
-    Tensor::scaled_dot_product_attention(&q, &k, &v, causal, mask (1 = may attend), scale)."""
+    Tensor::scaled_dot_product_attention(&q, &k, &v, causal, additive mask, scale)."""
     cases = []
     add = cases.append
 
@@ -426,7 +426,9 @@ def nn_cases():
         if masked:
             m = r.mask((4, 5))
             m[:, 0] = 1  # every query attends somewhere (else torch gives NaN)
-            inputs.append(inp("mask", m, False))
+            # Additive, as orch's: 0 where a query may attend, a large negative elsewhere (JSON
+            # holds no -inf; exp of it is 0 in f32 all the same).
+            inputs.append(inp("mask", np.where(m != 0, 0.0, -1e9), False))
         args = {"causal": causal}
         if scale is not None:
             args["scale"] = scale

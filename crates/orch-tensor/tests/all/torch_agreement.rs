@@ -20,24 +20,9 @@
 //! orch's value, torch-f32's and torch-f64's. An op in the table that this runner does not know
 //! fails too, so no case is skipped silently.
 //!
-//! **The nn ops being written.** `scripts/torch_reference.py --with-nn` adds cases for conv2d,
-//! max/avg pool2d, layer norm, batch norm and scaled-dot-product attention. When the ops land,
-//! regenerate with the flag and add their arms to [`forward`], with the planned signatures
-//! (and three `Env` helpers: `pair` for `[usize; 2]`, `opt` for an optional input, `opt_f32`):
-//!
-//! ```text
-//! "conv2d" => x.conv2d(e.t("w"), e.opt("b"), e.pair("stride"), e.pair("padding"), e.pair("dilation"), e.usize("groups"))?,
-//! "max_pool2d" => x.max_pool2d(e.pair("kernel"), e.pair("stride"), e.pair("padding"))?,
-//! "avg_pool2d" => x.avg_pool2d(e.pair("kernel"), e.pair("stride"), e.pair("padding"))?, // count_include_pad
-//! "layer_norm" => x.layer_norm(e.usize("normalized_dims"), e.opt("w"), e.opt("b"), e.f32("eps"))?,
-//! "batch_norm" => { // outputs 1 and 2: the running stats after the call (compared, not in the loss)
-//!     let (mean, var) = (e.t("running_mean"), e.t("running_var"));
-//!     let y = x.batch_norm(mean, var, e.opt("w"), e.opt("b"), e.bool("training"), e.f32("momentum"), e.f32("eps"))?;
-//!     return Ok(Some(vec![y, mean.clone(), var.clone()]));
-//! }
-//! "scaled_dot_product_attention" => Tensor::scaled_dot_product_attention(
-//!     e.t("q"), e.t("k"), e.t("v"), e.bool("causal"), e.opt("mask"), e.opt_f32("scale"))?, // mask: 1 = may attend
-//! ```
+//! The layer ops (conv2d, max/avg pool2d, layer norm, batch norm, scaled-dot-product attention)
+//! are in the table through `scripts/torch_reference.py --with-nn`, which the checked-in table
+//! was made with (its header says so, and `--check` keeps it).
 
 use crate::common::TestResult;
 use crate::test_device;
@@ -258,6 +243,23 @@ impl Env<'_> {
     fn opt_i64(&self, key: &str) -> Option<i64> {
         self.case.args[key].as_i64()
     }
+
+    fn opt_f32(&self, key: &str) -> Option<f32> {
+        self.case.args[key].as_f64().map(|v| v as f32)
+    }
+
+    /// An input the case may leave out (a bias, an affine weight, a mask).
+    fn opt(&self, name: &str) -> Option<&Tensor> {
+        let k = self.case.inputs.iter().position(|i| i.name == name)?;
+        Some(&self.tensors[k])
+    }
+
+    fn pair(&self, key: &str) -> [usize; 2] {
+        match shape(self.arg(key), key)[..] {
+            [a, b] => [a, b],
+            _ => panic!("case {}: {key} is not a pair", self.case.name),
+        }
+    }
 }
 
 /// orch's outputs for a case, `None` when this runner does not know its op.
@@ -296,6 +298,49 @@ fn forward(e: &Env) -> orch_tensor::Result<Option<Vec<Tensor>>> {
         "mean_all" => e.x().mean_all()?,
         "softmax" => e.x().softmax(e.isize("axis"))?,
         "log_softmax" => e.x().log_softmax(e.isize("axis"))?,
+        "conv2d" => e.x().conv2d(
+            e.t("w"),
+            e.opt("b"),
+            e.pair("stride"),
+            e.pair("padding"),
+            e.pair("dilation"),
+            e.usize("groups"),
+        )?,
+        "max_pool2d" => e
+            .x()
+            .max_pool2d(e.pair("kernel"), e.pair("stride"), e.pair("padding"))?,
+        // count_include_pad, as PyTorch's default.
+        "avg_pool2d" => e
+            .x()
+            .avg_pool2d(e.pair("kernel"), e.pair("stride"), e.pair("padding"))?,
+        "layer_norm" => e.x().layer_norm(
+            e.usize("normalized_dims"),
+            e.opt("w"),
+            e.opt("b"),
+            e.f32("eps"),
+        )?,
+        "batch_norm" => {
+            // Outputs 1 and 2: the running statistics after the call (compared, not in the loss).
+            let (mean, var) = (e.t("running_mean"), e.t("running_var"));
+            let y = e.x().batch_norm(
+                mean,
+                var,
+                e.opt("w"),
+                e.opt("b"),
+                e.bool("training"),
+                e.f32("momentum"),
+                e.f32("eps"),
+            )?;
+            return Ok(Some(vec![y, mean.clone(), var.clone()]));
+        }
+        "scaled_dot_product_attention" => Tensor::scaled_dot_product_attention(
+            e.t("q"),
+            e.t("k"),
+            e.t("v"),
+            e.bool("causal"),
+            e.opt("mask"),
+            e.opt_f32("scale"),
+        )?,
         "matmul" if e.bool("rhs_t") => e.t("a").matmul(&e.t("b").t()?)?,
         "matmul" => e.t("a").matmul(e.t("b"))?,
         "reshape" => e.x().reshape(&e.usizes("shape"))?,
