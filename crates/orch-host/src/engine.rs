@@ -3,8 +3,10 @@
 use crate::limits::Limits;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
-use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+use std::time::{Duration, Instant};
+use wasmtime::{
+    Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, UpdateDeadline,
+};
 
 /// How often the ticker advances the engine's epoch: the granularity of every deadline.
 pub(crate) const TICK: Duration = Duration::from_millis(5);
@@ -56,6 +58,72 @@ pub fn deadline_ticks(deadline: Duration) -> u64 {
     (deadline.as_nanos().div_ceil(TICK.as_nanos()) as u64).max(2)
 }
 
+/// A call's deadline counts the time the plugin ran, not the time it waited for a core.
+///
+/// The epoch ticker measures wall-clock time. On a loaded machine (fifty `orch run`s starting at
+/// once on two cores, say) a plugin that needs 5 ms of work can wait 100 ms for a core, and a
+/// wall-clock deadline would stop it for the machine's load, not for anything it did. So when a
+/// call's epoch deadline comes, the store asks its clock ([`CallClock::at_deadline`]): the CPU
+/// time of the thread that runs the plugin (the call runs on the caller's thread) is compared with
+/// the budget, and the call goes on for what is left of it. A plugin that blocks without running
+/// (a WASI poll on a clock, say) is stopped by a wall-clock backstop, [`wall_backstop`].
+#[derive(Debug, Clone, Copy)]
+pub struct CallClock {
+    budget: Duration,
+    cpu_start: Duration,
+    wall_start: Instant,
+}
+
+impl CallClock {
+    /// A clock that starts now, for a call of `budget`.
+    pub fn start(budget: Duration) -> CallClock {
+        CallClock {
+            budget,
+            cpu_start: thread_cpu_time(),
+            wall_start: Instant::now(),
+        }
+    }
+
+    /// What the store does at an epoch deadline: the rest of the budget, in ticks, or the trap.
+    pub fn at_deadline(&self) -> UpdateDeadline {
+        let ran = thread_cpu_time().saturating_sub(self.cpu_start);
+        match extension(self.budget, ran, self.wall_start.elapsed()) {
+            Some(ticks) => UpdateDeadline::Continue(ticks),
+            None => UpdateDeadline::Interrupt,
+        }
+    }
+}
+
+/// The wall-clock time after which a call of `budget` is stopped whatever it ran: twenty times
+/// the budget and a second more (3.0 s for the default 100 ms).
+pub fn wall_backstop(budget: Duration) -> Duration {
+    budget.saturating_mul(20).saturating_add(Duration::from_secs(1))
+}
+
+/// Ticks more for a call of `budget` that has run `ran` over `wall`, or `None`: stop it.
+fn extension(budget: Duration, ran: Duration, wall: Duration) -> Option<u64> {
+    if ran >= budget || wall >= wall_backstop(budget) {
+        return None;
+    }
+    let left = (budget - ran).min(wall_backstop(budget) - wall);
+    Some((left.as_nanos().div_ceil(TICK.as_nanos()) as u64).max(1))
+}
+
+/// CPU time this thread has used (`CLOCK_THREAD_CPUTIME_ID`); zero where it cannot be read,
+/// which leaves the wall-clock backstop as the deadline.
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the call writes nothing else.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec.max(0) as u64, ts.tv_nsec.clamp(0, 999_999_999) as u32)
+}
+
 /// A thread that advances the engine's epoch every [`TICK`] until dropped.
 #[derive(Debug)]
 pub struct Ticker {
@@ -95,5 +163,46 @@ mod tests {
         assert_eq!(deadline_ticks(Duration::from_millis(100)), 20);
         assert_eq!(deadline_ticks(Duration::from_millis(101)), 21);
         assert_eq!(deadline_ticks(Duration::from_millis(1)), 2);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn a_call_waiting_for_a_core_gets_the_rest_of_its_budget() {
+        // 100 ms have passed on the wall, but the plugin ran 10 ms: 90 ms more, in ticks.
+        assert_eq!(extension(100 * MS, 10 * MS, 100 * MS), Some(18));
+        // A sliver left is still at least a tick.
+        assert_eq!(extension(100 * MS, 99 * MS + MS / 2, 100 * MS), Some(1));
+    }
+
+    #[test]
+    fn a_call_that_ran_its_budget_or_waited_past_the_backstop_stops() {
+        assert_eq!(extension(100 * MS, 100 * MS, 100 * MS), None);
+        assert_eq!(extension(100 * MS, 250 * MS, 260 * MS), None);
+        assert_eq!(wall_backstop(100 * MS), 3000 * MS);
+        assert_eq!(extension(100 * MS, 0 * MS, 3000 * MS), None);
+        // Near the backstop the extension is what is left of it.
+        assert_eq!(extension(100 * MS, 0 * MS, 2990 * MS), Some(2));
+    }
+
+    #[test]
+    fn the_thread_clock_counts_work_not_sleep() {
+        let start = thread_cpu_time();
+        std::thread::sleep(50 * MS);
+        let slept = thread_cpu_time() - start;
+        let start = thread_cpu_time();
+        let t = Instant::now();
+        let mut x = 0u64;
+        while t.elapsed() < 30 * MS {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        let worked = thread_cpu_time() - start;
+        assert!(slept < 20 * MS, "a sleep of 50 ms counted {slept:?}");
+        assert!(worked > slept, "30 ms of work counted {worked:?}, a sleep {slept:?}");
     }
 }

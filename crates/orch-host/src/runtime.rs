@@ -8,7 +8,7 @@
 
 use crate::cache::ComponentCache;
 use crate::contract::{self, Identity, WorldKind};
-use crate::engine::{Ticker, deadline_ticks, new_engine};
+use crate::engine::{CallClock, Ticker, deadline_ticks, new_engine};
 use crate::error::{PluginKind, PolicyError};
 use crate::failure::{self, CallFailure};
 use crate::limits::Limits;
@@ -304,6 +304,7 @@ impl<W: World> Host<W> {
         let ticks = deadline_ticks(limits.deadline);
         let mut warm = match slot.warm.take() {
             Some(mut warm) => {
+                warm.store.data_mut().clock = CallClock::start(limits.deadline);
                 warm.store.set_epoch_deadline(ticks);
                 warm.store.data().log.begin_call();
                 warm
@@ -400,6 +401,9 @@ fn instantiate<W: World>(
     let limits = &slot.limits;
     let mut store = Store::new(engine, PluginState::new(&slot.name, limits));
     store.limiter(|state| &mut state.limiter);
+    // The deadline is the plugin's running time: at each epoch deadline the clock says whether
+    // the call has budget left (a wait for a core does not count).
+    store.epoch_deadline_callback(|ctx| Ok(ctx.data().clock.at_deadline()));
     store.set_epoch_deadline(ticks);
     store.data().log.begin_call();
     match W::instantiate(&slot.pre, &mut store) {

@@ -9,6 +9,7 @@
 //! and JavaScript guests read it to start up): a plugin's answer depends on its arguments only,
 //! and a fresh instance given the same arguments gives the same answer.
 
+use crate::engine::CallClock;
 use crate::limits::Limits;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -33,6 +34,8 @@ pub struct PluginState {
     pub log: GuestLog,
     /// Set when the plugin called something the sandbox does not grant.
     pub denied: Option<&'static str>,
+    /// The current call's deadline, in the plugin's running time (see [`CallClock`]).
+    pub clock: CallClock,
 }
 
 impl std::fmt::Debug for PluginState {
@@ -58,6 +61,7 @@ impl PluginState {
             limiter: Limiter::new(limits),
             log,
             denied: None,
+            clock: CallClock::start(limits.deadline),
         }
     }
 }
