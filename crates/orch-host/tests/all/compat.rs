@@ -19,7 +19,7 @@ fn a_policy_built_for_0_1_0_loads_and_decides_like_its_0_2_0_twin() {
     let old = host.load(&fixture("compat_policy")).unwrap();
     let new = host.load(&builtin("first-fit")).unwrap();
     assert_eq!(host.version(old), Version::V0_1);
-    assert_eq!(host.version(new), Version::V0_2);
+    assert_eq!(host.version(new), Version::V0_3);
     for count in 1..=4 {
         let a = host.decide(old, &request(count), &lab(), &[]).unwrap();
         let b = host.decide(new, &request(count), &lab(), &[]).unwrap();
@@ -88,7 +88,7 @@ fn a_component_importing_what_orch_does_not_provide_is_refused_naming_both() {
     assert!(err.is_bad_input());
     let text = err.to_string();
     assert!(
-        text.starts_with("policy plugin `hostile_foreign_import.wasm` cannot be loaded: it implements orch:plugin/policy@0.2.0 but imports what orch does not provide"),
+        text.starts_with("policy plugin `hostile_foreign_import.wasm` cannot be loaded: it implements orch:plugin/policy@0.3.0 but imports what orch does not provide"),
         "{text}"
     );
     assert!(text.contains("fixture:spy/network"), "{text}");
@@ -105,7 +105,7 @@ fn a_future_contract_and_a_core_module_are_refused_in_one_sentence() {
         text.contains("a core WebAssembly module, not a component"),
         "{text}"
     );
-    assert!(text.contains("orch:plugin/policy@0.2.0"), "{text}");
+    assert!(text.contains("orch:plugin/policy@0.3.0"), "{text}");
     assert!(text.contains("componentize-py"), "{text}");
     assert!(!text.contains('\n'));
 }

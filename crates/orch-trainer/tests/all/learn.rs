@@ -71,7 +71,7 @@ fn a_component_of_another_world_is_refused_by_name() {
     assert!(err.is_bad_input());
     let text = err.to_string();
     assert!(
-        text.contains("`least_loaded` is not a trainer component: it implements orch:plugin/policy@0.2.0, and orch expected orch:plugin/trainer@0.2.0 (or 0.1.0)"),
+        text.contains("`least_loaded` is not a trainer component: it implements orch:plugin/policy@0.3.0, and orch expected orch:plugin/trainer@0.3.0 (or 0.2.0, 0.1.0)"),
         "{text}"
     );
     let unknown = job_named(dir.path(), "nope");
