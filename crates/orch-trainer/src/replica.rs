@@ -350,19 +350,20 @@ impl Replica<'_> {
         if self.shared.replicas < 2 {
             return Ok(());
         }
-        let mine = if self.rank == 0 {
-            let values: Result<NamedValues, TensorError> = state
-                .params
-                .iter()
-                .chain(&state.buffers)
-                .map(|(n, p)| Ok((n.clone(), p.shape().to_vec(), p.to_vec()?)))
-                .collect();
-            Some(values.map_err(|e| {
-                TrainError::Setup(format!("reading replica 0's parameters: {e}"))
-            })?)
-        } else {
-            None
-        };
+        let mine =
+            if self.rank == 0 {
+                let values: Result<NamedValues, TensorError> = state
+                    .params
+                    .iter()
+                    .chain(&state.buffers)
+                    .map(|(n, p)| Ok((n.clone(), p.shape().to_vec(), p.to_vec()?)))
+                    .collect();
+                Some(values.map_err(|e| {
+                    TrainError::Setup(format!("reading replica 0's parameters: {e}"))
+                })?)
+            } else {
+                None
+            };
         let plugin = &self.plan.plugin;
         let stopped = |reason: String| TrainError::Stopped {
             plugin: plugin.clone(),

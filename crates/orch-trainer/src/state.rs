@@ -30,7 +30,11 @@ pub(crate) fn snapshot(state: &ReplicaState) -> Result<Snapshot, TensorError> {
     let params = named(&state.params)?;
     let buffers = named(&state.buffers)?;
     let mut optimizers = Vec::new();
-    for opt in state.optimizers.iter().flat_map(|o| o.iter().flat_map(|o| &o.groups)) {
+    for opt in state
+        .optimizers
+        .iter()
+        .flat_map(|o| o.iter().flat_map(|o| &o.groups))
+    {
         let (kind, lr, per_param) = match &opt.kind {
             OptKind::Sgd(sgd) => {
                 let states = sgd

@@ -141,10 +141,11 @@ impl AnyTrainer {
             AnyTrainer::V0_3(t) => t
                 .orch_plugin_training()
                 .call_init_replica(store, config, info),
-            AnyTrainer::V0_2(t) => {
-                t.orch_plugin_training()
-                    .call_init_replica(store, config, same_record!(info => v0_2_training::RunInfo))
-            }
+            AnyTrainer::V0_2(t) => t.orch_plugin_training().call_init_replica(
+                store,
+                config,
+                same_record!(info => v0_2_training::RunInfo),
+            ),
             AnyTrainer::V0_1(t) => {
                 t.call_init(store, config, same_record!(info => v0_1::trainer::RunInfo))
             }

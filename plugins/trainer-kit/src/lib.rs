@@ -35,11 +35,11 @@ pub mod bindings {
 
 pub mod ops;
 
+pub use bindings::export_trainer;
 pub use bindings::exports::orch::plugin::inference::Guest as InferenceGuest;
 pub use bindings::exports::orch::plugin::training::{
     EvalReport, Guest, RunInfo, StepInfo, StepReport,
 };
-pub use bindings::export_trainer;
 pub use bindings::orch::plugin::optim::{
     AdamConfig, Optimizer, OptimizerConfig, ParamGroup, SgdConfig,
 };
@@ -70,7 +70,11 @@ pub fn describe(e: &TensorError) -> String {
 /// Two parameter groups as nanoGPT makes them: the parameters of rank 2 or more (matrices,
 /// embeddings) decayed by `weight_decay`, the others (biases, norms' gains) not; both at `lr`.
 /// `params` are `(name, tensor)` as registered. An empty group is left out.
-pub fn decay_matrices_only(params: &[(String, &Tensor)], lr: f32, weight_decay: f32) -> Vec<ParamGroup> {
+pub fn decay_matrices_only(
+    params: &[(String, &Tensor)],
+    lr: f32,
+    weight_decay: f32,
+) -> Vec<ParamGroup> {
     let (matrices, others): (Vec<_>, Vec<_>) =
         params.iter().partition(|(_, t)| t.shape().len() >= 2);
     let names = |list: Vec<&(String, &Tensor)>| list.into_iter().map(|(n, _)| n.clone()).collect();

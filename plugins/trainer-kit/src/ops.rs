@@ -3,7 +3,9 @@
 //! PyTorch function each matches). Sizes past `u32` and axes past `s32` are `bad-argument`
 //! values made here.
 
-use crate::bindings::orch::plugin::tensors::{self as t, BinaryOp, ReduceOp, Tensor, TensorError, UnaryOp};
+use crate::bindings::orch::plugin::tensors::{
+    self as t, BinaryOp, ReduceOp, Tensor, TensorError, UnaryOp,
+};
 use std::ops::Range;
 
 type Result<T> = std::result::Result<T, TensorError>;
@@ -123,7 +125,6 @@ pub fn masked_fill(x: &Tensor, mask: &Tensor, value: f32) -> Result<Tensor> {
     t::masked_fill(x, mask, value)
 }
 
-
 /// Joins `tensors` along `axis` (PyTorch's `torch.cat`).
 pub fn cat(tensors: &[&Tensor], axis_: isize) -> Result<Tensor> {
     t::concat(tensors, axis(axis_)?)
@@ -195,7 +196,11 @@ pub fn dropout(x: &Tensor, p: f32) -> Result<Tensor> {
 }
 
 /// Mean cross-entropy of `logits` `[.., C]` against `labels` `[..]`, skipping `ignore_index`.
-pub fn cross_entropy(logits: &Tensor, labels: &Tensor, ignore_index: Option<i64>) -> Result<Tensor> {
+pub fn cross_entropy(
+    logits: &Tensor,
+    labels: &Tensor,
+    ignore_index: Option<i64>,
+) -> Result<Tensor> {
     t::cross_entropy_with(logits, labels, ignore_index)
 }
 

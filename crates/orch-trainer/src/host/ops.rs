@@ -13,9 +13,7 @@ pub(crate) const MAX_PIECES: usize = 1024;
 /// A list of `len` tensors or sizes for `op`, within [`MAX_PIECES`].
 pub(crate) fn check_list_len(op: &str, len: usize) -> Result<(), Fail> {
     if len == 0 || len > MAX_PIECES {
-        return Err(bad(format!(
-            "{op}: {len} pieces; give 1 to {MAX_PIECES}"
-        )));
+        return Err(bad(format!("{op}: {len} pieces; give 1 to {MAX_PIECES}")));
     }
     Ok(())
 }

@@ -451,11 +451,7 @@ mod tests {
             buffers,
         };
         let shares = vec![
-            share(
-                0.5,
-                vec![Some(vec![1.0, 2.0]), None],
-                Some(vec![vec![7.0]]),
-            ),
+            share(0.5, vec![Some(vec![1.0, 2.0]), None], Some(vec![vec![7.0]])),
             share(0.25, vec![Some(vec![4.0, 4.0]), Some(vec![8.0])], None),
             share(0.25, vec![Some(vec![0.0, 4.0]), None], None),
         ];

@@ -379,7 +379,12 @@ fn half_square_backward(s: &mut ReplicaState, params: &[&Handle]) {
             Some(t) => value(s.binary(BinaryOp::Add, borrow(&t), borrow(&sum))),
         });
     }
-    let loss = value(Tensors::scalar(s, BinaryOp::Mul, borrow(&total.unwrap()), 0.5));
+    let loss = value(Tensors::scalar(
+        s,
+        BinaryOp::Mul,
+        borrow(&total.unwrap()),
+        0.5,
+    ));
     value(s.backward(borrow(&loss)));
 }
 
@@ -410,7 +415,10 @@ fn step_clipped_returns_the_global_norm_and_scales_as_clip_grad_norm() {
     let norm = value(s.step_clipped(Resource::new_borrow(opt.rep()), 100.0));
     assert!((norm - 2.5).abs() < 1e-5, "{norm}");
     let after = values(&mut s, &a);
-    assert!((after[0] - (before[0] - before[0])).abs() < 1e-6, "{after:?}");
+    assert!(
+        (after[0] - (before[0] - before[0])).abs() < 1e-6,
+        "{after:?}"
+    );
     assert!(matches!(
         error(s.step_clipped(Resource::new_borrow(opt.rep()), -1.0)),
         WitError::BadArgument(_)
@@ -454,7 +462,10 @@ fn parameter_groups_have_their_own_learning_rates() {
     value(s.set_group_lr(this(), 1, 0.0));
     assert_eq!(value(s.group_lr(this(), 1)), 0.0);
     assert_eq!(value(s.group_lr(this(), 0)), 0.5);
-    assert!(matches!(error(s.group_lr(this(), 2)), WitError::BadArgument(_)));
+    assert!(matches!(
+        error(s.group_lr(this(), 2)),
+        WitError::BadArgument(_)
+    ));
     value(s.set_lr(this(), 0.125));
     assert_eq!(value(s.group_lr(this(), 1)), 0.125);
 }
@@ -506,14 +517,23 @@ fn bad_arguments_of_the_new_ops_are_values() {
         ("slice", error(s.slice(borrow(&x), 0, 0, 2, 0))),
         ("clamp", error(s.clamp(borrow(&x), 1.0, -1.0))),
         ("dropout", error(s.dropout(borrow(&x), 1.5))),
-        ("embedding", error(s.embedding(borrow(&table), borrow(&out_of_table)))),
+        (
+            "embedding",
+            error(s.embedding(borrow(&table), borrow(&out_of_table))),
+        ),
         ("gather", error(s.gather(borrow(&x), 1, borrow(&far)))),
         ("pad", error(s.pad(borrow(&x), vec![(1, 1)], 0.0))),
         ("concat", error(s.concat(vec![borrow(&x), borrow(&v)], 0))),
         ("concat-empty", error(s.concat(vec![], 0))),
         ("split", error(s.split(borrow(&x), vec![1, 2], 0))),
-        ("expand", error(s.expand(borrow(&one), vec![1 << 30, 1 << 30, 1 << 30]))),
-        ("ignore", error(s.cross_entropy_with(borrow(&x), borrow(&v), None))),
+        (
+            "expand",
+            error(s.expand(borrow(&one), vec![1 << 30, 1 << 30, 1 << 30])),
+        ),
+        (
+            "ignore",
+            error(s.cross_entropy_with(borrow(&x), borrow(&v), None)),
+        ),
     ];
     for (what, e) in cases {
         let text = format!("{e:?}");

@@ -57,7 +57,10 @@ fn bad_arguments_to_the_new_ops_are_values_and_the_job_ends_with_a_sentence() {
     else {
         panic!("a failed step, got {err}");
     };
-    assert!(message.starts_with("bad-args refused 17 calls"), "{message}");
+    assert!(
+        message.starts_with("bad-args refused 17 calls"),
+        "{message}"
+    );
     assert!(!message.contains("ACCEPTED"), "{message}");
     for expected in [
         "slice step 0: TensorError::BadArgument(",
@@ -108,12 +111,19 @@ fn dropout_on_two_replicas_matches_one_replica() {
         orch_trainer::checkpoint::Checkpoint::load(&spec(&two).out.join("checkpoint")).unwrap();
     assert_eq!(checkpoint.buffers.len(), 1);
     assert_eq!(
-        (checkpoint.buffers[0].name.as_str(), checkpoint.buffers[0].data.as_slice()),
+        (
+            checkpoint.buffers[0].name.as_str(),
+            checkpoint.buffers[0].data.as_slice()
+        ),
         ("steps", [6.0].as_slice())
     );
     // Clipping at 100 reported the norm of every step.
     let norms = step_scalars(&one);
-    assert!(norms.iter().all(|s| s.get("grad_norm").is_some_and(|n| *n > 0.0)));
+    assert!(
+        norms
+            .iter()
+            .all(|s| s.get("grad_norm").is_some_and(|n| *n > 0.0))
+    );
 }
 
 #[test]
@@ -147,10 +157,18 @@ fn a_parameter_group_with_lr_0_is_left_as_initialised() {
         ..options()
     };
     let dir = tempfile::tempdir().unwrap();
-    let job = fixture_job(dir.path(), "dropout", "p = \"0\"\nlr1 = \"0.1\"\nlr2 = \"0\"");
+    let job = fixture_job(
+        dir.path(),
+        "dropout",
+        "p = \"0\"\nlr1 = \"0.1\"\nlr2 = \"0\"",
+    );
     run(&job, &cpu(), &stop).unwrap();
     let moved_dir = tempfile::tempdir().unwrap();
-    let moved = fixture_job(moved_dir.path(), "dropout", "p = \"0\"\nlr1 = \"0.1\"\nlr2 = \"0.1\"");
+    let moved = fixture_job(
+        moved_dir.path(),
+        "dropout",
+        "p = \"0\"\nlr1 = \"0.1\"\nlr2 = \"0.1\"",
+    );
     run(&moved, &cpu(), &stop).unwrap();
     let (frozen, trained) = (final_params(&job), final_params(&moved));
     let by_name = |list: &[orch_trainer::safetensors::NamedTensor], name: &str| {
@@ -176,7 +194,11 @@ fn clip_grad_norm_through_wasm_matches_the_hand_computation() {
     let p = &final_params(&job)[0];
     let coef = 1.5 / (3.0 + 1e-6);
     for (got, init) in p.data.iter().zip([1.0f64, 2.0, 2.0]) {
-        assert!((f64::from(*got) - (init - init * coef)).abs() < 1e-6, "{:?}", p.data);
+        assert!(
+            (f64::from(*got) - (init - init * coef)).abs() < 1e-6,
+            "{:?}",
+            p.data
+        );
     }
 }
 
@@ -212,17 +234,26 @@ fn predict_gives_the_mlp_logits_from_its_checkpoint() {
         assert!((f64::from(out.values[c]) - want).abs() < 1e-4, "class {c}");
     }
     // A trainer without `predict` is refused with a sentence.
-    let old = std::path::Path::new(orch_trainer::TRAINER_WASM_DIR).join("compat_trainer_mlp_0_2.wasm");
+    let old =
+        std::path::Path::new(orch_trainer::TRAINER_WASM_DIR).join("compat_trainer_mlp_0_2.wasm");
     let old_dir = tempfile::tempdir().unwrap();
     let old_job = super::common::job(
         old_dir.path(),
-        &format!("plugin = \"{}\"\nepochs = 1\nbatch_size = 64\n[train.config]\nhidden = \"16\"", old.display()),
+        &format!(
+            "plugin = \"{}\"\nepochs = 1\nbatch_size = 64\n[train.config]\nhidden = \"16\"",
+            old.display()
+        ),
     );
     let old_train = TrainJob {
         name: &old_job.name,
         spec: spec(&old_job),
         memory_limit: None,
     };
-    let err = orch_trainer::predict(&old_train, &cpu(), &options(), vec![0.0; 64], &[1, 64]).unwrap_err();
-    assert!(err.to_string().contains("predict is an export of contract 0.3.0"), "{err}");
+    let err =
+        orch_trainer::predict(&old_train, &cpu(), &options(), vec![0.0; 64], &[1, 64]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("predict is an export of contract 0.3.0"),
+        "{err}"
+    );
 }
