@@ -14,7 +14,7 @@ fn wasm(name: &str) -> Vec<u8> {
 }
 
 #[test]
-fn a_policy_built_for_0_1_0_loads_and_decides_like_its_0_2_0_twin() {
+fn a_policy_built_for_0_1_0_loads_and_decides_like_its_0_3_0_twin() {
     let mut host = host();
     let old = host.load(&fixture("compat_policy")).unwrap();
     let new = host.load(&builtin("first-fit")).unwrap();
