@@ -23,8 +23,10 @@ fn main() {
         "queue-kit",
         "queue",
         "queue-fixtures",
+        "trainer-kit",
         "trainer-mlp",
         "trainer-fixtures",
+        "compat",
     ] {
         println!("cargo:rerun-if-changed={}", plugins.join(watched).display());
     }

@@ -1,6 +1,6 @@
 //! Which world, and which version of the contract, a component implements, told by what it
-//! exports: a 0.2.0 plugin exports one instance (`orch:plugin/placement@0.2.0`,
-//! `…/queue-order@0.2.0`, `…/training@0.2.0`), a 0.1.0 plugin bare functions (`select`, `order`,
+//! exports: a 0.2.0 or 0.3.0 plugin exports one instance (`orch:plugin/placement@0.3.0`,
+//! `…/queue-order@0.3.0`, `…/training@0.3.0`), a 0.1.0 plugin bare functions (`select`, `order`,
 //! `init` with `train-step` and `eval-step`).
 //!
 //! Design decision: the exports decide, not the imports: a policy imports nothing of orch's but
@@ -38,6 +38,9 @@ impl WorldKind {
     /// What a plugin of this world exports, per version, for a message.
     pub fn exports(self, version: Version) -> &'static str {
         match (self, version) {
+            (WorldKind::Policy, Version::V0_3) => "the instance `orch:plugin/placement@0.3.0`",
+            (WorldKind::Queue, Version::V0_3) => "the instance `orch:plugin/queue-order@0.3.0`",
+            (WorldKind::Trainer, Version::V0_3) => "the instance `orch:plugin/training@0.3.0`",
             (WorldKind::Policy, Version::V0_2) => "the instance `orch:plugin/placement@0.2.0`",
             (WorldKind::Queue, Version::V0_2) => "the instance `orch:plugin/queue-order@0.2.0`",
             (WorldKind::Trainer, Version::V0_2) => "the instance `orch:plugin/training@0.2.0`",
@@ -49,9 +52,15 @@ impl WorldKind {
         }
     }
 
-    /// "orch:plugin/policy@0.2.0 (or 0.1.0)": what orch expects of a plugin of this world.
+    /// "orch:plugin/policy@0.3.0 (or 0.2.0, 0.1.0)": what orch expects of a plugin of this
+    /// world.
     pub fn expected(self) -> String {
-        format!("{} (or {})", self.id(Version::CURRENT), Version::V0_1)
+        format!(
+            "{} (or {}, {})",
+            self.id(Version::CURRENT),
+            Version::V0_2,
+            Version::V0_1
+        )
     }
 }
 
@@ -80,7 +89,7 @@ pub enum Identity {
     Other { exports: Vec<String> },
 }
 
-/// The names 0.2.0 exports, with the world each marks.
+/// The names 0.2.0 and 0.3.0 export, with the world each marks.
 const INTERFACES: [(&str, WorldKind); 3] = [
     ("placement", WorldKind::Policy),
     ("queue-order", WorldKind::Queue),
@@ -111,11 +120,11 @@ pub fn identify_exports(exports: &[(String, bool)]) -> Identity {
         let Some(&(_, world)) = INTERFACES.iter().find(|(i, _)| *i == interface) else {
             continue;
         };
-        if version == Version::V0_2.as_str() {
-            return Identity::Known(Found {
-                world,
-                version: Version::V0_2,
-            });
+        if let Some(version) = [Version::V0_2, Version::V0_3]
+            .into_iter()
+            .find(|v| v.as_str() == version)
+        {
+            return Identity::Known(Found { world, version });
         }
         return Identity::UnknownVersion {
             export: name.clone(),
@@ -222,9 +231,13 @@ mod tests {
             found(WorldKind::Trainer, Version::V0_1)
         );
         assert_eq!(
-            of(&[("orch:plugin/placement@0.3.0", false)]),
+            of(&[("orch:plugin/training@0.3.0", false)]),
+            found(WorldKind::Trainer, Version::V0_3)
+        );
+        assert_eq!(
+            of(&[("orch:plugin/placement@0.4.0", false)]),
             Identity::UnknownVersion {
-                export: "orch:plugin/placement@0.3.0".into()
+                export: "orch:plugin/placement@0.4.0".into()
             }
         );
         // An instance named `select` is not the 0.1.0 function.
@@ -236,16 +249,16 @@ mod tests {
         let queue = of(&[("orch:plugin/queue-order@0.2.0", false)]);
         assert_eq!(
             mismatch(&queue, WorldKind::Policy).unwrap(),
-            "it implements orch:plugin/queue@0.2.0, and orch expected orch:plugin/policy@0.2.0 (or 0.1.0)"
+            "it implements orch:plugin/queue@0.2.0, and orch expected orch:plugin/policy@0.3.0 (or 0.2.0, 0.1.0)"
         );
         assert_eq!(mismatch(&queue, WorldKind::Queue), None);
         let cli = of(&[("wasi:cli/run@0.2.0", false)]);
         let text = mismatch(&cli, WorldKind::Policy).unwrap();
         assert!(
-            text.starts_with("it exports `wasi:cli/run@0.2.0` (an instance), and orch expected orch:plugin/policy@0.2.0, which exports the instance `orch:plugin/placement@0.2.0` (0.1.0: the function `select`)"),
+            text.starts_with("it exports `wasi:cli/run@0.2.0` (an instance), and orch expected orch:plugin/policy@0.3.0, which exports the instance `orch:plugin/placement@0.3.0` (0.1.0: the function `select`)"),
             "{text}"
         );
-        let future = of(&[("orch:plugin/placement@0.3.0", false)]);
+        let future = of(&[("orch:plugin/placement@0.4.0", false)]);
         assert!(
             mismatch(&future, WorldKind::Policy)
                 .unwrap()

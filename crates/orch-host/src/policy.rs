@@ -10,7 +10,7 @@ use crate::sandbox::PluginState;
 use crate::types::{Decision, Device, Lease, Refusal, Request};
 use crate::validate::{check_decision, clean_text};
 pub use orch_core::PluginRef;
-use orch_wit::{Policy, PolicyPre, Version, v0_1};
+use orch_wit::{Policy, PolicyPre, Version, v0_1, v0_2};
 use std::path::PathBuf;
 use wasmtime::component::{Component, InstancePre, Linker};
 use wasmtime::{Engine, Store};
@@ -37,17 +37,19 @@ pub(crate) struct PolicyWorld;
 /// A policy's bindings, by the version of the contract it implements.
 pub(crate) enum AnyPolicyPre {
     V0_1(v0_1::policy::PolicyPre<PluginState>),
-    V0_2(PolicyPre<PluginState>),
+    V0_2(v0_2::policy::PolicyPre<PluginState>),
+    V0_3(PolicyPre<PluginState>),
 }
 
 /// A policy instance's exports, by version.
 pub(crate) enum AnyPolicy {
     V0_1(v0_1::policy::Policy),
-    V0_2(Policy),
+    V0_2(v0_2::policy::Policy),
+    V0_3(Policy),
 }
 
 impl AnyPolicy {
-    /// `placement.select-devices` (0.2.0) or `select` (0.1.0): the same call.
+    /// `placement.select-devices` (0.2.0, 0.3.0) or `select` (0.1.0): the same call.
     fn select(
         &self,
         store: &mut Store<PluginState>,
@@ -58,6 +60,9 @@ impl AnyPolicy {
         match self {
             AnyPolicy::V0_1(policy) => policy.call_select(store, request, candidates, leases),
             AnyPolicy::V0_2(policy) => policy
+                .orch_plugin_placement()
+                .call_select_devices(store, request, candidates, leases),
+            AnyPolicy::V0_3(policy) => policy
                 .orch_plugin_placement()
                 .call_select_devices(store, request, candidates, leases),
         }
@@ -74,7 +79,8 @@ impl World for PolicyWorld {
     fn pre(pre: InstancePre<PluginState>, version: Version) -> wasmtime::Result<AnyPolicyPre> {
         Ok(match version {
             Version::V0_1 => AnyPolicyPre::V0_1(v0_1::policy::PolicyPre::new(pre)?),
-            Version::V0_2 => AnyPolicyPre::V0_2(PolicyPre::new(pre)?),
+            Version::V0_2 => AnyPolicyPre::V0_2(v0_2::policy::PolicyPre::new(pre)?),
+            Version::V0_3 => AnyPolicyPre::V0_3(PolicyPre::new(pre)?),
         })
     }
 
@@ -85,6 +91,7 @@ impl World for PolicyWorld {
         Ok(match pre {
             AnyPolicyPre::V0_1(pre) => AnyPolicy::V0_1(pre.instantiate(store)?),
             AnyPolicyPre::V0_2(pre) => AnyPolicy::V0_2(pre.instantiate(store)?),
+            AnyPolicyPre::V0_3(pre) => AnyPolicy::V0_3(pre.instantiate(store)?),
         })
     }
 }

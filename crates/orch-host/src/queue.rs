@@ -15,7 +15,7 @@ use crate::validate::clean_text;
 use orch_core::PluginRef;
 use orch_queue::{Job, Machine, Ranked, Tenant, check_order, clean_reason_owned};
 use orch_wit::queue_types as wit;
-use orch_wit::{Queue, QueuePre, Version, v0_1};
+use orch_wit::{Queue, QueuePre, Version, v0_1, v0_2};
 use std::path::PathBuf;
 use wasmtime::Store;
 use wasmtime::component::InstancePre;
@@ -60,17 +60,19 @@ pub(crate) struct QueueWorld;
 /// A queue policy's bindings, by the version of the contract it implements.
 pub(crate) enum AnyQueuePre {
     V0_1(v0_1::queue::QueuePre<PluginState>),
-    V0_2(QueuePre<PluginState>),
+    V0_2(v0_2::queue::QueuePre<PluginState>),
+    V0_3(QueuePre<PluginState>),
 }
 
 /// A queue policy instance's exports, by version.
 pub(crate) enum AnyQueue {
     V0_1(v0_1::queue::Queue),
-    V0_2(Queue),
+    V0_2(v0_2::queue::Queue),
+    V0_3(Queue),
 }
 
 impl AnyQueue {
-    /// `queue-order.order-jobs` (0.2.0) or `order` (0.1.0): the same call.
+    /// `queue-order.order-jobs` (0.2.0, 0.3.0) or `order` (0.1.0): the same call.
     fn order(
         &self,
         store: &mut Store<PluginState>,
@@ -81,6 +83,9 @@ impl AnyQueue {
         match self {
             AnyQueue::V0_1(queue) => queue.call_order(store, jobs, tenants, machine),
             AnyQueue::V0_2(queue) => queue
+                .orch_plugin_queue_order()
+                .call_order_jobs(store, jobs, tenants, machine),
+            AnyQueue::V0_3(queue) => queue
                 .orch_plugin_queue_order()
                 .call_order_jobs(store, jobs, tenants, machine),
         }
@@ -97,7 +102,8 @@ impl World for QueueWorld {
     fn pre(pre: InstancePre<PluginState>, version: Version) -> wasmtime::Result<AnyQueuePre> {
         Ok(match version {
             Version::V0_1 => AnyQueuePre::V0_1(v0_1::queue::QueuePre::new(pre)?),
-            Version::V0_2 => AnyQueuePre::V0_2(QueuePre::new(pre)?),
+            Version::V0_2 => AnyQueuePre::V0_2(v0_2::queue::QueuePre::new(pre)?),
+            Version::V0_3 => AnyQueuePre::V0_3(QueuePre::new(pre)?),
         })
     }
 
@@ -108,6 +114,7 @@ impl World for QueueWorld {
         Ok(match pre {
             AnyQueuePre::V0_1(pre) => AnyQueue::V0_1(pre.instantiate(store)?),
             AnyQueuePre::V0_2(pre) => AnyQueue::V0_2(pre.instantiate(store)?),
+            AnyQueuePre::V0_3(pre) => AnyQueue::V0_3(pre.instantiate(store)?),
         })
     }
 }

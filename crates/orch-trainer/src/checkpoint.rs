@@ -1,4 +1,5 @@
-//! Checkpoints: `model.safetensors` (the parameters by name), `optimizer.safetensors` (the
+//! Checkpoints: `model.safetensors` (the parameters and buffers by name, as PyTorch's
+//! `state_dict` holds both; `state.json` lists which are buffers), `optimizer.safetensors` (the
 //! optimizers' state tensors) and `state.json` (step, data position, optimizer kinds, learning
 //! rates and step counts, and what the run was, to refuse a resume that cannot continue it).
 //!
@@ -24,7 +25,8 @@ pub struct ParamState {
     pub steps: Option<u32>,
 }
 
-/// An optimizer as a checkpoint holds it.
+/// An optimizer (or one parameter group of one: each group is an entry of its own, in order)
+/// as a checkpoint holds it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OptimizerState {
     /// `sgd` or `adam`.
@@ -40,6 +42,8 @@ pub struct OptimizerState {
 pub struct Checkpoint {
     pub meta: Meta,
     pub params: Vec<NamedTensor>,
+    /// Buffers (`params.register-buffer`): replica 0's values.
+    pub buffers: Vec<NamedTensor>,
     pub optimizers: Vec<OptimizerState>,
 }
 
@@ -61,6 +65,10 @@ pub struct Meta {
     pub train_samples: u64,
     pub replicas: u32,
     pub optimizers: Vec<OptimizerMeta>,
+    /// Which tensors of `model.safetensors` are buffers (absent in checkpoints made before
+    /// buffers existed: none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub buffers: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -172,6 +180,8 @@ impl Checkpoint {
             }
         }
         let mut meta = self.meta.clone();
+        meta.buffers = self.buffers.iter().map(|b| b.name.clone()).collect();
+        let model: Vec<NamedTensor> = self.params.iter().chain(&self.buffers).cloned().collect();
         meta.optimizers = self
             .optimizers
             .iter()
@@ -183,7 +193,7 @@ impl Checkpoint {
             })
             .collect();
         let files = [
-            ("model.safetensors", encode(&self.params, &step)),
+            ("model.safetensors", encode(&model, &step)),
             ("optimizer.safetensors", encode(&state_tensors, &step)),
             (
                 "state.json",
@@ -221,7 +231,9 @@ impl Checkpoint {
             }
             Ok(tensors)
         };
-        let params = read("model.safetensors")?;
+        let (buffers, params): (Vec<NamedTensor>, Vec<NamedTensor>) = read("model.safetensors")?
+            .into_iter()
+            .partition(|t| meta.buffers.contains(&t.name));
         let mut state_tensors: BTreeMap<String, Vec<f32>> = read("optimizer.safetensors")?
             .into_iter()
             .map(|t| (t.name, t.data))
@@ -257,6 +269,7 @@ impl Checkpoint {
         Ok(Checkpoint {
             meta,
             params,
+            buffers,
             optimizers,
         })
     }
@@ -311,11 +324,17 @@ mod tests {
                 train_samples: 100,
                 replicas: 2,
                 optimizers: Vec::new(),
+                buffers: Vec::new(),
             },
             params: vec![NamedTensor {
                 name: "w".into(),
                 shape: vec![2],
                 data: vec![1.0, 2.0],
+            }],
+            buffers: vec![NamedTensor {
+                name: "bn.running_mean".into(),
+                shape: vec![3],
+                data: vec![0.25, 0.5, 0.75],
             }],
             optimizers: vec![OptimizerState {
                 kind: "adam".into(),
@@ -330,6 +349,7 @@ mod tests {
         checkpoint.save(dir.path()).unwrap();
         let back = Checkpoint::load(&super::dir(dir.path())).unwrap();
         assert_eq!(back.params, checkpoint.params);
+        assert_eq!(back.buffers, checkpoint.buffers);
         assert_eq!(back.optimizers, checkpoint.optimizers);
         assert_eq!(
             (back.meta.step, back.meta.epoch, back.meta.batch),
@@ -365,12 +385,14 @@ mod tests {
                 train_samples: 1,
                 replicas: 1,
                 optimizers: Vec::new(),
+                buffers: Vec::new(),
             },
             params: vec![NamedTensor {
                 name: "w".into(),
                 shape: vec![1],
                 data: vec![step as f32],
             }],
+            buffers: Vec::new(),
             optimizers: Vec::new(),
         }
     }

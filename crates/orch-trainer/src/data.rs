@@ -6,7 +6,8 @@
 
 use crate::error::TrainError;
 use orch_core::job::{DataFormat, DataSpec};
-use orch_data::{CsvOptions, DataError, Dataset, EpochOrder, Split, load_csv, load_mnist, shard};
+pub(crate) use orch_data::shard;
+use orch_data::{CsvOptions, DataError, Dataset, EpochOrder, Split, load_csv, load_mnist};
 use std::ops::Range;
 use std::sync::Arc;
 

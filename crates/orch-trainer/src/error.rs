@@ -13,6 +13,8 @@ pub enum Stage {
     Step { step: u64, epoch: u32 },
     /// `eval-step` at the end of `epoch`.
     Eval { epoch: u32 },
+    /// `inference.predict`, outside a run.
+    Predict,
 }
 
 impl fmt::Display for Stage {
@@ -21,6 +23,7 @@ impl fmt::Display for Stage {
             Stage::Init => f.write_str("in init"),
             Stage::Step { step, epoch } => write!(f, "at step {} (epoch {})", step + 1, epoch + 1),
             Stage::Eval { epoch } => write!(f, "evaluating epoch {}", epoch + 1),
+            Stage::Predict => f.write_str("in predict"),
         }
     }
 }

@@ -29,6 +29,7 @@ mod data;
 mod error;
 mod host;
 mod plot;
+mod predict;
 mod progress;
 mod replica;
 pub mod report;
@@ -39,6 +40,7 @@ mod world;
 
 pub use builtin::{BUILTIN_TRAINERS, BuiltinTrainer, TRAINER_WASM_DIR, load_plugin};
 pub use error::{Stage, TrainError};
+pub use predict::{Prediction, predict};
 pub use progress::{ProgressEvent, ProgressSink};
 pub use run::{
     DEFAULT_MAX_GRAPH_NODES, GrantedDevice, Prepared, RunOptions, Summary, TrainJob, train,

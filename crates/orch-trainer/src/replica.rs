@@ -6,11 +6,11 @@
 //! checkpoints) goes to the coordinator over a channel.
 
 use crate::checkpoint::Checkpoint;
-use crate::data::{Schedule, eval_order, my_shard};
+use crate::data::{Schedule, eval_order, my_shard, shard};
 use crate::error::{Stage, TrainError};
 use crate::host::{BatchSlot, NamedValues, Phase, ReplicaState, Shared, panic_message};
 use crate::safetensors::NamedTensor;
-use crate::state::{assign_params, load, snapshot};
+use crate::state::{assign_named, assign_params, load, snapshot};
 use crate::world::{AnyTrainer, AnyTrainerPre};
 use orch_host::{CallFailure, Limits, PluginState, printable};
 use orch_tensor::TensorError;
@@ -191,7 +191,9 @@ impl Replica<'_> {
                 store.data_mut().phase = Phase::Train(BatchSlot {
                     indices: my_shard(global, replicas, self.rank).to_vec(),
                     global_rows: global.len(),
-                    tensors: None,
+                    offset: shard(global.len(), replicas, self.rank).start,
+                    step,
+                    ..BatchSlot::default()
                 });
                 let info = StepInfo {
                     step,
@@ -276,7 +278,8 @@ impl Replica<'_> {
             store.data_mut().phase = Phase::Eval(BatchSlot {
                 indices: mine.to_vec(),
                 global_rows: global.len(),
-                tensors: None,
+                step,
+                ..BatchSlot::default()
             });
             let info = StepInfo {
                 step,
@@ -330,18 +333,19 @@ impl Replica<'_> {
             path: "(snapshot)".into(),
             reason: e.to_string(),
         };
-        let (params, optimizers) = snapshot(state).map_err(failed)?;
+        let (params, buffers, optimizers) = snapshot(state).map_err(failed)?;
         let mut meta = self.meta_template.clone();
         (meta.step, meta.epoch, meta.batch) = (step, epoch, batch);
         self.send(Event::Snapshot(Box::new(Checkpoint {
             meta,
             params,
+            buffers,
             optimizers,
         })));
         Ok(())
     }
 
-    /// Makes every replica's parameters replica 0's.
+    /// Makes every replica's parameters and buffers replica 0's.
     fn broadcast(&self, state: &mut ReplicaState) -> Result<(), TrainError> {
         if self.shared.replicas < 2 {
             return Ok(());
@@ -351,6 +355,7 @@ impl Replica<'_> {
                 let values: Result<NamedValues, TensorError> = state
                     .params
                     .iter()
+                    .chain(&state.buffers)
                     .map(|(n, p)| Ok((n.clone(), p.shape().to_vec(), p.to_vec()?)))
                     .collect();
                 Some(values.map_err(|e| {
@@ -375,20 +380,22 @@ impl Replica<'_> {
             .as_ref()
             .as_ref()
             .ok_or_else(|| stopped("replica 0 sent nothing".into()))?;
-        let tensors: Vec<NamedTensor> = values
+        let (buffers, params): (Vec<NamedTensor>, Vec<NamedTensor>) = values
             .iter()
             .map(|(name, shape, data)| NamedTensor {
                 name: name.clone(),
                 shape: shape.clone(),
                 data: data.clone(),
             })
-            .collect();
-        assign_params(state, &tensors).map_err(|why| {
-            TrainError::Setup(format!(
-                "trainer `{plugin}`: replica {} registered other parameters than replica 0: {why}",
-                self.rank
-            ))
-        })
+            .partition(|t| state.buffers.iter().any(|(n, _)| *n == t.name));
+        assign_params(state, &params)
+            .and_then(|()| assign_named(&state.buffers, &buffers, "buffer"))
+            .map_err(|why| {
+                TrainError::Setup(format!(
+                    "trainer `{plugin}`: replica {} registered other parameters or buffers than replica 0: {why}",
+                    self.rank
+                ))
+            })
     }
 
     /// Calls into the plugin under the deadline; a trap or an `Err` becomes a [`TrainError`].

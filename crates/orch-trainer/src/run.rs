@@ -113,14 +113,14 @@ pub fn train(
 /// A job with everything that needs no device done: the plugin read, compiled and checked to be
 /// a trainer, the data loaded. Bad input in either shows here, before any device is leased.
 pub struct Prepared<'a> {
-    job: TrainJob<'a>,
-    options: RunOptions,
-    plugin: String,
+    pub(crate) job: TrainJob<'a>,
+    pub(crate) options: RunOptions,
+    pub(crate) plugin: String,
     sha: String,
-    data: data::Data,
-    limits: Limits,
-    engine: Engine,
-    pre: AnyTrainerPre,
+    pub(crate) data: data::Data,
+    pub(crate) limits: Limits,
+    pub(crate) engine: Engine,
+    pub(crate) pre: AnyTrainerPre,
 }
 
 impl std::fmt::Debug for Prepared<'_> {
@@ -243,6 +243,7 @@ impl<'a> Prepared<'a> {
             devices: slots,
             data,
             replicas,
+            seed: spec.seed,
             max_tensors: options.max_tensors,
             max_graph_nodes: options.max_graph_nodes,
             exchange_timeout: limits.deadline,
@@ -273,6 +274,7 @@ impl<'a> Prepared<'a> {
             train_samples: schedule.samples as u64,
             replicas: u32::try_from(replicas).unwrap_or(u32::MAX),
             optimizers: Vec::new(),
+            buffers: Vec::new(),
         };
 
         let metrics_path = spec.out.join("metrics.jsonl");
@@ -369,7 +371,7 @@ fn replica_pool(rank: usize, replicas: usize) -> Option<rayon::ThreadPool> {
 
 /// The job's pool on each device: the job's quota inside the device's own cap (a simulated
 /// GPU's memory, a real one's free memory, the host's available memory for the CPU).
-fn device_slots(
+pub(crate) fn device_slots(
     devices: &[GrantedDevice],
     quota: Option<u64>,
 ) -> Result<Vec<DeviceSlot>, TrainError> {

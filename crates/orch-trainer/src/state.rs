@@ -1,20 +1,17 @@
-//! A replica's model state in and out: the snapshot a checkpoint is made of, parameters set
-//! by name (the broadcast from replica 0, a checkpoint), and optimizer state restored.
+//! A replica's model state in and out: the snapshot a checkpoint is made of, parameters and
+//! buffers set by name (the broadcast from replica 0, a checkpoint), and optimizer state
+//! restored. An optimizer's parameter groups are checkpoint entries of their own, in order.
 
 use crate::checkpoint::{Checkpoint, OptimizerState, ParamState};
 use crate::error::TrainError;
-use crate::host::{OptKind, ReplicaState};
+use crate::host::{Group, OptKind, ReplicaState};
 use crate::safetensors::NamedTensor;
 use orch_tensor::{Tensor, TensorError};
 use std::sync::Arc;
 
-/// Replica state as a checkpoint holds it: parameters and optimizer state, copied to the host.
-pub(crate) fn snapshot(
-    state: &ReplicaState,
-) -> Result<(Vec<NamedTensor>, Vec<OptimizerState>), TensorError> {
-    let params = state
-        .params
-        .iter()
+/// Named tensors copied to the host.
+pub(crate) fn named(list: &[(String, Tensor)]) -> Result<Vec<NamedTensor>, TensorError> {
+    list.iter()
         .map(|(name, p)| {
             Ok(NamedTensor {
                 name: name.clone(),
@@ -22,9 +19,22 @@ pub(crate) fn snapshot(
                 data: p.to_vec()?,
             })
         })
-        .collect::<Result<Vec<_>, TensorError>>()?;
+        .collect()
+}
+
+/// What a checkpoint holds of a replica: parameters, buffers and optimizer state.
+pub(crate) type Snapshot = (Vec<NamedTensor>, Vec<NamedTensor>, Vec<OptimizerState>);
+
+/// Replica state as a checkpoint holds it, copied to the host.
+pub(crate) fn snapshot(state: &ReplicaState) -> Result<Snapshot, TensorError> {
+    let params = named(&state.params)?;
+    let buffers = named(&state.buffers)?;
     let mut optimizers = Vec::new();
-    for opt in state.optimizers.iter().flatten() {
+    for opt in state
+        .optimizers
+        .iter()
+        .flat_map(|o| o.iter().flat_map(|o| &o.groups))
+    {
         let (kind, lr, per_param) = match &opt.kind {
             OptKind::Sgd(sgd) => {
                 let states = sgd
@@ -68,24 +78,29 @@ pub(crate) fn snapshot(
             state: per_param,
         });
     }
-    Ok((params, optimizers))
+    Ok((params, buffers, optimizers))
 }
 
 /// Overwrites the registered parameters with `values` (same names, same shapes).
 pub(crate) fn assign_params(state: &ReplicaState, values: &[NamedTensor]) -> Result<(), String> {
-    if values.len() != state.params.len() {
-        return Err(format!(
-            "{} parameters, expected {}",
-            state.params.len(),
-            values.len()
-        ));
+    assign_named(&state.params, values, "parameter")
+}
+
+/// Overwrites the tensors of `list` with `values` (same names, same shapes); `what` names
+/// them in errors (`parameter`, `buffer`).
+pub(crate) fn assign_named(
+    list: &[(String, Tensor)],
+    values: &[NamedTensor],
+    what: &str,
+) -> Result<(), String> {
+    if values.len() != list.len() {
+        return Err(format!("{} {what}s, expected {}", list.len(), values.len()));
     }
     for v in values {
-        let (_, p) = state
-            .params
+        let (_, p) = list
             .iter()
             .find(|(n, _)| *n == v.name)
-            .ok_or_else(|| format!("no parameter `{}`", v.name))?;
+            .ok_or_else(|| format!("no {what} `{}`", v.name))?;
         if p.shape() != v.shape.as_slice() {
             return Err(format!(
                 "`{}` has shape {:?}, expected {:?}",
@@ -108,20 +123,21 @@ pub(crate) fn load(state: &mut ReplicaState, checkpoint: &Checkpoint) -> Result<
         ))
     };
     assign_params(state, &checkpoint.params).map_err(resume)?;
-    let live: Vec<usize> = (0..state.optimizers.len())
-        .filter(|&i| state.optimizers[i].is_some())
+    assign_named(&state.buffers, &checkpoint.buffers, "buffer").map_err(resume)?;
+    let live: Vec<&mut Group> = state
+        .optimizers
+        .iter_mut()
+        .flatten()
+        .flat_map(|o| o.groups.iter_mut())
         .collect();
     if live.len() != checkpoint.optimizers.len() {
         return Err(resume(format!(
-            "{} optimizers, the checkpoint has {}",
+            "{} optimizers (parameter groups counted apart), the checkpoint has {}",
             live.len(),
             checkpoint.optimizers.len()
         )));
     }
-    for (&index, saved) in live.iter().zip(&checkpoint.optimizers) {
-        let Some(opt) = state.optimizers[index].as_mut() else {
-            continue;
-        };
+    for (index, (opt, saved)) in live.into_iter().zip(&checkpoint.optimizers).enumerate() {
         if opt.names != saved.params {
             return Err(resume(format!(
                 "optimizer {index} updates other parameters"

@@ -1,7 +1,8 @@
-//! The trainer world, in both versions of the contract orch loads: 0.2.0 (`wit/`: the exports
-//! in the `training` interface) and 0.1.0 (bare `init`, `train-step`, `eval-step`). Both import
-//! the same interfaces, so a 0.1.0 trainer gets the very same host functions, linked under the
-//! 0.1.0 names.
+//! The trainer world, in the three versions of the contract orch loads: 0.3.0 (`wit/`), 0.2.0
+//! (the same `training` export, fewer imports) and 0.1.0 (bare `init`, `train-step`,
+//! `eval-step`). Every version's imports are subsets of 0.3.0's with the same types, so an older
+//! trainer gets the very same host functions, linked under its version's names; it simply
+//! does not import what 0.3.0 added.
 
 use crate::host::ReplicaState;
 use orch_host::{Identity, WorldKind};
@@ -10,20 +11,56 @@ use orch_wit::trainer::exports::orch::plugin::training::{
 };
 use orch_wit::trainer::orch::plugin as imports;
 use orch_wit::trainer::{Trainer, TrainerPre};
-use orch_wit::{Version, v0_1};
+use orch_wit::{Version, v0_1, v0_2};
 use wasmtime::Store;
 use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
+
+use v0_2::trainer::exports::orch::plugin::training as v0_2_training;
+
+/// `run-info` of another version: the same fields.
+macro_rules! same_record {
+    ($i:expr => $ty:path) => {{
+        let i = $i;
+        $ty {
+            replica: i.replica,
+            replicas: i.replicas,
+            epochs: i.epochs,
+            batch_size: i.batch_size,
+            steps_per_epoch: i.steps_per_epoch,
+            features: i.features,
+            classes: i.classes,
+            train_samples: i.train_samples,
+            eval_samples: i.eval_samples,
+            seed: i.seed,
+        }
+    }};
+}
+
+/// `step-info` of another version: the same fields.
+macro_rules! same_step {
+    ($i:expr => $ty:path) => {{
+        let i = $i;
+        $ty {
+            step: i.step,
+            epoch: i.epoch,
+            batch: i.batch,
+            batches: i.batches,
+        }
+    }};
+}
 
 /// A trainer's bindings, by the version of the contract it implements.
 pub(crate) enum AnyTrainerPre {
     V0_1(v0_1::trainer::TrainerPre<ReplicaState>),
-    V0_2(TrainerPre<ReplicaState>),
+    V0_2(v0_2::trainer::TrainerPre<ReplicaState>),
+    V0_3(TrainerPre<ReplicaState>),
 }
 
 /// A trainer instance's exports, by version.
 pub(crate) enum AnyTrainer {
     V0_1(v0_1::trainer::Trainer),
-    V0_2(Trainer),
+    V0_2(v0_2::trainer::Trainer),
+    V0_3(Trainer),
 }
 
 /// What a component is as a trainer: the version it implements, or why it is none.
@@ -37,34 +74,46 @@ pub(crate) fn trainer_version(
     }
 }
 
-/// Adds the trainer world's imports to `linker`, under the names of both versions.
+/// Adds the trainer world's imports to `linker`, under the names of every version.
 pub(crate) fn add_imports(linker: &mut Linker<ReplicaState>) -> wasmtime::Result<()> {
     Trainer::add_to_linker::<ReplicaState, HasSelf<ReplicaState>>(linker, |s| s)?;
-    // The 0.1.0 names of the same interfaces: `orch:plugin/tensors@0.1.0`, ...
-    macro_rules! link_v0_1 {
-        ($($interface:ident),*) => {$(
+    // The older names of the same interfaces: `orch:plugin/tensors@0.1.0`, `…@0.2.0`, ...
+    macro_rules! link_as {
+        ($version:expr; $($interface:ident),*) => {$(
             imports::$interface::add_to_linker_instance::<ReplicaState, HasSelf<ReplicaState>>(
                 &mut linker.instance(&format!(
                     "orch:plugin/{}@{}",
                     stringify!($interface),
-                    Version::V0_1
+                    $version
                 ))?,
                 |s| s,
             )?;
         )*};
     }
-    link_v0_1!(tensors, autograd, params, optim, data, devices, metrics);
+    for version in [Version::V0_1, Version::V0_2] {
+        link_as!(version; tensors, autograd, params, optim, data, devices, metrics);
+    }
     Ok(())
 }
 
 impl AnyTrainerPre {
+    /// The version of the contract the trainer implements.
+    pub(crate) fn version(&self) -> Version {
+        match self {
+            AnyTrainerPre::V0_1(_) => Version::V0_1,
+            AnyTrainerPre::V0_2(_) => Version::V0_2,
+            AnyTrainerPre::V0_3(_) => Version::V0_3,
+        }
+    }
+
     pub(crate) fn new(
         pre: InstancePre<ReplicaState>,
         version: Version,
     ) -> wasmtime::Result<AnyTrainerPre> {
         Ok(match version {
             Version::V0_1 => AnyTrainerPre::V0_1(v0_1::trainer::TrainerPre::new(pre)?),
-            Version::V0_2 => AnyTrainerPre::V0_2(TrainerPre::new(pre)?),
+            Version::V0_2 => AnyTrainerPre::V0_2(v0_2::trainer::TrainerPre::new(pre)?),
+            Version::V0_3 => AnyTrainerPre::V0_3(TrainerPre::new(pre)?),
         })
     }
 
@@ -75,6 +124,7 @@ impl AnyTrainerPre {
         Ok(match self {
             AnyTrainerPre::V0_1(pre) => AnyTrainer::V0_1(pre.instantiate(store)?),
             AnyTrainerPre::V0_2(pre) => AnyTrainer::V0_2(pre.instantiate(store)?),
+            AnyTrainerPre::V0_3(pre) => AnyTrainer::V0_3(pre.instantiate(store)?),
         })
     }
 }
@@ -88,10 +138,17 @@ impl AnyTrainer {
         info: RunInfo,
     ) -> wasmtime::Result<Result<(), String>> {
         match self {
-            AnyTrainer::V0_2(t) => t
+            AnyTrainer::V0_3(t) => t
                 .orch_plugin_training()
                 .call_init_replica(store, config, info),
-            AnyTrainer::V0_1(t) => t.call_init(store, config, v0_1_run_info(info)),
+            AnyTrainer::V0_2(t) => t.orch_plugin_training().call_init_replica(
+                store,
+                config,
+                same_record!(info => v0_2_training::RunInfo),
+            ),
+            AnyTrainer::V0_1(t) => {
+                t.call_init(store, config, same_record!(info => v0_1::trainer::RunInfo))
+            }
         }
     }
 
@@ -101,9 +158,13 @@ impl AnyTrainer {
         info: StepInfo,
     ) -> wasmtime::Result<Result<StepReport, String>> {
         match self {
-            AnyTrainer::V0_2(t) => t.orch_plugin_training().call_train_step(store, info),
+            AnyTrainer::V0_3(t) => t.orch_plugin_training().call_train_step(store, info),
+            AnyTrainer::V0_2(t) => Ok(t
+                .orch_plugin_training()
+                .call_train_step(store, same_step!(info => v0_2_training::StepInfo))?
+                .map(|r| StepReport { loss: r.loss })),
             AnyTrainer::V0_1(t) => Ok(t
-                .call_train_step(store, v0_1_step_info(info))?
+                .call_train_step(store, same_step!(info => v0_1::trainer::StepInfo))?
                 .map(|r| StepReport { loss: r.loss })),
         }
     }
@@ -113,40 +174,20 @@ impl AnyTrainer {
         store: &mut Store<ReplicaState>,
         info: StepInfo,
     ) -> wasmtime::Result<Result<EvalReport, String>> {
+        let report = |loss, correct, rows| EvalReport {
+            loss,
+            correct,
+            rows,
+        };
         match self {
-            AnyTrainer::V0_2(t) => t.orch_plugin_training().call_eval_step(store, info),
-            AnyTrainer::V0_1(t) => {
-                Ok(t.call_eval_step(store, v0_1_step_info(info))?
-                    .map(|r| EvalReport {
-                        loss: r.loss,
-                        correct: r.correct,
-                        rows: r.rows,
-                    }))
-            }
+            AnyTrainer::V0_3(t) => t.orch_plugin_training().call_eval_step(store, info),
+            AnyTrainer::V0_2(t) => Ok(t
+                .orch_plugin_training()
+                .call_eval_step(store, same_step!(info => v0_2_training::StepInfo))?
+                .map(|r| report(r.loss, r.correct, r.rows))),
+            AnyTrainer::V0_1(t) => Ok(t
+                .call_eval_step(store, same_step!(info => v0_1::trainer::StepInfo))?
+                .map(|r| report(r.loss, r.correct, r.rows))),
         }
-    }
-}
-
-fn v0_1_run_info(i: RunInfo) -> v0_1::trainer::RunInfo {
-    v0_1::trainer::RunInfo {
-        replica: i.replica,
-        replicas: i.replicas,
-        epochs: i.epochs,
-        batch_size: i.batch_size,
-        steps_per_epoch: i.steps_per_epoch,
-        features: i.features,
-        classes: i.classes,
-        train_samples: i.train_samples,
-        eval_samples: i.eval_samples,
-        seed: i.seed,
-    }
-}
-
-fn v0_1_step_info(i: StepInfo) -> v0_1::trainer::StepInfo {
-    v0_1::trainer::StepInfo {
-        step: i.step,
-        epoch: i.epoch,
-        batch: i.batch,
-        batches: i.batches,
     }
 }

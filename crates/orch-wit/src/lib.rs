@@ -1,6 +1,6 @@
-//! The plugin contract, `orch:plugin@0.2.0` in `wit/`, bound for the host, and the contract it
-//! replaced, `orch:plugin@0.1.0` (kept in `compat/0.1.0/`), so plugins built for it keep
-//! loading.
+//! The plugin contract, `orch:plugin@0.3.0` in `wit/`, bound for the host, and the contracts
+//! it replaced, `orch:plugin@0.2.0` and `@0.1.0` (kept in `compat/`), so plugins built for them
+//! keep loading.
 //!
 //! Design decision: this is the only crate that runs `wasmtime::component::bindgen!`; every
 //! other crate uses the types it generates, so the contract has one Rust face (as Spin's
@@ -13,6 +13,12 @@
 //! every import is the same, field for field. So the 0.1.0 bindings ([`v0_1`]) reuse the 0.2.0
 //! Rust types (the component model checks types by structure, not by name), and a 0.1.0
 //! trainer's imports are the 0.2.0 host functions linked under the 0.1.0 names.
+//!
+//! 0.3.0 only added: new functions in `tensors`, `params` and `optim` (the types 0.2.0 had
+//! are unchanged, field for field and case for case), the `inference` interface a trainer may
+//! export (world `predicting-trainer`), and nothing in the policy and queue worlds but the
+//! version. So a 0.2.0 component is bound with [`v0_2`], whose imports are the 0.3.0 host
+//! functions linked under the 0.2.0 names (a 0.2.0 component imports a subset of them).
 
 /// The `policy` world: selection policies export `placement.select-devices`.
 pub mod policy {
@@ -43,6 +49,66 @@ pub mod queue {
         path: "../../wit",
         world: "queue",
     });
+}
+
+/// The `predicting-trainer` world: a trainer that also exports `inference.predict`. Its
+/// imports are [`trainer`]'s; only the export is bound here.
+pub mod predicting {
+    wasmtime::component::bindgen!({
+        path: "../../wit",
+        world: "predicting-trainer",
+        imports: { default: trappable },
+        with: {
+            "orch:plugin/types": crate::policy::orch::plugin::types,
+            "orch:plugin/tensors": crate::trainer::orch::plugin::tensors,
+            "orch:plugin/autograd": crate::trainer::orch::plugin::autograd,
+            "orch:plugin/params": crate::trainer::orch::plugin::params,
+            "orch:plugin/optim": crate::trainer::orch::plugin::optim,
+            "orch:plugin/data": crate::trainer::orch::plugin::data,
+            "orch:plugin/devices": crate::trainer::orch::plugin::devices,
+            "orch:plugin/metrics": crate::trainer::orch::plugin::metrics,
+        },
+    });
+}
+
+/// The worlds of `orch:plugin@0.2.0`, over the 0.3.0 types (the same ones).
+pub mod v0_2 {
+    /// `placement.select-devices`.
+    pub mod policy {
+        wasmtime::component::bindgen!({
+            path: "compat/0.2.0",
+            world: "policy",
+            with: { "orch:plugin/types": crate::types },
+        });
+    }
+
+    /// `queue-order.order-jobs`.
+    pub mod queue {
+        wasmtime::component::bindgen!({
+            path: "compat/0.2.0",
+            world: "queue",
+            with: { "orch:plugin/queue-types": crate::queue_types },
+        });
+    }
+
+    /// `training`: the imports are the 0.3.0 interfaces'; link them under the 0.2.0 names.
+    pub mod trainer {
+        wasmtime::component::bindgen!({
+            path: "compat/0.2.0",
+            world: "trainer",
+            imports: { default: trappable },
+            with: {
+                "orch:plugin/types": crate::types,
+                "orch:plugin/tensors": crate::trainer::orch::plugin::tensors,
+                "orch:plugin/autograd": crate::trainer::orch::plugin::autograd,
+                "orch:plugin/params": crate::trainer::orch::plugin::params,
+                "orch:plugin/optim": crate::trainer::orch::plugin::optim,
+                "orch:plugin/data": crate::trainer::orch::plugin::data,
+                "orch:plugin/devices": crate::trainer::orch::plugin::devices,
+                "orch:plugin/metrics": crate::trainer::orch::plugin::metrics,
+            },
+        });
+    }
 }
 
 /// The worlds of `orch:plugin@0.1.0`, whose exports were bare functions (`select`, `order`,
@@ -99,19 +165,23 @@ pub use queue::{Queue, QueuePre};
 pub enum Version {
     /// `orch:plugin@0.1.0`: bare exports. Still loaded.
     V0_1,
-    /// `orch:plugin@0.2.0`: every export in a named interface. What `wit/` holds.
+    /// `orch:plugin@0.2.0`: every export in a named interface. Still loaded.
     V0_2,
+    /// `orch:plugin@0.3.0`: 0.2.0 and the ops CNNs and transformers need, parameter groups,
+    /// clipping, buffers, `predict`. What `wit/` holds.
+    V0_3,
 }
 
 impl Version {
     /// The contract of `wit/`.
-    pub const CURRENT: Version = Version::V0_2;
+    pub const CURRENT: Version = Version::V0_3;
 
-    /// `0.2.0`.
+    /// `0.3.0`.
     pub fn as_str(self) -> &'static str {
         match self {
             Version::V0_1 => "0.1.0",
             Version::V0_2 => "0.2.0",
+            Version::V0_3 => "0.3.0",
         }
     }
 }
@@ -123,10 +193,10 @@ impl std::fmt::Display for Version {
 }
 
 /// The world a policy component implements (the current contract).
-pub const POLICY_WORLD: &str = "orch:plugin/policy@0.2.0";
+pub const POLICY_WORLD: &str = "orch:plugin/policy@0.3.0";
 
 /// The world a queue-policy component implements.
-pub const QUEUE_WORLD: &str = "orch:plugin/queue@0.2.0";
+pub const QUEUE_WORLD: &str = "orch:plugin/queue@0.3.0";
 
 /// The package every orch world belongs to.
-pub const PACKAGE: &str = "orch:plugin@0.2.0";
+pub const PACKAGE: &str = "orch:plugin@0.3.0";

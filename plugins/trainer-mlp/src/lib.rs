@@ -17,6 +17,10 @@
 //! lr_decay = 1.0            # the learning rate is multiplied by this after every epoch
 //! ```
 //!
+//! It implements contract 0.3.0's `predicting-trainer` world: `training` and `inference`
+//! (`predict`: the logits of a batch), using no 0.3.0 op (so its 0.1.0 and 0.2.0 twins under
+//! plugins/compat/ train to the very same parameters).
+//!
 //! The model holds only handles: weights, gradients and batches stay on the device, and a
 //! training step is about twenty host calls.
 
@@ -31,7 +35,7 @@ use bindings::exports::orch::plugin::training::{EvalReport, Guest, RunInfo, Step
 mod bindings {
     wit_bindgen::generate!({
         path: "../../wit",
-        world: "trainer",
+        world: "predicting-trainer",
     });
 }
 
@@ -48,6 +52,14 @@ impl Guest for Mlp {
 
     fn eval_step(step: StepInfo) -> Result<EvalReport, String> {
         model::eval_step(step)
+    }
+}
+
+impl bindings::exports::orch::plugin::inference::Guest for Mlp {
+    fn predict(
+        features: bindings::orch::plugin::tensors::Tensor,
+    ) -> Result<bindings::orch::plugin::tensors::Tensor, String> {
+        model::predict(features)
     }
 }
 

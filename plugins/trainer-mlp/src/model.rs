@@ -131,6 +131,13 @@ pub fn init(config: Vec<(String, String)>, info: RunInfo) -> Result<(), String> 
     Ok(())
 }
 
+/// `inference.predict`: the logits for `features` `[rows, features]` (the host calls it with
+/// autograd off).
+#[allow(dead_code)] // the copies under plugins/compat/ predate `predict`
+pub fn predict(features: Tensor) -> Result<Tensor, String> {
+    with_model(|model| model.forward(&features))
+}
+
 /// `train-step`: one optimisation step on this replica's shard of the batch.
 pub fn train_step(step: StepInfo) -> Result<StepReport, String> {
     with_model(|model| model.train_step(&step).map(|loss| StepReport { loss }))

@@ -66,6 +66,7 @@ impl ReplicaState {
             | TensorError::InvalidAxis { .. }
             | TensorError::RepeatedAxis { .. }
             | TensorError::InvalidLabel { .. }
+            | TensorError::InvalidArgument { .. }
             | TensorError::Autograd(_)
             | TensorError::Optimizer { .. }) => WitError::BadArgument(e.to_string()),
             other => WitError::Failed(other.to_string()),

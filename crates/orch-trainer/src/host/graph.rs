@@ -8,7 +8,7 @@ use orch_wit::trainer::orch::plugin::params::Host as Params;
 use orch_wit::trainer::orch::plugin::tensors::{Tensor as WitTensor, TensorError as WitError};
 use wasmtime::component::Resource;
 
-/// Most parameters one replica may register, and the longest name.
+/// Most parameters (and, apart, buffers) one replica may register, and the longest name.
 const MAX_PARAMS: usize = 4096;
 const MAX_NAME: usize = 256;
 
@@ -42,26 +42,7 @@ impl Params for ReplicaState {
         init: Resource<WitTensor>,
     ) -> wasmtime::Result<Result<Resource<WitTensor>, WitError>> {
         self.run("params.register", |s| {
-            if !matches!(s.phase, Phase::Init) {
-                // A checkpoint holds the parameters `init` registered, and a resumed run
-                // re-creates exactly those: one registered later could not be restored.
-                return Err(Fail::Wit(WitError::NotNow(format!(
-                    "params.register(`{name}`) is for init: a parameter made later could not be restored from a checkpoint"
-                ))));
-            }
-            if name.is_empty() || name.len() > MAX_NAME || name.chars().any(char::is_control) {
-                return Err(bad(format!(
-                    "parameter name {name:?}: give 1 to {MAX_NAME} printable characters"
-                )));
-            }
-            if s.params.iter().any(|(n, _)| *n == name) {
-                return Err(bad(format!(
-                    "a parameter named `{name}` is registered already"
-                )));
-            }
-            if s.params.len() >= MAX_PARAMS {
-                return Err(bad(format!("more than {MAX_PARAMS} parameters")));
-            }
+            s.check_new_name("params.register", &name)?;
             let init = s.tensor(&init)?;
             // A dense copy of its own, cut off from any graph: the leaf that collects gradients.
             let param = no_grad(|| init.detach().affine(1.0, 0.0))?.with_requires_grad();
@@ -71,7 +52,58 @@ impl Params for ReplicaState {
         })
     }
 
+    fn register_buffer(
+        &mut self,
+        name: String,
+        init: Resource<WitTensor>,
+    ) -> wasmtime::Result<Result<Resource<WitTensor>, WitError>> {
+        self.run("params.register-buffer", |s| {
+            s.check_new_name("params.register-buffer", &name)?;
+            let init = s.tensor(&init)?;
+            // A dense copy outside autograd: no gradient, no optimizer, updated by `assign`.
+            let buffer = no_grad(|| init.detach().affine(1.0, 0.0))?;
+            let handle = s.give(buffer.clone())?;
+            s.buffers.push((name, buffer));
+            Ok(handle)
+        })
+    }
+
+    fn buffer_names(&mut self) -> wasmtime::Result<Vec<String>> {
+        Ok(self.buffers.iter().map(|(n, _)| n.clone()).collect())
+    }
+
     fn names(&mut self) -> wasmtime::Result<Vec<String>> {
         Ok(self.params.iter().map(|(n, _)| n.clone()).collect())
+    }
+}
+
+impl ReplicaState {
+    /// Whether `call` may register `name` now: in `init-replica`, a printable name no parameter
+    /// or buffer has, within the count.
+    fn check_new_name(&self, call: &str, name: &str) -> Result<(), Fail> {
+        if !matches!(self.phase, Phase::Init) {
+            // A checkpoint holds what `init` registered, and a resumed run re-creates exactly
+            // that: a tensor registered later could not be restored.
+            return Err(Fail::Wit(WitError::NotNow(format!(
+                "{call}(`{name}`) is for init: a tensor registered later could not be restored from a checkpoint"
+            ))));
+        }
+        if name.is_empty() || name.len() > MAX_NAME || name.chars().any(char::is_control) {
+            return Err(bad(format!(
+                "{call}: name {name:?}: give 1 to {MAX_NAME} printable characters"
+            )));
+        }
+        let taken = |list: &[(String, orch_tensor::Tensor)]| list.iter().any(|(n, _)| n == name);
+        if taken(&self.params) || taken(&self.buffers) {
+            return Err(bad(format!(
+                "{call}: a parameter or buffer named `{name}` is registered already"
+            )));
+        }
+        if self.params.len() >= MAX_PARAMS || self.buffers.len() >= MAX_PARAMS {
+            return Err(bad(format!(
+                "{call}: more than {MAX_PARAMS} parameters or buffers"
+            )));
+        }
+        Ok(())
     }
 }

@@ -17,6 +17,7 @@
 mod convert;
 mod graph;
 mod io;
+mod ops;
 mod optim;
 mod tensors;
 
@@ -48,9 +49,15 @@ pub(crate) struct DeviceSlot {
 /// Parameter values by name, as broadcast from replica 0 or read from a checkpoint.
 pub(crate) type NamedValues = Vec<(String, Vec<usize>, Vec<f32>)>;
 
-/// One replica's share of an all-reduce: its weight (share of the global batch) and the
-/// gradient of each parameter of one optimizer (`None`: no gradient).
-pub(crate) type GradShare = (f32, Vec<Option<Vec<f32>>>);
+/// One replica's share of an all-reduce: its weight (share of the global batch), the gradient
+/// of each parameter of one optimizer (`None`: no gradient) and, from replica 0 only, the
+/// values of every buffer (which every replica then takes, as DDP broadcasts buffers).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct GradShare {
+    pub weight: f32,
+    pub grads: Vec<Option<Vec<f32>>>,
+    pub buffers: Option<Vec<Vec<f32>>>,
+}
 
 /// What the replicas of one job share.
 #[derive(Debug)]
@@ -58,6 +65,8 @@ pub(crate) struct Shared {
     pub devices: Vec<DeviceSlot>,
     pub data: Data,
     pub replicas: usize,
+    /// The job's seed (dropout masks are drawn from it).
+    pub seed: u64,
     pub max_tensors: u32,
     /// Autograd graph nodes one replica may keep alive.
     pub max_graph_nodes: usize,
@@ -82,6 +91,13 @@ pub(crate) struct BatchSlot {
     pub indices: Vec<u32>,
     /// Rows of the global batch (all replicas together).
     pub global_rows: usize,
+    /// Where this replica's shard starts in the global batch: the global index of its first
+    /// row, which dropout masks are drawn by.
+    pub offset: usize,
+    /// Training steps done before this call.
+    pub step: u64,
+    /// `tensors.dropout` calls made in this call so far (the next one's site).
+    pub dropout_sites: u64,
     pub tensors: Option<(Tensor, Tensor)>,
 }
 
@@ -95,9 +111,16 @@ pub(crate) enum Phase {
     Eval(BatchSlot),
 }
 
-/// An optimizer and the names of the parameters it updates.
+/// An optimizer: its parameter groups, each an orch-tensor optimizer with its own learning rate
+/// and weight decay (one group when made by `optimizer.create`).
 #[derive(Debug)]
 pub(crate) struct Opt {
+    pub groups: Vec<Group>,
+}
+
+/// One parameter group and the names of the parameters it updates.
+#[derive(Debug)]
+pub(crate) struct Group {
     pub kind: OptKind,
     pub names: Vec<String>,
 }
@@ -108,7 +131,7 @@ pub(crate) enum OptKind {
     Adam(Adam),
 }
 
-impl Opt {
+impl Group {
     pub fn inner(&mut self) -> &mut dyn Optimizer {
         match &mut self.kind {
             OptKind::Sgd(o) => o,
@@ -121,6 +144,16 @@ impl Opt {
             OptKind::Sgd(o) => o.params(),
             OptKind::Adam(o) => o.params(),
         }
+    }
+}
+
+impl Opt {
+    /// Every parameter of every group, group by group.
+    pub fn params(&self) -> Vec<Tensor> {
+        self.groups
+            .iter()
+            .flat_map(|g| g.params().iter().cloned())
+            .collect()
     }
 }
 
@@ -137,6 +170,8 @@ pub(crate) struct ReplicaState {
     pub rank: usize,
     current: usize,
     pub params: Vec<(String, Tensor)>,
+    /// Registered buffers (`params.register-buffer`), in registration order.
+    pub buffers: Vec<(String, Tensor)>,
     /// Optimizers by creation order (`None` once the plugin dropped one).
     pub optimizers: Vec<Option<Opt>>,
     pub phase: Phase,
@@ -211,6 +246,7 @@ impl ReplicaState {
             rank,
             current,
             params: Vec::new(),
+            buffers: Vec::new(),
             optimizers: Vec::new(),
             phase: Phase::Idle,
             scalars: Vec::new(),
@@ -224,7 +260,7 @@ impl ReplicaState {
 
     /// The tensor behind a handle the plugin passed. A handle the host does not know stops the
     /// plugin (a trap, as the WIT says): it is a bug in the plugin, not a value to handle.
-    fn tensor(&self, handle: &Resource<WitTensor>) -> Result<Tensor, Fail> {
+    pub(crate) fn tensor(&self, handle: &Resource<WitTensor>) -> Result<Tensor, Fail> {
         let key = Resource::<TensorEntry>::new_borrow(handle.rep());
         self.table
             .get(&key)
@@ -233,7 +269,7 @@ impl ReplicaState {
     }
 
     /// A new handle on `tensor`, within the cap.
-    fn give(&mut self, tensor: Tensor) -> Result<Resource<WitTensor>, Fail> {
+    pub(crate) fn give(&mut self, tensor: Tensor) -> Result<Resource<WitTensor>, Fail> {
         if self.live_tensors >= self.shared.max_tensors {
             return Err(Fail::Wit(WitError::TooManyTensors(self.shared.max_tensors)));
         }
@@ -245,7 +281,7 @@ impl ReplicaState {
         Ok(Resource::new_own(entry.rep()))
     }
 
-    fn drop_tensor(&mut self, handle: Resource<WitTensor>) -> wasmtime::Result<()> {
+    pub(crate) fn drop_tensor(&mut self, handle: Resource<WitTensor>) -> wasmtime::Result<()> {
         let key = Resource::<TensorEntry>::new_own(handle.rep());
         self.table.delete(key)?;
         self.live_tensors = self.live_tensors.saturating_sub(1);
@@ -261,7 +297,7 @@ impl ReplicaState {
     }
 
     /// The pool of logical device `device` (the current one when `None`).
-    fn pool(&self, device: Option<u32>) -> Result<Arc<MemoryPool>, Fail> {
+    pub(crate) fn pool(&self, device: Option<u32>) -> Result<Arc<MemoryPool>, Fail> {
         let index = match device {
             None => self.current,
             Some(d) => d as usize,

@@ -1,7 +1,10 @@
-//! `orch:plugin/tensors`: creation and ops, each one call into orch-tensor on the device.
+//! `orch:plugin/tensors`: creation and ops, each one call into orch-tensor on the device. The
+//! 0.3.0 ops are one line each here; what they need beyond a call (lists of handles, dropout's
+//! mask coordinates) is in `ops.rs`.
 
 use super::ReplicaState;
 use super::convert::{Fail, axes, bad, to_u32, to_usize};
+use super::ops::{check_list_len, widths};
 use orch_tensor::Tensor;
 use orch_wit::trainer::orch::plugin::tensors::{
     BinaryOp, DeviceIndex, Host, HostTensor, ReduceOp, Tensor as WitTensor,
@@ -12,12 +15,12 @@ use wasmtime::component::Resource;
 /// Values one `from-list` or `to-list` may carry across the boundary.
 const MAX_LIST_VALUES: usize = 1 << 20;
 
-type Answer<T> = wasmtime::Result<Result<T, WitError>>;
-type Handle = Resource<WitTensor>;
+pub(super) type Answer<T> = wasmtime::Result<Result<T, WitError>>;
+pub(super) type Handle = Resource<WitTensor>;
 
 impl ReplicaState {
     /// `f` of the tensor behind `x`, as a new handle.
-    fn map1(
+    pub(super) fn map1(
         &mut self,
         call: &'static str,
         x: &Handle,
@@ -29,7 +32,7 @@ impl ReplicaState {
         })
     }
 
-    fn map2(
+    pub(super) fn map2(
         &mut self,
         call: &'static str,
         a: &Handle,
@@ -309,6 +312,148 @@ impl Host for ReplicaState {
     fn assign(&mut self, dst: Handle, src: Handle) -> Answer<()> {
         self.run("tensors.assign", |s| {
             Ok(s.tensor(&dst)?.assign(&s.tensor(&src)?)?)
+        })
+    }
+
+    // ---- 0.3.0 ----
+
+    fn sqrt(&mut self, x: Handle) -> Answer<Handle> {
+        self.map1("tensors.sqrt", &x, |x| Ok(x.sqrt()?))
+    }
+
+    fn rsqrt(&mut self, x: Handle) -> Answer<Handle> {
+        self.map1("tensors.rsqrt", &x, |x| Ok(x.rsqrt()?))
+    }
+
+    fn pow(&mut self, x: Handle, exponent: f32) -> Answer<Handle> {
+        self.map1("tensors.pow", &x, |x| Ok(x.pow(exponent)?))
+    }
+
+    fn abs(&mut self, x: Handle) -> Answer<Handle> {
+        self.map1("tensors.abs", &x, |x| Ok(x.abs()?))
+    }
+
+    fn clamp(&mut self, x: Handle, min: f32, max: f32) -> Answer<Handle> {
+        self.map1("tensors.clamp", &x, |x| Ok(x.clamp(min, max)?))
+    }
+
+    fn silu(&mut self, x: Handle) -> Answer<Handle> {
+        self.map1("tensors.silu", &x, |x| Ok(x.silu()?))
+    }
+
+    fn maximum(&mut self, a: Handle, b: Handle) -> Answer<Handle> {
+        self.map2("tensors.maximum", &a, &b, |a, b| Ok(a.maximum(b)?))
+    }
+
+    fn minimum(&mut self, a: Handle, b: Handle) -> Answer<Handle> {
+        self.map2("tensors.minimum", &a, &b, |a, b| Ok(a.minimum(b)?))
+    }
+
+    fn eq(&mut self, a: Handle, b: Handle) -> Answer<Handle> {
+        self.map2("tensors.eq", &a, &b, |a, b| Ok(a.eq(b)?))
+    }
+
+    fn lt(&mut self, a: Handle, b: Handle) -> Answer<Handle> {
+        self.map2("tensors.lt", &a, &b, |a, b| Ok(a.lt(b)?))
+    }
+
+    fn gt(&mut self, a: Handle, b: Handle) -> Answer<Handle> {
+        self.map2("tensors.gt", &a, &b, |a, b| Ok(a.gt(b)?))
+    }
+
+    fn where_(&mut self, condition: Handle, a: Handle, b: Handle) -> Answer<Handle> {
+        self.run("tensors.where", |s| {
+            let (c, a, b) = (s.tensor(&condition)?, s.tensor(&a)?, s.tensor(&b)?);
+            let out = Tensor::where_(&c, &a, &b)?;
+            s.give(out)
+        })
+    }
+
+    fn masked_fill(&mut self, x: Handle, mask: Handle, value: f32) -> Answer<Handle> {
+        self.map2("tensors.masked-fill", &x, &mask, |x, m| {
+            Ok(x.masked_fill(m, value)?)
+        })
+    }
+
+    fn concat(&mut self, tensors: Vec<Handle>, axis: i32) -> Answer<Handle> {
+        self.run("tensors.concat", |s| {
+            check_list_len("concat", tensors.len())?;
+            let parts = tensors
+                .iter()
+                .map(|h| s.tensor(h))
+                .collect::<Result<Vec<_>, _>>()?;
+            let out = Tensor::concat(&parts, axis as isize)?;
+            s.give(out)
+        })
+    }
+
+    fn split(&mut self, x: Handle, sizes: Vec<u32>, axis: i32) -> Answer<Vec<Handle>> {
+        self.run("tensors.split", |s| {
+            check_list_len("split", sizes.len())?;
+            let pieces = s.tensor(&x)?.split(&to_usize(&sizes), axis as isize)?;
+            s.give_all(pieces)
+        })
+    }
+
+    fn narrow(&mut self, x: Handle, axis: i32, start: u32, len: u32) -> Answer<Handle> {
+        self.map1("tensors.narrow", &x, |x| {
+            Ok(x.narrow(axis as isize, start as usize, len as usize)?)
+        })
+    }
+
+    fn permute(&mut self, x: Handle, dims: Vec<u32>) -> Answer<Handle> {
+        self.map1("tensors.permute", &x, |x| Ok(x.permute(&to_usize(&dims))?))
+    }
+
+    fn expand(&mut self, x: Handle, shape: Vec<i32>) -> Answer<Handle> {
+        self.map1("tensors.expand", &x, |x| Ok(x.expand(&axes(&shape))?))
+    }
+
+    fn pad(&mut self, x: Handle, pads: Vec<(u32, u32)>, value: f32) -> Answer<Handle> {
+        self.map1("tensors.pad", &x, |x| Ok(x.pad(&widths(&pads), value)?))
+    }
+
+    fn slice(&mut self, x: Handle, axis: i32, start: u32, end: u32, step: u32) -> Answer<Handle> {
+        self.map1("tensors.slice", &x, |x| {
+            Ok(x.slice(axis as isize, start as usize, end as usize, step as usize)?)
+        })
+    }
+
+    fn embedding(&mut self, table: Handle, indices: Handle) -> Answer<Handle> {
+        self.map2("tensors.embedding", &table, &indices, |t, i| {
+            Ok(t.embedding(i)?)
+        })
+    }
+
+    fn gather(&mut self, x: Handle, axis: i32, index: Handle) -> Answer<Handle> {
+        self.map2("tensors.gather", &x, &index, |x, i| {
+            Ok(x.gather(axis as isize, i)?)
+        })
+    }
+
+    fn index_select(&mut self, x: Handle, axis: i32, index: Handle) -> Answer<Handle> {
+        self.map2("tensors.index-select", &x, &index, |x, i| {
+            Ok(x.index_select(axis as isize, i)?)
+        })
+    }
+
+    fn dropout(&mut self, x: Handle, p: f32) -> Answer<Handle> {
+        self.run("tensors.dropout", |s| {
+            let x = s.tensor(&x)?;
+            let mask = s.dropout_mask(p);
+            let out = x.dropout(&mask)?;
+            s.give(out)
+        })
+    }
+
+    fn cross_entropy_with(
+        &mut self,
+        logits: Handle,
+        labels: Handle,
+        ignore_index: Option<i64>,
+    ) -> Answer<Handle> {
+        self.map2("tensors.cross-entropy-with", &logits, &labels, |x, y| {
+            Ok(x.cross_entropy_with(y, ignore_index)?)
         })
     }
 }

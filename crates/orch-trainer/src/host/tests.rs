@@ -8,7 +8,9 @@ use orch_host::Limits;
 use orch_tensor::{Device, GraphBudget};
 use orch_wit::trainer::orch::plugin::autograd::Host as _;
 use orch_wit::trainer::orch::plugin::metrics::Host as Metrics;
-use orch_wit::trainer::orch::plugin::optim::{HostOptimizer, OptimizerConfig, SgdConfig};
+use orch_wit::trainer::orch::plugin::optim::{
+    HostOptimizer, OptimizerConfig, ParamGroup, SgdConfig,
+};
 use orch_wit::trainer::orch::plugin::params::Host as _;
 use orch_wit::trainer::orch::plugin::tensors::{
     BinaryOp, Host as Tensors, HostTensor, ReduceOp, UnaryOp,
@@ -40,6 +42,7 @@ fn replica(bytes: u64, quota: Option<u64>, max_graph_nodes: usize) -> ReplicaSta
             classes: 2,
         },
         replicas: 1,
+        seed: 7,
         max_tensors: 64,
         max_graph_nodes,
         exchange_timeout: Duration::from_secs(1),
@@ -334,4 +337,249 @@ fn each_replica_has_a_budget_of_its_own() {
     let (a, b) = (replica(1 << 30, None, 10), replica(1 << 30, None, 10));
     assert!(!Arc::ptr_eq(&a.graph, &b.graph));
     assert_eq!(a.graph.limit(), GraphBudget::new(10).limit());
+}
+
+// ---- contract 0.3.0 ----
+
+fn list(s: &mut ReplicaState, values: &[f32], shape: &[u32]) -> Handle {
+    value(s.from_list(values.to_vec(), shape.to_vec(), None))
+}
+
+fn values(s: &mut ReplicaState, h: &Handle) -> Vec<f32> {
+    value(s.to_list(borrow(h)))
+}
+
+fn sgd(lr: f32) -> OptimizerConfig {
+    OptimizerConfig::Sgd(SgdConfig {
+        lr,
+        momentum: 0.0,
+        weight_decay: 0.0,
+        nesterov: false,
+    })
+}
+
+/// A parameter holding `init`, registered in init.
+fn param_of(s: &mut ReplicaState, name: &str, init: &[f32]) -> Handle {
+    let shape = [u32::try_from(init.len()).unwrap()];
+    let t = list(s, init, &shape);
+    s.phase = Phase::Init;
+    let p = value(s.register(name.into(), borrow(&t)));
+    s.phase = Phase::Idle;
+    p
+}
+
+/// `sum(p^2) / 2` backward: the gradient is `p`.
+fn half_square_backward(s: &mut ReplicaState, params: &[&Handle]) {
+    let mut total = None;
+    for p in params {
+        let sq = value(s.unary(UnaryOp::Sqr, borrow(p)));
+        let sum = value(s.reduce(ReduceOp::Sum, borrow(&sq), vec![], false));
+        total = Some(match total {
+            None => sum,
+            Some(t) => value(s.binary(BinaryOp::Add, borrow(&t), borrow(&sum))),
+        });
+    }
+    let loss = value(Tensors::scalar(
+        s,
+        BinaryOp::Mul,
+        borrow(&total.unwrap()),
+        0.5,
+    ));
+    value(s.backward(borrow(&loss)));
+}
+
+#[test]
+fn step_clipped_returns_the_global_norm_and_scales_as_clip_grad_norm() {
+    let mut s = state();
+    let a = param_of(&mut s, "a", &[1.0, 2.0]);
+    let b = param_of(&mut s, "b", &[2.0, 4.0]);
+    s.phase = Phase::Init;
+    let opt = value(HostOptimizer::create(&mut s, sgd(1.0)));
+    s.phase = Phase::Idle;
+    half_square_backward(&mut s, &[&a, &b]);
+    // By hand: the gradients are a and b, their norm sqrt(1 + 4 + 4 + 16) = 5.
+    let norm = value(s.step_clipped(Resource::new_borrow(opt.rep()), 2.5));
+    assert!((norm - 5.0).abs() < 1e-6, "{norm}");
+    // Scaled by 2.5 / (5 + 1e-6): each parameter loses about half of itself.
+    let coef = 2.5 / (5.0 + 1e-6);
+    for (p, init) in [(&a, [1.0f32, 2.0]), (&b, [2.0, 4.0])] {
+        let got = values(&mut s, p);
+        for (g, i) in got.iter().zip(init) {
+            assert!((g - (i - i * coef as f32)).abs() < 1e-6, "{got:?}");
+        }
+    }
+    // Under the bound nothing is scaled.
+    HostOptimizer::zero_grad(&mut s, Resource::new_borrow(opt.rep())).unwrap();
+    half_square_backward(&mut s, &[&a, &b]);
+    let before = values(&mut s, &a);
+    let norm = value(s.step_clipped(Resource::new_borrow(opt.rep()), 100.0));
+    assert!((norm - 2.5).abs() < 1e-5, "{norm}");
+    let after = values(&mut s, &a);
+    assert!(
+        (after[0] - (before[0] - before[0])).abs() < 1e-6,
+        "{after:?}"
+    );
+    assert!(matches!(
+        error(s.step_clipped(Resource::new_borrow(opt.rep()), -1.0)),
+        WitError::BadArgument(_)
+    ));
+}
+
+#[test]
+fn parameter_groups_have_their_own_learning_rates() {
+    let mut s = state();
+    let a = param_of(&mut s, "a", &[1.0]);
+    let b = param_of(&mut s, "b", &[1.0]);
+    let group = |name: &str, lr| ParamGroup {
+        params: vec![name.to_string()],
+        lr,
+        weight_decay: 0.0,
+    };
+    s.phase = Phase::Init;
+    let opt = value(s.create_grouped(sgd(9.0), vec![group("a", 0.5), group("b", 0.25)]));
+    // What a bad group list gets.
+    for bad_groups in [
+        vec![],
+        vec![group("nope", 0.1)],
+        vec![group("a", 0.1), group("a", 0.1)],
+        vec![ParamGroup {
+            params: vec![],
+            lr: 0.1,
+            weight_decay: 0.0,
+        }],
+        vec![group("a", -1.0)],
+    ] {
+        let e = error(s.create_grouped(sgd(0.1), bad_groups));
+        assert!(matches!(e, WitError::BadArgument(_)), "{e:?}");
+    }
+    s.phase = Phase::Idle;
+    let this = || Resource::new_borrow(opt.rep());
+    assert_eq!(s.groups(this()).unwrap(), 2);
+    half_square_backward(&mut s, &[&a, &b]);
+    value(HostOptimizer::step(&mut s, this()));
+    assert_eq!(values(&mut s, &a), vec![0.5]);
+    assert_eq!(values(&mut s, &b), vec![0.75]);
+    value(s.set_group_lr(this(), 1, 0.0));
+    assert_eq!(value(s.group_lr(this(), 1)), 0.0);
+    assert_eq!(value(s.group_lr(this(), 0)), 0.5);
+    assert!(matches!(
+        error(s.group_lr(this(), 2)),
+        WitError::BadArgument(_)
+    ));
+    value(s.set_lr(this(), 0.125));
+    assert_eq!(value(s.group_lr(this(), 1)), 0.125);
+}
+
+#[test]
+fn buffers_are_named_apart_from_parameters_and_collect_no_gradient() {
+    let mut s = state();
+    let p = param_of(&mut s, "w", &[1.0, 2.0]);
+    let init = list(&mut s, &[0.0, 0.0], &[2]);
+    assert!(matches!(
+        error(s.register_buffer("late".into(), borrow(&init))),
+        WitError::NotNow(_)
+    ));
+    s.phase = Phase::Init;
+    let buffer = value(s.register_buffer("running".into(), borrow(&init)));
+    for name in ["w", "running", ""] {
+        let e = error(s.register_buffer(name.into(), borrow(&init)));
+        assert!(matches!(e, WitError::BadArgument(_)), "{name}: {e:?}");
+    }
+    assert!(matches!(
+        error(s.register("running".into(), borrow(&init))),
+        WitError::BadArgument(_)
+    ));
+    s.phase = Phase::Idle;
+    assert_eq!(s.buffer_names().unwrap(), vec!["running".to_string()]);
+    assert_eq!(s.names().unwrap(), vec!["w".to_string()]);
+    assert!(!s.requires_grad(borrow(&buffer)).unwrap());
+    // A loss through the buffer gives the parameter a gradient and the buffer none.
+    let y = value(s.binary(BinaryOp::Mul, borrow(&p), borrow(&buffer)));
+    let loss = value(s.reduce(ReduceOp::Sum, borrow(&y), vec![], false));
+    value(s.backward(borrow(&loss)));
+    assert!(value(s.grad(borrow(&buffer))).is_none());
+    // Updated in place, outside autograd.
+    let next = list(&mut s, &[3.0, 4.0], &[2]);
+    value(s.assign(borrow(&buffer), borrow(&next)));
+    assert_eq!(s.buffers[0].1.to_vec().unwrap(), vec![3.0, 4.0]);
+}
+
+#[test]
+fn bad_arguments_of_the_new_ops_are_values() {
+    let mut s = state();
+    let x = list(&mut s, &[1.0, 2.0, 3.0, 4.0], &[2, 2]);
+    let table = list(&mut s, &[0.0; 6], &[3, 2]);
+    let out_of_table = list(&mut s, &[3.0], &[1]);
+    let far = list(&mut s, &[5.0, 0.0], &[2, 1]);
+    let v = list(&mut s, &[1.0, 2.0, 3.0], &[3]);
+    let one = list(&mut s, &[1.0], &[1, 1, 1]);
+    let cases: Vec<(&str, WitError)> = vec![
+        ("slice", error(s.slice(borrow(&x), 0, 0, 2, 0))),
+        ("clamp", error(s.clamp(borrow(&x), 1.0, -1.0))),
+        ("dropout", error(s.dropout(borrow(&x), 1.5))),
+        (
+            "embedding",
+            error(s.embedding(borrow(&table), borrow(&out_of_table))),
+        ),
+        ("gather", error(s.gather(borrow(&x), 1, borrow(&far)))),
+        ("pad", error(s.pad(borrow(&x), vec![(1, 1)], 0.0))),
+        ("concat", error(s.concat(vec![borrow(&x), borrow(&v)], 0))),
+        ("concat-empty", error(s.concat(vec![], 0))),
+        ("split", error(s.split(borrow(&x), vec![1, 2], 0))),
+        (
+            "expand",
+            error(s.expand(borrow(&one), vec![1 << 30, 1 << 30, 1 << 30])),
+        ),
+        (
+            "ignore",
+            error(s.cross_entropy_with(borrow(&x), borrow(&v), None)),
+        ),
+    ];
+    for (what, e) in cases {
+        let text = format!("{e:?}");
+        assert!(
+            matches!(
+                e,
+                WitError::BadArgument(_) | WitError::ShapeMismatch(_) | WitError::OutOfMemory(_)
+            ),
+            "{what}: {text}"
+        );
+    }
+    // The reason is the op's own sentence.
+    match error(s.slice(borrow(&x), 0, 0, 2, 0)) {
+        WitError::BadArgument(m) => assert!(m.contains("step"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn dropout_is_the_identity_outside_train_step_and_counts_sites_inside() {
+    let mut s = state();
+    let x = value(s.full(vec![4, 64], 1.0, None));
+    let same = value(s.dropout(borrow(&x), 0.5));
+    assert_eq!(values(&mut s, &same), vec![1.0; 256]);
+    s.phase = Phase::Train(BatchSlot {
+        step: 3,
+        offset: 10,
+        ..BatchSlot::default()
+    });
+    let first = value(s.dropout(borrow(&x), 0.5));
+    let second = value(s.dropout(borrow(&x), 0.5));
+    let (a, b) = (values(&mut s, &first), values(&mut s, &second));
+    assert!(a.iter().all(|&v| v == 0.0 || v == 2.0), "{a:?}");
+    assert_ne!(a, b, "two dropouts of one step draw different masks");
+    // The mask is orch-tensor's for (seed 7, step 3, site 0, rows from 10).
+    let pool = s.pool(None).unwrap();
+    let native = orch_tensor::Tensor::full(&[4, 64], 1.0, &pool)
+        .unwrap()
+        .dropout(&orch_tensor::Dropout {
+            p: 0.5,
+            seed: 7,
+            step: 3,
+            site: 0,
+            sample_offset: 10,
+            training: true,
+        })
+        .unwrap();
+    assert_eq!(a, native.to_vec().unwrap());
 }

@@ -3,6 +3,7 @@
 //! 8x8 digits, on the CPU and on simulated GPUs.
 
 mod common;
+mod contract;
 mod hostile;
 mod learn;
 mod parallel;
