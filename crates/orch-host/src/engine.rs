@@ -164,11 +164,6 @@ mod tests {
         assert_eq!(deadline_ticks(Duration::from_millis(101)), 21);
         assert_eq!(deadline_ticks(Duration::from_millis(1)), 2);
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
 
     const MS: Duration = Duration::from_millis(1);
 
