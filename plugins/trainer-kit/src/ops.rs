@@ -303,7 +303,13 @@ pub fn layer_norm(
     bias: Option<&Tensor>,
     eps: f32,
 ) -> Result<Tensor> {
-    t::layer_norm(x, dim("normalized_dims", normalized_dims)?, weight, bias, eps)
+    t::layer_norm(
+        x,
+        dim("normalized_dims", normalized_dims)?,
+        weight,
+        bias,
+        eps,
+    )
 }
 
 /// Batch normalisation over the channels (axis 1) of `x` (PyTorch's `F.batch_norm`): batch
