@@ -108,7 +108,10 @@ mod tests {
         let out = std::process::Command::new("sh")
             .args(["-c", "trap '' XFSZ; ulimit -f 0; exec \"$0\" \"$@\""])
             .arg(std::env::current_exe().unwrap())
-            .args(["--exact", "fsutil::tests::a_write_that_fails_leaves_no_file_behind"])
+            .args([
+                "--exact",
+                "fsutil::tests::a_write_that_fails_leaves_no_file_behind",
+            ])
             .args(["--nocapture", "--test-threads=1"])
             .env(CHILD, &dir)
             .output()

@@ -97,7 +97,9 @@ impl CallClock {
 /// The wall-clock time after which a call of `budget` is stopped whatever it ran: twenty times
 /// the budget and a second more (3.0 s for the default 100 ms).
 pub fn wall_backstop(budget: Duration) -> Duration {
-    budget.saturating_mul(20).saturating_add(Duration::from_secs(1))
+    budget
+        .saturating_mul(20)
+        .saturating_add(Duration::from_secs(1))
 }
 
 /// Ticks more for a call of `budget` that has run `ran` over `wall`, or `None`: stop it.
@@ -121,7 +123,10 @@ fn thread_cpu_time() -> Duration {
     if rc != 0 {
         return Duration::ZERO;
     }
-    Duration::new(ts.tv_sec.max(0) as u64, ts.tv_nsec.clamp(0, 999_999_999) as u32)
+    Duration::new(
+        ts.tv_sec.max(0) as u64,
+        ts.tv_nsec.clamp(0, 999_999_999) as u32,
+    )
 }
 
 /// A thread that advances the engine's epoch every [`TICK`] until dropped.
@@ -198,6 +203,9 @@ mod tests {
         }
         let worked = thread_cpu_time() - start;
         assert!(slept < 20 * MS, "a sleep of 50 ms counted {slept:?}");
-        assert!(worked > slept, "30 ms of work counted {worked:?}, a sleep {slept:?}");
+        assert!(
+            worked > slept,
+            "30 ms of work counted {worked:?}, a sleep {slept:?}"
+        );
     }
 }

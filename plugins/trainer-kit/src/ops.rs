@@ -238,3 +238,104 @@ pub fn causal_mask(n: usize) -> Result<Tensor> {
     }
     from_slice(&values, &[n, n])
 }
+
+fn pair(what: &str, (a, b): (usize, usize)) -> Result<(u32, u32)> {
+    Ok((dim(what, a)?, dim(what, b)?))
+}
+
+/// 2-D convolution of `x` `[N, C_in, H, W]` by `weight` `[C_out, C_in / groups, kH, kW]` plus
+/// `bias` `[C_out]` (PyTorch's `F.conv2d`); each pair is (rows, columns).
+pub fn conv2d(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    stride: (usize, usize),
+    padding: (usize, usize),
+    dilation: (usize, usize),
+    groups: usize,
+) -> Result<Tensor> {
+    t::conv2d(
+        x,
+        weight,
+        bias,
+        pair("stride", stride)?,
+        pair("padding", padding)?,
+        pair("dilation", dilation)?,
+        dim("groups", groups)?,
+    )
+}
+
+/// Window maxima of `x` `[N, C, H, W]` (PyTorch's `F.max_pool2d`).
+pub fn max_pool2d(
+    x: &Tensor,
+    kernel: (usize, usize),
+    stride: (usize, usize),
+    padding: (usize, usize),
+) -> Result<Tensor> {
+    t::max_pool2d(
+        x,
+        pair("kernel", kernel)?,
+        pair("stride", stride)?,
+        pair("padding", padding)?,
+    )
+}
+
+/// Window means of `x` `[N, C, H, W]`, the padding counted (PyTorch's `F.avg_pool2d`).
+pub fn avg_pool2d(
+    x: &Tensor,
+    kernel: (usize, usize),
+    stride: (usize, usize),
+    padding: (usize, usize),
+) -> Result<Tensor> {
+    t::avg_pool2d(
+        x,
+        pair("kernel", kernel)?,
+        pair("stride", stride)?,
+        pair("padding", padding)?,
+    )
+}
+
+/// Normalises the last `normalized_dims` dimensions of `x` (PyTorch's `F.layer_norm`).
+pub fn layer_norm(
+    x: &Tensor,
+    normalized_dims: usize,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f32,
+) -> Result<Tensor> {
+    t::layer_norm(
+        x,
+        dim("normalized_dims", normalized_dims)?,
+        weight,
+        bias,
+        eps,
+    )
+}
+
+/// Batch normalisation over the channels (axis 1) of `x` (PyTorch's `F.batch_norm`): batch
+/// statistics in `train-step` (updating `running_mean` and `running_var`, best registered as
+/// buffers, in place), the running statistics elsewhere.
+pub fn batch_norm(
+    x: &Tensor,
+    running_mean: &Tensor,
+    running_var: &Tensor,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    momentum: f32,
+    eps: f32,
+) -> Result<Tensor> {
+    t::batch_norm(x, running_mean, running_var, weight, bias, momentum, eps)
+}
+
+/// `softmax(q @ k^T * scale + mask) @ v` over `[B, H, T, D]` queries (PyTorch's
+/// `F.scaled_dot_product_attention`); `mask` is additive, `scale` `1 / sqrt(D)` when `None`.
+pub fn scaled_dot_product_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    causal: bool,
+    mask: Option<&Tensor>,
+    scale: Option<f32>,
+) -> Result<Tensor> {
+    t::scaled_dot_product_attention(q, k, v, causal, mask, scale)
+}

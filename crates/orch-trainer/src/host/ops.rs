@@ -26,7 +26,22 @@ pub(crate) fn widths(pairs: &[(u32, u32)]) -> Vec<(usize, usize)> {
         .collect()
 }
 
+/// A `(rows, columns)` pair of a layer op (stride, padding, kernel, dilation) as orch-tensor
+/// takes it; orch-tensor checks the values (a stride of 0 is its `bad-argument`).
+pub(crate) fn pair(what: &str, (a, b): (u32, u32)) -> Result<[usize; 2], Fail> {
+    let one = |v: u32| usize::try_from(v).map_err(|_| bad(format!("{what}: {v} is past usize")));
+    Ok([one(a)?, one(b)?])
+}
+
 impl ReplicaState {
+    /// The tensor behind an optional handle (a bias, a weight, a mask).
+    pub(crate) fn optional(
+        &self,
+        handle: Option<&Resource<WitTensor>>,
+    ) -> Result<Option<Tensor>, Fail> {
+        handle.map(|h| self.tensor(h)).transpose()
+    }
+
     /// Handles on every tensor of `tensors`, or none of them (the cap is checked first, so a
     /// refusal leaves no handle behind that the plugin never received).
     pub(crate) fn give_all(

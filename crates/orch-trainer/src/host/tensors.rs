@@ -2,9 +2,9 @@
 //! 0.3.0 ops are one line each here; what they need beyond a call (lists of handles, dropout's
 //! mask coordinates) is in `ops.rs`.
 
-use super::ReplicaState;
 use super::convert::{Fail, axes, bad, to_u32, to_usize};
-use super::ops::{check_list_len, widths};
+use super::ops::{check_list_len, pair, widths};
+use super::{Phase, ReplicaState};
 use orch_tensor::Tensor;
 use orch_wit::trainer::orch::plugin::tensors::{
     BinaryOp, DeviceIndex, Host, HostTensor, ReduceOp, Tensor as WitTensor,
@@ -454,6 +454,124 @@ impl Host for ReplicaState {
     ) -> Answer<Handle> {
         self.map2("tensors.cross-entropy-with", &logits, &labels, |x, y| {
             Ok(x.cross_entropy_with(y, ignore_index)?)
+        })
+    }
+    // ---- 0.3.0 layers (`ops.rs` has the argument checks) ----
+
+    #[allow(clippy::too_many_arguments)]
+    fn conv2d(
+        &mut self,
+        x: Handle,
+        weight: Handle,
+        bias: Option<Handle>,
+        stride: (u32, u32),
+        padding: (u32, u32),
+        dilation: (u32, u32),
+        groups: u32,
+    ) -> Answer<Handle> {
+        self.run("tensors.conv2d", |s| {
+            let (x, w) = (s.tensor(&x)?, s.tensor(&weight)?);
+            let bias = s.optional(bias.as_ref())?;
+            let groups = usize::try_from(groups).map_err(|_| bad("conv2d: groups past usize"))?;
+            let out = x.conv2d(
+                &w,
+                bias.as_ref(),
+                pair("conv2d stride", stride)?,
+                pair("conv2d padding", padding)?,
+                pair("conv2d dilation", dilation)?,
+                groups,
+            )?;
+            s.give(out)
+        })
+    }
+
+    fn max_pool2d(
+        &mut self,
+        x: Handle,
+        kernel: (u32, u32),
+        stride: (u32, u32),
+        padding: (u32, u32),
+    ) -> Answer<Handle> {
+        self.map1("tensors.max-pool2d", &x, |x| {
+            Ok(x.max_pool2d(
+                pair("max-pool2d kernel", kernel)?,
+                pair("max-pool2d stride", stride)?,
+                pair("max-pool2d padding", padding)?,
+            )?)
+        })
+    }
+
+    fn avg_pool2d(
+        &mut self,
+        x: Handle,
+        kernel: (u32, u32),
+        stride: (u32, u32),
+        padding: (u32, u32),
+    ) -> Answer<Handle> {
+        self.map1("tensors.avg-pool2d", &x, |x| {
+            Ok(x.avg_pool2d(
+                pair("avg-pool2d kernel", kernel)?,
+                pair("avg-pool2d stride", stride)?,
+                pair("avg-pool2d padding", padding)?,
+            )?)
+        })
+    }
+
+    fn layer_norm(
+        &mut self,
+        x: Handle,
+        normalized_dims: u32,
+        weight: Option<Handle>,
+        bias: Option<Handle>,
+        eps: f32,
+    ) -> Answer<Handle> {
+        self.run("tensors.layer-norm", |s| {
+            let x = s.tensor(&x)?;
+            let (w, b) = (s.optional(weight.as_ref())?, s.optional(bias.as_ref())?);
+            let dims = usize::try_from(normalized_dims)
+                .map_err(|_| bad("layer-norm: normalized-dims past usize"))?;
+            let out = x.layer_norm(dims, w.as_ref(), b.as_ref(), eps)?;
+            s.give(out)
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn batch_norm(
+        &mut self,
+        x: Handle,
+        running_mean: Handle,
+        running_var: Handle,
+        weight: Option<Handle>,
+        bias: Option<Handle>,
+        momentum: f32,
+        eps: f32,
+    ) -> Answer<Handle> {
+        self.run("tensors.batch-norm", |s| {
+            let x = s.tensor(&x)?;
+            let (mean, var) = (s.tensor(&running_mean)?, s.tensor(&running_var)?);
+            let (w, b) = (s.optional(weight.as_ref())?, s.optional(bias.as_ref())?);
+            // Batch statistics in train-step only, as dropout's mask.
+            let training = matches!(s.phase, Phase::Train(_));
+            let out = x.batch_norm(&mean, &var, w.as_ref(), b.as_ref(), training, momentum, eps)?;
+            s.give(out)
+        })
+    }
+
+    fn scaled_dot_product_attention(
+        &mut self,
+        q: Handle,
+        k: Handle,
+        v: Handle,
+        causal: bool,
+        mask: Option<Handle>,
+        scale: Option<f32>,
+    ) -> Answer<Handle> {
+        self.run("tensors.scaled-dot-product-attention", |s| {
+            let (q, k, v) = (s.tensor(&q)?, s.tensor(&k)?, s.tensor(&v)?);
+            let mask = s.optional(mask.as_ref())?;
+            let out =
+                Tensor::scaled_dot_product_attention(&q, &k, &v, causal, mask.as_ref(), scale)?;
+            s.give(out)
         })
     }
 }

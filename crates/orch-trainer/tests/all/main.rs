@@ -4,6 +4,7 @@
 
 mod common;
 mod contract;
+mod contract_nn;
 mod hostile;
 mod learn;
 mod parallel;
