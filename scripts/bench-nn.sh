@@ -4,7 +4,8 @@
 #
 #   scripts/bench-nn.sh                 all cores
 #   ORCH_BENCH_THREADS=N                threads for both sides (default: nproc)
-#   ORCH_BENCH_VENV=DIR                 a venv with torch (default /work/venv, else
+#   ORCH_BENCH_VENV=DIR                 a venv with torch (default target/python-tests/venv, as
+#                                       scripts/python-env.sh makes it, else
 #                                       /tmp/orch-bench-venv, where torch is installed on first use)
 #   ORCH_BENCH_ROUNDS=N                 rounds of alternating runs, best kept (default 3)
 #
@@ -13,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 threads="${ORCH_BENCH_THREADS:-$(nproc)}"
-venv="${ORCH_BENCH_VENV:-/work/venv}"
+venv="${ORCH_BENCH_VENV:-target/python-tests/venv}"
 [[ -x "$venv/bin/python" ]] || venv=/tmp/orch-bench-venv
 if [[ ! -x "$venv/bin/python" ]]; then
     python3 -m venv "$venv"
