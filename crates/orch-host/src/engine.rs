@@ -185,9 +185,9 @@ mod tests {
         assert_eq!(extension(100 * MS, 100 * MS, 100 * MS), None);
         assert_eq!(extension(100 * MS, 250 * MS, 260 * MS), None);
         assert_eq!(wall_backstop(100 * MS), 3000 * MS);
-        assert_eq!(extension(100 * MS, 0 * MS, 3000 * MS), None);
+        assert_eq!(extension(100 * MS, Duration::ZERO, 3000 * MS), None);
         // Near the backstop the extension is what is left of it.
-        assert_eq!(extension(100 * MS, 0 * MS, 2990 * MS), Some(2));
+        assert_eq!(extension(100 * MS, Duration::ZERO, 2990 * MS), Some(2));
     }
 
     #[test]
