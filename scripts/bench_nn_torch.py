@@ -69,6 +69,19 @@ def main():
         F.layer_norm(xl, (128,), wl, bl).backward(gl)
 
     report("nn/layer_norm/fwdbwd", ln_step)
+
+    table = torch.randn(65, 128, requires_grad=True)
+    ids = (torch.arange(12 * 64) * 7 + 3).remainder(65).reshape(12, 64)
+    ge = torch.randn(12, 64, 128)
+    with torch.no_grad():
+        report("nn/embedding/fwd", lambda: F.embedding(ids, table))
+
+    def emb_step():
+        # The same loss as orch's side: sum(out * g), whose gradient is g.
+        table.grad = None
+        (F.embedding(ids, table) * ge).sum().backward()
+
+    report("nn/embedding/fwdbwd", emb_step)
     print(f"kv torch_version/{torch.__version__} 0")
     print(f"kv torch_mkldnn/{int(torch.backends.mkldnn.is_available())} 0")
 

@@ -146,6 +146,29 @@ fn layer_norm() -> orch_tensor::Result<()> {
     Ok(())
 }
 
+/// `embedding` of `[12, 64]` indices into a 65x128 table through the `Tensor` API, as a trainer
+/// calls it: the lookup, and the lookup with the table's gradient (scatter-add) by `backward`.
+fn embedding() -> orch_tensor::Result<()> {
+    use orch_tensor::{MemoryPool, Tensor};
+    let pool = MemoryPool::cpu();
+    let table = Tensor::from_vec(data(65 * 128, 13), &[65, 128], &pool)?.with_requires_grad();
+    let ids: Vec<f32> = (0..12 * 64).map(|i| ((i * 7 + 3) % 65) as f32).collect();
+    let indices = Tensor::from_vec(ids, &[12, 64], &pool)?;
+    let g = Tensor::from_vec(data(12 * 64 * 128, 14), &[12, 64, 128], &pool)?;
+    time("nn/embedding/fwd", || {
+        orch_tensor::no_grad(|| table.embedding(&indices)).expect("embedding");
+    });
+    time("nn/embedding/fwdbwd", || {
+        table.zero_grad();
+        let out = table.embedding(&indices).expect("embedding");
+        out.mul(&g)
+            .and_then(|o| o.sum_all())
+            .and_then(|l| l.backward())
+            .expect("embedding backward");
+    });
+    Ok(())
+}
+
 fn main() -> orch_tensor::Result<()> {
     let threads = std::env::args()
         .skip(1)
@@ -155,6 +178,7 @@ fn main() -> orch_tensor::Result<()> {
     common::threads(threads).install(|| -> orch_tensor::Result<()> {
         conv()?;
         attention()?;
-        layer_norm()
+        layer_norm()?;
+        embedding()
     })
 }
