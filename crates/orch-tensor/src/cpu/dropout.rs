@@ -5,9 +5,8 @@
 //! masks of one uninterrupted replica. The CUDA kernel (`dropout` in kernels.cu) computes the
 //! same hash.
 
-use super::{CpuStorage, PAR_MIN, build};
+use super::{CpuStorage, PAR_MIN, build, each_chunk};
 use crate::ops::DropoutMask;
-use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
 /// `x * scale` where the mask keeps an element, else 0, for dense `x` of `rows` samples.
@@ -28,12 +27,6 @@ pub(crate) fn dropout(x: &[f32], rows: usize, mask: &DropoutMask) -> CpuStorage 
         }
     };
     build(x.len(), |out| {
-        if x.len() >= PAR_MIN && rows > 1 {
-            out.par_chunks_mut(per)
-                .enumerate()
-                .for_each(|(r, o)| row(r, o));
-        } else {
-            out.chunks_mut(per).enumerate().for_each(|(r, o)| row(r, o));
-        }
+        each_chunk(out, per, x.len() >= PAR_MIN && rows > 1, row)
     })
 }

@@ -3,9 +3,8 @@
 //! (scatter-add). Data is dense and seen as `[outer, n, inner]` around the indexed axis.
 //! Indices arrive as f32 and are checked once, before any element is read.
 
-use super::{CpuStorage, PAR_MIN, build};
+use super::{CpuStorage, PAR_MIN, build, each_chunk};
 use crate::error::{Result, TensorError};
-use rayon::prelude::*;
 
 /// The indices as positions in `0..bound`, or an error naming the first that is not one
 /// (negative, fractional, NaN, too large).
@@ -45,15 +44,7 @@ pub(crate) fn index_select(
         }
     };
     Ok(build(total, |out| {
-        if total >= PAR_MIN {
-            out.par_chunks_mut(inner)
-                .enumerate()
-                .for_each(|(r, o)| row(r, o));
-        } else {
-            out.chunks_mut(inner)
-                .enumerate()
-                .for_each(|(r, o)| row(r, o));
-        }
+        each_chunk(out, inner, total >= PAR_MIN, row)
     }))
 }
 
@@ -94,15 +85,7 @@ pub(crate) fn index_add(
             }
         }
     };
-    if g.len() >= PAR_MIN {
-        out.par_chunks_mut(inner)
-            .enumerate()
-            .for_each(|(r, d)| row(r, d));
-    } else {
-        out.chunks_mut(inner)
-            .enumerate()
-            .for_each(|(r, d)| row(r, d));
-    }
+    each_chunk(&mut out, inner, g.len() >= PAR_MIN, row);
     Ok(out)
 }
 
@@ -126,15 +109,7 @@ pub(crate) fn gather(
         }
     };
     Ok(build(total, |out| {
-        if total >= PAR_MIN {
-            out.par_chunks_mut(inner)
-                .enumerate()
-                .for_each(|(r, o)| row(r, o));
-        } else {
-            out.chunks_mut(inner)
-                .enumerate()
-                .for_each(|(r, o)| row(r, o));
-        }
+        each_chunk(out, inner, total >= PAR_MIN, row)
     }))
 }
 
@@ -159,15 +134,7 @@ pub(crate) fn scatter_add(
             }
         }
     };
-    if g.len() >= PAR_MIN && outer > 1 {
-        out.par_chunks_mut(n * inner)
-            .enumerate()
-            .for_each(|(o, d)| block(o, d));
-    } else {
-        out.chunks_mut(n * inner)
-            .enumerate()
-            .for_each(|(o, d)| block(o, d));
-    }
+    each_chunk(&mut out, n * inner, g.len() >= PAR_MIN && outer > 1, block);
     Ok(out)
 }
 

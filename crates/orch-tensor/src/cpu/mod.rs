@@ -38,6 +38,24 @@ pub(crate) const PAR_MIN: usize = 1 << 15;
 /// Elements per rayon task for flat loops.
 pub(crate) const PAR_CHUNK: usize = 1 << 14;
 
+/// Runs `f(r, chunk)` on each chunk `r` of `width` elements of `out`, on rayon's threads when
+/// `parallel` (the caller's size rule: usually at least [`PAR_MIN`] elements of work).
+pub(crate) fn each_chunk<T: Send>(
+    out: &mut [T],
+    width: usize,
+    parallel: bool,
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
+    use rayon::prelude::*;
+    if parallel {
+        out.par_chunks_mut(width)
+            .enumerate()
+            .for_each(|(r, o)| f(r, o));
+    } else {
+        out.chunks_mut(width).enumerate().for_each(|(r, o)| f(r, o));
+    }
+}
+
 /// A vector of `n` floats written by `fill`, without zeroing it first (one memory pass saved
 /// per op). `fill` must write every element; all callers write each index exactly once.
 pub(crate) fn build(n: usize, fill: impl FnOnce(&mut [std::mem::MaybeUninit<f32>])) -> CpuStorage {

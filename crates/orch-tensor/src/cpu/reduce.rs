@@ -1,8 +1,7 @@
 //! Reductions over one axis of dense data seen as `[outer, n, inner]`.
 
-use super::{CpuStorage, PAR_MIN};
+use super::{CpuStorage, PAR_MIN, each_chunk};
 use crate::ops::ReduceOp;
-use rayon::prelude::*;
 
 const LANES: usize = 16;
 
@@ -61,15 +60,7 @@ pub(crate) fn reduce(op: ReduceOp, x: &[f32], outer: usize, n: usize, inner: usi
             }
         }
     };
-    if x.len() >= PAR_MIN && outer > 1 {
-        out.par_chunks_mut(inner)
-            .enumerate()
-            .for_each(|(o, d)| body(o, d));
-    } else {
-        out.chunks_mut(inner)
-            .enumerate()
-            .for_each(|(o, d)| body(o, d));
-    }
+    each_chunk(&mut out, inner, x.len() >= PAR_MIN && outer > 1, body);
     out
 }
 
