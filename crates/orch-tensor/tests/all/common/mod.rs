@@ -14,6 +14,12 @@ pub fn gpu_required() -> bool {
     std::env::var("ORCH_REQUIRE_GPU").as_deref() == Ok("1")
 }
 
+/// `ORCH_REQUIRE_NVRTC=1`: the CUDA sources must compile here, GPU or not (`.ci/run` sets it
+/// with PyTorch's libnvrtc on the loader path). `ORCH_REQUIRE_GPU=1` implies it.
+pub fn nvrtc_required() -> bool {
+    gpu_required() || std::env::var("ORCH_REQUIRE_NVRTC").as_deref() == Ok("1")
+}
+
 /// A pool on CUDA device 0, or `None` (after printing why) when CUDA is not usable here.
 /// Panics instead under `ORCH_REQUIRE_GPU=1`.
 pub fn cuda_pool() -> Option<Arc<MemoryPool>> {
