@@ -227,19 +227,51 @@ fn affine_slices<'a>(s: &[&'a [f32]], w: bool, b: bool) -> (Option<&'a [f32]>, O
 pub(crate) fn layer_norm_backward(
     pool: &MemoryPool,
     spec: &LayerNormSpec,
-    (x, mean, rstd, dy): (Dense<'_>, Dense<'_>, Dense<'_>, Dense<'_>),
+    io: (Dense<'_>, Dense<'_>, Dense<'_>, Dense<'_>),
     w: Option<Dense<'_>>,
     want: [bool; 3],
     ws: usize,
 ) -> Result<Vec<Storage>> {
+    let op = "layer_norm backward";
+    let kernel = nn_kernels::layer_norm_backward;
+    norm_backward(pool, op, spec, spec.cols(), io, w, want, ws, kernel)
+}
+
+/// The shape of both norms' backward kernels: (spec, x, weight, mean, rstd, dy) in, the
+/// wanted (dx, d_weight, d_bias) and a workspace out.
+type NormBackward<S> = fn(
+    &S,
+    &[f32],
+    Option<&[f32]>,
+    &[f32],
+    &[f32],
+    &[f32],
+    Option<&mut [f32]>,
+    Option<&mut [f32]>,
+    Option<&mut [f32]>,
+    &mut [f32],
+) -> Result<()>;
+
+/// A norm's backward on host slices: `params` elements each for the weight and bias gradients.
+#[allow(clippy::too_many_arguments)]
+fn norm_backward<S>(
+    pool: &MemoryPool,
+    op: &'static str,
+    spec: &S,
+    params: usize,
+    (x, mean, rstd, dy): (Dense<'_>, Dense<'_>, Dense<'_>, Dense<'_>),
+    w: Option<Dense<'_>>,
+    want: [bool; 3],
+    ws: usize,
+    kernel: NormBackward<S>,
+) -> Result<Vec<Storage>> {
     let has_w = w.is_some();
     let inputs = with_opt(vec![x, mean, rstd, dy], w);
-    with_host_slices(pool, "layer_norm backward", &inputs, |s| {
-        let lens = [s[0].len(), spec.cols(), spec.cols()];
-        let [mut dx, mut dw, mut db] = three(wanted(&want, &lens));
+    with_host_slices(pool, op, &inputs, |s| {
+        let [mut dx, mut dw, mut db] = three(wanted(&want, &[s[0].len(), params, params]));
         let [mut ws] = host_vecs([ws]);
         let weight = has_w.then(|| s[4]);
-        nn_kernels::layer_norm_backward(
+        kernel(
             spec,
             s[0],
             weight,
@@ -296,32 +328,14 @@ pub(crate) fn batch_norm_forward(
 pub(crate) fn batch_norm_backward(
     pool: &MemoryPool,
     spec: &BatchNormSpec,
-    (x, mean, rstd, dy): (Dense<'_>, Dense<'_>, Dense<'_>, Dense<'_>),
+    io: (Dense<'_>, Dense<'_>, Dense<'_>, Dense<'_>),
     w: Option<Dense<'_>>,
     want: [bool; 3],
     ws: usize,
 ) -> Result<Vec<Storage>> {
-    let has_w = w.is_some();
-    let inputs = with_opt(vec![x, mean, rstd, dy], w);
-    with_host_slices(pool, "batch_norm backward", &inputs, |s| {
-        let c = spec.channels();
-        let [mut dx, mut dw, mut db] = three(wanted(&want, &[s[0].len(), c, c]));
-        let [mut ws] = host_vecs([ws]);
-        let weight = has_w.then(|| s[4]);
-        nn_kernels::batch_norm_backward(
-            spec,
-            s[0],
-            weight,
-            s[1],
-            s[2],
-            s[3],
-            dx.as_deref_mut(),
-            dw.as_deref_mut(),
-            db.as_deref_mut(),
-            &mut ws,
-        )?;
-        Ok(storages([dx, dw, db]))
-    })
+    let op = "batch_norm backward";
+    let kernel = nn_kernels::batch_norm_backward;
+    norm_backward(pool, op, spec, spec.channels(), io, w, want, ws, kernel)
 }
 
 /// Attention: the output, then the per-row logsumexp.
