@@ -25,6 +25,8 @@ fn main() {
         "queue-fixtures",
         "trainer-kit",
         "trainer-mlp",
+        "trainer-cnn",
+        "trainer-gpt",
         "trainer-fixtures",
         "compat",
     ] {

@@ -131,6 +131,7 @@ fn parse(path: &Path, reader: impl Read, options: &CsvOptions) -> Result<Dataset
         features,
         labels,
         feature_dim,
+        sample_shape: vec![feature_dim],
         num_classes,
     })
 }

@@ -8,6 +8,9 @@ pub struct Dataset {
     pub features: Vec<f32>,
     pub labels: Vec<u32>,
     pub feature_dim: usize,
+    /// The shape of one sample (its product is `feature_dim`): `[1, 28, 28]` for MNIST,
+    /// `[feature_dim]` for CSV, what the file says for safetensors.
+    pub sample_shape: Vec<usize>,
     /// One more than the largest label.
     pub num_classes: usize,
 }
@@ -91,6 +94,7 @@ mod tests {
             features: vec![0., 1., 2., 3., 4., 5.],
             labels: vec![0, 1, 2],
             feature_dim: 2,
+            sample_shape: vec![2],
             num_classes: 3,
         };
         assert_eq!(d.gather(&[2, 0]), (vec![4., 5., 0., 1.], vec![2, 0]));

@@ -50,7 +50,7 @@ fn find(dir: &Path, stem: &str) -> Result<PathBuf, DataError> {
         })
 }
 
-fn read_maybe_gz(path: &Path) -> Result<Vec<u8>, DataError> {
+pub(crate) fn read_maybe_gz(path: &Path) -> Result<Vec<u8>, DataError> {
     let raw = std::fs::read(path).map_err(|e| DataError::Read {
         path: path.into(),
         reason: e.to_string(),
@@ -123,6 +123,7 @@ fn parse(
         features,
         labels,
         feature_dim: dim,
+        sample_shape: vec![1, rows, cols],
         num_classes,
     })
 }

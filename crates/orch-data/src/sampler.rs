@@ -53,6 +53,32 @@ impl EpochOrder {
     }
 }
 
+/// The seed evaluation windows are drawn from: the same windows at every evaluation of every
+/// run of a text (the ASCII of `eval`).
+pub const EVAL_WINDOW_SEED: u64 = 0x6576_616c;
+
+/// The window starts of training step `step`: `count` draws from SplitMix64 seeded with
+/// `seed ^ (step + 1) * 0xD1B5_4A32_D192_ED03`, each `next() % positions`. They depend only on
+/// the seed and the step, so a resumed run and N replicas (each taking its shard) see the
+/// windows of one uninterrupted replica.
+pub fn train_windows(positions: usize, count: usize, seed: u64, step: u64) -> Vec<u32> {
+    let rng = SplitMix64(seed ^ step.wrapping_add(1).wrapping_mul(0xD1B5_4A32_D192_ED03));
+    draw(rng, positions, count)
+}
+
+/// The window starts of every evaluation: `count` draws from SplitMix64 seeded with
+/// [`EVAL_WINDOW_SEED`], each `next() % positions` (batch `b` takes draws `b * batch..`).
+pub fn eval_windows(positions: usize, count: usize) -> Vec<u32> {
+    draw(SplitMix64(EVAL_WINDOW_SEED), positions, count)
+}
+
+fn draw(mut rng: SplitMix64, positions: usize, count: usize) -> Vec<u32> {
+    let positions = positions.max(1) as u64;
+    (0..count)
+        .map(|_| u32::try_from(rng.next() % positions).unwrap_or(u32::MAX))
+        .collect()
+}
+
 /// The part of a batch of `len` samples that replica `rank` of `replicas` takes: contiguous,
 /// sizes differing by at most one, together exactly the batch.
 pub fn shard(len: usize, replicas: usize, rank: usize) -> Range<usize> {
@@ -98,6 +124,18 @@ mod tests {
         assert_eq!(sorted, (0..100).collect::<Vec<u32>>());
         assert_eq!(EpochOrder::shuffled(95, 10, 1, 0).batches(), 10);
         assert_eq!(EpochOrder::shuffled(95, 10, 1, 0).batch(9).len(), 5);
+    }
+
+    #[test]
+    fn windows_depend_on_seed_and_step_only() {
+        let a = train_windows(1000, 12, 7, 3);
+        assert_eq!(a, train_windows(1000, 12, 7, 3));
+        assert_ne!(a, train_windows(1000, 12, 7, 4));
+        assert_ne!(a, train_windows(1000, 12, 8, 3));
+        assert!(a.iter().all(|&o| o < 1000));
+        assert_eq!(eval_windows(500, 30)[..10], eval_windows(500, 10)[..]);
+        // SplitMix64's published first output for seed 0, so other languages can redraw these.
+        assert_eq!(SplitMix64(0).next(), 0xE220_A839_7B1D_CDAF);
     }
 
     proptest! {

@@ -14,11 +14,23 @@ pub struct BuiltinTrainer {
 }
 
 /// Every built-in trainer.
-pub static BUILTIN_TRAINERS: &[BuiltinTrainer] = &[BuiltinTrainer {
-    name: "mlp",
-    summary: "multi-layer perceptron with ReLU and softmax cross-entropy (config hidden, optimizer, lr, momentum, weight_decay, lr_decay)",
-    wasm: include_bytes!(concat!(env!("ORCH_TRAINER_WASM_DIR"), "/trainer_mlp.wasm")),
-}];
+pub static BUILTIN_TRAINERS: &[BuiltinTrainer] = &[
+    BuiltinTrainer {
+        name: "mlp",
+        summary: "multi-layer perceptron with ReLU and softmax cross-entropy (config hidden, optimizer, lr, momentum, weight_decay, lr_decay)",
+        wasm: include_bytes!(concat!(env!("ORCH_TRAINER_WASM_DIR"), "/trainer_mlp.wasm")),
+    },
+    BuiltinTrainer {
+        name: "cnn",
+        summary: "convolutional network for images: conv blocks (channels, kernel, pooling, optional batch-norm), then linear layers (config channels, kernel, pool, batch_norm, hidden, optimizer, lr, ...)",
+        wasm: include_bytes!(concat!(env!("ORCH_TRAINER_WASM_DIR"), "/trainer_cnn.wasm")),
+    },
+    BuiltinTrainer {
+        name: "gpt",
+        summary: "decoder-only transformer over characters (nanoGPT): pre-norm blocks, causal attention, tied head, AdamW, warm-up and cosine decay (config layers, heads, embedding, dropout, bias, lr, ...)",
+        wasm: include_bytes!(concat!(env!("ORCH_TRAINER_WASM_DIR"), "/trainer_gpt.wasm")),
+    },
+];
 
 /// Where the build put the guest components (the trainer test fixtures among them).
 #[doc(hidden)]

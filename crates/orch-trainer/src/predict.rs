@@ -104,6 +104,9 @@ pub fn predict(
         train_samples: u(shared.data.train.len()),
         eval_samples: u(shared.data.eval.as_ref().map_or(0, |e| e.len())),
         seed: spec.seed,
+        sample_shape: shared.data.train.sample_shape.iter().map(|&d| u(d)).collect(),
+        label_shape: Vec::new(),
+        total_steps: 0,
     };
     trainer
         .orch_plugin_training()

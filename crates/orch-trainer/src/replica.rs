@@ -165,6 +165,9 @@ impl Replica<'_> {
             train_samples: u(data.train.len()),
             eval_samples: u(data.eval.as_ref().map_or(0, |e| e.len())),
             seed: s.seed,
+            sample_shape: data.train.sample_shape.iter().map(|&d| u(d)).collect(),
+            label_shape: Vec::new(),
+            total_steps: u64::from(s.epochs) * u64::from(s.batches_per_epoch()),
         }
     }
 

@@ -26,6 +26,7 @@ fn replica(bytes: u64, quota: Option<u64>, max_graph_nodes: usize) -> ReplicaSta
         features: vec![0.0; 4],
         labels: vec![0, 1],
         feature_dim: 2,
+        sample_shape: vec![2],
         num_classes: 2,
     });
     let shared = Arc::new(Shared {
