@@ -88,6 +88,7 @@ impl Display {
                 }
             }
             ProgressEvent::Epoch { .. }
+            | ProgressEvent::Eval { .. }
             | ProgressEvent::NothingToResume { .. }
             | ProgressEvent::Finished { .. } => self.line(&summary_text(&event)),
         }
@@ -155,25 +156,42 @@ fn summary_text(event: &ProgressEvent) -> String {
                 (Some(l), Some(a)) => {
                     format!(", test loss {l:.4}, test accuracy {:.2}%", a * 100.0)
                 }
+                (Some(l), None) => format!(", test loss {l:.4}"),
                 _ => String::new(),
             };
             format!("epoch {epoch}/{epochs}: train loss {train_loss:.4}{scores} ({seconds:.1} s)")
         }
+        ProgressEvent::Eval {
+            step,
+            total_steps,
+            eval_loss,
+            eval_accuracy,
+            train_seconds,
+        } => {
+            let accuracy = eval_accuracy
+                .map_or_else(String::new, |a| format!(", accuracy {:.2}%", a * 100.0));
+            format!(
+                "step {step}/{total_steps}: eval loss {eval_loss:.4}{accuracy} ({train_seconds:.1} s of training)"
+            )
+        }
         ProgressEvent::NothingToResume { job, step, epoch } => format!(
-            "{job}: the checkpoint is at the end of the run ({step} steps, {epoch} epochs): nothing to resume; raise [train] epochs to train further"
+            "{job}: the checkpoint is at the end of the run ({step} steps, {epoch} epochs): nothing to resume; raise [train] epochs (or steps) to train further"
         ),
         ProgressEvent::Finished {
             steps,
             seconds,
+            eval_loss,
             eval_accuracy,
             stopped_early,
             metrics,
             plot,
             checkpoint,
         } => {
-            let scores = eval_accuracy.map_or_else(String::new, |a| {
-                format!("; test accuracy {:.2}%", a * 100.0)
-            });
+            let scores = match (eval_loss, eval_accuracy) {
+                (_, Some(a)) => format!("; test accuracy {:.2}%", a * 100.0),
+                (Some(l), None) => format!("; eval loss {l:.4}"),
+                _ => String::new(),
+            };
             let how = if *stopped_early {
                 "stopped as asked after"
             } else {
@@ -269,6 +287,7 @@ mod tests {
         display.show(ProgressEvent::Finished {
             steps: 20,
             seconds: 2.5,
+            eval_loss: Some(0.3),
             eval_accuracy: Some(0.9),
             stopped_early: true,
             metrics: PathBuf::from("runs/m.jsonl"),

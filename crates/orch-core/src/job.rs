@@ -124,8 +124,8 @@ impl Sweep {
 }
 
 impl JobSpec {
-    /// Task `task` of the job's `[sweep]`: a `[train]` job gets `seed`, `epochs` and
-    /// `batch_size` as its own and every other parameter as a `[train.config]` entry, and writes
+    /// Task `task` of the job's `[sweep]`: a `[train]` job gets `seed`, `epochs` (or `steps`,
+    /// when it trains by steps) and `batch_size` as its own and every other parameter as a `[train.config]` entry, and writes
     /// to `OUT/sweep-TASK`; a `[command]` job gets each as an
     /// environment variable (the key in capitals) and in its arguments where they say `{key}`.
     /// Both get `ORCH_SWEEP_TASK`. `None` past the last task.
@@ -144,6 +144,9 @@ impl JobSpec {
                         ("seed", Some(n)) => train.seed = n,
                         ("epochs", Some(n)) if n > 0 => {
                             train.epochs = u32::try_from(n).unwrap_or(u32::MAX)
+                        }
+                        ("steps", Some(n)) if n > 0 && train.steps.is_some() => {
+                            train.steps = Some(n)
                         }
                         ("batch_size", Some(n)) if n > 0 => {
                             train.batch_size = u32::try_from(n).unwrap_or(u32::MAX)
@@ -253,7 +256,17 @@ pub struct TrainSpec {
     /// A built-in trainer name (`mlp`) or a `.wasm` component.
     pub plugin: PluginRef,
     pub plugin_at: Location,
+    /// Passes over the data set (1 when the job trains by `steps` and does not say).
     pub epochs: u32,
+    /// `[train] steps`: the run's training steps, instead of `epochs` passes (and text data is
+    /// trained by steps only).
+    pub steps: Option<u64>,
+    /// `[train] eval_every`: evaluate every this many steps and at the end (`None`: at the end
+    /// of every epoch, or at the end of a run by steps).
+    pub eval_every: Option<u64>,
+    /// `[train] eval_batches`: evaluation batches per evaluation (`None`: the whole
+    /// evaluation set, or 20 batches of text windows).
+    pub eval_batches: Option<u32>,
     /// Global batch, split across replicas.
     pub batch_size: u32,
     pub seed: u64,
@@ -286,8 +299,15 @@ pub struct DataSpec {
     pub header: bool,
     /// CSV: every feature is divided by this (default 1).
     pub scale: f32,
-    /// Standardise features with the training set's mean and deviation (default true).
+    /// Standardise features with the training set's mean and deviation (default true; never
+    /// for text).
     pub normalize: bool,
+    /// Text: the window length, tokens per sample.
+    pub block_size: Option<u32>,
+    /// Text: the 256 byte values as the vocabulary, instead of the training text's characters.
+    pub bytes_vocab: bool,
+    /// Text: leave out evaluation characters outside the vocabulary instead of refusing them.
+    pub skip_unknown: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -296,6 +316,10 @@ pub enum DataFormat {
     /// MNIST's IDX files, gzip-compressed or raw.
     MnistIdx,
     Csv,
+    /// One safetensors file: `features` `[samples, ...]` and `labels` `[samples]`.
+    Safetensors,
+    /// Plain or gzipped text, tokenised by character (or byte), in windows of `block_size`.
+    Text,
 }
 
 /// A job file that cannot be used.
@@ -401,7 +425,10 @@ struct RawCommand {
 #[serde(deny_unknown_fields)]
 struct RawTrain {
     plugin: Spanned<String>,
-    epochs: Spanned<i64>,
+    epochs: Option<Spanned<i64>>,
+    steps: Option<Spanned<i64>>,
+    eval_every: Option<Spanned<i64>>,
+    eval_batches: Option<Spanned<i64>>,
     batch_size: Spanned<i64>,
     #[serde(default)]
     seed: u64,
@@ -420,8 +447,12 @@ struct RawTrain {
 struct RawData {
     format: DataFormat,
     train: Spanned<String>,
+    #[serde(alias = "val")]
     test: Option<Spanned<String>>,
     label_column: Option<i64>,
+    block_size: Option<Spanned<i64>>,
+    vocab: Option<Spanned<String>>,
+    unknown: Option<Spanned<String>>,
     #[serde(default)]
     header: bool,
     scale: Option<Spanned<f64>>,
@@ -783,8 +814,74 @@ impl Checker<'_> {
                     .with_hint(format!("{key} is a whole number of at least 1"))
                 })
         };
-        let epochs = positive(&raw.epochs, "epochs")?;
         let batch_size = positive(&raw.batch_size, "batch_size")?;
+        let count = |value: &Option<Spanned<i64>>, key: &str| -> Result<Option<u64>, InputError> {
+            value
+                .as_ref()
+                .map(|v| {
+                    u64::try_from(*v.get_ref())
+                        .ok()
+                        .filter(|n| *n > 0)
+                        .ok_or_else(|| {
+                            self.at(v.span(), format!("{key} = {} is impossible", v.get_ref()))
+                                .with_hint(format!("{key} is a whole number of at least 1, or leave it out"))
+                        })
+                })
+                .transpose()
+        };
+        let steps = count(&raw.steps, "steps")?;
+        let eval_every = count(&raw.eval_every, "eval_every")?;
+        let eval_batches = count(&raw.eval_batches, "eval_batches")?
+            .map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+        let epochs = match (&raw.epochs, steps) {
+            (Some(epochs), None) => positive(epochs, "epochs")?,
+            (None, Some(_)) => 1,
+            (Some(epochs), Some(_)) => {
+                return Err(self
+                    .at(epochs.span(), "[train] sets both epochs and steps")
+                    .with_hint("keep one: `epochs` passes over the data, or `steps` training steps"));
+            }
+            (None, None) => {
+                return Err(self
+                    .at(raw.batch_size.span(), "[train] says neither epochs nor steps")
+                    .with_hint("add `epochs = N` (passes over the data) or `steps = N` (training steps)"));
+            }
+        };
+        let text = raw.data.format == DataFormat::Text;
+        let block_size = match (&raw.data.block_size, text) {
+            (Some(v), true) => Some(positive(v, "data.block_size")?),
+            (None, true) => {
+                return Err(self
+                    .at(raw.data.train.span(), "[train.data] format = \"text\" needs block_size")
+                    .with_hint("add `block_size = 64`: the tokens of context each sample has"));
+            }
+            (Some(v), false) => {
+                return Err(self
+                    .at(v.span(), "[train.data] block_size is for format = \"text\"")
+                    .with_hint("leave it out: samples of this format have the file's shape"));
+            }
+            (None, false) => None,
+        };
+        if text && steps.is_none() {
+            let at = raw.epochs.as_ref().map_or(raw.batch_size.span(), |e| e.span());
+            return Err(self
+                .at(at, "text data is trained by steps, not epochs")
+                .with_hint("replace `epochs` with `steps = N`: every step draws batch_size windows at random offsets"));
+        }
+        let text_only = |value: &Option<Spanned<String>>, key: &str, allowed: &str| -> Result<Option<String>, InputError> {
+            match value {
+                None => Ok(None),
+                Some(v) if !text => Err(self
+                    .at(v.span(), format!("[train.data] {key} is for format = \"text\""))
+                    .with_hint("leave it out")),
+                Some(v) if v.get_ref() == allowed => Ok(Some(allowed.to_string())),
+                Some(v) => Err(self
+                    .at(v.span(), format!("[train.data] {key} = {:?} is not known", v.get_ref()))
+                    .with_hint(format!("the one value is \"{allowed}\"; leave it out for the default"))),
+            }
+        };
+        let bytes_vocab = text_only(&raw.data.vocab, "vocab", "bytes")?.is_some();
+        let skip_unknown = text_only(&raw.data.unknown, "unknown", "skip")?.is_some();
         for (value, key) in [(&raw.plugin, "plugin"), (&raw.data.train, "data.train")] {
             if value.get_ref().trim().is_empty() {
                 return Err(self
@@ -850,6 +947,9 @@ impl Checker<'_> {
             plugin: PluginRef::parse(raw.plugin.get_ref().trim(), &self.dir()),
             plugin_at: Location::from_offset(self.path, self.text, raw.plugin.span().start),
             epochs,
+            steps,
+            eval_every,
+            eval_batches,
             batch_size,
             seed: raw.seed,
             data: DataSpec {
@@ -859,7 +959,10 @@ impl Checker<'_> {
                 label_column: raw.data.label_column.unwrap_or(-1),
                 header: raw.data.header,
                 scale,
-                normalize: raw.data.normalize.unwrap_or(true),
+                normalize: raw.data.normalize.unwrap_or(!text),
+                block_size,
+                bytes_vocab,
+                skip_unknown,
             },
             config: self.config(raw.config)?,
             limits,

@@ -69,6 +69,10 @@ pub struct Meta {
     /// buffers existed: none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub buffers: Vec<String>,
+    /// Text: the vocabulary token ids stand for, `chars:` and the sorted characters (token `i`
+    /// is the `i`-th), or `bytes`; what `orch sample` encodes and decodes with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocab: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -325,6 +329,7 @@ mod tests {
                 replicas: 2,
                 optimizers: Vec::new(),
                 buffers: Vec::new(),
+                vocab: None,
             },
             params: vec![NamedTensor {
                 name: "w".into(),
@@ -386,6 +391,7 @@ mod tests {
                 replicas: 1,
                 optimizers: Vec::new(),
                 buffers: Vec::new(),
+                vocab: None,
             },
             params: vec![NamedTensor {
                 name: "w".into(),

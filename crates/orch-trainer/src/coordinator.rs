@@ -9,7 +9,7 @@ use crate::error::TrainError;
 use crate::host::Shared;
 use crate::plot::write_plot;
 use crate::progress::{ProgressEvent, Reporter};
-use crate::replica::Event;
+use crate::replica::{EvalDone, Event};
 use crate::report::{Metrics, Record};
 use crate::run::Summary;
 use orch_wit::trainer::orch::plugin::metrics::Level;
@@ -30,7 +30,11 @@ struct PendingStep {
 
 #[derive(Debug, Default)]
 struct PendingEval {
-    step: u64,
+    epoch: u32,
+    epoch_end: bool,
+    evaluated: bool,
+    /// The longest any replica took to evaluate.
+    seconds: f64,
     count: usize,
     loss_sum: f64,
     correct: u64,
@@ -39,7 +43,7 @@ struct PendingEval {
 }
 
 /// The last step done, its loss, and the last evaluation's loss and accuracy.
-type Last = (u64, f32, Option<(f64, f64)>);
+type Last = (u64, f32, Option<(f64, Option<f64>)>);
 
 pub(crate) struct Coordinator {
     replicas: usize,
@@ -48,7 +52,14 @@ pub(crate) struct Coordinator {
     metrics: Metrics,
     out: PathBuf,
     pending_steps: BTreeMap<u64, PendingStep>,
-    pending_evals: BTreeMap<u32, PendingEval>,
+    pending_evals: BTreeMap<u64, PendingEval>,
+    /// Training steps of the whole run.
+    total_steps: u64,
+    /// Text: evaluations have a loss and no accuracy.
+    text: bool,
+    /// Time spent evaluating, over this process's part of the run and in the current epoch.
+    eval_seconds: f64,
+    epoch_eval_seconds: f64,
     failure: Option<TrainError>,
     stopped_early: bool,
     epoch_started: Instant,
@@ -59,9 +70,11 @@ pub(crate) struct Coordinator {
 }
 
 impl Coordinator {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         replicas: usize,
         epochs: u32,
+        total_steps: u64,
         progress: Reporter,
         metrics: Metrics,
         out: PathBuf,
@@ -76,6 +89,10 @@ impl Coordinator {
             out,
             pending_steps: BTreeMap::new(),
             pending_evals: BTreeMap::new(),
+            total_steps,
+            text: shared.data.train.is_text(),
+            eval_seconds: 0.0,
+            epoch_eval_seconds: 0.0,
             failure: None,
             stopped_early: false,
             epoch_started: Instant::now(),
@@ -113,15 +130,7 @@ impl Coordinator {
                 scalars,
                 ..
             } => self.step(step, epoch, loss, rows, scalars),
-            Event::Eval {
-                epoch,
-                step,
-                loss_sum,
-                correct,
-                rows,
-                scalars,
-                ..
-            } => self.eval(epoch, step, loss_sum, correct, rows, scalars),
+            Event::Eval(report) => self.eval(report),
             Event::Log {
                 rank,
                 level,
@@ -220,44 +229,66 @@ impl Coordinator {
         })
     }
 
-    fn eval(
-        &mut self,
-        epoch: u32,
-        step: u64,
-        loss_sum: f64,
-        correct: u64,
-        rows: u64,
-        scalars: Vec<(String, f64)>,
-    ) -> Result<(), TrainError> {
-        let pending = self.pending_evals.entry(epoch).or_default();
-        pending.step = step;
+    fn eval(&mut self, report: EvalDone) -> Result<(), TrainError> {
+        let pending = self.pending_evals.entry(report.step).or_default();
+        pending.epoch = report.epoch;
+        pending.epoch_end |= report.epoch_end;
+        pending.evaluated |= report.evaluated;
+        pending.seconds = pending.seconds.max(report.seconds);
         pending.count += 1;
-        pending.loss_sum += loss_sum;
-        pending.correct += correct;
-        pending.rows += rows;
-        add_scalars(&mut pending.scalars, scalars);
+        pending.loss_sum += report.loss_sum;
+        pending.correct += report.correct;
+        pending.rows += report.rows;
+        add_scalars(&mut pending.scalars, report.scalars);
         if pending.count < self.replicas {
             return Ok(());
         }
-        let Some(done) = self.pending_evals.remove(&epoch) else {
+        let step = report.step;
+        let Some(done) = self.pending_evals.remove(&step) else {
             return Ok(());
         };
-        let seconds = self.epoch_started.elapsed().as_secs_f64();
-        self.epoch_started = Instant::now();
-        let train_loss = self.metrics.epoch_loss(epoch + 1);
-        let (eval_loss, eval_accuracy) = if done.rows > 0 {
-            (
-                Some(done.loss_sum / done.rows as f64),
-                Some(done.correct as f64 / done.rows as f64),
-            )
+        self.eval_seconds += done.seconds;
+        self.epoch_eval_seconds += done.seconds;
+        let (eval_loss, eval_accuracy) = if done.evaluated && done.rows > 0 {
+            let accuracy = (!self.text).then(|| done.correct as f64 / done.rows as f64);
+            (Some(done.loss_sum / done.rows as f64), accuracy)
         } else {
             (None, None)
         };
-        if let (Some(l), Some(a)) = (eval_loss, eval_accuracy)
+        if let Some(l) = eval_loss
             && let Some(last) = &mut self.last
         {
-            last.2 = Some((l, a));
+            last.2 = Some((l, eval_accuracy));
         }
+        let scalars = mean_scalars(&done.scalars);
+        if let Some(eval_loss) = eval_loss {
+            let train_seconds =
+                (self.started.elapsed().as_secs_f64() - self.eval_seconds).max(0.0);
+            if !done.epoch_end {
+                self.progress.send(ProgressEvent::Eval {
+                    step,
+                    total_steps: self.total_steps,
+                    eval_loss,
+                    eval_accuracy,
+                    train_seconds,
+                });
+            }
+            self.metrics.push(Record::Eval {
+                step,
+                eval_loss,
+                eval_accuracy,
+                train_seconds,
+            })?;
+        }
+        if !done.epoch_end {
+            return Ok(());
+        }
+        let epoch = done.epoch;
+        let seconds = self.epoch_started.elapsed().as_secs_f64();
+        let train_seconds = (seconds - self.epoch_eval_seconds).max(0.0);
+        self.epoch_started = Instant::now();
+        self.epoch_eval_seconds = 0.0;
+        let train_loss = self.metrics.epoch_loss(epoch + 1);
         self.progress.send(ProgressEvent::Epoch {
             epoch: epoch + 1,
             epochs: self.epochs,
@@ -268,12 +299,13 @@ impl Coordinator {
         });
         self.metrics.push(Record::Epoch {
             epoch: epoch + 1,
-            step: done.step,
+            step,
             train_loss,
             eval_loss,
             eval_accuracy,
             seconds,
-            scalars: mean_scalars(&done.scalars),
+            train_seconds: Some(train_seconds),
+            scalars,
         })
     }
 
@@ -298,7 +330,8 @@ impl Coordinator {
         self.progress.send(ProgressEvent::Finished {
             steps,
             seconds,
-            eval_accuracy: eval.map(|e| e.1),
+            eval_loss: eval.map(|e| e.0),
+            eval_accuracy: eval.and_then(|e| e.1),
             stopped_early: self.stopped_early,
             metrics: self.out.join("metrics.jsonl"),
             plot,
@@ -308,7 +341,7 @@ impl Coordinator {
             steps,
             final_loss,
             eval_loss: eval.map(|e| e.0),
-            eval_accuracy: eval.map(|e| e.1),
+            eval_accuracy: eval.and_then(|e| e.1),
             stopped_early: self.stopped_early,
             seconds,
             samples_per_sec: self.progress.pace.throughput(),

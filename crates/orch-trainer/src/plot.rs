@@ -40,6 +40,9 @@ struct Series {
 impl Series {
     fn of(records: &[Record]) -> Series {
         let finite = |v: Option<f64>| v.filter(|v| v.is_finite());
+        // Evaluations have records of their own; files of older versions have them in the
+        // epoch records only.
+        let has_eval_records = records.iter().any(|r| matches!(r, Record::Eval { .. }));
         let mut series = Series {
             steps: Vec::new(),
             not_finite: Vec::new(),
@@ -57,12 +60,29 @@ impl Series {
                     eval_accuracy,
                     ..
                 } => {
-                    if eval_loss.is_some_and(|l| !l.is_finite()) {
+                    if !has_eval_records && eval_loss.is_some_and(|l| !l.is_finite()) {
                         series.not_finite.push(*step as f64);
                     }
-                    series
-                        .epochs
-                        .push((*step as f64, finite(*eval_loss), finite(*eval_accuracy)));
+                    if !has_eval_records {
+                        series
+                            .epochs
+                            .push((*step as f64, finite(*eval_loss), finite(*eval_accuracy)));
+                    }
+                }
+                Record::Eval {
+                    step,
+                    eval_loss,
+                    eval_accuracy,
+                    ..
+                } => {
+                    if !eval_loss.is_finite() {
+                        series.not_finite.push(*step as f64);
+                    }
+                    series.epochs.push((
+                        *step as f64,
+                        finite(Some(*eval_loss)),
+                        finite(*eval_accuracy),
+                    ));
                 }
             }
         }
@@ -257,6 +277,7 @@ mod tests {
             eval_loss: Some(f64::NAN),
             eval_accuracy: Some(0.5),
             seconds: 1.0,
+            train_seconds: None,
             scalars: Default::default(),
         });
         let svg = plot(&records, "t").unwrap();
@@ -284,6 +305,7 @@ mod tests {
                 eval_loss: Some(f64::MAX),
                 eval_accuracy: Some(0.0),
                 seconds: 1.0,
+                train_seconds: None,
                 scalars: Default::default(),
             },
         ];

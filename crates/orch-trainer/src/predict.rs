@@ -19,7 +19,6 @@ use orch_tensor::Tensor;
 use orch_wit::Version;
 use orch_wit::predicting::exports::orch::plugin::inference::GuestIndices;
 use orch_wit::trainer::Trainer;
-use orch_wit::trainer::exports::orch::plugin::training::RunInfo;
 use std::sync::Arc;
 use wasmtime::Store;
 
@@ -92,25 +91,19 @@ pub fn predict(
         .map_err(engine_error)?;
     let trainer = Trainer::new(&mut store, &instance).map_err(engine_error)?;
     let inference = indices.load(&mut store, &instance).map_err(engine_error)?;
-    let u = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-    let info = RunInfo {
-        replica: 0,
-        replicas: 1,
-        epochs: spec.epochs,
-        batch_size: spec.batch_size,
-        steps_per_epoch: 0,
-        features: u(shared.data.train.feature_dim),
-        classes: u(shared.data.classes),
-        train_samples: u(shared.data.train.len()),
-        eval_samples: u(shared.data.eval.as_ref().map_or(0, |e| e.len())),
+    let schedule = crate::data::Schedule {
+        samples: shared.data.train.len(),
+        batch_size: spec.batch_size as usize,
         seed: spec.seed,
-        sample_shape: shared.data.train.sample_shape.iter().map(|&d| u(d)).collect(),
-        label_shape: Vec::new(),
-        total_steps: 0,
+        epochs: spec.epochs,
+        replicas: 1,
+        steps: spec.steps,
+        windows: shared.data.train.is_text(),
     };
+    let info = crate::replica::run_info(&schedule, &shared.data, 0);
     trainer
         .orch_plugin_training()
-        .call_init_replica(&mut store, &spec.config, info)
+        .call_init_replica(&mut store, &spec.config, &info)
         .map_err(engine_error)?
         .map_err(|m| failed(printable(&m)))?;
     store.data_mut().phase = Phase::Idle;

@@ -44,6 +44,18 @@ pub enum ProgressEvent {
         eval_accuracy: Option<f64>,
         seconds: f64,
     },
+    /// An evaluation inside an epoch or at the end of a run by steps (`[train] eval_every`,
+    /// text data): the evaluation at an epoch's end comes with [`ProgressEvent::Epoch`].
+    Eval {
+        /// Steps done.
+        step: u64,
+        total_steps: u64,
+        eval_loss: f64,
+        /// `None` for text.
+        eval_accuracy: Option<f64>,
+        /// Training time so far, evaluations left out.
+        train_seconds: f64,
+    },
     /// A line the trainer logged at level info or warn (debug lines go to tracing only).
     Log {
         /// The plugin, with its replica (`mlp r1`) when there are several.
@@ -57,6 +69,8 @@ pub enum ProgressEvent {
     Finished {
         steps: u64,
         seconds: f64,
+        /// The last evaluation's loss and (not for text) accuracy.
+        eval_loss: Option<f64>,
         eval_accuracy: Option<f64>,
         /// Stopped by `RunOptions::stop_after`.
         stopped_early: bool,

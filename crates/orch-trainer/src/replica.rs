@@ -6,7 +6,7 @@
 //! checkpoints) goes to the coordinator over a channel.
 
 use crate::checkpoint::Checkpoint;
-use crate::data::{Schedule, eval_order, my_shard, shard};
+use crate::data::{Data, Schedule, eval_batches, my_shard, shard};
 use crate::error::{Stage, TrainError};
 use crate::host::{BatchSlot, NamedValues, Phase, ReplicaState, Shared, panic_message};
 use crate::safetensors::NamedTensor;
@@ -39,6 +39,11 @@ pub(crate) struct Plan {
     /// Stop (with a checkpoint) once this many steps are done: a simulated interruption.
     pub stop_after: Option<u64>,
     pub eval_batch: usize,
+    /// `[train] eval_every`: evaluate every this many steps (and at the end) instead of at the
+    /// end of every epoch.
+    pub eval_every: Option<u64>,
+    /// `[train] eval_batches`: evaluation batches per evaluation.
+    pub eval_batches: Option<u32>,
     /// Epoch ticks one call may take.
     pub ticks: u64,
     pub limits: Limits,
@@ -54,14 +59,7 @@ pub(crate) enum Event {
         rows: usize,
         scalars: Vec<(String, f64)>,
     },
-    Eval {
-        epoch: u32,
-        step: u64,
-        loss_sum: f64,
-        correct: u64,
-        rows: u64,
-        scalars: Vec<(String, f64)>,
-    },
+    Eval(EvalDone),
     Log {
         rank: usize,
         level: Level,
@@ -76,6 +74,25 @@ pub(crate) enum Event {
         rank: usize,
         error: TrainError,
     },
+}
+
+/// One replica's part of an evaluation, or of an epoch's end without one.
+#[derive(Debug)]
+pub(crate) struct EvalDone {
+    /// The epoch the evaluation falls in (0-based).
+    pub epoch: u32,
+    /// Steps done.
+    pub step: u64,
+    /// The last step of an epoch (the epoch record is due).
+    pub epoch_end: bool,
+    /// The evaluation set was scored (false: an epoch's end between evaluations, or no set).
+    pub evaluated: bool,
+    /// How long this replica's evaluation took.
+    pub seconds: f64,
+    pub loss_sum: f64,
+    pub correct: u64,
+    pub rows: u64,
+    pub scalars: Vec<(String, f64)>,
 }
 
 /// What one replica thread needs.
@@ -151,24 +168,7 @@ impl Replica<'_> {
     }
 
     fn run_info(&self) -> RunInfo {
-        let s = &self.plan.schedule;
-        let data = &self.shared.data;
-        let u = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-        RunInfo {
-            replica: u(self.rank),
-            replicas: u(s.replicas),
-            epochs: s.epochs,
-            batch_size: u(s.batch_size),
-            steps_per_epoch: s.batches_per_epoch(),
-            features: u(data.train.feature_dim),
-            classes: u(data.classes),
-            train_samples: u(data.train.len()),
-            eval_samples: u(data.eval.as_ref().map_or(0, |e| e.len())),
-            seed: s.seed,
-            sample_shape: data.train.sample_shape.iter().map(|&d| u(d)).collect(),
-            label_shape: Vec::new(),
-            total_steps: u64::from(s.epochs) * u64::from(s.batches_per_epoch()),
-        }
+        run_info(&self.plan.schedule, &self.shared.data, self.rank)
     }
 
     /// The training loop from the plan's start; `Ok(true)` when stopped early on purpose.
@@ -181,59 +181,54 @@ impl Replica<'_> {
         let schedule = plan.schedule;
         let batches = schedule.batches_per_epoch();
         let replicas = schedule.replicas;
-        let mut step = plan.start.step;
-        for epoch in plan.start.epoch..schedule.epochs {
-            let first = if epoch == plan.start.epoch {
-                plan.start.batch
-            } else {
-                0
+        let total = schedule.total_steps();
+        let mut order = None;
+        for step in plan.start.step..total {
+            let (epoch, batch) = schedule.position(step);
+            let global = schedule.global_batch(step, &mut order);
+            store.data_mut().phase = Phase::Train(BatchSlot {
+                indices: my_shard(&global, replicas, self.rank).to_vec(),
+                global_rows: global.len(),
+                offset: shard(global.len(), replicas, self.rank).start,
+                step,
+                ..BatchSlot::default()
+            });
+            let info = StepInfo {
+                step,
+                epoch,
+                batch,
+                batches,
             };
-            let order = schedule.order(epoch);
-            for batch in first..batches {
-                let global = order.batch(batch as usize);
-                store.data_mut().phase = Phase::Train(BatchSlot {
-                    indices: my_shard(global, replicas, self.rank).to_vec(),
-                    global_rows: global.len(),
-                    offset: shard(global.len(), replicas, self.rank).start,
-                    step,
-                    ..BatchSlot::default()
-                });
-                let info = StepInfo {
-                    step,
-                    epoch,
-                    batch,
-                    batches,
-                };
-                let stage = Stage::Step { step, epoch };
-                let report = self.call(store, stage, |s| trainer.train_step(s, info))?;
-                let state = store.data_mut();
-                let rows = match std::mem::take(&mut state.phase) {
-                    Phase::Train(slot) => slot.indices.len(),
-                    _ => 0,
-                };
-                let scalars = std::mem::take(&mut state.scalars);
-                self.send(Event::Step {
-                    step,
-                    epoch,
-                    loss: report.loss,
-                    rows,
-                    scalars,
-                });
-                step += 1;
-                let end_of_epoch = batch + 1 == batches;
-                let stop = plan.stop_after == Some(step);
-                if !end_of_epoch && (stop || self.checkpoint_due(step)) {
-                    self.snapshot(store.data(), step, epoch, batch + 1)?;
-                }
-                if stop && !end_of_epoch {
-                    return Ok(true);
-                }
+            let stage = Stage::Step { step, epoch };
+            let report = self.call(store, stage, |s| trainer.train_step(s, info))?;
+            let state = store.data_mut();
+            let rows = match std::mem::take(&mut state.phase) {
+                Phase::Train(slot) => slot.indices.len(),
+                _ => 0,
+            };
+            let scalars = std::mem::take(&mut state.scalars);
+            self.send(Event::Step {
+                step,
+                epoch,
+                loss: report.loss,
+                rows,
+                scalars,
+            });
+            let done = step + 1;
+            let last = done == total;
+            // Text has no passes over the data: its run is one "epoch" without an epoch record.
+            let epoch_end = !schedule.windows && (batch + 1 == batches || last);
+            let evaluate = match plan.eval_every {
+                Some(every) => done.is_multiple_of(every) || last,
+                None => epoch_end || last,
+            };
+            if evaluate || epoch_end {
+                self.evaluate(store, trainer, epoch, done, evaluate, epoch_end)?;
             }
-            self.evaluate(store, trainer, epoch, step)?;
-            let last = epoch + 1 == schedule.epochs;
-            let stop = plan.stop_after == Some(step);
-            if last || stop || self.checkpoint_due(step) {
-                self.snapshot(store.data(), step, epoch + 1, 0)?;
+            let stop = plan.stop_after == Some(done);
+            if last || stop || self.checkpoint_due(done) {
+                let (next_epoch, next_batch) = schedule.position(done);
+                self.snapshot(store.data(), done, next_epoch, next_batch)?;
             }
             if stop && !last {
                 return Ok(true);
@@ -248,31 +243,42 @@ impl Replica<'_> {
             .is_some_and(|n| step.is_multiple_of(n))
     }
 
-    /// Scores this replica's shard of every evaluation batch, autograd off.
+    /// Scores this replica's shard of every evaluation batch, autograd off (when `evaluate`;
+    /// else, or without an evaluation set, only reports the epoch's end).
     fn evaluate(
         &self,
         store: &mut Store<ReplicaState>,
         trainer: &AnyTrainer,
         epoch: u32,
         step: u64,
+        evaluate: bool,
+        epoch_end: bool,
     ) -> Result<(), TrainError> {
-        let Some(eval) = self.shared.data.eval.clone() else {
-            // No evaluation set: the epoch still ends (with its training loss).
-            self.send(Event::Eval {
-                epoch,
-                step,
-                loss_sum: 0.0,
-                correct: 0,
-                rows: 0,
-                scalars: Vec::new(),
-            });
-            return Ok(());
+        let started = std::time::Instant::now();
+        let mut done = EvalDone {
+            epoch,
+            step,
+            epoch_end,
+            evaluated: false,
+            seconds: 0.0,
+            loss_sum: 0.0,
+            correct: 0,
+            rows: 0,
+            scalars: Vec::new(),
         };
-        let order = eval_order(eval.len(), self.plan.eval_batch);
-        let batches = u32::try_from(order.batches()).unwrap_or(u32::MAX);
+        let eval = match self.shared.data.eval.clone() {
+            Some(eval) if evaluate => eval,
+            // No evaluation now: the epoch still ends (with its training loss).
+            _ => {
+                self.send(Event::Eval(done));
+                return Ok(());
+            }
+        };
+        let global_batches = eval_batches(&eval, self.plan.eval_batch, self.plan.eval_batches);
+        let batches = u32::try_from(global_batches.len()).unwrap_or(u32::MAX);
         let (mut loss_sum, mut correct, mut total) = (0.0f64, 0u64, 0u64);
-        for batch in 0..batches {
-            let global = order.batch(batch as usize);
+        for (batch, global) in global_batches.iter().enumerate() {
+            let batch = u32::try_from(batch).unwrap_or(u32::MAX);
             let mine = my_shard(global, self.plan.schedule.replicas, self.rank);
             if mine.is_empty() {
                 continue;
@@ -309,15 +315,13 @@ impl Replica<'_> {
             correct += u64::from(report.correct);
             total += rows;
         }
-        let scalars = std::mem::take(&mut store.data_mut().scalars);
-        self.send(Event::Eval {
-            epoch,
-            step,
-            loss_sum,
-            correct,
-            rows: total,
-            scalars,
-        });
+        done.evaluated = true;
+        done.loss_sum = loss_sum;
+        done.correct = correct;
+        done.rows = total;
+        done.scalars = std::mem::take(&mut store.data_mut().scalars);
+        done.seconds = started.elapsed().as_secs_f64();
+        self.send(Event::Eval(done));
         Ok(())
     }
 
@@ -493,5 +497,25 @@ fn classify(
             trap,
             output,
         },
+    }
+}
+
+/// What `init-replica` learns of the run, for replica `rank`.
+pub(crate) fn run_info(s: &Schedule, data: &Data, rank: usize) -> RunInfo {
+    let u = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    RunInfo {
+        replica: u(rank),
+        replicas: u(s.replicas),
+        epochs: s.epochs_spanned(),
+        batch_size: u(s.batch_size),
+        steps_per_epoch: s.batches_per_epoch(),
+        features: u(data.train.feature_dim()),
+        classes: u(data.classes),
+        train_samples: u(data.train.len()),
+        eval_samples: u(data.eval.as_ref().map_or(0, |e| e.len())),
+        seed: s.seed,
+        sample_shape: data.train.sample_shape().into_iter().map(u).collect(),
+        label_shape: data.train.label_shape().into_iter().map(u).collect(),
+        total_steps: s.total_steps(),
     }
 }

@@ -3,8 +3,13 @@
 //!
 //! ```text
 //! {"kind":"step","step":12,"epoch":1,"loss":0.5321,"samples_per_sec":20512.3,"scalars":{"lr":0.05}}
-//! {"kind":"epoch","epoch":1,"step":469,"train_loss":0.3012,"eval_loss":0.1403,"eval_accuracy":0.9581,"seconds":4.1}
+//! {"kind":"eval","step":469,"eval_loss":0.1403,"eval_accuracy":0.9581,"train_seconds":3.7}
+//! {"kind":"epoch","epoch":1,"step":469,"train_loss":0.3012,"eval_loss":0.1403,"eval_accuracy":0.9581,"seconds":4.1,"train_seconds":3.7}
 //! ```
+//!
+//! An `eval` record comes with every evaluation (each epoch's end, every `eval_every` steps, the
+//! end of a run by steps); `train_seconds` leaves evaluation time out (an epoch record's is the
+//! epoch's own, an eval record's the run's so far); text has no `eval_accuracy`.
 //!
 //! `step` counts steps done (1-based), `epoch` is 1-based; `eval_*` are absent without
 //! evaluation data; `scalars` holds what the plugin reported with `metrics.scalar`, averaged
@@ -54,12 +59,35 @@ pub enum Record {
         eval_accuracy: Option<f64>,
         #[serde(with = "float::double")]
         seconds: f64,
+        /// The epoch's training time, its evaluation left out (absent in files of older
+        /// versions).
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            with = "float::optional"
+        )]
+        train_seconds: Option<f64>,
         #[serde(
             default,
             skip_serializing_if = "BTreeMap::is_empty",
             with = "float::map"
         )]
         scalars: BTreeMap<String, f64>,
+    },
+    /// An evaluation (at an epoch's end, every `eval_every` steps, at the end of a run by steps).
+    Eval {
+        step: u64,
+        #[serde(with = "float::double")]
+        eval_loss: f64,
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            with = "float::optional"
+        )]
+        eval_accuracy: Option<f64>,
+        /// Training time so far in this process, evaluations left out.
+        #[serde(with = "float::double")]
+        train_seconds: f64,
     },
 }
 
@@ -162,7 +190,9 @@ mod float {
 impl Record {
     fn step(&self) -> u64 {
         match self {
-            Record::Step { step, .. } | Record::Epoch { step, .. } => *step,
+            Record::Step { step, .. } | Record::Epoch { step, .. } | Record::Eval { step, .. } => {
+                *step
+            }
         }
     }
 }
@@ -305,6 +335,7 @@ mod tests {
             eval_loss: Some(f64::NAN),
             eval_accuracy: Some(0.5),
             seconds: 1.0,
+            train_seconds: None,
             scalars: BTreeMap::new(),
         };
         let text = line(&epoch);
@@ -334,6 +365,7 @@ mod tests {
             eval_loss: Some(0.5),
             eval_accuracy: Some(0.75),
             seconds: 1.0,
+            train_seconds: None,
             scalars: BTreeMap::new(),
         })
         .unwrap();

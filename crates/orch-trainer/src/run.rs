@@ -194,6 +194,8 @@ impl<'a> Prepared<'a> {
             seed: spec.seed,
             epochs: spec.epochs,
             replicas,
+            steps: spec.steps,
+            windows: data.train.is_text(),
         };
         if schedule.batches_per_epoch() == 0 {
             return Err(TrainError::Data(format!(
@@ -217,7 +219,7 @@ impl<'a> Prepared<'a> {
             epoch: c.meta.epoch,
             batch: c.meta.batch,
         });
-        if start.epoch >= spec.epochs {
+        if start.step >= schedule.total_steps() {
             ProgressSink::send(
                 options.progress.as_ref(),
                 ProgressEvent::NothingToResume {
@@ -257,7 +259,15 @@ impl<'a> Prepared<'a> {
             config: spec.config.clone(),
             checkpoint_every: spec.checkpoint_every,
             stop_after: options.stop_after,
-            eval_batch: (spec.batch_size as usize).max(256),
+            // Text is scored on windows of the training batch's size, as nanoGPT's estimate
+            // does; a table on larger batches (fewer calls, the same mean).
+            eval_batch: if shared.data.train.is_text() {
+                spec.batch_size as usize
+            } else {
+                (spec.batch_size as usize).max(256)
+            },
+            eval_every: spec.eval_every,
+            eval_batches: spec.eval_batches,
             ticks: deadline_ticks(limits.deadline),
             limits,
         };
@@ -275,6 +285,7 @@ impl<'a> Prepared<'a> {
             replicas: u32::try_from(replicas).unwrap_or(u32::MAX),
             optimizers: Vec::new(),
             buffers: Vec::new(),
+            vocab: shared.data.vocab.as_ref().map(orch_data::Vocab::to_stored),
         };
 
         let metrics_path = spec.out.join("metrics.jsonl");
@@ -286,16 +297,17 @@ impl<'a> Prepared<'a> {
                 text: intro(
                     job.name, &plugin, devices, replicas, &schedule, &shared, start,
                 ),
-                epochs: spec.epochs,
+                epochs: schedule.epochs_spanned(),
                 batches_per_epoch: batches,
                 first_step: start.step,
             },
         );
         let mut coordinator = Coordinator::new(
             replicas,
-            spec.epochs,
+            schedule.epochs_spanned(),
+            schedule.total_steps(),
             Reporter::new(
-                Pace::new(spec.epochs, batches, start.step),
+                Pace::new(schedule.epochs_spanned(), batches, start.step),
                 options.progress.clone(),
             ),
             metrics,
@@ -512,21 +524,35 @@ fn intro(
         |e| format!("{} to evaluate", e.len()),
     );
     let resumed = if start.step > 0 {
-        format!(
-            ", resuming after step {} (epoch {}, batch {})",
-            start.step,
-            start.epoch + 1,
-            start.batch
-        )
+        format!(", resuming after step {}", start.step)
     } else {
         String::new()
     };
+    let length = if schedule.windows {
+        let vocab = shared.data.vocab.as_ref().map_or(0, orch_data::Vocab::len);
+        format!(
+            "text of {} windows of {} tokens ({vocab} in the vocabulary; {eval}), {} steps",
+            schedule.samples,
+            shared.data.train.feature_dim(),
+            schedule.total_steps(),
+        )
+    } else if let Some(steps) = schedule.steps {
+        format!(
+            "{} samples ({eval}), {steps} steps ({} per epoch)",
+            schedule.samples,
+            schedule.batches_per_epoch(),
+        )
+    } else {
+        format!(
+            "{} samples ({eval}), {} steps/epoch x {} epochs",
+            schedule.samples,
+            schedule.batches_per_epoch(),
+            schedule.epochs,
+        )
+    };
     format!(
-        "training {job}: trainer {plugin}, {replicas} replica(s) on {}; {} samples ({eval}), {} steps/epoch x {} epochs, batch {}{resumed}",
+        "training {job}: trainer {plugin}, {replicas} replica(s) on {}; {length}, batch {}{resumed}",
         names.join(", "),
-        schedule.samples,
-        schedule.batches_per_epoch(),
-        schedule.epochs,
         schedule.batch_size,
     )
 }

@@ -140,7 +140,7 @@ impl AnyTrainer {
         match self {
             AnyTrainer::V0_3(t) => t
                 .orch_plugin_training()
-                .call_init_replica(store, config, info),
+                .call_init_replica(store, config, &info),
             AnyTrainer::V0_2(t) => t.orch_plugin_training().call_init_replica(
                 store,
                 config,

@@ -25,12 +25,13 @@ impl ReplicaState {
         let (features, labels) = match &slot.tensors {
             Some(made) => made.clone(),
             None => {
-                let (x, y) = set.gather(&slot.indices);
+                let (x, labels) = set.gather(&slot.indices);
                 let rows = slot.indices.len();
-                let labels: Vec<f32> = y.iter().map(|&l| l as f32).collect();
+                let mut label_shape = vec![rows];
+                label_shape.extend(set.label_shape());
                 let made = (
-                    Tensor::from_vec(x, &[rows, set.feature_dim], &pool)?,
-                    Tensor::from_vec(labels, &[rows], &pool)?,
+                    Tensor::from_vec(x, &[rows, set.feature_dim()], &pool)?,
+                    Tensor::from_vec(labels, &label_shape, &pool)?,
                 );
                 slot.tensors = Some(made.clone());
                 made

@@ -3,7 +3,7 @@
 //! for it stays bounded.
 
 use super::*;
-use crate::data::Data;
+use crate::data::{Data, Samples};
 use orch_host::Limits;
 use orch_tensor::{Device, GraphBudget};
 use orch_wit::trainer::orch::plugin::autograd::Host as _;
@@ -22,13 +22,13 @@ type Handle = Resource<WitTensor>;
 fn replica(bytes: u64, quota: Option<u64>, max_graph_nodes: usize) -> ReplicaState {
     let device = MemoryPool::new(Device::Sim(0), Some(bytes)).expect("sim pool");
     let pool = MemoryPool::with_parent(&device, quota);
-    let dataset = Arc::new(orch_data::Dataset {
+    let dataset = Arc::new(Samples::Table(orch_data::Dataset {
         features: vec![0.0; 4],
         labels: vec![0, 1],
         feature_dim: 2,
         sample_shape: vec![2],
         num_classes: 2,
-    });
+    }));
     let shared = Arc::new(Shared {
         devices: vec![DeviceSlot {
             pool,
@@ -41,6 +41,7 @@ fn replica(bytes: u64, quota: Option<u64>, max_graph_nodes: usize) -> ReplicaSta
             train: dataset,
             eval: None,
             classes: 2,
+            vocab: None,
         },
         replicas: 1,
         seed: 7,
