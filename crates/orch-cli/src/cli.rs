@@ -33,6 +33,11 @@ pub enum Command {
     Plan(PlanArgs),
     /// Place a job (an atomic lease), run it on exactly its devices, release them.
     Run(RunArgs),
+    /// Score a `[train]` job's checkpoint on the job's evaluation data (loss, accuracy), without
+    /// training.
+    Predict(PredictArgs),
+    /// Generate text with a text job's checkpoint (the trainer's `predict`, orch's sampling).
+    Sample(SampleArgs),
     /// Work with plugin components.
     Plugin(PluginArgs),
     /// The daemon: owns this machine's devices, queues jobs and runs each as its user.
@@ -74,6 +79,47 @@ pub enum Command {
         source: std::path::PathBuf,
         out: std::path::PathBuf,
     },
+}
+
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Examples:\n  orch predict examples/cnn/job.toml\n  orch predict --json examples/gpt/job.toml"
+)]
+pub struct PredictArgs {
+    /// The `[train]` job whose checkpoint (in its output folder) to score.
+    #[arg(value_name = "JOB.toml")]
+    pub job: std::path::PathBuf,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Examples:\n  orch sample examples/gpt/job.toml\n  orch sample examples/gpt/job.toml --prompt 'ROMEO:' --tokens 300 --temperature 0.8 --top-k 20"
+)]
+pub struct SampleArgs {
+    /// A text `[train]` job (`[train.data] format = \"text\"`) with a checkpoint.
+    #[arg(value_name = "JOB.toml")]
+    pub job: std::path::PathBuf,
+    /// The text to continue (default: a newline).
+    #[arg(long, value_name = "TEXT")]
+    pub prompt: Option<String>,
+    /// Tokens to generate.
+    #[arg(long, value_name = "N", default_value_t = 500)]
+    pub tokens: usize,
+    /// Softmax temperature; 0 takes the most likely token every time.
+    #[arg(long, value_name = "T", default_value_t = 0.8)]
+    pub temperature: f32,
+    /// Draw only from the K most likely tokens.
+    #[arg(long, value_name = "K")]
+    pub top_k: Option<usize>,
+    /// Seed of the draws (the same seed, prompt and checkpoint give the same text).
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+    /// Print one JSON object: the prompt, the text and the logits of the token after the prompt.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, clap::Args)]

@@ -168,8 +168,8 @@ fn summary_text(event: &ProgressEvent) -> String {
             eval_accuracy,
             train_seconds,
         } => {
-            let accuracy = eval_accuracy
-                .map_or_else(String::new, |a| format!(", accuracy {:.2}%", a * 100.0));
+            let accuracy =
+                eval_accuracy.map_or_else(String::new, |a| format!(", accuracy {:.2}%", a * 100.0));
             format!(
                 "step {step}/{total_steps}: eval loss {eval_loss:.4}{accuracy} ({train_seconds:.1} s of training)"
             )

@@ -824,27 +824,36 @@ impl Checker<'_> {
                         .filter(|n| *n > 0)
                         .ok_or_else(|| {
                             self.at(v.span(), format!("{key} = {} is impossible", v.get_ref()))
-                                .with_hint(format!("{key} is a whole number of at least 1, or leave it out"))
+                                .with_hint(format!(
+                                    "{key} is a whole number of at least 1, or leave it out"
+                                ))
                         })
                 })
                 .transpose()
         };
         let steps = count(&raw.steps, "steps")?;
         let eval_every = count(&raw.eval_every, "eval_every")?;
-        let eval_batches = count(&raw.eval_batches, "eval_batches")?
-            .map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+        let eval_batches =
+            count(&raw.eval_batches, "eval_batches")?.map(|n| u32::try_from(n).unwrap_or(u32::MAX));
         let epochs = match (&raw.epochs, steps) {
             (Some(epochs), None) => positive(epochs, "epochs")?,
             (None, Some(_)) => 1,
             (Some(epochs), Some(_)) => {
                 return Err(self
                     .at(epochs.span(), "[train] sets both epochs and steps")
-                    .with_hint("keep one: `epochs` passes over the data, or `steps` training steps"));
+                    .with_hint(
+                        "keep one: `epochs` passes over the data, or `steps` training steps",
+                    ));
             }
             (None, None) => {
                 return Err(self
-                    .at(raw.batch_size.span(), "[train] says neither epochs nor steps")
-                    .with_hint("add `epochs = N` (passes over the data) or `steps = N` (training steps)"));
+                    .at(
+                        raw.batch_size.span(),
+                        "[train] says neither epochs nor steps",
+                    )
+                    .with_hint(
+                        "add `epochs = N` (passes over the data) or `steps = N` (training steps)",
+                    ));
             }
         };
         let text = raw.data.format == DataFormat::Text;
@@ -852,7 +861,10 @@ impl Checker<'_> {
             (Some(v), true) => Some(positive(v, "data.block_size")?),
             (None, true) => {
                 return Err(self
-                    .at(raw.data.train.span(), "[train.data] format = \"text\" needs block_size")
+                    .at(
+                        raw.data.train.span(),
+                        "[train.data] format = \"text\" needs block_size",
+                    )
                     .with_hint("add `block_size = 64`: the tokens of context each sample has"));
             }
             (Some(v), false) => {
@@ -863,21 +875,35 @@ impl Checker<'_> {
             (None, false) => None,
         };
         if text && steps.is_none() {
-            let at = raw.epochs.as_ref().map_or(raw.batch_size.span(), |e| e.span());
+            let at = raw
+                .epochs
+                .as_ref()
+                .map_or(raw.batch_size.span(), |e| e.span());
             return Err(self
                 .at(at, "text data is trained by steps, not epochs")
                 .with_hint("replace `epochs` with `steps = N`: every step draws batch_size windows at random offsets"));
         }
-        let text_only = |value: &Option<Spanned<String>>, key: &str, allowed: &str| -> Result<Option<String>, InputError> {
+        let text_only = |value: &Option<Spanned<String>>,
+                         key: &str,
+                         allowed: &str|
+         -> Result<Option<String>, InputError> {
             match value {
                 None => Ok(None),
                 Some(v) if !text => Err(self
-                    .at(v.span(), format!("[train.data] {key} is for format = \"text\""))
+                    .at(
+                        v.span(),
+                        format!("[train.data] {key} is for format = \"text\""),
+                    )
                     .with_hint("leave it out")),
                 Some(v) if v.get_ref() == allowed => Ok(Some(allowed.to_string())),
                 Some(v) => Err(self
-                    .at(v.span(), format!("[train.data] {key} = {:?} is not known", v.get_ref()))
-                    .with_hint(format!("the one value is \"{allowed}\"; leave it out for the default"))),
+                    .at(
+                        v.span(),
+                        format!("[train.data] {key} = {:?} is not known", v.get_ref()),
+                    )
+                    .with_hint(format!(
+                        "the one value is \"{allowed}\"; leave it out for the default"
+                    ))),
             }
         };
         let bytes_vocab = text_only(&raw.data.vocab, "vocab", "bytes")?.is_some();

@@ -18,6 +18,8 @@ mod text;
 pub use csv::{CsvOptions, load_csv};
 pub use dataset::{DataError, Dataset};
 pub use idx::{Split, load_mnist};
-pub use sampler::{EVAL_WINDOW_SEED, EpochOrder, Position, eval_windows, shard, train_windows};
+pub use sampler::{
+    EVAL_WINDOW_SEED, EpochOrder, Position, SplitMix64, eval_windows, shard, train_windows,
+};
 pub use tensors::load_safetensors;
 pub use text::{Unknown, Vocab, load_tokens, read_text};

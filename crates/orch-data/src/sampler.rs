@@ -96,10 +96,17 @@ pub fn shard(len: usize, replicas: usize, rank: usize) -> Range<usize> {
 /// generator is fixed by its published constants; `rand` documents that `StdRng`'s algorithm may
 /// change between its versions, and its sampling helpers (`shuffle`, ranges) have changed between
 /// major versions.
-struct SplitMix64(u64);
+#[derive(Debug, Clone)]
+pub struct SplitMix64(pub u64);
 
 impl SplitMix64 {
-    fn next(&mut self) -> u64 {
+    /// A uniform value in `[0, 1)` (the top 53 bits).
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

@@ -2,8 +2,8 @@
 //! of shape `[samples, ..sample shape]` and a `labels` tensor of shape `[samples]` holding class
 //! indices, in any of the format's integer or float dtypes.
 
-use crate::{DataError, Dataset};
 use crate::idx::read_maybe_gz;
+use crate::{DataError, Dataset};
 use safetensors::{Dtype, SafeTensors};
 use std::path::Path;
 
@@ -29,7 +29,9 @@ pub fn load_safetensors(path: &Path) -> Result<Dataset, DataError> {
     let labels = tensor("labels")?;
     let shape = features.shape().to_vec();
     let Some((&samples, sample_shape)) = shape.split_first() else {
-        return Err(bad("`features` is a scalar; give it shape [samples, ...]".into()));
+        return Err(bad(
+            "`features` is a scalar; give it shape [samples, ...]".into()
+        ));
     };
     if labels.shape() != [samples] {
         return Err(bad(format!(
@@ -37,8 +39,10 @@ pub fn load_safetensors(path: &Path) -> Result<Dataset, DataError> {
             labels.shape()
         )));
     }
-    let feature_values = values(features.dtype(), features.data()).map_err(|e| bad(format!("`features`: {e}")))?;
-    let label_values = values(labels.dtype(), labels.data()).map_err(|e| bad(format!("`labels`: {e}")))?;
+    let feature_values =
+        values(features.dtype(), features.data()).map_err(|e| bad(format!("`features`: {e}")))?;
+    let label_values =
+        values(labels.dtype(), labels.data()).map_err(|e| bad(format!("`labels`: {e}")))?;
     let mut class_labels = Vec::with_capacity(samples);
     for (i, &l) in label_values.iter().enumerate() {
         if !(l >= 0.0 && l.fract() == 0.0 && l < 1e9) {
@@ -66,7 +70,9 @@ fn values(dtype: Dtype, data: &[u8]) -> Result<Vec<f32>, String> {
     macro_rules! each {
         ($ty:ty, $n:expr) => {
             data.chunks_exact($n)
-                .map(|c| <$ty>::from_le_bytes(c.try_into().expect("chunk of the type's size")) as f32)
+                .map(|c| {
+                    <$ty>::from_le_bytes(c.try_into().expect("chunk of the type's size")) as f32
+                })
                 .collect()
         };
     }
@@ -90,7 +96,11 @@ fn values(dtype: Dtype, data: &[u8]) -> Result<Vec<f32>, String> {
             .chunks_exact(2)
             .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
             .collect(),
-        other => return Err(format!("dtype {other:?} is not read; save it as f32, f16, bf16 or an integer type")),
+        other => {
+            return Err(format!(
+                "dtype {other:?} is not read; save it as f32, f16, bf16 or an integer type"
+            ));
+        }
     })
 }
 
@@ -150,7 +160,10 @@ mod tests {
         )
         .unwrap();
         let err = load_safetensors(&path).unwrap_err().to_string();
-        assert!(err.contains("`labels`[0] = 0.5 is not a class index"), "{err}");
+        assert!(
+            err.contains("`labels`[0] = 0.5 is not a class index"),
+            "{err}"
+        );
         std::fs::write(&path, file(&[("x", Dtype::U8, vec![1], vec![0])])).unwrap();
         let err = load_safetensors(&path).unwrap_err().to_string();
         assert!(err.contains("no tensor `features` (it has x)"), "{err}");

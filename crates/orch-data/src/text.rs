@@ -106,7 +106,9 @@ impl Vocab {
             return Some(Vocab::Bytes);
         }
         let chars: Vec<char> = stored.strip_prefix("chars:")?.chars().collect();
-        chars.is_sorted_by(|a, b| a < b).then_some(Vocab::Chars(chars))
+        chars
+            .is_sorted_by(|a, b| a < b)
+            .then_some(Vocab::Chars(chars))
     }
 }
 
@@ -120,9 +122,7 @@ pub fn read_text(path: &Path, bytes_vocab: bool) -> Result<String, DataError> {
     String::from_utf8(raw).map_err(|e| DataError::Format {
         path: path.into(),
         format: "UTF-8 text",
-        reason: format!(
-            "{e}; use `vocab = \"bytes\"` in [train.data] for text that is not UTF-8"
-        ),
+        reason: format!("{e}; use `vocab = \"bytes\"` in [train.data] for text that is not UTF-8"),
     })
 }
 
@@ -162,8 +162,13 @@ mod tests {
     #[test]
     fn an_unknown_character_names_itself_and_its_line() {
         let v = Vocab::of_text("ab\n");
-        let err = v.encode("ab\nba\naz", Unknown::Error, "val.txt").unwrap_err();
-        assert!(err.starts_with("val.txt, line 3: the character 'z'"), "{err}");
+        let err = v
+            .encode("ab\nba\naz", Unknown::Error, "val.txt")
+            .unwrap_err();
+        assert!(
+            err.starts_with("val.txt, line 3: the character 'z'"),
+            "{err}"
+        );
         assert_eq!(v.encode("azb", Unknown::Skip, "x").unwrap(), vec![1, 2]);
     }
 

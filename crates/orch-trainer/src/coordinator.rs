@@ -262,8 +262,7 @@ impl Coordinator {
         }
         let scalars = mean_scalars(&done.scalars);
         if let Some(eval_loss) = eval_loss {
-            let train_seconds =
-                (self.started.elapsed().as_secs_f64() - self.eval_seconds).max(0.0);
+            let train_seconds = (self.started.elapsed().as_secs_f64() - self.eval_seconds).max(0.0);
             if !done.epoch_end {
                 self.progress.send(ProgressEvent::Eval {
                     step,

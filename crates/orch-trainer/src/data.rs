@@ -21,7 +21,10 @@ pub(crate) enum Samples {
     Table(Dataset),
     /// Token ids; sample `o` is the window `tokens[o..o + block]`, labelled with the tokens
     /// one later.
-    Text { tokens: Vec<u32>, block: usize },
+    Text {
+        tokens: Vec<u32>,
+        block: usize,
+    },
 }
 
 impl Samples {
@@ -336,7 +339,10 @@ mod tests {
             steps: Some(7),
             windows: false,
         };
-        assert_eq!((s.batches_per_epoch(), s.total_steps(), s.epochs_spanned()), (3, 7, 3));
+        assert_eq!(
+            (s.batches_per_epoch(), s.total_steps(), s.epochs_spanned()),
+            (3, 7, 3)
+        );
         assert_eq!(s.position(4), (1, 1));
         let mut cache = None;
         assert_eq!(s.global_batch(4, &mut cache), s.order(1).batch(1));
@@ -357,6 +363,10 @@ mod tests {
         let batches = eval_batches(&text, 4, Some(3));
         assert_eq!(batches.len(), 3);
         assert!(batches.iter().flatten().all(|&o| o < 2));
-        assert_eq!(batches, eval_batches(&text, 4, Some(3)), "the same every time");
+        assert_eq!(
+            batches,
+            eval_batches(&text, 4, Some(3)),
+            "the same every time"
+        );
     }
 }

@@ -40,7 +40,7 @@ mod world;
 
 pub use builtin::{BUILTIN_TRAINERS, BuiltinTrainer, TRAINER_WASM_DIR, load_plugin};
 pub use error::{Stage, TrainError};
-pub use predict::{Prediction, predict};
+pub use predict::{Evaluation, Model, Prediction, Sample, SampleOptions, predict};
 pub use progress::{ProgressEvent, ProgressSink};
 pub use run::{
     DEFAULT_MAX_GRAPH_NODES, GrantedDevice, Prepared, RunOptions, Summary, TrainJob, train,

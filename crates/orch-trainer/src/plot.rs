@@ -64,9 +64,11 @@ impl Series {
                         series.not_finite.push(*step as f64);
                     }
                     if !has_eval_records {
-                        series
-                            .epochs
-                            .push((*step as f64, finite(*eval_loss), finite(*eval_accuracy)));
+                        series.epochs.push((
+                            *step as f64,
+                            finite(*eval_loss),
+                            finite(*eval_accuracy),
+                        ));
                     }
                 }
                 Record::Eval {

@@ -1,24 +1,32 @@
-//! `inference.predict` outside a run: the trainer's outputs for one batch of features, in eval
-//! mode (autograd off, dropout the identity), from the job's checkpoint when it has one. What
-//! `orch predict` and `orch sample` call.
+//! A trained model outside a run: the job's trainer loaded with its checkpoint, to score the
+//! evaluation data (`orch predict`), to compute outputs for given inputs (`inference.predict`)
+//! and to generate text (`orch sample`).
 //!
-//! Design decision: one replica on the first granted device, built exactly as a run builds its
-//! replica 0 (`init-replica` with the job's config and data set's sizes, then the checkpoint's
-//! parameters and buffers), so a prediction sees the model the run saved. `predict` is an
-//! optional export of contract 0.3.0 (world `predicting-trainer`): a trainer without it, or of
-//! an older contract, is refused with a sentence.
+//! Design decision: one replica on one device, built exactly as a run builds its replica 0
+//! (`init-replica` with the job's config and the run's `run-info`, then the checkpoint's
+//! parameters and buffers), so what it computes is what the run saved. Evaluation calls the
+//! trainer's own `eval-step` on the run's evaluation batches (the same windows for text), so
+//! its loss is the loss the run reported. `predict` is an optional export of contract 0.3.0
+//! (world `predicting-trainer`): a trainer without it can still be evaluated, and is refused
+//! with a sentence when asked to predict. Sampling is the host's: the trainer gives logits,
+//! orch picks the tokens (temperature, top-k, a seeded generator), so every trainer samples
+//! alike.
 
 use crate::checkpoint::{self, Checkpoint};
 use crate::collective::Collective;
+use crate::data::{Schedule, eval_batches};
 use crate::error::{Stage, TrainError};
-use crate::host::{Phase, ReplicaState, Shared};
+use crate::host::{BatchSlot, Phase, ReplicaState, Shared};
 use crate::run::{GrantedDevice, Prepared, RunOptions, TrainJob, device_slots};
 use crate::state::load;
-use orch_host::{PluginState, Ticker, deadline_ticks, printable};
+use crate::world::{AnyTrainer, AnyTrainerPre};
+use orch_data::{SplitMix64, Vocab};
+use orch_host::{Limits, PluginState, Ticker, deadline_ticks, printable};
 use orch_tensor::Tensor;
 use orch_wit::Version;
-use orch_wit::predicting::exports::orch::plugin::inference::GuestIndices;
+use orch_wit::predicting::exports::orch::plugin::inference::{Guest, GuestIndices};
 use orch_wit::trainer::Trainer;
+use orch_wit::trainer::exports::orch::plugin::training::StepInfo;
 use std::sync::Arc;
 use wasmtime::Store;
 
@@ -27,6 +35,399 @@ use wasmtime::Store;
 pub struct Prediction {
     pub shape: Vec<usize>,
     pub values: Vec<f32>,
+}
+
+/// The evaluation data scored by a checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Evaluation {
+    /// Mean loss per row.
+    pub loss: f64,
+    /// Rows predicted right (`None` for text, which has no accuracy).
+    pub accuracy: Option<f64>,
+    pub rows: u64,
+    pub batches: usize,
+}
+
+/// How `orch sample` picks each next token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampleOptions {
+    /// Tokens to generate.
+    pub tokens: usize,
+    /// Logits are divided by this; 0 picks the most likely token every time.
+    pub temperature: f32,
+    /// Only the `k` most likely tokens are drawn from (`None`: all).
+    pub top_k: Option<usize>,
+    pub seed: u64,
+}
+
+/// Text generated from a prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// The generated tokens (the prompt left out), and as text.
+    pub tokens: Vec<u32>,
+    pub text: String,
+    /// The logits the model gave for the token after the prompt.
+    pub next_logits: Vec<f32>,
+}
+
+/// The job's trainer with its checkpoint loaded, ready to evaluate, predict and sample.
+pub struct Model {
+    store: Store<ReplicaState>,
+    trainer: AnyTrainer,
+    inference: Option<Guest>,
+    plugin: String,
+    version: Version,
+    limits: Limits,
+    eval_batch: usize,
+    eval_batches: Option<u32>,
+    checkpoint: Option<u64>,
+    vocab: Option<Vocab>,
+    _ticker: Ticker,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("plugin", &self.plugin)
+            .field("checkpoint", &self.checkpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Model {
+    /// Loads the job's trainer on `device`, with the parameters of the checkpoint in the job's
+    /// output folder when there is one (else those `init-replica` made).
+    pub fn load(
+        job: &TrainJob<'_>,
+        device: &GrantedDevice,
+        options: &RunOptions,
+    ) -> Result<Model, TrainError> {
+        let prepared = Prepared::new(job, options)?;
+        let plugin = prepared.plugin.clone();
+        let failed = |message: String| TrainError::Failed {
+            plugin: plugin.clone(),
+            stage: Stage::Init,
+            message,
+        };
+        let spec = job.spec;
+        let Prepared {
+            data,
+            limits,
+            engine,
+            pre,
+            ..
+        } = prepared;
+        let schedule = Schedule {
+            samples: data.train.len(),
+            batch_size: spec.batch_size as usize,
+            seed: spec.seed,
+            epochs: spec.epochs,
+            replicas: 1,
+            steps: spec.steps,
+            windows: data.train.is_text(),
+        };
+        let eval_batch = crate::run::eval_batch_size(spec.batch_size, data.train.is_text());
+        let data_vocab = data.vocab.clone();
+        let shared = Arc::new(Shared {
+            devices: device_slots(std::slice::from_ref(device), job.memory_limit)?,
+            data,
+            replicas: 1,
+            seed: spec.seed,
+            max_tensors: options.max_tensors,
+            max_graph_nodes: options.max_graph_nodes,
+            exchange_timeout: limits.deadline,
+            grads: Collective::new(1),
+            broadcast: Collective::new(1),
+        });
+        let ticker = Ticker::start(&engine)
+            .map_err(|e| TrainError::Engine(format!("cannot start the epoch ticker: {e}")))?;
+        let state = ReplicaState::new(PluginState::new(&plugin, &limits), Arc::clone(&shared), 0);
+        let mut store = Store::new(&engine, state);
+        store.limiter(|s| &mut s.sandbox.limiter);
+        store.set_hostcall_fuel(limits.memory_bytes.saturating_add(1 << 20));
+        store.set_epoch_deadline(deadline_ticks(limits.deadline));
+        let engine_error = |e: wasmtime::Error| failed(format!("{e:#}"));
+
+        store.data_mut().phase = Phase::Init;
+        let version = pre.version();
+        let (trainer, inference) = match &pre {
+            AnyTrainerPre::V0_3(pre) => {
+                let instance = pre
+                    .instance_pre()
+                    .instantiate(&mut store)
+                    .map_err(engine_error)?;
+                let trainer = Trainer::new(&mut store, &instance).map_err(engine_error)?;
+                let inference = match GuestIndices::new(pre.instance_pre()) {
+                    Ok(indices) => Some(indices.load(&mut store, &instance).map_err(engine_error)?),
+                    Err(_) => None,
+                };
+                (AnyTrainer::V0_3(trainer), inference)
+            }
+            older => (older.instantiate(&mut store).map_err(engine_error)?, None),
+        };
+        let info = crate::replica::run_info(&schedule, &shared.data, 0);
+        trainer
+            .init(&mut store, &spec.config, info)
+            .map_err(engine_error)?
+            .map_err(|m| failed(printable(&m)))?;
+        store.data_mut().phase = Phase::Idle;
+        let saved = checkpoint::dir(&spec.out);
+        let (checkpoint, vocab) = if saved.join("state.json").exists() {
+            let checkpoint = Checkpoint::load(&saved)?;
+            load(store.data_mut(), &checkpoint)?;
+            let vocab = match &checkpoint.meta.vocab {
+                Some(stored) => Some(Vocab::from_stored(stored).ok_or_else(|| {
+                    TrainError::Checkpoint {
+                        path: saved.join("state.json"),
+                        reason: format!(
+                            "its vocab {stored:?} is not `bytes` or `chars:` and sorted characters"
+                        ),
+                    }
+                })?),
+                None => data_vocab,
+            };
+            (Some(checkpoint.meta.step), vocab)
+        } else {
+            (None, data_vocab)
+        };
+        Ok(Model {
+            store,
+            trainer,
+            inference,
+            plugin,
+            version,
+            limits,
+            eval_batch,
+            eval_batches: spec.eval_batches,
+            checkpoint,
+            vocab,
+            _ticker: ticker,
+        })
+    }
+
+    /// The step of the checkpoint loaded (`None`: none was there; the parameters are the
+    /// trainer's initial ones).
+    pub fn checkpoint_step(&self) -> Option<u64> {
+        self.checkpoint
+    }
+
+    /// Text: the vocabulary (the checkpoint's).
+    pub fn vocab(&self) -> Option<&Vocab> {
+        self.vocab.as_ref()
+    }
+
+    /// Text: the tokens of context the model takes (`block_size`).
+    pub fn block_size(&self) -> Option<usize> {
+        let data = &self.store.data().shared.data;
+        data.train.is_text().then(|| data.train.feature_dim())
+    }
+
+    fn failed(&self, stage: Stage, message: String) -> TrainError {
+        TrainError::Failed {
+            plugin: self.plugin.clone(),
+            stage,
+            message,
+        }
+    }
+
+    /// Scores the job's evaluation data (the batches, or text windows, of a run's
+    /// evaluations) with the trainer's `eval-step`, autograd off.
+    pub fn evaluate(&mut self) -> Result<Evaluation, TrainError> {
+        let stage = Stage::Eval { epoch: 0 };
+        let Some(eval) = self.store.data().shared.data.eval.clone() else {
+            return Err(TrainError::Data(
+                "the job has no evaluation data: give [train.data] test (or val)".into(),
+            ));
+        };
+        let batches = eval_batches(&eval, self.eval_batch, self.eval_batches);
+        let count = u32::try_from(batches.len()).unwrap_or(u32::MAX);
+        let step = self.checkpoint.unwrap_or(0);
+        let (mut loss_sum, mut correct, mut total) = (0.0f64, 0u64, 0u64);
+        for (batch, ids) in batches.iter().enumerate() {
+            let rows = ids.len() as u64;
+            self.store.data_mut().phase = Phase::Eval(BatchSlot {
+                indices: ids.clone(),
+                global_rows: ids.len(),
+                step,
+                ..BatchSlot::default()
+            });
+            let info = StepInfo {
+                step,
+                epoch: 0,
+                batch: u32::try_from(batch).unwrap_or(u32::MAX),
+                batches: count,
+            };
+            self.store
+                .set_epoch_deadline(deadline_ticks(self.limits.deadline));
+            let (store, trainer) = (&mut self.store, &self.trainer);
+            let outcome = orch_tensor::no_grad(|| trainer.eval_step(store, info));
+            self.store.data_mut().phase = Phase::Idle;
+            let report = outcome
+                .map_err(|e| self.failed(stage, format!("{e:#}")))?
+                .map_err(|m| self.failed(stage, printable(&m)))?;
+            if u64::from(report.rows) != rows || u64::from(report.correct) > rows {
+                return Err(self.failed(
+                    stage,
+                    format!(
+                        "eval-step reported correct = {} of rows = {}, but its batch had {rows} rows",
+                        report.correct, report.rows
+                    ),
+                ));
+            }
+            loss_sum += f64::from(report.loss) * rows as f64;
+            correct += u64::from(report.correct);
+            total += rows;
+        }
+        let text = eval.is_text();
+        Ok(Evaluation {
+            loss: loss_sum / total.max(1) as f64,
+            accuracy: (!text).then(|| correct as f64 / total.max(1) as f64),
+            rows: total,
+            batches: batches.len(),
+        })
+    }
+
+    /// The trainer's outputs for `features` (of `shape`), in eval mode.
+    pub fn predict(
+        &mut self,
+        features: Vec<f32>,
+        shape: &[usize],
+    ) -> Result<Prediction, TrainError> {
+        let stage = Stage::Predict;
+        let Some(inference) = &self.inference else {
+            let why = if self.version < Version::V0_3 {
+                format!(
+                    "the trainer implements contract {}; predict is an export of contract {} (world `predicting-trainer`)",
+                    self.version,
+                    Version::V0_3
+                )
+            } else {
+                "the trainer does not export `orch:plugin/inference` (world `predicting-trainer`): it cannot predict".to_string()
+            };
+            return Err(self.failed(stage, why));
+        };
+        self.store
+            .set_epoch_deadline(deadline_ticks(self.limits.deadline));
+        let state = self.store.data_mut();
+        let fail = |m: String| TrainError::Failed {
+            plugin: self.plugin.clone(),
+            stage,
+            message: m,
+        };
+        let pool = state
+            .pool(None)
+            .map_err(|e| fail(format!("the device: {e:?}")))?;
+        let input = Tensor::from_vec(features, shape, &pool).map_err(|e| fail(e.to_string()))?;
+        let handle = state
+            .give(input)
+            .map_err(|e| fail(format!("the features: {e:?}")))?;
+        let output = orch_tensor::no_grad(|| inference.call_predict(&mut self.store, handle))
+            .map_err(|e| fail(format!("{e:#}")))?
+            .map_err(|m| fail(printable(&m)))?;
+        let state = self.store.data_mut();
+        let tensor = state
+            .tensor(&output)
+            .map_err(|e| fail(format!("predict's result: {e:?}")))?;
+        state
+            .drop_tensor(output)
+            .map_err(|e| fail(format!("{e:#}")))?;
+        Ok(Prediction {
+            shape: tensor.shape().to_vec(),
+            values: tensor.to_vec().map_err(|e| fail(e.to_string()))?,
+        })
+    }
+
+    /// Generates `options.tokens` tokens after `prompt` (token ids; at least one), feeding the
+    /// model the last `block_size` tokens each time and drawing from its last position's
+    /// logits.
+    pub fn sample(
+        &mut self,
+        prompt: &[u32],
+        options: &SampleOptions,
+    ) -> Result<Sample, TrainError> {
+        let stage = Stage::Predict;
+        let (Some(block), Some(vocab)) = (self.block_size(), self.vocab.clone()) else {
+            return Err(self.failed(
+                stage,
+                "sampling needs a text job ([train.data] format = \"text\")".into(),
+            ));
+        };
+        if prompt.is_empty() {
+            return Err(self.failed(stage, "the prompt has no tokens".into()));
+        }
+        let mut context: Vec<u32> = prompt.to_vec();
+        let mut rng = SplitMix64(options.seed);
+        let mut generated = Vec::with_capacity(options.tokens);
+        let mut next_logits = Vec::new();
+        for i in 0..=options.tokens {
+            let window = &context[context.len().saturating_sub(block)..];
+            let t = window.len();
+            let features: Vec<f32> = window.iter().map(|&id| id as f32).collect();
+            let out = self.predict(features, &[1, t])?;
+            let classes = vocab.len();
+            if out.shape != [1, t, classes] {
+                return Err(self.failed(
+                    stage,
+                    format!(
+                        "predict returned shape {:?} for tokens [1, {t}]; a text trainer returns logits [1, {t}, {classes}]",
+                        out.shape
+                    ),
+                ));
+            }
+            let last = out.values[(t - 1) * classes..].to_vec();
+            if i == 0 {
+                next_logits = last.clone();
+            }
+            if i == options.tokens {
+                break;
+            }
+            let token = pick(&last, options, &mut rng);
+            generated.push(token);
+            context.push(token);
+        }
+        Ok(Sample {
+            text: vocab.decode(&generated),
+            tokens: generated,
+            next_logits,
+        })
+    }
+}
+
+/// The next token from `logits`: the most likely at temperature 0, else a draw from the
+/// softmax of `logits / temperature` over the `top_k` largest.
+fn pick(logits: &[f32], options: &SampleOptions, rng: &mut SplitMix64) -> u32 {
+    let argmax = || {
+        logits
+            .iter()
+            .enumerate()
+            .fold((0, f32::NEG_INFINITY), |best, (i, &v)| {
+                if v > best.1 { (i, v) } else { best }
+            })
+            .0 as u32
+    };
+    if options.temperature <= 0.0 {
+        return argmax();
+    }
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    order.truncate(options.top_k.unwrap_or(logits.len()).clamp(1, logits.len()));
+    let top = f64::from(logits[order[0]]);
+    let weights: Vec<f64> = order
+        .iter()
+        .map(|&i| ((f64::from(logits[i]) - top) / f64::from(options.temperature)).exp())
+        .collect();
+    let total: f64 = weights.iter().sum();
+    if !total.is_finite() || total <= 0.0 {
+        return argmax();
+    }
+    let mut draw = rng.next_f64() * total;
+    for (&i, w) in order.iter().zip(&weights) {
+        if draw < *w {
+            return i as u32;
+        }
+        draw -= w;
+    }
+    order[order.len() - 1] as u32
 }
 
 /// The trainer's outputs for `features` (of `shape`), on `devices[0]`, with the parameters of
@@ -39,98 +440,42 @@ pub fn predict(
     features: Vec<f32>,
     shape: &[usize],
 ) -> Result<Prediction, TrainError> {
-    let prepared = Prepared::new(job, options)?;
-    let plugin = prepared.plugin.clone();
-    let failed = |message: String| TrainError::Failed {
-        plugin: plugin.clone(),
-        stage: Stage::Predict,
-        message,
-    };
-    let crate::world::AnyTrainerPre::V0_3(pre) = &prepared.pre else {
-        return Err(failed(format!(
-            "the trainer implements contract {}; predict is an export of contract {} (world `predicting-trainer`)",
-            prepared.pre.version(),
-            Version::V0_3
-        )));
-    };
-    let indices = GuestIndices::new(pre.instance_pre()).map_err(|_| {
-        failed("the trainer does not export `orch:plugin/inference` (world `predicting-trainer`): it cannot predict".into())
-    })?;
     let first = devices
         .first()
         .ok_or_else(|| TrainError::Setup("predict needs a device".into()))?;
-    let spec = job.spec;
-    let shared = Arc::new(Shared {
-        devices: device_slots(std::slice::from_ref(first), job.memory_limit)?,
-        data: prepared.data,
-        replicas: 1,
-        seed: spec.seed,
-        max_tensors: options.max_tensors,
-        max_graph_nodes: options.max_graph_nodes,
-        exchange_timeout: prepared.limits.deadline,
-        grads: Collective::new(1),
-        broadcast: Collective::new(1),
-    });
-    let _ticker = Ticker::start(&prepared.engine)
-        .map_err(|e| TrainError::Engine(format!("cannot start the epoch ticker: {e}")))?;
-    let state = ReplicaState::new(
-        PluginState::new(&plugin, &prepared.limits),
-        Arc::clone(&shared),
-        0,
-    );
-    let mut store = Store::new(&prepared.engine, state);
-    store.limiter(|s| &mut s.sandbox.limiter);
-    store.set_hostcall_fuel(prepared.limits.memory_bytes.saturating_add(1 << 20));
-    store.set_epoch_deadline(deadline_ticks(prepared.limits.deadline));
-    let engine_error = |e: wasmtime::Error| failed(format!("{e:#}"));
+    Model::load(job, first, options)?.predict(features, shape)
+}
 
-    store.data_mut().phase = Phase::Init;
-    let instance = pre
-        .instance_pre()
-        .instantiate(&mut store)
-        .map_err(engine_error)?;
-    let trainer = Trainer::new(&mut store, &instance).map_err(engine_error)?;
-    let inference = indices.load(&mut store, &instance).map_err(engine_error)?;
-    let schedule = crate::data::Schedule {
-        samples: shared.data.train.len(),
-        batch_size: spec.batch_size as usize,
-        seed: spec.seed,
-        epochs: spec.epochs,
-        replicas: 1,
-        steps: spec.steps,
-        windows: shared.data.train.is_text(),
-    };
-    let info = crate::replica::run_info(&schedule, &shared.data, 0);
-    trainer
-        .orch_plugin_training()
-        .call_init_replica(&mut store, &spec.config, &info)
-        .map_err(engine_error)?
-        .map_err(|m| failed(printable(&m)))?;
-    store.data_mut().phase = Phase::Idle;
-    let saved = checkpoint::dir(&spec.out);
-    if saved.exists() {
-        load(store.data_mut(), &Checkpoint::load(&saved)?)?;
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(temperature: f32, top_k: Option<usize>) -> SampleOptions {
+        SampleOptions {
+            tokens: 1,
+            temperature,
+            top_k,
+            seed: 1,
+        }
     }
 
-    store.set_epoch_deadline(deadline_ticks(prepared.limits.deadline));
-    let state = store.data_mut();
-    let pool = state
-        .pool(None)
-        .map_err(|e| failed(format!("the device: {e:?}")))?;
-    let input = Tensor::from_vec(features, shape, &pool).map_err(|e| failed(e.to_string()))?;
-    let handle = state
-        .give(input)
-        .map_err(|e| failed(format!("the features: {e:?}")))?;
-    let output = orch_tensor::no_grad(|| inference.call_predict(&mut store, handle))
-        .map_err(engine_error)?
-        .map_err(|m| failed(printable(&m)))?;
-    let state = store.data_mut();
-    let tensor = state
-        .tensor(&output)
-        .map_err(|e| failed(format!("predict's result: {e:?}")))?;
-    state.drop_tensor(output).map_err(engine_error)?;
-    Ok(Prediction {
-        shape: tensor.shape().to_vec(),
-        values: tensor.to_vec().map_err(|e| failed(e.to_string()))?,
-    })
+    #[test]
+    fn temperature_zero_is_argmax_and_top_k_limits_the_draw() {
+        let logits = [0.0, 3.0, 1.0, 2.9];
+        let mut rng = SplitMix64(0);
+        assert_eq!(pick(&logits, &options(0.0, None), &mut rng), 1);
+        for _ in 0..200 {
+            let t = pick(&logits, &options(1.0, Some(2)), &mut rng);
+            assert!(t == 1 || t == 3, "{t}");
+        }
+        let mut counts = [0usize; 4];
+        for _ in 0..2000 {
+            counts[pick(&logits, &options(1.0, None), &mut rng) as usize] += 1;
+        }
+        // softmax([0, 3, 1, 2.9]) = [0.02, 0.47, 0.06, 0.43]
+        assert!(
+            counts[1] > 850 && counts[3] > 750 && counts[0] < 100,
+            "{counts:?}"
+        );
+    }
 }

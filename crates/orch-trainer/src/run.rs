@@ -261,11 +261,7 @@ impl<'a> Prepared<'a> {
             stop_after: options.stop_after,
             // Text is scored on windows of the training batch's size, as nanoGPT's estimate
             // does; a table on larger batches (fewer calls, the same mean).
-            eval_batch: if shared.data.train.is_text() {
-                spec.batch_size as usize
-            } else {
-                (spec.batch_size as usize).max(256)
-            },
+            eval_batch: eval_batch_size(spec.batch_size, shared.data.train.is_text()),
             eval_every: spec.eval_every,
             eval_batches: spec.eval_batches,
             ticks: deadline_ticks(limits.deadline),
@@ -348,6 +344,16 @@ impl<'a> Prepared<'a> {
             }
         });
         coordinator.finish(job.name)
+    }
+}
+
+/// Rows of an evaluation batch: text is scored on windows of the training batch's size, as
+/// nanoGPT's estimate does; a table on batches of at least 256 (fewer calls, the same mean).
+pub(crate) fn eval_batch_size(batch_size: u32, text: bool) -> usize {
+    if text {
+        batch_size as usize
+    } else {
+        (batch_size as usize).max(256)
     }
 }
 

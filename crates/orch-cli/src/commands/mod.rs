@@ -3,6 +3,7 @@
 mod devices;
 mod jobs;
 mod leases;
+mod model;
 mod plan;
 mod plugin;
 mod run;
@@ -21,6 +22,8 @@ pub fn dispatch(cli: Cli) -> CmdResult {
         Command::Leases(args) => leases::run(&args),
         Command::Plan(args) => plan::run(&spec, &args),
         Command::Run(args) => run::run(&spec, &args),
+        Command::Predict(args) => model::predict(&args),
+        Command::Sample(args) => model::sample(&args),
         Command::Plugin(args) => plugin::run(&args),
         Command::Serve(args) => serve::run(&cli.devices, &args),
         Command::Submit(args) if args.slurm => slurm::submit(&args),
