@@ -152,7 +152,7 @@ mod tests {
         let v = Vocab::of_text("hello\nworld");
         assert_eq!(v, Vocab::Chars("\ndehlorw".chars().collect()));
         let ids = v.encode("hold", Unknown::Error, "t").unwrap();
-        assert_eq!(ids, vec![3, 5, 4, 2]);
+        assert_eq!(ids, vec![3, 5, 4, 1]);
         assert_eq!(v.decode(&ids), "hold");
         assert_eq!(Vocab::from_stored(&v.to_stored()), Some(v.clone()));
         assert_eq!(Vocab::from_stored("bytes"), Some(Vocab::Bytes));

@@ -204,6 +204,55 @@ fn errors_point_at_the_value_with_a_hint() {
             "unknown variant",
         ),
         (
+            job(
+                "[train]\nplugin = \"p.wasm\"\nepochs = 1\nsteps = 5\nbatch_size = 1\n[train.data]\nformat = \"csv\"\ntrain = \"d\"\n",
+            ),
+            "j.toml:5:10",
+            "both epochs and steps",
+        ),
+        (
+            job(
+                "[train]\nplugin = \"p.wasm\"\nbatch_size = 1\n[train.data]\nformat = \"csv\"\ntrain = \"d\"\n",
+            ),
+            "j.toml:5:14",
+            "neither epochs nor steps",
+        ),
+        (
+            job(
+                "[train]\nplugin = \"p.wasm\"\nepochs = 2\nbatch_size = 1\n[train.data]\nformat = \"text\"\ntrain = \"t.txt\"\nblock_size = 8\n",
+            ),
+            "j.toml:5:10",
+            "text data is trained by steps",
+        ),
+        (
+            job(
+                "[train]\nplugin = \"p.wasm\"\nsteps = 2\nbatch_size = 1\n[train.data]\nformat = \"text\"\ntrain = \"t.txt\"\n",
+            ),
+            "j.toml:9:9",
+            "needs block_size",
+        ),
+        (
+            job(
+                "[train]\nplugin = \"p.wasm\"\nsteps = 2\nbatch_size = 1\n[train.data]\nformat = \"csv\"\ntrain = \"d\"\nblock_size = 8\n",
+            ),
+            "j.toml:10:14",
+            "block_size is for format = \"text\"",
+        ),
+        (
+            job(
+                "[train]\nplugin = \"p.wasm\"\nsteps = 2\nbatch_size = 1\n[train.data]\nformat = \"text\"\ntrain = \"t\"\nblock_size = 8\nvocab = \"words\"\n",
+            ),
+            "j.toml:11:9",
+            "vocab = \"words\" is not known",
+        ),
+        (
+            job(
+                "[train]\nplugin = \"p.wasm\"\nsteps = 0\nbatch_size = 1\n[train.data]\nformat = \"csv\"\ntrain = \"d\"\n",
+            ),
+            "j.toml:5:9",
+            "steps = 0",
+        ),
+        (
             format!("[jobs]\nname = \"x\"\n{cmd}"),
             "j.toml:1:",
             "unknown field `jobs`",
@@ -221,6 +270,23 @@ fn errors_point_at_the_value_with_a_hint() {
         assert!(err.contains(words), "{err:?} should say {words}\n{text}");
         assert!(err.contains(" ("), "{err:?} should carry a hint");
     }
+}
+
+#[test]
+fn text_jobs_train_by_steps_with_their_windows() {
+    let text = "[job]\nname = \"g\"\n[train]\nplugin = \"gpt\"\nsteps = 2000\neval_every = 250\neval_batches = 20\nbatch_size = 12\n[train.data]\nformat = \"text\"\ntrain = \"data/train.txt.gz\"\nval = \"data/val.txt.gz\"\nblock_size = 64\nunknown = \"skip\"\n";
+    let job = parse(Path::new("/jobs/g.toml"), text).unwrap();
+    let Work::Train(train) = &job.work else {
+        panic!("a [train] job");
+    };
+    assert_eq!(train.steps, Some(2000));
+    assert_eq!((train.eval_every, train.eval_batches), (Some(250), Some(20)));
+    assert_eq!(train.epochs, 1);
+    assert_eq!(train.data.format, DataFormat::Text);
+    assert_eq!(train.data.block_size, Some(64));
+    assert_eq!(train.data.test, Some(PathBuf::from("/jobs/data/val.txt.gz")));
+    assert!(train.data.skip_unknown && !train.data.bytes_vocab);
+    assert!(!train.data.normalize, "text is never standardised");
 }
 
 #[test]
