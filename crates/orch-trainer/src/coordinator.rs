@@ -64,6 +64,8 @@ pub(crate) struct Coordinator {
     stopped_early: bool,
     epoch_started: Instant,
     started: Instant,
+    /// When the last step (or evaluation) ended: a step's time is measured from there.
+    step_ended: Instant,
     shared: Arc<Shared>,
     plugin: String,
     last: Option<Last>,
@@ -97,6 +99,7 @@ impl Coordinator {
             stopped_early: false,
             epoch_started: Instant::now(),
             started: Instant::now(),
+            step_ended: Instant::now(),
             shared,
             plugin,
             last: None,
@@ -220,11 +223,15 @@ impl Coordinator {
             eta: self.progress.pace.eta(step + 1),
         });
         self.last = Some((step + 1, loss, self.last.and_then(|l| l.2)));
+        let now = Instant::now();
+        let step_seconds = now.duration_since(self.step_ended).as_secs_f64();
+        self.step_ended = now;
         self.metrics.push(Record::Step {
             step: step + 1,
             epoch: epoch + 1,
             loss,
             samples_per_sec: self.progress.pace.throughput(),
+            step_seconds: Some(step_seconds),
             scalars: mean_scalars(&done.scalars),
         })
     }
@@ -249,6 +256,8 @@ impl Coordinator {
         };
         self.eval_seconds += done.seconds;
         self.epoch_eval_seconds += done.seconds;
+        // The next step's time starts now, not when the evaluation began.
+        self.step_ended = Instant::now();
         let (eval_loss, eval_accuracy) = if done.evaluated && done.rows > 0 {
             let accuracy = (!self.text).then(|| done.correct as f64 / done.rows as f64);
             (Some(done.loss_sum / done.rows as f64), accuracy)

@@ -269,6 +269,7 @@ mod tests {
                 epoch: 1,
                 loss: if step == 3 { f32::NAN } else { 1.0 },
                 samples_per_sec: 1.0,
+                step_seconds: None,
                 scalars: Default::default(),
             })
             .collect();
@@ -298,6 +299,7 @@ mod tests {
                 epoch: 1,
                 loss: f32::MAX,
                 samples_per_sec: 1.0,
+                step_seconds: None,
                 scalars: Default::default(),
             },
             Record::Epoch {

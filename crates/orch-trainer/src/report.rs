@@ -2,7 +2,7 @@
 //! `plot.svg`, drawn from it by `plot.rs`).
 //!
 //! ```text
-//! {"kind":"step","step":12,"epoch":1,"loss":0.5321,"samples_per_sec":20512.3,"scalars":{"lr":0.05}}
+//! {"kind":"step","step":12,"epoch":1,"loss":0.5321,"samples_per_sec":20512.3,"step_seconds":0.0062,"scalars":{"lr":0.05}}
 //! {"kind":"eval","step":469,"eval_loss":0.1403,"eval_accuracy":0.9581,"train_seconds":3.7}
 //! {"kind":"epoch","epoch":1,"step":469,"train_loss":0.3012,"eval_loss":0.1403,"eval_accuracy":0.9581,"seconds":4.1,"train_seconds":3.7}
 //! ```
@@ -33,6 +33,14 @@ pub enum Record {
         loss: f32,
         #[serde(with = "float::double")]
         samples_per_sec: f64,
+        /// The step's wall time: since the previous step ended, or the run (or its last
+        /// evaluation) began.
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            with = "float::optional"
+        )]
+        step_seconds: Option<f64>,
         #[serde(
             default,
             skip_serializing_if = "BTreeMap::is_empty",
@@ -309,6 +317,7 @@ mod tests {
             epoch: 1,
             loss: f32::NAN,
             samples_per_sec: f64::INFINITY,
+            step_seconds: None,
             scalars: BTreeMap::from([("grad_norm".into(), f64::NEG_INFINITY)]),
         };
         let text = line(&record);
@@ -354,6 +363,7 @@ mod tests {
                 epoch: 1,
                 loss: 1.0 / step as f32,
                 samples_per_sec: 10.0,
+                step_seconds: None,
                 scalars: BTreeMap::from([("lr".into(), 0.1)]),
             })
             .unwrap();
@@ -387,6 +397,7 @@ mod tests {
                 epoch: 1,
                 loss: 0.25,
                 samples_per_sec: 1.0,
+                step_seconds: None,
                 scalars: BTreeMap::new(),
             })
             .unwrap();
