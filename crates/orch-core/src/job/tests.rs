@@ -280,11 +280,17 @@ fn text_jobs_train_by_steps_with_their_windows() {
         panic!("a [train] job");
     };
     assert_eq!(train.steps, Some(2000));
-    assert_eq!((train.eval_every, train.eval_batches), (Some(250), Some(20)));
+    assert_eq!(
+        (train.eval_every, train.eval_batches),
+        (Some(250), Some(20))
+    );
     assert_eq!(train.epochs, 1);
     assert_eq!(train.data.format, DataFormat::Text);
     assert_eq!(train.data.block_size, Some(64));
-    assert_eq!(train.data.test, Some(PathBuf::from("/jobs/data/val.txt.gz")));
+    assert_eq!(
+        train.data.test,
+        Some(PathBuf::from("/jobs/data/val.txt.gz"))
+    );
     assert!(train.data.skip_unknown && !train.data.bytes_vocab);
     assert!(!train.data.normalize, "text is never standardised");
 }

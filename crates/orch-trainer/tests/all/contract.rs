@@ -22,7 +22,7 @@ fn step_scalars(job: &orch_core::JobSpec) -> Vec<std::collections::BTreeMap<Stri
         .into_iter()
         .filter_map(|r| match r {
             Record::Step { scalars, .. } => Some(scalars),
-            Record::Epoch { .. } => None,
+            Record::Epoch { .. } | Record::Eval { .. } => None,
         })
         .collect()
 }

@@ -127,7 +127,7 @@ fn the_layer_ops_through_wasm_match_orch_tensor_on_cpu_and_sim() {
             .into_iter()
             .find_map(|r| match r {
                 Record::Step { scalars, .. } => Some(scalars),
-                Record::Epoch { .. } => None,
+                Record::Epoch { .. } | Record::Eval { .. } => None,
             })
             .unwrap();
         for (case, want) in &want {
@@ -190,7 +190,7 @@ fn batch_norm_updates_its_buffers_in_train_step_and_not_in_eval_step() {
         .iter()
         .find_map(|r| match r {
             Record::Epoch { eval_loss, .. } => *eval_loss,
-            Record::Step { .. } => None,
+            Record::Step { .. } | Record::Eval { .. } => None,
         })
         .expect("an eval loss");
     assert!(steps > 1, "{steps} steps");

@@ -5,6 +5,7 @@
 mod common;
 mod contract;
 mod contract_nn;
+mod data;
 mod hostile;
 mod learn;
 mod parallel;

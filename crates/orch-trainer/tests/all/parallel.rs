@@ -34,7 +34,7 @@ fn four_replicas_on_sim_gpus_match_one_replica_after_20_steps() {
             .into_iter()
             .filter_map(|r| match r {
                 Record::Step { loss, .. } => Some(loss),
-                Record::Epoch { .. } => None,
+                Record::Epoch { .. } | Record::Eval { .. } => None,
             })
             .collect()
     };
@@ -68,7 +68,7 @@ fn one_replica_trains_a_model_split_over_two_sim_gpus() {
     let records = read_metrics(&spec(&job).out.join("metrics.jsonl"));
     let scalar = |r: &Record, name: &str| match r {
         Record::Step { scalars, .. } => scalars.get(name).copied(),
-        Record::Epoch { .. } => None,
+        Record::Epoch { .. } | Record::Eval { .. } => None,
     };
     let first = records.first().expect("records");
     for name in ["in_use_0", "in_use_1"] {
@@ -82,7 +82,7 @@ fn one_replica_trains_a_model_split_over_two_sim_gpus() {
         .iter()
         .filter_map(|r| match r {
             Record::Epoch { train_loss, .. } => Some(*train_loss),
-            Record::Step { .. } => None,
+            Record::Step { .. } | Record::Eval { .. } => None,
         })
         .collect();
     assert_eq!(epoch_losses.len(), 2);
