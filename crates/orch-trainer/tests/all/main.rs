@@ -6,6 +6,7 @@ mod common;
 mod contract;
 mod contract_nn;
 mod data;
+mod gpt;
 mod hostile;
 mod learn;
 mod parallel;
