@@ -157,3 +157,114 @@ fn bad_data_or_plugin_fails_before_any_device_is_leased() {
     }
     no_leases_left(&dir);
 }
+
+/// Writes `dir/gpt.toml`: a small character GPT on the bundled Shakespeare.
+fn write_gpt_job(dir: &Path, steps: u32) -> PathBuf {
+    let data = root().join("examples/gpt/data");
+    let text = format!(
+        "[job]\nname = \"tiny-gpt\"\n[resources]\ngpus = 1\n[train]\nplugin = \"gpt\"\nsteps = {steps}\nbatch_size = 8\neval_every = 10\neval_batches = 2\n[train.data]\nformat = \"text\"\ntrain = \"{}\"\nval = \"{}\"\nblock_size = 16\n[train.config]\nlayers = 1\nheads = 2\nembedding = 32\nwarmup_steps = 2\nlr = 3e-3\n",
+        data.join("train.txt.gz").display(),
+        data.join("val.txt.gz").display()
+    );
+    let path = dir.join("gpt.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn predict_and_sample_use_the_checkpoint_of_a_text_job() {
+    let dir = scratch("sample");
+    let job = write_gpt_job(&dir, 20);
+    let job = job.to_str().unwrap();
+
+    // Before training there is nothing to load: a sentence and exit 2.
+    let out = orch_in(&dir, &["sample", job]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("no checkpoint in"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = orch_in(&dir, &["run", job]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("step 10/20: eval loss"), "{text}");
+    assert!(
+        text.contains("; eval loss"),
+        "the summary has the loss: {text}"
+    );
+
+    // `orch predict` scores the same windows the run's last evaluation did.
+    let metrics = std::fs::read_to_string(dir.join("runs/tiny-gpt/metrics.jsonl")).unwrap();
+    let last_eval: serde_json::Value = metrics
+        .lines()
+        .filter(|l| l.contains("\"kind\":\"eval\""))
+        .last()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .expect("an eval record");
+    let out = orch_in(&dir, &["predict", "--json", job]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let predicted: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(predicted["checkpoint_step"], 20);
+    assert_eq!(predicted["rows"], 16);
+    assert!(predicted["eval_accuracy"].is_null(), "text has no accuracy");
+    let (a, b) = (
+        predicted["eval_loss"].as_f64().unwrap(),
+        last_eval["eval_loss"].as_f64().unwrap(),
+    );
+    assert!((a - b).abs() < 1e-5, "predict {a}, the run {b}");
+
+    // The same seed gives the same text; the text continues the prompt.
+    let sample = |seed: &str| {
+        let out = orch_in(
+            &dir,
+            &[
+                "sample", job, "--prompt", "KING:", "--tokens", "30", "--seed", seed, "--json",
+            ],
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_str::<serde_json::Value>(stdout(&out).trim()).unwrap()
+    };
+    let (one, again) = (sample("7"), sample("7"));
+    assert_eq!(one["text"], again["text"]);
+    assert_eq!(one["prompt"], "KING:");
+    assert_eq!(one["tokens"].as_array().unwrap().len(), 30);
+    assert_eq!(one["next_logits"].as_array().unwrap().len(), 73);
+    let out = orch_in(
+        &dir,
+        &["sample", job, "--prompt", "KING:", "--tokens", "10"],
+    );
+    assert!(stdout(&out).starts_with("KING:"), "{}", stdout(&out));
+
+    // A prompt character the vocabulary lacks, and a job that is not text, are refused.
+    let out = orch_in(&dir, &["sample", job, "--prompt", "caf\u{e9}"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("not in the vocabulary"),
+        "{}",
+        stderr(&out)
+    );
+    let digits = write_job(
+        &dir,
+        1,
+        "plugin = \"mlp\"\nsteps = 3\nbatch_size = 64\n[train.config]\nhidden = \"8\"",
+    );
+    let out = orch_in(&dir, &["run", digits.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = orch_in(&dir, &["sample", digits.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("use orch predict"),
+        "{}",
+        stderr(&out)
+    );
+    let out = orch_in(&dir, &["predict", digits.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("checkpoint of step 3: eval loss"),
+        "{}",
+        stdout(&out)
+    );
+    no_leases_left(&dir);
+}
