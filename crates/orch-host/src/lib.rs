@@ -43,7 +43,7 @@ pub use contract::{Found, Identity, WorldKind, identify, mismatch};
 pub use orch_wit::Version;
 // The engine, cache and sandbox pieces the trainer host (crates/orch-trainer) reuses.
 pub use cache::ComponentCache;
-pub use engine::{Ticker, deadline_ticks, new_engine};
+pub use engine::{Ticker, deadline_ticks, new_engine, wall_backstop};
 pub use error::{PluginKind, PolicyError, RefusalKind};
 pub use failure::{CallFailure, classify};
 pub use inspect::{Inspection, inspect};
