@@ -29,9 +29,9 @@ cd "$(dirname "$0")/.."
 target=$(realpath -m "${CARGO_TARGET_DIR:-target}")
 venv="$target/python-tests/venv"
 wheels="$target/python-tests/wheels"
-packages=("maturin>=1.9.4,<2" pytest numpy torch tensorflow-cpu)
+packages=("maturin>=1.9.4,<2" pytest numpy torch tensorflow-cpu safetensors)
 
-if [[ "${ORCH_PY_REUSE:-0}" == 1 ]] && "$venv/bin/python" -c 'import maturin, pytest, numpy, torch, tensorflow' 2>/dev/null; then
+if [[ "${ORCH_PY_REUSE:-0}" == 1 ]] && "$venv/bin/python" -c 'import maturin, pytest, numpy, torch, tensorflow, safetensors' 2>/dev/null; then
   echo "== python: reusing $venv" >&2
 else
   echo "== python: a fresh venv with maturin, pytest and torch" >&2
