@@ -158,3 +158,37 @@ fn the_plugin_memory_cap_comes_from_the_job_and_is_named_when_hit() {
         "{err}"
     );
 }
+
+/// The two reference examples reach what their docs promise: `examples/cnn/job.toml` at least
+/// 99.0% MNIST test accuracy, `examples/gpt/job.toml` a validation loss of at most 1.95 after its
+/// 2000 steps. Minutes of training each (docs/TRAINERS.md gives the times), so it runs where
+/// `ORCH_FULL_EXAMPLES=1` asks for it (`scripts/bench-trainers.sh` measures the same runs).
+#[test]
+fn the_cnn_and_gpt_examples_reach_their_goals() {
+    if std::env::var("ORCH_FULL_EXAMPLES").as_deref() != Ok("1") {
+        eprintln!("skipped: set ORCH_FULL_EXAMPLES=1 to train the cnn and gpt examples in full");
+        return;
+    }
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let train = |file: &str| {
+        let mut job = orch_core::job::read(&examples.join(file)).unwrap();
+        let out = tempfile::tempdir().unwrap();
+        if let orch_core::job::Work::Train(spec) = &mut job.work {
+            spec.out = out.path().to_path_buf();
+        }
+        run(&job, &cpu(), &options()).unwrap()
+    };
+    let cnn = train("cnn/job.toml");
+    let accuracy = cnn.eval_accuracy.expect("MNIST has a test set");
+    assert!(accuracy >= 0.990, "cnn test accuracy {accuracy}");
+    let gpt = train("gpt/job.toml");
+    assert_eq!(gpt.steps, 2000);
+    let loss = gpt.eval_loss.expect("Shakespeare has a validation text");
+    assert!(loss <= 1.95, "gpt val loss {loss}");
+    eprintln!(
+        "cnn: {:.2}% in {:.0} s; gpt: val loss {loss:.4} in {:.0} s",
+        accuracy * 100.0,
+        cnn.seconds,
+        gpt.seconds
+    );
+}
