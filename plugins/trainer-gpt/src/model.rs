@@ -393,7 +393,7 @@ pub fn init(config: Vec<(String, String)>, info: RunInfo) -> std::result::Result
         metrics::log(
             metrics::Level::Info,
             &format!(
-                "gpt: {} layers, {} heads, width {}, block {}, vocab {}, {} parameters{}; AdamW lr {} -> {} (warm-up {}, decay to step {})",
+                "gpt: {} layers, {} heads, width {}, block {}, vocab {}, {} parameters{}; AdamW lr {} -> {} (warm-up {} steps, cosine decay to step {})",
                 c.layers,
                 c.heads,
                 c.embedding,
@@ -401,8 +401,8 @@ pub fn init(config: Vec<(String, String)>, info: RunInfo) -> std::result::Result
                 info.classes,
                 model.parameters(),
                 if c.bias { ", biases" } else { "" },
-                c.lr,
-                c.min_lr,
+                c.lr as f32,
+                c.min_lr as f32,
                 c.warmup_steps,
                 c.decay_steps
             ),
