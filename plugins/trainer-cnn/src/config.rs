@@ -213,6 +213,29 @@ impl Config {
                     })?,
             ),
         };
+        // Keys that only one choice reads are refused with the others: a `lr_gamma` beside a
+        // cosine schedule would otherwise be silently ignored.
+        let only = |key: &str, applies: bool, to: &str| match get(key) {
+            Some(_) if !applies => Err(format!("config `{key}` applies only to {to}")),
+            _ => Ok(()),
+        };
+        let sgd = optimizer == OptimizerKind::Sgd;
+        let cosine = matches!(schedule, Schedule::Cosine { .. });
+        let step = matches!(schedule, Schedule::Step { .. });
+        only(
+            "momentum",
+            sgd,
+            "optimizer = \"sgd\" (Adam's betas are PyTorch's defaults, 0.9 and 0.999)",
+        )?;
+        only("nesterov", sgd, "optimizer = \"sgd\"")?;
+        only("lr_min", cosine, "lr_schedule = \"cosine\"")?;
+        only("lr_step_epochs", step, "lr_schedule = \"step\"")?;
+        only("lr_gamma", step, "lr_schedule = \"step\"")?;
+        let momentum = number(get("momentum"), "momentum", 0.9)?;
+        let nesterov = boolean(get("nesterov"), "nesterov")?;
+        if nesterov && momentum == 0.0 {
+            return Err("config `nesterov` = true needs a `momentum` above 0".into());
+        }
         Ok(Config {
             channels,
             kernel,
@@ -222,8 +245,8 @@ impl Config {
             dropout,
             optimizer,
             lr,
-            momentum: number(get("momentum"), "momentum", 0.9)?,
-            nesterov: boolean(get("nesterov"), "nesterov")?,
+            momentum,
+            nesterov,
             weight_decay: number(get("weight_decay"), "weight_decay", default_decay)?,
             schedule,
             warmup_steps: integer(get("warmup_steps"), "warmup_steps", 0)?,
@@ -340,6 +363,19 @@ mod tests {
         assert!(err(&[("lr_schedule", "step"), ("lr_step_epochs", "0")]).contains("1 or more"));
         assert!(err(&[("warmup_steps", "1.5")]).contains("whole number"));
         assert!(err(&[("input_shape", "8,8")]).contains("channels,height,width"));
+        assert!(err(&[("momentum", "0.9")]).contains("applies only to optimizer = \"sgd\""));
+        assert!(err(&[("lr_gamma", "0.5")]).contains("applies only to lr_schedule = \"step\""));
+        assert!(err(&[("lr_min", "0")]).contains("applies only to lr_schedule = \"cosine\""));
+        assert!(
+            err(&[
+                ("optimizer", "sgd"),
+                ("momentum", "0"),
+                ("nesterov", "true")
+            ])
+            .contains("needs a `momentum`")
+        );
+        let sgd = parse(&[("optimizer", "sgd"), ("nesterov", "true")]).unwrap();
+        assert_eq!((sgd.lr, sgd.momentum, sgd.nesterov), (0.05, 0.9, true));
     }
 
     #[test]

@@ -55,6 +55,8 @@ struct Dense {
 struct Model {
     /// One sample as `[C, H, W]`.
     input: [usize; 3],
+    /// Features after the last block, flattened: the first linear layer's input.
+    flat: usize,
     blocks: Vec<Block>,
     dense: Vec<Dense>,
     padding: usize,
@@ -201,6 +203,7 @@ impl Model {
         }
         Ok(Model {
             input,
+            flat: widths[0],
             blocks,
             dense,
             padding: k / 2,
@@ -248,8 +251,7 @@ impl Model {
                 Pool::None => x,
             };
         }
-        let flat = self.dense[0].weight.shape()[1] as usize;
-        x = ops::reshape(&x, &[rows, flat]).at("flatten")?;
+        x = ops::reshape(&x, &[rows, self.flat]).at("flatten")?;
         let last = self.dense.len() - 1;
         for (j, layer) in self.dense.iter().enumerate() {
             if self.dropout > 0.0 {
