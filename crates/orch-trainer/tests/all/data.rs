@@ -117,3 +117,34 @@ fn steps_and_eval_every_make_eval_records_with_training_time() {
         .count();
     assert_eq!(timed, 70, "every step has its time");
 }
+
+#[test]
+fn the_cnn_trains_on_images_of_the_shape_the_file_gives() {
+    // The digits as [N, 1, 8, 8] images: the cnn reshapes the flat batch by run-info's
+    // sample-shape; a CSV of the same pixels gives [64], which a CNN cannot take.
+    let dir = tempfile::tempdir().unwrap();
+    digits_safetensors(&dir.path().join("digits.safetensors"));
+    let job = parse(
+        dir.path(),
+        "[job]\nname = \"cnn\"\n[train]\nplugin = \"cnn\"\nepochs = 3\nbatch_size = 32\nseed = 1\n[train.config]\nchannels = \"8\"\nkernel = 3\nlr = 0.01\n[train.data]\nformat = \"safetensors\"\ntrain = \"digits.safetensors\"\ntest = \"digits.safetensors\"\nscale = 16\n",
+    );
+    let summary = run(&job, &cpu(), &options()).unwrap();
+    let accuracy = summary.eval_accuracy.expect("evaluated");
+    assert!(accuracy > 0.95, "accuracy {accuracy}");
+    let names: Vec<String> = final_params(&job).into_iter().map(|p| p.name).collect();
+    assert_eq!(
+        names,
+        ["conv1.bias", "conv1.weight", "fc1.bias", "fc1.weight"]
+    );
+
+    let csv = job_with_data(dir.path(), "plugin = \"cnn\"\nepochs = 1\nbatch_size = 32");
+    let err = run(&csv, &cpu(), &options()).unwrap_err().to_string();
+    assert!(err.contains("[64]"), "the sample shape is named: {err}");
+}
+
+/// `train` lines on the digits CSV, whose samples have shape `[64]`.
+fn job_with_data(dir: &Path, train: &str) -> orch_core::job::JobSpec {
+    let sub = dir.join("csv");
+    std::fs::create_dir_all(&sub).unwrap();
+    job(&sub, train)
+}
