@@ -51,24 +51,24 @@ pub struct AttentionMask<'a> {
 
 /// A mask broadcast to `[B, H, T, S]`: element strides (0 where broadcast) and data length.
 #[derive(Debug, Clone, PartialEq)]
-struct MaskLayout {
-    kind: MaskKind,
-    strides: [usize; 4],
-    len: usize,
+pub(crate) struct MaskLayout {
+    pub(crate) kind: MaskKind,
+    pub(crate) strides: [usize; 4],
+    pub(crate) len: usize,
 }
 
 /// A validated attention call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AttentionSpec {
-    b: usize,
-    h: usize,
-    t: usize,
-    s: usize,
-    d: usize,
-    dv: usize,
-    scale: f32,
-    causal: bool,
-    mask: Option<MaskLayout>,
+    pub(crate) b: usize,
+    pub(crate) h: usize,
+    pub(crate) t: usize,
+    pub(crate) s: usize,
+    pub(crate) d: usize,
+    pub(crate) dv: usize,
+    pub(crate) scale: f32,
+    pub(crate) causal: bool,
+    pub(crate) mask: Option<MaskLayout>,
 }
 
 impl AttentionSpec {

@@ -40,20 +40,20 @@ const COL_BUDGET: usize = 1 << 19;
 /// A validated 2-D convolution: shapes, stride, padding, dilation, groups.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Conv2dSpec {
-    n: usize,
-    c: usize,
-    h: usize,
-    w: usize,
-    o: usize,
-    kh: usize,
-    kw: usize,
-    stride: [usize; 2],
-    padding: [usize; 2],
-    dilation: [usize; 2],
-    groups: usize,
-    bias: bool,
-    oh: usize,
-    ow: usize,
+    pub(crate) n: usize,
+    pub(crate) c: usize,
+    pub(crate) h: usize,
+    pub(crate) w: usize,
+    pub(crate) o: usize,
+    pub(crate) kh: usize,
+    pub(crate) kw: usize,
+    pub(crate) stride: [usize; 2],
+    pub(crate) padding: [usize; 2],
+    pub(crate) dilation: [usize; 2],
+    pub(crate) groups: usize,
+    pub(crate) bias: bool,
+    pub(crate) oh: usize,
+    pub(crate) ow: usize,
 }
 
 /// Output length of one spatial dimension, or why there is none.

@@ -33,10 +33,10 @@ const ROW_GROUPS: usize = 8;
 /// A validated layer norm: `rows` rows of `cols` normalised elements.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerNormSpec {
-    shape: Vec<usize>,
-    rows: usize,
-    cols: usize,
-    eps: f32,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) eps: f32,
 }
 
 fn check_eps(op: &'static str, shape: &[usize], eps: f32) -> Result<()> {
@@ -360,13 +360,13 @@ pub enum BatchNormMode {
 /// A validated batch norm over `[N, C, *]` (or `[N, C]`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct BatchNormSpec {
-    shape: Vec<usize>,
-    n: usize,
-    c: usize,
-    spatial: usize,
-    mode: BatchNormMode,
-    momentum: f32,
-    eps: f32,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) n: usize,
+    pub(crate) c: usize,
+    pub(crate) spatial: usize,
+    pub(crate) mode: BatchNormMode,
+    pub(crate) momentum: f32,
+    pub(crate) eps: f32,
 }
 
 /// The running statistics a batch norm reads (eval) or updates (training), `[C]` each.

@@ -20,15 +20,15 @@ use rayon::prelude::*;
 /// A validated 2-D pooling window over `[N, C, H, W]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pool2dSpec {
-    n: usize,
-    c: usize,
-    h: usize,
-    w: usize,
-    kernel: [usize; 2],
-    stride: [usize; 2],
-    padding: [usize; 2],
-    oh: usize,
-    ow: usize,
+    pub(crate) n: usize,
+    pub(crate) c: usize,
+    pub(crate) h: usize,
+    pub(crate) w: usize,
+    pub(crate) kernel: [usize; 2],
+    pub(crate) stride: [usize; 2],
+    pub(crate) padding: [usize; 2],
+    pub(crate) oh: usize,
+    pub(crate) ow: usize,
 }
 
 impl Pool2dSpec {

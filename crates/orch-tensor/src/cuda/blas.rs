@@ -157,6 +157,104 @@ impl CudaDevice {
     }
 }
 
+/// One strided-batched product of dense row-major matrices, written into `c`:
+/// `C_i = alpha * op(A_i) op(B_i) + beta * C_i` for `i < batch`, `C_i` `[m, n]`; `A_i` is stored
+/// `[m, k]` (`[k, m]` when `trans_a`), `B_i` `[k, n]` (`[n, k]` when `trans_b`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Gemm {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub batch: usize,
+    pub trans_a: bool,
+    pub trans_b: bool,
+    /// Elements between consecutive A, B and C matrices.
+    pub strides: [usize; 3],
+    pub alpha: f32,
+    pub beta: f32,
+}
+
+impl CudaDevice {
+    /// Runs `g` on dense operands (the layer ops' products: conv2d's per-group gemms, the
+    /// attention score and output products). `c` holds `batch * m * n` elements at the strides.
+    pub(super) fn gemm_into(
+        &self,
+        op: &'static str,
+        g: &Gemm,
+        a: &impl DevicePtr<f32>,
+        b: &impl DevicePtr<f32>,
+        c: &mut impl DevicePtrMut<f32>,
+        tf32: bool,
+    ) -> Result<()> {
+        if g.batch == 0 || g.m == 0 || g.n == 0 {
+            return Ok(());
+        }
+        if g.k == 0 && g.beta == 0.0 {
+            // An empty sum: cuBLAS may leave C untouched, so zero it here.
+            return self.stream.memset_zeros(c).map_err(|e| self.error(op, e));
+        }
+        let tr = |t: bool| match t {
+            true => sys::cublasOperation_t::CUBLAS_OP_T,
+            false => sys::cublasOperation_t::CUBLAS_OP_N,
+        };
+        let lda = if g.trans_a { g.m } else { g.k };
+        let ldb = if g.trans_b { g.k } else { g.n };
+        let (mi, ni, ki, count) = (
+            int(self, g.m)?,
+            int(self, g.n)?,
+            int(self, g.k)?,
+            int(self, g.batch)?,
+        );
+        let (lda, ldb) = (int(self, lda.max(1))?, int(self, ldb.max(1))?);
+        let [sa, sb, sc] = g.strides;
+        let (sa, sb, sc) = (long(self, sa)?, long(self, sb)?, long(self, sc)?);
+        let compute = if tf32 {
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+        } else {
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
+        };
+        let f32_type = sys::cudaDataType::CUDA_R_32F;
+        let blas = self.blas.lock().unwrap_or_else(|e| e.into_inner());
+        let (pa, _record_a) = a.device_ptr(&self.stream);
+        let (pb, _record_b) = b.device_ptr(&self.stream);
+        let (pc, _record_c) = c.device_ptr_mut(&self.stream);
+        // SAFETY: the pointers are live allocations of this device; the callers (cuda/layers.rs)
+        // size every operand for `batch` matrices at these strides and leading dimensions;
+        // alpha/beta are host pointers (the default pointer mode). Row-major C = op(A) op(B) is
+        // column-major C^T = op(B)^T op(A)^T, hence B first.
+        let status = unsafe {
+            cublas::gemm_strided_batched_ex(
+                *blas.handle(),
+                tr(g.trans_b),
+                tr(g.trans_a),
+                ni,
+                mi,
+                ki,
+                (&g.alpha as *const f32).cast::<c_void>(),
+                pb as *const c_void,
+                f32_type,
+                ldb,
+                sb,
+                pa as *const c_void,
+                f32_type,
+                lda,
+                sa,
+                (&g.beta as *const f32).cast::<c_void>(),
+                pc as *mut c_void,
+                f32_type,
+                ni,
+                sc,
+                count,
+                compute,
+                sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        };
+        status.map_err(|e| self.error(op, e))?;
+        drop((_record_a, _record_b, _record_c));
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -365,3 +365,398 @@ extern "C" __global__ void dropout(const float* __restrict__ x, float* __restric
         y[t] = u >= p ? x[t] * scale : 0.0f;
     }
 }
+
+// ---- layer ops (storage/nn.rs, cuda/layers.rs) ------------------------------------------------
+// The CUDA paths of conv2d, pooling, layer / batch norm and attention; the maths is the CPU
+// kernels' (cpu/conv.rs, pool.rs, norm.rs, attention.rs). Products go to cuBLAS (cuda/blas.rs).
+
+// Mirrors `ConvGeom` in cuda/layers.rs: one sample's geometry.
+struct ConvGeom {
+    unsigned int c, h, w, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw;
+};
+
+// One sample `x` [C, H, W] into its column matrix `col` [C*kh*kw, OH*OW] (zero padding).
+extern "C" __global__ void im2col(const float* __restrict__ x, float* __restrict__ col, ConvGeom g) {
+    unsigned int l = g.oh * g.ow;
+    GRID_STRIDE(t, g.c * g.kh * g.kw * l) {
+        unsigned int row = t / l, p = t % l;
+        unsigned int j = row % g.kw, i = (row / g.kw) % g.kh, c = row / (g.kw * g.kh);
+        int ih = (int)((p / g.ow) * g.sh + i * g.dh) - (int)g.ph;
+        int iw = (int)((p % g.ow) * g.sw + j * g.dw) - (int)g.pw;
+        bool inside = ih >= 0 && iw >= 0 && ih < (int)g.h && iw < (int)g.w;
+        col[t] = inside ? x[((size_t)c * g.h + ih) * g.w + iw] : 0.0f;
+    }
+}
+
+// The input gradient of one sample [C, H, W] from its column gradient `col` [C*kh*kw, OH*OW]:
+// each input element gathers the column entries it fed (no atomics; overwrites `dx`).
+extern "C" __global__ void col2im(const float* __restrict__ col, float* __restrict__ dx, ConvGeom g) {
+    unsigned int l = g.oh * g.ow;
+    GRID_STRIDE(t, g.c * g.h * g.w) {
+        unsigned int iw = t % g.w, ih = (t / g.w) % g.h, c = t / (g.w * g.h);
+        float acc = 0.0f;
+        for (unsigned int i = 0; i < g.kh; ++i) {
+            int th = (int)(ih + g.ph) - (int)(i * g.dh);
+            if (th < 0 || th % (int)g.sh != 0) continue;
+            unsigned int oh = (unsigned int)th / g.sh;
+            if (oh >= g.oh) continue;
+            for (unsigned int j = 0; j < g.kw; ++j) {
+                int tw = (int)(iw + g.pw) - (int)(j * g.dw);
+                if (tw < 0 || tw % (int)g.sw != 0) continue;
+                unsigned int ow = (unsigned int)tw / g.sw;
+                if (ow >= g.ow) continue;
+                unsigned int row = (c * g.kh + i) * g.kw + j;
+                acc += col[(size_t)row * l + oh * g.ow + ow];
+            }
+        }
+        dx[t] = acc;
+    }
+}
+
+// y [N, O, L] += bias[o].
+extern "C" __global__ void conv_bias_add(float* __restrict__ y, const float* __restrict__ bias,
+                                         unsigned int n, unsigned int o, unsigned int l) {
+    GRID_STRIDE(t, n) { y[t] += bias[(t / l) % o]; }
+}
+
+// One block per output channel: db[o] = sum over samples and positions of dy [N, O, L].
+extern "C" __global__ void conv_bias_grad(const float* __restrict__ dy, float* __restrict__ db,
+                                          unsigned int n, unsigned int o, unsigned int l) {
+    unsigned int ch = blockIdx.x;
+    if (ch >= o) return;
+    float acc = 0.0f;
+    for (unsigned int j = threadIdx.x; j < n * l; j += blockDim.x)
+        acc += dy[((size_t)(j / l) * o + ch) * l + j % l];
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) db[ch] = acc;
+}
+
+// Mirrors `PoolGeom` in cuda/layers.rs: planes (N*C) of [H, W] pooled to [OH, OW].
+struct PoolGeom {
+    unsigned int planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw;
+};
+
+// The window of output (oh, ow) clipped to the input: rows [*r0, *r1), cols [*c0, *c1).
+__device__ __forceinline__ void pool_window(const PoolGeom& g, unsigned int oh, unsigned int ow,
+                                            unsigned int* r0, unsigned int* r1, unsigned int* c0,
+                                            unsigned int* c1) {
+    unsigned int sr = oh * g.sh, sc = ow * g.sw;
+    *r0 = sr > g.ph ? sr - g.ph : 0;
+    *r1 = sr + g.kh > g.ph ? min(sr + g.kh - g.ph, g.h) : 0;
+    *c0 = sc > g.pw ? sc - g.pw : 0;
+    *c1 = sc + g.kw > g.pw ? min(sc + g.kw - g.pw, g.w) : 0;
+}
+
+// One thread per output: the first maximum of the window (NaN wins), its offset in the plane
+// (ih * W + iw) stored as u32 bits in `idx`.
+extern "C" __global__ void max_pool_fwd(const float* __restrict__ x, float* __restrict__ y,
+                                        float* __restrict__ idx, PoolGeom g) {
+    unsigned int op = g.oh * g.ow;
+    GRID_STRIDE(t, g.planes * op) {
+        unsigned int p = t / op, oh = (t % op) / g.ow, ow = t % g.ow;
+        unsigned int r0, r1, c0, c1;
+        pool_window(g, oh, ow, &r0, &r1, &c0, &c1);
+        const float* plane = x + (size_t)p * g.h * g.w;
+        float best = neg_inf_f();
+        unsigned int at = r0 * g.w + c0;
+        for (unsigned int ih = r0; ih < r1; ++ih)
+            for (unsigned int iw = c0; iw < c1; ++iw) {
+                float v = plane[ih * g.w + iw];
+                if (v > best || v != v) { best = v; at = ih * g.w + iw; }
+            }
+        y[t] = best;
+        idx[t] = __uint_as_float(at);
+    }
+}
+
+// The output positions whose windows may hold input row (col) `i`: [*lo, *hi).
+__device__ __forceinline__ void pool_reach(unsigned int i, unsigned int pad, unsigned int k,
+                                           unsigned int s, unsigned int out, unsigned int* lo,
+                                           unsigned int* hi) {
+    unsigned int top = i + pad;  // the window starting at o*s covers top when o*s <= top < o*s+k
+    *lo = top + 1 > k ? (top + 1 - k + s - 1) / s : 0;
+    *hi = min(top / s + 1, out);
+}
+
+// One thread per input: the sum of the gradients of the windows whose argmax it is, in output
+// order (the CPU's order of additions). An index outside the plane matches no input.
+extern "C" __global__ void max_pool_bwd(const float* __restrict__ dy, const float* __restrict__ idx,
+                                        float* __restrict__ dx, PoolGeom g) {
+    unsigned int plane = g.h * g.w, op = g.oh * g.ow;
+    GRID_STRIDE(t, g.planes * plane) {
+        unsigned int p = t / plane, at = t % plane, ih = at / g.w, iw = at % g.w;
+        unsigned int oh0, oh1, ow0, ow1;
+        pool_reach(ih, g.ph, g.kh, g.sh, g.oh, &oh0, &oh1);
+        pool_reach(iw, g.pw, g.kw, g.sw, g.ow, &ow0, &ow1);
+        float acc = 0.0f;
+        for (unsigned int oh = oh0; oh < oh1; ++oh)
+            for (unsigned int ow = ow0; ow < ow1; ++ow) {
+                size_t o = (size_t)p * op + oh * g.ow + ow;
+                if (__float_as_uint(idx[o]) == at) acc += dy[o];
+            }
+        dx[t] = acc;
+    }
+}
+
+// One thread per output: the window's sum over kh * kw (padding counted).
+extern "C" __global__ void avg_pool_fwd(const float* __restrict__ x, float* __restrict__ y, PoolGeom g) {
+    unsigned int op = g.oh * g.ow;
+    float scale = 1.0f / (float)(g.kh * g.kw);
+    GRID_STRIDE(t, g.planes * op) {
+        unsigned int p = t / op, oh = (t % op) / g.ow, ow = t % g.ow;
+        unsigned int r0, r1, c0, c1;
+        pool_window(g, oh, ow, &r0, &r1, &c0, &c1);
+        const float* plane = x + (size_t)p * g.h * g.w;
+        float total = 0.0f;
+        for (unsigned int ih = r0; ih < r1; ++ih) {
+            float row = 0.0f;
+            for (unsigned int iw = c0; iw < c1; ++iw) row += plane[ih * g.w + iw];
+            total += row;
+        }
+        y[t] = total * scale;
+    }
+}
+
+// One thread per input: the scaled gradients of every window covering it.
+extern "C" __global__ void avg_pool_bwd(const float* __restrict__ dy, float* __restrict__ dx, PoolGeom g) {
+    unsigned int plane = g.h * g.w, op = g.oh * g.ow;
+    float scale = 1.0f / (float)(g.kh * g.kw);
+    GRID_STRIDE(t, g.planes * plane) {
+        unsigned int p = t / plane, ih = (t % plane) / g.w, iw = t % g.w;
+        unsigned int oh0, oh1, ow0, ow1;
+        pool_reach(ih, g.ph, g.kh, g.sh, g.oh, &oh0, &oh1);
+        pool_reach(iw, g.pw, g.kw, g.sw, g.ow, &ow0, &ow1);
+        float acc = 0.0f;
+        for (unsigned int oh = oh0; oh < oh1; ++oh)
+            for (unsigned int ow = ow0; ow < ow1; ++ow) acc += dy[(size_t)p * op + oh * g.ow + ow] * scale;
+        dx[t] = acc;
+    }
+}
+
+// One block per row of `n`: y = (x - mean) * rstd * w + b (w, b when has_w, has_b), the row's
+// mean and rstd saved. Biased variance, two passes.
+extern "C" __global__ void layer_norm_fwd(const float* __restrict__ x, const float* __restrict__ w,
+                                          const float* __restrict__ b, float* __restrict__ y,
+                                          float* __restrict__ mean, float* __restrict__ rstd,
+                                          unsigned int rows, unsigned int n, float eps, int has_w,
+                                          int has_b) {
+    unsigned int r = blockIdx.x;
+    if (r >= rows) return;
+    const float* row = x + (size_t)r * n;
+    float* out = y + (size_t)r * n;
+    float count = (float)max(n, 1u);
+    float s = 0.0f;
+    for (unsigned int j = threadIdx.x; j < n; j += blockDim.x) s += row[j];
+    float m = block_sum(s) / count;
+    float q = 0.0f;
+    for (unsigned int j = threadIdx.x; j < n; j += blockDim.x) q += (row[j] - m) * (row[j] - m);
+    float rs = 1.0f / sqrtf(block_sum(q) / count + eps);
+    for (unsigned int j = threadIdx.x; j < n; j += blockDim.x) {
+        float v = (row[j] - m) * rs;
+        if (has_w) v *= w[j];
+        if (has_b) v += b[j];
+        out[j] = v;
+    }
+    if (threadIdx.x == 0) { mean[r] = m; rstd[r] = rs; }
+}
+
+// One block per row: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w.
+extern "C" __global__ void layer_norm_bwd_dx(const float* __restrict__ x, const float* __restrict__ w,
+                                             const float* __restrict__ mean, const float* __restrict__ rstd,
+                                             const float* __restrict__ dy, float* __restrict__ dx,
+                                             unsigned int rows, unsigned int n, int has_w) {
+    unsigned int r = blockIdx.x;
+    if (r >= rows) return;
+    size_t base = (size_t)r * n;
+    float m = mean[r], rs = rstd[r];
+    float count = (float)max(n, 1u);
+    float sg = 0.0f, sgx = 0.0f;
+    for (unsigned int j = threadIdx.x; j < n; j += blockDim.x) {
+        float g = dy[base + j] * (has_w ? w[j] : 1.0f);
+        sg += g;
+        sgx += g * (x[base + j] - m) * rs;
+    }
+    float mg = block_sum(sg) / count;
+    float mgx = block_sum(sgx) / count;
+    for (unsigned int j = threadIdx.x; j < n; j += blockDim.x) {
+        float g = dy[base + j] * (has_w ? w[j] : 1.0f);
+        float xhat = (x[base + j] - m) * rs;
+        dx[base + j] = rs * (g - mg - xhat * mgx);
+    }
+}
+
+// One thread per column: dw[j] = sum_r dy * xhat, db[j] = sum_r dy, in row order (written when
+// want_w, want_b).
+extern "C" __global__ void layer_norm_bwd_params(const float* __restrict__ x, const float* __restrict__ mean,
+                                                 const float* __restrict__ rstd, const float* __restrict__ dy,
+                                                 float* __restrict__ dw, float* __restrict__ db,
+                                                 unsigned int rows, unsigned int n, int want_w, int want_b) {
+    GRID_STRIDE(j, n) {
+        float sw = 0.0f, sb = 0.0f;
+        for (unsigned int r = 0; r < rows; ++r) {
+            size_t at = (size_t)r * n + j;
+            sw += dy[at] * (x[at] - mean[r]) * rstd[r];
+            sb += dy[at];
+        }
+        if (want_w) dw[j] = sw;
+        if (want_b) db[j] = sb;
+    }
+}
+
+// Channel `ch`'s element `j` of x [N, C, S] (j over N*S).
+__device__ __forceinline__ size_t bn_at(unsigned int j, unsigned int ch, unsigned int c, unsigned int s) {
+    return ((size_t)(j / s) * c + ch) * s + j % s;
+}
+
+// Training statistics, one block per channel over N*S values (count > 0): the batch mean and
+// rstd saved; the running mean and (unbiased) variance updated when has_running.
+extern "C" __global__ void batch_norm_stats(const float* __restrict__ x, float* __restrict__ mean,
+                                            float* __restrict__ rstd, float* running_mean,
+                                            float* running_var, unsigned int n, unsigned int c,
+                                            unsigned int s, float momentum, float eps, int has_running) {
+    unsigned int ch = blockIdx.x;
+    if (ch >= c) return;
+    unsigned int count = n * s;
+    float acc = 0.0f;
+    for (unsigned int j = threadIdx.x; j < count; j += blockDim.x) acc += x[bn_at(j, ch, c, s)];
+    float m = block_sum(acc) / (float)count;
+    float q = 0.0f;
+    for (unsigned int j = threadIdx.x; j < count; j += blockDim.x) {
+        float d = x[bn_at(j, ch, c, s)] - m;
+        q += d * d;
+    }
+    float var = block_sum(q) / (float)count;
+    if (threadIdx.x == 0) {
+        mean[ch] = m;
+        rstd[ch] = 1.0f / sqrtf(var + eps);
+        if (has_running) {
+            float unbias = (float)count / (float)max(count - 1, 1u);
+            running_mean[ch] = (1.0f - momentum) * running_mean[ch] + momentum * m;
+            running_var[ch] = (1.0f - momentum) * running_var[ch] + momentum * var * unbias;
+        }
+    }
+}
+
+// Eval statistics: the running mean and 1 / sqrt(running var + eps), one thread per channel.
+extern "C" __global__ void batch_norm_eval_stats(const float* __restrict__ running_mean,
+                                                 const float* __restrict__ running_var,
+                                                 float* __restrict__ mean, float* __restrict__ rstd,
+                                                 unsigned int c, float eps) {
+    GRID_STRIDE(ch, c) {
+        mean[ch] = running_mean[ch];
+        rstd[ch] = 1.0f / sqrtf(running_var[ch] + eps);
+    }
+}
+
+// y = x * scale + shift per channel, scale = rstd * w, shift = b - mean * scale.
+extern "C" __global__ void batch_norm_apply(const float* __restrict__ x, const float* __restrict__ w,
+                                            const float* __restrict__ b, const float* __restrict__ mean,
+                                            const float* __restrict__ rstd, float* __restrict__ y,
+                                            unsigned int total, unsigned int c, unsigned int s,
+                                            int has_w, int has_b) {
+    GRID_STRIDE(t, total) {
+        unsigned int ch = (t / s) % c;
+        float scale = rstd[ch] * (has_w ? w[ch] : 1.0f);
+        float shift = (has_b ? b[ch] : 0.0f) - mean[ch] * scale;
+        y[t] = x[t] * scale + shift;
+    }
+}
+
+// One block per channel: sums[ch] = sum dy, sums[c + ch] = sum dy * xhat.
+extern "C" __global__ void batch_norm_bwd_sums(const float* __restrict__ x, const float* __restrict__ dy,
+                                               const float* __restrict__ mean, const float* __restrict__ rstd,
+                                               float* __restrict__ sums, unsigned int n, unsigned int c,
+                                               unsigned int s) {
+    unsigned int ch = blockIdx.x;
+    if (ch >= c) return;
+    float m = mean[ch], a = 0.0f, b = 0.0f;
+    for (unsigned int j = threadIdx.x; j < n * s; j += blockDim.x) {
+        size_t at = bn_at(j, ch, c, s);
+        a += dy[at];
+        b += dy[at] * (x[at] - m);
+    }
+    a = block_sum(a);
+    b = block_sum(b);
+    if (threadIdx.x == 0) { sums[ch] = a; sums[c + ch] = b * rstd[ch]; }
+}
+
+// dx = k * (dy - [sum_dy / count + xhat * sum_dyx / count] in training), k = w * rstd.
+extern "C" __global__ void batch_norm_bwd_dx(const float* __restrict__ x, const float* __restrict__ w,
+                                             const float* __restrict__ mean, const float* __restrict__ rstd,
+                                             const float* __restrict__ sums, const float* __restrict__ dy,
+                                             float* __restrict__ dx, unsigned int total, unsigned int c,
+                                             unsigned int s, float count, int has_w, int train) {
+    GRID_STRIDE(t, total) {
+        unsigned int ch = (t / s) % c;
+        float rs = rstd[ch];
+        float k = rs * (has_w ? w[ch] : 1.0f);
+        float g = dy[t];
+        if (train) g -= sums[ch] / count + (x[t] - mean[ch]) * rs * (sums[c + ch] / count);
+        dx[t] = k * g;
+    }
+}
+
+// Mirrors `AttnGeom` in cuda/layers.rs. The mask (when has_mask) is read at
+// b*m0 + h*m1 + t*m2 + j*m3 (0 strides broadcast); kind 0 adds it, kind 1 masks out zeros.
+struct AttnGeom {
+    unsigned int heads, h, t, s, causal, has_mask, kind, m0, m1, m2, m3;
+};
+
+// The masked score of key j for row r (b, h, t) of the scaled scores.
+__device__ __forceinline__ float attn_masked(float v, const float* mask, const AttnGeom& g,
+                                             unsigned int r, unsigned int j) {
+    unsigned int t = r % g.t, head = r / g.t, b = head / g.h, h = head % g.h;
+    if (g.has_mask) {
+        float m = mask[(size_t)b * g.m0 + (size_t)h * g.m1 + (size_t)t * g.m2 + (size_t)j * g.m3];
+        if (g.kind == 0) v += m;
+        else if (m == 0.0f) v = neg_inf_f();
+    }
+    if (g.causal && j > t) v = neg_inf_f();
+    return v;
+}
+
+// One block per score row (B*H*T rows of S): the scaled scores `p` are masked and turned into
+// probabilities in place. Forward (backward = 0): softmax, the row's logsumexp written to `lse`
+// (-inf and zero probabilities when the row sees no key). Backward: P = exp(s - lse) from the
+// saved logsumexp.
+extern "C" __global__ void attn_probs(float* __restrict__ p, const float* __restrict__ mask,
+                                      float* __restrict__ lse, AttnGeom g, int backward) {
+    unsigned int r = blockIdx.x;
+    if (r >= g.heads * g.t) return;
+    float* row = p + (size_t)r * g.s;
+    for (unsigned int j = threadIdx.x; j < g.s; j += blockDim.x) row[j] = attn_masked(row[j], mask, g, r, j);
+    float l;
+    if (backward) {
+        l = lse[r];
+    } else {
+        float m = neg_inf_f();
+        for (unsigned int j = threadIdx.x; j < g.s; j += blockDim.x) m = fmaxf(m, row[j]);
+        m = block_max(m);
+        if (m == neg_inf_f()) {
+            l = m;
+        } else {
+            float sum = 0.0f;
+            for (unsigned int j = threadIdx.x; j < g.s; j += blockDim.x) sum += expf(row[j] - m);
+            l = m + logf(block_sum(sum));
+        }
+        if (threadIdx.x == 0) lse[r] = l;
+    }
+    for (unsigned int j = threadIdx.x; j < g.s; j += blockDim.x)
+        row[j] = l == neg_inf_f() ? 0.0f : expf(fminf(row[j] - l, 0.0f));
+}
+
+// One block per score row: dS = P * (dP - D) * scale into `dp`, D = rowsum(dO * O).
+extern "C" __global__ void attn_dscores(const float* __restrict__ p, float* __restrict__ dp,
+                                        const float* __restrict__ out, const float* __restrict__ dout,
+                                        unsigned int rows, unsigned int s, unsigned int dv, float scale) {
+    unsigned int r = blockIdx.x;
+    if (r >= rows) return;
+    float acc = 0.0f;
+    for (unsigned int j = threadIdx.x; j < dv; j += blockDim.x)
+        acc += dout[(size_t)r * dv + j] * out[(size_t)r * dv + j];
+    float d = block_sum(acc);
+    for (unsigned int j = threadIdx.x; j < s; j += blockDim.x) {
+        size_t at = (size_t)r * s + j;
+        dp[at] = p[at] * (dp[at] - d) * scale;
+    }
+}

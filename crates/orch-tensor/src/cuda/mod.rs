@@ -11,10 +11,12 @@
 
 mod blas;
 mod index;
+mod layers;
 mod ops;
 mod rows;
 
 pub(crate) use blas::operand_ok as matmul_operand_ok;
+pub(crate) use layers::{attention_workspace, batch_norm_workspace, conv2d_workspace};
 
 use crate::device::Device;
 use crate::error::{Result, TensorError};
@@ -51,6 +53,24 @@ const HAND_WRITTEN_KERNELS: &[&str] = &[
     "gather_axis",
     "scatter_add",
     "dropout",
+    "im2col",
+    "col2im",
+    "conv_bias_add",
+    "conv_bias_grad",
+    "max_pool_fwd",
+    "max_pool_bwd",
+    "avg_pool_fwd",
+    "avg_pool_bwd",
+    "layer_norm_fwd",
+    "layer_norm_bwd_dx",
+    "layer_norm_bwd_params",
+    "batch_norm_stats",
+    "batch_norm_eval_stats",
+    "batch_norm_apply",
+    "batch_norm_bwd_sums",
+    "batch_norm_bwd_dx",
+    "attn_probs",
+    "attn_dscores",
 ];
 
 /// Every kernel of the compiled module, loaded by name.

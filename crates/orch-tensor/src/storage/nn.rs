@@ -1,68 +1,129 @@
 //! Dispatch of the layer ops (conv2d, pooling, layer / batch norm, attention) to their kernels.
 //!
 //! The tensor layer (`tensor/layers.rs`) validates each op's spec, reserves the kernel's
-//! workspace and every output in the job's pool, and hands dense inputs here. Host devices (`cpu`
-//! and `sim`) run the CPU kernels of [`crate::nn_kernels`] over the inputs' slices; CUDA has no
-//! kernels for these ops yet, which is an error value naming the op and the device.
+//! workspace ([`conv2d_workspace`] and its siblings: the CPU kernels' slots on host devices, the
+//! CUDA path's temporaries on a GPU) and every output in the job's pool, and hands dense inputs
+//! here. Host devices (`cpu` and `sim`) run the CPU kernels of [`crate::nn_kernels`] over the
+//! inputs' slices; CUDA runs the launches of `cuda/layers.rs` over device views of them.
 
 use super::{Buffer, Storage, range_of};
+use crate::cuda::{self, CudaDevice};
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
 use crate::memory::MemoryPool;
 use crate::nn_kernels::{
     self, AttentionSpec, BatchNormSpec, Conv2dSpec, LayerNormSpec, Pool2dSpec, RunningStats,
 };
+use cudarc::driver::CudaView;
 use std::sync::RwLockReadGuard;
 
 /// A dense input: its buffer and layout (contiguous).
 pub(crate) type Dense<'a> = (&'a Buffer, &'a Layout);
 
-/// The error for a layer op on a device without its kernel.
-pub(crate) fn no_kernel(op: &'static str, pool: &MemoryPool) -> TensorError {
-    TensorError::Cuda {
-        op,
-        device: pool.device(),
-        reason: format!(
-            "{op} has no CUDA kernel yet; run it on cpu or a sim device (move tensors with `to`)"
-        ),
+/// Workspace (f32 elements) to reserve for conv2d, forward or backward, on `pool`'s device.
+pub(crate) fn conv2d_workspace(pool: &MemoryPool, spec: &Conv2dSpec) -> Result<usize> {
+    match pool.device().is_host() {
+        true => Ok(spec.workspace_elems()),
+        false => cuda::conv2d_workspace(spec),
     }
 }
 
-/// Runs `f` over the host slices of the dense `inputs` (each buffer read-locked once, however
-/// many inputs share it), or fails with [`no_kernel`] on a device whose data is not on the host.
-pub(crate) fn with_host_slices<T>(
+/// Workspace for attention's forward or `backward` on `pool`'s device.
+pub(crate) fn attention_workspace(
     pool: &MemoryPool,
-    op: &'static str,
-    inputs: &[Dense<'_>],
-    f: impl FnOnce(&[&[f32]]) -> Result<T>,
-) -> Result<T> {
-    if !pool.device().is_host() {
-        return Err(no_kernel(op, pool));
+    spec: &AttentionSpec,
+    backward: bool,
+) -> Result<usize> {
+    match pool.device().is_host() {
+        true => Ok(spec.workspace_elems()),
+        false => cuda::attention_workspace(spec, backward),
     }
-    let mut guards: Vec<(&Buffer, RwLockReadGuard<'_, Storage>)> = Vec::new();
+}
+
+/// Workspace for layer norm's backward (forward needs none) on `pool`'s device.
+pub(crate) fn layer_norm_workspace(pool: &MemoryPool, spec: &LayerNormSpec) -> usize {
+    match pool.device().is_host() {
+        true => spec.workspace_elems(),
+        false => 0,
+    }
+}
+
+/// Workspace for batch norm's backward (forward needs none) on `pool`'s device.
+pub(crate) fn batch_norm_workspace(pool: &MemoryPool, spec: &BatchNormSpec) -> usize {
+    match pool.device().is_host() {
+        true => spec.workspace_elems(),
+        false => cuda::batch_norm_workspace(spec),
+    }
+}
+
+/// Workspace for max pooling's backward: the indices read back as `u32` on the host; none on
+/// CUDA (the kernel reads their bits in place).
+pub(crate) fn max_pool2d_workspace(pool: &MemoryPool, spec: &Pool2dSpec) -> usize {
+    match pool.device().is_host() {
+        true => spec.out_numel(),
+        false => 0,
+    }
+}
+
+/// Read guards of the inputs' buffers (one per buffer, however many inputs share it) and, per
+/// input, the index of its guard.
+fn lock_all<'a>(inputs: &[Dense<'a>]) -> (Vec<RwLockReadGuard<'a, Storage>>, Vec<usize>) {
+    let mut buffers: Vec<&Buffer> = Vec::new();
+    let mut guards = Vec::new();
     let mut which = Vec::with_capacity(inputs.len());
     for (buffer, _) in inputs {
-        match guards.iter().position(|(b, _)| std::ptr::eq(*b, *buffer)) {
+        match buffers.iter().position(|b| std::ptr::eq(*b, *buffer)) {
             Some(i) => which.push(i),
             None => {
                 which.push(guards.len());
-                guards.push((buffer, buffer.read()));
+                buffers.push(buffer);
+                guards.push(buffer.read());
             }
         }
     }
-    let mut slices = Vec::with_capacity(inputs.len());
+    (guards, which)
+}
+
+fn mixed(op: &'static str, pool: &MemoryPool) -> TensorError {
+    TensorError::Internal {
+        op,
+        reason: format!("storage of another kind in a pool on {}", pool.device()),
+    }
+}
+
+/// Runs `host` over the host slices of the dense `inputs` on a host device, or `gpu` over
+/// device views of them on CUDA (each buffer read-locked once).
+fn run<T>(
+    pool: &MemoryPool,
+    op: &'static str,
+    inputs: &[Dense<'_>],
+    host: impl FnOnce(&[&[f32]]) -> Result<T>,
+    gpu: impl FnOnce(&CudaDevice, &[CudaView<'_, f32>]) -> Result<T>,
+) -> Result<T> {
+    let (guards, which) = lock_all(inputs);
+    if pool.device().is_host() {
+        let mut slices = Vec::with_capacity(inputs.len());
+        for ((_, layout), &i) in inputs.iter().zip(&which) {
+            match &*guards[i] {
+                Storage::Cpu(v) => slices.push(&v[range_of(layout)]),
+                Storage::Cuda(_) => return Err(mixed(op, pool)),
+            }
+        }
+        return host(&slices);
+    }
+    let dev = pool.cuda(op)?;
+    let mut views = Vec::with_capacity(inputs.len());
     for ((_, layout), &i) in inputs.iter().zip(&which) {
-        match &*guards[i].1 {
-            Storage::Cpu(v) => slices.push(&v[range_of(layout)]),
-            Storage::Cuda(_) => {
-                return Err(TensorError::Internal {
-                    op,
-                    reason: format!("CUDA storage in a pool on {}", pool.device()),
-                });
-            }
+        match &*guards[i] {
+            Storage::Cuda(v) => views.push(v.slice(range_of(layout))),
+            Storage::Cpu(_) => return Err(mixed(op, pool)),
         }
     }
-    f(&slices)
+    gpu(dev, &views)
+}
+
+fn cuda_storages(outs: impl IntoIterator<Item = cuda::CudaStorage>) -> Vec<Storage> {
+    outs.into_iter().map(Storage::Cuda).collect()
 }
 
 /// `n` zeroed host vectors of the given lengths (their bytes already reserved by the caller).
@@ -106,11 +167,21 @@ pub(crate) fn conv2d_forward(
     bias: Option<Dense<'_>>,
     ws: usize,
 ) -> Result<Vec<Storage>> {
-    with_host_slices(pool, "conv2d", &with_opt(vec![x, w], bias), |s| {
-        let [mut out, mut ws] = host_vecs([numel(&spec.out_shape()), ws]);
-        nn_kernels::conv2d_forward(spec, s[0], s[1], s.get(2).copied(), &mut out, &mut ws)?;
-        Ok(vec![Storage::Cpu(out)])
-    })
+    let tf32 = pool.allow_tf32();
+    run(
+        pool,
+        "conv2d",
+        &with_opt(vec![x, w], bias),
+        |s| {
+            let [mut out, mut ws] = host_vecs([numel(&spec.out_shape()), ws]);
+            nn_kernels::conv2d_forward(spec, s[0], s[1], s.get(2).copied(), &mut out, &mut ws)?;
+            Ok(vec![Storage::Cpu(out)])
+        },
+        |dev, v| {
+            let y = dev.conv2d_forward(spec, &v[0], &v[1], v.get(2), tf32)?;
+            Ok(vec![Storage::Cuda(y)])
+        },
+    )
 }
 
 /// The gradients `want`ed of (input, weight, bias), in that order.
@@ -121,22 +192,32 @@ pub(crate) fn conv2d_backward(
     want: [bool; 3],
     ws: usize,
 ) -> Result<Vec<Storage>> {
-    with_host_slices(pool, "conv2d backward", &[x, w, dy], |s| {
-        let lens = [s[0].len(), s[1].len(), spec.out_shape()[1]];
-        let [mut dx, mut dw, mut db] = three(wanted(&want, &lens));
-        let [mut ws] = host_vecs([ws]);
-        nn_kernels::conv2d_backward(
-            spec,
-            s[0],
-            s[1],
-            s[2],
-            dx.as_deref_mut(),
-            dw.as_deref_mut(),
-            db.as_deref_mut(),
-            &mut ws,
-        )?;
-        Ok(storages([dx, dw, db]))
-    })
+    let tf32 = pool.allow_tf32();
+    run(
+        pool,
+        "conv2d backward",
+        &[x, w, dy],
+        |s| {
+            let lens = [s[0].len(), s[1].len(), spec.out_shape()[1]];
+            let [mut dx, mut dw, mut db] = three(wanted(&want, &lens));
+            let [mut ws] = host_vecs([ws]);
+            nn_kernels::conv2d_backward(
+                spec,
+                s[0],
+                s[1],
+                s[2],
+                dx.as_deref_mut(),
+                dw.as_deref_mut(),
+                db.as_deref_mut(),
+                &mut ws,
+            )?;
+            Ok(storages([dx, dw, db]))
+        },
+        |dev, v| {
+            let grads = dev.conv2d_backward(spec, &v[0], &v[1], &v[2], want, tf32)?;
+            Ok(cuda_storages(grads))
+        },
+    )
 }
 
 /// Max pooling: the output and its argmax indices, as `u32` bits in f32 storage.
@@ -145,30 +226,45 @@ pub(crate) fn max_pool2d_forward(
     spec: &Pool2dSpec,
     x: Dense<'_>,
 ) -> Result<Vec<Storage>> {
-    with_host_slices(pool, "max_pool2d", &[x], |s| {
-        let [mut out] = host_vecs([spec.out_numel()]);
-        let mut indices = vec![0u32; spec.out_numel()];
-        nn_kernels::max_pool2d_forward(spec, s[0], &mut out, &mut indices)?;
-        // Same size and alignment: collected in place, no second allocation.
-        let bits: Vec<f32> = indices.into_iter().map(f32::from_bits).collect();
-        Ok(vec![Storage::Cpu(out), Storage::Cpu(bits)])
-    })
+    run(
+        pool,
+        "max_pool2d",
+        &[x],
+        |s| {
+            let [mut out] = host_vecs([spec.out_numel()]);
+            let mut indices = vec![0u32; spec.out_numel()];
+            nn_kernels::max_pool2d_forward(spec, s[0], &mut out, &mut indices)?;
+            // Same size and alignment: collected in place, no second allocation.
+            let bits: Vec<f32> = indices.into_iter().map(f32::from_bits).collect();
+            Ok(vec![Storage::Cpu(out), Storage::Cpu(bits)])
+        },
+        |dev, v| Ok(cuda_storages(dev.max_pool2d_forward(spec, &v[0])?)),
+    )
 }
 
-/// The input gradient of max pooling; the caller reserved `out_numel` elements of workspace
-/// for the indices read back as `u32`.
+/// The input gradient of max pooling; on host devices the caller reserved `out_numel`
+/// elements of workspace for the indices read back as `u32` ([`max_pool2d_workspace`]).
 pub(crate) fn max_pool2d_backward(
     pool: &MemoryPool,
     spec: &Pool2dSpec,
     (dy, indices): (Dense<'_>, Dense<'_>),
     input_len: usize,
 ) -> Result<Vec<Storage>> {
-    with_host_slices(pool, "max_pool2d backward", &[dy, indices], |s| {
-        let idx: Vec<u32> = s[1].iter().map(|v| v.to_bits()).collect();
-        let [mut dx] = host_vecs([input_len]);
-        nn_kernels::max_pool2d_backward(spec, s[0], &idx, &mut dx)?;
-        Ok(vec![Storage::Cpu(dx)])
-    })
+    run(
+        pool,
+        "max_pool2d backward",
+        &[dy, indices],
+        |s| {
+            let idx: Vec<u32> = s[1].iter().map(|v| v.to_bits()).collect();
+            let [mut dx] = host_vecs([input_len]);
+            nn_kernels::max_pool2d_backward(spec, s[0], &idx, &mut dx)?;
+            Ok(vec![Storage::Cpu(dx)])
+        },
+        |dev, v| {
+            let dx = dev.pool2d_backward(spec, &v[0], Some(&v[1]), input_len)?;
+            Ok(vec![Storage::Cuda(dx)])
+        },
+    )
 }
 
 pub(crate) fn avg_pool2d_forward(
@@ -176,11 +272,17 @@ pub(crate) fn avg_pool2d_forward(
     spec: &Pool2dSpec,
     x: Dense<'_>,
 ) -> Result<Vec<Storage>> {
-    with_host_slices(pool, "avg_pool2d", &[x], |s| {
-        let [mut out] = host_vecs([spec.out_numel()]);
-        nn_kernels::avg_pool2d_forward(spec, s[0], &mut out)?;
-        Ok(vec![Storage::Cpu(out)])
-    })
+    run(
+        pool,
+        "avg_pool2d",
+        &[x],
+        |s| {
+            let [mut out] = host_vecs([spec.out_numel()]);
+            nn_kernels::avg_pool2d_forward(spec, s[0], &mut out)?;
+            Ok(vec![Storage::Cpu(out)])
+        },
+        |dev, v| Ok(vec![Storage::Cuda(dev.avg_pool2d_forward(spec, &v[0])?)]),
+    )
 }
 
 pub(crate) fn avg_pool2d_backward(
@@ -189,11 +291,20 @@ pub(crate) fn avg_pool2d_backward(
     dy: Dense<'_>,
     input_len: usize,
 ) -> Result<Vec<Storage>> {
-    with_host_slices(pool, "avg_pool2d backward", &[dy], |s| {
-        let [mut dx] = host_vecs([input_len]);
-        nn_kernels::avg_pool2d_backward(spec, s[0], &mut dx)?;
-        Ok(vec![Storage::Cpu(dx)])
-    })
+    run(
+        pool,
+        "avg_pool2d backward",
+        &[dy],
+        |s| {
+            let [mut dx] = host_vecs([input_len]);
+            nn_kernels::avg_pool2d_backward(spec, s[0], &mut dx)?;
+            Ok(vec![Storage::Cpu(dx)])
+        },
+        |dev, v| {
+            let dx = dev.pool2d_backward(spec, &v[0], None, input_len)?;
+            Ok(vec![Storage::Cuda(dx)])
+        },
+    )
 }
 
 /// Layer norm: the output, then each row's mean and rstd.
@@ -204,22 +315,33 @@ pub(crate) fn layer_norm_forward(
     (w, b): (Option<Dense<'_>>, Option<Dense<'_>>),
 ) -> Result<Vec<Storage>> {
     let inputs = with_opt(with_opt(vec![x], w), b);
-    with_host_slices(pool, "layer_norm", &inputs, |s| {
-        let (ws, bs) = affine_slices(s, w.is_some(), b.is_some());
-        let [mut y, mut mean, mut rstd] = host_vecs([s[0].len(), spec.rows(), spec.rows()]);
-        nn_kernels::layer_norm_forward(spec, s[0], ws, bs, &mut y, &mut mean, &mut rstd)?;
-        Ok(vec![
-            Storage::Cpu(y),
-            Storage::Cpu(mean),
-            Storage::Cpu(rstd),
-        ])
-    })
+    let (has_w, has_b) = (w.is_some(), b.is_some());
+    run(
+        pool,
+        "layer_norm",
+        &inputs,
+        |s| {
+            let (ws, bs) = affine(s, has_w, has_b);
+            let (ws, bs) = (ws.copied(), bs.copied());
+            let [mut y, mut mean, mut rstd] = host_vecs([s[0].len(), spec.rows(), spec.rows()]);
+            nn_kernels::layer_norm_forward(spec, s[0], ws, bs, &mut y, &mut mean, &mut rstd)?;
+            Ok(vec![
+                Storage::Cpu(y),
+                Storage::Cpu(mean),
+                Storage::Cpu(rstd),
+            ])
+        },
+        |dev, v| {
+            let (wv, bv) = affine(v, has_w, has_b);
+            Ok(cuda_storages(dev.layer_norm_forward(spec, &v[0], wv, bv)?))
+        },
+    )
 }
 
-/// The optional weight and bias slices after the input (`s[0]`).
-fn affine_slices<'a>(s: &[&'a [f32]], w: bool, b: bool) -> (Option<&'a [f32]>, Option<&'a [f32]>) {
-    let ws = w.then(|| s[1]);
-    let bs = b.then(|| s[1 + usize::from(w)]);
+/// The optional weight and bias after the input (`s[0]`).
+fn affine<T>(s: &[T], w: bool, b: bool) -> (Option<&T>, Option<&T>) {
+    let ws = w.then(|| &s[1]);
+    let bs = b.then(|| &s[1 + usize::from(w)]);
     (ws, bs)
 }
 
@@ -234,7 +356,18 @@ pub(crate) fn layer_norm_backward(
 ) -> Result<Vec<Storage>> {
     let op = "layer_norm backward";
     let kernel = nn_kernels::layer_norm_backward;
-    norm_backward(pool, op, spec, spec.cols(), io, w, want, ws, kernel)
+    norm_backward(
+        pool,
+        op,
+        spec,
+        spec.cols(),
+        io,
+        w,
+        want,
+        ws,
+        kernel,
+        |dev, v, w| dev.layer_norm_backward(spec, (&v[0], &v[1], &v[2], &v[3]), w, want),
+    )
 }
 
 /// The shape of both norms' backward kernels: (spec, x, weight, mean, rstd, dy) in, the
@@ -252,7 +385,8 @@ type NormBackward<S> = fn(
     &mut [f32],
 ) -> Result<()>;
 
-/// A norm's backward on host slices: `params` elements each for the weight and bias gradients.
+/// A norm's backward: on host slices `params` elements each for the weight and bias
+/// gradients; on CUDA `gpu` over the views of (x, mean, rstd, dy) and the weight's.
 #[allow(clippy::too_many_arguments)]
 fn norm_backward<S>(
     pool: &MemoryPool,
@@ -264,27 +398,38 @@ fn norm_backward<S>(
     want: [bool; 3],
     ws: usize,
     kernel: NormBackward<S>,
+    gpu: impl FnOnce(
+        &CudaDevice,
+        &[CudaView<'_, f32>],
+        Option<&CudaView<'_, f32>>,
+    ) -> Result<Vec<cuda::CudaStorage>>,
 ) -> Result<Vec<Storage>> {
     let has_w = w.is_some();
     let inputs = with_opt(vec![x, mean, rstd, dy], w);
-    with_host_slices(pool, op, &inputs, |s| {
-        let [mut dx, mut dw, mut db] = three(wanted(&want, &[s[0].len(), params, params]));
-        let [mut ws] = host_vecs([ws]);
-        let weight = has_w.then(|| s[4]);
-        kernel(
-            spec,
-            s[0],
-            weight,
-            s[1],
-            s[2],
-            s[3],
-            dx.as_deref_mut(),
-            dw.as_deref_mut(),
-            db.as_deref_mut(),
-            &mut ws,
-        )?;
-        Ok(storages([dx, dw, db]))
-    })
+    run(
+        pool,
+        op,
+        &inputs,
+        |s| {
+            let [mut dx, mut dw, mut db] = three(wanted(&want, &[s[0].len(), params, params]));
+            let [mut ws] = host_vecs([ws]);
+            let weight = has_w.then(|| s[4]);
+            kernel(
+                spec,
+                s[0],
+                weight,
+                s[1],
+                s[2],
+                s[3],
+                dx.as_deref_mut(),
+                dw.as_deref_mut(),
+                db.as_deref_mut(),
+                &mut ws,
+            )?;
+            Ok(storages([dx, dw, db]))
+        },
+        |dev, v| Ok(cuda_storages(gpu(dev, v, has_w.then(|| &v[4]))?)),
+    )
 }
 
 /// Batch norm: the output, then the per-channel mean and rstd used. `running` holds dense
@@ -296,32 +441,48 @@ pub(crate) fn batch_norm_forward(
     (w, b): (Option<Dense<'_>>, Option<Dense<'_>>),
     running: (&Buffer, &Buffer),
 ) -> Result<Vec<Storage>> {
+    const OP: &str = "batch_norm";
     let inputs = with_opt(with_opt(vec![x], w), b);
-    with_host_slices(pool, "batch_norm", &inputs, |s| {
-        let (ws, bs) = affine_slices(s, w.is_some(), b.is_some());
-        let c = spec.channels();
-        let [mut y, mut mean, mut rstd] = host_vecs([s[0].len(), c, c]);
-        let (mut rm, mut rv) = (running.0.write(), running.1.write());
-        let (Storage::Cpu(rm), Storage::Cpu(rv)) = (&mut *rm, &mut *rv) else {
-            return Err(no_kernel("batch_norm", pool));
-        };
-        let stats = RunningStats { mean: rm, var: rv };
-        nn_kernels::batch_norm_forward(
-            spec,
-            s[0],
-            ws,
-            bs,
-            Some(stats),
-            &mut y,
-            &mut mean,
-            &mut rstd,
-        )?;
-        Ok(vec![
-            Storage::Cpu(y),
-            Storage::Cpu(mean),
-            Storage::Cpu(rstd),
-        ])
-    })
+    let (has_w, has_b) = (w.is_some(), b.is_some());
+    run(
+        pool,
+        OP,
+        &inputs,
+        |s| {
+            let (ws, bs) = affine(s, has_w, has_b);
+            let (ws, bs) = (ws.copied(), bs.copied());
+            let c = spec.channels();
+            let [mut y, mut mean, mut rstd] = host_vecs([s[0].len(), c, c]);
+            let (mut rm, mut rv) = (running.0.write(), running.1.write());
+            let (Storage::Cpu(rm), Storage::Cpu(rv)) = (&mut *rm, &mut *rv) else {
+                return Err(mixed(OP, pool));
+            };
+            let stats = RunningStats { mean: rm, var: rv };
+            nn_kernels::batch_norm_forward(
+                spec,
+                s[0],
+                ws,
+                bs,
+                Some(stats),
+                &mut y,
+                &mut mean,
+                &mut rstd,
+            )?;
+            Ok(vec![
+                Storage::Cpu(y),
+                Storage::Cpu(mean),
+                Storage::Cpu(rstd),
+            ])
+        },
+        |dev, v| {
+            let (mut rm, mut rv) = (running.0.write(), running.1.write());
+            let (Storage::Cuda(rm), Storage::Cuda(rv)) = (&mut *rm, &mut *rv) else {
+                return Err(mixed(OP, pool));
+            };
+            let out = dev.batch_norm_forward(spec, &v[0], affine(v, has_w, has_b), (rm, rv))?;
+            Ok(cuda_storages(out))
+        },
+    )
 }
 
 /// The gradients `want`ed of (input, weight, bias) of a batch norm.
@@ -335,7 +496,18 @@ pub(crate) fn batch_norm_backward(
 ) -> Result<Vec<Storage>> {
     let op = "batch_norm backward";
     let kernel = nn_kernels::batch_norm_backward;
-    norm_backward(pool, op, spec, spec.channels(), io, w, want, ws, kernel)
+    norm_backward(
+        pool,
+        op,
+        spec,
+        spec.channels(),
+        io,
+        w,
+        want,
+        ws,
+        kernel,
+        |dev, v, w| dev.batch_norm_backward(spec, (&v[0], &v[1], &v[2], &v[3]), w, want),
+    )
 }
 
 /// Attention: the output, then the per-row logsumexp.
@@ -346,13 +518,23 @@ pub(crate) fn attention_forward(
     mask: Option<Dense<'_>>,
     ws: usize,
 ) -> Result<Vec<Storage>> {
-    let op = "scaled_dot_product_attention";
-    with_host_slices(pool, op, &with_opt(vec![q, k, v], mask), |s| {
-        let [mut out, mut lse, mut ws] = host_vecs([numel(&spec.out_shape()), spec.lse_len(), ws]);
-        let m = s.get(3).copied();
-        nn_kernels::attention_forward(spec, s[0], s[1], s[2], m, &mut out, &mut lse, &mut ws)?;
-        Ok(vec![Storage::Cpu(out), Storage::Cpu(lse)])
-    })
+    let tf32 = pool.allow_tf32();
+    run(
+        pool,
+        "scaled_dot_product_attention",
+        &with_opt(vec![q, k, v], mask),
+        |s| {
+            let [mut out, mut lse, mut ws] =
+                host_vecs([numel(&spec.out_shape()), spec.lse_len(), ws]);
+            let m = s.get(3).copied();
+            nn_kernels::attention_forward(spec, s[0], s[1], s[2], m, &mut out, &mut lse, &mut ws)?;
+            Ok(vec![Storage::Cpu(out), Storage::Cpu(lse)])
+        },
+        |dev, v| {
+            let out = dev.attention_forward(spec, (&v[0], &v[1], &v[2]), v.get(3), tf32)?;
+            Ok(cuda_storages(out))
+        },
+    )
 }
 
 /// Gradients of q, k and v.
@@ -364,14 +546,30 @@ pub(crate) fn attention_backward(
     mask: Option<Dense<'_>>,
     ws: usize,
 ) -> Result<Vec<Storage>> {
-    let op = "scaled_dot_product_attention backward";
+    let tf32 = pool.allow_tf32();
     let inputs = with_opt(vec![q, k, v, out, lse, dy], mask);
-    with_host_slices(pool, op, &inputs, |s| {
-        let [mut dq, mut dk, mut dv, mut ws] = host_vecs([s[0].len(), s[1].len(), s[2].len(), ws]);
-        let m = s.get(6).copied();
-        nn_kernels::attention_backward(
-            spec, s[0], s[1], s[2], m, s[3], s[4], s[5], &mut dq, &mut dk, &mut dv, &mut ws,
-        )?;
-        Ok(vec![Storage::Cpu(dq), Storage::Cpu(dk), Storage::Cpu(dv)])
-    })
+    run(
+        pool,
+        "scaled_dot_product_attention backward",
+        &inputs,
+        |s| {
+            let [mut dq, mut dk, mut dv, mut ws] =
+                host_vecs([s[0].len(), s[1].len(), s[2].len(), ws]);
+            let m = s.get(6).copied();
+            nn_kernels::attention_backward(
+                spec, s[0], s[1], s[2], m, s[3], s[4], s[5], &mut dq, &mut dk, &mut dv, &mut ws,
+            )?;
+            Ok(vec![Storage::Cpu(dq), Storage::Cpu(dk), Storage::Cpu(dv)])
+        },
+        |dev, v| {
+            let grads = dev.attention_backward(
+                spec,
+                (&v[0], &v[1], &v[2]),
+                (&v[3], &v[4], &v[5]),
+                v.get(6),
+                tf32,
+            )?;
+            Ok(cuda_storages(grads))
+        },
+    )
 }

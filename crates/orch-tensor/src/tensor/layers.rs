@@ -2,7 +2,8 @@
 //! `batch_norm` and `scaled_dot_product_attention`, over the kernels of [`crate::nn_kernels`].
 //!
 //! Each op validates its spec from the shapes and arguments (bad ones are error values), then
-//! reserves the kernel's workspace (`Spec::workspace_elems`) in the job's pool **before**
+//! reserves the kernel's workspace (`storage::nn::*_workspace`: `Spec::workspace_elems` on host
+//! devices, the CUDA path's temporaries on a GPU) in the job's pool **before**
 //! anything else is allocated, makes its inputs dense, reserves every output (through the one
 //! shape check), runs the kernel and records an `Op` whose rule (autograd/rules.rs) calls the
 //! fused backward kernel, which reserves its workspace and gradients the same way. Backward
@@ -122,7 +123,7 @@ impl Tensor {
             groups,
         )?;
         let pool = self.pool();
-        let ws = spec.workspace_elems();
+        let ws = kernels::conv2d_workspace(pool, &spec)?;
         let _ws = storage::reserve_workspace(pool, ws)?;
         let (x, w, b) = (self.contiguous()?, weight.contiguous()?, dense_opt(bias)?);
         let shape = spec.out_shape();
@@ -155,7 +156,7 @@ impl Tensor {
     ) -> Result<Vec<(Tensor, Tensor)>> {
         const OP: &str = "conv2d backward";
         let pool = x.pool();
-        let ws = spec.workspace_elems();
+        let ws = kernels::conv2d_workspace(pool, spec)?;
         let _ws = storage::reserve_workspace(pool, ws)?;
         let g = g.contiguous()?;
         layer_grads(pool, OP, &[Some(x), Some(weight), bias], |want| {
@@ -233,8 +234,10 @@ impl Tensor {
         match indices {
             Some(idx) => {
                 const OP: &str = "max_pool2d backward";
-                // The indices are read back as u32: one more output-sized temporary.
-                let _ws = storage::reserve_workspace(pool, spec.out_numel())?;
+                // On host devices the indices are read back as u32: one more output-sized
+                // temporary.
+                let _ws =
+                    storage::reserve_workspace(pool, kernels::max_pool2d_workspace(pool, spec))?;
                 layer_grads(pool, OP, &[Some(x)], |_| {
                     kernels::max_pool2d_backward(pool, spec, (dense(&g), dense(idx)), len)
                 })
@@ -310,7 +313,7 @@ impl Tensor {
     ) -> Result<Vec<(Tensor, Tensor)>> {
         const OP: &str = "layer_norm backward";
         let pool = x.pool();
-        let ws = spec.workspace_elems();
+        let ws = kernels::layer_norm_workspace(pool, spec);
         let _ws = storage::reserve_workspace(pool, ws)?;
         let g = g.contiguous()?;
         layer_grads(pool, OP, &[Some(x), weight, bias], |want| {
@@ -399,7 +402,7 @@ impl Tensor {
     ) -> Result<Vec<(Tensor, Tensor)>> {
         const OP: &str = "batch_norm backward";
         let pool = x.pool();
-        let ws = spec.workspace_elems();
+        let ws = kernels::batch_norm_workspace(pool, spec);
         let _ws = storage::reserve_workspace(pool, ws)?;
         let g = g.contiguous()?;
         layer_grads(pool, OP, &[Some(x), weight, bias], |want| {
@@ -432,7 +435,7 @@ impl Tensor {
         });
         let spec = AttentionSpec::new(q.shape(), k.shape(), v.shape(), causal, m, scale)?;
         let pool = q.pool();
-        let ws = spec.workspace_elems();
+        let ws = kernels::attention_workspace(pool, &spec, false)?;
         let _ws = storage::reserve_workspace(pool, ws)?;
         let (qd, kd, vd) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
         let md = autograd::no_grad(|| dense_opt(mask))?.map(|m| m.detach());
@@ -469,7 +472,7 @@ impl Tensor {
     ) -> Result<Vec<(Tensor, Tensor)>> {
         const OP: &str = "scaled_dot_product_attention backward";
         let pool = q.pool();
-        let ws = spec.workspace_elems();
+        let ws = kernels::attention_workspace(pool, spec, true)?;
         let unwanted: usize = [q, k, v]
             .iter()
             .filter(|t| !t.requires_grad())

@@ -255,12 +255,9 @@ fn new_ops_on_empty_shapes(pool: &Pool) -> TestResult {
 }
 
 /// The layer ops (tests/all/layers.rs has their zero-size batches): empty channels, planes,
-/// rows and key sequences give empty results or, where nothing has a value, errors. Host
-/// devices only: these ops have no CUDA kernels yet (an error value there, tested in layers.rs).
+/// rows and key sequences give empty results or, where nothing has a value, errors, on every
+/// device (CUDA included).
 fn layer_ops_on_empty_shapes(pool: &Pool) -> TestResult {
-    if !pool.device().is_host() {
-        return Ok(());
-    }
     let x = Tensor::zeros(&[2, 0, 4, 4], pool)?;
     let w = Tensor::zeros(&[3, 0, 3, 3], pool)?;
     assert!(

@@ -4,8 +4,9 @@
 //! that change the maths; batch norm's running statistics; zero-size batches; bad arguments as
 //! values; the workspace reserved in the pool before anything is allocated.
 //!
-//! These ops have no CUDA kernels yet: on a CUDA pool each test checks that the op is a
-//! `TensorError::Cuda` value naming it, and stops there.
+//! On a CUDA pool the same tests run the CUDA paths (cuda/layers.rs) against the same
+//! references, and `layers_on_cuda_match_cpu` compares every output and gradient with the CPU
+//! kernels' on the same inputs.
 
 use crate::common::TestResult;
 use crate::common::gradcheck::{Input, check};
@@ -19,18 +20,6 @@ use orch_tensor::{Device, MemoryPool, Tensor, TensorError};
 use std::sync::Arc;
 
 type Pool = Arc<MemoryPool>;
-
-/// On CUDA: asserts the op is an error value naming it (no kernel yet); returns true there.
-fn cuda_refuses(pool: &Pool, op: &str, run: impl FnOnce() -> orch_tensor::Result<Tensor>) -> bool {
-    if !matches!(pool.device(), Device::Cuda(_)) {
-        return false;
-    }
-    match run() {
-        Err(TensorError::Cuda { op: got, .. }) => assert!(got.starts_with(op), "{got}"),
-        other => panic!("{op} on CUDA: expected a Cuda error, got {other:?}"),
-    }
-    true
-}
 
 fn x4(pool: &Pool) -> orch_tensor::Result<Tensor> {
     Tensor::randn(&[2, 2, 5, 5], 1, pool)
@@ -79,18 +68,6 @@ fn conv_cases() -> Vec<ConvCase> {
 }
 
 fn conv2d_matches_reference_and_gradients(pool: &Pool) -> TestResult {
-    if cuda_refuses(pool, "conv2d", || {
-        x4(pool)?.conv2d(
-            &Tensor::ones(&[1, 2, 3, 3], pool)?,
-            None,
-            [1, 1],
-            [0, 0],
-            [1, 1],
-            1,
-        )
-    }) {
-        return Ok(());
-    }
     for (i, c) in conv_cases().into_iter().enumerate() {
         let w_shape = [c.o, c.x[1] / c.groups, c.k[0], c.k[1]];
         let mut inputs = vec![
@@ -116,18 +93,6 @@ fn conv2d_matches_reference_and_gradients(pool: &Pool) -> TestResult {
 }
 
 fn conv2d_takes_non_contiguous_inputs(pool: &Pool) -> TestResult {
-    if cuda_refuses(pool, "conv2d", || {
-        x4(pool)?.conv2d(
-            &Tensor::ones(&[1, 2, 3, 3], pool)?,
-            None,
-            [1, 1],
-            [0, 0],
-            [1, 1],
-            1,
-        )
-    }) {
-        return Ok(());
-    }
     let c = ConvCase {
         x: [2, 3, 4, 5],
         o: 2,
@@ -171,14 +136,6 @@ const POOL_CASES: [PoolCase; 4] = [
 ];
 
 fn pooling_matches_reference_and_gradients(pool: &Pool) -> TestResult {
-    if cuda_refuses(pool, "max_pool2d", || {
-        x4(pool)?.max_pool2d([2, 2], [2, 2], [0, 0])
-    }) {
-        assert!(cuda_refuses(pool, "avg_pool2d", || {
-            x4(pool)?.avg_pool2d([2, 2], [2, 2], [0, 0])
-        }));
-        return Ok(());
-    }
     for (i, (shape, k, s, p)) in POOL_CASES.into_iter().enumerate() {
         for max in [true, false] {
             let input = [Input::random(&shape, 40 + i as u64)];
@@ -205,11 +162,6 @@ fn pooling_matches_reference_and_gradients(pool: &Pool) -> TestResult {
 // ---- layer norm ------------------------------------------------------------------------------
 
 fn layer_norm_matches_reference_and_gradients(pool: &Pool) -> TestResult {
-    if cuda_refuses(pool, "layer_norm", || {
-        x4(pool)?.layer_norm(1, None, None, 1e-5)
-    }) {
-        return Ok(());
-    }
     let cases: [(&[usize], usize); 3] = [(&[4, 6], 1), (&[2, 3, 4], 2), (&[3, 5], 2)];
     for (i, (shape, dims)) in cases.into_iter().enumerate() {
         let norm = &shape[shape.len() - dims..];
@@ -253,12 +205,6 @@ fn batch_norm_matches_reference_and_gradients(pool: &Pool) -> TestResult {
             Tensor::from_vec((0..c).map(|i| 0.5 + 0.25 * i as f32).collect(), &[c], pool)?,
         ))
     };
-    if cuda_refuses(pool, "batch_norm", || {
-        let (m, v) = stats(2)?;
-        x4(pool)?.batch_norm(&m, &v, None, None, true, 0.1, 1e-5)
-    }) {
-        return Ok(());
-    }
     let cases: [&[usize]; 3] = [&[5, 3], &[2, 3, 4], &[3, 2, 2, 3]];
     for (i, shape) in cases.into_iter().enumerate() {
         let c = shape[1];
@@ -302,12 +248,6 @@ fn batch_norm_matches_reference_and_gradients(pool: &Pool) -> TestResult {
 }
 
 fn batch_norm_updates_running_stats_in_training_only(pool: &Pool) -> TestResult {
-    if cuda_refuses(pool, "batch_norm", || {
-        let s = Tensor::zeros(&[2], pool)?;
-        x4(pool)?.batch_norm(&s, &s, None, None, false, 0.1, 1e-5)
-    }) {
-        return Ok(());
-    }
     let x = Input::random(&[4, 2, 3], 7);
     let xt = x.tensor(pool)?.with_requires_grad();
     let mean = Tensor::from_slice(&[0.5, -1.0], &[2], pool)?;
@@ -389,12 +329,6 @@ fn attn_cases() -> Vec<AttnCase> {
 }
 
 fn attention_matches_reference_and_gradients(pool: &Pool) -> TestResult {
-    if cuda_refuses(pool, "scaled_dot_product_attention", || {
-        let q = Tensor::randn(&[1, 1, 2, 2], 1, pool)?;
-        Tensor::scaled_dot_product_attention(&q, &q, &q, false, None, None)
-    }) {
-        return Ok(());
-    }
     for (i, c) in attn_cases().into_iter().enumerate() {
         let inputs = [
             Input::random(&[c.b, c.h, c.t, c.d], 100 + i as u64),
@@ -440,9 +374,6 @@ fn attention_mask_gets_no_gradient(pool: &Pool) -> TestResult {
     let q = Tensor::randn(&[1, 2, 3, 4], 1, pool)?.with_requires_grad();
     let mask = Tensor::zeros(&[3, 3], pool)?.with_requires_grad();
     let run = || Tensor::scaled_dot_product_attention(&q, &q, &q, true, Some(&mask), None);
-    if cuda_refuses(pool, "scaled_dot_product_attention", run) {
-        return Ok(());
-    }
     run()?.sum_all()?.backward()?;
     assert!(q.grad().is_some());
     assert!(
@@ -455,9 +386,6 @@ fn attention_mask_gets_no_gradient(pool: &Pool) -> TestResult {
 // ---- zero-size batches, bad arguments, quotas ------------------------------------------------
 
 fn zero_size_batches(pool: &Pool) -> TestResult {
-    if matches!(pool.device(), Device::Cuda(_)) {
-        return Ok(()); // covered by the refusals above
-    }
     let x = Tensor::zeros(&[0, 2, 4, 4], pool)?.with_requires_grad();
     let w = Tensor::ones(&[3, 2, 3, 3], pool)?.with_requires_grad();
     let y = x.conv2d(&w, None, [1, 1], [1, 1], [1, 1], 1)?;
@@ -680,3 +608,164 @@ test_device!(
     bad_arguments_are_errors,
     workspace_is_reserved_before_anything,
 );
+
+// ---- CUDA against the CPU kernels ------------------------------------------------------------
+
+/// Outputs and gradients of `op` on the same inputs: the op's output values, every input's
+/// gradient of `sum(op(inputs) * w)` (random `w`), and the `extra` tensors' values after it.
+type Run = (Vec<f32>, Vec<Vec<f32>>, Vec<Vec<f32>>);
+
+/// A layer op under test: its output and the extra tensors to compare after backward.
+type LayerOp<'a> = dyn Fn(&[Tensor], &Pool) -> orch_tensor::Result<(Tensor, Vec<Tensor>)> + 'a;
+
+fn run_layer(
+    pool: &Pool,
+    inputs: &[Input],
+    op: &LayerOp<'_>,
+) -> Result<Run, Box<dyn std::error::Error>> {
+    let ts = inputs
+        .iter()
+        .map(|i| Ok(i.tensor(pool)?.with_requires_grad()))
+        .collect::<orch_tensor::Result<Vec<_>>>()?;
+    let (y, extra) = op(&ts, pool)?;
+    let w = Input::random(y.shape(), 999).tensor(pool)?;
+    y.mul(&w)?.sum_all()?.backward()?;
+    let grads = ts
+        .iter()
+        .map(|t| {
+            Ok(t.grad()
+                .map(|g| g.to_vec())
+                .transpose()?
+                .unwrap_or_default())
+        })
+        .collect::<orch_tensor::Result<Vec<_>>>()?;
+    let extra = extra
+        .iter()
+        .map(Tensor::to_vec)
+        .collect::<orch_tensor::Result<Vec<_>>>()?;
+    Ok((y.to_vec()?, grads, extra))
+}
+
+/// Runs `op` on the CPU and on `cuda` and asserts every output, gradient and extra agree.
+fn same_on_cuda(cuda: &Pool, what: &str, inputs: &[Input], op: &LayerOp<'_>) -> TestResult {
+    let want = run_layer(&MemoryPool::cpu(), inputs, op)?;
+    let got = run_layer(cuda, inputs, op)?;
+    let close = |a: &[f32], e: &[f32], part: &str| {
+        assert_eq!(a.len(), e.len(), "{what}: {part}: lengths differ");
+        for (i, (&a, &e)) in a.iter().zip(e).enumerate() {
+            let ok = a == e || (a - e).abs() <= 1e-4 * (1.0 + e.abs());
+            assert!(ok, "{what}: {part}[{i}]: CUDA {a}, CPU {e}");
+        }
+    };
+    close(&got.0, &want.0, "output");
+    for (i, (g, w)) in got.1.iter().zip(&want.1).enumerate() {
+        close(g, w, &format!("gradient of input {i}"));
+    }
+    for (i, (g, w)) in got.2.iter().zip(&want.2).enumerate() {
+        close(g, w, &format!("extra {i}"));
+    }
+    Ok(())
+}
+
+/// Every layer op, forward and backward, on CUDA against the CPU kernels on the same inputs:
+/// the argument cases of the tests above plus a fully masked attention row and batch norm's
+/// running statistics. Skips without a GPU (fails instead under `ORCH_REQUIRE_GPU=1`).
+#[test]
+fn layers_on_cuda_match_cpu() -> TestResult {
+    let Some(cuda) = crate::common::cuda_pool() else {
+        return Ok(());
+    };
+    let plain = |y: orch_tensor::Result<Tensor>| y.map(|y| (y, Vec::new()));
+    for (i, c) in conv_cases().into_iter().enumerate() {
+        let mut inputs = vec![
+            Input::random(&c.x, 10 + i as u64),
+            Input::random(&[c.o, c.x[1] / c.groups, c.k[0], c.k[1]], 20 + i as u64),
+        ];
+        if c.bias {
+            inputs.push(Input::random(&[c.o], 30 + i as u64));
+        }
+        same_on_cuda(&cuda, &format!("conv2d {c:?}"), &inputs, &|t, _| {
+            plain(t[0].conv2d(&t[1], t.get(2), c.stride, c.pad, c.dil, c.groups))
+        })?;
+    }
+    for (i, (shape, k, s, p)) in POOL_CASES.into_iter().enumerate() {
+        let inputs = [Input::random(&shape, 40 + i as u64)];
+        same_on_cuda(&cuda, &format!("max_pool2d case {i}"), &inputs, &|t, _| {
+            plain(t[0].max_pool2d(k, s, p))
+        })?;
+        same_on_cuda(&cuda, &format!("avg_pool2d case {i}"), &inputs, &|t, _| {
+            plain(t[0].avg_pool2d(k, s, p))
+        })?;
+    }
+    for (dims, affine) in [(1, false), (1, true), (2, true)] {
+        let shape = [3, 4, 5];
+        let normalized = &shape[3 - dims..];
+        let mut inputs = vec![Input::random(&shape, 50)];
+        if affine {
+            inputs.push(Input::random(normalized, 51));
+            inputs.push(Input::random(normalized, 52));
+        }
+        same_on_cuda(
+            &cuda,
+            &format!("layer_norm {dims} {affine}"),
+            &inputs,
+            &|t, _| plain(t[0].layer_norm(dims, t.get(1), t.get(2), 1e-5)),
+        )?;
+    }
+    for (shape, training, affine) in [
+        (&[5, 3][..], true, true),
+        (&[2, 3, 4][..], true, false),
+        (&[3, 2, 2, 3][..], false, true),
+    ] {
+        let c = shape[1];
+        let mut inputs = vec![Input::random(shape, 60)];
+        if affine {
+            inputs.push(Input::random(&[c], 61));
+            inputs.push(Input::random(&[c], 62));
+        }
+        let what = format!("batch_norm {shape:?} training {training}");
+        same_on_cuda(&cuda, &what, &inputs, &|t, pool| {
+            let m = Tensor::from_vec((0..c).map(|i| 0.1 * i as f32).collect(), &[c], pool)?;
+            let v = Tensor::from_vec((0..c).map(|i| 0.5 + 0.25 * i as f32).collect(), &[c], pool)?;
+            let y = t[0].batch_norm(&m, &v, t.get(1), t.get(2), training, 0.1, 1e-5)?;
+            Ok((y, vec![m, v]))
+        })?;
+    }
+    let mut cases = attn_cases();
+    cases.push(AttnCase {
+        mask: Some((MaskKind::Additive, vec![4, 5])),
+        ..cases[0].clone()
+    });
+    for (i, c) in cases.into_iter().enumerate() {
+        let inputs = [
+            Input::random(&[c.b, c.h, c.t, c.d], 100 + i as u64),
+            Input::random(&[c.b, c.h, c.s, c.d], 110 + i as u64),
+            Input::random(&[c.b, c.h, c.s, c.dv], 120 + i as u64),
+        ];
+        // Some -inf (masked keys); in the last case all of query row 0 is masked.
+        let last = i == attn_cases().len();
+        let mask = c.mask.as_ref().map(|(_, shape)| {
+            let mut m = Input::random(shape, 130);
+            let s = shape[shape.len() - 1];
+            for (j, v) in m.data.iter_mut().enumerate() {
+                if j % 4 == 1 || (last && j < s) {
+                    *v = f64::NEG_INFINITY;
+                }
+            }
+            m
+        });
+        same_on_cuda(&cuda, &format!("attention {c:?}"), &inputs, &|t, pool| {
+            let m = mask.as_ref().map(|m| m.tensor(pool)).transpose()?;
+            let y = Tensor::scaled_dot_product_attention(
+                &t[0],
+                &t[1],
+                &t[2],
+                c.causal,
+                m.as_ref(),
+                c.scale,
+            )?;
+            Ok((y, Vec::new()))
+        })?;
+    }
+    Ok(())
+}
