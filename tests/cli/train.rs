@@ -199,8 +199,7 @@ fn predict_and_sample_use_the_checkpoint_of_a_text_job() {
     let metrics = std::fs::read_to_string(dir.join("runs/tiny-gpt/metrics.jsonl")).unwrap();
     let last_eval: serde_json::Value = metrics
         .lines()
-        .filter(|l| l.contains("\"kind\":\"eval\""))
-        .last()
+        .rfind(|l| l.contains("\"kind\":\"eval\""))
         .map(|l| serde_json::from_str(l).unwrap())
         .expect("an eval record");
     let out = orch_in(&dir, &["predict", "--json", job]);
