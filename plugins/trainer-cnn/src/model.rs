@@ -113,7 +113,16 @@ fn input_shape(config: &Config, info: &RunInfo) -> Result<[usize; 3], String> {
 /// layers with `bound = 1 / sqrt(fan_in)` (`kaiming_uniform_(a=sqrt(5))` for the weight).
 fn uniform(shape: &[usize], fan_in: usize, seed: u64) -> Result<Tensor, TensorError> {
     let bound = 1.0 / (fan_in as f32).sqrt();
-    let dims: Vec<u32> = shape.iter().map(|&d| d as u32).collect();
+    let dims = shape
+        .iter()
+        .map(|&d| {
+            u32::try_from(d).map_err(|_| {
+                TensorError::BadArgument(format!(
+                    "a dimension of {d} is past u32 (shape {shape:?})"
+                ))
+            })
+        })
+        .collect::<Result<Vec<u32>, _>>()?;
     t::uniform(&dims, -bound, bound, seed, None)
 }
 
