@@ -17,28 +17,14 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_measured(argv, env):
-    """Runs argv; returns (stdout, wall seconds, peak RSS in MiB of that process tree's largest)."""
-    started = time.monotonic()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out, err = proc.communicate()
-    wall = time.monotonic() - started
-    # ru_maxrss of the children waited for so far is a maximum: measure each run in its own
-    # interpreter so the value is this run's.
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(map(str, argv))} failed ({proc.returncode}):\n{err[-3000:]}")
-    return out, wall
-
-
 def peak_rss_of(argv, env):
     """(stdout, wall seconds, peak RSS MiB) of argv, measured by a fresh Python so that
-    RUSAGE_CHILDREN holds this run alone."""
+    RUSAGE_CHILDREN (a maximum over the children waited for) holds this run alone."""
     probe = (
         "import json,resource,subprocess,sys,time\n"
         "t=time.monotonic()\n"
@@ -47,8 +33,10 @@ def peak_rss_of(argv, env):
         "r=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss/1024\n"
         "print(json.dumps({'rc':p.returncode,'out':p.stdout,'err':p.stderr[-3000:],'wall':w,'rss':r}))\n"
     )
-    out, _ = run_measured([sys.executable, "-c", probe, *map(str, argv)], env)
-    result = json.loads(out)
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, *map(str, argv)], env=env, capture_output=True, text=True
+    )
+    result = json.loads(proc.stdout)
     if result["rc"] != 0:
         sys.exit(f"{' '.join(map(str, argv))} failed ({result['rc']}):\n{result['err']}")
     return result["out"], result["wall"], result["rss"]
@@ -84,12 +72,12 @@ def orch_cnn(orch, env, epochs):
         copy.unlink(missing_ok=True)
         shutil.rmtree(job.parent / "runs" / "bench-cnn-small", ignore_errors=True)
     epochs = [r for r in recs if r["kind"] == "epoch"]
-    return {
+    return shown("orch cnn-small", {
         "epoch_seconds": [r["train_seconds"] for r in epochs],
         "test_accuracy": [r["eval_accuracy"] for r in epochs],
         "peak_rss_mb": rss,
         "wall": wall,
-    }
+    })
 
 
 def orch_gpt(orch, env, steps):
@@ -103,14 +91,14 @@ def orch_gpt(orch, env, steps):
         shutil.rmtree(job.parent / "runs" / "bench-gpt", ignore_errors=True)
     step_ms = [r["step_seconds"] * 1000 for r in recs if r["kind"] == "step" and "step_seconds" in r]
     evals = [(r["step"], r["eval_loss"]) for r in recs if r["kind"] == "eval"]
-    return {
+    return shown("orch gpt", {
         # The first steps include instantiation and warm-up: the median leaves them out.
         "median_step_ms": statistics.median(step_ms[5:] or step_ms),
         "val_loss": evals,
         "final_val_loss": evals[-1][1] if evals else float("nan"),
         "peak_rss_mb": rss,
         "wall": wall,
-    }
+    })
 
 
 def torch_side(python, script, args, env):
@@ -118,6 +106,12 @@ def torch_side(python, script, args, env):
     result = json.loads(out.strip().splitlines()[-1])
     result.setdefault("peak_rss_mb", rss)
     result["wall"] = wall
+    return shown(f"PyTorch {script}", result)
+
+
+def shown(what, result):
+    """`result`, after printing it to stderr at once (an interrupted run keeps what it measured)."""
+    print(f"{what}: {json.dumps(result)}", file=sys.stderr, flush=True)
     return result
 
 
