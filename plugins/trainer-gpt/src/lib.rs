@@ -36,7 +36,7 @@
 //! layouts, so a checkpoint loads into nanoGPT's `GPT` (tests/python/gpt_torch.py does, and
 //! checks the same loss and logits); the host's GELU is the tanh approximation, so that model
 //! uses `nn.GELU(approximate="tanh")` where nanoGPT uses the exact one. The plugin holds only
-//! handles: a training step of the example is about 150 host calls (each ~1.5 µs) around the
+//! handles: a training step of the example is about 160 host calls (each ~1.5 µs) around the
 //! host's fused kernels (layer norm, attention, cross-entropy, AdamW).
 //!
 //! It implements contract 0.3.0's `predicting-trainer` world: `predict` gives the logits

@@ -11,7 +11,9 @@
 //!   whose mask the host draws per row of axis 0, which must be the batch's samples.
 //! - Attention: `c_attn`'s output `[B*T, 3C]` is viewed as `[B, T, 3, H, D]`, permuted to
 //!   `[3, B, H, T, D]` (a view) and made dense once as `[3B, H, T, D]`; q, k and v are then
-//!   dense views of it (`split` along axis 0), so the fused attention copies nothing more.
+//!   dense views of it (`split` along axis 0), so the fused attention copies nothing more; its
+//!   output `[B, H, T, D]` is made dense once more as `[B * T, C]` for `c_proj` (nanoGPT's
+//!   `.transpose(1, 2).contiguous()`). These two are the forward pass's only copies.
 //!   nanoGPT drops attention weights inside `F.scaled_dot_product_attention(dropout_p=..)`; the
 //!   host's attention has no dropout, so a training step with `dropout > 0` computes attention
 //!   unfused (`q k^T`, mask, softmax, dropout, `@ v`), as nanoGPT's own non-flash path does.
