@@ -71,7 +71,9 @@ fn values(dtype: Dtype, data: &[u8]) -> Result<Vec<f32>, String> {
         ($ty:ty, $n:expr) => {
             data.chunks_exact($n)
                 .map(|c| {
-                    <$ty>::from_le_bytes(c.try_into().expect("chunk of the type's size")) as f32
+                    let mut bytes = [0u8; $n];
+                    bytes.copy_from_slice(c);
+                    <$ty>::from_le_bytes(bytes) as f32
                 })
                 .collect()
         };

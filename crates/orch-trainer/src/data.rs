@@ -270,10 +270,10 @@ impl Schedule {
             return train_windows(self.samples, self.batch_size, self.seed, step);
         }
         let (epoch, batch) = self.position(step);
-        if cache.as_ref().is_none_or(|(e, _)| *e != epoch) {
-            *cache = Some((epoch, self.order(epoch)));
-        }
-        let (_, order) = cache.as_ref().expect("filled above");
+        let order = match cache {
+            Some((e, order)) if *e == epoch => order,
+            _ => &cache.insert((epoch, self.order(epoch))).1,
+        };
         order.batch(batch as usize).to_vec()
     }
 }
