@@ -421,7 +421,8 @@ fn coolest_in_javascript_chooses_what_the_rust_coolest_chooses() {
 }
 
 /// examples/trainers/linear-py, softmax regression in Python, trains on the bundled digits
-/// through `orch run`, on one simulated GPU and on two (data parallel), and learns them.
+/// through `orch run`, on one simulated GPU and on two (data parallel), and learns them; the two
+/// runs see the same global batches and average the replicas' gradients, so their losses agree.
 #[test]
 fn a_trainer_in_python_learns_the_digits() {
     let _heavy = heavy();
@@ -436,6 +437,7 @@ fn a_trainer_in_python_learns_the_digits() {
         "linear-py.wasm",
     );
     let digits = root().join("examples/digits/data/digits.csv.gz");
+    let mut losses: Vec<Vec<(f64, f64)>> = Vec::new();
     for gpus in [1, 2] {
         let dir = tmp().join(format!("linear-py-{gpus}"));
         let _ = std::fs::remove_dir_all(&dir);
@@ -490,5 +492,31 @@ fn a_trainer_in_python_learns_the_digits() {
             .and_then(|a| a.parse().ok())
             .unwrap_or_else(|| panic!("no accuracy in {last}"));
         assert!(accuracy > 90.0, "{gpus} GPU(s): {last}");
+        losses.push(epoch_losses(&dir.join("runs/linear-py/metrics.jsonl")));
     }
+    let (one, two) = (&losses[0], &losses[1]);
+    assert_eq!(one.len(), 3, "three epoch records: {one:?}");
+    assert_eq!(one.len(), two.len(), "{one:?} against {two:?}");
+    for (epoch, (a, b)) in one.iter().zip(two).enumerate() {
+        let close = |x: f64, y: f64| (x - y).abs() <= 1e-4 * x.abs().max(1e-3);
+        assert!(
+            close(a.0, b.0) && close(a.1, b.1),
+            "epoch {}: 1 replica (train, eval loss) {a:?}, 2 replicas {b:?}",
+            epoch + 1
+        );
+    }
+}
+
+/// `(train_loss, eval_loss)` of each epoch record of a run's metrics.jsonl.
+fn epoch_losses(metrics: &std::path::Path) -> Vec<(f64, f64)> {
+    let text =
+        std::fs::read_to_string(metrics).unwrap_or_else(|e| panic!("{}: {e}", metrics.display()));
+    text.lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|r| r["kind"] == "epoch")
+        .map(|r| {
+            let loss = |key: &str| r[key].as_f64().unwrap_or_else(|| panic!("no {key} in {r}"));
+            (loss("train_loss"), loss("eval_loss"))
+        })
+        .collect()
 }

@@ -6,7 +6,7 @@
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use orch_trainer::{ProgressEvent, ProgressSink};
 use std::io::{IsTerminal, Write};
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// The sink `orch run` hands the trainer: a bar when stdout is a terminal, else lines.
@@ -17,12 +17,7 @@ pub fn sink() -> ProgressSink {
         Display::lines(Box::new(std::io::stdout()))
     };
     let display = Mutex::new(display);
-    ProgressSink::new(move |event| {
-        display
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .show(event)
-    })
+    ProgressSink::new(move |event| orch_core::sync::lock(&display).show(event))
 }
 
 enum Mode {

@@ -459,17 +459,6 @@ struct RawData {
     normalize: Option<bool>,
 }
 
-/// A positive duration: humantime's grammar (`90s`, `15m`, `2h 30m`, `3d`, `500ms`, `1week`),
-/// or a plain number of seconds (`3`, `0.5`, as `sleep` reads it); `None` when malformed or zero.
-pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
-    let t = text.trim();
-    let duration = match t.parse::<f64>() {
-        Ok(seconds) => std::time::Duration::try_from_secs_f64(seconds).ok()?,
-        Err(_) => humantime::parse_duration(t).ok()?,
-    };
-    (!duration.is_zero()).then_some(duration)
-}
-
 /// Most devices one job may ask for; more is surely a typo.
 const MAX_GPUS: i64 = 4096;
 
@@ -522,7 +511,7 @@ impl Checker<'_> {
         let sweep = self.sweep(raw.sweep)?;
         let max_runtime = match &raw.job.max_runtime {
             None => None,
-            Some(text) => Some(parse_duration(text.get_ref()).ok_or_else(|| {
+            Some(text) => Some(crate::duration::parse(text.get_ref()).ok_or_else(|| {
                 self.at(
                     text.span(),
                     format!("max_runtime = \"{}\" is not a duration", text.get_ref()),

@@ -5,7 +5,9 @@
 //! Design decision: this crate knows nothing of devices, wasmtime or CUDA, so every other crate
 //! can depend on it and it never drags a heavy dependency along.
 
+pub mod duration;
 pub mod fsutil;
+pub mod hex;
 pub mod job;
 pub mod lease;
 pub mod limits;
@@ -13,7 +15,9 @@ pub mod location;
 pub mod process;
 pub mod random;
 pub mod size;
+pub mod sync;
 pub mod text;
+pub mod time;
 
 pub use job::{JobSpec, PluginRef};
 pub use lease::DeviceLease;

@@ -133,7 +133,7 @@ impl LimitSettings {
         if let Some(value) = deadline {
             let span = value.span();
             let parsed = match value.get_ref() {
-                toml::Value::String(s) => crate::job::parse_duration(s),
+                toml::Value::String(s) => crate::duration::parse(s),
                 toml::Value::Integer(i) if *i > 0 => Some(Duration::from_secs(i.unsigned_abs())),
                 _ => None,
             };
@@ -275,16 +275,15 @@ impl MachineLimits {
             let Some(raw) = raw else { continue };
             let bounds = limits.bounds_mut(kind);
             if let Some(deadline) = raw.max_deadline {
-                bounds.deadline =
-                    crate::job::parse_duration(deadline.get_ref()).ok_or_else(|| {
-                        InputError::at(
-                            path,
-                            text,
-                            deadline.span().start,
-                            format!("[limits.{}] max_deadline is not a duration", kind.key()),
-                        )
-                        .with_hint("give a string such as \"1s\" or \"15m\"")
-                    })?;
+                bounds.deadline = crate::duration::parse(deadline.get_ref()).ok_or_else(|| {
+                    InputError::at(
+                        path,
+                        text,
+                        deadline.span().start,
+                        format!("[limits.{}] max_deadline is not a duration", kind.key()),
+                    )
+                    .with_hint("give a string such as \"1s\" or \"15m\"")
+                })?;
             }
             if let Some(memory) = raw.max_memory {
                 let bytes = memory.get_ref().bytes();

@@ -6,7 +6,7 @@ pub fn random_hex(n: usize) -> std::io::Result<String> {
     use std::io::Read;
     let mut bytes = vec![0u8; n];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(crate::hex::encode(&bytes))
 }
 
 #[cfg(test)]

@@ -143,14 +143,16 @@ pub fn ordinal_of_uuid(uuid: &str) -> Result<usize, CudaUnavailable> {
 
 /// `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, the way NVML prints a UUID after its `GPU-`/`MIG-`.
 pub fn format_uuid(bytes: &[u8; 16]) -> String {
-    let mut out = String::with_capacity(36);
-    for (i, b) in bytes.iter().enumerate() {
-        if matches!(i, 4 | 6 | 8 | 10) {
-            out.push('-');
-        }
-        out.push_str(&format!("{b:02x}"));
-    }
-    out
+    use orch_core::hex::encode;
+    let b = bytes;
+    format!(
+        "{}-{}-{}-{}-{}",
+        encode(&b[..4]),
+        encode(&b[4..6]),
+        encode(&b[6..8]),
+        encode(&b[8..10]),
+        encode(&b[10..])
+    )
 }
 
 /// Whether NVML's `GPU-…`/`MIG-…` id names the device whose CUDA UUID is `bytes` (CUDA reports

@@ -1,7 +1,9 @@
 //! Spawning, signal forwarding, failure propagation and exit statuses.
 
-use crate::env::{JobEnv, process_env};
+use crate::env::process_env;
+use crate::spec::{ExecError, LaunchSpec, StdioMode};
 use crate::watch::Verdict;
+use orch_core::sync::lock;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use std::collections::BTreeSet;
@@ -11,50 +13,6 @@ use std::process::{Child, Command, ExitStatus};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// What to run and how.
-#[derive(Debug, Clone)]
-pub struct LaunchSpec {
-    pub argv: Vec<String>,
-    pub cwd: Option<PathBuf>,
-    pub job: JobEnv,
-    /// One process per device instead of one for all.
-    pub per_device: bool,
-    /// Between SIGTERM and SIGKILL when the other processes of a failed per-device job are stopped.
-    pub grace: Duration,
-    /// Where the processes read and write.
-    pub stdio: StdioMode,
-    /// Start the processes as this user (the daemon, as root, runs each job as its submitter).
-    pub credentials: Option<Credentials>,
-    /// The environment to start from instead of this process's own (the daemon passes the
-    /// submitting client's, as `sbatch` does); the job's variables are set on top.
-    pub base_env: Option<Vec<(String, String)>>,
-    /// The job's cgroup ([`crate::JobCgroup`]): every process starts inside it.
-    pub cgroup: Option<PathBuf>,
-    /// Forward SIGINT, SIGTERM and SIGHUP that reach this process to the job (`orch run`).
-    pub forward_signals: bool,
-}
-
-/// Where a job's processes read and write.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StdioMode {
-    /// Share orch's. In a terminal the job (rank 0 of a per-device launch) becomes the
-    /// terminal's foreground process group while it runs, so it can read the keyboard (pdb,
-    /// `input()`, a password prompt) and gets Ctrl-C itself; otherwise rank 0 reads orch's stdin.
-    /// Other ranks read nothing.
-    Inherit,
-    /// No input; output appended to these files (the daemon's logs).
-    Files { stdout: PathBuf, stderr: PathBuf },
-}
-
-/// A Unix identity to run as.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Credentials {
-    pub uid: u32,
-    pub gid: u32,
-    /// Supplementary groups.
-    pub groups: Vec<u32>,
-}
 
 /// How the job ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,28 +71,6 @@ impl std::fmt::Display for ExitOutcome {
             ExitOutcome::Stopped(reason) => write!(f, "a stop by orch: {reason}"),
         }
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ExecError {
-    #[error("the job's command is empty: give argv = [\"program\", ...]")]
-    EmptyCommand,
-    #[error("cannot start \"{program}\": {reason}")]
-    Spawn { program: String, reason: String },
-    /// The job's processes could not enter their working folder (as the job's user).
-    #[error(
-        "cannot enter the working folder {} as user {user} ({reason}): start the job from a folder {user} may enter",
-        folder.display()
-    )]
-    WorkingFolder {
-        folder: PathBuf,
-        user: String,
-        reason: String,
-    },
-    #[error("cannot find a free port for MASTER_PORT: {0}")]
-    NoPort(String),
-    #[error("cannot install the signal handlers: {0}")]
-    Signals(String),
 }
 
 /// Runs the job to the end. `on_spawn` is called with each process's pid as soon as it runs (the
@@ -402,10 +338,6 @@ fn stop_all(groups: &Mutex<BTreeSet<i32>>, signal: i32) {
             libc::kill(-pgid, signal);
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn spawn_reason(e: &std::io::Error) -> String {

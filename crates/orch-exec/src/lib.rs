@@ -18,14 +18,13 @@ mod cgroup;
 mod env;
 mod launch;
 mod setup;
+mod spec;
 mod terminal;
 mod watch;
 
 pub use cgroup::{JobCgroup, kill as kill_cgroup, prime_migration as prime_cgroup_migration};
 pub use env::{AssignedDevice, Cluster, JobEnv, process_env};
-pub use launch::{
-    Credentials, ExecError, ExitOutcome, LaunchSpec, Launched, Monitor, StdioMode, Stopper, launch,
-    start,
-};
+pub use launch::{ExitOutcome, Launched, Monitor, Stopper, launch, start};
 pub use setup::passwd_entry;
+pub use spec::{Credentials, ExecError, LaunchSpec, StdioMode};
 pub use watch::{MemoryWatch, ProcessMemory, Verdict, descendants};

@@ -2,7 +2,7 @@
 //! enter its folder, take the terminal, and die with its parent. Everything the child needs is
 //! prepared here, in the parent, so the child runs only system calls (async-signal-safe).
 
-use crate::launch::{Credentials, ExecError, LaunchSpec, StdioMode};
+use crate::spec::{Credentials, ExecError, LaunchSpec, StdioMode};
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::os::unix::process::CommandExt;

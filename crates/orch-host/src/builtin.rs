@@ -1,5 +1,6 @@
-//! The built-in policies: Wasm components built from `plugins/policies/` by this crate's build
-//! script and embedded in the binary. They run in the same sandbox as anyone's plugin.
+//! The built-in plugins: the placement policies (`plugins/policies/`) and the queue policies
+//! (`plugins/queue/`), Wasm components built by this crate's build script and embedded in the
+//! binary. They run in the same sandbox as anyone's plugin.
 
 /// One built-in policy.
 #[derive(Debug)]
@@ -65,6 +66,25 @@ pub fn builtin(name: &str) -> Option<&'static Builtin> {
     BUILTINS.iter().find(|b| b.name == name)
 }
 
+/// The built-in policies' names, for an error message.
 pub(crate) fn names() -> Vec<&'static str> {
     BUILTINS.iter().map(|b| b.name).collect()
+}
+
+/// The built-in queue policies by name, with a line each for the docs and `orch serve`.
+pub const QUEUE_BUILTINS: &[(&str, &str)] = orch_queue::BUILTINS;
+
+/// The component of built-in queue policy `name`.
+pub(crate) fn queue_wasm(name: &str) -> Option<&'static [u8]> {
+    match name {
+        "fair-share" => Some(wasm!("queue_fair_share.wasm")),
+        "fifo" => Some(wasm!("queue_fifo.wasm")),
+        "priority" => Some(wasm!("queue_priority.wasm")),
+        _ => None,
+    }
+}
+
+/// The built-ins' names, for an error message.
+pub(crate) fn queue_names() -> Vec<&'static str> {
+    QUEUE_BUILTINS.iter().map(|&(name, _)| name).collect()
 }

@@ -67,7 +67,7 @@ impl PluginKind {
     fn builtins(self) -> String {
         match self {
             PluginKind::Placement => crate::builtin::names().join(", "),
-            PluginKind::Queue => crate::queue::builtin_names().join(", "),
+            PluginKind::Queue => crate::builtin::queue_names().join(", "),
         }
     }
 }

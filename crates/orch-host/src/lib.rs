@@ -42,6 +42,7 @@ pub use cache::{
 pub use contract::{Found, Identity, WorldKind, identify, mismatch};
 pub use orch_wit::Version;
 // The engine, cache and sandbox pieces the trainer host (crates/orch-trainer) reuses.
+pub use builtin::QUEUE_BUILTINS;
 pub use cache::ComponentCache;
 pub use engine::{Ticker, deadline_ticks, new_engine, wall_backstop};
 pub use error::{PluginKind, PolicyError, RefusalKind};
@@ -51,7 +52,7 @@ pub use limits::Limits;
 pub use orch_wit::types;
 pub use policy::{PluginId, PluginRef, PolicyHost};
 pub use precompiled::{CompiledComponent, ComponentLoader, Precompiler};
-pub use queue::{QUEUE_BUILTINS, QueueHost, QueuePluginId};
+pub use queue::{QueueHost, QueuePluginId};
 pub use sandbox::{GuestLog, HasPluginState, Limiter, PluginState, add_wasi, printable};
 pub use validate::misfit;
 

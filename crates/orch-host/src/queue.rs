@@ -6,6 +6,7 @@
 //! `orch_queue`'s orders, embedded and sandboxed like anyone's plugin; they answer exactly as
 //! `orch_queue::builtin(name)` does natively, which is the daemon's fallback when a plugin fails.
 
+use crate::builtin::queue_wasm as builtin_wasm;
 use crate::contract::WorldKind;
 use crate::error::{PluginKind, PolicyError};
 use crate::limits::Limits;
@@ -19,24 +20,6 @@ use orch_wit::{Queue, QueuePre, Version, v0_1, v0_2};
 use std::path::PathBuf;
 use wasmtime::Store;
 use wasmtime::component::InstancePre;
-
-/// The built-in queue policies by name, with a line each for the docs and `orch serve`.
-pub const QUEUE_BUILTINS: &[(&str, &str)] = orch_queue::BUILTINS;
-
-/// The component of built-in queue policy `name`.
-fn builtin_wasm(name: &str) -> Option<&'static [u8]> {
-    match name {
-        "fair-share" => Some(wasm!("queue_fair_share.wasm")),
-        "fifo" => Some(wasm!("queue_fifo.wasm")),
-        "priority" => Some(wasm!("queue_priority.wasm")),
-        _ => None,
-    }
-}
-
-/// The built-ins' names, for an error message.
-pub(crate) fn builtin_names() -> Vec<&'static str> {
-    QUEUE_BUILTINS.iter().map(|&(name, _)| name).collect()
-}
 
 /// A loaded queue policy, as [`QueueHost::load`] returns it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -255,7 +238,7 @@ mod tests {
 
     #[test]
     fn every_builtin_is_embedded() {
-        for name in builtin_names() {
+        for name in crate::builtin::queue_names() {
             assert!(orch_queue::builtin(name).is_some(), "{name}");
             let wasm = builtin_wasm(name).unwrap_or_default();
             assert!(wasm.starts_with(b"\0asm"), "{name} is embedded");

@@ -15,7 +15,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use wasmtime::component::{Linker, ResourceTable};
 use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
@@ -246,8 +246,7 @@ impl GuestLog {
     }
 
     fn state(&self) -> MutexGuard<'_, LogState> {
-        // The state stays consistent even if a holder panicked: take it anyway.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        orch_core::sync::lock(&self.inner)
     }
 
     /// Starts a call: a fresh byte budget, no remembered lines.

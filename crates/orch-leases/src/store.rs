@@ -2,6 +2,7 @@
 
 use crate::Holder;
 use orch_core::DeviceLease;
+use orch_core::time::now_ms;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -573,12 +574,6 @@ fn parse_holders(text: &str) -> Result<Vec<Holder>, LeaseError> {
         op: "reading lease holders",
         reason: e.to_string(),
     })
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// `NAME-XXXXXXXX`: the job name (sanitised) and a short id unique across processes.

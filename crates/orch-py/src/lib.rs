@@ -113,9 +113,7 @@ fn visibility(inventory: &Inventory) -> Visibility {
 static HOST: Mutex<Option<PolicyHost>> = Mutex::new(None);
 
 fn with_host<T>(f: impl FnOnce(&mut PolicyHost) -> Result<T, Failure>) -> Result<T, Failure> {
-    let mut slot = HOST
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut slot = orch_core::sync::lock(&HOST);
     if slot.is_none() {
         // The default limits, as `orch` uses them; a job's own bounds apply per plan.
         *slot = Some(
@@ -352,11 +350,7 @@ impl NativeLease {
         if std::process::id() != self.owner {
             return false;
         }
-        let guard = self
-            .guard
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
+        let guard = orch_core::sync::lock(&self.guard).take();
         match guard {
             Some(guard) => {
                 py.detach(move || guard.release());
@@ -368,10 +362,7 @@ impl NativeLease {
 
     #[getter]
     fn released(&self) -> bool {
-        self.guard
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .is_none()
+        orch_core::sync::lock(&self.guard).is_none()
     }
 }
 

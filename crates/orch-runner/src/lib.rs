@@ -11,6 +11,7 @@
 //! prints.
 
 pub mod command;
+mod error;
 pub mod foreign;
 pub mod place;
 pub mod plan;
@@ -18,7 +19,8 @@ mod runner;
 mod train;
 
 pub use command::{GRACE, ProcessOptions, check_enforcement, lease_env, placed_line};
+pub use error::RunError;
 pub use foreign::foreign_processes;
 pub use place::{LeaseGuard, Machine, PlaceError, claim, claim_until, place_in_parent};
 pub use plan::{Plan, PlanError, PlanInput, PlannedDevice, Rejection, plan};
-pub use runner::{Outcome, Placement, Prepared, RunError, RunningJob, prepare, start};
+pub use runner::{Outcome, Placement, Prepared, RunningJob, prepare, start};

@@ -90,10 +90,7 @@ impl LeaseGuard {
         if !self.managed {
             return Ok(());
         }
-        let mut slot = self
-            .store
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut slot = orch_core::sync::lock(&self.store);
         if slot.is_none() {
             *slot = Some(LeaseStore::open(&self.state_dir)?);
         }

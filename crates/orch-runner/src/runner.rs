@@ -3,40 +3,14 @@
 //! supervisor process that starts and waits on it.
 
 use crate::command::{ProcessOptions, launch_spec, memory_monitor};
-use crate::place::{LeaseGuard, PlaceError};
+use crate::error::RunError;
+use crate::place::LeaseGuard;
 use crate::plan::Plan;
 use orch_core::job::{CommandSpec, JobSpec, Work};
 use orch_devices::Inventory;
-use orch_exec::{ExecError, ExitOutcome, JobCgroup, Launched, Monitor, Stopper};
+use orch_exec::{ExitOutcome, JobCgroup, Launched, Monitor, Stopper};
 use orch_leases::Holder;
-use orch_trainer::{GrantedDevice, Summary, TrainError};
-
-/// Why a job could not run (its own failure is an [`Outcome`], not an error).
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    #[error(transparent)]
-    Place(#[from] PlaceError),
-    #[error(transparent)]
-    Train(#[from] TrainError),
-    #[error(transparent)]
-    Exec(#[from] ExecError),
-    #[error("{0}")]
-    Device(String),
-    #[error("{0}")]
-    BadInput(String),
-}
-
-impl RunError {
-    /// The user's input is at fault (exit 2), not the machine or the job.
-    pub fn is_bad_input(&self) -> bool {
-        match self {
-            RunError::Place(PlaceError::BadInput(_)) | RunError::BadInput(_) => true,
-            RunError::Train(e) => e.is_bad_input(),
-            RunError::Exec(ExecError::EmptyCommand) => true,
-            _ => false,
-        }
-    }
-}
+use orch_trainer::{GrantedDevice, Summary};
 
 /// What a job runs once it holds its lease, made ready before the lease is taken.
 #[derive(Debug)]

@@ -2,8 +2,8 @@
 //! GPU computes on the CPU with its memory as the cap, the CPU inventory is the host CPU, an NVML
 //! GPU is the CUDA device with its UUID; the job's `memory_limit` is the per-device quota.
 
+use crate::error::RunError;
 use crate::plan::Plan;
-use crate::runner::RunError;
 use orch_core::ByteSize;
 use orch_core::job::{JobSpec, Work};
 use orch_devices::{Backend, Inventory};

@@ -1,14 +1,16 @@
 //! HTTP + JSON under `/v1`, as docs/SERVE.md describes it. Errors are `{"error": "one sentence"}` with
 //! the status that fits (400 bad job file, 403, 404, 409 wrong state, 429 over a queue limit).
 
-use crate::db::{JobRow, State, Submission, now_ms};
-use crate::engine::{Kick, Shared, lock};
+use crate::db::{JobRow, State, Submission};
+use crate::engine::{Kick, Shared};
 use crate::users::Identity;
 use axum::extract::{Extension, Path, Query, State as AxState};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use orch_core::sync::lock;
+use orch_core::time::now_ms;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -849,7 +851,7 @@ async fn tenants(
         db.jobs(&[State::Queued, State::Running], u32::MAX)
     })
     .await?;
-    let standing = crate::engine::lock(&shared.standing).clone();
+    let standing = orch_core::sync::lock(&shared.standing).clone();
     Ok(Json(
         shared
             .config

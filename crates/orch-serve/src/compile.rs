@@ -24,10 +24,11 @@
 
 use crate::api::{ApiResult, Caller, admitted, err};
 use crate::config::{CompileBudget, CompileCaps};
-use crate::engine::{Kick, Shared, lock};
+use crate::engine::{Kick, Shared};
 use axum::Json;
 use axum::extract::{Extension, Path as UrlPath, Query, State as AxState};
 use axum::http::StatusCode;
+use orch_core::sync::lock;
 use orch_host::{CompiledComponent, ComponentLoader, PolicyHost};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
@@ -742,7 +743,7 @@ pub fn compile_child(
         }
     };
     if let Some(want) = sha256
-        && hex_of(&<sha2::Sha256 as sha2::Digest>::digest(&wasm)) != want
+        && orch_core::hex::encode(&<sha2::Sha256 as sha2::Digest>::digest(&wasm)) != want
     {
         eprintln!(
             "the daemon's copy of the component is damaged (its bytes no longer have its digest)"
@@ -819,10 +820,6 @@ pub fn parse_digest(text: &str) -> Result<String, String> {
             text.chars().take(80).collect::<String>()
         ))
     }
-}
-
-fn hex_of(digest: &[u8]) -> String {
-    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// What `GET`, `HEAD` and `PUT /v1/plugins/sha256:HEX` answer.
@@ -1007,7 +1004,7 @@ async fn receive(
         Ok(())
     }
     .await;
-    let got = hex_of(&hasher.finalize());
+    let got = orch_core::hex::encode(&hasher.finalize());
     let outcome = received.and_then(|()| {
         if got == hex {
             Ok(())
@@ -1108,7 +1105,7 @@ fn store_policy(state_dir: &Path, base64_text: &str) -> Result<String, String> {
     let wasm = base64::engine::general_purpose::STANDARD
         .decode(base64_text)
         .map_err(|e| format!("the policy component's bytes are not base64: {e}"))?;
-    let hash = hex_of(&sha2::Sha256::digest(&wasm));
+    let hash = orch_core::hex::encode(&sha2::Sha256::digest(&wasm));
     let dir = plugins_dir(state_dir);
     let path = dir.join(format!("{hash}.wasm"));
     if !path.is_file() {

@@ -131,14 +131,7 @@ impl TokenHash {
 
     fn parse(text: &str) -> Option<TokenHash> {
         let hex = text.strip_prefix("sha256:")?;
-        if hex.len() != 64 {
-            return None;
-        }
-        let mut out = [0u8; 32];
-        for (i, byte) in out.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-        }
-        Some(TokenHash(out))
+        orch_core::hex::decode_array(hex).map(TokenHash)
     }
 }
 
@@ -279,7 +272,7 @@ impl Config {
             |key: &str, value: &Option<String>| -> Result<Option<Duration>, InputError> {
                 match value {
                     None => Ok(None),
-                    Some(v) => orch_core::job::parse_duration(v).map(Some).ok_or_else(|| {
+                    Some(v) => orch_core::duration::parse(v).map(Some).ok_or_else(|| {
                         at(
                             key,
                             format!("{key} = \"{v}\" is not a duration"),
@@ -342,7 +335,7 @@ impl Config {
             value
                 .as_ref()
                 .map(|v| {
-                    orch_core::job::parse_duration(v.get_ref()).ok_or_else(|| {
+                    orch_core::duration::parse(v.get_ref()).ok_or_else(|| {
                         spanned(
                             v.span(),
                             format!("{key} = \"{}\" is not a duration", v.get_ref()),

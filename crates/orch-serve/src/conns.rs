@@ -95,7 +95,7 @@ pub struct Admitted {
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        let mut counts = crate::engine::lock(&self.connections.counts);
+        let mut counts = orch_core::sync::lock(&self.connections.counts);
         counts.total = counts.total.saturating_sub(1);
         if let Some(n) = counts.per_peer.get_mut(&self.peer) {
             *n = n.saturating_sub(1);
@@ -124,7 +124,7 @@ impl Connections {
 
     /// Counts a new connection of `peer`, or says why it is refused.
     pub fn admit(self: &Arc<Self>, peer: Peer) -> Result<Admitted, String> {
-        let mut counts = crate::engine::lock(&self.counts);
+        let mut counts = orch_core::sync::lock(&self.counts);
         let mine = counts.per_peer.get(&peer).copied().unwrap_or(0);
         let refusal = if mine >= self.max_per_peer {
             Some(format!(

@@ -6,6 +6,7 @@
 //! 32, so durability does not cap throughput. Reads use a connection of their own; WAL lets them
 //! run beside the writer.
 
+use orch_core::time::now_ms;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -272,10 +273,7 @@ impl Db {
     }
 
     fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T, DbError>) -> Result<T, DbError> {
-        let conn = self
-            .reader
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let conn = orch_core::sync::lock(&self.reader);
         f(&conn)
     }
 
@@ -734,10 +732,4 @@ impl Db {
                 .map_err(db("finding old jobs"))
         })
     }
-}
-
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

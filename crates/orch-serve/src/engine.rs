@@ -4,10 +4,12 @@
 //! end, records usage, and carries out cancels and preemptions.
 
 use crate::config::Config;
-use crate::db::{Change, Db, Event, JobRow, JobUse, State, Submission, UsageRow, now_ms};
+use crate::db::{Change, Db, Event, JobRow, JobUse, State, Submission, UsageRow};
 use crate::sched::{Attempt, QueuePolicy, QueuedJob, RunningJob, Scheduler, Usage};
 use crate::supervisor::{self, ExitRecord, Fence, SuperviseSpec};
 use orch_core::JobSpec;
+use orch_core::sync::lock;
+use orch_core::time::now_ms;
 use orch_devices::{Inventory, InventorySpec, Visibility, VisibilityEnv};
 use orch_host::{Limits, PolicyHost};
 use orch_leases::Liveness;
@@ -1927,8 +1929,4 @@ fn held_ended(pid: u32, at_ms: u64) -> ExitRecord {
         ended_at_ms: at_ms,
         late: None,
     }
-}
-
-pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

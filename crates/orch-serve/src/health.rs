@@ -86,7 +86,7 @@ impl StateHealth {
     /// A write failed with `fault`. Logged once per spell (and when the fault changes).
     pub fn report(&self, fault: Fault, detail: impl Into<String>) {
         let detail = detail.into();
-        let mut problem = crate::engine::lock(&self.problem);
+        let mut problem = orch_core::sync::lock(&self.problem);
         if problem.as_ref().is_some_and(|p| p.fault == fault) {
             return;
         }
@@ -104,7 +104,7 @@ impl StateHealth {
 
     /// Writes succeed again. Logged once, with how long the spell lasted.
     pub fn recovered(&self) {
-        let mut problem = crate::engine::lock(&self.problem);
+        let mut problem = orch_core::sync::lock(&self.problem);
         if let Some(p) = problem.take() {
             tracing::info!(
                 "the state folder {} takes writes again after {:.1}s; catching up",
@@ -116,12 +116,14 @@ impl StateHealth {
 
     /// The current fault, if any.
     pub fn fault(&self) -> Option<Fault> {
-        crate::engine::lock(&self.problem).as_ref().map(|p| p.fault)
+        orch_core::sync::lock(&self.problem)
+            .as_ref()
+            .map(|p| p.fault)
     }
 
     /// The sentence a refused submission gets while the folder is unwell.
     pub fn refusal(&self) -> Option<String> {
-        let problem = crate::engine::lock(&self.problem);
+        let problem = orch_core::sync::lock(&self.problem);
         problem.as_ref().map(|p| {
             format!(
                 "the state folder {} is {}: {}; the daemon accepts no job until it can record it (free space or make it writable), and jobs already accepted are kept",

@@ -5,11 +5,13 @@
 //! credentials, and it ends when that process releases it or dies.
 
 use crate::api::{ApiError, ApiResult, Caller, SubmitRequest, accept, admitted, err, find, read};
-use crate::db::{Change, Event, JobRow, State, now_ms};
-use crate::engine::{Kick, Shared, lock};
+use crate::db::{Change, Event, JobRow, State};
+use crate::engine::{Kick, Shared};
 use axum::Json;
 use axum::extract::{Extension, Path, State as AxState};
 use axum::http::StatusCode;
+use orch_core::sync::lock;
+use orch_core::time::now_ms;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -103,9 +103,7 @@ impl Default for Counters {
 
 impl Counters {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        orch_core::sync::lock(&self.inner)
     }
 
     pub fn submitted(&self, tenant: &str) {

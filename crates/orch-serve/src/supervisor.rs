@@ -215,7 +215,7 @@ fn run(
         state: crate::db::State::Failed,
         exit_code: None,
         reason: Some(reason),
-        ended_at_ms: crate::db::now_ms(),
+        ended_at_ms: orch_core::time::now_ms(),
         late: None,
     };
     let lease = LeaseGuard::new(spec.state_dir.clone(), spec.lease.clone());
@@ -230,7 +230,7 @@ fn run(
             reason: Some(format!(
                 "queued again: its lease was gone before it started ({e})"
             )),
-            ended_at_ms: crate::db::now_ms(),
+            ended_at_ms: orch_core::time::now_ms(),
             late: None,
         };
         return (record, None);
@@ -359,7 +359,7 @@ fn record_of(outcome: &Outcome) -> ExitRecord {
         state,
         exit_code,
         reason,
-        ended_at_ms: crate::db::now_ms(),
+        ended_at_ms: orch_core::time::now_ms(),
         late: None,
     }
 }

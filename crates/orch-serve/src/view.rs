@@ -4,8 +4,9 @@
 
 use crate::api::{ApiError, Caller, read};
 use crate::db::{JobRow, State};
-use crate::engine::{Shared, lock};
+use crate::engine::Shared;
 use crate::metrics::{DeviceSample, Snapshot, TenantSample};
+use orch_core::sync::lock;
 use std::collections::HashMap;
 use std::sync::Arc;
 

@@ -12,8 +12,8 @@
 
 use crate::api::Caller;
 use crate::config::Config;
-use crate::engine::lock;
 use crate::users::Identity;
+use orch_core::sync::lock;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

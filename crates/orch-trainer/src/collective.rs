@@ -43,7 +43,7 @@ impl<T, R> Collective<T, R> {
     }
 
     fn lock(&self) -> MutexGuard<'_, Round<T, R>> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        orch_core::sync::lock(&self.state)
     }
 
     /// Contributes `value` as replica `rank` and waits (at most `timeout`) for the others; the

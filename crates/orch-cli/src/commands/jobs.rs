@@ -100,10 +100,7 @@ fn send_policy(
     if wasm.len() as u64 > limit {
         return Err(cannot(format!("it is over {} MiB", limit >> 20)));
     }
-    let digest: String = sha2::Sha256::digest(&wasm)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let digest = orch_core::hex::encode(&sha2::Sha256::digest(&wasm));
     let address = format!("/v1/plugins/sha256:{digest}");
     let (status, answer) = client.call(Method::HEAD, &address, None)?;
     match status {
@@ -200,7 +197,7 @@ pub fn list(args: &JobsArgs) -> CmdResult {
         return Ok(());
     }
     let jobs: Vec<JobRow> = serde_json::from_slice(&body).map_err(Failure::failed)?;
-    let now = orch_serve::db::now_ms();
+    let now = orch_core::time::now_ms();
     let rows: Vec<Vec<String>> = jobs
         .iter()
         .map(|j| {

@@ -6,7 +6,6 @@ use crate::table;
 use orch_core::ByteSize;
 use orch_leases::{Lease, LeaseStore};
 use serde::Serialize;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// One lease in `--json` output.
 #[derive(Debug, Serialize)]
@@ -105,9 +104,7 @@ fn short(uuid: &str) -> &str {
 }
 
 fn age(created_at_ms: u64) -> String {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    let now = orch_core::time::now_ms();
     let secs = now.saturating_sub(created_at_ms) / 1000;
     match secs {
         0..=119 => format!("{secs}s"),

@@ -253,7 +253,7 @@ fn quick_job(args: &RunArgs) -> Result<JobSpec, Failure> {
 
 /// `--timeout`: a positive duration (`90s`, `15m`, `2h`).
 fn parse_duration(text: &str) -> Result<Duration, Failure> {
-    job::parse_duration(text).ok_or_else(|| {
+    orch_core::duration::parse(text).ok_or_else(|| {
         Failure::bad_input_msg(format!(
             "--timeout: expected a positive duration such as 90s, 15m or 2h, found \"{text}\""
         ))

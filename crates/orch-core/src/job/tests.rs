@@ -396,22 +396,6 @@ normalize = false
 }
 
 #[test]
-fn durations() {
-    use std::time::Duration;
-    assert_eq!(parse_duration("90s"), Some(Duration::from_secs(90)));
-    assert_eq!(parse_duration("15m"), Some(Duration::from_secs(900)));
-    assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
-    assert_eq!(parse_duration("3"), Some(Duration::from_secs(3)));
-    assert_eq!(parse_duration("2h 30m"), Some(Duration::from_secs(9000)));
-    assert_eq!(parse_duration("3d"), Some(Duration::from_secs(3 * 86400)));
-    assert_eq!(parse_duration("0.5"), Some(Duration::from_millis(500)));
-    assert_eq!(parse_duration("1.5h"), Some(Duration::from_secs(5400)));
-    for bad in ["", "s", "0", "0s", "-1s", "-3", "10 parsecs"] {
-        assert_eq!(parse_duration(bad), None, "{bad}");
-    }
-}
-
-#[test]
 fn enforce_memory_limit_needs_a_limit() {
     let cmd = "[command]\nargv = [\"true\"]\n";
     let job = parse_str(&format!(

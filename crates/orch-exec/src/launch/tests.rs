@@ -1,5 +1,5 @@
 use super::*;
-use crate::AssignedDevice;
+use crate::{AssignedDevice, JobEnv};
 
 fn spec(script: &str, devices: usize, per_device: bool) -> LaunchSpec {
     LaunchSpec {
