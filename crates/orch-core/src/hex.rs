@@ -16,7 +16,7 @@ pub fn encode(bytes: &[u8]) -> String {
 /// The bytes `text` spells in hex (either case); `None` for an odd length or a non-hex digit.
 pub fn decode(text: &str) -> Option<Vec<u8>> {
     let digits = text.as_bytes();
-    if digits.len() % 2 != 0 {
+    if !digits.len().is_multiple_of(2) {
         return None;
     }
     digits
