@@ -15,10 +15,13 @@ use orch_host::{Limits, PolicyHost};
 use orch_leases::Liveness;
 use orch_leases::{Holder, LeaseStore};
 use orch_runner::{Machine, PlaceError};
+use running::{Death, Origin, Recovery, Running, Start};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
+
+pub mod running;
 
 /// What wakes the engine.
 #[derive(Debug)]
@@ -158,62 +161,25 @@ struct Queued {
     submission: Submission,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Cancel {
-    None,
-    Requested,
-    Sent,
-}
-
-/// A stop the daemon decided on (not a cancel): preemption or idle reclaim.
-#[derive(Debug, Clone)]
-struct Stop {
-    kind: StopKind,
-    /// Why, as the job's reason will say.
-    reason: String,
-    /// The supervisor was told.
-    sent: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum StopKind {
-    /// Queued again afterwards.
-    Preempt,
-    /// Ends `failed`.
-    Idle,
-}
-
-struct Running {
-    tenant: String,
-    /// Its devices (uuids).
-    devices: Vec<String>,
-    /// Since when all its devices stay under the tenant's idle_utilization, and whether it was
-    /// warned.
-    idle_since: Option<Instant>,
-    idle_warned: bool,
-    attempt: u32,
-    lease_id: String,
-    supervisor: Option<Holder>,
-    requeue: bool,
-    /// A cancel was asked for; sent to the supervisor once it is known.
-    cancel: Cancel,
-    /// When the daemon last saw no supervisor: it is given a moment to write its fence.
-    spawned_at: Instant,
-    /// Device-seconds of its earlier runs.
-    prior_gpu_s: f64,
-    /// A preemption or idle reclaim decided for it.
-    stop: Option<Stop>,
-    /// A lease held by the client's own process (`supervisor` is that process): nothing was
-    /// started for it, and it ends when the process releases it or ends.
-    held: bool,
-    /// Its supervisor is this daemon's child: how it ends comes from the wait on it
-    /// ([`Shared::supervisor_exits`]), not from `/proc`.
-    spawned: bool,
-}
-
 pub struct Engine {
     shared: Arc<Shared>,
     kicks: mpsc::Receiver<Kick>,
+    /// The scheduler: the queue's order, the tenants' limits and usage, preemption. A pass lends
+    /// [`Jobs`] to its placement callback, a field apart: nothing else is borrowed meanwhile.
+    sched: Scheduler,
+    jobs: Jobs,
+    last_idle_check: Instant,
+    last_usage_save: Instant,
+    /// The last queue-policy failure logged, and when: logged again only when it changes or a
+    /// minute passed.
+    policy_failure: Option<(String, Instant)>,
+}
+
+/// What the engine holds besides the scheduler: the jobs it queued and watches run, the lease
+/// store and the policy host that place them, and the writes waiting on an unwell state folder.
+/// Placing a job needs this alone, so a scheduling pass can place while it walks the queue.
+struct Jobs {
+    shared: Arc<Shared>,
     store: LeaseStore,
     host: PolicyHost,
     /// The latest reading of the devices, refreshed by a thread of its own (an NVML reading takes
@@ -223,16 +189,8 @@ pub struct Engine {
     /// The visible devices placement may use: all of them, or without those busy with foreign
     /// processes under `foreign = "avoid"`.
     placeable: Visibility,
-    last_idle_check: Instant,
     queue: BTreeMap<i64, Queued>,
     running: HashMap<i64, Running>,
-    /// The scheduler. A pass takes it out (it calls back into the engine to place jobs) and
-    /// leaves an empty one in its place until it is done.
-    sched: Scheduler,
-    last_usage_save: Instant,
-    /// The last queue-policy failure logged, and when: logged again only when it changes or a
-    /// minute passed.
-    policy_failure: Option<(String, Instant)>,
     /// Writes and releases that failed on an unwell state folder, made again in order.
     backlog: VecDeque<Pending>,
     /// When the state folder was last probed while unwell.
@@ -241,11 +199,24 @@ pub struct Engine {
     unknown_logged: HashMap<i64, Instant>,
 }
 
+/// What placing a queued job did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Placed {
+    /// Its supervisor is starting (or its held lease runs).
+    Started,
+    /// It stays queued, for this reason.
+    Waits(String),
+    /// It left the queue meanwhile (cancelled): nothing more to do.
+    Left,
+    /// It cannot start, ever: it ends in this state (failed, cancelled) with this reason.
+    Ends(State, String),
+}
+
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
-            .field("queued", &self.queue.len())
-            .field("running", &self.running.len())
+            .field("queued", &self.jobs.queue.len())
+            .field("running", &self.jobs.running.len())
             .finish_non_exhaustive()
     }
 }
@@ -300,36 +271,35 @@ impl Engine {
             ..view
         };
         Ok(Engine {
+            jobs: Jobs {
+                shared: Arc::clone(&shared),
+                store,
+                host,
+                inventory,
+                placeable: visibility.clone(),
+                visibility,
+                queue: BTreeMap::new(),
+                running: HashMap::new(),
+                backlog: VecDeque::new(),
+                last_probe: Instant::now(),
+                unknown_logged: HashMap::new(),
+            },
             shared,
             kicks,
-            store,
-            host,
-            inventory,
-            placeable: visibility.clone(),
-            last_idle_check: Instant::now(),
-            visibility,
-            queue: BTreeMap::new(),
-            running: HashMap::new(),
             sched,
+            last_idle_check: Instant::now(),
             last_usage_save: Instant::now(),
             policy_failure: None,
-            backlog: VecDeque::new(),
-            last_probe: Instant::now(),
-            unknown_logged: HashMap::new(),
         })
-    }
-
-    fn sched(&mut self) -> &mut Scheduler {
-        &mut self.sched
     }
 
     /// Records a running job with the scheduler (started, or adopted after a restart).
     fn track_running(&mut self, id: i64, row: &JobRow, preemptible: bool, exclusive: bool) {
-        let Some(tenant) = self.sched().tenant_index(&row.tenant) else {
+        let Some(tenant) = self.sched.tenant_index(&row.tenant) else {
             return;
         };
         let started_s = row.started_at_ms.map_or_else(now_s, ms_to_s);
-        self.sched().add_running(RunningJob {
+        self.sched.add_running(RunningJob {
             id: id as u64,
             tenant,
             gpus: row.gpus,
@@ -343,7 +313,7 @@ impl Engine {
 
     /// Ends a job's run in the scheduler at `at_s` and records its use.
     fn untrack_running(&mut self, id: i64, at_s: f64, prior_gpu_s: f64) {
-        let ended = self.sched().end(id as u64, at_s);
+        let ended = self.sched.end(id as u64, at_s);
         let uses = ended
             .map(|r| JobUse {
                 id,
@@ -358,8 +328,8 @@ impl Engine {
     /// Charges the running jobs' use up to now and writes it with every tenant's usage.
     fn save_usage(&mut self, mut uses: Vec<JobUse>) {
         let now = now_s();
-        self.sched().charge(now);
-        let standing = self.sched().standing(now);
+        self.sched.charge(now);
+        let standing = self.sched.standing(now);
         let sched = Some(&self.sched).map(|s| {
             let rows: Vec<UsageRow> = s
                 .tenants()
@@ -380,6 +350,7 @@ impl Engine {
         let Some((rows, running)) = sched else { return };
         for (id, gpu_s, charged_s) in running {
             let prior = self
+                .jobs
                 .running
                 .get(&(id as i64))
                 .map_or(0.0, |r| r.prior_gpu_s);
@@ -439,12 +410,14 @@ impl Engine {
                 && std::fs::create_dir_all(&dir).is_ok()
                 && supervisor::take_fence(&dir, &Fence { supervisor: None }).unwrap_or(false);
             let fence = supervisor::read_fence(&dir).ok().flatten();
-            let supervisor = fence.and_then(|f| f.supervisor);
-            match supervisor {
-                // A supervisor `/proc` cannot tell about is adopted: it is watched, never lost.
-                Some(holder) if !holder.process_liveness().is_dead() => {
+            let supervisor = fence.and_then(|f| f.supervisor).map(|h| {
+                let dead = h.process_liveness().is_dead();
+                (h, dead)
+            });
+            match running::recovery(never_started, supervisor, held) {
+                Recovery::Adopt(holder) => {
                     tracing::info!("job {id}: adopted again (supervisor pid {})", holder.pid);
-                    self.write(
+                    self.jobs.write(
                         id,
                         Change {
                             event: Some(Event::now(
@@ -457,47 +430,38 @@ impl Engine {
                             ..Change::default()
                         },
                     );
-                    self.running.insert(
-                        id,
-                        Running {
-                            tenant: row.tenant.clone(),
-                            devices: row.devices.clone(),
-                            idle_since: None,
-                            idle_warned: false,
-                            attempt: row.attempt,
-                            lease_id: row.lease_id.clone().unwrap_or_default(),
-                            supervisor: Some(holder),
-                            requeue: row.requeue,
-                            cancel: if row.cancel_requested {
-                                Cancel::Requested
-                            } else {
-                                Cancel::None
-                            },
-                            spawned_at: Instant::now(),
-                            prior_gpu_s: row.gpu_seconds,
-                            stop: None,
-                            held,
-                            spawned: false,
-                        },
-                    );
+                    let start = Start {
+                        tenant: row.tenant.clone(),
+                        devices: row.devices.clone(),
+                        attempt: row.attempt,
+                        lease_id: row.lease_id.clone().unwrap_or_default(),
+                        requeue: row.requeue,
+                        prior_gpu_s: row.gpu_seconds,
+                    };
+                    let origin = if held { Origin::Held } else { Origin::Adopted };
+                    let mut job = Running::new(start, origin, Some(holder), Instant::now());
+                    if row.cancel_requested {
+                        job.cancel();
+                    }
+                    self.jobs.running.insert(id, job);
                 }
-                Some(holder) if held => {
+                Recovery::HeldEnded(pid) => {
                     // The process that held the lease ended while no daemon watched.
                     let prior = row.gpu_seconds;
-                    self.finish_at(id, &row.lease_id, held_ended(holder.pid, now_ms()), prior);
+                    self.finish_at(id, &row.lease_id, running::held_ended(pid, now_ms()), prior);
                 }
-                _ if never_started => {
+                Recovery::QueueAgain => {
                     // It never ran: nothing to charge.
                     let at = self
-                        .sched()
+                        .sched
                         .running_job(id as u64)
                         .map_or(charged_s, |r| r.charged_s);
                     self.untrack_running(id, at, row.gpu_seconds);
                     tracing::info!(
                         "job {id}: never started before the daemon stopped; queued again"
                     );
-                    self.release(&row.lease_id);
-                    self.write(
+                    self.jobs.release(&row.lease_id);
+                    self.jobs.write(
                         id,
                         Change {
                             state: Some(State::Queued),
@@ -513,7 +477,7 @@ impl Engine {
                         },
                     );
                 }
-                _ => {
+                Recovery::Vanished => {
                     // When it ended is unknown: its use is counted up to the last record.
                     self.untrack_running(id, charged_s, row.gpu_seconds);
                     self.vanished(
@@ -559,7 +523,7 @@ impl Engine {
             while let Ok(kick) = self.kicks.try_recv() {
                 changed |= self.handle(kick);
             }
-            changed |= self.catch_up();
+            changed |= self.jobs.catch_up();
             changed |= self.check_running();
             self.check_idle();
             if self.last_usage_save.elapsed() >= USAGE_SAMPLE {
@@ -609,19 +573,17 @@ impl Engine {
         match kick {
             Kick::Submitted(id) => self.enqueue(id),
             Kick::Dequeued(id) => {
-                self.queue.remove(&id);
-                self.sched().dequeue(id as u64);
+                self.jobs.queue.remove(&id);
+                self.sched.dequeue(id as u64);
                 lock(&self.shared.reasons).remove(&id);
             }
             Kick::Cancel(id) => {
-                if let Some(job) = self.running.get_mut(&id)
-                    && job.cancel == Cancel::None
-                {
-                    job.cancel = Cancel::Requested;
+                if let Some(job) = self.jobs.running.get_mut(&id) {
+                    job.cancel();
                 }
             }
             Kick::SupervisorExited => {}
-            Kick::Release(id) => self.release_held(id),
+            Kick::Release(id) => self.jobs.release_held(id),
             Kick::PolicyCompiled(hash) => self.policy_compiled(&hash),
         }
         true
@@ -655,24 +617,15 @@ impl Engine {
                             .join(format!("{hash}.wasm")),
                     );
                 }
-                let Some(tenant) = self.sched().tenant_index(&row.tenant) else {
+                let Some(tenant) = self.sched.tenant_index(&row.tenant) else {
                     self.fail(
                         id,
                         format!("tenant {} is no longer in the daemon's config", row.tenant),
                     );
                     return;
                 };
-                let runtime = spec
-                    .max_runtime
-                    .into_iter()
-                    .chain(
-                        self.shared
-                            .config
-                            .tenant(&row.tenant)
-                            .and_then(|t| t.max_runtime),
-                    )
-                    .min();
-                self.sched().enqueue(QueuedJob {
+                let runtime = running::time_limit(&spec, self.shared.config.tenant(&row.tenant));
+                self.sched.enqueue(QueuedJob {
                     id: id as u64,
                     tenant,
                     name: spec.name.clone(),
@@ -685,7 +638,7 @@ impl Engine {
                     runtime_s: runtime.map(|d| d.as_secs_f64()),
                     preemptible: spec.preemptible,
                 });
-                self.queue.insert(
+                self.jobs.queue.insert(
                     id,
                     Queued {
                         row,
@@ -705,13 +658,14 @@ impl Engine {
             return;
         };
         let failed: Vec<i64> = self
+            .jobs
             .queue
             .iter()
             .filter(|(_, q)| q.submission.policy_file.as_deref() == Some(hash))
             .map(|(id, _)| *id)
             .collect();
         for id in failed {
-            self.queue.remove(&id);
+            self.jobs.queue.remove(&id);
             self.fail(id, reason.clone());
         }
     }
@@ -722,223 +676,497 @@ impl Engine {
     /// ends a job and never frees its devices.
     fn check_running(&mut self) -> bool {
         let mut changed = false;
-        let ids: Vec<i64> = self.running.keys().copied().collect();
+        let ids: Vec<i64> = self.jobs.running.keys().copied().collect();
         for id in ids {
-            let Some(job) = self.running.get(&id) else {
-                continue;
-            };
-            let dir = self.shared.job_dir(id, job.attempt);
-            let exit = match supervisor::read_exit(&dir) {
-                Ok(exit) => exit,
-                Err(e) => {
-                    self.cannot_tell(id, format!("cannot read its exit record: {e}"));
-                    continue;
-                }
-            };
-            if let Some(exit) = exit {
-                let Some(job) = self.running.remove(&id) else {
-                    continue;
-                };
-                lock(&self.shared.supervisor_exits).remove(&(id, job.attempt));
-                let lease = Some(job.lease_id.clone());
-                let (prior, stop, cancel) = (job.prior_gpu_s, job.stop, job.cancel);
-                let exit = match stop {
-                    // A cancel that came while it was being preempted: it ends cancelled.
-                    Some(_) if exit.state == State::Queued && cancel != Cancel::None => {
-                        ExitRecord {
-                            state: State::Cancelled,
-                            reason: Some(supervisor::CANCELLED.into()),
-                            ..exit
-                        }
-                    }
-                    // Stopped for preemption: its reason says why it is queued again.
-                    Some(Stop {
-                        kind: StopKind::Preempt,
-                        reason,
-                        ..
-                    }) if exit.state == State::Queued => ExitRecord {
-                        reason: Some(reason),
-                        ..exit
-                    },
-                    // Stopped for idling: failed, with the reason.
-                    Some(Stop {
-                        kind: StopKind::Idle,
-                        reason,
-                        ..
-                    }) if exit.reason.as_deref() == Some(supervisor::IDLE) => {
-                        self.shared.metrics.idle_stopped();
-                        ExitRecord {
-                            state: State::Failed,
-                            reason: Some(reason),
-                            ..exit
-                        }
-                    }
-                    _ => exit,
-                };
-                self.unknown_logged.remove(&id);
-                self.finish_at(id, &lease, exit, prior);
-                changed = true;
-                continue;
-            }
-            if job.supervisor.is_none() {
-                match supervisor::read_fence(&dir) {
-                    Ok(fence) => {
-                        let supervisor = fence.and_then(|f| f.supervisor);
-                        if let Some(job) = self.running.get_mut(&id) {
-                            job.supervisor = supervisor;
-                        }
-                    }
-                    Err(e) => {
-                        self.cannot_tell(id, format!("cannot read its fence: {e}"));
-                        continue;
-                    }
-                }
-            }
-            let Some(job) = self.running.get(&id) else {
-                continue;
-            };
-            let ended = job
-                .spawned
-                .then(|| {
-                    lock(&self.shared.supervisor_exits)
-                        .get(&(id, job.attempt))
-                        .copied()
-                })
-                .flatten();
-            let liveness = match (&job.supervisor, ended) {
-                (_, Some(_)) => Liveness::Dead,
-                // This daemon's child: alive until the wait on it says otherwise.
-                (None, None) if job.spawned => Liveness::Alive,
-                (None, None) if job.spawned_at.elapsed() > Duration::from_secs(30) => {
-                    Liveness::Dead
-                }
-                (None, None) => Liveness::Alive,
-                (Some(holder), None) => holder.process_liveness(),
-            };
-            if let Liveness::Unknown(e) = &liveness {
-                let pid = job.supervisor.as_ref().map_or(0, |h| h.pid);
-                self.cannot_tell(
-                    id,
-                    format!("cannot tell whether its supervisor (pid {pid}) runs: {e}"),
-                );
-                continue;
-            }
-            if self.unknown_logged.remove(&id).is_some() {
-                tracing::info!("job {id}: its supervisor can be watched again");
-            }
-            let Some(job) = self.running.get_mut(&id) else {
-                continue;
-            };
-            if liveness == Liveness::Alive {
-                if job.cancel == Cancel::Requested
-                    && let Some(holder) = &job.supervisor
-                {
-                    // Verified by pid and start time just now: never a reused pid.
-                    if orch_core::process::signal(holder.pid, libc::SIGTERM) {
-                        job.cancel = Cancel::Sent;
-                    }
-                }
-                if job.cancel == Cancel::None
-                    && let (Some(stop), Some(holder)) = (&mut job.stop, &job.supervisor)
-                    && !stop.sent
-                {
-                    // A held lease's process is the program itself: it is asked to end.
-                    let signal = match stop.kind {
-                        _ if job.held => libc::SIGTERM,
-                        StopKind::Preempt => supervisor::PREEMPT_SIGNAL,
-                        StopKind::Idle => supervisor::IDLE_SIGNAL,
-                    };
-                    if orch_core::process::signal(holder.pid, signal) {
-                        stop.sent = true;
-                    }
-                }
-                continue;
-            }
-            // Dead: an exit record written in the meantime still counts.
-            match supervisor::read_exit(&dir) {
-                Ok(None) => {}
-                Ok(Some(_)) => continue,
-                Err(e) => {
-                    self.cannot_tell(id, format!("cannot read its exit record: {e}"));
-                    continue;
-                }
-            }
-            let Some(job) = self.running.remove(&id) else {
-                continue;
-            };
-            lock(&self.shared.supervisor_exits).remove(&(id, job.attempt));
-            let lease = Some(job.lease_id.clone());
-            let prior = job.prior_gpu_s;
-            changed = true;
-            if job.held {
-                let pid = job.supervisor.as_ref().map_or(0, |h| h.pid);
-                let record = match (job.cancel, &job.stop) {
-                    (Cancel::None, None) => held_ended(pid, now_ms()),
-                    (Cancel::None, Some(stop)) => ExitRecord {
-                        state: State::Failed,
-                        exit_code: None,
-                        reason: Some(stop.reason.clone()),
-                        ended_at_ms: now_ms(),
-                        late: None,
-                    },
-                    _ => ExitRecord {
-                        state: State::Cancelled,
-                        exit_code: None,
-                        reason: Some(supervisor::CANCELLED.into()),
-                        ended_at_ms: now_ms(),
-                        late: None,
-                    },
-                };
-                // For a restarted daemon; the database, written next, is what counts.
-                let _ = supervisor::write_exit(&dir, &record);
-                self.finish_at(id, &lease, record, prior);
-                continue;
-            }
-            // A supervisor that ended before it took the fence never started the job: fenced
-            // now, the job goes back to the queue (it never ran; nothing is charged).
-            if job.supervisor.is_none() && ended.is_some() {
-                match supervisor::take_fence(&dir, &Fence { supervisor: None }) {
-                    Ok(true) => {
-                        let at = self
-                            .sched()
-                            .running_job(id as u64)
-                            .map_or_else(now_s, |r| r.charged_s);
-                        self.untrack_running(id, at, prior);
-                        let reason = format!(
-                            "queued again: {}; the job never started",
-                            ended.map(|e| e.words()).unwrap_or_default()
-                        );
-                        self.queue_again(id, &lease, reason);
-                        continue;
-                    }
-                    Ok(false) => {
-                        // Its supervisor took the fence after all: looked at again next time.
-                        self.running.insert(id, job);
-                        continue;
-                    }
-                    Err(e) => {
-                        self.running.insert(id, job);
-                        self.cannot_tell(id, format!("cannot fence off its folder: {e}"));
-                        continue;
-                    }
-                }
-            }
-            let reason = match (ended, &job.supervisor) {
-                (Some(end), _) => end.words(),
-                (None, Some(holder)) => format!(
-                    "its supervisor (pid {}) ended before it recorded how the job ended",
-                    holder.pid
-                ),
-                (None, None) => "its supervisor never started".to_string(),
-            };
-            // A job whose cancel was asked for is not queued again.
-            let requeue = job.requeue && job.cancel == Cancel::None;
-            self.untrack_running(id, now_s(), prior);
-            self.vanished(id, &lease, requeue, reason);
+            changed |= self.check_job(id);
         }
         changed
     }
 
+    /// One look at running job `id` (see [`Engine::check_running`]); true when it left the
+    /// running jobs, or may have.
+    fn check_job(&mut self, id: i64) -> bool {
+        let Some(job) = self.jobs.running.get(&id) else {
+            return false;
+        };
+        let dir = self.shared.job_dir(id, job.attempt);
+        let exit = match supervisor::read_exit(&dir) {
+            Ok(exit) => exit,
+            Err(e) => {
+                self.jobs
+                    .cannot_tell(id, format!("cannot read its exit record: {e}"));
+                return false;
+            }
+        };
+        if let Some(exit) = exit {
+            let Some(job) = self.jobs.running.remove(&id) else {
+                return false;
+            };
+            lock(&self.shared.supervisor_exits).remove(&(id, job.attempt));
+            let (exit, idle_stopped) = job.exited(exit);
+            if idle_stopped {
+                self.shared.metrics.idle_stopped();
+            }
+            self.jobs.unknown_logged.remove(&id);
+            self.finish_at(id, &Some(job.lease_id), exit, job.prior_gpu_s);
+            return true;
+        }
+        if job.supervisor.is_none() {
+            match supervisor::read_fence(&dir) {
+                Ok(fence) => {
+                    if let Some(job) = self.jobs.running.get_mut(&id) {
+                        job.learn_supervisor(fence.and_then(|f| f.supervisor));
+                    }
+                }
+                Err(e) => {
+                    self.jobs
+                        .cannot_tell(id, format!("cannot read its fence: {e}"));
+                    return false;
+                }
+            }
+        }
+        let Some(job) = self.jobs.running.get(&id) else {
+            return false;
+        };
+        let ended = (job.origin == Origin::Spawned)
+            .then(|| {
+                lock(&self.shared.supervisor_exits)
+                    .get(&(id, job.attempt))
+                    .copied()
+            })
+            .flatten();
+        let liveness = job.liveness(ended.is_some(), Instant::now(), Holder::process_liveness);
+        if let Liveness::Unknown(e) = &liveness {
+            let pid = job.supervisor.as_ref().map_or(0, |h| h.pid);
+            self.jobs.cannot_tell(
+                id,
+                format!("cannot tell whether its supervisor (pid {pid}) runs: {e}"),
+            );
+            return false;
+        }
+        if self.jobs.unknown_logged.remove(&id).is_some() {
+            tracing::info!("job {id}: its supervisor can be watched again");
+        }
+        if liveness == Liveness::Alive {
+            if let Some(job) = self.jobs.running.get_mut(&id)
+                && let Some(due) = job.signal_due()
+                && signal(due.pid, due.signal)
+            {
+                job.signalled(due.purpose);
+            }
+            return false;
+        }
+        // Dead: an exit record written in the meantime still counts.
+        match supervisor::read_exit(&dir) {
+            Ok(None) => {}
+            Ok(Some(_)) => return false,
+            Err(e) => {
+                self.jobs
+                    .cannot_tell(id, format!("cannot read its exit record: {e}"));
+                return false;
+            }
+        }
+        let Some(job) = self.jobs.running.remove(&id) else {
+            return false;
+        };
+        lock(&self.shared.supervisor_exits).remove(&(id, job.attempt));
+        let lease = Some(job.lease_id.clone());
+        let prior = job.prior_gpu_s;
+        match job.died(ended.map(|e| e.words()), now_ms()) {
+            Death::Finish(record) => {
+                // For a restarted daemon; the database, written next, is what counts.
+                if let Err(e) = supervisor::write_exit(&dir, &record) {
+                    tracing::warn!(
+                        "job {id}: could not write its exit record ({e}); the job database has it"
+                    );
+                }
+                self.finish_at(id, &lease, record, prior);
+            }
+            // A supervisor that ended before it took the fence never started the job: fenced
+            // now, the job goes back to the queue (it never ran; nothing is charged).
+            Death::NeverStarted(reason) => {
+                match supervisor::take_fence(&dir, &Fence { supervisor: None }) {
+                    Ok(true) => {
+                        let at = self
+                            .sched
+                            .running_job(id as u64)
+                            .map_or_else(now_s, |r| r.charged_s);
+                        self.untrack_running(id, at, prior);
+                        self.queue_again(id, &lease, reason);
+                    }
+                    // Its supervisor took the fence after all: looked at again next time.
+                    Ok(false) => {
+                        self.jobs.running.insert(id, job);
+                    }
+                    Err(e) => {
+                        self.jobs.running.insert(id, job);
+                        self.jobs
+                            .cannot_tell(id, format!("cannot fence off its folder: {e}"));
+                    }
+                }
+            }
+            Death::Vanished { requeue, reason } => {
+                self.untrack_running(id, now_s(), prior);
+                self.vanished(id, &lease, requeue, reason);
+            }
+        }
+        true
+    }
+
+    /// One scheduling pass: the queue in the queue policy's order, each job placed if it fits
+    /// within its tenant's limits; a job that does not fit does not block smaller ones behind it;
+    /// preemptible jobs of tenants over their share are stopped for a tenant under its share.
+    pub fn pass(&mut self) {
+        if self.jobs.queue.is_empty() {
+            return;
+        }
+        // Nothing starts while the state folder cannot record it: the queue waits, and says why.
+        if let Some(fault) = self.shared.health.fault() {
+            let reason = format!(
+                "waiting: the state folder {} is {}; jobs start once it takes writes again",
+                self.shared.state_dir.display(),
+                match fault {
+                    crate::health::Fault::Full => "full",
+                    crate::health::Fault::ReadOnly => "read-only",
+                    crate::health::Fault::Io => "failing",
+                }
+            );
+            let reasons = self
+                .jobs
+                .queue
+                .keys()
+                .map(|id| (*id, reason.clone()))
+                .collect();
+            *lock(&self.shared.reasons) = reasons;
+            return;
+        }
+        self.jobs.refresh_inventory();
+        let leases = match self.jobs.store.active() {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!("scheduling pass skipped: {e}");
+                return;
+            }
+        };
+        let held: std::collections::HashSet<&str> = leases
+            .iter()
+            .filter(|l| l.exclusive)
+            .flat_map(|l| l.devices.iter().map(String::as_str))
+            .collect();
+        let started = Instant::now();
+        let visible: Vec<&str> = self
+            .jobs
+            .placeable
+            .devices
+            .iter()
+            .filter_map(|v| {
+                self.jobs
+                    .inventory
+                    .devices
+                    .iter()
+                    .find(|d| d.index == v.physical)
+            })
+            .map(|d| d.uuid.as_str())
+            .collect();
+        let machine = orch_queue::Machine {
+            free_gpus: visible.iter().filter(|u| !held.contains(*u)).count() as u32,
+            total_gpus: visible.len() as u32,
+        };
+        let now = now_s();
+        let jobs = &mut self.jobs;
+        let mut ends = Vec::new();
+        let report = self
+            .sched
+            .pass(now, machine, &mut |job| match jobs.place(job.id as i64) {
+                Placed::Started => Attempt::Started,
+                Placed::Waits(reason) => Attempt::Waits(reason),
+                Placed::Left => Attempt::Left,
+                Placed::Ends(state, reason) => {
+                    ends.push((job.id as i64, state, reason));
+                    Attempt::Left
+                }
+            });
+        *lock(&self.shared.standing) = self.sched.standing(now);
+        for (id, state, reason) in ends {
+            self.end_queued(id, state, reason);
+        }
+        if !report.started.is_empty() {
+            self.jobs.publish_leases();
+        }
+        self.shared.metrics.pass(started.elapsed().as_secs_f64());
+        if let Some(seconds) = report.policy_seconds {
+            self.shared.metrics.decision("queue", seconds);
+        }
+        if let Some(failure) = report.policy_failure {
+            let repeat = self.policy_failure.as_ref().is_some_and(|(last, at)| {
+                *last == failure && at.elapsed() < Duration::from_secs(60)
+            });
+            if !repeat {
+                tracing::warn!("{failure}");
+                self.policy_failure = Some((failure, Instant::now()));
+            }
+        }
+        for p in report.preempt {
+            let id = p.victim as i64;
+            if let Some(job) = self.jobs.running.get_mut(&id)
+                && job.preempt(p.reason.clone())
+            {
+                tracing::info!("job {id}: {}", p.reason);
+                self.shared.metrics.preempted();
+                self.jobs.write(
+                    id,
+                    Change {
+                        event: Some(Event::now("preempted", p.reason)),
+                        ..Change::default()
+                    },
+                );
+            }
+        }
+        // A job queued again keeps saying why (preempted, its processes vanished) before why it
+        // waits now.
+        let reasons: HashMap<i64, String> = report
+            .reasons
+            .into_iter()
+            .map(|(id, reason)| {
+                let id = id as i64;
+                match self
+                    .jobs
+                    .queue
+                    .get(&id)
+                    .and_then(|q| q.row.reason.as_deref())
+                {
+                    Some(before) if !before.is_empty() => (id, format!("{before}; {reason}")),
+                    _ => (id, reason),
+                }
+            })
+            .collect();
+        *lock(&self.shared.reasons) = reasons;
+    }
+
+    /// Starts the thread that reads the machine again every [`INVENTORY_MAX_AGE`]: the devices,
+    /// the live leases, and the processes no lease covers.
+    pub fn watch_devices(&self) {
+        let shared = Arc::clone(&self.shared);
+        let _ = std::thread::Builder::new()
+            .name("orch-devices".into())
+            .spawn(move || {
+                let mut store = LeaseStore::open(&shared.state_dir);
+                let mut first = true;
+                loop {
+                    if !std::mem::take(&mut first) {
+                        std::thread::sleep(INVENTORY_MAX_AGE);
+                    }
+                    let inventory = match shared
+                        .devices
+                        .parse::<InventorySpec>()
+                        .and_then(|s| Inventory::load(&s))
+                    {
+                        Ok(inventory) => Arc::new(inventory),
+                        Err(e) => {
+                            tracing::warn!(
+                                "could not read the devices again, using the last reading: {e}"
+                            );
+                            Arc::clone(&lock(&shared.machine).inventory)
+                        }
+                    };
+                    let leases = match store.as_mut().map(LeaseStore::active) {
+                        Ok(Ok(leases)) => Arc::new(leases),
+                        _ => {
+                            store = LeaseStore::open(&shared.state_dir);
+                            Arc::clone(&lock(&shared.machine).leases)
+                        }
+                    };
+                    let foreign = Arc::new(orch_runner::foreign_processes(&inventory, &leases));
+                    *lock(&shared.machine) = MachineView {
+                        inventory,
+                        leases,
+                        foreign,
+                    };
+                }
+            });
+    }
+
+    /// Idle reclaim: a running job of a tenant with `idle_timeout` whose devices all stay under
+    /// `idle_utilization` that long gets an event and a line in its stderr log; after
+    /// `idle_grace` more, it is stopped (failed, "idle for 2h; GPUs reclaimed").
+    fn check_idle(&mut self) {
+        if self.last_idle_check.elapsed() < INVENTORY_MAX_AGE {
+            return;
+        }
+        self.last_idle_check = Instant::now();
+        self.jobs.refresh_inventory();
+        let now = Instant::now();
+        let mut notes: Vec<(i64, &'static str, String)> = Vec::new();
+        let inventory = &self.jobs.inventory;
+        for (id, job) in &mut self.jobs.running {
+            let Some(tenant) = self.shared.config.tenant(&job.tenant) else {
+                continue;
+            };
+            let utilization: Vec<Option<u32>> = job
+                .devices
+                .iter()
+                .map(|u| {
+                    inventory
+                        .devices
+                        .iter()
+                        .find(|d| &d.uuid == u)
+                        .and_then(|d| d.utilization_gpu_percent)
+                })
+                .collect();
+            for note in job.look_idle(tenant, &utilization, now) {
+                notes.push((*id, note.kind, note.message));
+            }
+        }
+        for (id, kind, message) in notes {
+            tracing::info!("job {id}: {message}");
+            // The warning goes where the job's owner looks: its stderr log.
+            let attempt = self.jobs.running.get(&id).map_or(0, |r| r.attempt);
+            let log = self.shared.job_dir(id, attempt).join("stderr");
+            if let Ok(mut file) = std::fs::OpenOptions::new().append(true).open(&log) {
+                use std::io::Write as _;
+                let _ = writeln!(file, "orch: {message}");
+            }
+            self.jobs.write(
+                id,
+                Change {
+                    event: Some(Event::now(kind, message)),
+                    ..Change::default()
+                },
+            );
+        }
+    }
+
+    /// A job's run ended as its exit record says: its use is counted up to its end.
+    fn finish_at(
+        &mut self,
+        id: i64,
+        lease_id: &Option<String>,
+        exit: ExitRecord,
+        prior_gpu_s: f64,
+    ) {
+        self.untrack_running(id, ms_to_s(exit.ended_at_ms), prior_gpu_s);
+        if exit.state == State::Queued {
+            tracing::warn!(
+                "job {id}: {}",
+                exit.reason.as_deref().unwrap_or("queued again")
+            );
+            let message = exit.reason.clone().unwrap_or_else(|| "queued again".into());
+            self.jobs.write(
+                id,
+                Change {
+                    state: Some(State::Queued),
+                    reason: exit.reason,
+                    only_if: Some(State::Running),
+                    event: Some(Event::now("queued", message)),
+                    ..Change::default()
+                },
+            );
+            self.jobs.release(lease_id);
+            self.enqueue(id);
+            return;
+        }
+        tracing::info!("job {id}: {}", exit.state.as_str());
+        // A record written late (the state folder was full) says so in the reason.
+        let reason = match (exit.reason.filter(|r| !r.is_empty()), exit.late) {
+            (Some(reason), Some(late)) => Some(format!("{reason}; {late}")),
+            (reason, late) => reason.or(late),
+        };
+        let message = match &reason {
+            Some(reason) => format!("{}: {reason}", exit.state.as_str()),
+            _ => exit.state.as_str().to_string(),
+        };
+        self.jobs.write(
+            id,
+            Change {
+                state: Some(exit.state),
+                ended_at_ms: Some(exit.ended_at_ms),
+                exit_code: exit.exit_code,
+                reason: reason.or(Some(String::new())),
+                only_if: Some(State::Running),
+                event: Some(Event {
+                    at_ms: exit.ended_at_ms,
+                    kind: "finished".into(),
+                    message,
+                }),
+                ..Change::default()
+            },
+        );
+        // After the record: the devices are never free while the job still shows as running.
+        self.jobs.release(lease_id);
+    }
+
+    /// Nobody can report how job `id` ends any more (`reason` says why): what is left of it is
+    /// ended, then it is lost, or queued again with `requeue`.
+    fn vanished(&mut self, id: i64, lease_id: &Option<String>, requeue: bool, reason: String) {
+        // End what is left of it, so that a job queued again never runs beside its own remains,
+        // and its devices come back.
+        self.jobs.end_remains(lease_id);
+        if requeue {
+            self.queue_again(
+                id,
+                lease_id,
+                format!("queued again: {reason} (requeue = true)"),
+            );
+        } else {
+            tracing::warn!("job {id}: lost: {reason}");
+            self.jobs.write(
+                id,
+                Change {
+                    state: Some(State::Lost),
+                    ended_at_ms: Some(now_ms()),
+                    reason: Some(reason.clone()),
+                    only_if: Some(State::Running),
+                    event: Some(Event::now("lost", reason)),
+                    ..Change::default()
+                },
+            );
+            self.jobs.release(lease_id);
+        }
+    }
+
+    /// Running job `id` goes back to the queue with `reason`: recorded first, its lease released
+    /// after.
+    fn queue_again(&mut self, id: i64, lease_id: &Option<String>, reason: String) {
+        tracing::warn!("job {id}: {reason}");
+        self.jobs.write(
+            id,
+            Change {
+                state: Some(State::Queued),
+                reason: Some(reason.clone()),
+                only_if: Some(State::Running),
+                event: Some(Event::now("queued", reason)),
+                ..Change::default()
+            },
+        );
+        self.jobs.release(lease_id);
+        self.enqueue(id);
+    }
+
+    fn fail(&mut self, id: i64, reason: String) {
+        self.end_queued(id, State::Failed, reason);
+    }
+
+    /// Ends queued job `id` in `state` (failed, cancelled) with `reason`, unless it left the
+    /// queue meanwhile.
+    fn end_queued(&mut self, id: i64, state: State, reason: String) {
+        self.sched.dequeue(id as u64);
+        let word = state.as_str();
+        tracing::info!("job {id}: {word}: {reason}");
+        self.jobs.write(
+            id,
+            Change {
+                state: Some(state),
+                ended_at_ms: Some(now_ms()),
+                event: Some(Event::now("finished", format!("{word}: {reason}"))),
+                reason: Some(reason),
+                only_if: Some(State::Queued),
+                ..Change::default()
+            },
+        );
+    }
+}
+
+impl Jobs {
     /// `/proc` or the job's folder could not tell how job `id` stands: it stays as it is, and
     /// the log says so at most once a minute.
     fn cannot_tell(&mut self, id: i64, why: String) {
@@ -1011,123 +1239,10 @@ impl Engine {
         done > 0
     }
 
-    /// One scheduling pass: the queue in the queue policy's order, each job placed if it fits
-    /// within its tenant's limits; a job that does not fit does not block smaller ones behind it;
-    /// preemptible jobs of tenants over their share are stopped for a tenant under its share.
-    pub fn pass(&mut self) {
-        if self.queue.is_empty() {
-            return;
-        }
-        // Nothing starts while the state folder cannot record it: the queue waits, and says why.
-        if let Some(fault) = self.shared.health.fault() {
-            let reason = format!(
-                "waiting: the state folder {} is {}; jobs start once it takes writes again",
-                self.shared.state_dir.display(),
-                match fault {
-                    crate::health::Fault::Full => "full",
-                    crate::health::Fault::ReadOnly => "read-only",
-                    crate::health::Fault::Io => "failing",
-                }
-            );
-            let reasons = self.queue.keys().map(|id| (*id, reason.clone())).collect();
-            *lock(&self.shared.reasons) = reasons;
-            return;
-        }
-        self.refresh_inventory();
-        let leases = match self.store.active() {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::warn!("scheduling pass skipped: {e}");
-                return;
-            }
-        };
-        let held: std::collections::HashSet<&str> = leases
-            .iter()
-            .filter(|l| l.exclusive)
-            .flat_map(|l| l.devices.iter().map(String::as_str))
-            .collect();
-        let started = Instant::now();
-        let visible: Vec<&str> = self
-            .placeable
-            .devices
-            .iter()
-            .filter_map(|v| {
-                self.inventory
-                    .devices
-                    .iter()
-                    .find(|d| d.index == v.physical)
-            })
-            .map(|d| d.uuid.as_str())
-            .collect();
-        let machine = orch_queue::Machine {
-            free_gpus: visible.iter().filter(|u| !held.contains(*u)).count() as u32,
-            total_gpus: visible.len() as u32,
-        };
-        let mut sched = std::mem::replace(&mut self.sched, Scheduler::placeholder());
-        let now = now_s();
-        let report = sched.pass(now, machine, &mut |job| match self.place(job.id as i64) {
-            Ok(true) => Attempt::Started,
-            Ok(false) => Attempt::Left,
-            Err(reason) => Attempt::Waits(reason),
-        });
-        *lock(&self.shared.standing) = sched.standing(now);
-        self.sched = sched;
-        if !report.started.is_empty() {
-            self.publish_leases();
-        }
-        self.shared.metrics.pass(started.elapsed().as_secs_f64());
-        if let Some(seconds) = report.policy_seconds {
-            self.shared.metrics.decision("queue", seconds);
-        }
-        if let Some(failure) = report.policy_failure {
-            let repeat = self.policy_failure.as_ref().is_some_and(|(last, at)| {
-                *last == failure && at.elapsed() < Duration::from_secs(60)
-            });
-            if !repeat {
-                tracing::warn!("{failure}");
-                self.policy_failure = Some((failure, Instant::now()));
-            }
-        }
-        for p in report.preempt {
-            let id = p.victim as i64;
-            if let Some(job) = self.running.get_mut(&id)
-                && job.stop.is_none()
-            {
-                tracing::info!("job {id}: {}", p.reason);
-                job.stop = Some(Stop {
-                    kind: StopKind::Preempt,
-                    reason: p.reason.clone(),
-                    sent: false,
-                });
-                self.shared.metrics.preempted();
-                self.write(
-                    id,
-                    Change {
-                        event: Some(Event::now("preempted", p.reason)),
-                        ..Change::default()
-                    },
-                );
-            }
-        }
-        // A job queued again keeps saying why (preempted, its processes vanished) before why it
-        // waits now.
-        let reasons: HashMap<i64, String> = report
-            .reasons
-            .into_iter()
-            .map(|(id, reason)| {
-                let id = id as i64;
-                match self.queue.get(&id).and_then(|q| q.row.reason.as_deref()) {
-                    Some(before) if !before.is_empty() => (id, format!("{before}; {reason}")),
-                    _ => (id, reason),
-                }
-            })
-            .collect();
-        *lock(&self.shared.reasons) = reasons;
-    }
-
-    /// Claims devices for queued job `id` and starts its supervisor. Ok(true): started;
-    /// Ok(false): it left the queue (failed or cancelled meanwhile); Err: why it waits.
-    fn place(&mut self, id: i64) -> Result<bool, String> {
+    /// Claims devices for queued job `id` and starts its supervisor (or runs its held lease);
+    /// says what it did. A job that can never start leaves the queue here and is ended by the
+    /// caller ([`Placed::Ends`]).
+    fn place(&mut self, id: i64) -> Placed {
         let dead_holder = self
             .queue
             .get(&id)
@@ -1137,11 +1252,10 @@ impl Engine {
         if let Some(pid) = dead_holder {
             self.queue.remove(&id);
             let reason = format!("its process (pid {pid}) ended while it waited");
-            self.end_queued(id, State::Cancelled, reason);
-            return Ok(false);
+            return Placed::Ends(State::Cancelled, reason);
         }
         let Some(job) = self.queue.get(&id) else {
-            return Ok(false);
+            return Placed::Left;
         };
         // A policy the tenant sent: placed once compiled, off this thread.
         if let Some(hash) = &job.submission.policy_file {
@@ -1152,11 +1266,10 @@ impl Engine {
                 .prepare(&mut self.host, hash, &job.row.tenant, plugin)
             {
                 crate::compile::Prepared::Ready => {}
-                crate::compile::Prepared::Waits(reason) => return Err(reason),
+                crate::compile::Prepared::Waits(reason) => return Placed::Waits(reason),
                 crate::compile::Prepared::Failed(reason) => {
                     self.queue.remove(&id);
-                    self.fail(id, reason);
-                    return Ok(false);
+                    return Placed::Ends(State::Failed, reason);
                 }
             }
         }
@@ -1188,17 +1301,17 @@ impl Engine {
             .decision("placement", deciding.elapsed().as_secs_f64());
         let (lease, plan) = match claimed {
             Ok(placed) => placed,
-            Err(PlaceError::NoFit(reason)) => return Err(reason),
-            Err(PlaceError::Store(e)) => return Err(format!("the lease store failed: {e}")),
+            Err(PlaceError::NoFit(reason)) => return Placed::Waits(reason),
+            Err(PlaceError::Store(e)) => {
+                return Placed::Waits(format!("the lease store failed: {e}"));
+            }
             Err(e) => {
-                let message = e.to_string();
                 self.queue.remove(&id);
-                self.fail(id, message);
-                return Ok(false);
+                return Placed::Ends(State::Failed, e.to_string());
             }
         };
         let Some(job) = self.queue.remove(&id) else {
-            return Ok(false);
+            return Placed::Left;
         };
         if self.shared.root {
             orch_exec::prime_cgroup_migration();
@@ -1218,12 +1331,14 @@ impl Engine {
             self.release_now(&lease.id);
             if let Some(fault) = crate::health::fault_of_io(&e) {
                 self.shared.health.report(fault, e.to_string());
-                return Err(format!(
+                return Placed::Waits(format!(
                     "waiting: the daemon could not record the lease: {e}"
                 ));
             }
-            self.fail(id, format!("the daemon could not record the lease: {e}"));
-            return Ok(false);
+            return Placed::Ends(
+                State::Failed,
+                format!("the daemon could not record the lease: {e}"),
+            );
         }
         // A command job's folder and spec are on disk before it shows as running: a state folder
         // that cannot take them leaves the job queued, never running with no folder.
@@ -1238,7 +1353,11 @@ impl Engine {
             exe: self.shared.exe.clone(),
             state_dir: self.shared.state_dir.clone(),
             switch_user: self.shared.root,
-            max_runtime_s: self.max_runtime(&job).map(|d| d.as_secs_f64()),
+            max_runtime_s: running::time_limit(
+                &job.spec,
+                self.shared.config.tenant(&job.row.tenant),
+            )
+            .map(|d| d.as_secs_f64()),
             grace_s: orch_runner::GRACE.as_secs_f64(),
         });
         if let Some(spec) = &spec
@@ -1251,7 +1370,7 @@ impl Engine {
                 None => tracing::warn!("job {id}: {reason}"),
             }
             self.queue.insert(id, job);
-            return Err(reason);
+            return Placed::Waits(reason);
         }
         let started = self.shared.db.write_blocking({
             let change = Change {
@@ -1283,7 +1402,7 @@ impl Engine {
             Ok(_) => {
                 // Cancelled meanwhile: the devices go back.
                 self.release_now(&lease.id);
-                return Ok(false);
+                return Placed::Left;
             }
             Err(e) => {
                 // The database failed: the job stays queued (its row says so) and is tried again.
@@ -1294,69 +1413,53 @@ impl Engine {
                     None => tracing::warn!("job {id}: {reason}"),
                 }
                 self.queue.insert(id, job);
-                return Err(reason);
+                return Placed::Waits(reason);
             }
         }
         self.shared.metrics.started(
             &job.row.tenant,
             ms_to_s(now_ms().saturating_sub(job.row.submitted_at_ms)),
         );
+        let start = Start {
+            tenant: job.row.tenant.clone(),
+            devices: lease.devices.clone(),
+            attempt,
+            lease_id: lease.id.clone(),
+            requeue: job.row.requeue,
+            prior_gpu_s: job.row.gpu_seconds,
+        };
         if spec.is_none() {
+            // A held lease runs: the engine watches its process as it watches a supervisor.
             if let Some(holder) = job.submission.holder.clone() {
-                self.start_held(id, &job, attempt, &lease, holder);
+                let start = Start {
+                    requeue: false,
+                    ..start
+                };
+                let job = Running::new(start, Origin::Held, Some(holder), Instant::now());
+                self.running.insert(id, job);
             }
-            return Ok(true);
+            return Placed::Started;
         }
-        self.running.insert(
-            id,
-            Running {
-                tenant: job.row.tenant.clone(),
-                devices: lease.devices.clone(),
-                idle_since: None,
-                idle_warned: false,
-                attempt,
-                lease_id: lease.id.clone(),
-                supervisor: None,
-                requeue: job.row.requeue,
-                cancel: Cancel::None,
-                spawned_at: Instant::now(),
-                prior_gpu_s: job.row.gpu_seconds,
-                stop: None,
-                held: false,
-                spawned: true,
-            },
-        );
+        let running = Running::new(start, Origin::Spawned, None, Instant::now());
+        self.running.insert(id, running);
         if let Err(e) = self.spawn_supervisor(id, attempt, &dir) {
             // Nothing started: fence the folder so nothing ever will, and fail the job.
-            let _ = supervisor::take_fence(&dir, &Fence { supervisor: None });
-            let _ = supervisor::write_exit(
-                &dir,
-                &ExitRecord {
-                    state: State::Failed,
-                    exit_code: None,
-                    reason: Some(format!(
-                        "the daemon could not start the job's supervisor: {e}"
-                    )),
-                    ended_at_ms: now_ms(),
-                    late: None,
-                },
-            );
+            let reason = format!("the daemon could not start the job's supervisor: {e}");
+            tracing::warn!("job {id}: {reason}");
+            let record = ExitRecord {
+                state: State::Failed,
+                exit_code: None,
+                reason: Some(reason),
+                ended_at_ms: now_ms(),
+                late: None,
+            };
+            if let Err(e) = supervisor::take_fence(&dir, &Fence { supervisor: None })
+                .and_then(|_| supervisor::write_exit(&dir, &record))
+            {
+                tracing::warn!("job {id}: could not record that it failed to start: {e}");
+            }
         }
-        Ok(true)
-    }
-
-    /// The job's time limit: its own `max_runtime` or its tenant's, whichever is shorter.
-    fn max_runtime(&self, job: &Queued) -> Option<Duration> {
-        job.spec
-            .max_runtime
-            .into_iter()
-            .chain(
-                self.shared
-                    .config
-                    .tenant(&job.row.tenant)
-                    .and_then(|t| t.max_runtime),
-            )
-            .min()
+        Placed::Started
     }
 
     /// A held lease's placement in its folder (`lease.json`, read by `GET /v1/leases/ID`) and
@@ -1415,40 +1518,13 @@ impl Engine {
         Ok(())
     }
 
-    /// A held lease runs: the engine watches its process as it watches a supervisor.
-    fn start_held(
-        &mut self,
-        id: i64,
-        job: &Queued,
-        attempt: u32,
-        lease: &orch_leases::Lease,
-        holder: Holder,
-    ) {
-        self.running.insert(
-            id,
-            Running {
-                tenant: job.row.tenant.clone(),
-                devices: lease.devices.clone(),
-                idle_since: None,
-                idle_warned: false,
-                attempt,
-                lease_id: lease.id.clone(),
-                supervisor: Some(holder),
-                requeue: false,
-                cancel: Cancel::None,
-                spawned_at: Instant::now(),
-                prior_gpu_s: job.row.gpu_seconds,
-                stop: None,
-                held: true,
-                spawned: false,
-            },
-        );
-    }
-
     /// The process holding lease job `id` gave it back: the devices are free at once, and the
     /// job ends `succeeded` at the next look at running jobs.
     fn release_held(&mut self, id: i64) {
-        let Some(job) = self.running.get(&id).filter(|j| j.held) else {
+        let Some(job) = self.running.get(&id) else {
+            return;
+        };
+        let Some(record) = job.released(now_ms()) else {
             return;
         };
         let dir = self.shared.job_dir(id, job.attempt);
@@ -1456,16 +1532,11 @@ impl Engine {
             return;
         }
         let lease = job.lease_id.clone();
-        let _ = supervisor::write_exit(
-            &dir,
-            &ExitRecord {
-                state: State::Succeeded,
-                exit_code: None,
-                reason: Some("released by its process".into()),
-                ended_at_ms: now_ms(),
-                late: None,
-            },
-        );
+        if let Err(e) = supervisor::write_exit(&dir, &record) {
+            // The next look at it then finds no record and its process alive: it stays running
+            // until that process ends.
+            tracing::warn!("job {id}: could not record that its process released it: {e}");
+        }
         // Its holder still lives: the daemon's usual release would leave the lease held.
         self.release_now(&lease);
         self.publish_leases();
@@ -1539,49 +1610,6 @@ impl Engine {
         Ok(())
     }
 
-    /// Starts the thread that reads the machine again every [`INVENTORY_MAX_AGE`]: the devices,
-    /// the live leases, and the processes no lease covers.
-    pub fn watch_devices(&self) {
-        let shared = Arc::clone(&self.shared);
-        let _ = std::thread::Builder::new()
-            .name("orch-devices".into())
-            .spawn(move || {
-                let mut store = LeaseStore::open(&shared.state_dir);
-                let mut first = true;
-                loop {
-                    if !std::mem::take(&mut first) {
-                        std::thread::sleep(INVENTORY_MAX_AGE);
-                    }
-                    let inventory = match shared
-                        .devices
-                        .parse::<InventorySpec>()
-                        .and_then(|s| Inventory::load(&s))
-                    {
-                        Ok(inventory) => Arc::new(inventory),
-                        Err(e) => {
-                            tracing::warn!(
-                                "could not read the devices again, using the last reading: {e}"
-                            );
-                            Arc::clone(&lock(&shared.machine).inventory)
-                        }
-                    };
-                    let leases = match store.as_mut().map(LeaseStore::active) {
-                        Ok(Ok(leases)) => Arc::new(leases),
-                        _ => {
-                            store = LeaseStore::open(&shared.state_dir);
-                            Arc::clone(&lock(&shared.machine).leases)
-                        }
-                    };
-                    let foreign = Arc::new(orch_runner::foreign_processes(&inventory, &leases));
-                    *lock(&shared.machine) = MachineView {
-                        inventory,
-                        leases,
-                        foreign,
-                    };
-                }
-            });
-    }
-
     /// Publishes the leases as they are now (and the foreign processes against them): after a
     /// job started or ended, the API shows it at once rather than at the next reading.
     fn publish_leases(&mut self) {
@@ -1615,225 +1643,6 @@ impl Engine {
                 .devices
                 .retain(|v| !busy.contains(&v.physical));
         }
-    }
-
-    /// Idle reclaim: a running job of a tenant with `idle_timeout` whose devices all stay under
-    /// `idle_utilization` that long gets an event and a line in its stderr log; after
-    /// `idle_grace` more, it is stopped (failed, "idle for 2h; GPUs reclaimed").
-    fn check_idle(&mut self) {
-        if self.last_idle_check.elapsed() < INVENTORY_MAX_AGE {
-            return;
-        }
-        self.last_idle_check = Instant::now();
-        self.refresh_inventory();
-        let now = Instant::now();
-        let mut notes: Vec<(i64, &'static str, String)> = Vec::new();
-        for (id, job) in &mut self.running {
-            let Some(tenant) = self.shared.config.tenant(&job.tenant) else {
-                continue;
-            };
-            let Some(timeout) = tenant.idle_timeout else {
-                continue;
-            };
-            if job.stop.is_some() || job.cancel != Cancel::None || job.devices.is_empty() {
-                continue;
-            }
-            let readings: Option<Vec<u32>> = job
-                .devices
-                .iter()
-                .map(|u| {
-                    self.inventory
-                        .devices
-                        .iter()
-                        .find(|d| &d.uuid == u)
-                        .and_then(|d| d.utilization_gpu_percent)
-                })
-                .collect();
-            // A device whose utilization cannot be read (the CPU) is never judged idle.
-            let idle = readings.is_some_and(|r| r.iter().all(|&u| u < tenant.idle_utilization));
-            if !idle {
-                if job.idle_warned {
-                    notes.push((
-                        *id,
-                        "idle",
-                        "its GPUs are busy again; it will not be stopped".into(),
-                    ));
-                }
-                job.idle_since = None;
-                job.idle_warned = false;
-                continue;
-            }
-            let since = *job.idle_since.get_or_insert(now);
-            let idle_for = now.duration_since(since);
-            let limit = humantime::format_duration(timeout).to_string();
-            if idle_for >= timeout && !job.idle_warned {
-                job.idle_warned = true;
-                let grace = humantime::format_duration(tenant.idle_grace).to_string();
-                notes.push((
-                    *id,
-                    "idle",
-                    format!(
-                        "its GPUs have stayed under {}% utilization for {limit}; it will be stopped in {grace} unless they get busy",
-                        tenant.idle_utilization
-                    ),
-                ));
-            }
-            if idle_for >= timeout + tenant.idle_grace {
-                let reason = format!("idle for {limit}; GPUs reclaimed");
-                job.stop = Some(Stop {
-                    kind: StopKind::Idle,
-                    reason: reason.clone(),
-                    sent: false,
-                });
-                notes.push((*id, "stopping", reason));
-            }
-        }
-        for (id, kind, message) in notes {
-            tracing::info!("job {id}: {message}");
-            // The warning goes where the job's owner looks: its stderr log.
-            let attempt = self.running.get(&id).map_or(0, |r| r.attempt);
-            let log = self.shared.job_dir(id, attempt).join("stderr");
-            if let Ok(mut file) = std::fs::OpenOptions::new().append(true).open(&log) {
-                use std::io::Write as _;
-                let _ = writeln!(file, "orch: {message}");
-            }
-            self.write(
-                id,
-                Change {
-                    event: Some(Event::now(kind, message)),
-                    ..Change::default()
-                },
-            );
-        }
-    }
-
-    /// A job's run ended as its exit record says: its use is counted up to its end.
-    fn finish_at(
-        &mut self,
-        id: i64,
-        lease_id: &Option<String>,
-        exit: ExitRecord,
-        prior_gpu_s: f64,
-    ) {
-        self.untrack_running(id, ms_to_s(exit.ended_at_ms), prior_gpu_s);
-        if exit.state == State::Queued {
-            tracing::warn!(
-                "job {id}: {}",
-                exit.reason.as_deref().unwrap_or("queued again")
-            );
-            let message = exit.reason.clone().unwrap_or_else(|| "queued again".into());
-            self.write(
-                id,
-                Change {
-                    state: Some(State::Queued),
-                    reason: exit.reason,
-                    only_if: Some(State::Running),
-                    event: Some(Event::now("queued", message)),
-                    ..Change::default()
-                },
-            );
-            self.release(lease_id);
-            self.enqueue(id);
-            return;
-        }
-        tracing::info!("job {id}: {}", exit.state.as_str());
-        // A record written late (the state folder was full) says so in the reason.
-        let reason = match (exit.reason.filter(|r| !r.is_empty()), exit.late) {
-            (Some(reason), Some(late)) => Some(format!("{reason}; {late}")),
-            (reason, late) => reason.or(late),
-        };
-        let message = match &reason {
-            Some(reason) => format!("{}: {reason}", exit.state.as_str()),
-            _ => exit.state.as_str().to_string(),
-        };
-        self.write(
-            id,
-            Change {
-                state: Some(exit.state),
-                ended_at_ms: Some(exit.ended_at_ms),
-                exit_code: exit.exit_code,
-                reason: reason.or(Some(String::new())),
-                only_if: Some(State::Running),
-                event: Some(Event {
-                    at_ms: exit.ended_at_ms,
-                    kind: "finished".into(),
-                    message,
-                }),
-                ..Change::default()
-            },
-        );
-        // After the record: the devices are never free while the job still shows as running.
-        self.release(lease_id);
-    }
-
-    /// Nobody can report how job `id` ends any more (`reason` says why): what is left of it is
-    /// ended, then it is lost, or queued again with `requeue`.
-    fn vanished(&mut self, id: i64, lease_id: &Option<String>, requeue: bool, reason: String) {
-        // End what is left of it, so that a job queued again never runs beside its own remains,
-        // and its devices come back.
-        self.end_remains(lease_id);
-        if requeue {
-            self.queue_again(
-                id,
-                lease_id,
-                format!("queued again: {reason} (requeue = true)"),
-            );
-        } else {
-            tracing::warn!("job {id}: lost: {reason}");
-            self.write(
-                id,
-                Change {
-                    state: Some(State::Lost),
-                    ended_at_ms: Some(now_ms()),
-                    reason: Some(reason.clone()),
-                    only_if: Some(State::Running),
-                    event: Some(Event::now("lost", reason)),
-                    ..Change::default()
-                },
-            );
-            self.release(lease_id);
-        }
-    }
-
-    /// Running job `id` goes back to the queue with `reason`: recorded first, its lease released
-    /// after.
-    fn queue_again(&mut self, id: i64, lease_id: &Option<String>, reason: String) {
-        tracing::warn!("job {id}: {reason}");
-        self.write(
-            id,
-            Change {
-                state: Some(State::Queued),
-                reason: Some(reason.clone()),
-                only_if: Some(State::Running),
-                event: Some(Event::now("queued", reason)),
-                ..Change::default()
-            },
-        );
-        self.release(lease_id);
-        self.enqueue(id);
-    }
-
-    fn fail(&mut self, id: i64, reason: String) {
-        self.end_queued(id, State::Failed, reason);
-    }
-
-    /// Ends queued job `id` in `state` (failed, cancelled) with `reason`, unless it left the
-    /// queue meanwhile.
-    fn end_queued(&mut self, id: i64, state: State, reason: String) {
-        self.sched().dequeue(id as u64);
-        let word = state.as_str();
-        tracing::info!("job {id}: {word}: {reason}");
-        self.write(
-            id,
-            Change {
-                state: Some(state),
-                ended_at_ms: Some(now_ms()),
-                event: Some(Event::now("finished", format!("{word}: {reason}"))),
-                reason: Some(reason),
-                only_if: Some(State::Queued),
-                ..Change::default()
-            },
-        );
     }
 
     /// SIGKILL to every process group and cgroup the lease's holders name.
@@ -1919,14 +1728,8 @@ fn prepare_folder(dir: &Path, spec: &SuperviseSpec) -> std::io::Result<()> {
 /// What a job lost while no daemon watched says.
 const VANISHED_UNWATCHED: &str = "its processes vanished while no daemon watched them";
 
-/// How a held lease ends when its process does: nothing can tell its exit status (the process
-/// is not the daemon's child), so it ends `succeeded` with the reason.
-fn held_ended(pid: u32, at_ms: u64) -> ExitRecord {
-    ExitRecord {
-        state: State::Succeeded,
-        exit_code: None,
-        reason: Some(format!("its process (pid {pid}) ended")),
-        ended_at_ms: at_ms,
-        late: None,
-    }
+/// Sends `signal` to the supervisor (or held process) `pid` that was verified just now, by pid and
+/// start time: never a reused pid. True when it was delivered.
+fn signal(pid: u32, signal: i32) -> bool {
+    orch_core::process::signal(pid, signal)
 }

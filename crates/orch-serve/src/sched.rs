@@ -295,11 +295,6 @@ impl Scheduler {
         }
     }
 
-    /// A scheduler of no tenants, to stand in for one taken out for a while.
-    pub fn placeholder() -> Scheduler {
-        Scheduler::new(Vec::new(), 1.0, Box::new(NativePolicy::FIFO))
-    }
-
     /// A scheduler for `config`'s tenants, half-life, starvation limit and `preempt_after`.
     pub fn for_config(config: &crate::config::Config, policy: Box<dyn QueuePolicy>) -> Scheduler {
         let tenants = config
