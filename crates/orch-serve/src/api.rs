@@ -1,6 +1,7 @@
 //! HTTP + JSON under `/v1`, as docs/SERVE.md describes it. Errors are `{"error": "one sentence"}` with
 //! the status that fits (400 bad job file, 403, 404, 409 wrong state, 429 over a queue limit).
 
+use crate::admission::{self, Refusal};
 use crate::db::{JobRow, State, Submission};
 use crate::engine::{Kick, Shared};
 use crate::users::Identity;
@@ -39,9 +40,6 @@ pub struct SubmitRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy_digest: Option<String>,
 }
-
-/// What the insert answers when the tenant's queue is full (ids are positive).
-const OVER_LIMIT: i64 = -1;
 
 /// Largest policy component a submission may carry.
 pub const POLICY_LIMIT: usize = 16 << 20;
@@ -103,6 +101,19 @@ pub struct Caller {
 
 #[derive(Debug)]
 pub struct ApiError(pub StatusCode, pub String);
+
+/// A refused admission answers with the status that says why.
+impl From<Refusal> for ApiError {
+    fn from(refusal: Refusal) -> ApiError {
+        let status = match &refusal {
+            Refusal::Invalid(_) => StatusCode::BAD_REQUEST,
+            Refusal::Forbidden(_) => StatusCode::FORBIDDEN,
+            Refusal::OverLimit(_) => StatusCode::TOO_MANY_REQUESTS,
+            Refusal::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        ApiError(status, refusal.to_string())
+    }
+}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -268,21 +279,20 @@ pub(crate) async fn accept(
     // A job the daemon cannot record is not accepted: 503 with the sentence, never a 201 for
     // a job that would then be lost.
     if let Some(refusal) = shared.health.refusal() {
-        return Err(err(StatusCode::SERVICE_UNAVAILABLE, refusal));
+        return Err(Refusal::Unavailable(refusal).into());
     }
     let spec = orch_core::job::parse(std::path::Path::new(&request.job_path), &request.job_text)
         .map_err(|e| err(StatusCode::BAD_REQUEST, e.to_string()))?;
     orch_runner::check_enforcement(&spec, shared.backend)
         .map_err(|e| err(StatusCode::BAD_REQUEST, e))?;
-    if spec.resources.gpus as usize > shared.visible_devices {
-        return Err(err(
-            StatusCode::BAD_REQUEST,
-            format!(
-                "{}: gpus = {} is more than the {} device(s) this daemon places on",
-                spec.resources.gpus_at, spec.resources.gpus, shared.visible_devices
-            ),
-        ));
-    }
+    let gpus_at = spec.resources.gpus_at.to_string();
+    let asked = admission::Asked {
+        place: &request.job_path,
+        gpus_at: &gpus_at,
+        gpus: spec.resources.gpus,
+        priority: spec.priority,
+    };
+    admission::devices(&asked, shared.visible_devices)?;
     let tenant = tenant_for(
         shared,
         caller,
@@ -303,17 +313,9 @@ pub(crate) async fn accept(
             ),
         ));
     }
-    let max_queued = shared.config.tenant(&tenant).and_then(|t| t.max_queued);
-    if let Some(max) = shared.config.tenant(&tenant).and_then(|t| t.max_priority)
-        && spec.priority > max
-    {
-        return Err(err(
-            StatusCode::FORBIDDEN,
-            format!(
-                "{}: priority = {} is above tenant {tenant}'s max_priority = {max}; ask for {max} or less",
-                request.job_path, spec.priority
-            ),
-        ));
+    let limits = shared.config.tenant(&tenant).cloned();
+    if let Some(limits) = &limits {
+        admission::priority(limits, &asked)?;
     }
     let row = JobRow {
         id: String::new(),
@@ -365,19 +367,20 @@ pub(crate) async fn accept(
     let tenant = row.tenant.clone();
     // The limit is checked in the same transaction as the insert: concurrent submissions
     // cannot overshoot it.
-    let id = shared
+    let admitted = shared
         .db
-        .write(move |tx| {
+        .write_value(move |tx| {
             // A submission sent again (its answer lost in a restart) is the job already taken.
             if let Some(id) = crate::db::job_with_key(tx, key.as_deref())? {
-                return Ok(id);
+                return Ok(Ok(id));
             }
-            if let Some(max) = max_queued
-                && crate::db::queued_in(tx, &row.tenant)? >= u64::from(max)
+            if let Some(limits) = &limits
+                && let Err(refusal) =
+                    admission::queue(limits, crate::db::queued_in(tx, &row.tenant)?)
             {
-                return Ok(OVER_LIMIT);
+                return Ok(Err(refusal));
             }
-            crate::db::insert_job(tx, &row, &submission, key.as_deref())
+            crate::db::insert_job(tx, &row, &submission, key.as_deref()).map(Ok)
         })
         .await
         .map_err(|e| match e.fault() {
@@ -388,15 +391,7 @@ pub(crate) async fn accept(
             }
             None => internal(e),
         })?;
-    if id == OVER_LIMIT {
-        let max = max_queued.unwrap_or(0);
-        return Err(err(
-            StatusCode::TOO_MANY_REQUESTS,
-            format!(
-                "tenant {tenant} has {max} jobs queued, its max_queued = {max}: wait for some to start"
-            ),
-        ));
-    }
+    let id = admitted?;
     shared.metrics.submitted(&tenant);
     shared.kick(Kick::Submitted(id));
     Ok(id)

@@ -36,20 +36,35 @@ impl State {
         }
     }
 
-    fn parse(text: &str) -> State {
-        match text {
+    /// A state as the database stores it; any other word is an error (a database written by a
+    /// newer orch, or damaged), never taken for one of these.
+    pub fn parse(text: &str) -> Result<State, UnknownState> {
+        Ok(match text {
             "queued" => State::Queued,
             "running" => State::Running,
             "succeeded" => State::Succeeded,
             "failed" => State::Failed,
             "cancelled" => State::Cancelled,
-            _ => State::Lost,
-        }
+            "lost" => State::Lost,
+            _ => return Err(UnknownState(text.to_string())),
+        })
     }
 
     pub fn is_final(self) -> bool {
         !matches!(self, State::Queued | State::Running)
     }
+}
+
+/// A state column that names no [`State`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the job database has a job in state \"{0}\", which this orch does not know")]
+pub struct UnknownState(pub String);
+
+/// Column `column` of a row read as a [`State`].
+fn state_at(r: &rusqlite::Row<'_>, column: usize) -> rusqlite::Result<State> {
+    State::parse(&r.get::<_, String>(column)?).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(column, rusqlite::types::Type::Text, Box::new(e))
+    })
 }
 
 /// What a client sent: everything needed to start the job later, as the client would have.
@@ -250,6 +265,21 @@ impl Db {
         self.queue(Box::new(op))?.await.map_err(|_| writer_gone())?
     }
 
+    /// [`Db::write`] of an `op` that answers more than a count: its value once committed.
+    pub async fn write_value<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T, DbError> + Send + 'static,
+    ) -> Result<T, DbError> {
+        let (value, answer) = tokio::sync::oneshot::channel();
+        self.write(move |tx| {
+            // Its receiver waits below, unless the caller went away: then nobody needs it.
+            let _ = value.send(op(tx)?);
+            Ok(0)
+        })
+        .await?;
+        answer.await.map_err(|_| writer_gone())
+    }
+
     /// The same, from a thread outside the async runtime.
     pub fn write_blocking(
         &self,
@@ -340,7 +370,7 @@ impl Db {
             let rows = stmt
                 .query_map([], |r| {
                     Ok((
-                        State::parse(&r.get::<_, String>(0)?),
+                        state_at(r, 0)?,
                         r.get::<_, String>(1)?,
                         u64::try_from(r.get::<_, i64>(2)?).unwrap_or(0),
                     ))
@@ -466,7 +496,7 @@ fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<JobRow> {
         tenant: r.get(2)?,
         user: r.get(3)?,
         uid: r.get(4)?,
-        state: State::parse(&r.get::<_, String>(5)?),
+        state: state_at(r, 5)?,
         gpus: r.get(6)?,
         priority: r.get(7)?,
         requeue: r.get(8)?,
@@ -731,5 +761,43 @@ impl Db {
             rows.collect::<Result<Vec<_>, _>>()
                 .map_err(db("finding old jobs"))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_state_reads_back_and_an_unknown_one_is_an_error() {
+        for state in [
+            State::Queued,
+            State::Running,
+            State::Succeeded,
+            State::Failed,
+            State::Cancelled,
+            State::Lost,
+        ] {
+            assert_eq!(State::parse(state.as_str()), Ok(state));
+        }
+        assert_eq!(State::parse("paused"), Err(UnknownState("paused".into())));
+    }
+
+    #[test]
+    fn a_row_in_an_unknown_state_fails_to_read() {
+        let dir = std::env::temp_dir().join(format!("orch-db-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let db = Db::open(&dir).unwrap();
+        let conn = Connection::open(dir.join("jobs.sqlite3")).unwrap();
+        conn.execute(
+            "INSERT INTO jobs (name, tenant, user, uid, state, gpus, priority, requeue,
+                submitted_at_ms, submission) VALUES ('j', 't', 'u', 0, 'paused', 0, 0, 0, 0, '{}')",
+            [],
+        )
+        .unwrap();
+        let e = db.job(1).unwrap_err();
+        assert!(e.to_string().contains("\"paused\""), "{e}");
+        drop(db);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

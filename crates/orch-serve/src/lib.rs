@@ -9,6 +9,7 @@
 //! whether a job was started. So the daemon can be killed at any moment: on restart it adopts what
 //! runs, finishes what ended, and queues again what never started, and no job runs twice.
 
+pub mod admission;
 pub mod api;
 pub mod compile;
 pub mod config;

@@ -4,10 +4,12 @@
 //!
 //! What it models: jobs arrive at their time, wait in the queue, run for their duration on as
 //! many devices as they ask, and end; the tenants' limits (`max_gpus`, `max_queued`,
-//! `max_runtime`) apply as in the daemon; a preempted job goes back to the queue and later runs
-//! what it had left (it resumes from a checkpoint). Placement is by device count: every device of
-//! the inventory is alike here.
+//! `max_priority`, `max_runtime`) apply as in the daemon, whose admission rules
+//! ([`crate::admission`]) refuse the same jobs here; a preempted job goes back to the queue and
+//! later runs what it had left (it resumes from a checkpoint). Placement is by device count:
+//! every device of the inventory is alike here.
 
+use crate::admission;
 use crate::config::Config;
 use crate::sched::{Attempt, QueuePolicy, QueuedJob, Scheduler, TenantConf};
 use orch_core::InputError;
@@ -106,7 +108,8 @@ pub struct TenantReport {
     pub finished: u64,
     /// Jobs still queued or running when the simulation stopped.
     pub unfinished: u64,
-    /// Refused at submission (over `max_queued`, or more devices than the machine has).
+    /// Refused at submission, as the daemon would refuse it ([`crate::admission`]): over
+    /// `max_queued`, above `max_priority`, or more devices than the machine has.
     pub rejected: u64,
     /// Stopped by `max_runtime`.
     pub time_limited: u64,
@@ -294,10 +297,16 @@ pub fn simulate_with(
             let tenant = index[tj.tenant.as_str()];
             submitted[tenant] += 1;
             let limits = &config.tenants[tenant];
-            let over_queue = limits
-                .max_queued
-                .is_some_and(|m| sched.queued_of(tenant) >= m as usize);
-            if over_queue || tj.gpus > gpus {
+            let place = format!("trace job {}", i + 1);
+            let asked = admission::Asked {
+                place: &place,
+                gpus_at: &place,
+                gpus: tj.gpus,
+                priority: tj.priority,
+            };
+            let queued = sched.queued_of(tenant) as u64;
+            // The daemon's own admission: what it would refuse is rejected here.
+            if admission::admit(limits, &asked, gpus as usize, queued).is_err() {
                 rejected[tenant] += 1;
                 continue;
             }

@@ -178,3 +178,17 @@ fn traces_with_mistakes_name_the_line() {
     .unwrap_err();
     assert!(e.contains("zed"), "{e}");
 }
+
+/// The daemon refuses a job above its tenant's `max_priority` (403); the simulator, with the
+/// same admission, rejects it.
+#[test]
+fn a_priority_above_max_priority_is_rejected_as_the_daemon_refuses_it() {
+    let c = config("[[tenant]]\nname = \"a\"\nusers = [\"a\"]\nmax_priority = 5\n");
+    let mut high = tj(0.0, "a", 1, 60.0, false);
+    high.priority = 6;
+    let mut fine = tj(0.0, "a", 1, 60.0, false);
+    fine.priority = 5;
+    let report = run(&c, 8, &[high, fine], None);
+    let a = &report.tenants[0];
+    assert_eq!((a.rejected, a.finished), (1, 1), "{}", render(&report));
+}
