@@ -5,6 +5,7 @@
 //! Design decision: this crate knows nothing of devices, wasmtime or CUDA, so every other crate
 //! can depend on it and it never drags a heavy dependency along.
 
+pub mod checkpoint;
 pub mod duration;
 pub mod fsutil;
 pub mod hex;

@@ -254,9 +254,7 @@ fn run(
             ];
             // A run queued again (preempted, or after a crash) goes on from its checkpoint.
             if let orch_core::job::Work::Train(train) = &job.work
-                && orch_trainer::checkpoint::dir(&train.out)
-                    .join("state.json")
-                    .is_file()
+                && orch_core::checkpoint::exists(&train.out)
             {
                 argv.push("--resume".into());
             }

@@ -84,9 +84,10 @@ pub struct OptimizerMeta {
     pub steps: Vec<Option<u32>>,
 }
 
-/// The run's checkpoint: a link to the newest checkpoint folder.
+/// The run's checkpoint: a link to the newest checkpoint folder (its home is
+/// [`orch_core::checkpoint`], for the crates that look for one without the trainer).
 pub fn dir(out: &Path) -> PathBuf {
-    out.join("checkpoint")
+    orch_core::checkpoint::dir(out)
 }
 
 /// Where the run's checkpoint folders live.
