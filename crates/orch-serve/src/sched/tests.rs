@@ -294,3 +294,43 @@ fn devices_held_for_a_starving_job_count_towards_what_preemption_must_free() {
     // Two free and held for it: two more are enough, not four.
     assert_eq!(r.preempt.len(), 2, "{r:?}");
 }
+
+/// Fair share forgets: a tenant that used every device in week one and was away in week two
+/// comes back behind none. The tenant that used them in week two has more decayed usage now
+/// (half-life one week), so the first device goes to the one that came back.
+#[test]
+fn a_tenant_back_from_an_absence_is_served_before_the_one_that_used_the_machine_meanwhile() {
+    const WEEK: f64 = 7.0 * DAY;
+    let mut s = sched(&[1.0, 1.0], "fair-share");
+    let ran = |id, tenant, from| RunningJob {
+        id,
+        tenant,
+        gpus: 8,
+        exclusive: true,
+        preemptible: false,
+        started_s: from,
+        charged_s: from,
+        gpu_s: 0.0,
+    };
+    // Week one: t0 holds all eight devices; week two: t1 does, t0 is away.
+    s.add_running(ran(1, 0, 0.0));
+    // Charged as the daemon does, every sampling period.
+    for hour in 1..=24 * 7 {
+        s.charge(f64::from(hour) * 3600.0);
+    }
+    s.end(1, WEEK);
+    s.add_running(ran(2, 1, WEEK));
+    s.end(2, 2.0 * WEEK);
+    let standing = s.standing(2.0 * WEEK);
+    let (away, stayed) = (standing[0].usage_gpu_s, standing[1].usage_gpu_s);
+    // Each used 8 devices for a week; t0's use decayed a week longer.
+    let week_of_8 = 8.0 * WEEK;
+    assert!((away / week_of_8 - 0.5 * 0.7213).abs() < 1e-3, "{away}");
+    assert!((stayed / week_of_8 - 0.7213).abs() < 1e-3, "{stayed}");
+    assert!(standing[0].fair_share > standing[1].fair_share);
+    // Both submit at once, t1 first: one device frees, t0 gets it.
+    s.enqueue(job(3, 1, 1, 0, 2.0 * WEEK));
+    s.enqueue(job(4, 0, 1, 0, 2.0 * WEEK + 1.0));
+    let report = pass(&mut s, 2.0 * WEEK + 2.0, 1);
+    assert_eq!(report.started, vec![4]);
+}
