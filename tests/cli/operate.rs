@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 /// `sha256:HEX` of a token, as the config stores it.
 fn hashed(token: &str) -> String {
-    let hash = orch_serve::config::TokenHash::of(token);
+    let hash = orch_serve::core::config::TokenHash::of(token);
     let hex: String = hash.0.iter().map(|b| format!("{b:02x}")).collect();
     format!("sha256:{hex}")
 }

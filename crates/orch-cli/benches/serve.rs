@@ -186,8 +186,10 @@ fn submit_to_start(runs: usize) -> Vec<f64> {
 
 /// One scheduling pass over `queued` jobs on a 64-GPU sim with `free` devices free.
 fn scheduling_pass(queued: usize, free: usize) -> f64 {
-    use orch_serve::db::{Db, JobRow, State, Submission};
-    use orch_serve::engine::{Engine, Kick, Shared};
+    use orch_serve::core::db::{Db, JobRow, State, Submission};
+    use orch_serve::core::engine::Engine;
+    use orch_serve::core::kick::Kick;
+    use orch_serve::core::state::{MachineView, Shared};
     let dir = scratch(&format!("pass-{free}"));
     let sim = sim_file(&dir, 64);
     let devices = format!("sim:{}", sim.display());
@@ -207,7 +209,7 @@ fn scheduling_pass(queued: usize, free: usize) -> f64 {
             .unwrap();
     }
     let db = Db::open(&dir).unwrap();
-    let identity = orch_serve::users::Identity::of_uid(0, 0);
+    let identity = orch_serve::core::users::Identity::of_uid(0, 0);
     let job_text = "[job]\nname = \"q\"\n[command]\nargv = [\"true\"]\n".to_string();
     let submission = Submission {
         job_text,
@@ -243,13 +245,13 @@ fn scheduling_pass(queued: usize, free: usize) -> f64 {
     };
     db.write_blocking(move |tx| {
         for _ in 0..queued {
-            orch_serve::db::insert_job(tx, &row, &submission, None)?;
+            orch_serve::core::db::insert_job(tx, &row, &submission, None)?;
         }
         Ok(0)
     })
     .unwrap();
     let (kick, kicks) = std::sync::mpsc::channel::<Kick>();
-    let compiler = orch_serve::compile::Compiler::new(
+    let compiler = orch_serve::core::compile::Compiler::new(
         PathBuf::from("/bin/true"),
         &dir,
         Default::default(),
@@ -269,14 +271,13 @@ fn scheduling_pass(queued: usize, free: usize) -> f64 {
         exe: PathBuf::from("/bin/true"),
         root: false,
         standing: Default::default(),
-        machine: std::sync::Mutex::new(orch_serve::engine::MachineView::new(inventory.clone())),
+        machine: std::sync::Mutex::new(MachineView::new(inventory.clone())),
         metrics: Default::default(),
-        sessions: Default::default(),
-        health: orch_serve::health::StateHealth::new(&dir),
+        health: orch_serve::core::health::StateHealth::new(&dir),
         supervisor_exits: Default::default(),
     });
     // The default queue policy, the built-in fair-share component, as the daemon runs it.
-    let policy = orch_serve::queue_policy::for_daemon(&shared.config).unwrap();
+    let policy = orch_serve::core::queue_policy::for_daemon(&shared.config).unwrap();
     let mut engine = Engine::new(shared, kicks, inventory, policy).unwrap();
     engine.recover().unwrap();
     let started = Instant::now();

@@ -4,7 +4,7 @@
 //! `cargo bench -p orch-serve --bench simulate`
 
 use orch_serve::Config;
-use orch_serve::sched::NativePolicy;
+use orch_serve::core::sched::NativePolicy;
 use orch_serve::simulate::{TraceJob, render, simulate};
 use std::path::Path;
 use std::time::Instant;

@@ -8,29 +8,22 @@
 //! job's folder, as slurmstepd and containerd's shims do; a fence file decides, once and for all,
 //! whether a job was started. So the daemon can be killed at any moment: on restart it adopts what
 //! runs, finishes what ended, and queues again what never started, and no job runs twice.
+//!
+//! Inside, three layers with one direction: [`core`] (the domain: state, database, job folders,
+//! admission, engine, scheduler; no HTTP), [`http`] (the API for callers: wire types, handlers,
+//! the status of each refusal) and [`web`] (the browser's sessions and page). web uses http and
+//! core, http uses core, and [`server`] composes them on the daemon's listeners. The per-job
+//! [`supervisor`] and `orch simulate` ([`simulate`]) use core alone.
 
-pub mod admission;
-pub mod api;
-pub mod compile;
-pub mod config;
-pub mod conns;
-pub mod db;
-pub mod engine;
-pub mod health;
-pub mod leases;
-mod logs;
-pub mod metrics;
-pub mod queue_policy;
-pub mod sched;
+pub mod core;
+pub mod http;
 pub mod server;
 pub mod simulate;
 pub mod supervisor;
-pub mod users;
-pub mod view;
 pub mod web;
 
-pub use api::{ErrorBody, SubmitRequest, SubmitResponse, TenantRow};
-pub use config::Config;
-pub use db::{JobRow, State};
+pub use crate::core::config::Config;
+pub use crate::core::db::{JobRow, State};
+pub use http::wire::{ErrorBody, SubmitRequest, SubmitResponse, TenantRow};
 pub use server::{ServeError, ServeOptions, default_socket, serve};
 pub use supervisor::supervise;

@@ -1,11 +1,14 @@
 //! The daemon's start-up and its socket: one daemon per state folder (a lock), recovery before
 //! the first request, then HTTP/1.1 over a Unix socket whose peer credentials say who asks.
 
-use crate::api::{Caller, router};
-use crate::config::Config;
-use crate::db::Db;
-use crate::engine::{Engine, Kick, Shared};
-use crate::users::{Identity, current_uid};
+use crate::core::caller::Caller;
+use crate::core::config::Config;
+use crate::core::db::Db;
+use crate::core::engine::Engine;
+use crate::core::kick::Kick;
+use crate::core::state::{MachineView, Shared};
+use crate::core::users::{Identity, current_uid};
+use crate::web::Sessions;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -27,8 +30,8 @@ pub struct ServeOptions {
 
 impl ServeOptions {
     /// The queue policy the config names, loaded.
-    fn queue_policy(&self) -> Result<Box<dyn crate::sched::QueuePolicy>, ServeError> {
-        crate::queue_policy::for_daemon(&self.config).map_err(ServeError::Start)
+    fn queue_policy(&self) -> Result<Box<dyn crate::core::sched::QueuePolicy>, ServeError> {
+        crate::core::queue_policy::for_daemon(&self.config).map_err(ServeError::Start)
     }
 }
 
@@ -65,7 +68,7 @@ pub fn default_socket() -> PathBuf {
 pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     // Before anything opens a file: a client's connections must never leave the engine without
     // a descriptor for `/proc` or SQLite.
-    let open_files = crate::conns::raise_open_file_limit();
+    let open_files = crate::http::conns::raise_open_file_limit();
     let state = |reason: String| ServeError::State {
         dir: options.state_dir.clone(),
         reason,
@@ -96,7 +99,7 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     .devices
     .len();
     let (kick, kicks) = std::sync::mpsc::channel::<Kick>();
-    let compiler = crate::compile::Compiler::new(
+    let compiler = crate::core::compile::Compiler::new(
         options.exe.clone(),
         &options.state_dir,
         options.config.compile,
@@ -115,10 +118,9 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         exe: options.exe.clone(),
         root: current_uid() == 0,
         standing: Mutex::default(),
-        machine: Mutex::new(crate::engine::MachineView::new(inventory.clone())),
-        metrics: crate::metrics::Counters::default(),
-        sessions: crate::web::Sessions::default(),
-        health: crate::health::StateHealth::new(&options.state_dir),
+        machine: Mutex::new(MachineView::new(inventory.clone())),
+        metrics: crate::core::metrics::Counters::default(),
+        health: crate::core::health::StateHealth::new(&options.state_dir),
         supervisor_exits: Mutex::default(),
     });
     let mut engine = Engine::new(
@@ -134,7 +136,7 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         .name("orch-engine".into())
         .spawn(move || engine.run())
         .map_err(|e| ServeError::Start(e.to_string()))?;
-    let connections = Arc::new(crate::conns::Connections::new(
+    let connections = Arc::new(crate::http::conns::Connections::new(
         options.config.max_connections,
         options.config.max_connections_per_peer,
         open_files,
@@ -284,11 +286,16 @@ impl Drop for Listeners {
 async fn listen(
     shared: Arc<Shared>,
     listeners: Listeners,
-    connections: Arc<crate::conns::Connections>,
+    connections: Arc<crate::http::conns::Connections>,
 ) -> Result<(), ServeError> {
     let socket = listeners.socket.clone();
     let (listener, tcp) = listeners.announce()?;
-    let app = router(Arc::clone(&shared));
+    // The API and the web page on one router; the page's sessions are the TCP listener's.
+    let sessions = Arc::new(Sessions::default());
+    let app = crate::http::finish(
+        crate::http::routes().merge(crate::web::routes(Arc::clone(&sessions))),
+        Arc::clone(&shared),
+    );
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| ServeError::Start(e.to_string()))?;
     // Accept failures (no file descriptor left, say) back off instead of spinning: 10 ms,
@@ -316,7 +323,7 @@ async fn listen(
                         continue;
                     }
                 };
-                match connections.admit(crate::conns::Peer::Uid(caller.identity.uid)) {
+                match connections.admit(crate::http::conns::Peer::Uid(caller.identity.uid)) {
                     Ok(admitted) => {
                         tokio::spawn(serve_connection(app.clone(), stream, Who::Local(caller), admitted));
                     }
@@ -330,12 +337,12 @@ async fn listen(
                     Ok((stream, address)) => {
                         tcp_backoff.succeeded();
                         let _ = stream.set_nodelay(true);
-                        match connections.admit(crate::conns::Peer::Addr(address.ip())) {
+                        match connections.admit(crate::http::conns::Peer::Addr(address.ip())) {
                             Ok(admitted) => {
                                 tokio::spawn(serve_connection(
                                     app.clone(),
                                     stream,
-                                    Who::Remote(Arc::clone(&shared)),
+                                    Who::Remote(Arc::clone(&shared), Arc::clone(&sessions)),
                                     admitted,
                                 ));
                             }
@@ -397,7 +404,7 @@ where
     S: tokio::io::AsyncWrite + Unpin,
 {
     use tokio::io::AsyncWriteExt;
-    let answer = crate::conns::refusal_response(&why);
+    let answer = crate::http::conns::refusal_response(&why);
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
         let _ = stream.write_all(&answer).await;
         let _ = stream.shutdown().await;
@@ -428,7 +435,7 @@ enum Who {
     /// The Unix socket: the peer credentials said, once for the connection.
     Local(Caller),
     /// The TCP listener: each request's token or session cookie says.
-    Remote(Arc<Shared>),
+    Remote(Arc<Shared>, Arc<Sessions>),
 }
 
 /// The next connection on the TCP listener; never, without one.
@@ -445,7 +452,7 @@ async fn serve_connection<S>(
     app: axum::Router,
     stream: S,
     who: Who,
-    admitted: crate::conns::Admitted,
+    admitted: crate::http::conns::Admitted,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -456,26 +463,26 @@ async fn serve_connection<S>(
         move |mut request: hyper::Request<hyper::body::Incoming>| {
             let caller = match who.as_ref() {
                 Who::Local(caller) => caller.clone(),
-                Who::Remote(shared) => crate::web::caller_of_request(
-                    &shared.config,
-                    &shared.sessions,
-                    request.headers(),
-                ),
+                Who::Remote(shared, sessions) => {
+                    crate::web::caller_of_request(&shared.config, sessions, request.headers())
+                }
             };
             // Over TCP, who asks is known from the headers: a request without a token or session
             // is answered before its body is read, and no body past the remote limit is read.
             let early = match who.as_ref() {
-                Who::Remote(_)
+                Who::Remote(..)
                     if caller.unauthenticated
                         && !public(request.method(), request.uri().path()) =>
                 {
-                    Some(crate::api::err(
+                    Some(crate::http::error::err(
                         axum::http::StatusCode::UNAUTHORIZED,
                         "this listener needs a token: send `Authorization: Bearer TOKEN`, or log in on the web page",
                     ))
                 }
-                Who::Remote(_) if declared_length(request.headers()) > REMOTE_BODY_LIMIT as u64 => {
-                    Some(crate::api::err(
+                Who::Remote(..)
+                    if declared_length(request.headers()) > REMOTE_BODY_LIMIT as u64 =>
+                {
+                    Some(crate::http::error::err(
                         axum::http::StatusCode::PAYLOAD_TOO_LARGE,
                         format!(
                             "a request over TCP may carry {} KiB at most; submit jobs over the daemon's Unix socket",
@@ -485,7 +492,7 @@ async fn serve_connection<S>(
                 }
                 _ => None,
             };
-            let remote = matches!(who.as_ref(), Who::Remote(_));
+            let remote = matches!(who.as_ref(), Who::Remote(..));
             request.extensions_mut().insert(caller);
             let mut app = app.clone();
             async move {
@@ -507,7 +514,7 @@ async fn serve_connection<S>(
                     Ok(answer) => answer,
                     Err(_) => Ok(axum::response::IntoResponse::into_response((
                         axum::http::StatusCode::REQUEST_TIMEOUT,
-                        axum::Json(crate::api::ErrorBody {
+                        axum::Json(crate::http::wire::ErrorBody {
                             error: format!(
                                 "the request took over {}s to arrive",
                                 REQUEST_TIMEOUT.as_secs()

@@ -1,17 +1,17 @@
 //! `orch simulate`: a trace of submissions replayed through the daemon's scheduler
-//! ([`crate::sched::Scheduler`]) in virtual time. Labs use it to choose shares and to try a
+//! ([`crate::core::sched::Scheduler`]) in virtual time. Labs use it to choose shares and to try a
 //! queue policy on their own history before deploying it; tests use it to check fairness.
 //!
 //! What it models: jobs arrive at their time, wait in the queue, run for their duration on as
 //! many devices as they ask, and end; the tenants' limits (`max_gpus`, `max_queued`,
 //! `max_priority`, `max_runtime`) apply as in the daemon, whose admission rules
-//! ([`crate::admission`]) refuse the same jobs here; a preempted job goes back to the queue and
+//! ([`crate::core::admission`]) refuse the same jobs here; a preempted job goes back to the queue and
 //! later runs what it had left (it resumes from a checkpoint). Placement is by device count:
 //! every device of the inventory is alike here.
 
-use crate::admission;
-use crate::config::Config;
-use crate::sched::{Attempt, QueuePolicy, QueuedJob, Scheduler, TenantConf};
+use crate::core::admission;
+use crate::core::config::Config;
+use crate::core::sched::{Attempt, QueuePolicy, QueuedJob, Scheduler, TenantConf};
 use orch_core::InputError;
 use orch_queue::Machine;
 use serde::{Deserialize, Serialize};
@@ -108,7 +108,7 @@ pub struct TenantReport {
     pub finished: u64,
     /// Jobs still queued or running when the simulation stopped.
     pub unfinished: u64,
-    /// Refused at submission, as the daemon would refuse it ([`crate::admission`]): over
+    /// Refused at submission, as the daemon would refuse it ([`crate::core::admission`]): over
     /// `max_queued`, above `max_priority`, or more devices than the machine has.
     pub rejected: u64,
     /// Stopped by `max_runtime`.
@@ -165,7 +165,7 @@ struct SimJob {
     queued: QueuedJob,
 }
 
-use crate::sched::Secs as T;
+use crate::core::sched::Secs as T;
 
 /// Replays `trace` on a machine of `gpus` devices under `config`'s tenants and limits, with
 /// `policy` ordering the queue, until every job ended or `until` seconds.

@@ -3,74 +3,21 @@
 //! writes their exit status to the job's folder. It does not die with the daemon, so a restarted
 //! daemon adopts the job again and still learns how it ended.
 //!
-//! The job folder (`STATE/jobs/ID-ATTEMPT/`, root's alone when the daemon is root):
-//! - `spec.json`: what to run, written by the daemon;
-//! - `started`: the fence, created exclusively by whoever comes first: the supervisor (with its
-//!   pid and start time) or a restarted daemon that found no supervisor (so the job was never
-//!   started, and can never be started twice);
-//! - `stdout`, `stderr`: the job's output;
-//! - `exit.json`: how it ended, written atomically once every process of the job is gone and its
-//!   lease released.
+//! The job folder and its files (`STATE/jobs/ID-ATTEMPT/`, root's alone when the daemon is
+//! root) are [`crate::core::folders`]: this process reads `spec.json`, takes the fence, and writes
+//! `exit.json` once every process of the job is gone and its lease released. It uses the daemon's
+//! core only (the job's row and state), never its HTTP side.
 
-use crate::db::Submission;
+use crate::core::folders::{
+    CANCELLED, ExitRecord, Fence, IDLE, IDLE_SIGNAL, PREEMPT_SIGNAL, PREEMPTED, SuperviseSpec,
+    TIME_LIMIT, take_fence, write_exit,
+};
 use orch_core::job;
-use orch_devices::Inventory;
 use orch_exec::{Credentials, ExitOutcome, StdioMode};
-use orch_leases::{Holder, Lease};
-use orch_runner::{LeaseGuard, Outcome, Placement, Plan, ProcessOptions};
-use serde::{Deserialize, Serialize};
+use orch_leases::Holder;
+use orch_runner::{LeaseGuard, Outcome, Placement, ProcessOptions};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-
-/// What the daemon hands a supervisor.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SuperviseSpec {
-    pub job_id: String,
-    pub submission: Submission,
-    pub lease: Lease,
-    pub plan: Plan,
-    /// The inventory the placement saw (the supervisor does not read the devices again: on NVML
-    /// that would cost every job start an NVML initialisation).
-    pub inventory: Inventory,
-    /// The lease store's folder.
-    pub state_dir: PathBuf,
-    /// The daemon's `--devices`, for a `[train]` job's own `orch run`.
-    pub devices: String,
-    /// The orch binary, which runs a `[train]` job's trainer.
-    pub exe: PathBuf,
-    /// Start the job as the submitting user (the daemon runs as root).
-    pub switch_user: bool,
-    /// The job's time limit, in seconds.
-    pub max_runtime_s: Option<f64>,
-    pub grace_s: f64,
-}
-
-/// How a job ended, as the supervisor records it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct ExitRecord {
-    /// `succeeded`, `failed` or `cancelled`; `queued` when it never started and goes back to the
-    /// queue.
-    pub state: crate::db::State,
-    pub exit_code: Option<i32>,
-    pub reason: Option<String>,
-    pub ended_at_ms: u64,
-    /// Set when the record could not be written at once (the state folder was full or
-    /// read-only): what the supervisor waited through, for the job's reason.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub late: Option<String>,
-}
-
-pub const CANCELLED: &str = "cancelled";
-pub const TIME_LIMIT: &str = "time limit";
-pub const PREEMPTED: &str = "preempted";
-
-/// What the daemon sends a supervisor to preempt its job: stopped like a cancel (SIGTERM, the
-/// grace period, SIGKILL), then queued again. A cancel is SIGTERM.
-pub const PREEMPT_SIGNAL: i32 = libc::SIGUSR1;
-/// What the daemon sends a supervisor to stop a job whose devices stayed idle (`idle_timeout`).
-pub const IDLE_SIGNAL: i32 = libc::SIGUSR2;
-/// The reason a job stopped for idling ends with (the daemon says how long it idled).
-pub const IDLE: &str = "idle";
 
 /// A line in the supervisor's log (its stderr, `supervisor.log`). Never a panic: on a full disk
 /// the line is lost, and the supervisor goes on.
@@ -79,47 +26,6 @@ macro_rules! note {
         use std::io::Write as _;
         let _ = writeln!(std::io::stderr(), $($arg)*);
     }};
-}
-
-/// Who holds the fence: the supervisor that started the job, or the daemon's recovery.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Fence {
-    /// `None`: fenced by a recovering daemon; the job never started.
-    pub supervisor: Option<Holder>,
-}
-
-/// Creates the fence; false when someone else already did. Atomic: a full disk leaves no fence
-/// rather than an empty one, which would say "taken" without saying by whom, so a recovering
-/// daemon could neither adopt the job nor fence it off as never started.
-pub fn take_fence(dir: &Path, fence: &Fence) -> std::io::Result<bool> {
-    let text = serde_json::to_string(fence).map_err(std::io::Error::other)?;
-    orch_core::fsutil::create_atomic(&dir.join("started"), text.as_bytes())
-}
-
-/// The fence: `Ok(None)` when nobody took it yet; `Err` when the folder cannot be read (no file
-/// descriptor left, say), which tells nothing about the job.
-pub fn read_fence(dir: &Path) -> std::io::Result<Option<Fence>> {
-    Ok(read_json(&dir.join("started"))?.and_then(|t| serde_json::from_str(&t).ok()))
-}
-
-/// The exit record: `Ok(None)` when there is none yet; `Err` when it cannot be read.
-pub fn read_exit(dir: &Path) -> std::io::Result<Option<ExitRecord>> {
-    Ok(read_json(&dir.join("exit.json"))?.and_then(|t| serde_json::from_str(&t).ok()))
-}
-
-fn read_json(path: &Path) -> std::io::Result<Option<String>> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => Ok(Some(text)),
-        // No folder yet, or no file in it: nothing recorded.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-/// Writes `exit.json` atomically (temporary file, fsync, rename, fsync of the folder).
-pub fn write_exit(dir: &Path, record: &ExitRecord) -> std::io::Result<()> {
-    let text = serde_json::to_string(record).map_err(std::io::Error::other)?;
-    orch_core::fsutil::write_atomic(&dir.join("exit.json"), text.as_bytes())
 }
 
 /// Writes `exit.json`, trying again every second until it succeeds: a supervisor that gave up
@@ -143,8 +49,8 @@ fn write_exit_until_done(dir: &Path, mut record: ExitRecord) {
                     );
                     logged = true;
                 }
-                let past =
-                    crate::health::fault_of_io(&e).map_or("could not be written", |f| f.past());
+                let past = crate::core::health::fault_of_io(&e)
+                    .map_or("could not be written", |f| f.past());
                 record.late = Some(format!("the state folder {past}: exit record written late"));
                 std::thread::sleep(Duration::from_secs(1));
             }
@@ -212,7 +118,7 @@ fn run(
     signals: Option<signal_hook::iterator::Signals>,
 ) -> (ExitRecord, Option<LeaseGuard>) {
     let failed = |reason: String| ExitRecord {
-        state: crate::db::State::Failed,
+        state: crate::core::db::State::Failed,
         exit_code: None,
         reason: Some(reason),
         ended_at_ms: orch_core::time::now_ms(),
@@ -225,7 +131,7 @@ fn run(
     if let Err(e) = lease.join(Holder::current()) {
         lease.keep();
         let record = ExitRecord {
-            state: crate::db::State::Queued,
+            state: crate::core::db::State::Queued,
             exit_code: None,
             reason: Some(format!(
                 "queued again: its lease was gone before it started ({e})"
@@ -327,7 +233,7 @@ fn run(
 }
 
 fn record_of(outcome: &Outcome) -> ExitRecord {
-    use crate::db::State;
+    use crate::core::db::State;
     let (state, exit_code, reason) = match outcome {
         Outcome::Command(ExitOutcome::Exited(0)) | Outcome::Train(_) => {
             (State::Succeeded, Some(0), None)

@@ -5,17 +5,23 @@
 //! - A token never travels in a URL (URLs end up in logs and browser history): the login form
 //!   posts it, and the answer sets a session cookie (`HttpOnly`, `SameSite=Strict`, and `Secure`
 //!   when a TLS proxy says `X-Forwarded-Proto: https`) naming a random session id that the daemon
-//!   keeps in memory for 12 hours. A POST from another origin is refused (`api::same_origin`).
+//!   keeps in memory for 12 hours. A POST from another origin is refused (the API's same-origin check, [`crate::http`]).
 //! - The page is static (`web/page.html`, `web/app.js`, a few kB, no framework, nothing from
 //!   another host: the machine may have no internet); its script reads the same `/v1` API with
 //!   the session's rights, so a tenant's page shows exactly what its API answers would.
 
-use crate::api::Caller;
-use crate::config::Config;
-use crate::users::Identity;
+use crate::core::caller::Caller;
+use crate::core::config::Config;
+use crate::core::state::Shared;
+use crate::core::users::Identity;
+use axum::Router;
+use axum::extract::{Extension, State as AxState};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
 use orch_core::sync::lock;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long a browser session lasts.
@@ -197,6 +203,133 @@ fn percent_decode(text: &str) -> String {
         i += 1;
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The page's routes: the dashboard, its script, the login form's post and the logout, with the
+/// listener's `sessions`.
+pub fn routes(sessions: Arc<Sessions>) -> Router<Arc<Shared>> {
+    Router::new()
+        .route("/", get(page))
+        .route("/app.js", get(script))
+        .route("/favicon.ico", get(|| async { StatusCode::NO_CONTENT }))
+        .route("/login", post(login))
+        .route("/logout", post(logout))
+        .layer(Extension(sessions))
+}
+
+const HTML: &str = "text/html; charset=utf-8";
+/// No framework, no other host: the page's script is its own, and nothing else may run.
+const PAGE_CSP: &str = "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+fn html(status: StatusCode, body: String) -> Response {
+    (
+        status,
+        [
+            (axum::http::header::CONTENT_TYPE, HTML),
+            (axum::http::header::CONTENT_SECURITY_POLICY, PAGE_CSP),
+            (axum::http::header::CACHE_CONTROL, "no-store"),
+            (axum::http::header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// The dashboard for a logged-in caller; the login form (never data) for anyone else.
+async fn page(Extension(caller): Extension<Caller>) -> Response {
+    if caller.unauthenticated || caller.refused.is_some() {
+        return html(StatusCode::OK, login_page(None));
+    }
+    html(StatusCode::OK, PAGE.to_string())
+}
+
+async fn script() -> Response {
+    (
+        [
+            (
+                axum::http::header::CONTENT_TYPE,
+                "text/javascript; charset=utf-8",
+            ),
+            (axum::http::header::CACHE_CONTROL, "no-cache"),
+            (axum::http::header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        SCRIPT,
+    )
+        .into_response()
+}
+
+/// The login form's post: a valid token opens a session (a cookie); anything else gets the form
+/// again with one sentence.
+async fn login(
+    AxState(shared): AxState<Arc<Shared>>,
+    Extension(sessions): Extension<Arc<Sessions>>,
+    Extension(caller): Extension<Caller>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    if !caller.remote {
+        return html(
+            StatusCode::BAD_REQUEST,
+            login_page(Some(
+                "Over the Unix socket the daemon knows you already; the login is for its TCP listener.",
+            )),
+        );
+    }
+    let Some(token) = form_token(&body).filter(|t| !t.is_empty()) else {
+        return html(StatusCode::BAD_REQUEST, login_page(Some("Give a token.")));
+    };
+    let Some(who) = caller_of_token(&shared.config, &token) else {
+        tracing::warn!("a login with an unknown token was refused");
+        return html(
+            StatusCode::UNAUTHORIZED,
+            login_page(Some(
+                "That token is not valid here; ask the daemon's admin for yours.",
+            )),
+        );
+    };
+    let id = match sessions.open(who) {
+        Ok(id) => id,
+        Err(e) => {
+            return html(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                login_page(Some(&format!("The daemon could not open a session: {e}"))),
+            );
+        }
+    };
+    // Served through a TLS proxy: the cookie never travels in the clear.
+    let secure = headers
+        .get("x-forwarded-proto")
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"https"));
+    home_with_session(&id, 43200, secure)
+}
+
+async fn logout(
+    Extension(sessions): Extension<Arc<Sessions>>,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    if let Some(id) = session_id(&headers) {
+        sessions.close(&id);
+    }
+    home_with_session("", 0, false)
+}
+
+/// A redirect to the page that sets (or, with an empty id and no age, clears) the session cookie.
+fn home_with_session(id: &str, max_age_s: u32, secure: bool) -> Response {
+    (
+        StatusCode::SEE_OTHER,
+        [
+            (axum::http::header::LOCATION, "/".to_string()),
+            (
+                axum::http::header::SET_COOKIE,
+                format!(
+                    "{}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age_s}{}",
+                    COOKIE,
+                    if secure { "; Secure" } else { "" }
+                ),
+            ),
+        ],
+    )
+        .into_response()
 }
 
 #[cfg(test)]

@@ -92,7 +92,7 @@ fn send_policy(
     if !meta.is_file() {
         return Err(cannot("it is not a regular file".into()));
     }
-    let limit = orch_serve::compile::UPLOAD_LIMIT;
+    let limit = orch_serve::http::wire::UPLOAD_LIMIT;
     let mut wasm = Vec::new();
     file.take(limit + 1)
         .read_to_end(&mut wasm)
@@ -117,13 +117,13 @@ fn send_policy(
     match status {
         StatusCode::OK | StatusCode::CREATED => Ok((None, Some(format!("sha256:{digest}")))),
         // A daemon from before uploads: the bytes travel with the submission.
-        StatusCode::NOT_FOUND if wasm.len() <= orch_serve::api::POLICY_LIMIT => Ok((
+        StatusCode::NOT_FOUND if wasm.len() <= orch_serve::http::wire::POLICY_LIMIT => Ok((
             Some(base64::engine::general_purpose::STANDARD.encode(wasm)),
             None,
         )),
         StatusCode::NOT_FOUND => Err(cannot(format!(
             "it is over {} MiB, and this daemon takes no uploads (an older orch serve); upgrade it",
-            orch_serve::api::POLICY_LIMIT >> 20
+            orch_serve::http::wire::POLICY_LIMIT >> 20
         ))),
         _ => Err(answer_failure(status, &answer)),
     }
@@ -236,7 +236,7 @@ pub fn usage(args: &UsageArgs) -> CmdResult {
         println!("{}", String::from_utf8_lossy(&body));
         return Ok(());
     }
-    let tenants: Vec<orch_serve::api::TenantRow> =
+    let tenants: Vec<orch_serve::TenantRow> =
         serde_json::from_slice(&body).map_err(Failure::failed)?;
     let rows: Vec<Vec<String>> = tenants
         .iter()

@@ -49,7 +49,7 @@ pub fn dispatch(cli: Cli) -> CmdResult {
             sha256,
             source,
             out,
-        } => std::process::exit(orch_serve::compile::compile_child(
+        } => std::process::exit(orch_serve::core::compile::compile_child(
             cpu_s,
             memory,
             &name,

@@ -9,8 +9,8 @@ pub fn run(devices: &str, args: &ServeArgs) -> CmdResult {
     let config = match &args.config {
         Some(path) => Config::read(path).map_err(Failure::bad_input)?,
         None => {
-            let me = orch_serve::users::Identity::of_uid(
-                orch_serve::users::current_uid(),
+            let me = orch_serve::core::users::Identity::of_uid(
+                orch_serve::core::users::current_uid(),
                 // SAFETY: getgid cannot fail.
                 unsafe { libc::getgid() },
             );

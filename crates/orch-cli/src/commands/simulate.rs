@@ -24,7 +24,7 @@ pub fn run(spec: &InventorySpec, args: &SimulateArgs) -> CmdResult {
         ));
     }
     let trace = orch_serve::simulate::read_trace(&args.trace).map_err(Failure::bad_input)?;
-    let policy = orch_serve::queue_policy::for_simulator(&config)
+    let policy = orch_serve::core::queue_policy::for_simulator(&config)
         .map_err(|e| Failure::bad_input_msg(format!("{}: {e}", args.config.display())))?;
     let report =
         orch_serve::simulate::simulate_with(&config, gpus, &trace, policy, args.until, args.jobs)

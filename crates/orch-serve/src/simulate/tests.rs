@@ -1,5 +1,5 @@
 use super::*;
-use crate::sched::NativePolicy;
+use crate::core::sched::NativePolicy;
 use std::path::Path;
 
 /// A trace line: `at`, tenant, devices, duration, preemptible.

@@ -3,8 +3,8 @@
 //! natively (the simulator's fast path: the same `orch-queue` code the built-in components are
 //! built from, and orch-host's tests check that both give the same order).
 
-use crate::config::Config;
-use crate::sched::{NativePolicy, QueuePolicy};
+use crate::core::config::Config;
+use crate::core::sched::{NativePolicy, QueuePolicy};
 use orch_core::limits::PluginKind as LimitKind;
 use orch_core::{MachineLimits, PluginRef};
 use orch_host::{Limits, QueueHost, QueuePluginId};

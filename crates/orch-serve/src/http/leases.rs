@@ -4,57 +4,22 @@
 //! nothing is started for it: its holder is the calling process, known from the socket's peer
 //! credentials, and it ends when that process releases it or dies.
 
-use crate::api::{ApiError, ApiResult, Caller, SubmitRequest, accept, admitted, err, find, read};
-use crate::db::{Change, Event, JobRow, State};
-use crate::engine::{Kick, Shared};
+use crate::core::caller::Caller;
+use crate::core::db::{Change, Event, JobRow, State};
+use crate::core::folders;
+use crate::core::kick::Kick;
+use crate::core::state::Shared;
+use crate::http::access::{admitted, find, read};
+use crate::http::error::{ApiError, ApiResult, err};
+use crate::http::jobs::accept;
+use crate::http::wire::{LeaseRequest, LeaseView};
 use axum::Json;
 use axum::extract::{Extension, Path, State as AxState};
 use axum::http::StatusCode;
 use orch_core::sync::lock;
 use orch_core::time::now_ms;
-use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// The body of `POST /v1/leases`: a submission (the lease's request as a job file's text) and
-/// whether to wait in the queue when nothing fits now.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct LeaseRequest {
-    #[serde(flatten)]
-    pub submission: SubmitRequest,
-    #[serde(default)]
-    pub wait: bool,
-}
-
-/// A held lease as the API shows it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct LeaseView {
-    pub job_id: String,
-    pub state: State,
-    pub lease_id: Option<String>,
-    /// The leased devices with both numberings, best first (empty until it runs).
-    pub devices: Vec<serde_json::Value>,
-    pub policy: Option<String>,
-    /// The policy's reason once it runs; why it waits while queued; how it ended after.
-    pub reason: Option<String>,
-    pub rejected: Vec<serde_json::Value>,
-    /// The device variables the process sets for itself (what `orch run` gives a job).
-    pub env: std::collections::BTreeMap<String, String>,
-    pub exclusive: bool,
-}
-
-/// What the engine writes beside a held lease when it places it (`STATE/jobs/ID-1/lease.json`).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Placed {
-    pub policy: String,
-    pub reason: String,
-    pub devices: Vec<serde_json::Value>,
-    pub rejected: Vec<serde_json::Value>,
-    pub env: std::collections::BTreeMap<String, String>,
-    pub exclusive: bool,
-}
-
-pub const PLACED_FILE: &str = "lease.json";
 
 /// How long a request waits for the engine's first verdict on a new lease.
 const VERDICT_PATIENCE: Duration = Duration::from_secs(20);
@@ -158,7 +123,7 @@ async fn leave_queue(shared: &Arc<Shared>, id: i64, reason: String) -> ApiResult
     };
     let changed = shared
         .db
-        .write(move |tx| crate::db::apply(tx, id, &change))
+        .write(move |tx| crate::core::db::apply(tx, id, &change))
         .await
         .map_err(|e| err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     if changed == 1 {
@@ -234,10 +199,7 @@ pub async fn release(
 
 fn view(shared: &Shared, row: JobRow) -> LeaseView {
     let id: i64 = row.id.parse().unwrap_or(0);
-    let placed: Placed = std::fs::read(shared.job_dir(id, row.attempt.max(1)).join(PLACED_FILE))
-        .ok()
-        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-        .unwrap_or_default();
+    let placed = folders::read_placed(&shared.job_dir(id, row.attempt.max(1)));
     let running = row.state == State::Running;
     LeaseView {
         job_id: row.id,

@@ -74,7 +74,7 @@ pub struct Submission {
     pub job_path: String,
     pub cwd: String,
     pub env: Vec<(String, String)>,
-    pub identity: crate::users::Identity,
+    pub identity: crate::core::users::Identity,
     /// The hash of the job's file policy as submitted (`STATE/plugins/HASH.wasm`).
     #[serde(default)]
     pub policy_file: Option<String>,
@@ -162,8 +162,8 @@ pub struct DbError {
 
 impl DbError {
     /// The state folder's fault behind this error (a full or read-only disk), if it is one.
-    pub fn fault(&self) -> Option<crate::health::Fault> {
-        crate::health::fault_of_sqlite(self.code)
+    pub fn fault(&self) -> Option<crate::core::health::Fault> {
+        crate::core::health::fault_of_sqlite(self.code)
     }
 }
 

@@ -1,12 +1,13 @@
 //! The daemon's engine: one thread that owns the queue, the lease store and the policy host.
 //! It recovers after a crash, places queued jobs in the order of the queue policy (with the
-//! tenants' limits and backfill: [`crate::sched`]), starts a supervisor per job, learns how jobs
+//! tenants' limits and backfill: [`crate::core::sched`]), starts a supervisor per job, learns how jobs
 //! end, records usage, and carries out cancels and preemptions.
 
-use crate::config::Config;
-use crate::db::{Change, Db, Event, JobRow, JobUse, State, Submission, UsageRow};
-use crate::sched::{Attempt, QueuePolicy, QueuedJob, RunningJob, Scheduler, Usage};
-use crate::supervisor::{self, ExitRecord, Fence, SuperviseSpec};
+use crate::core::db::{Change, Event, JobRow, JobUse, State, Submission, UsageRow};
+use crate::core::folders::{self, ExitRecord, Fence, SuperviseSpec};
+use crate::core::kick::Kick;
+use crate::core::sched::{Attempt, QueuePolicy, QueuedJob, RunningJob, Scheduler, Usage};
+use crate::core::state::{MachineView, Shared, SupervisorEnd};
 use orch_core::JobSpec;
 use orch_core::sync::lock;
 use orch_core::time::now_ms;
@@ -17,96 +18,11 @@ use orch_leases::{Holder, LeaseStore};
 use orch_runner::{Machine, PlaceError};
 use running::{Death, Origin, Recovery, Running, Start};
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, mpsc};
+use std::path::Path;
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 pub mod running;
-
-/// What wakes the engine.
-#[derive(Debug)]
-pub enum Kick {
-    /// A job was committed to the queue.
-    Submitted(i64),
-    /// A running job is to be stopped (its row says so already for a queued one).
-    Cancel(i64),
-    /// A queued job was cancelled in the database: forget it.
-    Dequeued(i64),
-    /// A supervisor process ended.
-    SupervisorExited,
-    /// The process holding lease job `id` released it (`POST /v1/leases/ID/release`).
-    Release(i64),
-    /// A policy component (its digest, hex) compiled, or failed to.
-    PolicyCompiled(String),
-}
-
-/// What the API and the engine share.
-#[derive(Debug)]
-pub struct Shared {
-    pub db: Db,
-    /// Compiles the policy components tenants send, off the engine thread.
-    pub compiler: crate::compile::Compiler,
-    pub config: Config,
-    pub state_dir: PathBuf,
-    pub devices: String,
-    pub kick: Mutex<mpsc::Sender<Kick>>,
-    /// Why each queued job waits, from the last scheduling pass.
-    pub reasons: Mutex<HashMap<i64, String>>,
-    /// Devices orch may place on (visible to the daemon).
-    pub visible_devices: usize,
-    /// Which inventory the daemon reads.
-    pub backend: orch_devices::Backend,
-    /// The orch binary, started as `orch __supervise DIR` per job.
-    pub exe: PathBuf,
-    pub root: bool,
-    /// Every tenant's fair-share standing, from the latest pass or usage sample.
-    pub standing: Mutex<Vec<orch_queue::Tenant>>,
-    /// The latest reading of the machine (devices, leases, foreign processes), every second.
-    pub machine: Mutex<MachineView>,
-    /// What the daemon counts for `/metrics`.
-    pub metrics: crate::metrics::Counters,
-    /// Browser sessions of the TCP listener.
-    pub sessions: crate::web::Sessions,
-    /// Whether the state folder takes writes (a full or read-only disk refuses submissions).
-    pub health: crate::health::StateHealth,
-    /// How each supervisor this daemon started ended, by (job, attempt): the wait on the child
-    /// knows it for certain, with no `/proc` reading that could fail.
-    pub supervisor_exits: Mutex<HashMap<(i64, u32), SupervisorEnd>>,
-}
-
-/// How a supervisor process this daemon started ended.
-#[derive(Debug, Clone, Copy)]
-pub struct SupervisorEnd {
-    pub pid: u32,
-    pub status: Option<std::process::ExitStatus>,
-}
-
-impl SupervisorEnd {
-    /// Why it ended, as a job's reason says: "was killed by signal 9", "exited with status 2".
-    fn words(&self) -> String {
-        use std::os::unix::process::ExitStatusExt;
-        match self.status {
-            Some(status) => match (status.signal(), status.code()) {
-                (Some(signal), _) => format!(
-                    "its supervisor (pid {}) was killed by signal {signal} before it recorded how the job ended",
-                    self.pid
-                ),
-                (None, Some(code)) => format!(
-                    "its supervisor (pid {}) exited with status {code} before it recorded how the job ended (see supervisor.log in the job's folder)",
-                    self.pid
-                ),
-                _ => format!(
-                    "its supervisor (pid {}) ended before it recorded how the job ended",
-                    self.pid
-                ),
-            },
-            None => format!(
-                "its supervisor (pid {}) ended before it recorded how the job ended",
-                self.pid
-            ),
-        }
-    }
-}
 
 /// A write the engine could not make (the state folder was full or read-only), kept to be made
 /// again, in order, once it can. A lease release waits behind the job's own record: devices are
@@ -123,36 +39,6 @@ enum Pending {
 struct Release {
     lease: String,
     outright: bool,
-}
-
-/// One reading of the machine: cheap to clone (shared parts).
-#[derive(Debug, Clone)]
-pub struct MachineView {
-    pub inventory: Arc<Inventory>,
-    /// The lease store's live leases (the daemon's jobs and `orch run`'s).
-    pub leases: Arc<Vec<orch_leases::Lease>>,
-    /// Per device uuid, the processes no lease on it covers.
-    pub foreign: Arc<std::collections::BTreeMap<String, Vec<orch_devices::GpuProcess>>>,
-}
-
-impl MachineView {
-    pub fn new(inventory: Inventory) -> MachineView {
-        MachineView {
-            inventory: Arc::new(inventory),
-            leases: Arc::default(),
-            foreign: Arc::default(),
-        }
-    }
-}
-
-impl Shared {
-    pub fn kick(&self, kick: Kick) {
-        let _ = lock(&self.kick).send(kick);
-    }
-
-    pub fn job_dir(&self, id: i64, attempt: u32) -> PathBuf {
-        self.state_dir.join("jobs").join(format!("{id}-{attempt}"))
-    }
 }
 
 struct Queued {
@@ -260,7 +146,7 @@ impl Engine {
             }
         }
         let mut host = PolicyHost::new(Limits::default()).map_err(|e| e.to_string())?;
-        // A tenant's component is compiled elsewhere (crate::compile), never on this thread.
+        // A tenant's component is compiled elsewhere (crate::core::compile), never on this thread.
         host.files_precompiled_only();
         shared.compiler.start(host.loader());
         let visibility = Visibility::resolve(&inventory.devices, &VisibilityEnv::from_process());
@@ -364,7 +250,7 @@ impl Engine {
         if let Err(e) = self
             .shared
             .db
-            .write_blocking(move |tx| crate::db::save_usage(tx, &rows, &uses))
+            .write_blocking(move |tx| crate::core::db::save_usage(tx, &rows, &uses))
         {
             tracing::warn!("could not record usage: {e}");
         }
@@ -400,16 +286,16 @@ impl Engine {
                 .charged_ms
                 .or(row.started_at_ms)
                 .map_or_else(now_s, ms_to_s);
-            if let Ok(Some(exit)) = supervisor::read_exit(&dir) {
+            if let Ok(Some(exit)) = folders::read_exit(&dir) {
                 let prior = row.gpu_seconds;
                 self.finish_at(id, &row.lease_id, exit, prior);
                 continue;
             }
             // The daemon may have stopped before it even made the job's folder.
-            let never_started = matches!(supervisor::read_fence(&dir), Ok(None))
+            let never_started = matches!(folders::read_fence(&dir), Ok(None))
                 && std::fs::create_dir_all(&dir).is_ok()
-                && supervisor::take_fence(&dir, &Fence { supervisor: None }).unwrap_or(false);
-            let fence = supervisor::read_fence(&dir).ok().flatten();
+                && folders::take_fence(&dir, &Fence { supervisor: None }).unwrap_or(false);
+            let fence = folders::read_fence(&dir).ok().flatten();
             let supervisor = fence.and_then(|f| f.supervisor).map(|h| {
                 let dead = h.process_liveness().is_dead();
                 (h, dead)
@@ -552,7 +438,7 @@ impl Engine {
         if let Err(e) = self
             .shared
             .db
-            .write_blocking(move |tx| crate::db::purge(tx, before))
+            .write_blocking(move |tx| crate::core::db::purge(tx, before))
         {
             tracing::warn!("could not purge old jobs: {e}");
             return;
@@ -690,7 +576,7 @@ impl Engine {
             return false;
         };
         let dir = self.shared.job_dir(id, job.attempt);
-        let exit = match supervisor::read_exit(&dir) {
+        let exit = match folders::read_exit(&dir) {
             Ok(exit) => exit,
             Err(e) => {
                 self.jobs
@@ -712,7 +598,7 @@ impl Engine {
             return true;
         }
         if job.supervisor.is_none() {
-            match supervisor::read_fence(&dir) {
+            match folders::read_fence(&dir) {
                 Ok(fence) => {
                     if let Some(job) = self.jobs.running.get_mut(&id) {
                         job.learn_supervisor(fence.and_then(|f| f.supervisor));
@@ -757,7 +643,7 @@ impl Engine {
             return false;
         }
         // Dead: an exit record written in the meantime still counts.
-        match supervisor::read_exit(&dir) {
+        match folders::read_exit(&dir) {
             Ok(None) => {}
             Ok(Some(_)) => return false,
             Err(e) => {
@@ -775,7 +661,7 @@ impl Engine {
         match job.died(ended.map(|e| e.words()), now_ms()) {
             Death::Finish(record) => {
                 // For a restarted daemon; the database, written next, is what counts.
-                if let Err(e) = supervisor::write_exit(&dir, &record) {
+                if let Err(e) = folders::write_exit(&dir, &record) {
                     tracing::warn!(
                         "job {id}: could not write its exit record ({e}); the job database has it"
                     );
@@ -785,7 +671,7 @@ impl Engine {
             // A supervisor that ended before it took the fence never started the job: fenced
             // now, the job goes back to the queue (it never ran; nothing is charged).
             Death::NeverStarted(reason) => {
-                match supervisor::take_fence(&dir, &Fence { supervisor: None }) {
+                match folders::take_fence(&dir, &Fence { supervisor: None }) {
                     Ok(true) => {
                         let at = self
                             .sched
@@ -826,9 +712,9 @@ impl Engine {
                 "waiting: the state folder {} is {}; jobs start once it takes writes again",
                 self.shared.state_dir.display(),
                 match fault {
-                    crate::health::Fault::Full => "full",
-                    crate::health::Fault::ReadOnly => "read-only",
-                    crate::health::Fault::Io => "failing",
+                    crate::core::health::Fault::Full => "full",
+                    crate::core::health::Fault::ReadOnly => "read-only",
+                    crate::core::health::Fault::Io => "failing",
                 }
             );
             let reasons = self
@@ -1192,7 +1078,7 @@ impl Jobs {
         }
         self.last_probe = Instant::now();
         if let Err(e) = self.shared.health.probe() {
-            if let Some(fault) = crate::health::fault_of_io(&e) {
+            if let Some(fault) = crate::core::health::fault_of_io(&e) {
                 self.shared.health.report(fault, e.to_string());
             }
             return false;
@@ -1204,7 +1090,7 @@ impl Jobs {
                     let (id, change) = (*id, change.as_ref().clone());
                     self.shared
                         .db
-                        .write_blocking(move |tx| crate::db::apply(tx, id, &change))
+                        .write_blocking(move |tx| crate::core::db::apply(tx, id, &change))
                         .map(|_| ())
                         .map_err(|e| (e.fault(), e.to_string()))
                 }
@@ -1212,7 +1098,7 @@ impl Jobs {
                     let release = release.clone();
                     self.store_release(&release)
                         .map(|_| ())
-                        .map_err(|e| (Some(crate::health::Fault::Io), e.to_string()))
+                        .map_err(|e| (Some(crate::core::health::Fault::Io), e.to_string()))
                 }
             };
             match result {
@@ -1265,9 +1151,9 @@ impl Jobs {
                 .compiler
                 .prepare(&mut self.host, hash, &job.row.tenant, plugin)
             {
-                crate::compile::Prepared::Ready => {}
-                crate::compile::Prepared::Waits(reason) => return Placed::Waits(reason),
-                crate::compile::Prepared::Failed(reason) => {
+                crate::core::compile::Prepared::Ready => {}
+                crate::core::compile::Prepared::Waits(reason) => return Placed::Waits(reason),
+                crate::core::compile::Prepared::Failed(reason) => {
                     self.queue.remove(&id);
                     return Placed::Ends(State::Failed, reason);
                 }
@@ -1320,16 +1206,14 @@ impl Jobs {
         // A held lease's placement is on disk before the job shows as running, so whoever sees
         // it running can read its devices.
         if let Some(holder) = &job.submission.holder
-            && let Err(e) = self.write_placed(
+            && let Err(e) = folders::write_placed(
                 &self.shared.job_dir(id, attempt),
-                &job,
-                &lease,
-                &plan,
+                &self.placed(&job, &lease, &plan),
                 holder,
             )
         {
             self.release_now(&lease.id);
-            if let Some(fault) = crate::health::fault_of_io(&e) {
+            if let Some(fault) = crate::core::health::fault_of_io(&e) {
                 self.shared.health.report(fault, e.to_string());
                 return Placed::Waits(format!(
                     "waiting: the daemon could not record the lease: {e}"
@@ -1361,11 +1245,11 @@ impl Jobs {
             grace_s: orch_runner::GRACE.as_secs_f64(),
         });
         if let Some(spec) = &spec
-            && let Err(e) = prepare_folder(&dir, spec)
+            && let Err(e) = folders::prepare(&dir, spec)
         {
             self.release_now(&lease.id);
             let reason = format!("waiting: the daemon could not write the job's folder: {e}");
-            match crate::health::fault_of_io(&e) {
+            match crate::core::health::fault_of_io(&e) {
                 Some(fault) => self.shared.health.report(fault, e.to_string()),
                 None => tracing::warn!("job {id}: {reason}"),
             }
@@ -1395,7 +1279,7 @@ impl Jobs {
                 )),
                 ..Change::default()
             };
-            move |tx| crate::db::apply(tx, id, &change)
+            move |tx| crate::core::db::apply(tx, id, &change)
         });
         match started {
             Ok(1) => {}
@@ -1453,8 +1337,8 @@ impl Jobs {
                 ended_at_ms: now_ms(),
                 late: None,
             };
-            if let Err(e) = supervisor::take_fence(&dir, &Fence { supervisor: None })
-                .and_then(|_| supervisor::write_exit(&dir, &record))
+            if let Err(e) = folders::take_fence(&dir, &Fence { supervisor: None })
+                .and_then(|_| folders::write_exit(&dir, &record))
             {
                 tracing::warn!("job {id}: could not record that it failed to start: {e}");
             }
@@ -1462,17 +1346,14 @@ impl Jobs {
         Placed::Started
     }
 
-    /// A held lease's placement in its folder (`lease.json`, read by `GET /v1/leases/ID`) and
-    /// the fence naming its process, so that a restarted daemon adopts it while that process lives.
-    fn write_placed(
+    /// What a held lease's `lease.json` says of its placement: the devices with both numberings,
+    /// the policy's reason, and the variables its process sets for itself.
+    fn placed(
         &self,
-        dir: &Path,
         job: &Queued,
         lease: &orch_leases::Lease,
         plan: &orch_runner::Plan,
-        holder: &Holder,
-    ) -> std::io::Result<()> {
-        use std::os::unix::fs::DirBuilderExt;
+    ) -> folders::Placed {
         let env = orch_runner::lease_env(&job.spec, lease, plan, &self.inventory);
         let devices = plan
             .chosen
@@ -1489,7 +1370,7 @@ impl Jobs {
                 })
             })
             .collect();
-        let placed = crate::leases::Placed {
+        folders::Placed {
             policy: plan.policy.clone(),
             reason: plan.reason.clone(),
             devices,
@@ -1500,22 +1381,7 @@ impl Jobs {
                 .collect(),
             env,
             exclusive: lease.exclusive,
-        };
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)?;
-        let text = serde_json::to_vec(&placed).map_err(std::io::Error::other)?;
-        let tmp = dir.join("lease.json.tmp");
-        std::fs::write(&tmp, text)?;
-        std::fs::rename(&tmp, dir.join(crate::leases::PLACED_FILE))?;
-        supervisor::take_fence(
-            dir,
-            &Fence {
-                supervisor: Some(holder.clone()),
-            },
-        )?;
-        Ok(())
+        }
     }
 
     /// The process holding lease job `id` gave it back: the devices are free at once, and the
@@ -1528,11 +1394,11 @@ impl Jobs {
             return;
         };
         let dir = self.shared.job_dir(id, job.attempt);
-        if matches!(supervisor::read_exit(&dir), Ok(Some(_))) {
+        if matches!(folders::read_exit(&dir), Ok(Some(_))) {
             return;
         }
         let lease = job.lease_id.clone();
-        if let Err(e) = supervisor::write_exit(&dir, &record) {
+        if let Err(e) = folders::write_exit(&dir, &record) {
             // The next look at it then finds no record and its process alive: it stays running
             // until that process ends.
             tracing::warn!("job {id}: could not record that its process released it: {e}");
@@ -1583,7 +1449,7 @@ impl Jobs {
         }
     }
 
-    /// Starts `orch __supervise DIR` for the folder [`prepare_folder`] wrote; the wait on it
+    /// Starts `orch __supervise DIR` for the folder [`folders::prepare`] wrote; the wait on it
     /// records how it ended in [`Shared::supervisor_exits`].
     fn spawn_supervisor(&self, id: i64, attempt: u32, dir: &Path) -> std::io::Result<()> {
         use std::os::unix::process::CommandExt;
@@ -1698,7 +1564,7 @@ impl Jobs {
         if let Err(e) = self
             .shared
             .db
-            .write_blocking(move |tx| crate::db::apply(tx, id, &attempt))
+            .write_blocking(move |tx| crate::core::db::apply(tx, id, &attempt))
         {
             match e.fault() {
                 Some(fault) => {
@@ -1709,20 +1575,6 @@ impl Jobs {
             }
         }
     }
-}
-
-/// Writes a command job's folder: `spec.json` and an empty `supervisor.log`, before the job shows
-/// as running.
-fn prepare_folder(dir: &Path, spec: &SuperviseSpec) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)?;
-    let text = serde_json::to_string(spec).map_err(std::io::Error::other)?;
-    orch_core::fsutil::write_atomic(&dir.join("spec.json"), text.as_bytes())?;
-    std::fs::File::create(dir.join("supervisor.log"))?;
-    Ok(())
 }
 
 /// What a job lost while no daemon watched says.

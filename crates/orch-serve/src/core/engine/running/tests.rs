@@ -2,7 +2,7 @@
 //! folder: holders are made up, time is given.
 
 use super::*;
-use crate::config::Config;
+use crate::core::config::Config;
 use std::path::Path;
 
 fn holder(pid: u32) -> Holder {
@@ -80,7 +80,7 @@ fn a_preemption_is_decided_once_and_sent_with_its_signal() {
     assert!(job.preempt("for job 9".into()));
     assert!(!job.preempt("again".into()), "the first stop stands");
     let due = job.signal_due().unwrap();
-    assert_eq!(due.signal, supervisor::PREEMPT_SIGNAL);
+    assert_eq!(due.signal, folders::PREEMPT_SIGNAL);
     job.signalled(due.purpose);
     assert!(job.stop().unwrap().sent);
     assert_eq!(job.signal_due(), None);
@@ -173,24 +173,24 @@ fn exits_are_reconciled_with_the_stop_that_caused_them() {
     // Preempted: queued again, saying why.
     let mut job = spawned(now);
     job.preempt("preempted for job 9".into());
-    let (record, idle) = job.exited(exit(State::Queued, Some(supervisor::PREEMPTED)));
+    let (record, idle) = job.exited(exit(State::Queued, Some(folders::PREEMPTED)));
     assert_eq!(
         (record.state, record.reason.as_deref(), idle),
         (State::Queued, Some("preempted for job 9"), false)
     );
     // A cancel during the preemption: cancelled.
     job.cancel();
-    let (record, _) = job.exited(exit(State::Queued, Some(supervisor::PREEMPTED)));
+    let (record, _) = job.exited(exit(State::Queued, Some(folders::PREEMPTED)));
     assert_eq!(
         (record.state, record.reason.as_deref()),
-        (State::Cancelled, Some(supervisor::CANCELLED))
+        (State::Cancelled, Some(folders::CANCELLED))
     );
     // An idle stop: failed, with how long it idled.
     let t = tenant("idle_timeout = \"1s\"\nidle_grace = \"1s\"");
     let mut job = spawned(now);
     job.look_idle(&t, &[Some(0)], now);
     job.look_idle(&t, &[Some(0)], now + Duration::from_secs(2));
-    let (record, idle) = job.exited(exit(State::Cancelled, Some(supervisor::IDLE)));
+    let (record, idle) = job.exited(exit(State::Cancelled, Some(folders::IDLE)));
     assert_eq!(
         (record.state, record.reason.as_deref(), idle),
         (State::Failed, Some("idle for 1s; GPUs reclaimed"), true)

@@ -296,7 +296,10 @@ impl Scheduler {
     }
 
     /// A scheduler for `config`'s tenants, half-life, starvation limit and `preempt_after`.
-    pub fn for_config(config: &crate::config::Config, policy: Box<dyn QueuePolicy>) -> Scheduler {
+    pub fn for_config(
+        config: &crate::core::config::Config,
+        policy: Box<dyn QueuePolicy>,
+    ) -> Scheduler {
         let tenants = config
             .tenants
             .iter()

@@ -22,15 +22,10 @@
 //! of CPU and hundreds of MB; caps that the kernel enforces (and a compiler bug or a component
 //! crafted to blow the compiler up) end that process, never the daemon.
 
-use crate::api::{ApiResult, Caller, admitted, err};
-use crate::config::{CompileBudget, CompileCaps};
-use crate::engine::{Kick, Shared};
-use axum::Json;
-use axum::extract::{Extension, Path as UrlPath, Query, State as AxState};
-use axum::http::StatusCode;
+use crate::core::config::{CompileBudget, CompileCaps};
+use crate::core::kick::Kick;
 use orch_core::sync::lock;
 use orch_host::{CompiledComponent, ComponentLoader, PolicyHost};
-use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, mpsc};
@@ -38,6 +33,9 @@ use std::time::{Duration, Instant};
 
 /// Largest component `PUT /v1/plugins/sha256:HEX` takes.
 pub const UPLOAD_LIMIT: u64 = 64 << 20;
+
+/// Largest policy component a submission may carry in its body (bigger ones are uploaded first).
+pub const POLICY_LIMIT: usize = 16 << 20;
 
 /// The compile service: what is queued, compiling, compiled or failed, by digest (hex), and what
 /// each tenant spent.
@@ -803,7 +801,7 @@ fn seconds(d: Duration) -> String {
     humantime::format_duration(rounded).to_string()
 }
 
-fn unique() -> u64 {
+pub(crate) fn unique() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     NEXT.fetch_add(1, Ordering::Relaxed)
@@ -822,279 +820,12 @@ pub fn parse_digest(text: &str) -> Result<String, String> {
     }
 }
 
-/// What `GET`, `HEAD` and `PUT /v1/plugins/sha256:HEX` answer.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PluginAnswer {
-    pub digest: String,
-    pub bytes: u64,
-    /// `stored`, `queued`, `compiling`, `compiled` or `failed`.
-    pub state: String,
-    /// Why it is not compiling, when a budget stopped it (the submission naming it says so too).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
-}
-
-/// Policy components travel over the Unix socket only, like the jobs that name them.
-fn local(caller: &Caller) -> ApiResult<()> {
-    admitted(caller)?;
-    if caller.remote {
-        return Err(err(
-            StatusCode::FORBIDDEN,
-            "policy components are sent over the daemon's Unix socket, like the jobs that name them; use `orch submit` on the machine",
-        ));
-    }
-    Ok(())
-}
-
-fn no_such(hex: &str) -> String {
-    format!(
-        "the daemon has no policy component sha256:{hex}: upload it first with PUT /v1/plugins/sha256:{hex} (`orch submit` does)"
-    )
-}
-
-/// `GET` (and `HEAD`) `/v1/plugins/sha256:HEX`: whether the daemon has the component, and
-/// where its compile stands.
-pub(crate) async fn show(
-    AxState(shared): AxState<Arc<Shared>>,
-    Extension(caller): Extension<Caller>,
-    UrlPath(address): UrlPath<String>,
-) -> ApiResult<Json<PluginAnswer>> {
-    local(&caller)?;
-    let hex = parse_digest(&address).map_err(|e| err(StatusCode::BAD_REQUEST, e))?;
-    let bytes = tokio::fs::metadata(shared.compiler.source(&hex))
-        .await
-        .map(|m| m.len())
-        .map_err(|_| err(StatusCode::NOT_FOUND, no_such(&hex)))?;
-    Ok(Json(PluginAnswer {
-        digest: format!("sha256:{hex}"),
-        bytes,
-        state: shared.compiler.describe(&hex).into(),
-        note: None,
-    }))
-}
-
-#[derive(Debug, Deserialize)]
-pub(crate) struct UploadQuery {
-    /// The tenant whose compile budget pays (default: the caller's first).
-    #[serde(default)]
-    tenant: Option<String>,
-}
-
-/// `PUT /v1/plugins/sha256:HEX`: keeps the component (the bytes must have that digest; at most
-/// [`UPLOAD_LIMIT`]) and starts compiling it for the tenant, within its budget. 201 when it is
-/// new, 200 when the daemon had it.
-pub(crate) async fn upload(
-    AxState(shared): AxState<Arc<Shared>>,
-    Extension(caller): Extension<Caller>,
-    UrlPath(address): UrlPath<String>,
-    Query(query): Query<UploadQuery>,
-    request: axum::extract::Request,
-) -> ApiResult<(StatusCode, Json<PluginAnswer>)> {
-    local(&caller)?;
-    let hex = parse_digest(&address).map_err(|e| err(StatusCode::BAD_REQUEST, e))?;
-    let tenant = crate::api::tenant_for(&shared, &caller, query.tenant.as_deref(), None)?;
-    let too_big = |bytes: u64| {
-        err(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!(
-                "the component is {bytes} bytes, over the {} MiB a policy component may be",
-                UPLOAD_LIMIT >> 20
-            ),
-        )
-    };
-    let declared = request
-        .headers()
-        .get(axum::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if let Some(bytes) = declared.filter(|&b| b > UPLOAD_LIMIT) {
-        return Err(too_big(bytes));
-    }
-    let path = shared.compiler.source(&hex);
-    let created = if tokio::fs::metadata(&path).await.is_ok() {
-        // Had it: the body is read and dropped (within the limit), so the client reads the
-        // answer rather than a reset connection.
-        use http_body_util::BodyExt as _;
-        let mut body = request.into_body();
-        let mut total = 0u64;
-        while let Some(Ok(frame)) = body.frame().await {
-            total += frame.data_ref().map_or(0, |d| d.len() as u64);
-            if total > UPLOAD_LIMIT {
-                return Err(too_big(total));
-            }
-        }
-        false
-    } else {
-        receive(request.into_body(), &path, &hex, too_big).await?;
-        true
-    };
-    let bytes = tokio::fs::metadata(&path).await.map_or(0, |m| m.len());
-    let budget = shared
-        .config
-        .tenant(&tenant)
-        .map(|t| t.compile)
-        .unwrap_or_default();
-    let note = shared
-        .compiler
-        .request(&hex, &tenant, Some(&budget), bytes)
-        .err();
-    Ok((
-        if created {
-            StatusCode::CREATED
-        } else {
-            StatusCode::OK
-        },
-        Json(PluginAnswer {
-            digest: format!("sha256:{hex}"),
-            bytes,
-            state: shared.compiler.describe(&hex).into(),
-            note,
-        }),
-    ))
-}
-
-/// Writes the body to `path` (aside first, renamed into place) if its SHA-256 is `hex`.
-async fn receive(
-    mut body: axum::body::Body,
-    path: &Path,
-    hex: &str,
-    too_big: impl Fn(u64) -> crate::api::ApiError,
-) -> ApiResult<()> {
-    use http_body_util::BodyExt as _;
-    use sha2::Digest as _;
-    use tokio::io::AsyncWriteExt as _;
-    let keep = |e: std::io::Error| {
-        err(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("the daemon could not keep the component: {e}"),
-        )
-    };
-    let dir = path.parent().unwrap_or(Path::new("."));
-    tokio::fs::create_dir_all(dir).await.map_err(keep)?;
-    let tmp = dir.join(format!(
-        ".upload-{hex}-{}-{}.tmp",
-        std::process::id(),
-        unique()
-    ));
-    let mut file = tokio::fs::File::create(&tmp).await.map_err(keep)?;
-    let mut hasher = sha2::Sha256::new();
-    let mut total = 0u64;
-    let received: ApiResult<()> = async {
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| {
-                err(
-                    StatusCode::BAD_REQUEST,
-                    format!("the upload broke off: {e}"),
-                )
-            })?;
-            let Ok(data) = frame.into_data() else {
-                continue;
-            };
-            total += data.len() as u64;
-            if total > UPLOAD_LIMIT {
-                return Err(too_big(total));
-            }
-            // Tens of MB take a while to hash: the runtime moves its other work off this thread.
-            tokio::task::block_in_place(|| hasher.update(&data));
-            file.write_all(&data).await.map_err(keep)?;
-        }
-        // No fsync: it would hold up every commit of the job database behind tens of MB. A copy
-        // a crash damaged is found by the compile, which checks the digest, and removed.
-        file.flush().await.map_err(keep)?;
-        Ok(())
-    }
-    .await;
-    let got = orch_core::hex::encode(&hasher.finalize());
-    let outcome = received.and_then(|()| {
-        if got == hex {
-            Ok(())
-        } else {
-            Err(err(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "the bytes sent have SHA-256 {got}, not the {hex} their address names: send a file to PUT /v1/plugins/sha256: and its own digest"
-                ),
-            ))
-        }
-    });
-    match outcome {
-        Ok(()) => tokio::fs::rename(&tmp, path).await.map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            keep(e)
-        }),
-        Err(e) => {
-            let _ = tokio::fs::remove_file(&tmp).await;
-            Err(e)
-        }
-    }
-}
-
-/// A submission's file policy: the digest it names (`policy_digest`, uploaded before) or the
-/// bytes it carries (`policy_wasm`, base64, within the old limit), kept; then compiled for
-/// `tenant` within its budget (429 past it). Returns the digest (hex). `at` is where the job
-/// file names the policy.
-pub(crate) async fn submitted(
-    shared: &Arc<Shared>,
-    tenant: &str,
-    at: &str,
-    plugin: &Path,
-    wasm: Option<&str>,
-    digest: Option<&str>,
-) -> ApiResult<String> {
-    let hex = match (digest, wasm) {
-        (Some(digest), _) => {
-            let hex = parse_digest(digest)
-                .map_err(|e| err(StatusCode::BAD_REQUEST, format!("{at}: policy_digest {e}")))?;
-            if tokio::fs::metadata(shared.compiler.source(&hex))
-                .await
-                .is_err()
-            {
-                return Err(err(
-                    StatusCode::BAD_REQUEST,
-                    format!("{at}: {}", no_such(&hex)),
-                ));
-            }
-            hex
-        }
-        (None, Some(text)) => {
-            let state_dir = shared.state_dir.clone();
-            let text = text.to_string();
-            tokio::task::spawn_blocking(move || store_policy(&state_dir, &text))
-                .await
-                .map_err(crate::api::internal)?
-                .map_err(|e| err(StatusCode::BAD_REQUEST, format!("{at}: {e}")))?
-        }
-        (None, None) => {
-            return Err(err(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "{at}: the policy {} came without its bytes; submit with `orch submit` (which sends them)",
-                    plugin.display()
-                ),
-            ));
-        }
-    };
-    let bytes = tokio::fs::metadata(shared.compiler.source(&hex))
-        .await
-        .map_or(0, |m| m.len());
-    let budget = shared
-        .config
-        .tenant(tenant)
-        .map(|t| t.compile)
-        .unwrap_or_default();
-    shared
-        .compiler
-        .request(&hex, tenant, Some(&budget), bytes)
-        .map_err(|e| err(StatusCode::TOO_MANY_REQUESTS, e))?;
-    Ok(hex)
-}
-
 /// Keeps a submitted policy component as `STATE/plugins/SHA256.wasm` (written once, atomically);
 /// returns its hash.
-fn store_policy(state_dir: &Path, base64_text: &str) -> Result<String, String> {
+pub fn store_policy(state_dir: &Path, base64_text: &str) -> Result<String, String> {
     use base64::Engine as _;
     use sha2::Digest as _;
-    let limit = crate::api::POLICY_LIMIT;
+    let limit = POLICY_LIMIT;
     if base64_text.len() > limit / 3 * 4 + 4 {
         return Err(format!(
             "the policy component is over {} MiB; `orch submit` uploads bigger ones first (PUT /v1/plugins/sha256:HEX, up to {} MiB)",

@@ -2,7 +2,7 @@
 //! job has ended and nothing more is written. A client that goes away ends the stream; nothing
 //! else notices.
 
-use crate::engine::Shared;
+use crate::core::state::Shared;
 use std::path::PathBuf;
 use std::sync::Arc;
 use tokio::io::AsyncReadExt;

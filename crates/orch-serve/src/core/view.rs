@@ -2,24 +2,20 @@
 //! each device, and the processes nobody scheduled. Both read what the device thread published
 //! (refreshed every second) and the job table; neither touches NVML or the lease store itself.
 
-use crate::api::{ApiError, Caller, read};
-use crate::db::{JobRow, State};
-use crate::engine::Shared;
-use crate::metrics::{DeviceSample, Snapshot, TenantSample};
+use crate::core::caller::Caller;
+use crate::core::db::{DbError, JobRow, State};
+use crate::core::metrics::{DeviceSample, Snapshot, TenantSample};
+use crate::core::state::Shared;
 use orch_core::sync::lock;
 use std::collections::HashMap;
-use std::sync::Arc;
 
 /// What a non-admin sees of a device holder outside its tenants.
 pub const HIDDEN: &str = "(another tenant's job)";
 
 /// The devices with `held_by` and `foreign_processes`, as `caller` may see them: the names of
 /// its own jobs, others' as [`HIDDEN`] unless it is an admin.
-pub async fn devices(
-    shared: &Arc<Shared>,
-    caller: &Caller,
-) -> Result<Vec<serde_json::Value>, ApiError> {
-    let running = read(shared, |db| db.jobs(&[State::Running], u32::MAX)).await?;
+pub fn devices(shared: &Shared, caller: &Caller) -> Result<Vec<serde_json::Value>, DbError> {
+    let running = shared.db.jobs(&[State::Running], u32::MAX)?;
     let machine = lock(&shared.machine).clone();
     let by_lease: HashMap<&str, &JobRow> = running
         .iter()
@@ -68,11 +64,11 @@ pub async fn devices(
 }
 
 /// Everything one scrape shows, read at once.
-pub async fn metrics_snapshot(shared: &Arc<Shared>) -> Result<Snapshot, ApiError> {
-    let (running, counts) = read(shared, |db| {
-        Ok((db.jobs(&[State::Running], u32::MAX)?, db.counts()?))
-    })
-    .await?;
+pub fn metrics_snapshot(shared: &Shared) -> Result<Snapshot, DbError> {
+    let (running, counts) = (
+        shared.db.jobs(&[State::Running], u32::MAX)?,
+        shared.db.counts()?,
+    );
     let machine = lock(&shared.machine).clone();
     let standing = lock(&shared.standing).clone();
     let by_lease: HashMap<&str, &JobRow> = running

@@ -5,7 +5,7 @@
 //! A refused job never enters the queue; one admitted may still wait there for as long as its
 //! tenant's limits (`max_gpus`) and the machine say.
 
-use crate::config::Tenant;
+use crate::core::config::Tenant;
 
 /// Why a job is not accepted. Each says, in one sentence, what to do instead.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -88,7 +88,7 @@ pub fn admit(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::core::config::Config;
     use std::path::Path;
 
     fn tenant(extra: &str) -> Tenant {

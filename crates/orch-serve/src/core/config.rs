@@ -1,7 +1,7 @@
 //! `serve.toml`: who the daemon serves and within which limits. No file: the user who started
 //! the daemon, alone, as one tenant.
 
-use crate::users::Identity;
+use crate::core::users::Identity;
 use orch_core::InputError;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -607,8 +607,8 @@ impl Config {
     /// warnings at start. They are kept: a name may resolve later (LDAP, an account made after).
     pub fn unknown_names(&self) -> Vec<String> {
         self.unknown_names_with(
-            |user| crate::users::uid_of(user).is_some(),
-            |group| crate::users::gid_of(group).is_some(),
+            |user| crate::core::users::uid_of(user).is_some(),
+            |group| crate::core::users::gid_of(group).is_some(),
         )
     }
 

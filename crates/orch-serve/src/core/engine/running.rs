@@ -5,9 +5,9 @@
 //! what follows; the engine carries it out (files, the database, the lease store, signals). So
 //! every rule here is tested without a socket, a process or a folder.
 
-use crate::config::Tenant;
-use crate::db::State;
-use crate::supervisor::{self, ExitRecord};
+use crate::core::config::Tenant;
+use crate::core::db::State;
+use crate::core::folders::{self, ExitRecord};
 use orch_core::JobSpec;
 use orch_leases::{Holder, Liveness};
 use std::time::{Duration, Instant};
@@ -47,7 +47,7 @@ pub enum StopKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
     /// Its supervisor is this daemon's child: how it ends comes from the wait on it
-    /// ([`crate::engine::Shared::supervisor_exits`]), not from `/proc`.
+    /// ([`crate::core::state::Shared::supervisor_exits`]), not from `/proc`.
     Spawned,
     /// A supervisor found running after a restart, watched through `/proc`.
     Adopted,
@@ -280,8 +280,8 @@ impl Running {
                 pid,
                 signal: match stop.kind {
                     _ if self.held() => libc::SIGTERM,
-                    StopKind::Preempt => supervisor::PREEMPT_SIGNAL,
-                    StopKind::Idle => supervisor::IDLE_SIGNAL,
+                    StopKind::Preempt => folders::PREEMPT_SIGNAL,
+                    StopKind::Idle => folders::IDLE_SIGNAL,
                 },
                 purpose: Purpose::Stop,
             }),
@@ -365,7 +365,7 @@ impl Running {
             Some(_) if exit.state == State::Queued && self.cancel != Cancel::None => (
                 ExitRecord {
                     state: State::Cancelled,
-                    reason: Some(supervisor::CANCELLED.into()),
+                    reason: Some(folders::CANCELLED.into()),
                     ..exit
                 },
                 false,
@@ -385,7 +385,7 @@ impl Running {
                 kind: StopKind::Idle,
                 reason,
                 ..
-            }) if exit.reason.as_deref() == Some(supervisor::IDLE) => (
+            }) if exit.reason.as_deref() == Some(folders::IDLE) => (
                 ExitRecord {
                     state: State::Failed,
                     reason: Some(reason.clone()),
@@ -405,7 +405,7 @@ impl Running {
             return Death::Finish(match (self.cancel, &self.stop) {
                 (Cancel::None, None) => held_ended(pid, now_ms),
                 (Cancel::None, Some(stop)) => ended_record(State::Failed, &stop.reason, now_ms),
-                _ => ended_record(State::Cancelled, supervisor::CANCELLED, now_ms),
+                _ => ended_record(State::Cancelled, folders::CANCELLED, now_ms),
             });
         }
         if self.supervisor.is_none()

@@ -1,0 +1,24 @@
+//! The daemon's domain, which knows no HTTP: its state ([`state`]), the job database ([`db`]),
+//! the job folders and their files ([`folders`]), admission ([`admission`]), the engine that
+//! places and watches jobs ([`engine`]) with the scheduler ([`sched`]) and the queue policy
+//! ([`queue_policy`]), the compiles of tenants' policies ([`compile`]), the config, the users,
+//! the read model the API shows ([`view`]) and the metrics registry ([`metrics`]).
+//!
+//! Nothing here imports axum or hyper: [`crate::http`] and [`crate::web`] call into this layer,
+//! never the other way round.
+
+pub mod admission;
+pub mod caller;
+pub mod compile;
+pub mod config;
+pub mod db;
+pub mod engine;
+pub mod folders;
+pub mod health;
+pub mod kick;
+pub mod metrics;
+pub mod queue_policy;
+pub mod sched;
+pub mod state;
+pub mod users;
+pub mod view;

@@ -1,0 +1,19 @@
+//! What wakes the engine thread: the API, the supervisors' waits and the compiles send it a
+//! [`Kick`].
+
+/// What wakes the engine.
+#[derive(Debug)]
+pub enum Kick {
+    /// A job was committed to the queue.
+    Submitted(i64),
+    /// A running job is to be stopped (its row says so already for a queued one).
+    Cancel(i64),
+    /// A queued job was cancelled in the database: forget it.
+    Dequeued(i64),
+    /// A supervisor process ended.
+    SupervisorExited,
+    /// The process holding lease job `id` released it (`POST /v1/leases/ID/release`).
+    Release(i64),
+    /// A policy component (its digest, hex) compiled, or failed to.
+    PolicyCompiled(String),
+}

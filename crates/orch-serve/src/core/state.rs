@@ -1,0 +1,107 @@
+//! The daemon's state: what the engine thread, the API and the device watcher share
+//! ([`Shared`]).
+
+use crate::core::config::Config;
+use crate::core::db::Db;
+use crate::core::kick::Kick;
+use orch_core::sync::lock;
+use orch_devices::Inventory;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, mpsc};
+
+/// What the API and the engine share.
+#[derive(Debug)]
+pub struct Shared {
+    pub db: Db,
+    /// Compiles the policy components tenants send, off the engine thread.
+    pub compiler: crate::core::compile::Compiler,
+    pub config: Config,
+    pub state_dir: PathBuf,
+    pub devices: String,
+    pub kick: Mutex<mpsc::Sender<Kick>>,
+    /// Why each queued job waits, from the last scheduling pass.
+    pub reasons: Mutex<HashMap<i64, String>>,
+    /// Devices orch may place on (visible to the daemon).
+    pub visible_devices: usize,
+    /// Which inventory the daemon reads.
+    pub backend: orch_devices::Backend,
+    /// The orch binary, started as `orch __supervise DIR` per job.
+    pub exe: PathBuf,
+    pub root: bool,
+    /// Every tenant's fair-share standing, from the latest pass or usage sample.
+    pub standing: Mutex<Vec<orch_queue::Tenant>>,
+    /// The latest reading of the machine (devices, leases, foreign processes), every second.
+    pub machine: Mutex<MachineView>,
+    /// What the daemon counts for `/metrics`.
+    pub metrics: crate::core::metrics::Counters,
+    /// Whether the state folder takes writes (a full or read-only disk refuses submissions).
+    pub health: crate::core::health::StateHealth,
+    /// How each supervisor this daemon started ended, by (job, attempt): the wait on the child
+    /// knows it for certain, with no `/proc` reading that could fail.
+    pub supervisor_exits: Mutex<HashMap<(i64, u32), SupervisorEnd>>,
+}
+
+/// How a supervisor process this daemon started ended.
+#[derive(Debug, Clone, Copy)]
+pub struct SupervisorEnd {
+    pub pid: u32,
+    pub status: Option<std::process::ExitStatus>,
+}
+
+impl SupervisorEnd {
+    /// Why it ended, as a job's reason says: "was killed by signal 9", "exited with status 2".
+    pub fn words(&self) -> String {
+        use std::os::unix::process::ExitStatusExt;
+        match self.status {
+            Some(status) => match (status.signal(), status.code()) {
+                (Some(signal), _) => format!(
+                    "its supervisor (pid {}) was killed by signal {signal} before it recorded how the job ended",
+                    self.pid
+                ),
+                (None, Some(code)) => format!(
+                    "its supervisor (pid {}) exited with status {code} before it recorded how the job ended (see supervisor.log in the job's folder)",
+                    self.pid
+                ),
+                _ => format!(
+                    "its supervisor (pid {}) ended before it recorded how the job ended",
+                    self.pid
+                ),
+            },
+            None => format!(
+                "its supervisor (pid {}) ended before it recorded how the job ended",
+                self.pid
+            ),
+        }
+    }
+}
+
+/// One reading of the machine: cheap to clone (shared parts).
+#[derive(Debug, Clone)]
+pub struct MachineView {
+    pub inventory: Arc<Inventory>,
+    /// The lease store's live leases (the daemon's jobs and `orch run`'s).
+    pub leases: Arc<Vec<orch_leases::Lease>>,
+    /// Per device uuid, the processes no lease on it covers.
+    pub foreign: Arc<std::collections::BTreeMap<String, Vec<orch_devices::GpuProcess>>>,
+}
+
+impl MachineView {
+    pub fn new(inventory: Inventory) -> MachineView {
+        MachineView {
+            inventory: Arc::new(inventory),
+            leases: Arc::default(),
+            foreign: Arc::default(),
+        }
+    }
+}
+
+impl Shared {
+    pub fn kick(&self, kick: Kick) {
+        let _ = lock(&self.kick).send(kick);
+    }
+
+    pub fn job_dir(&self, id: i64, attempt: u32) -> PathBuf {
+        self.state_dir.join("jobs").join(format!("{id}-{attempt}"))
+    }
+}

@@ -1,0 +1,105 @@
+//! What every handler asks first: whether the caller is served at all, which tenant a request
+//! counts against, which jobs the caller may see; and database reads off the runtime's workers.
+
+use crate::core::caller::Caller;
+use crate::core::db::JobRow;
+use crate::core::state::Shared;
+use crate::http::error::{ApiResult, err, internal};
+use axum::http::StatusCode;
+use std::sync::Arc;
+
+pub(crate) fn admitted(caller: &Caller) -> ApiResult<()> {
+    if caller.unauthenticated {
+        return Err(err(
+            StatusCode::UNAUTHORIZED,
+            "this listener needs a token: send `Authorization: Bearer TOKEN`, or log in on the web page",
+        ));
+    }
+    match &caller.refused {
+        Some(why) => Err(err(StatusCode::FORBIDDEN, why.clone())),
+        None => Ok(()),
+    }
+}
+
+/// The tenant a request of `caller` counts against: the one it names (which the caller must be
+/// in, or an admin may name), else the caller's first. `place` (the job file) leads the refusal.
+pub(crate) fn tenant_for(
+    shared: &Shared,
+    caller: &Caller,
+    wanted: Option<&str>,
+    place: Option<&str>,
+) -> ApiResult<String> {
+    match wanted {
+        Some(t)
+            if caller.tenants.iter().any(|c| c == t)
+                || (caller.admin && shared.config.tenant(t).is_some()) =>
+        {
+            Ok(t.to_string())
+        }
+        Some(t) => {
+            let place = place.map_or(String::new(), |p| format!("{p}: "));
+            Err(err(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "{place}user {} is not in tenant \"{t}\"",
+                    caller.identity.name
+                ),
+            ))
+        }
+        None => caller.tenants.first().cloned().ok_or_else(|| {
+            err(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "user {} is in no tenant of this daemon; ask its admin to add them",
+                    caller.identity.name
+                ),
+            )
+        }),
+    }
+}
+
+/// A database read, on the blocking pool: a slow read never holds up the runtime's workers.
+pub(crate) async fn read<T: Send + 'static>(
+    shared: &Arc<Shared>,
+    f: impl FnOnce(&crate::core::db::Db) -> Result<T, crate::core::db::DbError> + Send + 'static,
+) -> ApiResult<T> {
+    read_model(shared, move |shared| f(&shared.db)).await
+}
+
+/// A read of the daemon's state that touches the database ([`crate::core::view`]), on the
+/// blocking pool as [`read`] is.
+pub(crate) async fn read_model<T: Send + 'static>(
+    shared: &Arc<Shared>,
+    f: impl FnOnce(&Shared) -> Result<T, crate::core::db::DbError> + Send + 'static,
+) -> ApiResult<T> {
+    let shared = Arc::clone(shared);
+    tokio::task::spawn_blocking(move || f(&shared))
+        .await
+        .map_err(internal)?
+        .map_err(internal)
+}
+
+pub(crate) fn visible_to(caller: &Caller, row: &JobRow) -> bool {
+    caller.admin || caller.tenants.contains(&row.tenant)
+}
+
+/// The job, if it exists and the caller may see it; 404 alike otherwise, so that another
+/// tenant's jobs are not revealed.
+pub(crate) async fn find(
+    shared: &Arc<Shared>,
+    caller: &Caller,
+    id: &str,
+) -> ApiResult<(i64, JobRow)> {
+    admitted(caller)?;
+    let not_found = || {
+        err(
+            StatusCode::NOT_FOUND,
+            format!("no job {id} (orch jobs --all lists yours)"),
+        )
+    };
+    let n: i64 = id.parse().map_err(|_| not_found())?;
+    match read(shared, move |db| db.job(n)).await? {
+        Some(row) if visible_to(caller, &row) => Ok((n, row)),
+        _ => Err(not_found()),
+    }
+}

@@ -1,0 +1,382 @@
+//! Jobs over the API: submit (`POST /v1/jobs`), list, status, cancel, and their logs.
+
+use crate::core::admission::{self, Refusal};
+use crate::core::caller::Caller;
+use crate::core::db::{JobRow, State, Submission};
+use crate::core::kick::Kick;
+use crate::core::state::Shared;
+use crate::http::access::{admitted, find, read, tenant_for, visible_to};
+use crate::http::error::{ApiResult, err, internal};
+use crate::http::wire::{SubmitRequest, SubmitResponse};
+use axum::Json;
+use axum::extract::{Extension, Path, Query, State as AxState};
+use axum::http::StatusCode;
+use axum::response::Response;
+use orch_core::sync::lock;
+use orch_core::time::now_ms;
+use serde::Deserialize;
+use std::sync::Arc;
+
+pub(crate) async fn submit(
+    AxState(shared): AxState<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    body: axum::body::Bytes,
+) -> ApiResult<(StatusCode, Json<SubmitResponse>)> {
+    admitted(&caller)?;
+    if caller.remote {
+        return Err(err(
+            StatusCode::FORBIDDEN,
+            "jobs are submitted over the daemon's Unix socket, where it knows which Unix user to run them as; use `orch submit` on the machine",
+        ));
+    }
+    let request: SubmitRequest = serde_json::from_slice(&body).map_err(|e| {
+        err(
+            StatusCode::BAD_REQUEST,
+            format!("the request body is not a job submission: {e}"),
+        )
+    })?;
+    let id = accept(&shared, &caller, request, None).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(SubmitResponse { id: id.to_string() }),
+    ))
+}
+
+/// Checks a submission (the job file, the tenant and its limits), commits it to the queue and
+/// wakes the engine; returns the job's id. `holder`: the process that holds the lease itself (a
+/// lease taken from a Python program, `POST /v1/leases`): nothing is started for such a job.
+pub(crate) async fn accept(
+    shared: &Arc<Shared>,
+    caller: &Caller,
+    request: SubmitRequest,
+    holder: Option<orch_leases::Holder>,
+) -> ApiResult<i64> {
+    // A job the daemon cannot record is not accepted: 503 with the sentence, never a 201 for
+    // a job that would then be lost.
+    if let Some(refusal) = shared.health.refusal() {
+        return Err(Refusal::Unavailable(refusal).into());
+    }
+    let spec = orch_core::job::parse(std::path::Path::new(&request.job_path), &request.job_text)
+        .map_err(|e| err(StatusCode::BAD_REQUEST, e.to_string()))?;
+    orch_runner::check_enforcement(&spec, shared.backend)
+        .map_err(|e| err(StatusCode::BAD_REQUEST, e))?;
+    let gpus_at = spec.resources.gpus_at.to_string();
+    let asked = admission::Asked {
+        place: &request.job_path,
+        gpus_at: &gpus_at,
+        gpus: spec.resources.gpus,
+        priority: spec.priority,
+    };
+    admission::devices(&asked, shared.visible_devices)?;
+    let tenant = tenant_for(
+        shared,
+        caller,
+        spec.tenant.as_deref(),
+        Some(&request.job_path),
+    )?;
+    if spec.resources.nodes > 1 || !spec.sweep.is_empty() {
+        let what = if spec.resources.nodes > 1 {
+            format!("nodes = {}", spec.resources.nodes)
+        } else {
+            "[sweep]".to_string()
+        };
+        return Err(err(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "{}: {what} is for Slurm: this daemon serves one machine, one job per submission; submit it with `orch submit --slurm`",
+                request.job_path
+            ),
+        ));
+    }
+    let limits = shared.config.tenant(&tenant).cloned();
+    if let Some(limits) = &limits {
+        admission::priority(limits, &asked)?;
+    }
+    let row = JobRow {
+        id: String::new(),
+        name: spec.name.clone(),
+        tenant,
+        user: caller.identity.name.clone(),
+        uid: caller.identity.uid,
+        state: State::Queued,
+        gpus: spec.resources.gpus,
+        priority: spec.priority,
+        requeue: spec.requeue,
+        submitted_at_ms: now_ms(),
+        started_at_ms: None,
+        ended_at_ms: None,
+        exit_code: None,
+        reason: None,
+        lease_id: None,
+        devices: Vec::new(),
+        attempt: 0,
+        cancel_requested: false,
+        gpu_seconds: 0.0,
+        charged_ms: None,
+        events: Vec::new(),
+    };
+    let key = request.key.filter(|k| !k.is_empty() && k.len() <= 128);
+    let policy_file = match &spec.policy.plugin {
+        orch_core::PluginRef::Builtin(_) => None,
+        orch_core::PluginRef::Path(path) => Some(
+            crate::http::plugins::submitted(
+                shared,
+                &row.tenant,
+                &spec.policy.plugin_at.to_string(),
+                path,
+                request.policy_wasm.as_deref(),
+                request.policy_digest.as_deref(),
+            )
+            .await?,
+        ),
+    };
+    let submission = Submission {
+        job_text: request.job_text,
+        job_path: request.job_path,
+        cwd: request.cwd,
+        env: request.env,
+        identity: caller.identity.clone(),
+        policy_file,
+        holder,
+    };
+    let tenant = row.tenant.clone();
+    // The limit is checked in the same transaction as the insert: concurrent submissions
+    // cannot overshoot it.
+    let admitted = shared
+        .db
+        .write_value(move |tx| {
+            // A submission sent again (its answer lost in a restart) is the job already taken.
+            if let Some(id) = crate::core::db::job_with_key(tx, key.as_deref())? {
+                return Ok(Ok(id));
+            }
+            if let Some(limits) = &limits
+                && let Err(refusal) =
+                    admission::queue(limits, crate::core::db::queued_in(tx, &row.tenant)?)
+            {
+                return Ok(Err(refusal));
+            }
+            crate::core::db::insert_job(tx, &row, &submission, key.as_deref()).map(Ok)
+        })
+        .await
+        .map_err(|e| match e.fault() {
+            Some(fault) => {
+                shared.health.report(fault, e.to_string());
+                let refusal = shared.health.refusal().unwrap_or_else(|| e.to_string());
+                err(StatusCode::SERVICE_UNAVAILABLE, refusal)
+            }
+            None => internal(e),
+        })?;
+    let id = admitted?;
+    shared.metrics.submitted(&tenant);
+    shared.kick(Kick::Submitted(id));
+    Ok(id)
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct ListQuery {
+    #[serde(default)]
+    all: bool,
+    /// Each job's events too.
+    #[serde(default)]
+    events: bool,
+    /// At most this many of the newest jobs.
+    #[serde(default)]
+    limit: Option<u32>,
+    /// Every queued and running job, and this many of the newest that ended (the web page).
+    #[serde(default)]
+    recent: Option<usize>,
+}
+
+/// Most jobs one listing returns.
+const LIST_LIMIT: u32 = 10_000;
+/// Most jobs of one listing whose events come with it.
+const EVENTS_LIMIT: usize = 500;
+
+pub(crate) async fn list(
+    AxState(shared): AxState<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Query(q): Query<ListQuery>,
+) -> ApiResult<Json<Vec<JobRow>>> {
+    admitted(&caller)?;
+    let states: &'static [State] = if q.all {
+        &[]
+    } else {
+        &[State::Queued, State::Running]
+    };
+    let limit = q.limit.unwrap_or(LIST_LIMIT).min(LIST_LIMIT);
+    let recent = q.recent;
+    let rows = read(&shared, move |db| match recent {
+        // Every active job, however many newer ones ended, and the newest that ended.
+        Some(_) => {
+            let mut rows = db.jobs(&[State::Queued, State::Running], u32::MAX)?;
+            rows.extend(db.jobs(
+                &[
+                    State::Succeeded,
+                    State::Failed,
+                    State::Cancelled,
+                    State::Lost,
+                ],
+                LIST_LIMIT,
+            )?);
+            rows.sort_by_key(|r| r.id.parse::<i64>().unwrap_or(0));
+            Ok(rows)
+        }
+        None => db.jobs(states, LIST_LIMIT),
+    })
+    .await?;
+    let reasons = lock(&shared.reasons).clone();
+    let mut rows: Vec<JobRow> = rows
+        .into_iter()
+        .filter(|r| visible_to(&caller, r))
+        .map(|r| with_reason(r, &reasons))
+        .collect();
+    if let Some(recent) = q.recent {
+        let ended = rows.iter().filter(|r| r.state.is_final()).count();
+        let mut skip = ended.saturating_sub(recent);
+        rows.retain(|r| {
+            if r.state.is_final() && skip > 0 {
+                skip -= 1;
+                return false;
+            }
+            true
+        });
+    }
+    if rows.len() > limit as usize {
+        rows.drain(..rows.len() - limit as usize);
+    }
+    if q.events {
+        rows = read(&shared, move |db| {
+            // Events for the newest jobs only: one listing must not hold the database for long.
+            let skip = rows.len().saturating_sub(EVENTS_LIMIT);
+            for row in rows.iter_mut().skip(skip) {
+                row.events = db.events(row.id.parse().unwrap_or(0))?;
+            }
+            Ok(rows)
+        })
+        .await?;
+    }
+    Ok(Json(rows))
+}
+
+fn with_reason(mut row: JobRow, reasons: &std::collections::HashMap<i64, String>) -> JobRow {
+    if row.state == State::Queued
+        && let Some(why) = row.id.parse().ok().and_then(|id: i64| reasons.get(&id))
+    {
+        row.reason = Some(why.clone());
+    }
+    row
+}
+
+pub(crate) async fn status(
+    AxState(shared): AxState<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<JobRow>> {
+    let (n, mut row) = find(&shared, &caller, &id).await?;
+    row.events = read(&shared, move |db| db.events(n)).await?;
+    let reasons = lock(&shared.reasons).clone();
+    Ok(Json(with_reason(row, &reasons)))
+}
+
+pub(crate) async fn cancel(
+    AxState(shared): AxState<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<(StatusCode, Json<JobRow>)> {
+    let (n, row) = find(&shared, &caller, &id).await?;
+    match row.state {
+        State::Queued => {
+            let change = crate::core::db::Change {
+                state: Some(State::Cancelled),
+                ended_at_ms: Some(now_ms()),
+                reason: Some(format!("cancelled by {}", caller.identity.name)),
+                only_if: Some(State::Queued),
+                event: Some(crate::core::db::Event::now(
+                    "finished",
+                    format!("cancelled by {} while queued", caller.identity.name),
+                )),
+                ..Default::default()
+            };
+            let changed = shared
+                .db
+                .write(move |tx| crate::core::db::apply(tx, n, &change))
+                .await
+                .map_err(internal)?;
+            if changed == 1 {
+                shared.kick(Kick::Dequeued(n));
+                let row = read(&shared, move |db| db.job(n)).await?.unwrap_or(row);
+                return Ok((StatusCode::OK, Json(row)));
+            }
+            // It started meanwhile: stop it.
+            request_stop(&shared, n, &caller).await?;
+            Ok((StatusCode::ACCEPTED, Json(row)))
+        }
+        State::Running => {
+            request_stop(&shared, n, &caller).await?;
+            Ok((StatusCode::ACCEPTED, Json(row)))
+        }
+        other => Err(err(
+            StatusCode::CONFLICT,
+            format!("job {id} has already ended ({})", other.as_str()),
+        )),
+    }
+}
+
+/// Commits the cancel of a running job before it is carried out, so that a daemon restarted in
+/// between still carries it out.
+async fn request_stop(shared: &Arc<Shared>, n: i64, caller: &Caller) -> ApiResult<()> {
+    let change = crate::core::db::Change {
+        cancel_requested: Some(true),
+        only_if: Some(State::Running),
+        event: Some(crate::core::db::Event::now(
+            "stopping",
+            format!("cancel asked by {}", caller.identity.name),
+        )),
+        ..Default::default()
+    };
+    shared
+        .db
+        .write(move |tx| crate::core::db::apply(tx, n, &change))
+        .await
+        .map_err(internal)?;
+    shared.kick(Kick::Cancel(n));
+    Ok(())
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct LogsQuery {
+    #[serde(default)]
+    follow: bool,
+    #[serde(default)]
+    stream: Option<String>,
+}
+
+pub(crate) async fn logs(
+    AxState(shared): AxState<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    Query(q): Query<LogsQuery>,
+) -> ApiResult<Response> {
+    let (n, row) = find(&shared, &caller, &id).await?;
+    let name = match q.stream.as_deref() {
+        None | Some("stdout") => "stdout",
+        Some("stderr") => "stderr",
+        Some(other) => {
+            return Err(err(
+                StatusCode::BAD_REQUEST,
+                format!("stream={other}: give stdout or stderr"),
+            ));
+        }
+    };
+    let file = shared.job_dir(n, row.attempt.max(1)).join(name);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(8);
+    let follow = q.follow;
+    tokio::spawn(crate::http::logs::pump(shared.clone(), n, file, follow, tx));
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    Response::builder()
+        .header("content-type", "text/plain; charset=utf-8")
+        .body(axum::body::Body::from_stream(stream))
+        .map_err(internal)
+}

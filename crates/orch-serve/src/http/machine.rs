@@ -1,0 +1,103 @@
+//! The machine and its tenants over the API: `/v1/devices`, `/v1/tenants`, `/v1/whoami` and
+//! `/metrics`.
+
+use crate::core::caller::Caller;
+use crate::core::db::{JobRow, State};
+use crate::core::state::Shared;
+use crate::http::access::{admitted, read, read_model};
+use crate::http::error::{ApiError, ApiResult, err};
+use crate::http::wire::TenantRow;
+use axum::Json;
+use axum::extract::{Extension, State as AxState};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
+
+pub(crate) async fn devices(
+    AxState(shared): AxState<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+) -> ApiResult<Json<Vec<serde_json::Value>>> {
+    admitted(&caller)?;
+    let view = read_model(&shared, move |shared| {
+        crate::core::view::devices(shared, &caller)
+    })
+    .await?;
+    Ok(Json(view))
+}
+
+/// Who the daemon takes the caller for.
+pub(crate) async fn whoami(
+    Extension(caller): Extension<Caller>,
+) -> ApiResult<Json<serde_json::Value>> {
+    admitted(&caller)?;
+    Ok(Json(serde_json::json!({
+        "name": caller.identity.name,
+        "tenants": caller.tenants,
+        "admin": caller.admin,
+    })))
+}
+
+/// Prometheus' text format; admins only (job and tenant names of everyone are in it).
+pub(crate) async fn metrics(
+    AxState(shared): AxState<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Response, ApiError> {
+    admitted(&caller)?;
+    if !caller.admin {
+        return Err(err(
+            StatusCode::FORBIDDEN,
+            "/metrics is for admins: scrape it with an admin token (admin_tokens) or as an admin user",
+        ));
+    }
+    let snapshot = read_model(&shared, crate::core::view::metrics_snapshot).await?;
+    let text = crate::core::metrics::render(&snapshot, &shared.metrics);
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
+}
+
+pub(crate) async fn tenants(
+    AxState(shared): AxState<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+) -> ApiResult<Json<Vec<TenantRow>>> {
+    admitted(&caller)?;
+    let active = read(&shared, |db| {
+        db.jobs(&[State::Queued, State::Running], u32::MAX)
+    })
+    .await?;
+    let standing = orch_core::sync::lock(&shared.standing).clone();
+    Ok(Json(
+        shared
+            .config
+            .tenants
+            .iter()
+            .filter(|t| caller.admin || caller.tenants.contains(&t.name))
+            .map(|t| {
+                let mine = active.iter().filter(|j| j.tenant == t.name);
+                let running: Vec<&JobRow> =
+                    mine.clone().filter(|j| j.state == State::Running).collect();
+                let fair = standing.iter().find(|s| s.name == t.name);
+                TenantRow {
+                    name: t.name.clone(),
+                    share: t.share,
+                    normalized_share: fair.map_or(0.0, |f| f.normalized_share),
+                    usage_gpu_seconds: fair.map_or(0.0, |f| f.usage_gpu_s),
+                    normalized_usage: fair.map_or(0.0, |f| f.normalized_usage),
+                    fair_share: fair.map_or(1.0, |f| f.fair_share),
+                    max_gpus: t.max_gpus,
+                    max_queued: t.max_queued,
+                    max_priority: t.max_priority,
+                    max_runtime_s: t.max_runtime.map(|d| d.as_secs_f64()),
+                    gpus_held: running.iter().map(|j| j.gpus).sum(),
+                    jobs_queued: mine.filter(|j| j.state == State::Queued).count() as u32,
+                    jobs_running: running.len() as u32,
+                }
+            })
+            .collect(),
+    ))
+}

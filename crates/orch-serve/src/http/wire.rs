@@ -1,0 +1,115 @@
+//! The API's wire types: what requests carry and answers say, as the CLI (`orch`) and the
+//! Python package read them. Apart from the database's rows: a change of the schema never
+//! changes an answer by accident.
+
+use crate::core::db::State;
+use serde::{Deserialize, Serialize};
+
+pub use crate::core::compile::{POLICY_LIMIT, UPLOAD_LIMIT};
+
+/// The body of `POST /v1/jobs`: the job file's text and where it was, the client's working
+/// folder and environment (as `sbatch` passes them by default).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SubmitRequest {
+    pub job_text: String,
+    /// The job file's absolute path (relative paths in it resolve against its folder); for a
+    /// quick-form job, a file name in the working folder.
+    pub job_path: String,
+    pub cwd: String,
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    /// A key unique to this submission, chosen by the client: sent again (after a daemon
+    /// restart lost the answer), it returns the job already accepted instead of a second one.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// When the job's `[policy] plugin` is a file: its bytes (base64), as the submitting user
+    /// read them. The daemon never opens a user's path itself: it could name a file only root may
+    /// read, or a FIFO that never ends.
+    #[serde(default)]
+    pub policy_wasm: Option<String>,
+    /// When the job's `[policy] plugin` is a file: its digest (`sha256:HEX`), uploaded before
+    /// with `PUT /v1/plugins/sha256:HEX`, instead of `policy_wasm`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_digest: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SubmitResponse {
+    pub id: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+}
+
+/// A tenant as `GET /v1/tenants` (and `orch usage`) shows it: the columns of Slurm's `sshare`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TenantRow {
+    pub name: String,
+    /// The configured weight.
+    pub share: f64,
+    /// Its fraction of every tenant's shares: what fair share aims at.
+    #[serde(default)]
+    pub normalized_share: f64,
+    /// Decayed usage, GPU-seconds (half-life `usage_half_life`).
+    #[serde(default)]
+    pub usage_gpu_seconds: f64,
+    /// Its fraction of every tenant's decayed usage.
+    #[serde(default)]
+    pub normalized_usage: f64,
+    /// `2^(-normalized_usage / normalized_share)`: 1 unused, 0.5 at its share, towards 0 beyond.
+    #[serde(default)]
+    pub fair_share: f64,
+    pub max_gpus: Option<u32>,
+    pub max_queued: Option<u32>,
+    #[serde(default)]
+    pub max_priority: Option<i64>,
+    #[serde(default)]
+    pub max_runtime_s: Option<f64>,
+    pub gpus_held: u32,
+    pub jobs_queued: u32,
+    pub jobs_running: u32,
+}
+
+/// Largest request body accepted (a job file, an environment and a policy component in base64).
+pub const BODY_LIMIT: usize = POLICY_LIMIT / 3 * 4 + (4 << 20);
+
+/// What `GET`, `HEAD` and `PUT /v1/plugins/sha256:HEX` answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PluginAnswer {
+    pub digest: String,
+    pub bytes: u64,
+    /// `stored`, `queued`, `compiling`, `compiled` or `failed`.
+    pub state: String,
+    /// Why it is not compiling, when a budget stopped it (the submission naming it says so too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// The body of `POST /v1/leases`: a submission (the lease's request as a job file's text) and
+/// whether to wait in the queue when nothing fits now.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LeaseRequest {
+    #[serde(flatten)]
+    pub submission: SubmitRequest,
+    #[serde(default)]
+    pub wait: bool,
+}
+
+/// A held lease as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LeaseView {
+    pub job_id: String,
+    pub state: State,
+    pub lease_id: Option<String>,
+    /// The leased devices with both numberings, best first (empty until it runs).
+    pub devices: Vec<serde_json::Value>,
+    pub policy: Option<String>,
+    /// The policy's reason once it runs; why it waits while queued; how it ended after.
+    pub reason: Option<String>,
+    pub rejected: Vec<serde_json::Value>,
+    /// The device variables the process sets for itself (what `orch run` gives a job).
+    pub env: std::collections::BTreeMap<String, String>,
+    pub exclusive: bool,
+}
