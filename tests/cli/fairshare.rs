@@ -22,20 +22,42 @@ fn started_ms(d: &Daemon, id: &str) -> u64 {
 }
 
 /// Two tenants of equal share (this user is in both and names one per job). `b` first holds the
-/// whole machine for a second; then both queue four jobs of two seconds on all eight devices.
-/// Fair share alternates them, starting with `a`, which has used nothing; the simulator, given
-/// the same trace, starts them in the same order.
-#[test]
-fn two_tenants_start_in_the_order_the_simulator_gives() {
-    let config = "[[tenant]]\nname = \"a\"\nusers = [\"{me}\"]\n[[tenant]]\nname = \"b\"\nusers = [\"{me}\"]\n";
-    let d = daemon("fairorder", config);
-    let hold = d.submit(&["--tenant", "b", "--gpus", "8", "--", "sleep", "1"]);
+/// whole machine for `hold_s`; meanwhile both queue jobs of `job_s` seconds on all eight devices,
+/// `rounds` times `per_round` (in that order). Returns the tenants in the order their jobs
+/// started on the daemon, after checking that `orch simulate`, given the same trace, starts them
+/// in the same order.
+fn order_against_the_simulator(
+    d: &Daemon,
+    hold_s: u32,
+    job_s: u32,
+    rounds: usize,
+    per_round: &[(&'static str, usize)],
+) -> Vec<&'static str> {
+    let hold = d.submit(&[
+        "--tenant",
+        "b",
+        "--gpus",
+        "8",
+        "--",
+        "sleep",
+        &hold_s.to_string(),
+    ]);
     d.wait_state(&hold, "running");
     let mut jobs = Vec::new();
-    for _ in 0..4 {
-        for tenant in ["b", "a"] {
-            let id = d.submit(&["--tenant", tenant, "--gpus", "8", "--", "sleep", "2"]);
-            jobs.push((id, tenant));
+    for _ in 0..rounds {
+        for &(tenant, n) in per_round {
+            for _ in 0..n {
+                let id = d.submit(&[
+                    "--tenant",
+                    tenant,
+                    "--gpus",
+                    "8",
+                    "--",
+                    "sleep",
+                    &job_s.to_string(),
+                ]);
+                jobs.push((id, tenant));
+            }
         }
     }
     for (id, _) in &jobs {
@@ -43,18 +65,21 @@ fn two_tenants_start_in_the_order_the_simulator_gives() {
     }
     let mut real: Vec<(u64, &str)> = jobs
         .iter()
-        .map(|(id, tenant)| (started_ms(&d, id), *tenant))
+        .map(|(id, tenant)| (started_ms(d, id), *tenant))
         .collect();
     real.sort();
-    let real: Vec<&str> = real.into_iter().map(|(_, t)| t).collect();
+    let real: Vec<&'static str> = real.into_iter().map(|(_, t)| t).collect();
 
     // The same trace through `orch simulate`.
-    let mut trace = String::from("{\"at\": 0, \"tenant\": \"b\", \"gpus\": 8, \"duration\": 1}\n");
-    for _ in 0..4 {
-        for tenant in ["b", "a"] {
-            trace.push_str(&format!(
-                "{{\"at\": 0.2, \"tenant\": \"{tenant}\", \"gpus\": 8, \"duration\": 2}}\n"
-            ));
+    let mut trace =
+        format!("{{\"at\": 0, \"tenant\": \"b\", \"gpus\": 8, \"duration\": {hold_s}}}\n");
+    for _ in 0..rounds {
+        for &(tenant, n) in per_round {
+            for _ in 0..n {
+                trace.push_str(&format!(
+                    "{{\"at\": 0.2, \"tenant\": \"{tenant}\", \"gpus\": 8, \"duration\": {job_s}}}\n"
+                ));
+            }
         }
     }
     let trace_path = d.state.join("trace.jsonl");
@@ -85,6 +110,18 @@ fn two_tenants_start_in_the_order_the_simulator_gives() {
         real, simulated,
         "the daemon's order against the simulator's"
     );
+    real
+}
+
+const TWO_TENANTS: &str =
+    "[[tenant]]\nname = \"a\"\nusers = [\"{me}\"]\n[[tenant]]\nname = \"b\"\nusers = [\"{me}\"]\n";
+
+/// Fair share alternates the two tenants, starting with `a`, which has used nothing; the
+/// simulator, given the same trace, starts them in the same order.
+#[test]
+fn two_tenants_start_in_the_order_the_simulator_gives() {
+    let d = daemon("fairorder", TWO_TENANTS);
+    let real = order_against_the_simulator(&d, 1, 2, 4, &[("b", 1), ("a", 1)]);
     assert_eq!(real, ["a", "b", "a", "b", "a", "b", "a", "b"]);
 
     // Both used about the same (b: the hold and four jobs; a: four jobs).
@@ -110,6 +147,19 @@ fn two_tenants_start_in_the_order_the_simulator_gives() {
         table.contains("FAIR-SHARE") && table.lines().count() == 3,
         "{table}"
     );
+}
+
+/// The same against the simulator when one tenant asks ten times as much as the other: `b`
+/// queues ten jobs for each of `a`'s. `a`, which has used nothing, is not held up behind `b`'s
+/// backlog: its two jobs start first, then `b`'s twenty.
+#[test]
+fn a_light_and_a_heavy_tenant_start_in_the_order_the_simulator_gives() {
+    let d = daemon("fairten", TWO_TENANTS);
+    // The hold lasts while the 22 jobs are submitted, so all wait for the same pass.
+    let real = order_against_the_simulator(&d, 5, 1, 2, &[("b", 10), ("a", 1)]);
+    let mut expected = vec!["a", "a"];
+    expected.extend(["b"; 20]);
+    assert_eq!(real, expected);
 }
 
 #[test]
