@@ -221,7 +221,7 @@ fn scheduling_pass(queued: usize, free: usize) -> f64 {
         holder: None,
     };
     let row = JobRow {
-        id: String::new(),
+        id: 0,
         name: "q".into(),
         tenant: "bench".into(),
         user: "bench".into(),
@@ -241,7 +241,6 @@ fn scheduling_pass(queued: usize, free: usize) -> f64 {
         cancel_requested: false,
         gpu_seconds: 0.0,
         charged_ms: None,
-        events: Vec::new(),
     };
     db.write_blocking(move |tx| {
         for _ in 0..queued {

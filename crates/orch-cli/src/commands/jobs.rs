@@ -5,7 +5,7 @@ use crate::client::{Client, answer_failure};
 use crate::failure::{CmdResult, Failure};
 use crate::table;
 use hyper::{Method, StatusCode};
-use orch_serve::{JobRow, State, SubmitRequest, SubmitResponse};
+use orch_serve::{Job, State, SubmitRequest, SubmitResponse};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
@@ -196,13 +196,13 @@ pub fn list(args: &JobsArgs) -> CmdResult {
         println!("{}", String::from_utf8_lossy(&body));
         return Ok(());
     }
-    let jobs: Vec<JobRow> = serde_json::from_slice(&body).map_err(Failure::failed)?;
+    let jobs: Vec<Job> = serde_json::from_slice(&body).map_err(Failure::failed)?;
     let now = orch_core::time::now_ms();
     let rows: Vec<Vec<String>> = jobs
         .iter()
         .map(|j| {
             vec![
-                j.id.clone(),
+                j.id.to_string(),
                 j.name.clone(),
                 j.tenant.clone(),
                 j.user.clone(),
@@ -293,7 +293,7 @@ fn age(ms: u64) -> String {
     }
 }
 
-fn fetch(client: &Client, id: &str) -> Result<JobRow, Failure> {
+fn fetch(client: &Client, id: &str) -> Result<Job, Failure> {
     let (status, body) = client.call(Method::GET, &format!("/v1/jobs/{}", encode(id)), None)?;
     if status != StatusCode::OK {
         return Err(answer_failure(status, &body));
@@ -327,7 +327,10 @@ pub fn status(args: &JobIdArgs) -> CmdResult {
     // Everything here may hold what a user typed (escaped as `orch jobs` escapes it).
     let esc = table::escape;
     let mut lines = vec![
-        ("job", format!("{} ({})", esc(&job.id), esc(&job.name))),
+        (
+            "job",
+            format!("{} ({})", esc(&job.id.to_string()), esc(&job.name)),
+        ),
         (
             "tenant",
             format!("{} (user {})", esc(&job.tenant), esc(&job.user)),

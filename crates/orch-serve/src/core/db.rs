@@ -84,10 +84,10 @@ pub struct Submission {
     pub holder: Option<orch_leases::Holder>,
 }
 
-/// A job as the API shows it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// A job's row in the database (the API shows it as [`crate::http::wire::Job`]).
+#[derive(Debug, Clone, PartialEq)]
 pub struct JobRow {
-    pub id: String,
+    pub id: i64,
     pub name: String,
     pub tenant: String,
     pub user: String,
@@ -108,17 +108,11 @@ pub struct JobRow {
     /// 1 for the first run, more after requeues.
     pub attempt: u32,
     /// A cancel was asked for and committed; the job is being stopped.
-    #[serde(default)]
     pub cancel_requested: bool,
     /// Device-seconds it used, over all its runs (recorded every sampling period while it runs).
-    #[serde(default)]
     pub gpu_seconds: f64,
     /// Its use is counted in its tenant's usage up to here (while it runs).
-    #[serde(default)]
     pub charged_ms: Option<u64>,
-    /// What happened to it, oldest first (`GET /v1/jobs/ID` only).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub events: Vec<Event>,
 }
 
 /// Something that happened to a job: queued, started, adopted after a restart, an idle warning,
@@ -451,33 +445,48 @@ fn write_loop(mut conn: Connection, requests: mpsc::Receiver<WriteRequest>) {
         };
         let mut results = Vec::with_capacity(batch.len());
         let mut replies = Vec::with_capacity(batch.len());
+        // A savepoint that could not be ended leaves the transaction in a state nobody can vouch
+        // for (a failed write's changes may still be in it): the whole batch is rolled back and
+        // every request of it fails.
+        let mut broken: Option<DbError> = None;
         for (n, request) in batch.into_iter().enumerate() {
+            replies.push(request.reply);
+            if broken.is_some() {
+                continue;
+            }
             // Each write in a savepoint of its own: one failing write does not undo the others.
-            // A savepoint that cannot be made or ended fails its request, never silently.
+            // A savepoint that cannot be made fails its request, never silently.
             let name = format!("w{n}");
             if let Err(e) = tx.execute_batch(&format!("SAVEPOINT {name}")) {
                 results.push(Err(db("starting a write")(e)));
-                replies.push(request.reply);
                 continue;
             }
-            let mut result = (request.op)(&tx);
+            let result = (request.op)(&tx);
             let end = if result.is_ok() {
                 format!("RELEASE {name}")
             } else {
                 format!("ROLLBACK TO {name}; RELEASE {name}")
             };
-            if let Err(e) = tx.execute_batch(&end)
-                && result.is_ok()
-            {
-                result = Err(db("ending a write")(e));
+            if let Err(e) = tx.execute_batch(&end) {
+                broken = Some(db("ending a write")(e));
             }
             results.push(result);
-            replies.push(request.reply);
         }
-        let committed = tx.commit().map_err(db("committing"));
-        for (reply, result) in replies.into_iter().zip(results) {
+        let committed = match broken {
+            Some(e) => {
+                drop(tx);
+                Err(e)
+            }
+            None => tx.commit().map_err(db("committing")),
+        };
+        for (reply, result) in replies.into_iter().zip(
+            results
+                .into_iter()
+                .map(Some)
+                .chain(std::iter::repeat_with(|| None)),
+        ) {
             let _ = reply.send(match &committed {
-                Ok(()) => result,
+                Ok(()) => result.unwrap_or_else(|| Err(writer_gone())),
                 Err(e) => Err(DbError {
                     op: e.op,
                     reason: e.reason.clone(),
@@ -491,7 +500,7 @@ fn write_loop(mut conn: Connection, requests: mpsc::Receiver<WriteRequest>) {
 fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<JobRow> {
     let opt_u64 = |v: Option<i64>| v.map(|v| u64::try_from(v).unwrap_or(0));
     Ok(JobRow {
-        id: r.get::<_, i64>(0)?.to_string(),
+        id: r.get(0)?,
         name: r.get(1)?,
         tenant: r.get(2)?,
         user: r.get(3)?,
@@ -511,7 +520,6 @@ fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<JobRow> {
         cancel_requested: r.get(17)?,
         gpu_seconds: r.get(18)?,
         charged_ms: opt_u64(r.get(19)?),
-        events: Vec::new(),
     })
 }
 
@@ -663,6 +671,27 @@ pub fn insert_job(
     Ok(id)
 }
 
+/// What a [`Change`] does to a column that may be empty: leaves it, sets it, or empties it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum Update<T> {
+    #[default]
+    Keep,
+    Set(T),
+    Clear,
+}
+
+impl<T> Update<T> {
+    /// Set to `value` when there is one, else left as it is.
+    pub fn set_if(value: Option<T>) -> Update<T> {
+        value.map_or(Update::Keep, Update::Set)
+    }
+
+    /// Set to `value` when there is one, else emptied.
+    pub fn set_or_clear(value: Option<T>) -> Update<T> {
+        value.map_or(Update::Clear, Update::Set)
+    }
+}
+
 /// Sets a job's state and the fields that go with it.
 #[derive(Debug, Clone, Default)]
 pub struct Change {
@@ -670,7 +699,8 @@ pub struct Change {
     pub started_at_ms: Option<u64>,
     pub ended_at_ms: Option<u64>,
     pub exit_code: Option<i32>,
-    pub reason: Option<String>,
+    /// Why the job is in its state.
+    pub reason: Update<String>,
     pub lease_id: Option<String>,
     pub devices: Option<Vec<String>>,
     pub attempt: Option<u32>,
@@ -689,6 +719,11 @@ pub fn apply(tx: &rusqlite::Transaction<'_>, id: i64, c: &Change) -> Result<i64,
         .devices
         .as_ref()
         .map(|d| serde_json::to_string(d).unwrap_or_else(|_| "[]".into()));
+    let (touch_reason, reason) = match &c.reason {
+        Update::Keep => (false, None),
+        Update::Set(reason) => (true, Some(reason.as_str())),
+        Update::Clear => (true, None),
+    };
     let n = tx
         .execute(
             "UPDATE jobs SET
@@ -696,7 +731,7 @@ pub fn apply(tx: &rusqlite::Transaction<'_>, id: i64, c: &Change) -> Result<i64,
                 started_at_ms = COALESCE(?3, started_at_ms),
                 ended_at_ms = COALESCE(?4, ended_at_ms),
                 exit_code = COALESCE(?5, exit_code),
-                reason = CASE WHEN ?6 IS NULL THEN reason WHEN ?6 = '' THEN NULL ELSE ?6 END,
+                reason = CASE WHEN ?14 THEN ?6 ELSE reason END,
                 lease_id = COALESCE(?7, lease_id),
                 devices = COALESCE(?8, devices),
                 attempt = COALESCE(?9, attempt),
@@ -710,7 +745,7 @@ pub fn apply(tx: &rusqlite::Transaction<'_>, id: i64, c: &Change) -> Result<i64,
                 c.started_at_ms.map(|v| v as i64),
                 c.ended_at_ms.map(|v| v as i64),
                 c.exit_code,
-                c.reason,
+                reason,
                 c.lease_id,
                 devices,
                 c.attempt,
@@ -718,6 +753,7 @@ pub fn apply(tx: &rusqlite::Transaction<'_>, id: i64, c: &Change) -> Result<i64,
                 c.only_if.map(State::as_str),
                 c.cancel_requested,
                 c.charged_ms.map(|v| v as i64),
+                touch_reason,
             ],
         )
         .map_err(db("changing a job"))?;
@@ -798,6 +834,92 @@ mod tests {
         let e = db.job(1).unwrap_err();
         assert!(e.to_string().contains("\"paused\""), "{e}");
         drop(db);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_change_sets_keeps_or_clears_the_reason() {
+        let dir = std::env::temp_dir().join(format!("orch-db-reason-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let db = Db::open(&dir).unwrap();
+        let row = JobRow {
+            id: 0,
+            name: "j".into(),
+            tenant: "t".into(),
+            user: "u".into(),
+            uid: 0,
+            state: State::Queued,
+            gpus: 0,
+            priority: 0,
+            requeue: false,
+            submitted_at_ms: 0,
+            started_at_ms: None,
+            ended_at_ms: None,
+            exit_code: None,
+            reason: None,
+            lease_id: None,
+            devices: Vec::new(),
+            attempt: 0,
+            cancel_requested: false,
+            gpu_seconds: 0.0,
+            charged_ms: None,
+        };
+        let submission = Submission {
+            job_text: String::new(),
+            job_path: "job.toml".into(),
+            cwd: "/".into(),
+            env: Vec::new(),
+            identity: crate::core::users::Identity {
+                uid: 0,
+                gid: 0,
+                name: "u".into(),
+                groups: Vec::new(),
+            },
+            policy_file: None,
+            holder: None,
+        };
+        let id = db
+            .write_blocking(move |tx| insert_job(tx, &row, &submission, None))
+            .unwrap();
+        let change = |reason: Update<String>| {
+            let change = Change {
+                reason,
+                ..Change::default()
+            };
+            db.write_blocking(move |tx| apply(tx, id, &change)).unwrap();
+            db.job(id).unwrap().unwrap().reason
+        };
+        assert_eq!(change(Update::Set("waits".into())), Some("waits".into()));
+        assert_eq!(change(Update::Keep), Some("waits".into()));
+        assert_eq!(change(Update::Clear), None);
+        drop(db);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_savepoint_that_cannot_be_ended_fails_the_batch_and_commits_nothing() {
+        let dir = std::env::temp_dir().join(format!("orch-db-savepoint-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let jobs = Db::open(&dir).unwrap();
+        // A write that ends its own savepoint: the writer's RELEASE of it then fails.
+        let e = jobs
+            .write_blocking(|tx| {
+                tx.execute_batch(
+                    "INSERT INTO usage (tenant, gpu_seconds, as_of_ms) VALUES ('t', 1, 1);
+                     RELEASE w0;",
+                )
+                .map_err(db("testing"))?;
+                Ok(0)
+            })
+            .unwrap_err();
+        assert_eq!(e.op, "ending a write", "{e}");
+        assert!(
+            jobs.usage().unwrap().is_empty(),
+            "the failed batch was committed"
+        );
+        // The writer goes on.
+        jobs.write_blocking(|tx| save_usage(tx, &[], &[])).unwrap();
+        drop(jobs);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

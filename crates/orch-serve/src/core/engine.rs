@@ -3,7 +3,7 @@
 //! tenants' limits and backfill: [`crate::core::sched`]), starts a supervisor per job, learns how jobs
 //! end, records usage, and carries out cancels and preemptions.
 
-use crate::core::db::{Change, Event, JobRow, JobUse, State, Submission, UsageRow};
+use crate::core::db::{Change, Event, JobRow, JobUse, State, Submission, Update, UsageRow};
 use crate::core::folders::{self, ExitRecord, Fence, SuperviseSpec};
 use crate::core::kick::Kick;
 use crate::core::sched::{Attempt, QueuePolicy, QueuedJob, RunningJob, Scheduler, Usage};
@@ -37,6 +37,8 @@ enum Pending {
 /// or the job never started); otherwise a process of the job that still lives keeps it.
 #[derive(Debug, Clone)]
 struct Release {
+    /// The job whose lease it is, for the log.
+    job: i64,
     lease: String,
     outright: bool,
 }
@@ -266,7 +268,7 @@ impl Engine {
             .jobs(&[State::Running], u32::MAX)
             .map_err(|e| e.to_string())?
         {
-            let id: i64 = row.id.parse().unwrap_or(0);
+            let id = row.id;
             let dir = self.shared.job_dir(id, row.attempt);
             let spec =
                 db.submission(id).ok().flatten().and_then(|(s, _)| {
@@ -346,12 +348,12 @@ impl Engine {
                     tracing::info!(
                         "job {id}: never started before the daemon stopped; queued again"
                     );
-                    self.jobs.release(&row.lease_id);
+                    self.jobs.release(id, &row.lease_id);
                     self.jobs.write(
                         id,
                         Change {
                             state: Some(State::Queued),
-                            reason: Some(
+                            reason: Update::Set(
                                 "queued again: the daemon stopped before the job started".into(),
                             ),
                             only_if: Some(State::Running),
@@ -379,7 +381,7 @@ impl Engine {
             .jobs(&[State::Queued], u32::MAX)
             .map_err(|e| e.to_string())?
         {
-            self.enqueue(row.id.parse().unwrap_or(0));
+            self.enqueue(row.id);
         }
         Ok(())
     }
@@ -833,7 +835,7 @@ impl Engine {
     /// the live leases, and the processes no lease covers.
     pub fn watch_devices(&self) {
         let shared = Arc::clone(&self.shared);
-        let _ = std::thread::Builder::new()
+        let started = std::thread::Builder::new()
             .name("orch-devices".into())
             .spawn(move || {
                 let mut store = LeaseStore::open(&shared.state_dir);
@@ -842,17 +844,18 @@ impl Engine {
                     if !std::mem::take(&mut first) {
                         std::thread::sleep(INVENTORY_MAX_AGE);
                     }
-                    let inventory = match shared
+                    let (inventory, stale) = match shared
                         .devices
                         .parse::<InventorySpec>()
                         .and_then(|s| Inventory::load(&s))
                     {
-                        Ok(inventory) => Arc::new(inventory),
+                        Ok(inventory) => (Arc::new(inventory), None),
                         Err(e) => {
                             tracing::warn!(
                                 "could not read the devices again, using the last reading: {e}"
                             );
-                            Arc::clone(&lock(&shared.machine).inventory)
+                            let last = Arc::clone(&lock(&shared.machine).inventory);
+                            (last, Some(format!("the daemon could not read the devices again ({e}): this is its last reading")))
                         }
                     };
                     let leases = match store.as_mut().map(LeaseStore::active) {
@@ -867,9 +870,17 @@ impl Engine {
                         inventory,
                         leases,
                         foreign,
+                        stale,
                     };
                 }
             });
+        if let Err(e) = started {
+            let why = format!(
+                "the daemon could not start its device watcher ({e}): this is the reading from its start, and foreign processes are not looked for"
+            );
+            tracing::error!("{why}");
+            lock(&self.shared.machine).stale = Some(why);
+        }
     }
 
     /// Idle reclaim: a running job of a tenant with `idle_timeout` whose devices all stay under
@@ -941,13 +952,13 @@ impl Engine {
                 id,
                 Change {
                     state: Some(State::Queued),
-                    reason: exit.reason,
+                    reason: Update::set_if(exit.reason),
                     only_if: Some(State::Running),
                     event: Some(Event::now("queued", message)),
                     ..Change::default()
                 },
             );
-            self.jobs.release(lease_id);
+            self.jobs.release(id, lease_id);
             self.enqueue(id);
             return;
         }
@@ -967,7 +978,7 @@ impl Engine {
                 state: Some(exit.state),
                 ended_at_ms: Some(exit.ended_at_ms),
                 exit_code: exit.exit_code,
-                reason: reason.or(Some(String::new())),
+                reason: Update::set_or_clear(reason),
                 only_if: Some(State::Running),
                 event: Some(Event {
                     at_ms: exit.ended_at_ms,
@@ -978,7 +989,7 @@ impl Engine {
             },
         );
         // After the record: the devices are never free while the job still shows as running.
-        self.jobs.release(lease_id);
+        self.jobs.release(id, lease_id);
     }
 
     /// Nobody can report how job `id` ends any more (`reason` says why): what is left of it is
@@ -1000,13 +1011,13 @@ impl Engine {
                 Change {
                     state: Some(State::Lost),
                     ended_at_ms: Some(now_ms()),
-                    reason: Some(reason.clone()),
+                    reason: Update::Set(reason.clone()),
                     only_if: Some(State::Running),
                     event: Some(Event::now("lost", reason)),
                     ..Change::default()
                 },
             );
-            self.jobs.release(lease_id);
+            self.jobs.release(id, lease_id);
         }
     }
 
@@ -1018,13 +1029,13 @@ impl Engine {
             id,
             Change {
                 state: Some(State::Queued),
-                reason: Some(reason.clone()),
+                reason: Update::Set(reason.clone()),
                 only_if: Some(State::Running),
                 event: Some(Event::now("queued", reason)),
                 ..Change::default()
             },
         );
-        self.jobs.release(lease_id);
+        self.jobs.release(id, lease_id);
         self.enqueue(id);
     }
 
@@ -1044,7 +1055,7 @@ impl Engine {
                 state: Some(state),
                 ended_at_ms: Some(now_ms()),
                 event: Some(Event::now("finished", format!("{word}: {reason}"))),
-                reason: Some(reason),
+                reason: Update::Set(reason),
                 only_if: Some(State::Queued),
                 ..Change::default()
             },
@@ -1129,6 +1140,74 @@ impl Jobs {
     /// says what it did. A job that can never start leaves the queue here and is ended by the
     /// caller ([`Placed::Ends`]).
     fn place(&mut self, id: i64) -> Placed {
+        let (job, lease, plan) = match self.claim(id) {
+            Ok(claimed) => claimed,
+            Err(placed) => return placed,
+        };
+        if self.shared.root {
+            orch_exec::prime_cgroup_migration();
+        }
+        let attempt = job.row.attempt + 1;
+        let dir = self.shared.job_dir(id, attempt);
+        // The job's folder is written before it shows as running: whoever sees a held lease
+        // running can read its devices, and a command job never runs with no folder.
+        let holder = job.submission.holder.clone();
+        let written = match &holder {
+            Some(holder) => self.write_lease_folder(id, &dir, &job, &lease, &plan, holder),
+            None => self.write_job_folder(id, &dir, &job, &lease, &plan),
+        };
+        if let Err(placed) = written {
+            // A command job waits in the queue for the state folder to take writes again.
+            if holder.is_none() {
+                self.queue.insert(id, job);
+            }
+            return placed;
+        }
+        if let Err(placed) = self.record_start(id, attempt, &lease) {
+            if matches!(placed, Placed::Waits(_)) {
+                self.queue.insert(id, job);
+            }
+            return placed;
+        }
+        self.shared.metrics.started(
+            &job.row.tenant,
+            ms_to_s(now_ms().saturating_sub(job.row.submitted_at_ms)),
+        );
+        let start = Start {
+            tenant: job.row.tenant.clone(),
+            devices: lease.devices.clone(),
+            attempt,
+            lease_id: lease.id.clone(),
+            requeue: job.row.requeue,
+            prior_gpu_s: job.row.gpu_seconds,
+        };
+        match holder {
+            // A held lease runs: the engine watches its process as it watches a supervisor.
+            Some(holder) => {
+                let start = Start {
+                    requeue: false,
+                    ..start
+                };
+                let job = Running::new(start, Origin::Held, Some(holder), Instant::now());
+                self.running.insert(id, job);
+            }
+            None => {
+                let job = Running::new(start, Origin::Spawned, None, Instant::now());
+                self.running.insert(id, job);
+                if let Err(e) = self.spawn_supervisor(id, attempt, &dir) {
+                    self.not_started(id, &dir, &e);
+                }
+            }
+        }
+        Placed::Started
+    }
+
+    /// Takes queued job `id` out of the queue with the devices its policy chose; `Err`: what
+    /// placing it came to instead (it waits, left, or can never start).
+    fn claim(
+        &mut self,
+        id: i64,
+    ) -> Result<(Queued, orch_leases::Lease, orch_runner::Plan), Placed> {
         let dead_holder = self
             .queue
             .get(&id)
@@ -1138,10 +1217,10 @@ impl Jobs {
         if let Some(pid) = dead_holder {
             self.queue.remove(&id);
             let reason = format!("its process (pid {pid}) ended while it waited");
-            return Placed::Ends(State::Cancelled, reason);
+            return Err(Placed::Ends(State::Cancelled, reason));
         }
         let Some(job) = self.queue.get(&id) else {
-            return Placed::Left;
+            return Err(Placed::Left);
         };
         // A policy the tenant sent: placed once compiled, off this thread.
         if let Some(hash) = &job.submission.policy_file {
@@ -1152,10 +1231,10 @@ impl Jobs {
                 .prepare(&mut self.host, hash, &job.row.tenant, plugin)
             {
                 crate::core::compile::Prepared::Ready => {}
-                crate::core::compile::Prepared::Waits(reason) => return Placed::Waits(reason),
+                crate::core::compile::Prepared::Waits(reason) => return Err(Placed::Waits(reason)),
                 crate::core::compile::Prepared::Failed(reason) => {
                     self.queue.remove(&id);
-                    return Placed::Ends(State::Failed, reason);
+                    return Err(Placed::Ends(State::Failed, reason));
                 }
             }
         }
@@ -1187,47 +1266,58 @@ impl Jobs {
             .decision("placement", deciding.elapsed().as_secs_f64());
         let (lease, plan) = match claimed {
             Ok(placed) => placed,
-            Err(PlaceError::NoFit(reason)) => return Placed::Waits(reason),
+            Err(PlaceError::NoFit(reason)) => return Err(Placed::Waits(reason)),
             Err(PlaceError::Store(e)) => {
-                return Placed::Waits(format!("the lease store failed: {e}"));
+                return Err(Placed::Waits(format!("the lease store failed: {e}")));
             }
             Err(e) => {
                 self.queue.remove(&id);
-                return Placed::Ends(State::Failed, e.to_string());
+                return Err(Placed::Ends(State::Failed, e.to_string()));
             }
         };
-        let Some(job) = self.queue.remove(&id) else {
-            return Placed::Left;
+        match self.queue.remove(&id) {
+            Some(job) => Ok((job, lease, plan)),
+            None => Err(Placed::Left),
+        }
+    }
+
+    /// A held lease's placement and fence in its folder; on failure its devices go back.
+    fn write_lease_folder(
+        &mut self,
+        id: i64,
+        dir: &Path,
+        job: &Queued,
+        lease: &orch_leases::Lease,
+        plan: &orch_runner::Plan,
+        holder: &Holder,
+    ) -> Result<(), Placed> {
+        let Err(e) = folders::write_placed(dir, &self.placed(job, lease, plan), holder) else {
+            return Ok(());
         };
-        if self.shared.root {
-            orch_exec::prime_cgroup_migration();
+        self.release_now(id, &lease.id);
+        if let Some(fault) = crate::core::health::fault_of_io(&e) {
+            self.shared.health.report(fault, e.to_string());
+            return Err(Placed::Waits(format!(
+                "waiting: the daemon could not record the lease: {e}"
+            )));
         }
-        let attempt = job.row.attempt + 1;
-        // A held lease's placement is on disk before the job shows as running, so whoever sees
-        // it running can read its devices.
-        if let Some(holder) = &job.submission.holder
-            && let Err(e) = folders::write_placed(
-                &self.shared.job_dir(id, attempt),
-                &self.placed(&job, &lease, &plan),
-                holder,
-            )
-        {
-            self.release_now(&lease.id);
-            if let Some(fault) = crate::core::health::fault_of_io(&e) {
-                self.shared.health.report(fault, e.to_string());
-                return Placed::Waits(format!(
-                    "waiting: the daemon could not record the lease: {e}"
-                ));
-            }
-            return Placed::Ends(
-                State::Failed,
-                format!("the daemon could not record the lease: {e}"),
-            );
-        }
-        // A command job's folder and spec are on disk before it shows as running: a state folder
-        // that cannot take them leaves the job queued, never running with no folder.
-        let dir = self.shared.job_dir(id, attempt);
-        let spec = job.submission.holder.is_none().then(|| SuperviseSpec {
+        Err(Placed::Ends(
+            State::Failed,
+            format!("the daemon could not record the lease: {e}"),
+        ))
+    }
+
+    /// A command job's folder with the spec its supervisor runs; on failure its devices go back
+    /// and it waits.
+    fn write_job_folder(
+        &mut self,
+        id: i64,
+        dir: &Path,
+        job: &Queued,
+        lease: &orch_leases::Lease,
+        plan: &orch_runner::Plan,
+    ) -> Result<(), Placed> {
+        let spec = SuperviseSpec {
             job_id: id.to_string(),
             submission: job.submission.clone(),
             lease: lease.clone(),
@@ -1243,24 +1333,32 @@ impl Jobs {
             )
             .map(|d| d.as_secs_f64()),
             grace_s: orch_runner::GRACE.as_secs_f64(),
-        });
-        if let Some(spec) = &spec
-            && let Err(e) = folders::prepare(&dir, spec)
-        {
-            self.release_now(&lease.id);
-            let reason = format!("waiting: the daemon could not write the job's folder: {e}");
-            match crate::core::health::fault_of_io(&e) {
-                Some(fault) => self.shared.health.report(fault, e.to_string()),
-                None => tracing::warn!("job {id}: {reason}"),
-            }
-            self.queue.insert(id, job);
-            return Placed::Waits(reason);
+        };
+        let Err(e) = folders::prepare(dir, &spec) else {
+            return Ok(());
+        };
+        self.release_now(id, &lease.id);
+        let reason = format!("waiting: the daemon could not write the job's folder: {e}");
+        match crate::core::health::fault_of_io(&e) {
+            Some(fault) => self.shared.health.report(fault, e.to_string()),
+            None => tracing::warn!("job {id}: {reason}"),
         }
+        Err(Placed::Waits(reason))
+    }
+
+    /// Commits that job `id` runs on `lease`; `Err`: it was cancelled meanwhile (it left), or the
+    /// database failed (it waits). Either way its devices go back.
+    fn record_start(
+        &mut self,
+        id: i64,
+        attempt: u32,
+        lease: &orch_leases::Lease,
+    ) -> Result<(), Placed> {
         let started = self.shared.db.write_blocking({
             let change = Change {
                 state: Some(State::Running),
                 started_at_ms: Some(now_ms()),
-                reason: Some(String::new()),
+                reason: Update::Clear,
                 lease_id: Some(lease.id.clone()),
                 devices: Some(lease.devices.clone()),
                 attempt: Some(attempt),
@@ -1282,68 +1380,42 @@ impl Jobs {
             move |tx| crate::core::db::apply(tx, id, &change)
         });
         match started {
-            Ok(1) => {}
+            Ok(1) => Ok(()),
             Ok(_) => {
                 // Cancelled meanwhile: the devices go back.
-                self.release_now(&lease.id);
-                return Placed::Left;
+                self.release_now(id, &lease.id);
+                Err(Placed::Left)
             }
             Err(e) => {
                 // The database failed: the job stays queued (its row says so) and is tried again.
-                self.release_now(&lease.id);
+                self.release_now(id, &lease.id);
                 let reason = format!("waiting: the job database failed while starting it: {e}");
                 match e.fault() {
                     Some(fault) => self.shared.health.report(fault, e.to_string()),
                     None => tracing::warn!("job {id}: {reason}"),
                 }
-                self.queue.insert(id, job);
-                return Placed::Waits(reason);
+                Err(Placed::Waits(reason))
             }
         }
-        self.shared.metrics.started(
-            &job.row.tenant,
-            ms_to_s(now_ms().saturating_sub(job.row.submitted_at_ms)),
-        );
-        let start = Start {
-            tenant: job.row.tenant.clone(),
-            devices: lease.devices.clone(),
-            attempt,
-            lease_id: lease.id.clone(),
-            requeue: job.row.requeue,
-            prior_gpu_s: job.row.gpu_seconds,
+    }
+
+    /// The supervisor of job `id` could not be started: its folder is fenced so nothing ever
+    /// starts it, and its exit record fails it.
+    fn not_started(&mut self, id: i64, dir: &Path, e: &std::io::Error) {
+        let reason = format!("the daemon could not start the job's supervisor: {e}");
+        tracing::warn!("job {id}: {reason}");
+        let record = ExitRecord {
+            state: State::Failed,
+            exit_code: None,
+            reason: Some(reason),
+            ended_at_ms: now_ms(),
+            late: None,
         };
-        if spec.is_none() {
-            // A held lease runs: the engine watches its process as it watches a supervisor.
-            if let Some(holder) = job.submission.holder.clone() {
-                let start = Start {
-                    requeue: false,
-                    ..start
-                };
-                let job = Running::new(start, Origin::Held, Some(holder), Instant::now());
-                self.running.insert(id, job);
-            }
-            return Placed::Started;
+        if let Err(e) = folders::take_fence(dir, &Fence { supervisor: None })
+            .and_then(|_| folders::write_exit(dir, &record))
+        {
+            tracing::warn!("job {id}: could not record that it failed to start: {e}");
         }
-        let running = Running::new(start, Origin::Spawned, None, Instant::now());
-        self.running.insert(id, running);
-        if let Err(e) = self.spawn_supervisor(id, attempt, &dir) {
-            // Nothing started: fence the folder so nothing ever will, and fail the job.
-            let reason = format!("the daemon could not start the job's supervisor: {e}");
-            tracing::warn!("job {id}: {reason}");
-            let record = ExitRecord {
-                state: State::Failed,
-                exit_code: None,
-                reason: Some(reason),
-                ended_at_ms: now_ms(),
-                late: None,
-            };
-            if let Err(e) = folders::take_fence(&dir, &Fence { supervisor: None })
-                .and_then(|_| folders::write_exit(&dir, &record))
-            {
-                tracing::warn!("job {id}: could not record that it failed to start: {e}");
-            }
-        }
-        Placed::Started
     }
 
     /// What a held lease's `lease.json` says of its placement: the devices with both numberings,
@@ -1404,14 +1476,15 @@ impl Jobs {
             tracing::warn!("job {id}: could not record that its process released it: {e}");
         }
         // Its holder still lives: the daemon's usual release would leave the lease held.
-        self.release_now(&lease);
+        self.release_now(id, &lease);
         self.publish_leases();
     }
 
     /// Releases lease `id` outright (its holder is the daemon, or gave it back); when the store
     /// cannot record that now, it is done later, in order, and the devices stay held meanwhile.
-    fn release_now(&mut self, id: &str) {
+    fn release_now(&mut self, job: i64, id: &str) {
         self.release_lease(Release {
+            job,
             lease: id.to_string(),
             outright: true,
         });
@@ -1426,12 +1499,14 @@ impl Jobs {
         match self.store_release(&release) {
             Ok(true) => self.publish_leases(),
             Ok(false) => tracing::warn!(
-                "lease {} stays: a process of its job still runs; the devices are free once it ends",
+                "job {}: lease {} stays: a process of the job still runs; the devices are free once it ends",
+                release.job,
                 release.lease
             ),
             Err(e) => {
                 tracing::warn!(
-                    "could not release lease {} ({e}); trying again until it can",
+                    "job {}: could not release lease {} ({e}); trying again until it can",
+                    release.job,
                     release.lease
                 );
                 self.backlog.push_back(Pending::Release(release));
@@ -1544,9 +1619,10 @@ impl Jobs {
     /// Gives up the daemon's hold on a lease. A process of the job that is still alive (one that
     /// ignored its supervisor's end) keeps it, and with it the devices, until it ends. A release
     /// the store cannot record now is made later, in order.
-    fn release(&mut self, lease_id: &Option<String>) {
+    fn release(&mut self, job: i64, lease_id: &Option<String>) {
         if let Some(lease) = lease_id {
             self.release_lease(Release {
+                job,
                 lease: lease.clone(),
                 outright: false,
             });

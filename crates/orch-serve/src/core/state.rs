@@ -84,6 +84,9 @@ pub struct MachineView {
     pub leases: Arc<Vec<orch_leases::Lease>>,
     /// Per device uuid, the processes no lease on it covers.
     pub foreign: Arc<std::collections::BTreeMap<String, Vec<orch_devices::GpuProcess>>>,
+    /// Why this reading is not fresh (the devices could not be read again, or the thread that
+    /// reads them could not start); `/v1/devices` says so.
+    pub stale: Option<String>,
 }
 
 impl MachineView {
@@ -92,6 +95,7 @@ impl MachineView {
             inventory: Arc::new(inventory),
             leases: Arc::default(),
             foreign: Arc::default(),
+            stale: None,
         }
     }
 }

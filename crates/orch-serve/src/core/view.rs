@@ -31,7 +31,7 @@ pub fn devices(shared: &Shared, caller: &Caller) -> Result<Vec<serde_json::Value
             .map(|lease| match by_lease.get(lease.id.as_str()) {
                 Some(job) if caller.admin || caller.tenants.contains(&job.tenant) => {
                     serde_json::json!({
-                        "job_id": job.id, "name": job.name, "tenant": job.tenant,
+                        "job_id": job.id.to_string(), "name": job.name, "tenant": job.tenant,
                         "user": job.user,
                         "since_ms": job.started_at_ms.unwrap_or(lease.created_at_ms),
                     })
@@ -52,6 +52,9 @@ pub fn devices(shared: &Shared, caller: &Caller) -> Result<Vec<serde_json::Value
             .cloned()
             .unwrap_or_default();
         if let Some(object) = value.as_object_mut() {
+            if let Some(why) = &machine.stale {
+                object.insert("reading_error".into(), why.clone().into());
+            }
             object.insert("held_by".into(), serde_json::Value::Array(held));
             object.insert(
                 "foreign_processes".into(),
@@ -97,7 +100,7 @@ pub fn metrics_snapshot(shared: &Shared) -> Result<Snapshot, DbError> {
                 held_by: leases.iter().find_map(|l| {
                     by_lease
                         .get(l.id.as_str())
-                        .map(|j| (j.id.clone(), j.tenant.clone()))
+                        .map(|j| (j.id.to_string(), j.tenant.clone()))
                 }),
                 leased: !leases.is_empty(),
                 foreign_processes: machine.foreign.get(&d.uuid).map_or(0, Vec::len),

@@ -39,3 +39,28 @@ pub(crate) fn internal(e: impl std::fmt::Display) -> ApiError {
     tracing::error!("{e}");
     err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_refusal_answers_with_its_status_and_sentence() {
+        for (refusal, status) in [
+            (Refusal::Invalid("a".into()), StatusCode::BAD_REQUEST),
+            (Refusal::Forbidden("b".into()), StatusCode::FORBIDDEN),
+            (
+                Refusal::OverLimit("c".into()),
+                StatusCode::TOO_MANY_REQUESTS,
+            ),
+            (
+                Refusal::Unavailable("d".into()),
+                StatusCode::SERVICE_UNAVAILABLE,
+            ),
+        ] {
+            let sentence = refusal.to_string();
+            let ApiError(got, message) = refusal.into();
+            assert_eq!((got, message), (status, sentence));
+        }
+    }
+}

@@ -2,12 +2,12 @@
 
 use crate::core::admission::{self, Refusal};
 use crate::core::caller::Caller;
-use crate::core::db::{JobRow, State, Submission};
+use crate::core::db::{JobRow, State, Submission, Update};
 use crate::core::kick::Kick;
 use crate::core::state::Shared;
 use crate::http::access::{admitted, find, read, tenant_for, visible_to};
 use crate::http::error::{ApiResult, err, internal};
-use crate::http::wire::{SubmitRequest, SubmitResponse};
+use crate::http::wire::{Job, SubmitRequest, SubmitResponse};
 use axum::Json;
 use axum::extract::{Extension, Path, Query, State as AxState};
 use axum::http::StatusCode;
@@ -93,7 +93,8 @@ pub(crate) async fn accept(
         admission::priority(limits, &asked)?;
     }
     let row = JobRow {
-        id: String::new(),
+        // The insert assigns it.
+        id: 0,
         name: spec.name.clone(),
         tenant,
         user: caller.identity.name.clone(),
@@ -113,7 +114,6 @@ pub(crate) async fn accept(
         cancel_requested: false,
         gpu_seconds: 0.0,
         charged_ms: None,
-        events: Vec::new(),
     };
     let key = request.key.filter(|k| !k.is_empty() && k.len() <= 128);
     let policy_file = match &spec.policy.plugin {
@@ -196,7 +196,7 @@ pub(crate) async fn list(
     AxState(shared): AxState<Arc<Shared>>,
     Extension(caller): Extension<Caller>,
     Query(q): Query<ListQuery>,
-) -> ApiResult<Json<Vec<JobRow>>> {
+) -> ApiResult<Json<Vec<Job>>> {
     admitted(&caller)?;
     let states: &'static [State] = if q.all {
         &[]
@@ -218,17 +218,17 @@ pub(crate) async fn list(
                 ],
                 LIST_LIMIT,
             )?);
-            rows.sort_by_key(|r| r.id.parse::<i64>().unwrap_or(0));
+            rows.sort_by_key(|r| r.id);
             Ok(rows)
         }
         None => db.jobs(states, LIST_LIMIT),
     })
     .await?;
     let reasons = lock(&shared.reasons).clone();
-    let mut rows: Vec<JobRow> = rows
+    let mut rows: Vec<Job> = rows
         .into_iter()
         .filter(|r| visible_to(&caller, r))
-        .map(|r| with_reason(r, &reasons))
+        .map(|r| with_reason(Job::from(r), &reasons))
         .collect();
     if let Some(recent) = q.recent {
         let ended = rows.iter().filter(|r| r.state.is_final()).count();
@@ -249,7 +249,7 @@ pub(crate) async fn list(
             // Events for the newest jobs only: one listing must not hold the database for long.
             let skip = rows.len().saturating_sub(EVENTS_LIMIT);
             for row in rows.iter_mut().skip(skip) {
-                row.events = db.events(row.id.parse().unwrap_or(0))?;
+                row.events = db.events(row.id)?;
             }
             Ok(rows)
         })
@@ -258,9 +258,10 @@ pub(crate) async fn list(
     Ok(Json(rows))
 }
 
-fn with_reason(mut row: JobRow, reasons: &std::collections::HashMap<i64, String>) -> JobRow {
+/// A queued job says why it waits, as the last scheduling pass found.
+fn with_reason(mut row: Job, reasons: &std::collections::HashMap<i64, String>) -> Job {
     if row.state == State::Queued
-        && let Some(why) = row.id.parse().ok().and_then(|id: i64| reasons.get(&id))
+        && let Some(why) = reasons.get(&row.id)
     {
         row.reason = Some(why.clone());
     }
@@ -271,8 +272,9 @@ pub(crate) async fn status(
     AxState(shared): AxState<Arc<Shared>>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-) -> ApiResult<Json<JobRow>> {
-    let (n, mut row) = find(&shared, &caller, &id).await?;
+) -> ApiResult<Json<Job>> {
+    let (n, row) = find(&shared, &caller, &id).await?;
+    let mut row = Job::from(row);
     row.events = read(&shared, move |db| db.events(n)).await?;
     let reasons = lock(&shared.reasons).clone();
     Ok(Json(with_reason(row, &reasons)))
@@ -282,14 +284,14 @@ pub(crate) async fn cancel(
     AxState(shared): AxState<Arc<Shared>>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-) -> ApiResult<(StatusCode, Json<JobRow>)> {
+) -> ApiResult<(StatusCode, Json<Job>)> {
     let (n, row) = find(&shared, &caller, &id).await?;
     match row.state {
         State::Queued => {
             let change = crate::core::db::Change {
                 state: Some(State::Cancelled),
                 ended_at_ms: Some(now_ms()),
-                reason: Some(format!("cancelled by {}", caller.identity.name)),
+                reason: Update::Set(format!("cancelled by {}", caller.identity.name)),
                 only_if: Some(State::Queued),
                 event: Some(crate::core::db::Event::now(
                     "finished",
@@ -305,15 +307,15 @@ pub(crate) async fn cancel(
             if changed == 1 {
                 shared.kick(Kick::Dequeued(n));
                 let row = read(&shared, move |db| db.job(n)).await?.unwrap_or(row);
-                return Ok((StatusCode::OK, Json(row)));
+                return Ok((StatusCode::OK, Json(row.into())));
             }
             // It started meanwhile: stop it.
             request_stop(&shared, n, &caller).await?;
-            Ok((StatusCode::ACCEPTED, Json(row)))
+            Ok((StatusCode::ACCEPTED, Json(row.into())))
         }
         State::Running => {
             request_stop(&shared, n, &caller).await?;
-            Ok((StatusCode::ACCEPTED, Json(row)))
+            Ok((StatusCode::ACCEPTED, Json(row.into())))
         }
         other => Err(err(
             StatusCode::CONFLICT,

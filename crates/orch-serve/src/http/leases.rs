@@ -5,7 +5,7 @@
 //! credentials, and it ends when that process releases it or dies.
 
 use crate::core::caller::Caller;
-use crate::core::db::{Change, Event, JobRow, State};
+use crate::core::db::{Change, Event, JobRow, State, Update};
 use crate::core::folders;
 use crate::core::kick::Kick;
 use crate::core::state::Shared;
@@ -117,7 +117,7 @@ async fn leave_queue(shared: &Arc<Shared>, id: i64, reason: String) -> ApiResult
         state: Some(State::Cancelled),
         ended_at_ms: Some(now_ms()),
         event: Some(Event::now("finished", reason.clone())),
-        reason: Some(reason),
+        reason: Update::Set(reason),
         only_if: Some(State::Queued),
         ..Default::default()
     };
@@ -198,11 +198,10 @@ pub async fn release(
 }
 
 fn view(shared: &Shared, row: JobRow) -> LeaseView {
-    let id: i64 = row.id.parse().unwrap_or(0);
-    let placed = folders::read_placed(&shared.job_dir(id, row.attempt.max(1)));
+    let placed = folders::read_placed(&shared.job_dir(row.id, row.attempt.max(1)));
     let running = row.state == State::Running;
     LeaseView {
-        job_id: row.id,
+        job_id: row.id.to_string(),
         state: row.state,
         lease_id: row.lease_id,
         devices: if running { placed.devices } else { Vec::new() },

@@ -2,7 +2,7 @@
 //! Python package read them. Apart from the database's rows: a change of the schema never
 //! changes an answer by accident.
 
-use crate::core::db::State;
+use crate::core::db::{Event, JobRow, State};
 use serde::{Deserialize, Serialize};
 
 pub use crate::core::compile::{POLICY_LIMIT, UPLOAD_LIMIT};
@@ -112,4 +112,133 @@ pub struct LeaseView {
     /// The device variables the process sets for itself (what `orch run` gives a job).
     pub env: std::collections::BTreeMap<String, String>,
     pub exclusive: bool,
+}
+
+/// A job as the API shows it (`GET /v1/jobs`, `GET /v1/jobs/ID`). Its id is a number inside
+/// the daemon and a string of digits on the wire, as clients have always read it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Job {
+    #[serde(with = "id_text")]
+    pub id: i64,
+    pub name: String,
+    pub tenant: String,
+    pub user: String,
+    pub uid: u32,
+    pub state: State,
+    pub gpus: u32,
+    pub priority: i64,
+    pub requeue: bool,
+    pub submitted_at_ms: u64,
+    pub started_at_ms: Option<u64>,
+    pub ended_at_ms: Option<u64>,
+    pub exit_code: Option<i32>,
+    /// Why it is in its state: waiting for what, how it ended.
+    pub reason: Option<String>,
+    pub lease_id: Option<String>,
+    /// Device uuids, while running and after.
+    pub devices: Vec<String>,
+    /// 1 for the first run, more after requeues.
+    pub attempt: u32,
+    /// A cancel was asked for and committed; the job is being stopped.
+    #[serde(default)]
+    pub cancel_requested: bool,
+    /// Device-seconds it used, over all its runs (recorded every sampling period while it runs).
+    #[serde(default)]
+    pub gpu_seconds: f64,
+    /// Its use is counted in its tenant's usage up to here (while it runs).
+    #[serde(default)]
+    pub charged_ms: Option<u64>,
+    /// What happened to it, oldest first (`GET /v1/jobs/ID` only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<Event>,
+}
+
+impl From<JobRow> for Job {
+    fn from(row: JobRow) -> Job {
+        Job {
+            id: row.id,
+            name: row.name,
+            tenant: row.tenant,
+            user: row.user,
+            uid: row.uid,
+            state: row.state,
+            gpus: row.gpus,
+            priority: row.priority,
+            requeue: row.requeue,
+            submitted_at_ms: row.submitted_at_ms,
+            started_at_ms: row.started_at_ms,
+            ended_at_ms: row.ended_at_ms,
+            exit_code: row.exit_code,
+            reason: row.reason,
+            lease_id: row.lease_id,
+            devices: row.devices,
+            attempt: row.attempt,
+            cancel_requested: row.cancel_requested,
+            gpu_seconds: row.gpu_seconds,
+            charged_ms: row.charged_ms,
+            events: Vec::new(),
+        }
+    }
+}
+
+/// A job id on the wire: a string of digits (`"12"`); a number is read too.
+mod id_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(id: &i64, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(id)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Id {
+            Text(String),
+            Number(i64),
+        }
+        match Id::deserialize(d)? {
+            Id::Number(n) => Ok(n),
+            Id::Text(text) => text.parse().map_err(|_| {
+                serde::de::Error::custom(format!("job id \"{text}\" is not a number"))
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_id_is_a_string_on_the_wire_and_reads_back() {
+        let row = JobRow {
+            id: 12,
+            name: "j".into(),
+            tenant: "t".into(),
+            user: "u".into(),
+            uid: 1,
+            state: State::Queued,
+            gpus: 1,
+            priority: 0,
+            requeue: false,
+            submitted_at_ms: 5,
+            started_at_ms: None,
+            ended_at_ms: None,
+            exit_code: None,
+            reason: None,
+            lease_id: None,
+            devices: Vec::new(),
+            attempt: 0,
+            cancel_requested: false,
+            gpu_seconds: 0.0,
+            charged_ms: None,
+        };
+        let text = serde_json::to_value(Job::from(row)).unwrap();
+        assert_eq!(text["id"], "12");
+        let back: Job = serde_json::from_value(text).unwrap();
+        assert_eq!(back.id, 12);
+        let mut number = serde_json::to_value(&back).unwrap();
+        number["id"] = 13.into();
+        assert_eq!(serde_json::from_value::<Job>(number).unwrap().id, 13);
+    }
 }
