@@ -1,13 +1,17 @@
 //! The daemon's engine: one thread that owns the queue, the lease store and the policy host.
 //! It recovers after a crash, places queued jobs in the order of the queue policy (with the
-//! tenants' limits and backfill: [`crate::core::sched`]), starts a supervisor per job, learns how jobs
-//! end, records usage, and carries out cancels and preemptions.
+//! tenants' limits and backfill: [`crate::core::sched`]), starts a supervisor per job, learns how
+//! jobs end, records usage, and carries out cancels and preemptions.
+//!
+//! Its rooms: this file is the loop, recovery, the scheduling pass, the look at running jobs and
+//! how a run ends; [`running`] is a running job as a state machine (what to do, decided without
+//! touching anything); [`jobs`] holds what placement needs and places, releases and writes.
 
 use crate::core::db::{Change, Event, JobRow, JobUse, State, Submission, Update, UsageRow};
-use crate::core::folders::{self, ExitRecord, Fence, SuperviseSpec};
+use crate::core::folders::{self, ExitRecord, Fence};
 use crate::core::kick::Kick;
 use crate::core::sched::{Attempt, QueuePolicy, QueuedJob, RunningJob, Scheduler, Usage};
-use crate::core::state::{MachineView, Shared, SupervisorEnd};
+use crate::core::state::{MachineView, Shared};
 use orch_core::JobSpec;
 use orch_core::sync::lock;
 use orch_core::time::now_ms;
@@ -15,14 +19,16 @@ use orch_devices::{Inventory, InventorySpec, Visibility, VisibilityEnv};
 use orch_host::{Limits, PolicyHost};
 use orch_leases::Liveness;
 use orch_leases::{Holder, LeaseStore};
-use orch_runner::{Machine, PlaceError};
 use running::{Death, Origin, Recovery, Running, Start};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::Path;
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
+mod jobs;
 pub mod running;
+
+use jobs::{Jobs, Placed};
 
 /// A write the engine could not make (the state folder was full or read-only), kept to be made
 /// again, in order, once it can. A lease release waits behind the job's own record: devices are
@@ -61,43 +67,6 @@ pub struct Engine {
     /// The last queue-policy failure logged, and when: logged again only when it changes or a
     /// minute passed.
     policy_failure: Option<(String, Instant)>,
-}
-
-/// What the engine holds besides the scheduler: the jobs it queued and watches run, the lease
-/// store and the policy host that place them, and the writes waiting on an unwell state folder.
-/// Placing a job needs this alone, so a scheduling pass can place while it walks the queue.
-struct Jobs {
-    shared: Arc<Shared>,
-    store: LeaseStore,
-    host: PolicyHost,
-    /// The latest reading of the devices, refreshed by a thread of its own (an NVML reading takes
-    /// milliseconds per GPU: not on the path from a submission to its start).
-    inventory: Arc<Inventory>,
-    visibility: Visibility,
-    /// The visible devices placement may use: all of them, or without those busy with foreign
-    /// processes under `foreign = "avoid"`.
-    placeable: Visibility,
-    queue: BTreeMap<i64, Queued>,
-    running: HashMap<i64, Running>,
-    /// Writes and releases that failed on an unwell state folder, made again in order.
-    backlog: VecDeque<Pending>,
-    /// When the state folder was last probed while unwell.
-    last_probe: Instant,
-    /// Jobs whose supervisor's liveness `/proc` could not tell, and when that was last logged.
-    unknown_logged: HashMap<i64, Instant>,
-}
-
-/// What placing a queued job did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Placed {
-    /// Its supervisor is starting (or its held lease runs).
-    Started,
-    /// It stays queued, for this reason.
-    Waits(String),
-    /// It left the queue meanwhile (cancelled): nothing more to do.
-    Left,
-    /// It cannot start, ever: it ends in this state (failed, cancelled) with this reason.
-    Ends(State, String),
 }
 
 impl std::fmt::Debug for Engine {
@@ -262,128 +231,129 @@ impl Engine {
     /// After a crash or a restart: finish what ended meanwhile, adopt what still runs, fence off
     /// and queue again what never started, mark the rest lost (or queue it with `requeue`).
     pub fn recover(&mut self) -> Result<(), String> {
-        let shared = Arc::clone(&self.shared);
-        let db = &shared.db;
-        for row in db
+        let running = self
+            .shared
+            .db
             .jobs(&[State::Running], u32::MAX)
-            .map_err(|e| e.to_string())?
-        {
-            let id = row.id;
-            let dir = self.shared.job_dir(id, row.attempt);
-            let spec =
-                db.submission(id).ok().flatten().and_then(|(s, _)| {
-                    orch_core::job::parse(Path::new(&s.job_path), &s.job_text).ok()
-                });
-            let (preemptible, exclusive) = spec.map_or((false, true), |spec| {
-                (spec.preemptible, spec.resources.exclusive)
-            });
-            let held = db
-                .submission(id)
-                .ok()
-                .flatten()
-                .is_some_and(|(s, _)| s.holder.is_some());
-            self.track_running(id, &row, preemptible, exclusive);
-            // Counted up to the last record, or from the start when none was made.
-            let charged_s = row
-                .charged_ms
-                .or(row.started_at_ms)
-                .map_or_else(now_s, ms_to_s);
-            if let Ok(Some(exit)) = folders::read_exit(&dir) {
-                let prior = row.gpu_seconds;
-                self.finish_at(id, &row.lease_id, exit, prior);
-                continue;
-            }
-            // The daemon may have stopped before it even made the job's folder.
-            let never_started = matches!(folders::read_fence(&dir), Ok(None))
-                && std::fs::create_dir_all(&dir).is_ok()
-                && folders::take_fence(&dir, &Fence { supervisor: None }).unwrap_or(false);
-            let fence = folders::read_fence(&dir).ok().flatten();
-            let supervisor = fence.and_then(|f| f.supervisor).map(|h| {
-                let dead = h.process_liveness().is_dead();
-                (h, dead)
-            });
-            match running::recovery(never_started, supervisor, held) {
-                Recovery::Adopt(holder) => {
-                    tracing::info!("job {id}: adopted again (supervisor pid {})", holder.pid);
-                    self.jobs.write(
-                        id,
-                        Change {
-                            event: Some(Event::now(
-                                "adopted",
-                                format!(
-                                    "still running after the daemon restarted; adopted again (supervisor pid {})",
-                                    holder.pid
-                                ),
-                            )),
-                            ..Change::default()
-                        },
-                    );
-                    let start = Start {
-                        tenant: row.tenant.clone(),
-                        devices: row.devices.clone(),
-                        attempt: row.attempt,
-                        lease_id: row.lease_id.clone().unwrap_or_default(),
-                        requeue: row.requeue,
-                        prior_gpu_s: row.gpu_seconds,
-                    };
-                    let origin = if held { Origin::Held } else { Origin::Adopted };
-                    let mut job = Running::new(start, origin, Some(holder), Instant::now());
-                    if row.cancel_requested {
-                        job.cancel();
-                    }
-                    self.jobs.running.insert(id, job);
-                }
-                Recovery::HeldEnded(pid) => {
-                    // The process that held the lease ended while no daemon watched.
-                    let prior = row.gpu_seconds;
-                    self.finish_at(id, &row.lease_id, running::held_ended(pid, now_ms()), prior);
-                }
-                Recovery::QueueAgain => {
-                    // It never ran: nothing to charge.
-                    let at = self
-                        .sched
-                        .running_job(id as u64)
-                        .map_or(charged_s, |r| r.charged_s);
-                    self.untrack_running(id, at, row.gpu_seconds);
-                    tracing::info!(
-                        "job {id}: never started before the daemon stopped; queued again"
-                    );
-                    self.jobs.release(id, &row.lease_id);
-                    self.jobs.write(
-                        id,
-                        Change {
-                            state: Some(State::Queued),
-                            reason: Update::Set(
-                                "queued again: the daemon stopped before the job started".into(),
-                            ),
-                            only_if: Some(State::Running),
-                            event: Some(Event::now(
-                                "queued",
-                                "queued again: the daemon stopped before the job started",
-                            )),
-                            ..Change::default()
-                        },
-                    );
-                }
-                Recovery::Vanished => {
-                    // When it ended is unknown: its use is counted up to the last record.
-                    self.untrack_running(id, charged_s, row.gpu_seconds);
-                    self.vanished(
-                        id,
-                        &row.lease_id,
-                        row.requeue && !row.cancel_requested,
-                        VANISHED_UNWATCHED.into(),
-                    );
-                }
-            }
+            .map_err(|e| e.to_string())?;
+        for row in running {
+            self.recover_job(row);
         }
-        for row in db
+        let queued = self
+            .shared
+            .db
             .jobs(&[State::Queued], u32::MAX)
-            .map_err(|e| e.to_string())?
-        {
+            .map_err(|e| e.to_string())?;
+        for row in queued {
             self.enqueue(row.id);
         }
         Ok(())
+    }
+
+    /// Recovery of one job its database shows running (see [`Engine::recover`]).
+    fn recover_job(&mut self, row: JobRow) {
+        let id = row.id;
+        let dir = self.shared.job_dir(id, row.attempt);
+        let submission = self.shared.db.submission(id).ok().flatten().map(|(s, _)| s);
+        let spec = submission
+            .as_ref()
+            .and_then(|s| orch_core::job::parse(Path::new(&s.job_path), &s.job_text).ok());
+        let (preemptible, exclusive) = spec.map_or((false, true), |spec| {
+            (spec.preemptible, spec.resources.exclusive)
+        });
+        let held = submission.is_some_and(|s| s.holder.is_some());
+        self.track_running(id, &row, preemptible, exclusive);
+        // Counted up to the last record, or from the start when none was made.
+        let charged_s = row
+            .charged_ms
+            .or(row.started_at_ms)
+            .map_or_else(now_s, ms_to_s);
+        if let Ok(Some(exit)) = folders::read_exit(&dir) {
+            let prior = row.gpu_seconds;
+            self.finish_at(id, &row.lease_id, exit, prior);
+            return;
+        }
+        // The daemon may have stopped before it even made the job's folder.
+        let never_started = matches!(folders::read_fence(&dir), Ok(None))
+            && std::fs::create_dir_all(&dir).is_ok()
+            && folders::take_fence(&dir, &Fence { supervisor: None }).unwrap_or(false);
+        let fence = folders::read_fence(&dir).ok().flatten();
+        let supervisor = fence.and_then(|f| f.supervisor).map(|h| {
+            let dead = h.process_liveness().is_dead();
+            (h, dead)
+        });
+        match running::recovery(never_started, supervisor, held) {
+            Recovery::Adopt(holder) => {
+                tracing::info!("job {id}: adopted again (supervisor pid {})", holder.pid);
+                self.jobs.write(
+                    id,
+                    Change {
+                        event: Some(Event::now(
+                            "adopted",
+                            format!(
+                                "still running after the daemon restarted; adopted again (supervisor pid {})",
+                                holder.pid
+                            ),
+                        )),
+                        ..Change::default()
+                    },
+                );
+                let start = Start {
+                    tenant: row.tenant.clone(),
+                    devices: row.devices.clone(),
+                    attempt: row.attempt,
+                    lease_id: row.lease_id.clone().unwrap_or_default(),
+                    requeue: row.requeue,
+                    prior_gpu_s: row.gpu_seconds,
+                };
+                let origin = if held { Origin::Held } else { Origin::Adopted };
+                let mut job = Running::new(start, origin, Some(holder), Instant::now());
+                if row.cancel_requested {
+                    job.cancel();
+                }
+                self.jobs.running.insert(id, job);
+            }
+            Recovery::HeldEnded(pid) => {
+                // The process that held the lease ended while no daemon watched.
+                let prior = row.gpu_seconds;
+                self.finish_at(id, &row.lease_id, running::held_ended(pid, now_ms()), prior);
+            }
+            Recovery::QueueAgain => {
+                // It never ran: nothing to charge.
+                let at = self
+                    .sched
+                    .running_job(id as u64)
+                    .map_or(charged_s, |r| r.charged_s);
+                self.untrack_running(id, at, row.gpu_seconds);
+                tracing::info!("job {id}: never started before the daemon stopped; queued again");
+                self.jobs.release(id, &row.lease_id);
+                self.jobs.write(
+                    id,
+                    Change {
+                        state: Some(State::Queued),
+                        reason: Update::Set(
+                            "queued again: the daemon stopped before the job started".into(),
+                        ),
+                        only_if: Some(State::Running),
+                        event: Some(Event::now(
+                            "queued",
+                            "queued again: the daemon stopped before the job started",
+                        )),
+                        ..Change::default()
+                    },
+                );
+            }
+            Recovery::Vanished => {
+                // When it ended is unknown: its use is counted up to the last record.
+                self.untrack_running(id, charged_s, row.gpu_seconds);
+                self.vanished(
+                    id,
+                    &row.lease_id,
+                    row.requeue && !row.cancel_requested,
+                    VANISHED_UNWATCHED.into(),
+                );
+            }
+        }
     }
 
     /// The engine's loop; returns when every sender is gone.
@@ -710,56 +680,13 @@ impl Engine {
         }
         // Nothing starts while the state folder cannot record it: the queue waits, and says why.
         if let Some(fault) = self.shared.health.fault() {
-            let reason = format!(
-                "waiting: the state folder {} is {}; jobs start once it takes writes again",
-                self.shared.state_dir.display(),
-                match fault {
-                    crate::core::health::Fault::Full => "full",
-                    crate::core::health::Fault::ReadOnly => "read-only",
-                    crate::core::health::Fault::Io => "failing",
-                }
-            );
-            let reasons = self
-                .jobs
-                .queue
-                .keys()
-                .map(|id| (*id, reason.clone()))
-                .collect();
-            *lock(&self.shared.reasons) = reasons;
+            self.wait_for_the_state_folder(fault);
             return;
         }
-        self.jobs.refresh_inventory();
-        let leases = match self.jobs.store.active() {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::warn!("scheduling pass skipped: {e}");
-                return;
-            }
+        let Some(machine) = self.machine_now() else {
+            return;
         };
-        let held: std::collections::HashSet<&str> = leases
-            .iter()
-            .filter(|l| l.exclusive)
-            .flat_map(|l| l.devices.iter().map(String::as_str))
-            .collect();
         let started = Instant::now();
-        let visible: Vec<&str> = self
-            .jobs
-            .placeable
-            .devices
-            .iter()
-            .filter_map(|v| {
-                self.jobs
-                    .inventory
-                    .devices
-                    .iter()
-                    .find(|d| d.index == v.physical)
-            })
-            .map(|d| d.uuid.as_str())
-            .collect();
-        let machine = orch_queue::Machine {
-            free_gpus: visible.iter().filter(|u| !held.contains(*u)).count() as u32,
-            total_gpus: visible.len() as u32,
-        };
         let now = now_s();
         let jobs = &mut self.jobs;
         let mut ends = Vec::new();
@@ -786,34 +713,104 @@ impl Engine {
             self.shared.metrics.decision("queue", seconds);
         }
         if let Some(failure) = report.policy_failure {
-            let repeat = self.policy_failure.as_ref().is_some_and(|(last, at)| {
-                *last == failure && at.elapsed() < Duration::from_secs(60)
-            });
-            if !repeat {
-                tracing::warn!("{failure}");
-                self.policy_failure = Some((failure, Instant::now()));
-            }
+            self.policy_failed(failure);
         }
         for p in report.preempt {
-            let id = p.victim as i64;
-            if let Some(job) = self.jobs.running.get_mut(&id)
-                && job.preempt(p.reason.clone())
-            {
-                tracing::info!("job {id}: {}", p.reason);
-                self.shared.metrics.preempted();
-                self.jobs.write(
-                    id,
-                    Change {
-                        event: Some(Event::now("preempted", p.reason)),
-                        ..Change::default()
-                    },
-                );
-            }
+            self.preempt(p.victim as i64, p.reason);
         }
-        // A job queued again keeps saying why (preempted, its processes vanished) before why it
-        // waits now.
-        let reasons: HashMap<i64, String> = report
-            .reasons
+        self.publish_reasons(report.reasons);
+    }
+
+    /// Every queued job waits for the state folder to take writes again, and says so.
+    fn wait_for_the_state_folder(&mut self, fault: crate::core::health::Fault) {
+        let reason = format!(
+            "waiting: the state folder {} is {}; jobs start once it takes writes again",
+            self.shared.state_dir.display(),
+            match fault {
+                crate::core::health::Fault::Full => "full",
+                crate::core::health::Fault::ReadOnly => "read-only",
+                crate::core::health::Fault::Io => "failing",
+            }
+        );
+        let reasons = self
+            .jobs
+            .queue
+            .keys()
+            .map(|id| (*id, reason.clone()))
+            .collect();
+        *lock(&self.shared.reasons) = reasons;
+    }
+
+    /// The devices a pass may place on, and how many of them no exclusive lease holds; `None`
+    /// when the lease store cannot say (the pass is skipped).
+    fn machine_now(&mut self) -> Option<orch_queue::Machine> {
+        self.jobs.refresh_inventory();
+        let leases = match self.jobs.store.active() {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!("scheduling pass skipped: {e}");
+                return None;
+            }
+        };
+        let held: std::collections::HashSet<&str> = leases
+            .iter()
+            .filter(|l| l.exclusive)
+            .flat_map(|l| l.devices.iter().map(String::as_str))
+            .collect();
+        let visible: Vec<&str> = self
+            .jobs
+            .placeable
+            .devices
+            .iter()
+            .filter_map(|v| {
+                self.jobs
+                    .inventory
+                    .devices
+                    .iter()
+                    .find(|d| d.index == v.physical)
+            })
+            .map(|d| d.uuid.as_str())
+            .collect();
+        Some(orch_queue::Machine {
+            free_gpus: visible.iter().filter(|u| !held.contains(*u)).count() as u32,
+            total_gpus: visible.len() as u32,
+        })
+    }
+
+    /// The queue policy failed this pass: logged when the failure is new, or a minute passed.
+    fn policy_failed(&mut self, failure: String) {
+        let repeat = self
+            .policy_failure
+            .as_ref()
+            .is_some_and(|(last, at)| *last == failure && at.elapsed() < Duration::from_secs(60));
+        if !repeat {
+            tracing::warn!("{failure}");
+            self.policy_failure = Some((failure, Instant::now()));
+        }
+    }
+
+    /// The scheduler chose running job `id` to make room: its stop is decided (carried out at the
+    /// next look at it) and recorded, unless one was decided already.
+    fn preempt(&mut self, id: i64, reason: String) {
+        if let Some(job) = self.jobs.running.get_mut(&id)
+            && job.preempt(reason.clone())
+        {
+            tracing::info!("job {id}: {reason}");
+            self.shared.metrics.preempted();
+            self.jobs.write(
+                id,
+                Change {
+                    event: Some(Event::now("preempted", reason)),
+                    ..Change::default()
+                },
+            );
+        }
+    }
+
+    /// Why each queued job waits, for the API. A job queued again keeps saying why (preempted,
+    /// its processes vanished) before why it waits now.
+    fn publish_reasons(&mut self, reasons: Vec<(u64, String)>) {
+        let reasons: HashMap<i64, String> = reasons
             .into_iter()
             .map(|(id, reason)| {
                 let id = id as i64;
@@ -1060,596 +1057,6 @@ impl Engine {
                 ..Change::default()
             },
         );
-    }
-}
-
-impl Jobs {
-    /// `/proc` or the job's folder could not tell how job `id` stands: it stays as it is, and
-    /// the log says so at most once a minute.
-    fn cannot_tell(&mut self, id: i64, why: String) {
-        let now = Instant::now();
-        let due = self
-            .unknown_logged
-            .get(&id)
-            .is_none_or(|at| now.duration_since(*at) >= Duration::from_secs(60));
-        if due {
-            tracing::warn!("job {id}: {why}; it stays as it is until the daemon can tell");
-            self.unknown_logged.insert(id, now);
-        }
-    }
-
-    /// While the state folder is unwell, or writes wait: probes it (at most twice a second) and,
-    /// once it takes writes, makes the waiting ones in order. True when something was caught up.
-    fn catch_up(&mut self) -> bool {
-        if self.backlog.is_empty() && self.shared.health.fault().is_none() {
-            return false;
-        }
-        if self.last_probe.elapsed() < Duration::from_millis(500) {
-            return false;
-        }
-        self.last_probe = Instant::now();
-        if let Err(e) = self.shared.health.probe() {
-            if let Some(fault) = crate::core::health::fault_of_io(&e) {
-                self.shared.health.report(fault, e.to_string());
-            }
-            return false;
-        }
-        let mut done = 0;
-        while let Some(pending) = self.backlog.front() {
-            let result = match pending {
-                Pending::Write(id, change) => {
-                    let (id, change) = (*id, change.as_ref().clone());
-                    self.shared
-                        .db
-                        .write_blocking(move |tx| crate::core::db::apply(tx, id, &change))
-                        .map(|_| ())
-                        .map_err(|e| (e.fault(), e.to_string()))
-                }
-                Pending::Release(release) => {
-                    let release = release.clone();
-                    self.store_release(&release)
-                        .map(|_| ())
-                        .map_err(|e| (Some(crate::core::health::Fault::Io), e.to_string()))
-                }
-            };
-            match result {
-                Ok(()) => {
-                    self.backlog.pop_front();
-                    done += 1;
-                }
-                Err((Some(fault), e)) => {
-                    self.shared.health.report(fault, e);
-                    break;
-                }
-                Err((None, e)) => {
-                    tracing::error!("a delayed write failed and is dropped: {e}");
-                    self.backlog.pop_front();
-                }
-            }
-        }
-        if done > 0 {
-            self.publish_leases();
-        }
-        if self.backlog.is_empty() {
-            self.shared.health.recovered();
-        }
-        done > 0
-    }
-
-    /// Claims devices for queued job `id` and starts its supervisor (or runs its held lease);
-    /// says what it did. A job that can never start leaves the queue here and is ended by the
-    /// caller ([`Placed::Ends`]).
-    fn place(&mut self, id: i64) -> Placed {
-        let (job, lease, plan) = match self.claim(id) {
-            Ok(claimed) => claimed,
-            Err(placed) => return placed,
-        };
-        if self.shared.root {
-            orch_exec::prime_cgroup_migration();
-        }
-        let attempt = job.row.attempt + 1;
-        let dir = self.shared.job_dir(id, attempt);
-        // The job's folder is written before it shows as running: whoever sees a held lease
-        // running can read its devices, and a command job never runs with no folder.
-        let holder = job.submission.holder.clone();
-        let written = match &holder {
-            Some(holder) => self.write_lease_folder(id, &dir, &job, &lease, &plan, holder),
-            None => self.write_job_folder(id, &dir, &job, &lease, &plan),
-        };
-        if let Err(placed) = written {
-            // A command job waits in the queue for the state folder to take writes again.
-            if holder.is_none() {
-                self.queue.insert(id, job);
-            }
-            return placed;
-        }
-        if let Err(placed) = self.record_start(id, attempt, &lease) {
-            if matches!(placed, Placed::Waits(_)) {
-                self.queue.insert(id, job);
-            }
-            return placed;
-        }
-        self.shared.metrics.started(
-            &job.row.tenant,
-            ms_to_s(now_ms().saturating_sub(job.row.submitted_at_ms)),
-        );
-        let start = Start {
-            tenant: job.row.tenant.clone(),
-            devices: lease.devices.clone(),
-            attempt,
-            lease_id: lease.id.clone(),
-            requeue: job.row.requeue,
-            prior_gpu_s: job.row.gpu_seconds,
-        };
-        match holder {
-            // A held lease runs: the engine watches its process as it watches a supervisor.
-            Some(holder) => {
-                let start = Start {
-                    requeue: false,
-                    ..start
-                };
-                let job = Running::new(start, Origin::Held, Some(holder), Instant::now());
-                self.running.insert(id, job);
-            }
-            None => {
-                let job = Running::new(start, Origin::Spawned, None, Instant::now());
-                self.running.insert(id, job);
-                if let Err(e) = self.spawn_supervisor(id, attempt, &dir) {
-                    self.not_started(id, &dir, &e);
-                }
-            }
-        }
-        Placed::Started
-    }
-
-    /// Takes queued job `id` out of the queue with the devices its policy chose; `Err`: what
-    /// placing it came to instead (it waits, left, or can never start).
-    fn claim(
-        &mut self,
-        id: i64,
-    ) -> Result<(Queued, orch_leases::Lease, orch_runner::Plan), Placed> {
-        let dead_holder = self
-            .queue
-            .get(&id)
-            .and_then(|j| j.submission.holder.as_ref())
-            .filter(|h| h.process_liveness().is_dead())
-            .map(|h| h.pid);
-        if let Some(pid) = dead_holder {
-            self.queue.remove(&id);
-            let reason = format!("its process (pid {pid}) ended while it waited");
-            return Err(Placed::Ends(State::Cancelled, reason));
-        }
-        let Some(job) = self.queue.get(&id) else {
-            return Err(Placed::Left);
-        };
-        // A policy the tenant sent: placed once compiled, off this thread.
-        if let Some(hash) = &job.submission.policy_file {
-            let plugin = &job.spec.policy.plugin;
-            match self
-                .shared
-                .compiler
-                .prepare(&mut self.host, hash, &job.row.tenant, plugin)
-            {
-                crate::core::compile::Prepared::Ready => {}
-                crate::core::compile::Prepared::Waits(reason) => return Err(Placed::Waits(reason)),
-                crate::core::compile::Prepared::Failed(reason) => {
-                    self.queue.remove(&id);
-                    return Err(Placed::Ends(State::Failed, reason));
-                }
-            }
-        }
-        let env_map: HashMap<&str, &str> = job
-            .submission
-            .env
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        let env = |name: &str| env_map.get(name).map(|v| v.to_string());
-        let machine = Machine {
-            inventory: &self.inventory,
-            visibility: &self.placeable,
-            env: &env,
-            nested: false,
-        };
-        // A lease held by the client's process: that process is its holder, so the lease store
-        // reclaims it when the process dies, whatever happens to the daemon.
-        let holder = job
-            .submission
-            .holder
-            .clone()
-            .unwrap_or_else(Holder::current);
-        let deciding = Instant::now();
-        let claimed =
-            orch_runner::claim(&mut self.store, &mut self.host, &job.spec, &machine, holder);
-        self.shared
-            .metrics
-            .decision("placement", deciding.elapsed().as_secs_f64());
-        let (lease, plan) = match claimed {
-            Ok(placed) => placed,
-            Err(PlaceError::NoFit(reason)) => return Err(Placed::Waits(reason)),
-            Err(PlaceError::Store(e)) => {
-                return Err(Placed::Waits(format!("the lease store failed: {e}")));
-            }
-            Err(e) => {
-                self.queue.remove(&id);
-                return Err(Placed::Ends(State::Failed, e.to_string()));
-            }
-        };
-        match self.queue.remove(&id) {
-            Some(job) => Ok((job, lease, plan)),
-            None => Err(Placed::Left),
-        }
-    }
-
-    /// A held lease's placement and fence in its folder; on failure its devices go back.
-    fn write_lease_folder(
-        &mut self,
-        id: i64,
-        dir: &Path,
-        job: &Queued,
-        lease: &orch_leases::Lease,
-        plan: &orch_runner::Plan,
-        holder: &Holder,
-    ) -> Result<(), Placed> {
-        let Err(e) = folders::write_placed(dir, &self.placed(job, lease, plan), holder) else {
-            return Ok(());
-        };
-        self.release_now(id, &lease.id);
-        if let Some(fault) = crate::core::health::fault_of_io(&e) {
-            self.shared.health.report(fault, e.to_string());
-            return Err(Placed::Waits(format!(
-                "waiting: the daemon could not record the lease: {e}"
-            )));
-        }
-        Err(Placed::Ends(
-            State::Failed,
-            format!("the daemon could not record the lease: {e}"),
-        ))
-    }
-
-    /// A command job's folder with the spec its supervisor runs; on failure its devices go back
-    /// and it waits.
-    fn write_job_folder(
-        &mut self,
-        id: i64,
-        dir: &Path,
-        job: &Queued,
-        lease: &orch_leases::Lease,
-        plan: &orch_runner::Plan,
-    ) -> Result<(), Placed> {
-        let spec = SuperviseSpec {
-            job_id: id.to_string(),
-            submission: job.submission.clone(),
-            lease: lease.clone(),
-            plan: plan.clone(),
-            inventory: self.inventory.as_ref().clone(),
-            devices: self.shared.devices.clone(),
-            exe: self.shared.exe.clone(),
-            state_dir: self.shared.state_dir.clone(),
-            switch_user: self.shared.root,
-            max_runtime_s: running::time_limit(
-                &job.spec,
-                self.shared.config.tenant(&job.row.tenant),
-            )
-            .map(|d| d.as_secs_f64()),
-            grace_s: orch_runner::GRACE.as_secs_f64(),
-        };
-        let Err(e) = folders::prepare(dir, &spec) else {
-            return Ok(());
-        };
-        self.release_now(id, &lease.id);
-        let reason = format!("waiting: the daemon could not write the job's folder: {e}");
-        match crate::core::health::fault_of_io(&e) {
-            Some(fault) => self.shared.health.report(fault, e.to_string()),
-            None => tracing::warn!("job {id}: {reason}"),
-        }
-        Err(Placed::Waits(reason))
-    }
-
-    /// Commits that job `id` runs on `lease`; `Err`: it was cancelled meanwhile (it left), or the
-    /// database failed (it waits). Either way its devices go back.
-    fn record_start(
-        &mut self,
-        id: i64,
-        attempt: u32,
-        lease: &orch_leases::Lease,
-    ) -> Result<(), Placed> {
-        let started = self.shared.db.write_blocking({
-            let change = Change {
-                state: Some(State::Running),
-                started_at_ms: Some(now_ms()),
-                reason: Update::Clear,
-                lease_id: Some(lease.id.clone()),
-                devices: Some(lease.devices.clone()),
-                attempt: Some(attempt),
-                only_if: Some(State::Queued),
-                charged_ms: Some(now_ms()),
-                event: Some(Event::now(
-                    "started",
-                    format!(
-                        "started on {} (attempt {attempt})",
-                        if lease.devices.is_empty() {
-                            "no device".to_string()
-                        } else {
-                            lease.devices.join(", ")
-                        }
-                    ),
-                )),
-                ..Change::default()
-            };
-            move |tx| crate::core::db::apply(tx, id, &change)
-        });
-        match started {
-            Ok(1) => Ok(()),
-            Ok(_) => {
-                // Cancelled meanwhile: the devices go back.
-                self.release_now(id, &lease.id);
-                Err(Placed::Left)
-            }
-            Err(e) => {
-                // The database failed: the job stays queued (its row says so) and is tried again.
-                self.release_now(id, &lease.id);
-                let reason = format!("waiting: the job database failed while starting it: {e}");
-                match e.fault() {
-                    Some(fault) => self.shared.health.report(fault, e.to_string()),
-                    None => tracing::warn!("job {id}: {reason}"),
-                }
-                Err(Placed::Waits(reason))
-            }
-        }
-    }
-
-    /// The supervisor of job `id` could not be started: its folder is fenced so nothing ever
-    /// starts it, and its exit record fails it.
-    fn not_started(&mut self, id: i64, dir: &Path, e: &std::io::Error) {
-        let reason = format!("the daemon could not start the job's supervisor: {e}");
-        tracing::warn!("job {id}: {reason}");
-        let record = ExitRecord {
-            state: State::Failed,
-            exit_code: None,
-            reason: Some(reason),
-            ended_at_ms: now_ms(),
-            late: None,
-        };
-        if let Err(e) = folders::take_fence(dir, &Fence { supervisor: None })
-            .and_then(|_| folders::write_exit(dir, &record))
-        {
-            tracing::warn!("job {id}: could not record that it failed to start: {e}");
-        }
-    }
-
-    /// What a held lease's `lease.json` says of its placement: the devices with both numberings,
-    /// the policy's reason, and the variables its process sets for itself.
-    fn placed(
-        &self,
-        job: &Queued,
-        lease: &orch_leases::Lease,
-        plan: &orch_runner::Plan,
-    ) -> folders::Placed {
-        let env = orch_runner::lease_env(&job.spec, lease, plan, &self.inventory);
-        let devices = plan
-            .chosen
-            .iter()
-            .map(|d| {
-                serde_json::json!({
-                    "index": d.index,
-                    "physical_index": d.physical_index,
-                    "uuid": d.uuid,
-                    "name": d.name,
-                    "memory_total_bytes": d.in_inventory(&self.inventory).and_then(|x| x.memory_total_bytes),
-                    "memory_free_bytes": d.memory_free,
-                    "utilization_gpu_percent": d.utilization_gpu,
-                })
-            })
-            .collect();
-        folders::Placed {
-            policy: plan.policy.clone(),
-            reason: plan.reason.clone(),
-            devices,
-            rejected: plan
-                .rejected
-                .iter()
-                .map(|r| serde_json::to_value(r).unwrap_or_default())
-                .collect(),
-            env,
-            exclusive: lease.exclusive,
-        }
-    }
-
-    /// The process holding lease job `id` gave it back: the devices are free at once, and the
-    /// job ends `succeeded` at the next look at running jobs.
-    fn release_held(&mut self, id: i64) {
-        let Some(job) = self.running.get(&id) else {
-            return;
-        };
-        let Some(record) = job.released(now_ms()) else {
-            return;
-        };
-        let dir = self.shared.job_dir(id, job.attempt);
-        if matches!(folders::read_exit(&dir), Ok(Some(_))) {
-            return;
-        }
-        let lease = job.lease_id.clone();
-        if let Err(e) = folders::write_exit(&dir, &record) {
-            // The next look at it then finds no record and its process alive: it stays running
-            // until that process ends.
-            tracing::warn!("job {id}: could not record that its process released it: {e}");
-        }
-        // Its holder still lives: the daemon's usual release would leave the lease held.
-        self.release_now(id, &lease);
-        self.publish_leases();
-    }
-
-    /// Releases lease `id` outright (its holder is the daemon, or gave it back); when the store
-    /// cannot record that now, it is done later, in order, and the devices stay held meanwhile.
-    fn release_now(&mut self, job: i64, id: &str) {
-        self.release_lease(Release {
-            job,
-            lease: id.to_string(),
-            outright: true,
-        });
-    }
-
-    /// Makes `release` now, or queues it behind the writes waiting before it, or after a failure.
-    fn release_lease(&mut self, release: Release) {
-        if !self.backlog.is_empty() {
-            self.backlog.push_back(Pending::Release(release));
-            return;
-        }
-        match self.store_release(&release) {
-            Ok(true) => self.publish_leases(),
-            Ok(false) => tracing::warn!(
-                "job {}: lease {} stays: a process of the job still runs; the devices are free once it ends",
-                release.job,
-                release.lease
-            ),
-            Err(e) => {
-                tracing::warn!(
-                    "job {}: could not release lease {} ({e}); trying again until it can",
-                    release.job,
-                    release.lease
-                );
-                self.backlog.push_back(Pending::Release(release));
-            }
-        }
-    }
-
-    /// The lease store's side of `release`: true when the lease is gone.
-    fn store_release(&mut self, release: &Release) -> Result<bool, orch_leases::LeaseError> {
-        if release.outright {
-            self.store.release(&release.lease).map(|_| true)
-        } else {
-            self.store
-                .release_unless_held(&release.lease, &[Holder::current()])
-        }
-    }
-
-    /// Starts `orch __supervise DIR` for the folder [`folders::prepare`] wrote; the wait on it
-    /// records how it ended in [`Shared::supervisor_exits`].
-    fn spawn_supervisor(&self, id: i64, attempt: u32, dir: &Path) -> std::io::Result<()> {
-        use std::os::unix::process::CommandExt;
-        let log = std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(dir.join("supervisor.log"))?;
-        let mut child = std::process::Command::new(&self.shared.exe)
-            .arg("__supervise")
-            .arg(dir)
-            .stdin(std::process::Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            // Its own group: a Ctrl-C meant for the daemon does not reach the jobs.
-            .process_group(0)
-            .spawn()?;
-        let shared = Arc::clone(&self.shared);
-        let pid = child.id();
-        std::thread::spawn(move || {
-            let status = child.wait().ok();
-            lock(&shared.supervisor_exits).insert((id, attempt), SupervisorEnd { pid, status });
-            shared.kick(Kick::SupervisorExited);
-        });
-        Ok(())
-    }
-
-    /// Publishes the leases as they are now (and the foreign processes against them): after a
-    /// job started or ended, the API shows it at once rather than at the next reading.
-    fn publish_leases(&mut self) {
-        let Ok(leases) = self.store.active() else {
-            return;
-        };
-        let inventory = Arc::clone(&lock(&self.shared.machine).inventory);
-        let foreign = Arc::new(orch_runner::foreign_processes(&inventory, &leases));
-        let mut view = lock(&self.shared.machine);
-        view.leases = Arc::new(leases);
-        view.foreign = foreign;
-    }
-
-    fn refresh_inventory(&mut self) {
-        let view = lock(&self.shared.machine).clone();
-        if !Arc::ptr_eq(&view.inventory, &self.inventory) {
-            self.visibility =
-                Visibility::resolve(&view.inventory.devices, &VisibilityEnv::from_process());
-            self.inventory = Arc::clone(&view.inventory);
-        }
-        self.placeable = self.visibility.clone();
-        if self.shared.config.avoid_foreign && !view.foreign.is_empty() {
-            let busy: Vec<u32> = self
-                .inventory
-                .devices
-                .iter()
-                .filter(|d| view.foreign.contains_key(&d.uuid))
-                .map(|d| d.index)
-                .collect();
-            self.placeable
-                .devices
-                .retain(|v| !busy.contains(&v.physical));
-        }
-    }
-
-    /// SIGKILL to every process group and cgroup the lease's holders name.
-    fn end_remains(&mut self, lease_id: &Option<String>) {
-        let Some(id) = lease_id else { return };
-        let Ok(Some(lease)) = self.store.get(id) else {
-            return;
-        };
-        for holder in &lease.holders {
-            if holder.boot.is_some() && holder.boot != orch_leases::this_boot() {
-                continue; // recorded before this machine rebooted: nothing of it is left
-            }
-            // Only a group that is still the job's (its leader's id not handed out again).
-            if let Some(pgid) = holder.pgid.filter(|&g| g > 1 && holder.group_alive()) {
-                orch_core::process::signal_group(pgid, libc::SIGKILL);
-            }
-            if let Some(cgroup) = &holder.cgroup {
-                orch_exec::kill_cgroup(cgroup);
-            }
-        }
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while lease.holders.iter().any(|h| {
-            h.group_alive()
-                || h.cgroup
-                    .as_deref()
-                    .is_some_and(orch_core::process::cgroup_populated)
-        }) && Instant::now() < deadline
-        {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// Gives up the daemon's hold on a lease. A process of the job that is still alive (one that
-    /// ignored its supervisor's end) keeps it, and with it the devices, until it ends. A release
-    /// the store cannot record now is made later, in order.
-    fn release(&mut self, job: i64, lease_id: &Option<String>) {
-        if let Some(lease) = lease_id {
-            self.release_lease(Release {
-                job,
-                lease: lease.clone(),
-                outright: false,
-            });
-        }
-    }
-
-    /// Records `change` of job `id`. On a full or read-only state folder it is kept and made
-    /// again, in order with everything after it, once the folder takes writes.
-    fn write(&mut self, id: i64, change: Change) {
-        if !self.backlog.is_empty() {
-            self.backlog.push_back(Pending::Write(id, Box::new(change)));
-            return;
-        }
-        let attempt = change.clone();
-        if let Err(e) = self
-            .shared
-            .db
-            .write_blocking(move |tx| crate::core::db::apply(tx, id, &attempt))
-        {
-            match e.fault() {
-                Some(fault) => {
-                    self.shared.health.report(fault, e.to_string());
-                    self.backlog.push_back(Pending::Write(id, Box::new(change)));
-                }
-                None => tracing::error!("job {id}: {e}"),
-            }
-        }
     }
 }
 

@@ -1,0 +1,655 @@
+//! What the engine holds besides its scheduler ([`Jobs`]), and what it does with it: placing a
+//! queued job (claim, the job's folder, the database's record of its start, its supervisor),
+//! releasing leases, and the writes that wait while the state folder takes none.
+
+use super::running::{self, Origin, Running, Start};
+use super::{Pending, Queued, Release, ms_to_s};
+use crate::core::db::{Change, Event, State, Update};
+use crate::core::folders::{self, ExitRecord, Fence, SuperviseSpec};
+use crate::core::kick::Kick;
+use crate::core::state::{Shared, SupervisorEnd};
+use orch_core::sync::lock;
+use orch_core::time::now_ms;
+use orch_devices::{Inventory, Visibility, VisibilityEnv};
+use orch_host::PolicyHost;
+use orch_leases::{Holder, LeaseStore};
+use orch_runner::{Machine, PlaceError};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What the engine holds besides the scheduler: the jobs it queued and watches run, the lease
+/// store and the policy host that place them, and the writes waiting on an unwell state folder.
+/// Placing a job needs this alone, so a scheduling pass can place while it walks the queue.
+pub(super) struct Jobs {
+    pub(super) shared: Arc<Shared>,
+    pub(super) store: LeaseStore,
+    pub(super) host: PolicyHost,
+    /// The latest reading of the devices, refreshed by a thread of its own (an NVML reading takes
+    /// milliseconds per GPU: not on the path from a submission to its start).
+    pub(super) inventory: Arc<Inventory>,
+    pub(super) visibility: Visibility,
+    /// The visible devices placement may use: all of them, or without those busy with foreign
+    /// processes under `foreign = "avoid"`.
+    pub(super) placeable: Visibility,
+    pub(super) queue: BTreeMap<i64, Queued>,
+    pub(super) running: HashMap<i64, Running>,
+    /// Writes and releases that failed on an unwell state folder, made again in order.
+    pub(super) backlog: VecDeque<Pending>,
+    /// When the state folder was last probed while unwell.
+    pub(super) last_probe: Instant,
+    /// Jobs whose supervisor's liveness `/proc` could not tell, and when that was last logged.
+    pub(super) unknown_logged: HashMap<i64, Instant>,
+}
+
+/// What placing a queued job did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Placed {
+    /// Its supervisor is starting (or its held lease runs).
+    Started,
+    /// It stays queued, for this reason.
+    Waits(String),
+    /// It left the queue meanwhile (cancelled): nothing more to do.
+    Left,
+    /// It cannot start, ever: it ends in this state (failed, cancelled) with this reason.
+    Ends(State, String),
+}
+
+impl Jobs {
+    /// `/proc` or the job's folder could not tell how job `id` stands: it stays as it is, and
+    /// the log says so at most once a minute.
+    pub(super) fn cannot_tell(&mut self, id: i64, why: String) {
+        let now = Instant::now();
+        let due = self
+            .unknown_logged
+            .get(&id)
+            .is_none_or(|at| now.duration_since(*at) >= Duration::from_secs(60));
+        if due {
+            tracing::warn!("job {id}: {why}; it stays as it is until the daemon can tell");
+            self.unknown_logged.insert(id, now);
+        }
+    }
+
+    /// While the state folder is unwell, or writes wait: probes it (at most twice a second) and,
+    /// once it takes writes, makes the waiting ones in order. True when something was caught up.
+    pub(super) fn catch_up(&mut self) -> bool {
+        if self.backlog.is_empty() && self.shared.health.fault().is_none() {
+            return false;
+        }
+        if self.last_probe.elapsed() < Duration::from_millis(500) {
+            return false;
+        }
+        self.last_probe = Instant::now();
+        if let Err(e) = self.shared.health.probe() {
+            if let Some(fault) = crate::core::health::fault_of_io(&e) {
+                self.shared.health.report(fault, e.to_string());
+            }
+            return false;
+        }
+        let mut done = 0;
+        while let Some(pending) = self.backlog.front() {
+            let result = match pending {
+                Pending::Write(id, change) => {
+                    let (id, change) = (*id, change.as_ref().clone());
+                    self.shared
+                        .db
+                        .write_blocking(move |tx| crate::core::db::apply(tx, id, &change))
+                        .map(|_| ())
+                        .map_err(|e| (e.fault(), e.to_string()))
+                }
+                Pending::Release(release) => {
+                    let release = release.clone();
+                    self.store_release(&release)
+                        .map(|_| ())
+                        .map_err(|e| (Some(crate::core::health::Fault::Io), e.to_string()))
+                }
+            };
+            match result {
+                Ok(()) => {
+                    self.backlog.pop_front();
+                    done += 1;
+                }
+                Err((Some(fault), e)) => {
+                    self.shared.health.report(fault, e);
+                    break;
+                }
+                Err((None, e)) => {
+                    tracing::error!("a delayed write failed and is dropped: {e}");
+                    self.backlog.pop_front();
+                }
+            }
+        }
+        if done > 0 {
+            self.publish_leases();
+        }
+        if self.backlog.is_empty() {
+            self.shared.health.recovered();
+        }
+        done > 0
+    }
+
+    /// Claims devices for queued job `id` and starts its supervisor (or runs its held lease);
+    /// says what it did. A job that can never start leaves the queue here and is ended by the
+    /// caller ([`Placed::Ends`]).
+    pub(super) fn place(&mut self, id: i64) -> Placed {
+        let (job, lease, plan) = match self.claim(id) {
+            Ok(claimed) => claimed,
+            Err(placed) => return placed,
+        };
+        if self.shared.root {
+            orch_exec::prime_cgroup_migration();
+        }
+        let attempt = job.row.attempt + 1;
+        let dir = self.shared.job_dir(id, attempt);
+        // The job's folder is written before it shows as running: whoever sees a held lease
+        // running can read its devices, and a command job never runs with no folder.
+        let holder = job.submission.holder.clone();
+        let written = match &holder {
+            Some(holder) => self.write_lease_folder(id, &dir, &job, &lease, &plan, holder),
+            None => self.write_job_folder(id, &dir, &job, &lease, &plan),
+        };
+        if let Err(placed) = written {
+            // A command job waits in the queue for the state folder to take writes again.
+            if holder.is_none() {
+                self.queue.insert(id, job);
+            }
+            return placed;
+        }
+        if let Err(placed) = self.record_start(id, attempt, &lease) {
+            if matches!(placed, Placed::Waits(_)) {
+                self.queue.insert(id, job);
+            }
+            return placed;
+        }
+        self.shared.metrics.started(
+            &job.row.tenant,
+            ms_to_s(now_ms().saturating_sub(job.row.submitted_at_ms)),
+        );
+        let start = Start {
+            tenant: job.row.tenant.clone(),
+            devices: lease.devices.clone(),
+            attempt,
+            lease_id: lease.id.clone(),
+            requeue: job.row.requeue,
+            prior_gpu_s: job.row.gpu_seconds,
+        };
+        match holder {
+            // A held lease runs: the engine watches its process as it watches a supervisor.
+            Some(holder) => {
+                let start = Start {
+                    requeue: false,
+                    ..start
+                };
+                let job = Running::new(start, Origin::Held, Some(holder), Instant::now());
+                self.running.insert(id, job);
+            }
+            None => {
+                let job = Running::new(start, Origin::Spawned, None, Instant::now());
+                self.running.insert(id, job);
+                if let Err(e) = self.spawn_supervisor(id, attempt, &dir) {
+                    self.not_started(id, &dir, &e);
+                }
+            }
+        }
+        Placed::Started
+    }
+
+    /// Takes queued job `id` out of the queue with the devices its policy chose; `Err`: what
+    /// placing it came to instead (it waits, left, or can never start).
+    pub(super) fn claim(
+        &mut self,
+        id: i64,
+    ) -> Result<(Queued, orch_leases::Lease, orch_runner::Plan), Placed> {
+        let dead_holder = self
+            .queue
+            .get(&id)
+            .and_then(|j| j.submission.holder.as_ref())
+            .filter(|h| h.process_liveness().is_dead())
+            .map(|h| h.pid);
+        if let Some(pid) = dead_holder {
+            self.queue.remove(&id);
+            let reason = format!("its process (pid {pid}) ended while it waited");
+            return Err(Placed::Ends(State::Cancelled, reason));
+        }
+        let Some(job) = self.queue.get(&id) else {
+            return Err(Placed::Left);
+        };
+        // A policy the tenant sent: placed once compiled, off this thread.
+        if let Some(hash) = &job.submission.policy_file {
+            let plugin = &job.spec.policy.plugin;
+            match self
+                .shared
+                .compiler
+                .prepare(&mut self.host, hash, &job.row.tenant, plugin)
+            {
+                crate::core::compile::Prepared::Ready => {}
+                crate::core::compile::Prepared::Waits(reason) => return Err(Placed::Waits(reason)),
+                crate::core::compile::Prepared::Failed(reason) => {
+                    self.queue.remove(&id);
+                    return Err(Placed::Ends(State::Failed, reason));
+                }
+            }
+        }
+        let env_map: HashMap<&str, &str> = job
+            .submission
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let env = |name: &str| env_map.get(name).map(|v| v.to_string());
+        let machine = Machine {
+            inventory: &self.inventory,
+            visibility: &self.placeable,
+            env: &env,
+            nested: false,
+        };
+        // A lease held by the client's process: that process is its holder, so the lease store
+        // reclaims it when the process dies, whatever happens to the daemon.
+        let holder = job
+            .submission
+            .holder
+            .clone()
+            .unwrap_or_else(Holder::current);
+        let deciding = Instant::now();
+        let claimed =
+            orch_runner::claim(&mut self.store, &mut self.host, &job.spec, &machine, holder);
+        self.shared
+            .metrics
+            .decision("placement", deciding.elapsed().as_secs_f64());
+        let (lease, plan) = match claimed {
+            Ok(placed) => placed,
+            Err(PlaceError::NoFit(reason)) => return Err(Placed::Waits(reason)),
+            Err(PlaceError::Store(e)) => {
+                return Err(Placed::Waits(format!("the lease store failed: {e}")));
+            }
+            Err(e) => {
+                self.queue.remove(&id);
+                return Err(Placed::Ends(State::Failed, e.to_string()));
+            }
+        };
+        match self.queue.remove(&id) {
+            Some(job) => Ok((job, lease, plan)),
+            None => Err(Placed::Left),
+        }
+    }
+
+    /// A held lease's placement and fence in its folder; on failure its devices go back.
+    pub(super) fn write_lease_folder(
+        &mut self,
+        id: i64,
+        dir: &Path,
+        job: &Queued,
+        lease: &orch_leases::Lease,
+        plan: &orch_runner::Plan,
+        holder: &Holder,
+    ) -> Result<(), Placed> {
+        let Err(e) = folders::write_placed(dir, &self.placed(job, lease, plan), holder) else {
+            return Ok(());
+        };
+        self.release_now(id, &lease.id);
+        if let Some(fault) = crate::core::health::fault_of_io(&e) {
+            self.shared.health.report(fault, e.to_string());
+            return Err(Placed::Waits(format!(
+                "waiting: the daemon could not record the lease: {e}"
+            )));
+        }
+        Err(Placed::Ends(
+            State::Failed,
+            format!("the daemon could not record the lease: {e}"),
+        ))
+    }
+
+    /// A command job's folder with the spec its supervisor runs; on failure its devices go back
+    /// and it waits.
+    pub(super) fn write_job_folder(
+        &mut self,
+        id: i64,
+        dir: &Path,
+        job: &Queued,
+        lease: &orch_leases::Lease,
+        plan: &orch_runner::Plan,
+    ) -> Result<(), Placed> {
+        let spec = SuperviseSpec {
+            job_id: id.to_string(),
+            submission: job.submission.clone(),
+            lease: lease.clone(),
+            plan: plan.clone(),
+            inventory: self.inventory.as_ref().clone(),
+            devices: self.shared.devices.clone(),
+            exe: self.shared.exe.clone(),
+            state_dir: self.shared.state_dir.clone(),
+            switch_user: self.shared.root,
+            max_runtime_s: running::time_limit(
+                &job.spec,
+                self.shared.config.tenant(&job.row.tenant),
+            )
+            .map(|d| d.as_secs_f64()),
+            grace_s: orch_runner::GRACE.as_secs_f64(),
+        };
+        let Err(e) = folders::prepare(dir, &spec) else {
+            return Ok(());
+        };
+        self.release_now(id, &lease.id);
+        let reason = format!("waiting: the daemon could not write the job's folder: {e}");
+        match crate::core::health::fault_of_io(&e) {
+            Some(fault) => self.shared.health.report(fault, e.to_string()),
+            None => tracing::warn!("job {id}: {reason}"),
+        }
+        Err(Placed::Waits(reason))
+    }
+
+    /// Commits that job `id` runs on `lease`; `Err`: it was cancelled meanwhile (it left), or the
+    /// database failed (it waits). Either way its devices go back.
+    pub(super) fn record_start(
+        &mut self,
+        id: i64,
+        attempt: u32,
+        lease: &orch_leases::Lease,
+    ) -> Result<(), Placed> {
+        let started = self.shared.db.write_blocking({
+            let change = Change {
+                state: Some(State::Running),
+                started_at_ms: Some(now_ms()),
+                reason: Update::Clear,
+                lease_id: Some(lease.id.clone()),
+                devices: Some(lease.devices.clone()),
+                attempt: Some(attempt),
+                only_if: Some(State::Queued),
+                charged_ms: Some(now_ms()),
+                event: Some(Event::now(
+                    "started",
+                    format!(
+                        "started on {} (attempt {attempt})",
+                        if lease.devices.is_empty() {
+                            "no device".to_string()
+                        } else {
+                            lease.devices.join(", ")
+                        }
+                    ),
+                )),
+                ..Change::default()
+            };
+            move |tx| crate::core::db::apply(tx, id, &change)
+        });
+        match started {
+            Ok(1) => Ok(()),
+            Ok(_) => {
+                // Cancelled meanwhile: the devices go back.
+                self.release_now(id, &lease.id);
+                Err(Placed::Left)
+            }
+            Err(e) => {
+                // The database failed: the job stays queued (its row says so) and is tried again.
+                self.release_now(id, &lease.id);
+                let reason = format!("waiting: the job database failed while starting it: {e}");
+                match e.fault() {
+                    Some(fault) => self.shared.health.report(fault, e.to_string()),
+                    None => tracing::warn!("job {id}: {reason}"),
+                }
+                Err(Placed::Waits(reason))
+            }
+        }
+    }
+
+    /// The supervisor of job `id` could not be started: its folder is fenced so nothing ever
+    /// starts it, and its exit record fails it.
+    pub(super) fn not_started(&mut self, id: i64, dir: &Path, e: &std::io::Error) {
+        let reason = format!("the daemon could not start the job's supervisor: {e}");
+        tracing::warn!("job {id}: {reason}");
+        let record = ExitRecord {
+            state: State::Failed,
+            exit_code: None,
+            reason: Some(reason),
+            ended_at_ms: now_ms(),
+            late: None,
+        };
+        if let Err(e) = folders::take_fence(dir, &Fence { supervisor: None })
+            .and_then(|_| folders::write_exit(dir, &record))
+        {
+            tracing::warn!("job {id}: could not record that it failed to start: {e}");
+        }
+    }
+
+    /// What a held lease's `lease.json` says of its placement: the devices with both numberings,
+    /// the policy's reason, and the variables its process sets for itself.
+    pub(super) fn placed(
+        &self,
+        job: &Queued,
+        lease: &orch_leases::Lease,
+        plan: &orch_runner::Plan,
+    ) -> folders::Placed {
+        let env = orch_runner::lease_env(&job.spec, lease, plan, &self.inventory);
+        let devices = plan
+            .chosen
+            .iter()
+            .map(|d| {
+                serde_json::json!({
+                    "index": d.index,
+                    "physical_index": d.physical_index,
+                    "uuid": d.uuid,
+                    "name": d.name,
+                    "memory_total_bytes": d.in_inventory(&self.inventory).and_then(|x| x.memory_total_bytes),
+                    "memory_free_bytes": d.memory_free,
+                    "utilization_gpu_percent": d.utilization_gpu,
+                })
+            })
+            .collect();
+        folders::Placed {
+            policy: plan.policy.clone(),
+            reason: plan.reason.clone(),
+            devices,
+            rejected: plan
+                .rejected
+                .iter()
+                .map(|r| serde_json::to_value(r).unwrap_or_default())
+                .collect(),
+            env,
+            exclusive: lease.exclusive,
+        }
+    }
+
+    /// The process holding lease job `id` gave it back: the devices are free at once, and the
+    /// job ends `succeeded` at the next look at running jobs.
+    pub(super) fn release_held(&mut self, id: i64) {
+        let Some(job) = self.running.get(&id) else {
+            return;
+        };
+        let Some(record) = job.released(now_ms()) else {
+            return;
+        };
+        let dir = self.shared.job_dir(id, job.attempt);
+        if matches!(folders::read_exit(&dir), Ok(Some(_))) {
+            return;
+        }
+        let lease = job.lease_id.clone();
+        if let Err(e) = folders::write_exit(&dir, &record) {
+            // The next look at it then finds no record and its process alive: it stays running
+            // until that process ends.
+            tracing::warn!("job {id}: could not record that its process released it: {e}");
+        }
+        // Its holder still lives: the daemon's usual release would leave the lease held.
+        self.release_now(id, &lease);
+        self.publish_leases();
+    }
+
+    /// Releases lease `id` outright (its holder is the daemon, or gave it back); when the store
+    /// cannot record that now, it is done later, in order, and the devices stay held meanwhile.
+    pub(super) fn release_now(&mut self, job: i64, id: &str) {
+        self.release_lease(Release {
+            job,
+            lease: id.to_string(),
+            outright: true,
+        });
+    }
+
+    /// Makes `release` now, or queues it behind the writes waiting before it, or after a failure.
+    pub(super) fn release_lease(&mut self, release: Release) {
+        if !self.backlog.is_empty() {
+            self.backlog.push_back(Pending::Release(release));
+            return;
+        }
+        match self.store_release(&release) {
+            Ok(true) => self.publish_leases(),
+            Ok(false) => tracing::warn!(
+                "job {}: lease {} stays: a process of the job still runs; the devices are free once it ends",
+                release.job,
+                release.lease
+            ),
+            Err(e) => {
+                tracing::warn!(
+                    "job {}: could not release lease {} ({e}); trying again until it can",
+                    release.job,
+                    release.lease
+                );
+                self.backlog.push_back(Pending::Release(release));
+            }
+        }
+    }
+
+    /// The lease store's side of `release`: true when the lease is gone.
+    pub(super) fn store_release(
+        &mut self,
+        release: &Release,
+    ) -> Result<bool, orch_leases::LeaseError> {
+        if release.outright {
+            self.store.release(&release.lease).map(|_| true)
+        } else {
+            self.store
+                .release_unless_held(&release.lease, &[Holder::current()])
+        }
+    }
+
+    /// Starts `orch __supervise DIR` for the folder [`folders::prepare`] wrote; the wait on it
+    /// records how it ended in [`Shared::supervisor_exits`].
+    pub(super) fn spawn_supervisor(
+        &self,
+        id: i64,
+        attempt: u32,
+        dir: &Path,
+    ) -> std::io::Result<()> {
+        use std::os::unix::process::CommandExt;
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(dir.join("supervisor.log"))?;
+        let mut child = std::process::Command::new(&self.shared.exe)
+            .arg("__supervise")
+            .arg(dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            // Its own group: a Ctrl-C meant for the daemon does not reach the jobs.
+            .process_group(0)
+            .spawn()?;
+        let shared = Arc::clone(&self.shared);
+        let pid = child.id();
+        std::thread::spawn(move || {
+            let status = child.wait().ok();
+            lock(&shared.supervisor_exits).insert((id, attempt), SupervisorEnd { pid, status });
+            shared.kick(Kick::SupervisorExited);
+        });
+        Ok(())
+    }
+
+    /// Publishes the leases as they are now (and the foreign processes against them): after a
+    /// job started or ended, the API shows it at once rather than at the next reading.
+    pub(super) fn publish_leases(&mut self) {
+        let Ok(leases) = self.store.active() else {
+            return;
+        };
+        let inventory = Arc::clone(&lock(&self.shared.machine).inventory);
+        let foreign = Arc::new(orch_runner::foreign_processes(&inventory, &leases));
+        let mut view = lock(&self.shared.machine);
+        view.leases = Arc::new(leases);
+        view.foreign = foreign;
+    }
+
+    pub(super) fn refresh_inventory(&mut self) {
+        let view = lock(&self.shared.machine).clone();
+        if !Arc::ptr_eq(&view.inventory, &self.inventory) {
+            self.visibility =
+                Visibility::resolve(&view.inventory.devices, &VisibilityEnv::from_process());
+            self.inventory = Arc::clone(&view.inventory);
+        }
+        self.placeable = self.visibility.clone();
+        if self.shared.config.avoid_foreign && !view.foreign.is_empty() {
+            let busy: Vec<u32> = self
+                .inventory
+                .devices
+                .iter()
+                .filter(|d| view.foreign.contains_key(&d.uuid))
+                .map(|d| d.index)
+                .collect();
+            self.placeable
+                .devices
+                .retain(|v| !busy.contains(&v.physical));
+        }
+    }
+
+    /// SIGKILL to every process group and cgroup the lease's holders name.
+    pub(super) fn end_remains(&mut self, lease_id: &Option<String>) {
+        let Some(id) = lease_id else { return };
+        let Ok(Some(lease)) = self.store.get(id) else {
+            return;
+        };
+        for holder in &lease.holders {
+            if holder.boot.is_some() && holder.boot != orch_leases::this_boot() {
+                continue; // recorded before this machine rebooted: nothing of it is left
+            }
+            // Only a group that is still the job's (its leader's id not handed out again).
+            if let Some(pgid) = holder.pgid.filter(|&g| g > 1 && holder.group_alive()) {
+                orch_core::process::signal_group(pgid, libc::SIGKILL);
+            }
+            if let Some(cgroup) = &holder.cgroup {
+                orch_exec::kill_cgroup(cgroup);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while lease.holders.iter().any(|h| {
+            h.group_alive()
+                || h.cgroup
+                    .as_deref()
+                    .is_some_and(orch_core::process::cgroup_populated)
+        }) && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Gives up the daemon's hold on a lease. A process of the job that is still alive (one that
+    /// ignored its supervisor's end) keeps it, and with it the devices, until it ends. A release
+    /// the store cannot record now is made later, in order.
+    pub(super) fn release(&mut self, job: i64, lease_id: &Option<String>) {
+        if let Some(lease) = lease_id {
+            self.release_lease(Release {
+                job,
+                lease: lease.clone(),
+                outright: false,
+            });
+        }
+    }
+
+    /// Records `change` of job `id`. On a full or read-only state folder it is kept and made
+    /// again, in order with everything after it, once the folder takes writes.
+    pub(super) fn write(&mut self, id: i64, change: Change) {
+        if !self.backlog.is_empty() {
+            self.backlog.push_back(Pending::Write(id, Box::new(change)));
+            return;
+        }
+        let attempt = change.clone();
+        if let Err(e) = self
+            .shared
+            .db
+            .write_blocking(move |tx| crate::core::db::apply(tx, id, &attempt))
+        {
+            match e.fault() {
+                Some(fault) => {
+                    self.shared.health.report(fault, e.to_string());
+                    self.backlog.push_back(Pending::Write(id, Box::new(change)));
+                }
+                None => tracing::error!("job {id}: {e}"),
+            }
+        }
+    }
+}
