@@ -558,10 +558,8 @@ impl Inner {
                 return Err(e);
             }
             if !killed && started.elapsed() > wall_cap {
-                // SAFETY: kill(2) on our own child, not reaped yet.
-                unsafe {
-                    libc::kill(pid, libc::SIGKILL);
-                }
+                // Our own child, not reaped yet: its pid is still its own.
+                orch_core::process::signal(child.id(), libc::SIGKILL);
                 killed = true;
             }
             std::thread::sleep(Duration::from_millis(10));
