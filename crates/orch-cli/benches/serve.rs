@@ -186,7 +186,7 @@ fn submit_to_start(runs: usize) -> Vec<f64> {
 
 /// One scheduling pass over `queued` jobs on a 64-GPU sim with `free` devices free.
 fn scheduling_pass(queued: usize, free: usize) -> f64 {
-    use orch_serve::core::db::{Db, JobRow, State, Submission};
+    use orch_serve::core::db::{Db, JobRow, Submission};
     use orch_serve::core::engine::Engine;
     use orch_serve::core::kick::Kick;
     use orch_serve::core::state::{MachineView, Shared};
@@ -221,26 +221,11 @@ fn scheduling_pass(queued: usize, free: usize) -> f64 {
         holder: None,
     };
     let row = JobRow {
-        id: 0,
         name: "q".into(),
         tenant: "bench".into(),
         user: "bench".into(),
-        uid: 0,
-        state: State::Queued,
         gpus: 1,
-        priority: 0,
-        requeue: false,
-        submitted_at_ms: 0,
-        started_at_ms: None,
-        ended_at_ms: None,
-        exit_code: None,
-        reason: None,
-        lease_id: None,
-        devices: Vec::new(),
-        attempt: 0,
-        cancel_requested: false,
-        gpu_seconds: 0.0,
-        charged_ms: None,
+        ..JobRow::queued(0)
     };
     db.write_blocking(move |tx| {
         for _ in 0..queued {

@@ -25,6 +25,16 @@ pub enum State {
 }
 
 impl State {
+    /// Every state, in the order a job can pass through them.
+    pub const ALL: [State; 6] = [
+        State::Queued,
+        State::Running,
+        State::Succeeded,
+        State::Failed,
+        State::Cancelled,
+        State::Lost,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             State::Queued => "queued",
@@ -113,6 +123,36 @@ pub struct JobRow {
     pub gpu_seconds: f64,
     /// Its use is counted in its tenant's usage up to here (while it runs).
     pub charged_ms: Option<u64>,
+}
+
+impl JobRow {
+    /// A job just submitted at `submitted_at_ms`, before the insert gives it an id: queued, on
+    /// its first attempt, nothing run or charged. Callers fill in who and what with
+    /// `JobRow { name, tenant, .., ..JobRow::queued(at) }`.
+    pub fn queued(submitted_at_ms: u64) -> JobRow {
+        JobRow {
+            id: 0,
+            name: String::new(),
+            tenant: String::new(),
+            user: String::new(),
+            uid: 0,
+            state: State::Queued,
+            gpus: 0,
+            priority: 0,
+            requeue: false,
+            submitted_at_ms,
+            started_at_ms: None,
+            ended_at_ms: None,
+            exit_code: None,
+            reason: None,
+            lease_id: None,
+            devices: Vec::new(),
+            attempt: 0,
+            cancel_requested: false,
+            gpu_seconds: 0.0,
+            charged_ms: None,
+        }
+    }
 }
 
 /// Something that happened to a job: queued, started, adopted after a restart, an idle warning,
@@ -806,14 +846,7 @@ mod tests {
 
     #[test]
     fn every_state_reads_back_and_an_unknown_one_is_an_error() {
-        for state in [
-            State::Queued,
-            State::Running,
-            State::Succeeded,
-            State::Failed,
-            State::Cancelled,
-            State::Lost,
-        ] {
+        for state in State::ALL {
             assert_eq!(State::parse(state.as_str()), Ok(state));
         }
         assert_eq!(State::parse("paused"), Err(UnknownState("paused".into())));
@@ -843,26 +876,10 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let db = Db::open(&dir).unwrap();
         let row = JobRow {
-            id: 0,
             name: "j".into(),
             tenant: "t".into(),
             user: "u".into(),
-            uid: 0,
-            state: State::Queued,
-            gpus: 0,
-            priority: 0,
-            requeue: false,
-            submitted_at_ms: 0,
-            started_at_ms: None,
-            ended_at_ms: None,
-            exit_code: None,
-            reason: None,
-            lease_id: None,
-            devices: Vec::new(),
-            attempt: 0,
-            cancel_requested: false,
-            gpu_seconds: 0.0,
-            charged_ms: None,
+            ..JobRow::queued(0)
         };
         let submission = Submission {
             job_text: String::new(),

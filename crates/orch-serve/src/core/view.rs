@@ -113,14 +113,7 @@ pub fn metrics_snapshot(shared: &Shared) -> Result<Snapshot, DbError> {
         .collect();
     // Every state of every tenant, zeros included: a series that vanishes is harder to graph.
     for t in &shared.config.tenants {
-        for state in [
-            State::Queued,
-            State::Running,
-            State::Succeeded,
-            State::Failed,
-            State::Cancelled,
-            State::Lost,
-        ] {
+        for state in State::ALL {
             if !jobs
                 .iter()
                 .any(|(s, n, _)| s == state.as_str() && *n == t.name)

@@ -93,27 +93,14 @@ pub(crate) async fn accept(
         admission::priority(limits, &asked)?;
     }
     let row = JobRow {
-        // The insert assigns it.
-        id: 0,
         name: spec.name.clone(),
         tenant,
         user: caller.identity.name.clone(),
         uid: caller.identity.uid,
-        state: State::Queued,
         gpus: spec.resources.gpus,
         priority: spec.priority,
         requeue: spec.requeue,
-        submitted_at_ms: now_ms(),
-        started_at_ms: None,
-        ended_at_ms: None,
-        exit_code: None,
-        reason: None,
-        lease_id: None,
-        devices: Vec::new(),
-        attempt: 0,
-        cancel_requested: false,
-        gpu_seconds: 0.0,
-        charged_ms: None,
+        ..JobRow::queued(now_ms())
     };
     let key = request.key.filter(|k| !k.is_empty() && k.len() <= 128);
     let policy_file = match &spec.policy.plugin {

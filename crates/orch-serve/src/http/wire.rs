@@ -217,21 +217,8 @@ mod tests {
             tenant: "t".into(),
             user: "u".into(),
             uid: 1,
-            state: State::Queued,
             gpus: 1,
-            priority: 0,
-            requeue: false,
-            submitted_at_ms: 5,
-            started_at_ms: None,
-            ended_at_ms: None,
-            exit_code: None,
-            reason: None,
-            lease_id: None,
-            devices: Vec::new(),
-            attempt: 0,
-            cancel_requested: false,
-            gpu_seconds: 0.0,
-            charged_ms: None,
+            ..JobRow::queued(5)
         };
         let text = serde_json::to_value(Job::from(row)).unwrap();
         assert_eq!(text["id"], "12");
