@@ -1,4 +1,5 @@
-//! The daemon's client: HTTP/1.1 over its Unix socket (`ORCH_SERVER`, else the default socket).
+//! The daemon's client: HTTP/1.1 over its Unix socket (`ORCH_SERVER`, else the state folder's
+//! socket when `ORCH_STATE_DIR` is set, else the machine daemon's, else the user's own).
 
 use crate::failure::Failure;
 use http_body_util::{BodyExt, Full};
@@ -14,17 +15,21 @@ pub struct Client {
 }
 
 impl Client {
-    /// The daemon named by `ORCH_SERVER` (a socket path), else the default socket.
+    /// The daemon [`orch_leases::find_daemon`] finds: `ORCH_SERVER`, the state folder's with
+    /// `ORCH_STATE_DIR`, the machine's, the user's own.
     pub fn from_env() -> Result<Client, Failure> {
-        let socket = match std::env::var("ORCH_SERVER").ok().filter(|s| !s.is_empty()) {
-            Some(url) if url.starts_with("http://") || url.starts_with("https://") => {
-                return Err(Failure::bad_input_msg(format!(
-                    "ORCH_SERVER={url}: this orch reaches its daemon through a Unix socket only; give the socket's path"
-                )));
-            }
-            Some(path) => PathBuf::from(path),
-            None => orch_serve::default_socket(),
-        };
+        let found = orch_leases::find_daemon();
+        let text = found.path.to_string_lossy();
+        if text.starts_with("http://") || text.starts_with("https://") {
+            return Err(Failure::bad_input_msg(format!(
+                "ORCH_SERVER={text}: this orch reaches its daemon through a Unix socket only; give the socket's path"
+            )));
+        }
+        Client::at(found.path)
+    }
+
+    /// The daemon at this socket.
+    pub fn at(socket: PathBuf) -> Result<Client, Failure> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

@@ -15,9 +15,14 @@
 //! entry cannot be read for another reason (no file descriptor left, say) is neither: its
 //! liveness is unknown, and an unknown holder is never reclaimed.
 
+mod authority;
 mod holder;
 mod store;
 
+pub use authority::{
+    DaemonSocket, Found, MACHINE_SOCKET, OWNER_FILE, Owner, answers, find_daemon, find_daemon_with,
+    refuse_local_claim, refuse_local_claim_at,
+};
 pub use holder::{Holder, Liveness, this_boot, this_machine};
 pub use store::{
     ClaimError, ClaimRequest, Lease, LeaseError, LeaseStore, default_socket, default_state_dir,

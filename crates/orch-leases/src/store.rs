@@ -153,10 +153,10 @@ pub fn default_state_dir() -> PathBuf {
     }
 }
 
-/// Where clients look for the daemon (`orch serve`) and where it listens by default:
-/// `$ORCH_STATE_DIR/orch.sock` when set; `/run/orch/orch.sock` for root;
-/// `$XDG_RUNTIME_DIR/orch.sock` for a user (else the state folder's). It lives here, beside the
-/// state folder it follows, so that every client (the CLI, the Python package) finds the same one.
+/// Where `orch serve` listens by default: `$ORCH_STATE_DIR/orch.sock` when set;
+/// `/run/orch/orch.sock` for root (the machine's daemon); `$XDG_RUNTIME_DIR/orch.sock` for a user
+/// (else the state folder's). Clients look here after the machine's daemon
+/// ([`crate::find_daemon`]).
 pub fn default_socket() -> PathBuf {
     if let Some(dir) = std::env::var_os("ORCH_STATE_DIR").filter(|d| !d.is_empty()) {
         return PathBuf::from(dir).join("orch.sock");

@@ -21,6 +21,6 @@ mod train;
 pub use command::{GRACE, ProcessOptions, check_enforcement, lease_env, placed_line};
 pub use error::RunError;
 pub use foreign::foreign_processes;
-pub use place::{LeaseGuard, Machine, PlaceError, claim, claim_until, place_in_parent};
+pub use place::{GiveBack, LeaseGuard, Machine, PlaceError, claim, claim_until, place_in_parent};
 pub use plan::{Plan, PlanError, PlanInput, PlannedDevice, Rejection, plan};
 pub use runner::{Outcome, Placement, Prepared, RunningJob, prepare, start};

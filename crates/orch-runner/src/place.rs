@@ -53,8 +53,20 @@ pub struct LeaseGuard {
     released: bool,
     /// One connection to the store for the guard's life (opened on first use).
     store: std::sync::Mutex<Option<LeaseStore>>,
-    /// False for a lease held by the process that started this one (see [`place_in_parent`]).
+    /// False for a lease held by the process that started this one (see [`place_in_parent`]),
+    /// or by the daemon that granted it (see [`LeaseGuard::granted`]).
     managed: bool,
+    /// How a lease granted by a daemon is given back.
+    give_back: std::sync::Mutex<Option<GiveBack>>,
+}
+
+/// Gives a daemon's lease back (`POST /v1/leases/ID/release`); called once.
+pub struct GiveBack(pub Box<dyn FnOnce(&Lease) + Send>);
+
+impl std::fmt::Debug for GiveBack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GiveBack")
+    }
 }
 
 impl LeaseGuard {
@@ -65,6 +77,20 @@ impl LeaseGuard {
             released: false,
             store: std::sync::Mutex::new(None),
             managed: true,
+            give_back: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// A lease a daemon granted: the daemon knows its holder (this process) and watches it;
+    /// `give_back` returns it when the job ends. No local store is touched.
+    pub fn granted(lease: Lease, give_back: GiveBack) -> LeaseGuard {
+        LeaseGuard {
+            state_dir: PathBuf::new(),
+            lease,
+            released: false,
+            store: std::sync::Mutex::new(None),
+            managed: false,
+            give_back: std::sync::Mutex::new(Some(give_back)),
         }
     }
 
@@ -76,6 +102,7 @@ impl LeaseGuard {
             released: true,
             store: std::sync::Mutex::new(None),
             managed: false,
+            give_back: std::sync::Mutex::new(None),
         }
     }
 
@@ -131,6 +158,10 @@ impl LeaseGuard {
 
     fn release_once(&mut self) {
         if std::mem::replace(&mut self.released, true) {
+            return;
+        }
+        if let Some(give_back) = orch_core::sync::lock(&self.give_back).take() {
+            (give_back.0)(&self.lease);
             return;
         }
         // The claimer(s) and this process give up their hold; a process of the job that is still

@@ -28,18 +28,7 @@ pub fn submit(args: &SubmitArgs) -> CmdResult {
             ))
         })
     };
-    // Variables whose name or value is not UTF-8 cannot travel in JSON: they are left out,
-    // and the user is told which.
-    let mut env = Vec::new();
-    for (key, value) in std::env::vars_os() {
-        match (key.into_string(), value.into_string()) {
-            (Ok(k), Ok(v)) => env.push((k, v)),
-            (k, _) => tracing::warn!(
-                "the variable {} is not UTF-8 and is not passed to the job",
-                k.unwrap_or_else(|k| k.to_string_lossy().into_owned())
-            ),
-        }
-    }
+    let env = utf8_env();
     let client = Client::from_env()?;
     let (policy_wasm, policy_digest) = send_policy(&client, &job_path, &job_text)?;
     let request = SubmitRequest {
@@ -61,12 +50,28 @@ pub fn submit(args: &SubmitArgs) -> CmdResult {
     Ok(())
 }
 
+/// This process's environment, as a submission carries it. Variables whose name or value is
+/// not UTF-8 cannot travel in JSON: they are left out, and the user is told which.
+pub(crate) fn utf8_env() -> Vec<(String, String)> {
+    let mut env = Vec::new();
+    for (key, value) in std::env::vars_os() {
+        match (key.into_string(), value.into_string()) {
+            (Ok(k), Ok(v)) => env.push((k, v)),
+            (k, _) => tracing::warn!(
+                "the variable {} is not UTF-8 and is not passed to the job",
+                k.unwrap_or_else(|k| k.to_string_lossy().into_owned())
+            ),
+        }
+    }
+    env
+}
+
 /// A file policy, read here as the submitting user (the daemon never opens a user's path) and
 /// sent content-addressed: uploaded (`PUT /v1/plugins/sha256:HEX`) only when the daemon lacks
 /// it, then named by its digest. A daemon too old for uploads gets the bytes in the submission
 /// (base64, within its 16 MiB). A job file that does not parse is sent as it is (the daemon says
 /// what is wrong). Returns `(policy_wasm, policy_digest)`.
-fn send_policy(
+pub(crate) fn send_policy(
     client: &Client,
     job_path: &std::path::Path,
     job_text: &str,

@@ -1,6 +1,7 @@
 //! One module per command.
 
 mod devices;
+mod granted;
 mod jobs;
 mod leases;
 mod model;

@@ -50,6 +50,14 @@ pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
     } else {
         None
     };
+    if !job.sweep.is_empty() && !args.supervised && orch_leases::find_daemon().found.is_authority()
+    {
+        return Err(Failure::bad_input_msg(format!(
+            "{}: on a machine with an orch daemon a [sweep] runs as jobs of its queue: submit it with `orch submit {}`",
+            job.path.display(),
+            job.path.display()
+        )));
+    }
     match (job.sweep.is_empty(), args.sweep_task) {
         (true, None) => run_one(spec, args, job, cluster),
         (true, Some(_)) => Err(Failure::bad_input_msg(format!(
@@ -104,8 +112,45 @@ fn run_one(
     cluster: Option<orch_exec::Cluster>,
 ) -> CmdResult {
     let timeout = args.timeout.as_deref().map(parse_duration).transpose()?;
+    let deadline = args
+        .wait
+        .then(|| Instant::now() + timeout.unwrap_or(Duration::MAX / 4));
+    // On a machine with a daemon (the machine's, or one ORCH_SERVER names) the lease is the
+    // daemon's to give; the job still runs here.
+    let daemon = (!args.supervised)
+        .then(orch_leases::find_daemon)
+        .filter(|d| d.found.is_authority());
+    if let Some(daemon) = daemon {
+        let text = lease_text(args, &job)?;
+        let prepared = orch_runner::prepare(&job, args.resume, Some(crate::progress::sink()))
+            .map_err(run_failure)?;
+        let client = crate::client::Client::at(daemon.path)?;
+        let granted = super::granted::lease(client, &job, text, &job.path, args.wait, deadline)?;
+        orch_runner::check_enforcement(&job, granted.inventory.backend)
+            .map_err(Failure::bad_input_msg)?;
+        tracing::info!(
+            "{}",
+            placed_line(
+                &job,
+                granted.placement.lease.lease(),
+                &granted.placement.plan,
+                &granted.inventory
+            )
+        );
+        return finish(
+            &job,
+            prepared,
+            granted.placement,
+            &granted.inventory,
+            cluster,
+        );
+    }
     let inventory = load_inventory(spec)?;
     orch_runner::check_enforcement(&job, inventory.backend).map_err(Failure::bad_input_msg)?;
+    if !args.supervised {
+        orch_leases::refuse_local_claim(inventory.backend == orch_devices::Backend::Nvml)
+            .map_err(Failure::failed_msg)?;
+    }
     // A [train] job's plugin and data are read before the lease: bad input fails at once.
     let prepared = orch_runner::prepare(&job, args.resume, Some(crate::progress::sink()))
         .map_err(run_failure)?;
@@ -132,11 +177,10 @@ fn run_one(
         }
     } else {
         let mut store = open_store()?;
-        let wait = args
-            .wait
-            .then(|| Instant::now() + timeout.unwrap_or(Duration::MAX / 4));
-        let (lease, plan) = orch_runner::claim_until(&mut store, &mut host, &job, &machine, wait)
-            .map_err(|e| match e {
+        let (lease, plan) = orch_runner::claim_until(
+            &mut store, &mut host, &job, &machine, deadline,
+        )
+        .map_err(|e| match e {
             PlaceError::NoFit(reason) => {
                 Failure::failed_msg(format!("{reason} (add --wait to wait for a fit)"))
             }
@@ -148,11 +192,22 @@ fn run_one(
             plan,
         }
     };
+    finish(&job, prepared, placement, &inventory, cluster)
+}
+
+/// Runs the placed job to its end; the lease goes back as it ends.
+fn finish(
+    job: &JobSpec,
+    prepared: orch_runner::Prepared<'_>,
+    placement: Placement,
+    inventory: &orch_devices::Inventory,
+    cluster: Option<orch_exec::Cluster>,
+) -> CmdResult {
     let running = orch_runner::start(
-        &job,
+        job,
         prepared,
         placement,
-        &inventory,
+        inventory,
         &ProcessOptions {
             cluster,
             ..ProcessOptions::default()
@@ -174,6 +229,54 @@ fn run_failure(e: RunError) -> Failure {
     } else {
         Failure::failed(e)
     }
+}
+
+/// The job text the daemon is sent for the lease: the job file as written, or the quick form's
+/// flags as a job file. The daemon starts nothing for a lease: it places the job's resources
+/// under its policy, and this process runs the work.
+fn lease_text(args: &RunArgs, job: &JobSpec) -> Result<String, Failure> {
+    let Some(path) = &args.job else {
+        return Ok(quick_job_text(args, job));
+    };
+    std::fs::read_to_string(path)
+        .map_err(|e| Failure::bad_input_msg(format!("cannot read {}: {e}", path.display())))
+}
+
+/// The quick form's job as a job file.
+fn quick_job_text(args: &RunArgs, job: &JobSpec) -> String {
+    let quote = |s: &str| toml::Value::String(s.to_string()).to_string();
+    let r = &job.resources;
+    let mut text = format!(
+        "[job]\nname = {}\n[resources]\ngpus = {}\nexclusive = {}\n",
+        quote(&job.name),
+        r.gpus,
+        r.exclusive
+    );
+    for (key, value) in [
+        ("min_free_memory", &args.min_free_memory),
+        ("memory_limit", &args.memory_limit),
+    ] {
+        if let Some(v) = value {
+            text.push_str(&format!("{key} = {}\n", quote(v)));
+        }
+    }
+    if let Some(u) = r.max_utilization {
+        text.push_str(&format!("max_utilization = {u}\n"));
+    }
+    if let Some(p) = &args.policy {
+        text.push_str(&format!("[policy]\nplugin = {}\n", quote(p)));
+    }
+    let argv: Vec<String> = args.command.iter().map(|a| quote(a)).collect();
+    text.push_str(&format!(
+        "[command]\nargv = [{}]\nlaunch = \"{}\"\n",
+        argv.join(", "),
+        if args.per_device {
+            "per-device"
+        } else {
+            "single"
+        }
+    ));
+    text
 }
 
 /// The job the quick form describes.

@@ -23,7 +23,7 @@ pub fn run(devices: &str, args: &ServeArgs) -> CmdResult {
         .clone()
         .unwrap_or_else(orch_serve::default_socket);
     let exe = std::env::current_exe().map_err(Failure::failed)?;
-    devices
+    let spec = devices
         .parse::<orch_devices::InventorySpec>()
         .map_err(|e| Failure::bad_input_msg(format!("--devices / ORCH_DEVICES: {e}")))?;
     // A relative sim path must mean the same to the supervisors, whatever their folder.
@@ -36,16 +36,64 @@ pub fn run(devices: &str, args: &ServeArgs) -> CmdResult {
         ),
         None => devices.to_string(),
     };
-    orch_serve::serve(ServeOptions {
+    let real = owns_real_gpus(&spec);
+    let machine = socket == std::path::Path::new(orch_leases::MACHINE_SOCKET);
+    let owner_file = std::path::Path::new(orch_leases::OWNER_FILE);
+    if !machine
+        && real
+        && let Some(owner) = orch_leases::Owner::read().filter(|o| o.real)
+    {
+        return Err(Failure::bad_input_msg(format!(
+            "this machine's GPUs belong to the orch daemon at {} (pid {}): a second daemon would hand them out again; submit to that one (orch submit, orch run and import orch find it), or serve a sim: or cpu inventory",
+            owner.socket.display(),
+            owner.holder.pid
+        )));
+    }
+    // The machine's daemon says which devices it owns, for every user's orch to read. Not while
+    // another live daemon's record is there: that daemon keeps its socket, and this start fails.
+    let record = machine
+        && orch_leases::Owner::read_from(owner_file).is_none()
+        && match (orch_leases::Owner {
+            holder: orch_leases::Holder::current(),
+            inventory: devices.clone(),
+            real,
+            socket: socket.clone(),
+        })
+        .write(owner_file)
+        {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(
+                    "cannot write {} ({e}): other users' orch cannot tell that this daemon owns the GPUs",
+                    owner_file.display()
+                );
+                false
+            }
+        };
+    let served = orch_serve::serve(ServeOptions {
         state_dir,
         socket,
         config,
         devices,
         exe,
-    })
+    });
+    if record {
+        orch_leases::Owner::remove(owner_file);
+    }
     // Every error of `serve` is a start-up failure (a config, a state folder, a port or another
     // daemon in the way): exit 2, as for a bad config. Once it serves, it ends only on a signal.
-    .map_err(Failure::bad_input)
+    served.map_err(Failure::bad_input)
+}
+
+/// Whether the inventory is this machine's real GPUs (NVML), which only one daemon may own.
+fn owns_real_gpus(spec: &orch_devices::InventorySpec) -> bool {
+    match spec {
+        orch_devices::InventorySpec::Nvml => true,
+        orch_devices::InventorySpec::Auto => {
+            orch_devices::nvml::read().is_ok_and(|d| !d.is_empty())
+        }
+        orch_devices::InventorySpec::Cpu | orch_devices::InventorySpec::Sim(_) => false,
+    }
 }
 
 pub fn supervise(dir: &std::path::Path) -> CmdResult {

@@ -218,5 +218,6 @@ fn view(shared: &Shared, row: JobRow) -> LeaseView {
             Default::default()
         },
         exclusive: placed.exclusive,
+        inventory: shared.devices.clone(),
     }
 }

@@ -112,6 +112,10 @@ pub struct LeaseView {
     /// The device variables the process sets for itself (what `orch run` gives a job).
     pub env: std::collections::BTreeMap<String, String>,
     pub exclusive: bool,
+    /// The daemon's inventory, as `--devices` names it (`auto`, `cpu`, `sim:/abs/path`): a
+    /// client that runs the job itself (`orch run`) reads the same devices.
+    #[serde(default)]
+    pub inventory: String,
 }
 
 /// A job as the API shows it (`GET /v1/jobs`, `GET /v1/jobs/ID`). Its id is a number inside

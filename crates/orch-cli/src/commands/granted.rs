@@ -1,0 +1,200 @@
+//! `orch run` on a machine with a daemon: the lease comes from the daemon (`POST /v1/leases`,
+//! held by this process, queued under the tenant's fair share and limits with `--wait`), and
+//! the job runs here, in the user's terminal, as the user. The daemon is to `orch run` what
+//! `slurmctld` is to `srun`: it decides, this process runs.
+
+use crate::client::{Client, answer_failure};
+use crate::failure::Failure;
+use hyper::{Method, StatusCode};
+use orch_core::JobSpec;
+use orch_runner::{GiveBack, LeaseGuard, Placement, Plan, PlannedDevice, Rejection};
+use orch_serve::http::wire::{LeaseRequest, LeaseView};
+use orch_serve::{State, SubmitRequest};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// A lease the daemon granted, and the devices it runs on.
+pub struct Granted {
+    pub placement: Placement,
+    pub inventory: orch_devices::Inventory,
+}
+
+/// Asks the daemon at `client` for the job's lease. Without `wait`, no fit is exit 1 with the
+/// daemon's reason; with it, the job waits in the daemon's queue (its place said on stderr as
+/// it changes) until it is placed or `deadline` passes.
+pub fn lease(
+    client: Client,
+    job: &JobSpec,
+    job_text: String,
+    job_path: &Path,
+    wait: bool,
+    deadline: Option<Instant>,
+) -> Result<Granted, Failure> {
+    let cwd = std::env::current_dir().map_err(Failure::failed)?;
+    let utf8 = |p: &Path, what: &str| {
+        p.to_str().map(str::to_string).ok_or_else(|| {
+            Failure::bad_input_msg(format!(
+                "the {what} {} is not UTF-8: the daemon cannot be told it exactly; run from a folder whose path is UTF-8",
+                p.display()
+            ))
+        })
+    };
+    let (policy_wasm, policy_digest) = super::jobs::send_policy(&client, job_path, &job_text)?;
+    let request = LeaseRequest {
+        submission: SubmitRequest {
+            policy_wasm,
+            policy_digest,
+            job_text,
+            job_path: utf8(job_path, "job file's path")?,
+            cwd: utf8(&cwd, "working folder")?,
+            env: super::jobs::utf8_env(),
+            key: None,
+        },
+        wait,
+    };
+    let body = serde_json::to_vec(&request).map_err(Failure::failed)?;
+    let (status, answer) = client.call(Method::POST, "/v1/leases", Some(body))?;
+    let mut view: LeaseView = match status {
+        StatusCode::CREATED | StatusCode::ACCEPTED => {
+            serde_json::from_slice(&answer).map_err(Failure::failed)?
+        }
+        StatusCode::CONFLICT => {
+            let message = answer_failure(status, &answer).error.to_string();
+            let reason = message
+                .strip_suffix(" (pass wait=True to wait for a fit)")
+                .unwrap_or(&message);
+            return Err(Failure::failed_msg(format!(
+                "{reason} (add --wait to wait for a fit)"
+            )));
+        }
+        _ => return Err(answer_failure(status, &answer)),
+    };
+    let client = std::sync::Arc::new(client);
+    // From here the daemon holds a job for this process: every way out gives it back.
+    let give_back = {
+        let client = std::sync::Arc::clone(&client);
+        let id = view.job_id.clone();
+        move || release(&client, &id)
+    };
+    let mut said = String::new();
+    let mut delay = Duration::from_millis(20);
+    while view.state == State::Queued {
+        let why = view.reason.clone().unwrap_or_else(|| "queued".into());
+        if why != said {
+            eprintln!(
+                "orch: job {} waits in the daemon's queue: {why}",
+                view.job_id
+            );
+            said = why;
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            give_back();
+            return Err(Failure::failed_msg(format!(
+                "gave up waiting (--timeout): {said}"
+            )));
+        }
+        std::thread::sleep(delay);
+        delay = (delay * 2).min(Duration::from_millis(250));
+        let (status, answer) =
+            client.call(Method::GET, &format!("/v1/leases/{}", view.job_id), None)?;
+        if status != StatusCode::OK {
+            give_back();
+            return Err(answer_failure(status, &answer));
+        }
+        view = serde_json::from_slice(&answer).map_err(Failure::failed)?;
+    }
+    if view.state != State::Running {
+        return Err(Failure::failed_msg(format!(
+            "job {} {} before it was placed: {}",
+            view.job_id,
+            view.state.as_str(),
+            view.reason.as_deref().unwrap_or("no reason given")
+        )));
+    }
+    let granted = grant(job, &view);
+    if granted.is_err() {
+        give_back();
+    }
+    let (inventory, lease, plan) = granted?;
+    let guard = LeaseGuard::granted(lease, GiveBack(Box::new(move |_| give_back())));
+    Ok(Granted {
+        placement: Placement { lease: guard, plan },
+        inventory,
+    })
+}
+
+/// The lease and plan the daemon's answer describes, on the daemon's own inventory.
+fn grant(
+    job: &JobSpec,
+    view: &LeaseView,
+) -> Result<(orch_devices::Inventory, orch_leases::Lease, Plan), Failure> {
+    let spec: orch_devices::InventorySpec = view.inventory.parse().map_err(|e| {
+        Failure::failed_msg(format!(
+            "the daemon names its devices \"{}\", which this orch cannot read: {e}",
+            view.inventory
+        ))
+    })?;
+    let inventory = orch_devices::Inventory::load(&spec).map_err(|e| {
+        Failure::failed_msg(format!(
+            "cannot read the daemon's devices ({}): {e}",
+            view.inventory
+        ))
+    })?;
+    let chosen: Vec<PlannedDevice> = view
+        .devices
+        .iter()
+        .map(|d| {
+            serde_json::from_value::<PlannedDevice>(serde_json::json!({
+                "index": d["index"],
+                "physical_index": d["physical_index"],
+                "uuid": d["uuid"],
+                "name": d["name"],
+                "memory_free": d["memory_free_bytes"],
+                "utilization_gpu": d["utilization_gpu_percent"],
+            }))
+        })
+        .collect::<Result<_, _>>()
+        .map_err(|e| Failure::failed_msg(format!("the daemon's lease is not understood: {e}")))?;
+    let rejected: Vec<Rejection> = view
+        .rejected
+        .iter()
+        .filter_map(|r| serde_json::from_value(r.clone()).ok())
+        .collect();
+    let lease = orch_leases::Lease {
+        id: view.lease_id.clone().unwrap_or_else(|| view.job_id.clone()),
+        job_name: job.name.clone(),
+        devices: chosen.iter().map(|d| d.uuid.clone()).collect(),
+        exclusive: view.exclusive,
+        memory_reserved_bytes: job
+            .resources
+            .memory_limit
+            .map_or(0, orch_core::ByteSize::bytes),
+        holders: vec![orch_leases::Holder::current()],
+        created_at_ms: orch_core::time::now_ms(),
+    };
+    let plan = Plan {
+        job: job.name.clone(),
+        policy: view.policy.clone().unwrap_or_default(),
+        chosen,
+        reason: view.reason.clone().unwrap_or_default(),
+        rejected,
+        hidden: 0,
+    };
+    Ok((inventory, lease, plan))
+}
+
+/// Gives the lease back; a failure is said, and the daemon ends the lease anyway once this
+/// process and the job are gone.
+fn release(client: &Client, job_id: &str) {
+    match client.call(Method::POST, &format!("/v1/leases/{job_id}/release"), None) {
+        Ok((status, _)) if status.is_success() => {}
+        Ok((status, answer)) => tracing::warn!(
+            "the daemon did not take lease job {job_id} back: {}",
+            answer_failure(status, &answer).error
+        ),
+        Err(e) => tracing::warn!(
+            "the daemon did not take lease job {job_id} back: {}",
+            e.error
+        ),
+    }
+}
