@@ -392,6 +392,12 @@ fn claim(py: Python<'_>, spec: String, request: &Bound<'_, PyAny>) -> PyResult<N
         let job = request.job().map_err(Failure::BadRequest)?;
         let inventory = inventory(&spec)?;
         orch_runner::check_enforcement(&job, inventory.backend).map_err(Failure::BadRequest)?;
+        // Inside an orch job the claim is among the job's own devices; elsewhere, real GPUs
+        // that the machine's daemon owns are its to lease.
+        if std::env::var_os("ORCH_JOB_ID").is_none() {
+            orch_leases::refuse_local_claim(inventory.backend == orch_devices::Backend::Nvml)
+                .map_err(Failure::Other)?;
+        }
         let visibility = visibility(&inventory);
         for note in &visibility.notes {
             eprintln!("orch: {note}");
@@ -443,6 +449,20 @@ fn default_socket() -> String {
     orch_leases::default_socket().to_string_lossy().into_owned()
 }
 
+/// The daemon to ask, as every orch client looks for it: `(socket, how)`, where `how` is
+/// `named` (ORCH_SERVER), `state_dir` (ORCH_STATE_DIR's), `machine` or `own`.
+#[pyfunction]
+fn find_daemon() -> (String, &'static str) {
+    let found = orch_leases::find_daemon();
+    let how = match found.found {
+        orch_leases::Found::Named => "named",
+        orch_leases::Found::StateDir => "state_dir",
+        orch_leases::Found::Machine => "machine",
+        orch_leases::Found::Own => "own",
+    };
+    (found.path.to_string_lossy().into_owned(), how)
+}
+
 /// The lease store's folder (`ORCH_STATE_DIR`, else the user's state folder).
 #[pyfunction]
 fn state_dir() -> String {
@@ -464,6 +484,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(claim, m)?)?;
     m.add_function(wrap_pyfunction!(job_text, m)?)?;
     m.add_function(wrap_pyfunction!(default_socket, m)?)?;
+    m.add_function(wrap_pyfunction!(find_daemon, m)?)?;
     m.add_function(wrap_pyfunction!(state_dir, m)?)?;
     Ok(())
 }

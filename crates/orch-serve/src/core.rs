@@ -15,6 +15,7 @@ pub mod db;
 pub mod engine;
 pub mod folders;
 pub mod health;
+pub mod holders;
 pub mod kick;
 pub mod metrics;
 pub mod queue_policy;

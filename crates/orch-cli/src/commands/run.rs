@@ -117,7 +117,9 @@ fn run_one(
         .then(|| Instant::now() + timeout.unwrap_or(Duration::MAX / 4));
     // On a machine with a daemon (the machine's, or one ORCH_SERVER names) the lease is the
     // daemon's to give; the job still runs here.
-    let daemon = (!args.supervised)
+    // Inside an orch job (ORCH_JOB_ID) the claim is among the job's own devices, as before.
+    let nested = args.supervised || std::env::var_os("ORCH_JOB_ID").is_some();
+    let daemon = (!nested)
         .then(orch_leases::find_daemon)
         .filter(|d| d.found.is_authority());
     if let Some(daemon) = daemon {
@@ -147,7 +149,7 @@ fn run_one(
     }
     let inventory = load_inventory(spec)?;
     orch_runner::check_enforcement(&job, inventory.backend).map_err(Failure::bad_input_msg)?;
-    if !args.supervised {
+    if !nested {
         orch_leases::refuse_local_claim(inventory.backend == orch_devices::Backend::Nvml)
             .map_err(Failure::failed_msg)?;
     }

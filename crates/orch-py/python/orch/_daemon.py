@@ -1,11 +1,13 @@
 """The daemon path: HTTP/1.1 + JSON over `orch serve`'s Unix socket, as `orch submit` speaks it.
 
-Which daemon, and whether: ``ORCH_SERVER`` (a socket path) names one, and then it must answer;
-without it the default socket (``$ORCH_STATE_DIR/orch.sock``, ``/run/orch/orch.sock`` for root,
-``$XDG_RUNTIME_DIR/orch.sock``) is used when a daemon answers there, and leases are local (the
-lease store of the state folder) otherwise. Inside an orch job (``ORCH_JOB_ID`` set) leases are
-local too: the job's own devices are the ones to choose from. ``daemon=False`` forces the local
-path, ``daemon=True`` requires a daemon.
+Which daemon, and whether, as every orch client looks for it: ``ORCH_SERVER`` (a socket path)
+names one, and then it must answer; else, with ``ORCH_STATE_DIR`` set, that folder's socket;
+else the machine's daemon (``/run/orch/orch.sock``) when its socket exists; else the user's own
+(``$XDG_RUNTIME_DIR/orch.sock``). The one found is used when a daemon answers there, and leases
+are local (the lease store of the state folder) otherwise; a local lease of real GPUs that the
+machine's daemon owns is refused. Inside an orch job (``ORCH_JOB_ID`` set) leases are local too:
+the job's own devices are the ones to choose from. ``daemon=False`` forces the local path,
+``daemon=True`` requires a daemon.
 """
 
 from __future__ import annotations
@@ -69,12 +71,12 @@ def socket_for(daemon: Optional[bool], own_leases: Iterable[str] = ()) -> Option
         )
     if named:
         return named
-    default = _native.default_socket()
-    if _answers(default):
-        return default
+    found, _how = _native.find_daemon()
+    if _answers(found):
+        return found
     if daemon:
         raise OrchError(
-            f"no orch daemon answers at {default}: start one with `orch serve`, or set ORCH_SERVER to its socket"
+            f"no orch daemon answers at {found}: start one with `orch serve`, or set ORCH_SERVER to its socket"
         )
     return None
 

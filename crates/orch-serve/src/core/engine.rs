@@ -231,6 +231,7 @@ impl Engine {
     /// After a crash or a restart: finish what ended meanwhile, adopt what still runs, fence off
     /// and queue again what never started, mark the rest lost (or queue it with `requeue`).
     pub fn recover(&mut self) -> Result<(), String> {
+        crate::core::holders::sweep(self.shared.root);
         let running = self
             .shared
             .db
@@ -278,8 +279,13 @@ impl Engine {
             && std::fs::create_dir_all(&dir).is_ok()
             && folders::take_fence(&dir, &Fence { supervisor: None }).unwrap_or(false);
         let fence = folders::read_fence(&dir).ok().flatten();
+        // A held lease lives while its process tree does; a supervisor is the process alone.
         let supervisor = fence.and_then(|f| f.supervisor).map(|h| {
-            let dead = h.process_liveness().is_dead();
+            let dead = if held {
+                h.liveness().is_dead()
+            } else {
+                h.process_liveness().is_dead()
+            };
             (h, dead)
         });
         match running::recovery(never_started, supervisor, held) {
@@ -561,6 +567,7 @@ impl Engine {
                 return false;
             };
             lock(&self.shared.supervisor_exits).remove(&(id, job.attempt));
+            job.untrack_holder();
             let (exit, idle_stopped) = job.exited(exit);
             if idle_stopped {
                 self.shared.metrics.idle_stopped();
@@ -593,7 +600,12 @@ impl Engine {
                     .copied()
             })
             .flatten();
-        let liveness = job.liveness(ended.is_some(), Instant::now(), Holder::process_liveness);
+        let probe = if job.held() {
+            Holder::liveness
+        } else {
+            Holder::process_liveness
+        };
+        let liveness = job.liveness(ended.is_some(), Instant::now(), probe);
         if let Liveness::Unknown(e) = &liveness {
             let pid = job.supervisor.as_ref().map_or(0, |h| h.pid);
             self.jobs.cannot_tell(
@@ -628,6 +640,7 @@ impl Engine {
             return false;
         };
         lock(&self.shared.supervisor_exits).remove(&(id, job.attempt));
+        job.untrack_holder();
         let lease = Some(job.lease_id.clone());
         let prior = job.prior_gpu_s;
         match job.died(ended.map(|e| e.words()), now_ms()) {

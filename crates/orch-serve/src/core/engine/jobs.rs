@@ -205,12 +205,22 @@ impl Jobs {
             .queue
             .get(&id)
             .and_then(|j| j.submission.holder.as_ref())
-            .filter(|h| h.process_liveness().is_dead())
+            .filter(|h| h.liveness().is_dead())
             .map(|h| h.pid);
         if let Some(pid) = dead_holder {
             self.queue.remove(&id);
             let reason = format!("its process (pid {pid}) ended while it waited");
             return Err(Placed::Ends(State::Cancelled, reason));
+        }
+        // A held lease's process is watched with all it starts from its first placement on.
+        let root = self.shared.root;
+        if let Some(holder) = self
+            .queue
+            .get_mut(&id)
+            .and_then(|j| j.submission.holder.as_mut())
+            .filter(|h| h.cgroup.is_none())
+        {
+            *holder = crate::core::holders::track(root, holder.clone());
         }
         let Some(job) = self.queue.get(&id) else {
             return Err(Placed::Left);

@@ -240,6 +240,15 @@ impl Running {
         true
     }
 
+    /// A held lease's process, watched with its tree, is no longer: its cgroup goes.
+    pub fn untrack_holder(&self) {
+        if self.held()
+            && let Some(holder) = &self.supervisor
+        {
+            crate::core::holders::untrack(holder);
+        }
+    }
+
     /// The fence named its supervisor (or still names none).
     pub fn learn_supervisor(&mut self, supervisor: Option<Holder>) {
         if self.supervisor.is_none() {
