@@ -35,7 +35,7 @@ pub fn routes() -> Router<Arc<Shared>> {
             "/v1/plugins/{digest}",
             get(plugins::show).put(plugins::upload),
         )
-        .route("/v1/leases", post(leases::take))
+        .route("/v1/leases", post(leases::take).get(leases::list))
         .route("/v1/leases/{id}", get(leases::show))
         .route("/v1/leases/{id}/release", post(leases::release))
         .route("/v1/devices", get(machine::devices))

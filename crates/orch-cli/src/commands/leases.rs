@@ -20,6 +20,24 @@ struct LeaseRow<'a> {
 }
 
 pub fn run(args: &LeasesArgs) -> CmdResult {
+    // On a machine with a daemon (the machine's, or one ORCH_SERVER names) the leases are the
+    // daemon's: it lists them; each ends with its job.
+    let daemon = orch_leases::find_daemon();
+    if daemon.found.is_authority() && orch_leases::answers(&daemon.path) {
+        if let Some(LeasesAction::Release { id }) = &args.action {
+            return Err(Failure::bad_input_msg(format!(
+                "the leases of this machine are the orch daemon's at {}: end lease {id} with `orch cancel JOB` (orch jobs names the job), or leave it to end with its process",
+                daemon.path.display()
+            )));
+        }
+        let client = crate::client::Client::at(daemon.path)?;
+        let (status, body) = client.call(hyper::Method::GET, "/v1/leases", None)?;
+        if status != hyper::StatusCode::OK {
+            return Err(crate::client::answer_failure(status, &body));
+        }
+        let leases: Vec<Lease> = serde_json::from_slice(&body).map_err(Failure::failed)?;
+        return print(args, &leases);
+    }
     let mut store = open_store()?;
     if let Some(LeasesAction::Release { id }) = &args.action {
         return match store.release(id) {
@@ -34,6 +52,10 @@ pub fn run(args: &LeasesArgs) -> CmdResult {
         };
     }
     let leases = store.active().map_err(Failure::failed)?;
+    print(args, &leases)
+}
+
+fn print(args: &LeasesArgs, leases: &[Lease]) -> CmdResult {
     if args.json {
         let rows: Vec<LeaseRow<'_>> = leases.iter().map(row).collect();
         println!(

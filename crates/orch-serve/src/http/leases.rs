@@ -132,6 +132,41 @@ async fn leave_queue(shared: &Arc<Shared>, id: i64, reason: String) -> ApiResult
     Ok(changed == 1)
 }
 
+/// `GET /v1/leases`: every lease on the machine's devices now (what `orch leases` lists):
+/// another tenant's shows its devices and age, not its job's name or its processes, unless the
+/// caller is an admin.
+pub async fn list(
+    AxState(shared): AxState<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+) -> ApiResult<Json<Vec<orch_leases::Lease>>> {
+    admitted(&caller)?;
+    let running = read(&shared, |db| db.jobs(&[State::Running], u32::MAX)).await?;
+    let leases = lock(&shared.machine).leases.clone();
+    let visible = |lease: &orch_leases::Lease| {
+        caller.admin
+            || running.iter().any(|j| {
+                j.lease_id.as_deref() == Some(lease.id.as_str())
+                    && caller.tenants.contains(&j.tenant)
+            })
+    };
+    Ok(Json(
+        leases
+            .iter()
+            .map(|lease| {
+                if visible(lease) {
+                    lease.clone()
+                } else {
+                    orch_leases::Lease {
+                        job_name: crate::core::view::HIDDEN.into(),
+                        holders: Vec::new(),
+                        ..lease.clone()
+                    }
+                }
+            })
+            .collect(),
+    ))
+}
+
 /// `GET /v1/leases/ID`: the lease job's state, and its devices once placed.
 pub async fn show(
     AxState(shared): AxState<Arc<Shared>>,
