@@ -56,7 +56,7 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<rustls::ServerConfig>, TlsF
             ))
         }
         other => key_err(format!(
-            "the key cannot sign for TLS ({other}); give an RSA, ECDSA (P-256, P-384) or Ed25519 key"
+            "is a key TLS cannot use here ({other}); give an RSA, ECDSA (P-256, P-384) or Ed25519 key"
         )),
     })?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
