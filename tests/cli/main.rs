@@ -13,6 +13,8 @@ mod run;
 mod serve;
 mod serve_plugins;
 mod slurm;
+mod tenants;
+mod tls;
 mod train;
 
 use std::path::{Path, PathBuf};

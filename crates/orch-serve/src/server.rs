@@ -1,5 +1,9 @@
 //! The daemon's start-up and its socket: one daemon per state folder (a lock), recovery before
-//! the first request, then HTTP/1.1 over a Unix socket whose peer credentials say who asks.
+//! the first request, then HTTP/1.1 over a Unix socket whose peer credentials say who asks, and
+//! over the TCP listener (`listen`) where tokens do, in HTTPS when the config names a certificate
+//! ([`tls`]).
+
+mod tls;
 
 use crate::core::caller::Caller;
 use crate::core::config::Config;
@@ -53,8 +57,27 @@ pub enum ServeError {
         config: String,
         reason: String,
     },
+    /// `tls_cert` or `tls_key` cannot serve: which file, and what is wrong with it.
+    #[error("{key} {} (in {config}) {reason}", file.display())]
+    Tls {
+        key: &'static str,
+        file: PathBuf,
+        config: String,
+        reason: String,
+    },
     #[error("{0}")]
     Start(String),
+}
+
+/// The warning for a TCP listener other machines can reach that serves plain HTTP; `None` on
+/// loopback or with TLS.
+pub fn cleartext_warning(listen: std::net::SocketAddr, tls: bool) -> Option<String> {
+    if tls || listen.ip().to_canonical().is_loopback() {
+        return None;
+    }
+    Some(format!(
+        "listen = \"{listen}\" is reachable from other machines and serves plain HTTP: bearer tokens and the web page's session cookie travel in clear; set tls_cert and tls_key in the config to serve HTTPS (docs/OPERATIONS.md), or listen on 127.0.0.1 behind a TLS proxy"
+    ))
 }
 
 /// The default socket: `$ORCH_STATE_DIR/orch.sock` when set; `/run/orch/orch.sock` for root;
@@ -84,6 +107,13 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     // holds fails the start here, and dropping `listeners` on any failure below leaves no socket.
     let listeners = runtime.block_on(Listeners::bind(&options))?;
     for warning in options.config.unknown_names() {
+        tracing::warn!("{warning}");
+    }
+    if let Some(warning) = options
+        .config
+        .listen
+        .and_then(|listen| cleartext_warning(listen, options.config.tls.is_some()))
+    {
         tracing::warn!("{warning}");
     }
     let db = Db::open(&options.state_dir).map_err(|e| state(e.to_string()))?;
@@ -192,12 +222,38 @@ struct Listeners {
     /// Where the Unix socket is bound until [`Listeners::announce`] renames it to `socket`.
     fresh: PathBuf,
     unix: Option<tokio::net::UnixListener>,
-    tcp: Option<tokio::net::TcpListener>,
+    tcp: Option<Tcp>,
     announced: bool,
+}
+
+/// The TCP listener, and its TLS when the config names a certificate.
+struct Tcp {
+    listener: tokio::net::TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 impl Listeners {
     async fn bind(options: &ServeOptions) -> Result<Listeners, ServeError> {
+        let config_file = || {
+            options
+                .config
+                .path
+                .as_ref()
+                .map_or_else(|| "the config".into(), |p| p.display().to_string())
+        };
+        // Read before anything is bound: a certificate that cannot serve fails the start alone.
+        let tls = match &options.config.tls {
+            None => None,
+            Some(files) => {
+                let config = tls::server_config(files).map_err(|e| ServeError::Tls {
+                    key: e.key,
+                    file: e.file,
+                    config: config_file(),
+                    reason: e.reason,
+                })?;
+                Some(tokio_rustls::TlsAcceptor::from(config))
+            }
+        };
         let socket = options.socket.clone();
         let listen_err = |reason: String| ServeError::Listen {
             socket: socket.clone(),
@@ -222,27 +278,21 @@ impl Listeners {
         // Anyone may connect; the peer credentials decide what they may do.
         let _ = std::fs::set_permissions(&listeners.fresh, std::fs::Permissions::from_mode(0o666));
         if let Some(address) = options.config.listen {
-            let tcp = tokio::net::TcpListener::bind(address).await.map_err(|e| {
+            let listener = tokio::net::TcpListener::bind(address).await.map_err(|e| {
                 ServeError::ListenTcp {
                     address,
-                    config: options
-                        .config
-                        .path
-                        .as_ref()
-                        .map_or_else(|| "the config".into(), |p| p.display().to_string()),
+                    config: config_file(),
                     reason: e.to_string(),
                 }
             })?;
-            listeners.tcp = Some(tcp);
+            listeners.tcp = Some(Tcp { listener, tls });
         }
         Ok(listeners)
     }
 
     /// Puts the socket in place and says where the daemon listens: clients are answered from
     /// here on.
-    fn announce(
-        mut self,
-    ) -> Result<(tokio::net::UnixListener, Option<tokio::net::TcpListener>), ServeError> {
+    fn announce(mut self) -> Result<(tokio::net::UnixListener, Option<Tcp>), ServeError> {
         std::fs::rename(&self.fresh, &self.socket).map_err(|e| ServeError::Listen {
             socket: self.socket.clone(),
             reason: e.to_string(),
@@ -250,9 +300,12 @@ impl Listeners {
         self.announced = true;
         tracing::info!("orch serve: listening on {}", self.socket.display());
         let tcp = self.tcp.take();
-        if let Some(address) = tcp.as_ref().and_then(|t| t.local_addr().ok()) {
+        if let Some(tcp) = &tcp
+            && let Ok(address) = tcp.listener.local_addr()
+        {
+            let scheme = if tcp.tls.is_some() { "https" } else { "http" };
             tracing::info!(
-                "orch serve: the web page, /metrics and the API with tokens on http://{address}"
+                "orch serve: the web page, /metrics and the API with tokens on {scheme}://{address}"
             );
         }
         let unix = self.unix.take().ok_or_else(|| ServeError::Listen {
@@ -332,24 +385,23 @@ async fn listen(
                     }
                 }
             }
-            accepted = accept_tcp(tcp.as_ref()) => {
+            accepted = accept_tcp(tcp.as_ref().map(|t| &t.listener)) => {
                 match accepted {
                     Ok((stream, address)) => {
                         tcp_backoff.succeeded();
                         let _ = stream.set_nodelay(true);
-                        match connections.admit(crate::http::conns::Peer::Addr(address.ip())) {
-                            Ok(admitted) => {
-                                tokio::spawn(serve_connection(
-                                    app.clone(),
-                                    stream,
-                                    Who::Remote(Arc::clone(&shared), Arc::clone(&sessions)),
-                                    admitted,
-                                ));
-                            }
-                            Err(why) => {
-                                tokio::spawn(refuse(stream, why));
-                            }
-                        }
+                        // Counted from the accept, so connections still in their TLS handshake
+                        // count against their address's cap and the total alike.
+                        let admission = connections.admit(crate::http::conns::Peer::Addr(address.ip()));
+                        let tls = tcp.as_ref().and_then(|t| t.tls.clone());
+                        let who = Who::Remote {
+                            shared: Arc::clone(&shared),
+                            sessions: Arc::clone(&sessions),
+                            tls: tls.is_some(),
+                        };
+                        // The handshake, if any, runs in the connection's own task: a client
+                        // that stalls or fails it holds up nobody else.
+                        tokio::spawn(serve_tcp(app.clone(), stream, tls, who, admission));
                     }
                     Err(e) => tcp_backoff.failed("the TCP listener", &e).await,
                 }
@@ -398,6 +450,85 @@ impl Backoff {
     }
 }
 
+/// A connection of the TCP listener: HTTP in the clear, or after its TLS handshake; answered 503
+/// when `admission` refused it (over TLS too, after the handshake, so the client can read why).
+async fn serve_tcp(
+    app: axum::Router,
+    stream: tokio::net::TcpStream,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    who: Who,
+    admission: Result<crate::http::conns::Admitted, String>,
+) {
+    let Some(acceptor) = tls else {
+        match admission {
+            Ok(admitted) => serve_connection(app, stream, who, admitted).await,
+            Err(why) => refuse(stream, why).await,
+        }
+        return;
+    };
+    let peer = stream.peer_addr().ok();
+    // A refused connection gets a second for all of it; another has as long as for its headers.
+    let limit = if admission.is_ok() {
+        tls::HANDSHAKE_TIMEOUT
+    } else {
+        Duration::from_secs(1)
+    };
+    let handshake = async {
+        match tls::opening(&stream).await {
+            Ok(tls::Opening::Tls) => Some(acceptor.accept(stream).await),
+            Ok(tls::Opening::Other) => {
+                let port = stream.local_addr().ok().map(|a| a.port());
+                answer_plain(stream, &tls::plain_http_answer(port)).await;
+                None
+            }
+            Ok(tls::Opening::Closed) | Err(_) => None,
+        }
+    };
+    let stream = match tokio::time::timeout(limit, handshake).await {
+        Ok(Some(Ok(stream))) => stream,
+        Ok(Some(Err(e))) => {
+            tracing::debug!(
+                "a TLS handshake from {} failed: {e}",
+                peer.map_or_else(|| "a client".into(), |p| p.to_string())
+            );
+            return;
+        }
+        Ok(None) => return,
+        Err(_) => {
+            tracing::debug!(
+                "a TLS handshake from {} took over {}s; closed",
+                peer.map_or_else(|| "a client".into(), |p| p.to_string()),
+                limit.as_secs()
+            );
+            return;
+        }
+    };
+    match admission {
+        Ok(admitted) => serve_connection(app, stream, who, admitted).await,
+        Err(why) => refuse(stream, why).await,
+    }
+}
+
+/// Writes `answer` to a client that spoke plain HTTP to the TLS port and closes the connection,
+/// reading what it sent meanwhile (so closing does not reset the connection before the client
+/// has read the answer). A second at most.
+async fn answer_plain(mut stream: tokio::net::TcpStream, answer: &[u8]) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = stream.write_all(answer).await;
+        let _ = stream.shutdown().await;
+        let mut sink = [0u8; 4096];
+        let mut left = 64usize << 10;
+        while left > 0 {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    })
+    .await;
+}
+
 /// Answers a connection over its peer's cap with 503 and closes it (a second at most).
 async fn refuse<S>(mut stream: S, why: String)
 where
@@ -425,6 +556,11 @@ fn public(method: &hyper::Method, path: &str) -> bool {
     )
 }
 
+/// What a metrics token may ask: `GET /metrics` (and its `HEAD`).
+fn metrics_read(method: &hyper::Method, path: &str) -> bool {
+    matches!(method.as_str(), "GET" | "HEAD") && path == "/metrics"
+}
+
 /// Time a client has to send its request headers (slow or half-open connections end here).
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time a client has to send a whole request, body included.
@@ -434,8 +570,12 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 enum Who {
     /// The Unix socket: the peer credentials said, once for the connection.
     Local(Caller),
-    /// The TCP listener: each request's token or session cookie says.
-    Remote(Arc<Shared>, Arc<Sessions>),
+    /// The TCP listener: each request's token or session cookie says; `tls`: in HTTPS.
+    Remote {
+        shared: Arc<Shared>,
+        sessions: Arc<Sessions>,
+        tls: bool,
+    },
 }
 
 /// The next connection on the TCP listener; never, without one.
@@ -463,14 +603,14 @@ async fn serve_connection<S>(
         move |mut request: hyper::Request<hyper::body::Incoming>| {
             let caller = match who.as_ref() {
                 Who::Local(caller) => caller.clone(),
-                Who::Remote(shared, sessions) => {
-                    crate::web::caller_of_request(&shared.config, sessions, request.headers())
-                }
+                Who::Remote {
+                    shared, sessions, ..
+                } => crate::web::caller_of_request(&shared.config, sessions, request.headers()),
             };
             // Over TCP, who asks is known from the headers: a request without a token or session
             // is answered before its body is read, and no body past the remote limit is read.
             let early = match who.as_ref() {
-                Who::Remote(..)
+                Who::Remote { .. }
                     if caller.unauthenticated
                         && !public(request.method(), request.uri().path()) =>
                 {
@@ -479,7 +619,18 @@ async fn serve_connection<S>(
                         "this listener needs a token: send `Authorization: Bearer TOKEN`, or log in on the web page",
                     ))
                 }
-                Who::Remote(..)
+                // A scraper's token reads /metrics and nothing else, the page and its forms
+                // included.
+                Who::Remote { .. }
+                    if caller.metrics_only
+                        && !metrics_read(request.method(), request.uri().path()) =>
+                {
+                    Some(crate::http::error::err(
+                        axum::http::StatusCode::FORBIDDEN,
+                        crate::http::access::METRICS_ONLY,
+                    ))
+                }
+                Who::Remote { .. }
                     if declared_length(request.headers()) > REMOTE_BODY_LIMIT as u64 =>
                 {
                     Some(crate::http::error::err(
@@ -492,7 +643,10 @@ async fn serve_connection<S>(
                 }
                 _ => None,
             };
-            let remote = matches!(who.as_ref(), Who::Remote(..));
+            let remote = matches!(who.as_ref(), Who::Remote { .. });
+            if matches!(who.as_ref(), Who::Remote { tls: true, .. }) {
+                request.extensions_mut().insert(crate::web::OverTls);
+            }
             request.extensions_mut().insert(caller);
             let mut app = app.clone();
             async move {
@@ -563,6 +717,52 @@ fn caller_of(config: &Config, identity: Identity) -> Caller {
         refused,
         remote: false,
         unauthenticated: false,
+        metrics_only: false,
         pid: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_plain_listener_other_machines_reach_is_warned_about() {
+        let warn = |address: &str, tls: bool| cleartext_warning(address.parse().unwrap(), tls);
+        for quiet in [
+            "127.0.0.1:7878",
+            "127.0.0.2:7878",
+            "[::1]:7878",
+            "[::ffff:127.0.0.1]:7878",
+        ] {
+            assert_eq!(warn(quiet, false), None, "{quiet}");
+        }
+        for open in ["0.0.0.0:7878", "[::]:7878", "192.168.1.5:7878"] {
+            let warning = warn(open, false).unwrap_or_default();
+            assert!(
+                warning.contains(&format!("listen = \"{open}\""))
+                    && warning.contains("travel in clear")
+                    && warning.contains("set tls_cert and tls_key"),
+                "{open}: {warning}"
+            );
+            assert_eq!(warn(open, true), None, "{open} with TLS");
+        }
+    }
+
+    #[test]
+    fn a_metrics_token_may_read_metrics_alone() {
+        assert!(metrics_read(&hyper::Method::GET, "/metrics"));
+        assert!(metrics_read(&hyper::Method::HEAD, "/metrics"));
+        assert!(!metrics_read(&hyper::Method::POST, "/metrics"));
+        for path in [
+            "/",
+            "/metrics/",
+            "/v1/jobs",
+            "/v1/devices",
+            "/login",
+            "/app.js",
+        ] {
+            assert!(!metrics_read(&hyper::Method::GET, path), "{path}");
+        }
     }
 }

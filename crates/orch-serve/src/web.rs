@@ -4,14 +4,15 @@
 //! Design decisions:
 //! - A token never travels in a URL (URLs end up in logs and browser history): the login form
 //!   posts it, and the answer sets a session cookie (`HttpOnly`, `SameSite=Strict`, and `Secure`
-//!   when a TLS proxy says `X-Forwarded-Proto: https`) naming a random session id that the daemon
-//!   keeps in memory for 12 hours. A POST from another origin is refused (the API's same-origin check, [`crate::http`]).
+//!   when the listener serves HTTPS itself ([`OverTls`]) or a TLS proxy says
+//!   `X-Forwarded-Proto: https`) naming a random session id that the daemon keeps in memory for
+//!   12 hours. A metrics token opens no session: it reads `/metrics` and nothing else. A POST from another origin is refused (the API's same-origin check, [`crate::http`]).
 //! - The page is static (`web/page.html`, `web/app.js`, a few kB, no framework, nothing from
 //!   another host: the machine may have no internet); its script reads the same `/v1` API with
 //!   the session's rights, so a tenant's page shows exactly what its API answers would.
 
 use crate::core::caller::Caller;
-use crate::core::config::Config;
+use crate::core::config::{Config, TokenRights};
 use crate::core::state::Shared;
 use crate::core::users::Identity;
 use axum::Router;
@@ -27,6 +28,10 @@ use std::time::{Duration, Instant};
 /// How long a browser session lasts.
 const SESSION_LIFE: Duration = Duration::from_secs(12 * 3600);
 pub const COOKIE: &str = "orch_session";
+
+/// Marks a request that came over the TCP listener's TLS: the session cookie is then `Secure`.
+#[derive(Debug, Clone, Copy)]
+pub struct OverTls;
 
 /// Live browser sessions.
 #[derive(Debug, Default)]
@@ -69,18 +74,21 @@ impl Sessions {
     }
 }
 
-/// Who a bearer token is: the tenants whose `tokens` list it, admin when `admin_tokens` does.
-/// `None`: no tenant and no admin knows it.
+/// Who a bearer token is: the tenants whose `tokens` list it, admin when `admin_tokens` does;
+/// a scraper that reads `/metrics` alone when `metrics_tokens` does. `None`: no list knows it.
 pub fn caller_of_token(config: &Config, token: &str) -> Option<Caller> {
-    let (tenants, admin) = config.tenants_of_token(token);
-    if tenants.is_empty() && !admin {
-        return None;
-    }
-    let names: Vec<String> = tenants.iter().map(|t| t.name.clone()).collect();
-    let who = if admin {
-        "an admin token".to_string()
-    } else {
-        format!("a token of {}", names.join(", "))
+    let (who, tenants, admin, metrics_only) = match config.rights_of_token(token) {
+        TokenRights::Unknown => return None,
+        TokenRights::MetricsOnly => ("a metrics token".to_string(), Vec::new(), false, true),
+        TokenRights::Tenants { tenants, admin } => {
+            let names: Vec<String> = tenants.iter().map(|t| t.name.clone()).collect();
+            let who = if admin {
+                "an admin token".to_string()
+            } else {
+                format!("a token of {}", names.join(", "))
+            };
+            (who, names, admin, false)
+        }
     };
     Some(Caller {
         identity: Identity {
@@ -89,11 +97,13 @@ pub fn caller_of_token(config: &Config, token: &str) -> Option<Caller> {
             name: who,
             groups: Vec::new(),
         },
-        tenants: names,
+        tenants,
         admin,
-        refused: None,
+        // Every handler that admits callers refuses it; `GET /metrics` alone lets it in.
+        refused: metrics_only.then(|| crate::http::access::METRICS_ONLY.to_string()),
         remote: true,
         unauthenticated: false,
+        metrics_only,
         pid: None,
     })
 }
@@ -112,6 +122,7 @@ pub fn anonymous() -> Caller {
         refused: None,
         remote: true,
         unauthenticated: true,
+        metrics_only: false,
         pid: None,
     }
 }
@@ -264,6 +275,7 @@ async fn login(
     AxState(shared): AxState<Arc<Shared>>,
     Extension(sessions): Extension<Arc<Sessions>>,
     Extension(caller): Extension<Caller>,
+    tls: Option<Extension<OverTls>>,
     headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
@@ -287,6 +299,14 @@ async fn login(
             )),
         );
     };
+    if who.metrics_only {
+        return html(
+            StatusCode::FORBIDDEN,
+            login_page(Some(
+                "That token only reads /metrics (a scraper's); log in with your tenant's token.",
+            )),
+        );
+    }
     let id = match sessions.open(who) {
         Ok(id) => id,
         Err(e) => {
@@ -296,21 +316,27 @@ async fn login(
             );
         }
     };
-    // Served through a TLS proxy: the cookie never travels in the clear.
-    let secure = headers
-        .get("x-forwarded-proto")
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"https"));
-    home_with_session(&id, 43200, secure)
+    home_with_session(&id, 43200, secure(tls.is_some(), &headers))
+}
+
+/// Whether the session cookie is `Secure`: over the listener's own TLS, or through a TLS proxy
+/// (`X-Forwarded-Proto: https`). Such a cookie never travels in the clear.
+fn secure(over_tls: bool, headers: &axum::http::HeaderMap) -> bool {
+    over_tls
+        || headers
+            .get("x-forwarded-proto")
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"https"))
 }
 
 async fn logout(
     Extension(sessions): Extension<Arc<Sessions>>,
+    tls: Option<Extension<OverTls>>,
     headers: axum::http::HeaderMap,
 ) -> Response {
     if let Some(id) = session_id(&headers) {
         sessions.close(&id);
     }
-    home_with_session("", 0, false)
+    home_with_session("", 0, secure(tls.is_some(), &headers))
 }
 
 /// A redirect to the page that sets (or, with an empty id and no age, clears) the session cookie.

@@ -15,6 +15,8 @@ pub struct Caller {
     pub remote: bool,
     /// Over TCP with neither a valid token nor a session: 401.
     pub unauthenticated: bool,
+    /// Over TCP with one of `metrics_tokens`: it reads `GET /metrics` and nothing else (403).
+    pub metrics_only: bool,
     /// The process on the other end of the Unix socket (its peer credentials), when known.
     pub pid: Option<u32>,
 }

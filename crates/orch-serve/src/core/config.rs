@@ -33,6 +33,11 @@ pub struct Config {
     pub listen: Option<std::net::SocketAddr>,
     /// Hashes (`sha256:HEX`) of the tokens that see everything (admins over TCP).
     pub admin_tokens: Vec<TokenHash>,
+    /// `metrics_tokens`: hashes of the tokens that read `GET /metrics` and nothing else (a
+    /// Prometheus scraper's).
+    pub metrics_tokens: Vec<TokenHash>,
+    /// `tls_cert` and `tls_key`: the TCP listener serves HTTPS only, with this certificate.
+    pub tls: Option<TlsFiles>,
     /// `foreign = "avoid"`: no new job goes on a device busy with a process no lease covers.
     pub avoid_foreign: bool,
     /// `max_connections`: open client connections at most, socket and TCP together (also bounded
@@ -44,6 +49,30 @@ pub struct Config {
     /// `[compile]`: the caps of compiling a policy component a tenant sent.
     pub compile: CompileCaps,
     pub tenants: Vec<Tenant>,
+}
+
+/// `tls_cert` and `tls_key` of serve.toml: PEM files, read when the daemon starts (relative paths
+/// resolve against the config's folder).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The certificate chain, the server's own certificate first.
+    pub cert: PathBuf,
+    /// Its private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+}
+
+/// What a bearer token may do, from the config's token lists.
+#[derive(Debug, Clone)]
+pub enum TokenRights<'a> {
+    /// Listed by no list.
+    Unknown,
+    /// One of `metrics_tokens`: `GET /metrics` and nothing else.
+    MetricsOnly,
+    /// The tenants whose `tokens` list it; `admin` when `admin_tokens` does.
+    Tenants {
+        tenants: Vec<&'a Tenant>,
+        admin: bool,
+    },
 }
 
 /// The default `max_connections`.
@@ -135,6 +164,12 @@ impl TokenHash {
     }
 }
 
+impl std::fmt::Display for TokenHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "sha256:{}", orch_core::hex::encode(&self.0))
+    }
+}
+
 /// The default `idle_utilization`, percent.
 pub const DEFAULT_IDLE_UTILIZATION: u32 = 5;
 /// The default `idle_grace`.
@@ -154,11 +189,13 @@ struct RawConfig {
     preempt_after: Option<String>,
     #[serde(default)]
     admin_tokens: Vec<String>,
+    #[serde(default)]
+    metrics_tokens: Vec<String>,
     foreign: Option<String>,
     max_connections: Option<toml::Spanned<i64>>,
     max_connections_per_peer: Option<toml::Spanned<i64>>,
-    tls_cert: Option<String>,
-    tls_key: Option<String>,
+    tls_cert: Option<toml::Spanned<String>>,
+    tls_key: Option<toml::Spanned<String>>,
     compile: Option<RawCompile>,
     #[serde(default)]
     tenant: Vec<RawTenant>,
@@ -226,6 +263,8 @@ impl Config {
             preempt_after: Duration::ZERO,
             listen: None,
             admin_tokens: Vec::new(),
+            metrics_tokens: Vec::new(),
+            tls: None,
             avoid_foreign: false,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
@@ -281,18 +320,6 @@ impl Config {
                     }),
                 }
             };
-        if raw.tls_cert.is_some() || raw.tls_key.is_some() {
-            let key = if raw.tls_cert.is_some() {
-                "tls_cert"
-            } else {
-                "tls_key"
-            };
-            return Err(at(
-                key,
-                format!("{key}: this orch serves plain HTTP only; it does not terminate TLS"),
-                "remove tls_cert and tls_key, keep listen on loopback, and put the machine's TLS proxy (nginx, Caddy) in front of it",
-            ));
-        }
         let listen = match raw.listen.as_deref() {
             None => None,
             Some(text) => Some(text.parse::<std::net::SocketAddr>().map_err(|_| {
@@ -316,6 +343,16 @@ impl Config {
                 })
                 .collect()
         };
+        let tls = Config::tls_files(path, text, &raw)?;
+        let metrics_tokens = tokens(&raw.metrics_tokens)?;
+        let admin_tokens = tokens(&raw.admin_tokens)?;
+        if let Some(both) = metrics_tokens.iter().find(|t| admin_tokens.contains(t)) {
+            return Err(at(
+                &both.to_string(),
+                format!("{both} is in both metrics_tokens and admin_tokens"),
+                "give the scraper a token of its own: a metrics token reads /metrics and nothing else, an admin token reads /metrics too",
+            ));
+        }
         let avoid_foreign = match raw.foreign.as_deref() {
             None | Some("allow") => false,
             Some("avoid") => true,
@@ -476,6 +513,18 @@ impl Config {
                 },
             });
         }
+        for tenant in &tenants {
+            if let Some(both) = tenant.tokens.iter().find(|t| metrics_tokens.contains(t)) {
+                return Err(at(
+                    &both.to_string(),
+                    format!(
+                        "{both} is in both metrics_tokens and tenant \"{}\"'s tokens",
+                        tenant.name
+                    ),
+                    "give the scraper a token of its own: a metrics token reads /metrics and nothing else",
+                ));
+            }
+        }
         if tenants.is_empty() {
             return Err(
                 InputError::at(path, text, 0, "the config lists no [[tenant]]").with_hint(
@@ -558,7 +607,9 @@ impl Config {
                 .unwrap_or(DEFAULT_STARVATION_LIMIT),
             // "0s" (preempt at once) is a fine value here.
             listen,
-            admin_tokens: tokens(&raw.admin_tokens)?,
+            admin_tokens,
+            metrics_tokens,
+            tls,
             avoid_foreign,
             max_connections,
             max_connections_per_peer,
@@ -587,15 +638,74 @@ impl Config {
         self.admins.iter().any(|a| a == &who.name)
     }
 
-    /// The tenants whose tokens include `token`, and whether it is an admin token.
-    pub fn tenants_of_token(&self, token: &str) -> (Vec<&Tenant>, bool) {
+    /// What `token` may do: read /metrics alone (`metrics_tokens`), or what the tenants whose
+    /// tokens include it may, everything when it is an admin token. A token is never both (the
+    /// config refuses that).
+    pub fn rights_of_token(&self, token: &str) -> TokenRights<'_> {
         let hash = TokenHash::of(token);
-        let tenants = self
+        if self.metrics_tokens.contains(&hash) {
+            return TokenRights::MetricsOnly;
+        }
+        let tenants: Vec<&Tenant> = self
             .tenants
             .iter()
             .filter(|t| t.tokens.contains(&hash))
             .collect();
-        (tenants, self.admin_tokens.contains(&hash))
+        let admin = self.admin_tokens.contains(&hash);
+        if tenants.is_empty() && !admin {
+            return TokenRights::Unknown;
+        }
+        TokenRights::Tenants { tenants, admin }
+    }
+
+    /// `tls_cert` and `tls_key`: both or neither, and only with `listen` (the Unix socket stays
+    /// plain); relative paths resolve against the config's folder, as `queue_policy` does.
+    fn tls_files(path: &Path, text: &str, raw: &RawConfig) -> Result<Option<TlsFiles>, InputError> {
+        let at = |value: &toml::Spanned<String>, message: String, hint: &str| {
+            InputError::at(path, text, value.span().start, message).with_hint(hint)
+        };
+        let (cert, key) = match (&raw.tls_cert, &raw.tls_key) {
+            (None, None) => return Ok(None),
+            (Some(cert), None) => {
+                return Err(at(
+                    cert,
+                    "tls_cert is set without tls_key: the TCP listener needs both to serve HTTPS"
+                        .into(),
+                    "add tls_key = \"/etc/orch/key.pem\" (the certificate's private key, PEM), or remove tls_cert",
+                ));
+            }
+            (None, Some(key)) => {
+                return Err(at(
+                    key,
+                    "tls_key is set without tls_cert: the TCP listener needs both to serve HTTPS"
+                        .into(),
+                    "add tls_cert = \"/etc/orch/cert.pem\" (the certificate chain, PEM), or remove tls_key",
+                ));
+            }
+            (Some(cert), Some(key)) => (cert, key),
+        };
+        if raw.listen.is_none() {
+            return Err(at(
+                cert,
+                "tls_cert and tls_key are set but listen is not: TLS is for the TCP listener, and the Unix socket needs none".into(),
+                "add listen = \"0.0.0.0:7878\" (or an address of one interface), or remove tls_cert and tls_key",
+            ));
+        }
+        let base = path.parent().unwrap_or(Path::new("."));
+        let resolve = |value: &toml::Spanned<String>| -> Result<PathBuf, InputError> {
+            if value.get_ref().trim().is_empty() {
+                return Err(at(
+                    value,
+                    "tls_cert and tls_key name PEM files; this one is empty".into(),
+                    "give a path such as \"/etc/orch/cert.pem\"",
+                ));
+            }
+            Ok(base.join(value.get_ref()))
+        };
+        Ok(Some(TlsFiles {
+            cert: resolve(cert)?,
+            key: resolve(key)?,
+        }))
     }
 
     pub fn tenant(&self, name: &str) -> Option<&Tenant> {
@@ -736,15 +846,116 @@ groups = ["nlp-lab"]
             e.contains("serve.toml:3") && e.contains("not a token hash"),
             "{e}"
         );
-        let e = parse("tls_cert = \"/etc/x.pem\"\n[[tenant]]\nname = \"a\"\nusers = [\"x\"]\n")
-            .unwrap_err();
-        assert!(e.contains("does not terminate TLS"), "{e}");
         let e =
             parse("foreign = \"evict\"\n[[tenant]]\nname = \"a\"\nusers = [\"x\"]\n").unwrap_err();
         assert!(e.contains("serve.toml:1"), "{e}");
         let e = parse("[[tenant]]\nname = \"a\"\nusers = [\"x\"]\nidle_utilization = 150\n")
             .unwrap_err();
         assert!(e.contains("serve.toml:4") && e.contains("percent"), "{e}");
+    }
+
+    #[test]
+    fn tls_wants_a_certificate_a_key_and_the_listener_and_resolves_beside_the_config() {
+        let c = Config::parse(
+            Path::new("/etc/orch/serve.toml"),
+            "listen = \"0.0.0.0:7878\"\ntls_cert = \"tls/cert.pem\"\ntls_key = \"/srv/key.pem\"\n[[tenant]]\nname = \"a\"\nusers = [\"x\"]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.tls,
+            Some(TlsFiles {
+                cert: "/etc/orch/tls/cert.pem".into(),
+                key: "/srv/key.pem".into(),
+            })
+        );
+        assert_eq!(
+            parse("[[tenant]]\nname = \"a\"\nusers = [\"x\"]\n")
+                .unwrap()
+                .tls,
+            None
+        );
+        let tenant = "[[tenant]]\nname = \"a\"\nusers = [\"x\"]\n";
+        let e = parse(&format!(
+            "listen = \"127.0.0.1:1\"\ntls_cert = \"c.pem\"\n{tenant}"
+        ))
+        .unwrap_err();
+        assert!(
+            e.contains("serve.toml:2:12") && e.contains("tls_cert is set without tls_key"),
+            "{e}"
+        );
+        let e = parse(&format!(
+            "listen = \"127.0.0.1:1\"\ntls_key = \"k.pem\"\n{tenant}"
+        ))
+        .unwrap_err();
+        assert!(
+            e.contains("serve.toml:2:11") && e.contains("tls_key is set without tls_cert"),
+            "{e}"
+        );
+        let e = parse(&format!(
+            "tls_cert = \"c.pem\"\ntls_key = \"k.pem\"\n{tenant}"
+        ))
+        .unwrap_err();
+        assert!(
+            e.contains("serve.toml:1:12") && e.contains("listen is not"),
+            "{e}"
+        );
+        let e = parse(&format!(
+            "listen = \"127.0.0.1:1\"\ntls_cert = \"\"\ntls_key = \"k.pem\"\n{tenant}"
+        ))
+        .unwrap_err();
+        assert!(e.contains("serve.toml:2:12") && e.contains("empty"), "{e}");
+    }
+
+    #[test]
+    fn metrics_tokens_are_hashed_like_the_others_and_read_metrics_alone() {
+        let hash = |t: &str| TokenHash::of(t).to_string();
+        let c = parse(&format!(
+            "listen = \"127.0.0.1:7878\"\nmetrics_tokens = [\"{}\"]\nadmin_tokens = [\"{}\"]\n[[tenant]]\nname = \"a\"\ntokens = [\"{}\"]\n",
+            hash("scrape"),
+            hash("admin"),
+            hash("tenant")
+        ))
+        .unwrap();
+        assert_eq!(c.metrics_tokens, vec![TokenHash::of("scrape")]);
+        assert!(matches!(
+            c.rights_of_token("scrape"),
+            TokenRights::MetricsOnly
+        ));
+        assert!(matches!(c.rights_of_token("nobody"), TokenRights::Unknown));
+        assert!(matches!(
+            c.rights_of_token("admin"),
+            TokenRights::Tenants { admin: true, ref tenants } if tenants.is_empty()
+        ));
+        assert!(matches!(
+            c.rights_of_token("tenant"),
+            TokenRights::Tenants { admin: false, ref tenants } if tenants[0].name == "a"
+        ));
+        // The form `printf %s TOKEN | sha256sum` gives, as the docs show.
+        assert_eq!(
+            hash("scrape"),
+            "sha256:174591972de079bef8971d5fedc541bc537fef2640c29b956dae76e5176f044e"
+        );
+        let e = parse("metrics_tokens = [\"scrape\"]\n[[tenant]]\nname = \"a\"\nusers = [\"x\"]\n")
+            .unwrap_err();
+        assert!(
+            e.contains("serve.toml:1") && e.contains("\"scrape\" is not a token hash"),
+            "{e}"
+        );
+        let e = parse(&format!(
+            "metrics_tokens = [\"{h}\"]\nadmin_tokens = [\"{h}\"]\n[[tenant]]\nname = \"a\"\nusers = [\"x\"]\n",
+            h = hash("both")
+        ))
+        .unwrap_err();
+        assert!(e.contains("in both metrics_tokens and admin_tokens"), "{e}");
+        let e = parse(&format!(
+            "metrics_tokens = [\"{h}\"]\n[[tenant]]\nname = \"a\"\ntokens = [\"{h}\"]\n",
+            h = hash("both")
+        ))
+        .unwrap_err();
+        assert!(
+            e.contains("in both metrics_tokens and tenant \"a\"'s tokens"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -8,6 +8,9 @@ use crate::http::error::{ApiResult, err, internal};
 use axum::http::StatusCode;
 use std::sync::Arc;
 
+/// The answer to a metrics token (`metrics_tokens`) anywhere but `GET /metrics`.
+pub const METRICS_ONLY: &str = "this token only reads /metrics (it is one of metrics_tokens): use a tenant's or an admin token for anything else";
+
 pub(crate) fn admitted(caller: &Caller) -> ApiResult<()> {
     if caller.unauthenticated {
         return Err(err(

@@ -160,9 +160,19 @@ impl Connections {
 /// A whole HTTP/1.1 503 answer with `{"error": why}`, for a connection refused before hyper
 /// sees it.
 pub fn refusal_response(why: &str) -> Vec<u8> {
+    answer("503 Service Unavailable", "retry-after: 1\r\n", why)
+}
+
+/// A whole HTTP/1.1 answer with `status` (`"400 Bad Request"`) and `{"error": why}` that closes
+/// the connection, for a connection answered before hyper sees it.
+pub fn plain_response(status: &str, why: &str) -> Vec<u8> {
+    answer(status, "", why)
+}
+
+fn answer(status: &str, extra_headers: &str, why: &str) -> Vec<u8> {
     let body = serde_json::json!({ "error": why }).to_string();
     format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\nretry-after: 1\r\n\r\n{body}",
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n{extra_headers}\r\n{body}",
         body.len()
     )
     .into_bytes()

@@ -37,17 +37,21 @@ pub(crate) async fn whoami(
     })))
 }
 
-/// Prometheus' text format; admins only (job and tenant names of everyone are in it).
+/// Prometheus' text format; for admins and metrics tokens only (job and tenant names of
+/// everyone are in it).
 pub(crate) async fn metrics(
     AxState(shared): AxState<Arc<Shared>>,
     Extension(caller): Extension<Caller>,
 ) -> Result<Response, ApiError> {
-    admitted(&caller)?;
-    if !caller.admin {
-        return Err(err(
-            StatusCode::FORBIDDEN,
-            "/metrics is for admins: scrape it with an admin token (admin_tokens) or as an admin user",
-        ));
+    // A metrics token is refused everywhere else (its `refused`); here it is what it is for.
+    if !caller.metrics_only {
+        admitted(&caller)?;
+        if !caller.admin {
+            return Err(err(
+                StatusCode::FORBIDDEN,
+                "/metrics is for admins: scrape it with a metrics token (metrics_tokens), an admin token (admin_tokens) or as an admin user",
+            ));
+        }
     }
     let snapshot = read_model(&shared, crate::core::view::metrics_snapshot).await?;
     let text = crate::core::metrics::render(&snapshot, &shared.metrics);
