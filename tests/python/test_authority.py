@@ -12,9 +12,10 @@ import json
 import os
 import pathlib
 import pwd
+import shutil
 import socket
 import subprocess
-import sys
+import tempfile
 import time
 
 import pytest
@@ -76,9 +77,8 @@ def machine_daemon(tmp_path):
     if _answers(MACHINE_SOCKET):
         pytest.skip(f"a daemon of this machine already answers at {MACHINE_SOCKET}")
     users = [_user(n) for n in USERS]
-    public = tmp_path / "public"
-    public.mkdir()
-    os.chmod(tmp_path, 0o755)
+    # The users work in a folder they can reach (pytest's own is root's alone).
+    public = pathlib.Path(tempfile.mkdtemp(prefix="orch-authority-", dir="/tmp"))
     os.chmod(public, 0o1777)
     config = tmp_path / "serve.toml"
     config.write_text(
@@ -119,16 +119,30 @@ def machine_daemon(tmp_path):
             daemon.wait(timeout=30)
         fcntl.flock(lock, fcntl.LOCK_UN)
         lock.close()
+        shutil.rmtree(public, ignore_errors=True)
+
+
+def user_python():
+    """A Python the test users may run, and the folder that holds this `orch` package: the
+    venv's interpreter may live under root's home, which they cannot enter; the package is
+    abi3, so the system's Python imports it."""
+    import orch
+
+    system = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
+    if not system:
+        pytest.skip("no system python3 the test users may run")
+    return system, str(pathlib.Path(orch.__file__).resolve().parents[1])
 
 
 def as_user(user, argv, public, **kwargs):
     """ARGV as USER, with nothing that names a daemon or a state folder: what the user's shell
-    has on a fresh login."""
+    has on a fresh login (and this orch package on the Python path)."""
     uid, gid = user
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(public),
         "LANG": "C.UTF-8",
+        "PYTHONPATH": user_python()[1],
     }
     return subprocess.Popen(
         argv,
@@ -142,6 +156,14 @@ def as_user(user, argv, public, **kwargs):
         text=True,
         **kwargs,
     )
+
+
+def shared_log(public):
+    """The log every user's job appends its spans to."""
+    log = public / "spans.log"
+    log.touch()
+    os.chmod(log, 0o666)
+    return log
 
 
 def finished(proc, timeout=120):
@@ -179,7 +201,7 @@ def test_one_machine_daemon_is_every_users_lease_authority(machine_daemon):
     start, public, (first, second, _third), _state = machine_daemon
     binary = os.environ["ORCH_BIN"]
     start(2)
-    log = public / "spans.log"
+    log = shared_log(public)
     # The first account's submission holds both GPUs for a while.
     code, out, err = finished(as_user(first, [
         binary, "submit", "--gpus", "2", "--", "sh", "-c", RECORD.format(hold=1.5, log=log),
@@ -199,7 +221,7 @@ def test_one_machine_daemon_is_every_users_lease_authority(machine_daemon):
     waiting_run = as_user(second, [
         binary, "run", "--gpus", "1", "--wait", "--", "sh", "-c", RECORD.format(hold=0.2, log=log),
     ], public)
-    waiting_py = as_user(second, [sys.executable, "-c", PY_RECORD.format(hold=0.2, log=str(log))],
+    waiting_py = as_user(second, [user_python()[0], "-c", PY_RECORD.format(hold=0.2, log=str(log))],
                          public)
     said = []
     for proc in (waiting_run, waiting_py):
@@ -225,7 +247,7 @@ def test_twenty_processes_of_three_users_never_share_a_gpu(machine_daemon):
     start, public, users, state = machine_daemon
     binary = os.environ["ORCH_BIN"]
     start(4)
-    log = public / "spans.log"
+    log = shared_log(public)
     procs = []
     for i in range(20):
         user = users[i % 3]
@@ -236,7 +258,7 @@ def test_twenty_processes_of_three_users_never_share_a_gpu(machine_daemon):
         elif kind == 1:
             argv = ["sh", "-c", f'id=$({binary} submit --gpus 1 -- sh -c \'{RECORD.format(hold=0.1, log=log)}\') && {binary} wait "$id"']
         else:
-            argv = [sys.executable, "-c", PY_RECORD.format(hold=0.1, log=str(log))]
+            argv = [user_python()[0], "-c", PY_RECORD.format(hold=0.1, log=str(log))]
         procs.append(as_user(user, argv, public))
     for proc in procs:
         code, _out, err = finished(proc)
