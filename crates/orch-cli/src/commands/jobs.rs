@@ -208,7 +208,11 @@ pub fn list(args: &JobsArgs) -> CmdResult {
         .map(|j| {
             vec![
                 j.id.to_string(),
-                j.name.clone(),
+                if j.interactive {
+                    format!("{} (interactive)", j.name)
+                } else {
+                    j.name.clone()
+                },
                 j.tenant.clone(),
                 j.user.clone(),
                 j.state.as_str().to_string(),

@@ -123,6 +123,9 @@ pub struct JobRow {
     pub gpu_seconds: f64,
     /// Its use is counted in its tenant's usage up to here (while it runs).
     pub charged_ms: Option<u64>,
+    /// A lease held by a process of its user (`orch run` or `import orch` through the daemon):
+    /// the work runs in that process, not under a supervisor of the daemon's.
+    pub interactive: bool,
 }
 
 impl JobRow {
@@ -151,6 +154,7 @@ impl JobRow {
             cancel_requested: false,
             gpu_seconds: 0.0,
             charged_ms: None,
+            interactive: false,
         }
     }
 }
@@ -239,7 +243,7 @@ impl std::fmt::Debug for Db {
 const COLUMNS: &str =
     "id, name, tenant, user, uid, state, gpus, priority, requeue, submitted_at_ms,
     started_at_ms, ended_at_ms, exit_code, reason, lease_id, devices, attempt, cancel_requested,
-    gpu_seconds, charged_ms";
+    gpu_seconds, charged_ms, json_extract(submission, '$.holder') IS NOT NULL";
 
 impl Db {
     pub fn open(dir: &Path) -> Result<Db, DbError> {
@@ -415,6 +419,28 @@ impl Db {
         })
     }
 
+    /// Running jobs held by a process of their user (`orch run`, `import orch`), per tenant.
+    pub fn interactive_counts(&self) -> Result<Vec<(String, u64)>, DbError> {
+        self.read(|c| {
+            let mut stmt = c
+                .prepare(
+                    "SELECT tenant, COUNT(*) FROM jobs WHERE state = 'running'
+                     AND json_extract(submission, '$.holder') IS NOT NULL GROUP BY tenant",
+                )
+                .map_err(db("counting interactive jobs"))?;
+            let rows = stmt
+                .query_map([], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        u64::try_from(r.get::<_, i64>(1)?).unwrap_or(0),
+                    ))
+                })
+                .map_err(db("counting interactive jobs"))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(db("counting interactive jobs"))
+        })
+    }
+
     /// Every tenant's recorded usage.
     pub fn usage(&self) -> Result<Vec<UsageRow>, DbError> {
         self.read(|c| {
@@ -560,6 +586,7 @@ fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<JobRow> {
         cancel_requested: r.get(17)?,
         gpu_seconds: r.get(18)?,
         charged_ms: opt_u64(r.get(19)?),
+        interactive: r.get(20)?,
     })
 }
 

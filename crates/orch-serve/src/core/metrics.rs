@@ -177,6 +177,8 @@ pub struct Snapshot {
     pub jobs: Vec<(String, String, u64)>,
     pub tenants: Vec<TenantSample>,
     pub leases: usize,
+    /// `(tenant, running jobs held by a process of their user)`.
+    pub interactive: Vec<(String, u64)>,
 }
 
 /// A label value, escaped as the text format wants (backslash, quote, newline).
@@ -284,6 +286,19 @@ pub fn render(snapshot: &Snapshot, counters: &Counters) -> String {
             out,
             "orch_jobs{{state=\"{}\",tenant=\"{}\"}} {n}",
             esc(state),
+            esc(tenant)
+        );
+    }
+    header(
+        &mut out,
+        "orch_interactive_jobs",
+        "gauge",
+        "Running jobs held by a process of their user (orch run, import orch), per tenant.",
+    );
+    for (tenant, n) in &snapshot.interactive {
+        let _ = writeln!(
+            out,
+            "orch_interactive_jobs{{tenant=\"{}\"}} {n}",
             esc(tenant)
         );
     }

@@ -138,10 +138,24 @@ pub fn metrics_snapshot(shared: &Shared) -> Result<Snapshot, DbError> {
             }
         })
         .collect();
+    let held = shared.db.interactive_counts()?;
+    let interactive = shared
+        .config
+        .tenants
+        .iter()
+        .map(|t| {
+            let n = held
+                .iter()
+                .find(|(name, _)| *name == t.name)
+                .map_or(0, |x| x.1);
+            (t.name.clone(), n)
+        })
+        .collect();
     Ok(Snapshot {
         devices,
         jobs,
         tenants,
         leases: machine.leases.len(),
+        interactive,
     })
 }

@@ -152,6 +152,10 @@ pub struct Job {
     /// Its use is counted in its tenant's usage up to here (while it runs).
     #[serde(default)]
     pub charged_ms: Option<u64>,
+    /// A lease held by a process of its user (`orch run`, `import orch`), which runs the work
+    /// itself: an interactive job.
+    #[serde(default)]
+    pub interactive: bool,
     /// What happened to it, oldest first (`GET /v1/jobs/ID` only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<Event>,
@@ -180,6 +184,7 @@ impl From<JobRow> for Job {
             cancel_requested: row.cancel_requested,
             gpu_seconds: row.gpu_seconds,
             charged_ms: row.charged_ms,
+            interactive: row.interactive,
             events: Vec::new(),
         }
     }
