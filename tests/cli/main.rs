@@ -13,6 +13,7 @@ mod run;
 mod serve;
 mod serve_plugins;
 mod slurm;
+mod submit;
 mod train;
 
 use std::path::{Path, PathBuf};

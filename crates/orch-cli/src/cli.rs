@@ -145,17 +145,13 @@ pub struct SubmitArgs {
     #[arg(long, requires = "slurm")]
     pub dry_run: bool,
     /// The job file; omit it and give the command after `--` for the quick form.
-    #[arg(value_name = "JOB.toml", conflicts_with_all = ["gpus", "policy", "tenant"])]
+    #[arg(value_name = "JOB.toml", conflicts_with_all = [QUICK_FLAGS, &["tenant"]].concat())]
     pub job: Option<std::path::PathBuf>,
     /// With --slurm: more job files, each its own batch job.
     #[arg(value_name = "MORE.toml", requires = "slurm")]
     pub more: Vec<std::path::PathBuf>,
-    /// Quick form: how many devices.
-    #[arg(long, value_name = "N")]
-    pub gpus: Option<u32>,
-    /// Quick form: the placement policy.
-    #[arg(long, value_name = "P")]
-    pub policy: Option<String>,
+    #[command(flatten)]
+    pub quick: QuickArgs,
     /// Quick form: the tenant, when you belong to several.
     #[arg(long, value_name = "NAME")]
     pub tenant: Option<String>,
