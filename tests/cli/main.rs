@@ -14,6 +14,7 @@ mod run;
 mod serve;
 mod serve_plugins;
 mod slurm;
+mod submit;
 mod tenants;
 mod tls;
 mod train;

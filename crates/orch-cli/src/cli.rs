@@ -145,17 +145,13 @@ pub struct SubmitArgs {
     #[arg(long, requires = "slurm")]
     pub dry_run: bool,
     /// The job file; omit it and give the command after `--` for the quick form.
-    #[arg(value_name = "JOB.toml", conflicts_with_all = ["gpus", "policy", "tenant"])]
+    #[arg(value_name = "JOB.toml", conflicts_with_all = [QUICK_FLAGS, &["tenant"]].concat())]
     pub job: Option<std::path::PathBuf>,
     /// With --slurm: more job files, each its own batch job.
     #[arg(value_name = "MORE.toml", requires = "slurm")]
     pub more: Vec<std::path::PathBuf>,
-    /// Quick form: how many devices.
-    #[arg(long, value_name = "N")]
-    pub gpus: Option<u32>,
-    /// Quick form: the placement policy.
-    #[arg(long, value_name = "P")]
-    pub policy: Option<String>,
+    #[command(flatten)]
+    pub quick: QuickArgs,
     /// Quick form: the tenant, when you belong to several.
     #[arg(long, value_name = "NAME")]
     pub tenant: Option<String>,
@@ -303,20 +299,10 @@ pub enum LeasesAction {
     },
 }
 
+/// The quick form's flags, `orch run` and `orch submit` alike: `--gpus N … -- CMD` stands for a
+/// job file (commands/quick.rs builds the job from them).
 #[derive(Debug, clap::Args)]
-#[command(
-    after_help = "Examples:\n  orch run job.toml\n  orch run --gpus 2 --policy least-loaded --min-free-memory 10GiB -- python train.py"
-)]
-pub struct RunArgs {
-    /// The job file; omit it and give the command after `--` for the quick form.
-    #[arg(value_name = "JOB.toml", conflicts_with_all = ["gpus", "policy", "min_free_memory", "max_utilization", "memory_limit", "exclusive", "shared", "per_device"])]
-    pub job: Option<std::path::PathBuf>,
-    /// When nothing fits now, wait (backing off, saying why) until something does.
-    #[arg(long)]
-    pub wait: bool,
-    /// Give up waiting after this long (`90s`, `15m`, `2h`; default: forever).
-    #[arg(long, value_name = "DURATION", requires = "wait")]
-    pub timeout: Option<String>,
+pub struct QuickArgs {
     /// Quick form: how many devices.
     #[arg(long, value_name = "N")]
     pub gpus: Option<u32>,
@@ -341,6 +327,36 @@ pub struct RunArgs {
     /// Quick form: one process per device, with torchrun variables.
     #[arg(long)]
     pub per_device: bool,
+}
+
+/// The quick form's flags, which a job file excludes.
+pub const QUICK_FLAGS: &[&str] = &[
+    "gpus",
+    "policy",
+    "min_free_memory",
+    "max_utilization",
+    "memory_limit",
+    "exclusive",
+    "shared",
+    "per_device",
+];
+
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Examples:\n  orch run job.toml\n  orch run --gpus 2 --policy least-loaded --min-free-memory 10GiB -- python train.py"
+)]
+pub struct RunArgs {
+    /// The job file; omit it and give the command after `--` for the quick form.
+    #[arg(value_name = "JOB.toml", conflicts_with_all = QUICK_FLAGS)]
+    pub job: Option<std::path::PathBuf>,
+    /// When nothing fits now, wait (backing off, saying why) until something does.
+    #[arg(long)]
+    pub wait: bool,
+    /// Give up waiting after this long (`90s`, `15m`, `2h`; default: forever).
+    #[arg(long, value_name = "DURATION", requires = "wait")]
+    pub timeout: Option<String>,
+    #[command(flatten)]
+    pub quick: QuickArgs,
     /// Quick form: the command and its arguments.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,

@@ -155,35 +155,12 @@ fn submission_key() -> String {
     })
 }
 
-/// The quick form as a job file: what `orch run --gpus N -- CMD` would run.
+/// The quick form as the job file it stands for: what `orch run` with the same flags would run,
+/// in the tenant `--tenant` names.
 fn quick_job_text(args: &SubmitArgs) -> Result<String, Failure> {
-    let Some(program) = args.command.first() else {
-        return Err(Failure::bad_input_msg(
-            "orch submit needs a job file or a command: orch submit JOB.toml, or orch submit --gpus N -- CMD ARGS",
-        ));
-    };
-    let gpus = args.gpus.unwrap_or(1);
-    if gpus == 0 {
-        return Err(Failure::bad_input_msg("--gpus must be at least 1"));
-    }
-    let quote = |s: &str| toml::Value::String(s.to_string()).to_string();
-    // Named after its program, cleaned (not refused) where the program's name is no job name.
-    let name = orch_core::text::derived_name(
-        &std::path::Path::new(program)
-            .file_name()
-            .map_or_else(|| program.clone(), |n| n.to_string_lossy().into_owned()),
-    );
-    let argv: Vec<String> = args.command.iter().map(|a| quote(a)).collect();
-    let mut text = format!("[job]\nname = {}\n", quote(&name));
-    if let Some(t) = &args.tenant {
-        text.push_str(&format!("tenant = {}\n", quote(t)));
-    }
-    text.push_str(&format!("[resources]\ngpus = {gpus}\n"));
-    if let Some(p) = &args.policy {
-        text.push_str(&format!("[policy]\nplugin = {}\n", quote(p)));
-    }
-    text.push_str(&format!("[command]\nargv = [{}]\n", argv.join(", ")));
-    Ok(text)
+    let mut spec = super::quick::job("submit", &args.quick, &args.command)?;
+    spec.tenant.clone_from(&args.tenant);
+    Ok(super::quick::job_text(&spec))
 }
 
 pub fn list(args: &JobsArgs) -> CmdResult {

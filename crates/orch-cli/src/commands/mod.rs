@@ -7,6 +7,7 @@ mod leases;
 mod model;
 mod plan;
 mod plugin;
+mod quick;
 mod run;
 mod serve;
 mod simulate;

@@ -4,8 +4,7 @@
 use super::{leases::open_store, load_inventory, plan::policy_host};
 use crate::cli::RunArgs;
 use crate::failure::{CmdResult, Failure};
-use orch_core::job::{self, CommandSpec, JobSpec, Launch, PluginRef, PolicySpec, Resources, Work};
-use orch_core::{ByteSize, Location};
+use orch_core::job::{self, JobSpec};
 use orch_devices::{InventorySpec, Visibility, VisibilityEnv};
 use orch_leases::default_state_dir;
 use orch_runner::{
@@ -13,7 +12,6 @@ use orch_runner::{
 };
 use std::time::{Duration, Instant};
 
-const DEFAULT_POLICY: &str = "least-loaded";
 /// Where `--supervised` finds the job file's text.
 const JOB_TEXT_ENV: &str = "ORCH_JOB_TEXT";
 
@@ -26,7 +24,7 @@ pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
             job::parse(path, &text).map_err(Failure::bad_input)?
         }
         Some(path) => job::read(path).map_err(Failure::bad_input)?,
-        None => quick_job(args)?,
+        None => super::quick::job("run", &args.quick, &args.command)?,
     };
     // A job across machines runs as one `orch run` per node inside a Slurm allocation.
     let cluster = if job.resources.nodes > 1 {
@@ -234,126 +232,14 @@ fn run_failure(e: RunError) -> Failure {
 }
 
 /// The job text the daemon is sent for the lease: the job file as written, or the quick form's
-/// flags as a job file. The daemon starts nothing for a lease: it places the job's resources
-/// under its policy, and this process runs the work.
+/// flags as the job file they stand for. The daemon starts nothing for a lease: it places the
+/// job's resources under its policy, and this process runs the work.
 fn lease_text(args: &RunArgs, job: &JobSpec) -> Result<String, Failure> {
     let Some(path) = &args.job else {
-        return Ok(quick_job_text(args, job));
+        return Ok(super::quick::job_text(job));
     };
     std::fs::read_to_string(path)
         .map_err(|e| Failure::bad_input_msg(format!("cannot read {}: {e}", path.display())))
-}
-
-/// The quick form's job as a job file.
-fn quick_job_text(args: &RunArgs, job: &JobSpec) -> String {
-    let quote = |s: &str| toml::Value::String(s.to_string()).to_string();
-    let r = &job.resources;
-    let mut text = format!(
-        "[job]\nname = {}\n[resources]\ngpus = {}\nexclusive = {}\n",
-        quote(&job.name),
-        r.gpus,
-        r.exclusive
-    );
-    for (key, value) in [
-        ("min_free_memory", &args.min_free_memory),
-        ("memory_limit", &args.memory_limit),
-    ] {
-        if let Some(v) = value {
-            text.push_str(&format!("{key} = {}\n", quote(v)));
-        }
-    }
-    if let Some(u) = r.max_utilization {
-        text.push_str(&format!("max_utilization = {u}\n"));
-    }
-    if let Some(p) = &args.policy {
-        text.push_str(&format!("[policy]\nplugin = {}\n", quote(p)));
-    }
-    let argv: Vec<String> = args.command.iter().map(|a| quote(a)).collect();
-    text.push_str(&format!(
-        "[command]\nargv = [{}]\nlaunch = \"{}\"\n",
-        argv.join(", "),
-        if args.per_device {
-            "per-device"
-        } else {
-            "single"
-        }
-    ));
-    text
-}
-
-/// The job the quick form describes.
-fn quick_job(args: &RunArgs) -> Result<JobSpec, Failure> {
-    let Some(program) = args.command.first() else {
-        return Err(Failure::bad_input_msg(
-            "orch run needs a job file or a command: orch run JOB.toml, or orch run --gpus N -- CMD ARGS",
-        ));
-    };
-    let here = std::env::current_dir().map_err(Failure::failed)?;
-    let at = Location {
-        file: "command line".into(),
-        line: 0,
-        column: 0,
-    };
-    let size = |flag: &str, text: &Option<String>| -> Result<Option<ByteSize>, Failure> {
-        text.as_deref()
-            .map(|t| {
-                t.parse::<ByteSize>()
-                    .map_err(|e| Failure::bad_input_msg(format!("{flag}: {e}")))
-            })
-            .transpose()
-    };
-    if let Some(u) = args.max_utilization.filter(|u| *u > 100) {
-        return Err(Failure::bad_input_msg(format!(
-            "--max-utilization is a percent from 0 to 100, found {u}"
-        )));
-    }
-    let gpus = args.gpus.unwrap_or(1);
-    if gpus == 0 {
-        return Err(Failure::bad_input_msg("--gpus must be at least 1"));
-    }
-    let name = orch_core::text::derived_name(
-        &std::path::Path::new(program)
-            .file_name()
-            .map_or_else(|| program.clone(), |n| n.to_string_lossy().into_owned()),
-    );
-    Ok(JobSpec {
-        path: "command line".into(),
-        dir: here.clone(),
-        name,
-        tenant: None,
-        priority: 0,
-        max_runtime: None,
-        requeue: false,
-        preemptible: false,
-        tags: Vec::new(),
-        slurm: Default::default(),
-        sweep: Default::default(),
-        resources: Resources {
-            gpus,
-            nodes: 1,
-            gpus_at: at.clone(),
-            min_free_memory: size("--min-free-memory", &args.min_free_memory)?,
-            max_utilization: args.max_utilization,
-            memory_limit: size("--memory-limit", &args.memory_limit)?,
-            exclusive: !args.shared,
-            enforce_memory_limit: false,
-        },
-        policy: PolicySpec {
-            plugin: PluginRef::parse(args.policy.as_deref().unwrap_or(DEFAULT_POLICY), &here),
-            plugin_at: at,
-            config: Vec::new(),
-            limits: Default::default(),
-        },
-        work: Work::Command(CommandSpec {
-            argv: args.command.clone(),
-            env: Default::default(),
-            launch: if args.per_device {
-                Launch::PerDevice
-            } else {
-                Launch::Single
-            },
-        }),
-    })
 }
 
 /// `--timeout`: a positive duration (`90s`, `15m`, `2h`).
