@@ -15,6 +15,7 @@
 //! whatever it left in its groups or cgroup is ended too.
 
 mod cgroup;
+pub mod devices;
 mod env;
 mod launch;
 mod setup;

@@ -8,6 +8,7 @@ use crate::place::LeaseGuard;
 use crate::plan::Plan;
 use orch_core::job::{CommandSpec, JobSpec, Work};
 use orch_devices::Inventory;
+use orch_exec::devices::DeviceConstraint;
 use orch_exec::{ExitOutcome, JobCgroup, Launched, Monitor, Stopper};
 use orch_leases::Holder;
 use orch_trainer::{GrantedDevice, Summary};
@@ -82,7 +83,8 @@ enum Running<'a> {
     Command {
         launched: Launched,
         monitor: Option<Monitor>,
-        // Kept until the job's processes are gone; removed on drop.
+        // Kept until the job's processes are gone; removed on drop, the device rule first.
+        devices: Option<DeviceConstraint>,
         cgroup: Option<JobCgroup>,
     },
     Train {
@@ -107,6 +109,18 @@ pub fn start<'a>(
             let lease = placement.lease.lease();
             let cgroup = JobCgroup::create(&lease.id);
             let cgroup_path = cgroup.as_ref().map(|c| c.path().to_path_buf());
+            // As root, the job's processes may open only its GPUs' device nodes.
+            let devices = crate::command::confine(
+                &format!("job-{}", lease.id),
+                &placement.plan,
+                inventory,
+                cgroup.as_ref(),
+            )
+            .map_err(|e| {
+                RunError::Device(format!(
+                    "cannot confine the job to its GPUs: {e}; ORCH_DEVICE_CONSTRAINT=off runs jobs unconfined"
+                ))
+            })?;
             // The cgroup holds the lease from the moment the first process joins it, even if
             // this process dies before it records that process.
             if cgroup_path.is_some() {
@@ -122,6 +136,7 @@ pub fn start<'a>(
                 inventory,
                 options,
                 cgroup_path.clone(),
+                devices.as_ref().and_then(DeviceConstraint::join),
             );
             let launched = orch_exec::start(&spec, |pid| {
                 if let Some(holder) = Holder::of_group_leader(pid) {
@@ -133,6 +148,7 @@ pub fn start<'a>(
             Running::Command {
                 launched,
                 monitor: memory_monitor(job, &placement.plan, inventory.backend),
+                devices,
                 cgroup,
             }
         }
@@ -182,9 +198,11 @@ impl RunningJob<'_> {
             Running::Command {
                 launched,
                 monitor,
+                devices,
                 cgroup,
             } => {
                 let exit = launched.wait(monitor);
+                drop(devices);
                 drop(cgroup);
                 Ok(Outcome::Command(exit))
             }
