@@ -162,23 +162,47 @@ impl std::fmt::Display for Unconstrained {
     }
 }
 
+/// What `ORCH_DEVICE_CONSTRAINT` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Choice {
+    /// The v1 devices controller where it is mounted, else the v2 device program (the default).
+    Auto,
+    V1,
+    Bpf,
+    Off,
+}
+
+impl Choice {
+    /// `ORCH_DEVICE_CONSTRAINT`: `auto` (also when unset), `v1`, `bpf` or `off`; another value is
+    /// warned of and read as `auto`, so a typo never leaves jobs unconfined.
+    pub fn from_env() -> Choice {
+        match std::env::var("ORCH_DEVICE_CONSTRAINT").as_deref() {
+            Err(_) | Ok("" | "auto") => Choice::Auto,
+            Ok("v1") => Choice::V1,
+            Ok("bpf") => Choice::Bpf,
+            Ok("off") => Choice::Off,
+            Ok(other) => {
+                tracing::warn!(
+                    "ORCH_DEVICE_CONSTRAINT={other} is not one of auto, v1, bpf, off: using auto"
+                );
+                Choice::Auto
+            }
+        }
+    }
+}
+
 impl Mechanism {
     /// The mechanism `ORCH_DEVICE_CONSTRAINT` and this machine give this process; `Err` says why
     /// there is none (`.ok()` for just the answer). [`detected`] is the same, found once.
     pub fn detect() -> Result<Mechanism, Unconstrained> {
-        let choice = std::env::var("ORCH_DEVICE_CONSTRAINT").unwrap_or_default();
-        let choice = match choice.as_str() {
-            "" | "auto" => "auto",
-            "off" => return Err(Unconstrained::Off),
-            "v1" => "v1",
-            "bpf" => "bpf",
-            other => {
-                tracing::warn!(
-                    "ORCH_DEVICE_CONSTRAINT={other} is not one of auto, v1, bpf, off: using auto"
-                );
-                "auto"
-            }
-        };
+        Mechanism::detect_with(Choice::from_env())
+    }
+
+    /// The mechanism `choice` gives on this machine.
+    pub fn detect_with(choice: Choice) -> Result<Mechanism, Unconstrained> {
+        if choice == Choice::Off {
+            return Err(Unconstrained::Off);
+        }
         // SAFETY: geteuid cannot fail.
         if unsafe { libc::geteuid() } != 0 {
             return Err(Unconstrained::NotRoot);
@@ -198,8 +222,8 @@ impl Mechanism {
             bpf::probe().map(|()| Mechanism::Bpf)
         };
         let found = match choice {
-            "v1" => v1(),
-            "bpf" => program(),
+            Choice::V1 => v1(),
+            Choice::Bpf => program(),
             _ => v1().or_else(|a| program().map_err(|b| format!("{a}, and {b}"))),
         };
         found.map_err(Unconstrained::Unavailable)

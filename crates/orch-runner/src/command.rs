@@ -45,6 +45,13 @@ impl Default for ProcessOptions {
     }
 }
 
+/// Where a job's processes start: its own cgroup, and how they take on its device rule.
+#[derive(Debug, Default)]
+pub(crate) struct Confinement {
+    pub(crate) cgroup: Option<std::path::PathBuf>,
+    pub(crate) devices: Option<orch_exec::devices::DeviceJoin>,
+}
+
 pub(crate) fn launch_spec(
     job: &JobSpec,
     command: &CommandSpec,
@@ -52,8 +59,7 @@ pub(crate) fn launch_spec(
     plan: &Plan,
     inventory: &Inventory,
     options: &ProcessOptions,
-    cgroup: Option<std::path::PathBuf>,
-    devices: Option<orch_exec::devices::DeviceJoin>,
+    confinement: Confinement,
 ) -> LaunchSpec {
     LaunchSpec {
         argv: command.argv.clone(),
@@ -68,8 +74,8 @@ pub(crate) fn launch_spec(
         stdio: options.stdio.clone(),
         credentials: options.credentials.clone(),
         base_env: options.base_env.clone(),
-        cgroup,
-        devices,
+        cgroup: confinement.cgroup,
+        devices: confinement.devices,
         forward_signals: options.forward_signals,
     }
 }
@@ -94,11 +100,12 @@ pub(crate) fn device_rule(plan: &Plan, inventory: &Inventory) -> Option<DeviceRu
     DeviceRule::for_grant(&granted, &known)
 }
 
-/// Confines the job `name` on `plan` to its GPUs' nodes, where orch runs as root and the machine
-/// has a mechanism (said once per process, at debug level); `Ok(None)` when nothing is confined.
-/// A mechanism that is there but fails stops the job: it would otherwise run on every GPU.
+/// Confines the job of lease `lease_id` on `plan` to its GPUs' nodes, where orch runs as root and
+/// the machine has a mechanism (said once per process, at debug level); `Ok(None)` when nothing is
+/// confined. A mechanism that is there but fails stops the job: it would otherwise run on every
+/// GPU. Its v1 devices cgroup is `orch-job-LEASE`, as its v2 cgroup is.
 pub(crate) fn confine(
-    name: &str,
+    lease_id: &str,
     plan: &Plan,
     inventory: &Inventory,
     cgroup: Option<&JobCgroup>,
@@ -119,13 +126,14 @@ pub(crate) fn confine(
     };
     if *mechanism == Mechanism::Bpf && cgroup.is_none() {
         tracing::warn!(
-            "job {name}: not confined to its GPUs' device nodes: the device program needs the job's own cgroup, and it has none (ORCH_CGROUPS=off?)"
+            "lease {lease_id}: not confined to its GPUs' device nodes: the device program needs the job's own cgroup, and it has none (ORCH_CGROUPS=off?)"
         );
         return Ok(None);
     }
+    let name = format!("job-{lease_id}");
     let constraint =
-        DeviceConstraint::prepare(mechanism, name, cgroup.map(JobCgroup::path), &rule)?;
-    tracing::debug!("job {name}: the GPU nodes it may not open: {rule}");
+        DeviceConstraint::prepare(mechanism, &name, cgroup.map(JobCgroup::path), &rule)?;
+    tracing::debug!("lease {lease_id}: the job may not open the GPU nodes {rule}");
     Ok(Some(constraint))
 }
 

@@ -2,7 +2,7 @@
 //! `orch run` drives it in one process; the daemon places jobs itself and hands each to a
 //! supervisor process that starts and waits on it.
 
-use crate::command::{ProcessOptions, launch_spec, memory_monitor};
+use crate::command::{Confinement, ProcessOptions, launch_spec, memory_monitor};
 use crate::error::RunError;
 use crate::place::LeaseGuard;
 use crate::plan::Plan;
@@ -78,6 +78,8 @@ pub struct RunningJob<'a> {
     work: Running<'a>,
 }
 
+// One value per running job, never moved in a hot path: boxing the command's half buys nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum Running<'a> {
     Command {
@@ -111,7 +113,7 @@ pub fn start<'a>(
             let cgroup_path = cgroup.as_ref().map(|c| c.path().to_path_buf());
             // As root, the job's processes may open only its GPUs' device nodes.
             let devices = crate::command::confine(
-                &format!("job-{}", lease.id),
+                &lease.id,
                 &placement.plan,
                 inventory,
                 cgroup.as_ref(),
@@ -135,8 +137,10 @@ pub fn start<'a>(
                 &placement.plan,
                 inventory,
                 options,
-                cgroup_path.clone(),
-                devices.as_ref().and_then(DeviceConstraint::join),
+                Confinement {
+                    cgroup: cgroup_path.clone(),
+                    devices: devices.as_ref().and_then(DeviceConstraint::join),
+                },
             );
             let launched = orch_exec::start(&spec, |pid| {
                 if let Some(holder) = Holder::of_group_leader(pid) {

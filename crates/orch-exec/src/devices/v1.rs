@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 /// A devices cgroup orch made; see [`super::DeviceConstraint`] for when it goes.
 #[derive(Debug)]
 pub(crate) struct DevicesCgroup {
+    /// `orch-NAME`, a child of the devices cgroup it was made in.
     dir: PathBuf,
-    parent: PathBuf,
 }
 
 /// The folder of `orch-NAME` under this process's own devices cgroup, and that parent.
@@ -29,7 +29,7 @@ impl DevicesCgroup {
     /// Creates `orch-NAME` with `rule`. A folder of that name left by an earlier process is
     /// removed first; one that still holds a process is refused (its rule is someone else's).
     pub(crate) fn create(name: &str, rule: &DeviceRule) -> Result<DevicesCgroup, String> {
-        let (dir, parent) = place(name)?;
+        let (dir, _) = place(name)?;
         if let Err(e) = std::fs::create_dir(&dir) {
             if e.kind() != std::io::ErrorKind::AlreadyExists {
                 return Err(format!(
@@ -46,7 +46,7 @@ impl DevicesCgroup {
                     )
                 })?;
         }
-        let cgroup = DevicesCgroup { dir, parent };
+        let cgroup = DevicesCgroup { dir };
         let deny = cgroup.dir.join("devices.deny");
         for minor in rule.denied() {
             let line = format!("c {}:{minor} rwm", super::NVIDIA_MAJOR);
@@ -80,7 +80,10 @@ impl DevicesCgroup {
     /// Moves whatever is left back to the parent (the rule no longer applies to it), then
     /// removes the folder.
     pub(crate) fn lift(&self) -> bool {
-        lift(&self.dir, &self.parent)
+        match self.dir.parent() {
+            Some(parent) => lift(&self.dir, parent),
+            None => self.remove(),
+        }
     }
 }
 
