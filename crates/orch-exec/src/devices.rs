@@ -365,9 +365,16 @@ pub fn constrain_process(
     Ok(Some(constraint))
 }
 
+/// The name under which the job of lease `lease_id` is confined (its v1 devices cgroup is
+/// `orch-job-LEASE`, beside its v2 cgroup of the same name).
+pub fn job_name(lease_id: &str) -> String {
+    format!("job-{lease_id}")
+}
+
 /// Removes the devices cgroup `orch-NAME` a constraint left (a daemon restarted and found its
-/// lease gone), moving any process still inside back to the parent. Nothing to do with the v2
-/// program: it goes with the v2 cgroup.
+/// lease gone; a job whose supervisor died), once it is empty: a process still inside stays
+/// confined (an `Err` names it), as nothing but [`DeviceConstraint::lift`] frees one. Nothing to
+/// do with the v2 program: it goes with the v2 cgroup.
 pub fn remove_leftover(name: &str) -> Result<(), String> {
     match detected() {
         Ok(Mechanism::DevicesCgroup { .. }) => v1::remove_leftover(name),

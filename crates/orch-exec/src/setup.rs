@@ -49,9 +49,10 @@ impl ChildSetup {
         };
         let cgroup_required = spec.devices == Some(DeviceJoin::JobCgroup);
         if cgroup_required && cgroup_procs.is_none() {
-            return Err(ExecError::Confine {
-                cgroup: Default::default(),
-                reason: "the device program is on the job's cgroup, and the job has none".into(),
+            return Err(ExecError::Spawn {
+                program: spec.argv.first().cloned().unwrap_or_default(),
+                reason: "its device rule is a program on the job's cgroup, and the job has none"
+                    .into(),
             });
         }
         let devices_procs = match &spec.devices {

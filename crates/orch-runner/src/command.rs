@@ -130,7 +130,7 @@ pub(crate) fn confine(
         );
         return Ok(None);
     }
-    let name = format!("job-{lease_id}");
+    let name = orch_exec::devices::job_name(lease_id);
     let constraint =
         DeviceConstraint::prepare(mechanism, &name, cgroup.map(JobCgroup::path), &rule)?;
     tracing::debug!("lease {lease_id}: the job may not open the GPU nodes {rule}");

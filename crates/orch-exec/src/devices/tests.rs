@@ -269,3 +269,48 @@ fn a_v2_holder_outside_the_cgroup_named_is_refused() {
     .unwrap_err();
     assert!(err.contains("move it there first"), "{err}");
 }
+
+#[test]
+fn a_v1_constraint_stays_while_its_process_runs_and_lift_frees_it() {
+    if !available("v1") || !matches!(detected(), Ok(Mechanism::DevicesCgroup { .. })) {
+        return;
+    }
+    let rule = DeviceRule::granting(&[0]);
+    let sleeper = || {
+        std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap()
+    };
+    let devices_dir = |pid: u32| orch_core::process::cgroup_v1_dir(pid, "devices").unwrap();
+
+    // Kept (or dropped) while the process runs: the rule stays on it; remove_leftover says why.
+    let mut kept = sleeper();
+    let name = format!("test-kept-{}", kept.id());
+    let constraint = constrain_process(&name, kept.id(), None, &rule)
+        .unwrap()
+        .unwrap();
+    let dir = v1::place(&name).unwrap().0;
+    assert_eq!(devices_dir(kept.id()), dir);
+    constraint.keep();
+    let err = remove_leftover(&name).unwrap_err();
+    assert!(err.contains(&kept.id().to_string()), "{err}");
+    assert_eq!(devices_dir(kept.id()), dir, "still confined");
+    kept.kill().unwrap();
+    kept.wait().unwrap();
+    remove_leftover(&name).unwrap();
+    assert!(!dir.exists());
+
+    // Lifted: the process is back in the parent, and the cgroup gone.
+    let mut lifted = sleeper();
+    let before = devices_dir(lifted.id());
+    let name = format!("test-lifted-{}", lifted.id());
+    let constraint = constrain_process(&name, lifted.id(), None, &rule)
+        .unwrap()
+        .unwrap();
+    constraint.lift();
+    assert_eq!(devices_dir(lifted.id()), before);
+    assert!(!v1::place(&name).unwrap().0.exists());
+    lifted.kill().unwrap();
+    lifted.wait().unwrap();
+}

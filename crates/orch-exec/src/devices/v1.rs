@@ -113,15 +113,16 @@ fn remove_dir(dir: &Path) -> bool {
     }
 }
 
-/// Removes `orch-NAME` if it is there, moving any process still inside back to the parent.
+/// Removes `orch-NAME` if it is there and empty. A process still inside keeps it: the rule stays
+/// on it until it ends.
 pub(crate) fn remove_leftover(name: &str) -> Result<(), String> {
-    let (dir, parent) = place(name)?;
-    if !dir.exists() || lift(&dir, &parent) {
-        Ok(())
-    } else {
-        Err(format!(
-            "the devices cgroup {} cannot be removed: a process is still in it",
-            dir.display()
-        ))
+    let (dir, _) = place(name)?;
+    if !dir.exists() || remove_dir(&dir) {
+        return Ok(());
     }
+    let pids = orch_core::process::cgroup_procs(&dir);
+    Err(format!(
+        "the devices cgroup {} stays while process(es) {pids:?} run in it (confined to their GPUs until they end)",
+        dir.display()
+    ))
 }
