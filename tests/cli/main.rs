@@ -2,6 +2,7 @@
 
 mod authority;
 mod browser;
+mod constrain;
 mod devices;
 mod edges;
 mod fairshare;

@@ -138,6 +138,53 @@ pub fn cgroup_v2_mount() -> Option<std::path::PathBuf> {
         .map(|m| m.mount_point)
 }
 
+/// The character major of NVIDIA's device nodes: `/dev/nvidiaN` is `195:N` for the GPU whose
+/// minor number is N (0..=253), `nvidia-modeset` is `195:254`, `nvidiactl` is `195:255`.
+pub const NVIDIA_MAJOR: u32 = 195;
+
+/// The highest minor number a GPU's node has; 254 and 255 are the control nodes every job shares.
+pub const MAX_GPU_MINOR: u32 = 253;
+
+/// Where the cgroup v1 hierarchy that carries `controller` (`devices`, ...) is mounted, when one is
+/// (`/sys/fs/cgroup/devices` on v1 and hybrid systems; none on a v2-only system).
+pub fn cgroup_v1_mount(controller: &str) -> Option<std::path::PathBuf> {
+    v1_mount(controller).map(|(mount_point, _)| mount_point)
+}
+
+/// The folder of process `pid`'s cgroup in the v1 hierarchy that carries `controller`: the mount
+/// point joined with the `/proc/PID/cgroup` path (less the mount's own root, inside a container
+/// whose mount shows only its part of the hierarchy).
+pub fn cgroup_v1_dir(pid: u32, controller: &str) -> Option<std::path::PathBuf> {
+    let (mount_point, root) = v1_mount(controller)?;
+    let process = procfs::process::Process::new(i32::try_from(pid).ok()?).ok()?;
+    let path = process
+        .cgroups()
+        .ok()?
+        .into_iter()
+        .find(|c| c.hierarchy != 0 && c.controllers.iter().any(|n| n == controller))?
+        .pathname;
+    let inside = Path::new(&path).strip_prefix(&root).ok()?;
+    Some(mount_point.join(inside))
+}
+
+/// The v1 mount of `controller`: (mount point, root of the hierarchy it shows).
+fn v1_mount(controller: &str) -> Option<(std::path::PathBuf, String)> {
+    let process = procfs::process::Process::myself().ok()?;
+    process
+        .mountinfo()
+        .ok()?
+        .into_iter()
+        .find(|m| m.fs_type == "cgroup" && m.super_options.contains_key(controller))
+        .map(|m| (m.mount_point, m.root))
+}
+
+/// The pids a cgroup's `cgroup.procs` lists (v1 or v2); none when it cannot be read.
+pub fn cgroup_procs(dir: &Path) -> Vec<u32> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|text| text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
 /// A cgroup v2 folder's `cgroup.events` says `populated 1`. False also when it cannot be read;
 /// see [`probe_cgroup`].
 pub fn cgroup_populated(dir: &Path) -> bool {
@@ -198,6 +245,24 @@ mod tests {
         assert_eq!(s.ppid, std::process::id());
         assert!(s.is_running() && s.start_time > 0);
         assert!(all().iter().any(|(pid, _)| *pid == std::process::id()));
+    }
+
+    #[test]
+    fn a_v1_cgroup_folder_lists_this_process() {
+        // On a v2-only system there is no v1 devices hierarchy: nothing to find.
+        let Some(dir) = cgroup_v1_dir(std::process::id(), "devices") else {
+            assert!(
+                cgroup_v1_mount("devices").is_none(),
+                "a devices hierarchy is mounted but this process's folder in it was not found"
+            );
+            return;
+        };
+        assert!(dir.starts_with(cgroup_v1_mount("devices").unwrap()));
+        assert!(
+            cgroup_procs(&dir).contains(&std::process::id()),
+            "{}",
+            dir.display()
+        );
     }
 
     #[test]

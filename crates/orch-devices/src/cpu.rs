@@ -28,6 +28,7 @@ pub fn read() -> Result<Device, DeviceError> {
         pci_bus_id: None,
         processes: None,
         mig_devices: Vec::new(),
+        minor_number: None,
     })
 }
 

@@ -57,6 +57,11 @@ pub struct Device {
     /// `None` when the backend cannot list processes (the CPU device).
     pub processes: Option<Vec<GpuProcess>>,
     pub mig_devices: Vec<MigDevice>,
+    /// The minor number of the GPU's device node (`/dev/nvidiaN`, character major 195): NVML's,
+    /// or a sim file's `minor_number`; `None` when unknown (the CPU device has none). Jobs orch
+    /// starts as root may open only the nodes of their granted GPUs (docs/DEVICES.md).
+    #[serde(default)]
+    pub minor_number: Option<u32>,
 }
 
 impl Device {

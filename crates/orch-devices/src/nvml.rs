@@ -80,6 +80,8 @@ fn read_device(nvml: &Nvml, index: u32) -> Result<Device, DeviceError> {
         pci_bus_id: device.pci_info().ok().map(|p| p.bus_id),
         processes,
         mig_devices: read_mig_devices(&device),
+        // The N of /dev/nvidiaN (Linux only); unknown when the driver does not say.
+        minor_number: device.minor_number().ok(),
     })
 }
 

@@ -30,6 +30,8 @@ struct SimGpu {
     compute_capability: Option<Spanned<String>>,
     temperature: Option<u32>,
     power_draw_w: Option<f64>,
+    /// The minor number of the GPU's device node (`/dev/nvidiaN`).
+    minor_number: Option<Spanned<u32>>,
     #[serde(default)]
     process: Vec<SimProcess>,
     #[serde(default)]
@@ -69,11 +71,17 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<Device>, DeviceError> {
             .into());
     }
     let mut devices: Vec<Device> = Vec::with_capacity(file.gpu.len());
+    let minor_spans: Vec<Option<usize>> = file
+        .gpu
+        .iter()
+        .map(|g| g.minor_number.as_ref().map(|m| m.span().start))
+        .collect();
     for (position, gpu) in file.gpu.into_iter().enumerate() {
         let device = to_device(path, text, position, gpu)?;
         devices.push(device);
     }
     check_unique_uuids(path, text, &devices)?;
+    check_unique_minors(path, text, &minor_spans, &devices)?;
     Ok(devices)
 }
 
@@ -153,6 +161,18 @@ fn to_device(path: &Path, text: &str, position: usize, gpu: SimGpu) -> Result<De
             ));
         }
     }
+    if let Some(minor) = &gpu.minor_number
+        && *minor.get_ref() > crate::MAX_GPU_MINOR
+    {
+        return Err(at(
+            minor.span(),
+            format!(
+                "a GPU's minor_number is 0 to {} (the N of /dev/nvidiaN; 254 and 255 are the control nodes), found {}",
+                crate::MAX_GPU_MINOR,
+                minor.get_ref()
+            ),
+        ));
+    }
     let mut mig_devices = Vec::with_capacity(gpu.mig.len());
     for mig in gpu.mig {
         if !mig.uuid.get_ref().starts_with("MIG-") {
@@ -194,12 +214,39 @@ fn to_device(path: &Path, text: &str, position: usize, gpu: SimGpu) -> Result<De
                 .collect(),
         ),
         mig_devices,
+        minor_number: gpu.minor_number.map(Spanned::into_inner),
     })
 }
 
 /// A stable uuid from the GPU's position in the file, in NVML's format.
 fn derived_uuid(position: usize) -> String {
     format!("GPU-5130{position:04x}-0000-4000-8000-{position:012x}")
+}
+
+/// Two GPUs cannot share a device node. `spans` holds each GPU's `minor_number` offset, if any.
+fn check_unique_minors(
+    path: &Path,
+    text: &str,
+    spans: &[Option<usize>],
+    devices: &[Device],
+) -> Result<(), InputError> {
+    let mut seen = std::collections::HashSet::new();
+    for (device, span) in devices.iter().zip(spans) {
+        if let (Some(minor), Some(offset)) = (device.minor_number, span)
+            && !seen.insert(minor)
+        {
+            return Err(InputError::at(
+                path,
+                text,
+                *offset,
+                format!("minor_number {minor} appears twice"),
+            )
+            .with_hint(
+                "every GPU has a device node of its own: /dev/nvidiaN, N its minor number",
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn check_unique_uuids(path: &Path, text: &str, devices: &[Device]) -> Result<(), InputError> {
@@ -246,6 +293,7 @@ pci_bus_id = "00000000:18:00.0"
 compute_capability = "9.0"
 temperature = 41
 power_draw_w = 210.5
+minor_number = 7
 [[gpu.process]]
 pid = 4242
 used_memory = "2GiB"
@@ -270,6 +318,8 @@ memory_total = 1024
         assert_eq!(devices[1].index, 1);
         assert!(devices[1].uuid.starts_with("GPU-"));
         assert_eq!(devices[1].temperature_c, None, "absent, not invented");
+        assert_eq!(devices[0].minor_number, Some(7));
+        assert_eq!(devices[1].minor_number, None, "no node is assumed");
     }
 
     #[test]
@@ -305,6 +355,16 @@ memory_total = 1024
                 "[[gpu]]\nname = \"a\"\nmemory_total = 1\ncompute_capability = \"nine\"\n",
                 "lab.toml:4:22",
                 "MAJOR.MINOR",
+            ),
+            (
+                "[[gpu]]\nname = \"a\"\nmemory_total = 1\nminor_number = 254\n",
+                "lab.toml:4:16",
+                "0 to 253",
+            ),
+            (
+                "[[gpu]]\nname = \"a\"\nmemory_total = 1\nminor_number = 1\n[[gpu]]\nname = \"b\"\nmemory_total = 1\nminor_number = 1\n",
+                "lab.toml:8:16",
+                "minor_number 1 appears twice",
             ),
             ("[[gpu]\n", "lab.toml:1:", "invalid"),
             ("", "lab.toml:1:1", "no GPU"),

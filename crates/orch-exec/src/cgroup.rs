@@ -23,19 +23,9 @@ impl JobCgroup {
         }
         let root = orch_core::process::cgroup_v2_mount()?;
         let own = orch_core::process::cgroup_v2_of(std::process::id())?;
-        let safe: String = name
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                    c
-                } else {
-                    '-'
-                }
-            })
-            .collect();
         let path = root
             .join(own.trim_start_matches('/'))
-            .join(format!("orch-job-{safe}"));
+            .join(format!("orch-job-{}", safe_name(name)));
         match std::fs::create_dir(&path) {
             Ok(()) => Some(JobCgroup { path }),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Some(JobCgroup { path }),
@@ -56,6 +46,19 @@ impl Drop for JobCgroup {
         // Fails while a process is left, which the launcher has already ended; harmless then.
         let _ = std::fs::remove_dir(&self.path);
     }
+}
+
+/// `name` as a cgroup folder's name: letters, digits, `-` and `_`; anything else becomes `-`.
+pub(crate) fn safe_name(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect()
 }
 
 /// Makes the next move of a process into a cgroup cheap, from a thread of its own.

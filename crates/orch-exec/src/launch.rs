@@ -151,7 +151,7 @@ pub fn start(spec: &LaunchSpec, mut on_spawn: impl FnMut(u32)) -> Result<Launche
             Err(e) => {
                 stop_all(&groups, libc::SIGKILL);
                 return Err(setup
-                    .folder_failure(spec, &e)
+                    .step_failure(spec, &e)
                     .unwrap_or_else(|| ExecError::Spawn {
                         program: program.clone(),
                         reason: spawn_reason(&e),

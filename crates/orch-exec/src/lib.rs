@@ -12,9 +12,11 @@
 //! using devices whose lease is gone. In a terminal, the job's group becomes the foreground group
 //! while it runs (it reads the keyboard and gets Ctrl-C itself). Where orch may, each job also
 //! gets a cgroup of its own, which no process of the job can leave; when the main process ends,
-//! whatever it left in its groups or cgroup is ended too.
+//! whatever it left in its groups or cgroup is ended too. Started as root, a job may open only its
+//! granted GPUs' device nodes ([`devices`]).
 
 mod cgroup;
+pub mod devices;
 mod env;
 mod launch;
 mod setup;

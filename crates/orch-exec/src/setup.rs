@@ -1,7 +1,9 @@
-//! What a job's process does between fork and exec: join the job's cgroup, become the job's user,
-//! enter its folder, take the terminal, and die with its parent. Everything the child needs is
+//! What a job's process does between fork and exec: join the job's cgroup and the one that
+//! confines it to its GPUs, become the job's user, enter its folder, take the terminal, and die
+//! with its parent. Everything the child needs is
 //! prepared here, in the parent, so the child runs only system calls (async-signal-safe).
 
+use crate::devices::DeviceJoin;
 use crate::spec::{Credentials, ExecError, LaunchSpec, StdioMode};
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
@@ -11,13 +13,26 @@ use std::process::{Command, Stdio};
 #[derive(Debug)]
 pub(crate) struct ChildSetup {
     cgroup_procs: Option<CString>,
+    /// The job's cgroup carries its device program: a process that cannot join is not started.
+    cgroup_required: bool,
+    /// The v1 devices cgroup's `cgroup.procs`, which every process must join.
+    devices_procs: Option<CString>,
     credentials: Option<Credentials>,
     cwd: Option<CString>,
     foreground: bool,
     files: Option<(File, File)>,
-    /// Set by a child that could not enter `cwd`: the parent's only way to tell that failure
-    /// from the program's own (both come back as the same errno).
-    cwd_failed: Option<SharedFlag>,
+    /// Which step a child failed at ([`Step`]): the parent's only way to tell that failure from
+    /// the program's own (both come back as an errno).
+    failed_step: Option<SharedFlag>,
+}
+
+/// The steps of the child that can fail before exec, as [`SharedFlag`] values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Step {
+    Cgroup = 1,
+    DevicesCgroup = 2,
+    Folder = 3,
 }
 
 impl ChildSetup {
@@ -32,13 +47,29 @@ impl ChildSetup {
             Some(dir) => Some(c_path(&dir.join("cgroup.procs"), "cgroup")?),
             None => None,
         };
+        let cgroup_required = spec.devices == Some(DeviceJoin::JobCgroup);
+        if cgroup_required && cgroup_procs.is_none() {
+            return Err(ExecError::Spawn {
+                program: spec.argv.first().cloned().unwrap_or_default(),
+                reason: "its device rule is a program on the job's cgroup, and the job has none"
+                    .into(),
+            });
+        }
+        let devices_procs = match &spec.devices {
+            Some(DeviceJoin::DevicesCgroup(dir)) => {
+                Some(c_path(&dir.join("cgroup.procs"), "devices cgroup")?)
+            }
+            _ => None,
+        };
         // The folder is entered in the child, after becoming the job's user when there is one,
         // so a job cannot start in a folder its user may not enter.
         let cwd = match &spec.cwd {
             Some(cwd) => Some(c_path(cwd, "working folder")?),
             None => None,
         };
-        let cwd_failed = cwd.as_ref().and_then(|_| SharedFlag::new());
+        let failed_step = (cwd.is_some() || cgroup_required || devices_procs.is_some())
+            .then(SharedFlag::new)
+            .flatten();
         let files = match &spec.stdio {
             StdioMode::Inherit => None,
             StdioMode::Files { stdout, stderr } => {
@@ -57,22 +88,40 @@ impl ChildSetup {
         };
         Ok(ChildSetup {
             cgroup_procs,
+            cgroup_required,
+            devices_procs,
             credentials: spec.credentials.clone(),
             cwd,
             foreground,
             files,
-            cwd_failed,
+            failed_step,
         })
     }
 
     /// Why `spawn` failed with `error`, as the job's reason: its working folder, when the child
-    /// could not enter it; `None` for any other failure (the program's own).
-    pub(crate) fn folder_failure(
+    /// could not enter it, or the cgroup that confines it to its GPUs, when it could not join;
+    /// `None` for any other failure (the program's own).
+    pub(crate) fn step_failure(
         &self,
         spec: &LaunchSpec,
         error: &std::io::Error,
     ) -> Option<ExecError> {
-        if !self.cwd_failed.as_ref().is_some_and(SharedFlag::is_set) {
+        let step = self.failed_step.as_ref().map_or(0, SharedFlag::get);
+        let confine = |cgroup: Option<&std::path::PathBuf>| ExecError::Confine {
+            cgroup: cgroup.cloned().unwrap_or_default(),
+            reason: error.to_string(),
+        };
+        if step == Step::Cgroup as u8 {
+            return Some(confine(spec.cgroup.as_ref()));
+        }
+        if step == Step::DevicesCgroup as u8 {
+            let dir = match &spec.devices {
+                Some(DeviceJoin::DevicesCgroup(dir)) => Some(dir),
+                _ => None,
+            };
+            return Some(confine(dir));
+        }
+        if step != Step::Folder as u8 {
             return None;
         }
         let uid = match &self.credentials {
@@ -118,19 +167,37 @@ impl ChildSetup {
     /// Installs the between-fork-and-exec steps on `command`.
     pub(crate) fn install(&self, command: &mut Command, reads_input: bool) {
         let cgroup_procs = self.cgroup_procs.clone();
+        let cgroup_required = self.cgroup_required;
+        let devices_procs = self.devices_procs.clone();
         let credentials = self.credentials.clone();
         let cwd = self.cwd.clone();
-        let cwd_failed = self.cwd_failed.as_ref().map(SharedFlag::address);
-        if let Some(flag) = &self.cwd_failed {
+        let failed_step = self.failed_step.as_ref().map(SharedFlag::address);
+        if let Some(flag) = &self.failed_step {
             flag.clear();
         }
+        let fail = move |step: Step, error: std::io::Error| -> std::io::Result<()> {
+            if let Some(flag) = failed_step {
+                // SAFETY: the address of the live flag's page, mapped before the fork.
+                unsafe { SharedFlag::set_at(flag, step as u8) };
+            }
+            Err(error)
+        };
         let foreground = self.foreground && reads_input;
         // SAFETY: the closure runs in the forked child and makes only async-signal-safe system
         // calls on data prepared before the fork (no allocation, no locks).
         unsafe {
             command.pre_exec(move || {
-                if let Some(procs) = &cgroup_procs {
-                    join_cgroup(procs);
+                // Both joins come before the change of user: only root may move a process.
+                if let Some(procs) = &cgroup_procs
+                    && let Err(e) = join_cgroup(procs)
+                    && cgroup_required
+                {
+                    return fail(Step::Cgroup, e);
+                }
+                if let Some(procs) = &devices_procs
+                    && let Err(e) = join_cgroup(procs)
+                {
+                    return fail(Step::DevicesCgroup, e);
                 }
                 if let Some(c) = &credentials {
                     become_user(c)?;
@@ -138,11 +205,7 @@ impl ChildSetup {
                 if let Some(cwd) = &cwd
                     && libc::chdir(cwd.as_ptr()) != 0
                 {
-                    let error = std::io::Error::last_os_error();
-                    if let Some(flag) = cwd_failed {
-                        SharedFlag::set_at(flag);
-                    }
-                    return Err(error);
+                    return fail(Step::Folder, std::io::Error::last_os_error());
                 }
                 if foreground {
                     crate::terminal::take_in_child();
@@ -155,17 +218,25 @@ impl ChildSetup {
     }
 }
 
-/// Writes "0" (this process) to the cgroup's `cgroup.procs`. A failure leaves the process where it
-/// is: its process group still tracks it.
-unsafe fn join_cgroup(procs: &CString) {
-    // SAFETY: open/write/close on a NUL-terminated path prepared before the fork.
+/// Writes "0" (this process) to the cgroup's `cgroup.procs` (v1 or v2). A failure of the job's
+/// own cgroup leaves the process where it is (its process group still tracks it) unless the
+/// cgroup carries the device program; a failure of the devices cgroup stops the start.
+unsafe fn join_cgroup(procs: &CString) -> std::io::Result<()> {
+    // SAFETY: open/write/close on a NUL-terminated path prepared before the fork; the errno is
+    // read (no allocation) before close can change it.
     unsafe {
         let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-        if fd >= 0 {
-            libc::write(fd, c"0".as_ptr().cast(), 1);
-            libc::close(fd);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let written = libc::write(fd, c"0".as_ptr().cast(), 1);
+        let error = std::io::Error::last_os_error();
+        libc::close(fd);
+        if written != 1 {
+            return Err(error);
         }
     }
+    Ok(())
 }
 
 /// setgroups, setgid, setuid, in that order (each needs the privilege the next one drops).
@@ -219,18 +290,18 @@ impl SharedFlag {
         unsafe { std::ptr::write_volatile(self.0, 0) }
     }
 
-    fn is_set(&self) -> bool {
+    fn get(&self) -> u8 {
         // SAFETY: as in `clear`.
-        unsafe { std::ptr::read_volatile(self.0) != 0 }
+        unsafe { std::ptr::read_volatile(self.0) }
     }
 
-    /// Sets the flag at `address` (from [`SharedFlag::address`]); async-signal-safe.
+    /// Sets the flag at `address` (from [`SharedFlag::address`]) to `value`; async-signal-safe.
     ///
     /// # Safety
     /// `address` must come from a live [`SharedFlag`].
-    unsafe fn set_at(address: usize) {
+    unsafe fn set_at(address: usize, value: u8) {
         // SAFETY: the caller passes the address of a mapped page.
-        unsafe { std::ptr::write_volatile(address as *mut u8, 1) }
+        unsafe { std::ptr::write_volatile(address as *mut u8, value) }
     }
 }
 

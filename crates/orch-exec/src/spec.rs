@@ -25,6 +25,9 @@ pub struct LaunchSpec {
     pub base_env: Option<Vec<(String, String)>>,
     /// The job's cgroup ([`crate::JobCgroup`]): every process starts inside it.
     pub cgroup: Option<PathBuf>,
+    /// The rule of which GPU nodes the processes may open, as they take it on before exec
+    /// ([`crate::devices::DeviceConstraint::join`]); a process that cannot is not started.
+    pub devices: Option<crate::devices::DeviceJoin>,
     /// Forward SIGINT, SIGTERM and SIGHUP that reach this process to the job (`orch run`).
     pub forward_signals: bool,
 }
@@ -66,6 +69,12 @@ pub enum ExecError {
         user: String,
         reason: String,
     },
+    /// A process could not take on the rule of which GPUs it may open.
+    #[error(
+        "cannot confine the job to its GPUs: joining the cgroup {} failed ({reason}); ORCH_DEVICE_CONSTRAINT=off runs jobs unconfined",
+        cgroup.display()
+    )]
+    Confine { cgroup: PathBuf, reason: String },
     #[error("cannot find a free port for MASTER_PORT: {0}")]
     NoPort(String),
     #[error("cannot install the signal handlers: {0}")]

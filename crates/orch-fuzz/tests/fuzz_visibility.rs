@@ -80,6 +80,7 @@ fn inventory() -> impl Strategy<Value = Vec<Device>> {
                         memory_total_bytes: None,
                     })
                     .collect(),
+                minor_number: None,
             })
             .collect()
     })

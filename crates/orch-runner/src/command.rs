@@ -1,10 +1,14 @@
-//! A `[command]` job's launch: the environment its processes get and the memory watch.
+//! A `[command]` job's launch: the environment its processes get, the GPU nodes they may open,
+//! and the memory watch.
 
 use crate::plan::Plan;
 use orch_core::ByteSize;
 use orch_core::job::{CommandSpec, JobSpec, Launch};
 use orch_devices::{Backend, Inventory};
-use orch_exec::{AssignedDevice, JobEnv, LaunchSpec, MemoryWatch, Monitor, ProcessMemory, Verdict};
+use orch_exec::devices::{DeviceConstraint, DeviceRule, Mechanism};
+use orch_exec::{
+    AssignedDevice, JobCgroup, JobEnv, LaunchSpec, MemoryWatch, Monitor, ProcessMemory, Verdict,
+};
 use orch_leases::Lease;
 use std::time::Duration;
 
@@ -41,6 +45,13 @@ impl Default for ProcessOptions {
     }
 }
 
+/// Where a job's processes start: its own cgroup, and how they take on its device rule.
+#[derive(Debug, Default)]
+pub(crate) struct Confinement {
+    pub(crate) cgroup: Option<std::path::PathBuf>,
+    pub(crate) devices: Option<orch_exec::devices::DeviceJoin>,
+}
+
 pub(crate) fn launch_spec(
     job: &JobSpec,
     command: &CommandSpec,
@@ -48,7 +59,7 @@ pub(crate) fn launch_spec(
     plan: &Plan,
     inventory: &Inventory,
     options: &ProcessOptions,
-    cgroup: Option<std::path::PathBuf>,
+    confinement: Confinement,
 ) -> LaunchSpec {
     LaunchSpec {
         argv: command.argv.clone(),
@@ -63,9 +74,67 @@ pub(crate) fn launch_spec(
         stdio: options.stdio.clone(),
         credentials: options.credentials.clone(),
         base_env: options.base_env.clone(),
-        cgroup,
+        cgroup: confinement.cgroup,
+        devices: confinement.devices,
         forward_signals: options.forward_signals,
     }
+}
+
+/// The GPU nodes a job on `plan` may not open: those of every GPU it was not granted (by minor
+/// number; see [`DeviceRule::for_grant`] for GPUs whose node is unknown). `None` on the CPU
+/// inventory, and where no GPU's node is known.
+pub(crate) fn device_rule(plan: &Plan, inventory: &Inventory) -> Option<DeviceRule> {
+    if inventory.backend == Backend::Cpu {
+        return None;
+    }
+    let granted: Vec<Option<u32>> = plan
+        .chosen
+        .iter()
+        .map(|chosen| chosen.in_inventory(inventory).and_then(|d| d.minor_number))
+        .collect();
+    let known: Vec<u32> = inventory
+        .devices
+        .iter()
+        .filter_map(|d| d.minor_number)
+        .collect();
+    DeviceRule::for_grant(&granted, &known)
+}
+
+/// Confines the job of lease `lease_id` on `plan` to its GPUs' nodes, where orch runs as root and
+/// the machine has a mechanism (said once per process, at debug level); `Ok(None)` when nothing is
+/// confined. A mechanism that is there but fails stops the job: it would otherwise run on every
+/// GPU. Its v1 devices cgroup is `orch-job-LEASE`, as its v2 cgroup is.
+pub(crate) fn confine(
+    lease_id: &str,
+    plan: &Plan,
+    inventory: &Inventory,
+    cgroup: Option<&JobCgroup>,
+) -> Result<Option<DeviceConstraint>, String> {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    let detected = orch_exec::devices::detected();
+    SAID.call_once(|| match detected {
+        Ok(mechanism) => {
+            tracing::debug!("jobs may open only their granted GPUs' device nodes ({mechanism})")
+        }
+        Err(why) => tracing::debug!("jobs are not confined to their GPUs' device nodes: {why}"),
+    });
+    let Some(rule) = device_rule(plan, inventory) else {
+        return Ok(None);
+    };
+    let Ok(mechanism) = detected else {
+        return Ok(None);
+    };
+    if *mechanism == Mechanism::Bpf && cgroup.is_none() {
+        tracing::warn!(
+            "lease {lease_id}: not confined to its GPUs' device nodes: the device program needs the job's own cgroup, and it has none (ORCH_CGROUPS=off?)"
+        );
+        return Ok(None);
+    }
+    let name = orch_exec::devices::job_name(lease_id);
+    let constraint =
+        DeviceConstraint::prepare(mechanism, &name, cgroup.map(JobCgroup::path), &rule)?;
+    tracing::debug!("lease {lease_id}: the job may not open the GPU nodes {rule}");
+    Ok(Some(constraint))
 }
 
 fn job_env(

@@ -2,12 +2,13 @@
 //! `orch run` drives it in one process; the daemon places jobs itself and hands each to a
 //! supervisor process that starts and waits on it.
 
-use crate::command::{ProcessOptions, launch_spec, memory_monitor};
+use crate::command::{Confinement, ProcessOptions, launch_spec, memory_monitor};
 use crate::error::RunError;
 use crate::place::LeaseGuard;
 use crate::plan::Plan;
 use orch_core::job::{CommandSpec, JobSpec, Work};
 use orch_devices::Inventory;
+use orch_exec::devices::DeviceConstraint;
 use orch_exec::{ExitOutcome, JobCgroup, Launched, Monitor, Stopper};
 use orch_leases::Holder;
 use orch_trainer::{GrantedDevice, Summary};
@@ -77,12 +78,15 @@ pub struct RunningJob<'a> {
     work: Running<'a>,
 }
 
+// One value per running job, never moved in a hot path: boxing the command's half buys nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum Running<'a> {
     Command {
         launched: Launched,
         monitor: Option<Monitor>,
-        // Kept until the job's processes are gone; removed on drop.
+        // Kept until the job's processes are gone; removed on drop, the device rule first.
+        devices: Option<DeviceConstraint>,
         cgroup: Option<JobCgroup>,
     },
     Train {
@@ -107,6 +111,18 @@ pub fn start<'a>(
             let lease = placement.lease.lease();
             let cgroup = JobCgroup::create(&lease.id);
             let cgroup_path = cgroup.as_ref().map(|c| c.path().to_path_buf());
+            // As root, the job's processes may open only its GPUs' device nodes.
+            let devices = crate::command::confine(
+                &lease.id,
+                &placement.plan,
+                inventory,
+                cgroup.as_ref(),
+            )
+            .map_err(|e| {
+                RunError::Device(format!(
+                    "cannot confine the job to its GPUs: {e}; ORCH_DEVICE_CONSTRAINT=off runs jobs unconfined"
+                ))
+            })?;
             // The cgroup holds the lease from the moment the first process joins it, even if
             // this process dies before it records that process.
             if cgroup_path.is_some() {
@@ -121,7 +137,10 @@ pub fn start<'a>(
                 &placement.plan,
                 inventory,
                 options,
-                cgroup_path.clone(),
+                Confinement {
+                    cgroup: cgroup_path.clone(),
+                    devices: devices.as_ref().and_then(DeviceConstraint::join),
+                },
             );
             let launched = orch_exec::start(&spec, |pid| {
                 if let Some(holder) = Holder::of_group_leader(pid) {
@@ -133,6 +152,7 @@ pub fn start<'a>(
             Running::Command {
                 launched,
                 monitor: memory_monitor(job, &placement.plan, inventory.backend),
+                devices,
                 cgroup,
             }
         }
@@ -182,9 +202,11 @@ impl RunningJob<'_> {
             Running::Command {
                 launched,
                 monitor,
+                devices,
                 cgroup,
             } => {
                 let exit = launched.wait(monitor);
+                drop(devices);
                 drop(cgroup);
                 Ok(Outcome::Command(exit))
             }

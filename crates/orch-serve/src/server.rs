@@ -176,6 +176,7 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         connections.max_total(),
         options.config.max_connections_per_peer
     );
+    orch_exec::devices::announce_for_daemon();
     runtime.block_on(listen(shared, listeners, connections))
 }
 

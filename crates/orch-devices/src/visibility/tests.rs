@@ -20,6 +20,7 @@ fn gpu(index: u32, uuid: &str, cc: &str, gib: u64) -> Device {
         pci_bus_id: None,
         processes: Some(Vec::new()),
         mig_devices: Vec::new(),
+        minor_number: None,
     }
 }
 

@@ -22,6 +22,7 @@ fn spec(script: &str, devices: usize, per_device: bool) -> LaunchSpec {
         credentials: None,
         base_env: None,
         cgroup: None,
+        devices: None,
         forward_signals: true,
     }
 }

@@ -597,7 +597,8 @@ impl Jobs {
         }
     }
 
-    /// SIGKILL to every process group and cgroup the lease's holders name.
+    /// SIGKILL to every process group and cgroup the lease's holders name; the job's devices
+    /// cgroup, if its supervisor left one, goes too.
     pub(super) fn end_remains(&mut self, lease_id: &Option<String>) {
         let Some(id) = lease_id else { return };
         let Ok(Some(lease)) = self.store.get(id) else {
@@ -624,6 +625,9 @@ impl Jobs {
         }) && Instant::now() < deadline
         {
             std::thread::sleep(Duration::from_millis(10));
+        }
+        if let Err(e) = orch_exec::devices::remove_leftover(&orch_exec::devices::job_name(id)) {
+            tracing::warn!("lease {id}: {e}");
         }
     }
 
