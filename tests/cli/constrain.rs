@@ -239,3 +239,44 @@ fn a_daemon_job_opens_only_its_gpus_node() {
     assert_eq!(lines, expected(Some(granted)));
     let _ = std::fs::remove_dir_all(&d.state);
 }
+
+#[test]
+fn a_users_orch_run_through_the_daemon_opens_only_its_gpus_node() {
+    let Some(lab) = lab("held") else { return };
+    if std::env::var("ORCH_DEVICE_CONSTRAINT").is_ok_and(|v| v == "off") {
+        eprintln!("a_users_orch_run_through_the_daemon: skipped (ORCH_DEVICE_CONSTRAINT=off here)");
+        return;
+    }
+    // Not root: its own orch confines nothing; the rule is the daemon's, on the holder.
+    let user = crate::serve::test_user("orchtestc");
+    let public = lab.dir.join("public");
+    crate::serve::world_dir(&public);
+    let mut d = Daemon::prepare("constrain-held");
+    let config = d.state.join("serve.toml");
+    std::fs::write(&config, "[[tenant]]\nname = \"c\"\nusers = [\"orchtestc\"]\n").unwrap();
+    d.config = Some(config);
+    d.devices = Some(lab.sim.clone());
+    d.socket = Some(public.join("orch.sock"));
+    d.restart();
+    let script = lab.script();
+    let out = crate::serve::as_user(
+        user,
+        &d.socket(),
+        &public,
+        &["run", "--gpus", "1", "--", "sh", "-c", &script],
+    );
+    assert!(out.status.success(), "{}\n{}", stderr(&out), d.log());
+    let (granted, lines) = granted_and_lines(&stdout(&out));
+    assert_eq!(lines, expected(Some(granted)));
+    // The lease ended and its rule went with it: the next one is confined to its own GPU.
+    let again = crate::serve::as_user(
+        user,
+        &d.socket(),
+        &public,
+        &["run", "--gpus", "1", "--", "sh", "-c", &script],
+    );
+    assert!(again.status.success(), "{}", stderr(&again));
+    let (granted, lines) = granted_and_lines(&stdout(&again));
+    assert_eq!(lines, expected(Some(granted)));
+    let _ = std::fs::remove_dir_all(&d.state);
+}

@@ -83,7 +83,7 @@ pub(crate) fn launch_spec(
 /// The GPU nodes a job on `plan` may not open: those of every GPU it was not granted (by minor
 /// number; see [`DeviceRule::for_grant`] for GPUs whose node is unknown). `None` on the CPU
 /// inventory, and where no GPU's node is known.
-pub(crate) fn device_rule(plan: &Plan, inventory: &Inventory) -> Option<DeviceRule> {
+pub fn device_rule(plan: &Plan, inventory: &Inventory) -> Option<DeviceRule> {
     if inventory.backend == Backend::Cpu {
         return None;
     }

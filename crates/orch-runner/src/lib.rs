@@ -18,7 +18,7 @@ pub mod plan;
 mod runner;
 mod train;
 
-pub use command::{GRACE, ProcessOptions, check_enforcement, lease_env, placed_line};
+pub use command::{GRACE, ProcessOptions, check_enforcement, device_rule, lease_env, placed_line};
 pub use error::RunError;
 pub use foreign::foreign_processes;
 pub use place::{GiveBack, LeaseGuard, Machine, PlaceError, claim, claim_until, place_in_parent};

@@ -140,6 +140,7 @@ impl Engine {
                 backlog: VecDeque::new(),
                 last_probe: Instant::now(),
                 unknown_logged: HashMap::new(),
+                confined: HashMap::new(),
             },
             shared,
             kicks,
@@ -567,6 +568,9 @@ impl Engine {
                 return false;
             };
             lock(&self.shared.supervisor_exits).remove(&(id, job.attempt));
+            if job.held() {
+                self.jobs.unconfine(id);
+            }
             job.untrack_holder();
             let (exit, idle_stopped) = job.exited(exit);
             if idle_stopped {
@@ -640,6 +644,9 @@ impl Engine {
             return false;
         };
         lock(&self.shared.supervisor_exits).remove(&(id, job.attempt));
+        if job.held() {
+            self.jobs.unconfine(id);
+        }
         job.untrack_holder();
         let lease = Some(job.lease_id.clone());
         let prior = job.prior_gpu_s;

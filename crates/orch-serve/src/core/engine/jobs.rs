@@ -41,6 +41,8 @@ pub(super) struct Jobs {
     pub(super) last_probe: Instant,
     /// Jobs whose supervisor's liveness `/proc` could not tell, and when that was last logged.
     pub(super) unknown_logged: HashMap<i64, Instant>,
+    /// The device rule on each held lease's process, lifted when the lease ends.
+    pub(super) confined: HashMap<i64, orch_exec::devices::DeviceConstraint>,
 }
 
 /// What placing a queued job did.
@@ -145,6 +147,11 @@ impl Jobs {
         // The job's folder is written before it shows as running: whoever sees a held lease
         // running can read its devices, and a command job never runs with no folder.
         let holder = job.submission.holder.clone();
+        if let Some(holder) = &holder
+            && let Err(placed) = self.confine_holder(id, holder, &lease, &plan)
+        {
+            return placed;
+        }
         let written = match &holder {
             Some(holder) => self.write_lease_folder(id, &dir, &job, &lease, &plan, holder),
             None => self.write_job_folder(id, &dir, &job, &lease, &plan),
@@ -281,6 +288,61 @@ impl Jobs {
         match self.queue.remove(&id) {
             Some(job) => Ok((job, lease, plan)),
             None => Err(Placed::Left),
+        }
+    }
+
+    /// Confines the process holding lease job `id` to its GPUs' device nodes, as the daemon's
+    /// own jobs are, before the lease shows as running (so before the process hears of it): what
+    /// it starts from then on inherits the rule. Where the machine has a mechanism and it fails,
+    /// the lease ends instead of running on every GPU.
+    fn confine_holder(
+        &mut self,
+        id: i64,
+        holder: &Holder,
+        lease: &orch_leases::Lease,
+        plan: &orch_runner::Plan,
+    ) -> Result<(), Placed> {
+        let Some(rule) = orch_runner::device_rule(plan, &self.inventory) else {
+            return Ok(());
+        };
+        let name = holder_constraint_name(id);
+        match orch_exec::devices::constrain_process(
+            &name,
+            holder.pid,
+            holder.cgroup.as_deref(),
+            &rule,
+        ) {
+            Ok(Some(constraint)) => {
+                tracing::debug!(
+                    "job {id}: its process (pid {}) may not open {rule}",
+                    holder.pid
+                );
+                self.confined.insert(id, constraint);
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(e) => {
+                self.release_now(id, &lease.id);
+                Err(Placed::Ends(
+                    State::Failed,
+                    format!(
+                        "cannot confine its process (pid {}) to its GPUs' device nodes: {e} (ORCH_DEVICE_CONSTRAINT=off on the daemon turns the rule off)",
+                        holder.pid
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// Lifts the device rule of held lease job `id`, which ended: a process that gave its lease
+    /// back and goes on is no longer held to it. After a restart the daemon has no handle on it:
+    /// its empty cgroup is removed (a process still inside keeps the rule until it ends).
+    pub(super) fn unconfine(&mut self, id: i64) {
+        match self.confined.remove(&id) {
+            Some(constraint) => constraint.lift(),
+            None => {
+                let _ = orch_exec::devices::remove_leftover(&holder_constraint_name(id));
+            }
         }
     }
 
@@ -666,4 +728,10 @@ impl Jobs {
             }
         }
     }
+}
+
+/// The name of the device rule on held lease job `id`'s process (`orch-lease-ID` as a v1
+/// devices cgroup).
+fn holder_constraint_name(id: i64) -> String {
+    format!("lease-{id}")
 }
