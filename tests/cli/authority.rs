@@ -33,6 +33,15 @@ fn through(d: &Daemon, args: &[&str]) -> Command {
     cmd
 }
 
+/// `orch run --gpus 2 -- sh -c SCRIPT` through `d`, started and left running.
+fn hold_both(d: &Daemon, script: String, out: Stdio) -> std::process::Child {
+    through(d, &["run", "--gpus", "2", "--", "sh", "-c", &script])
+        .stdout(out)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 fn jobs(d: &Daemon) -> Vec<serde_json::Value> {
     let out = d.client(&["jobs", "--all", "--json"]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -52,25 +61,14 @@ fn orch_run_takes_its_lease_from_the_daemon_waits_in_its_queue_and_is_an_interac
     let d = two_gpu_daemon("authority-run");
     let stop = d.state.join("stop");
     // Both GPUs through the daemon, held by an `orch run` whose job waits for a file.
-    let holder = through(
+    let holder = hold_both(
         &d,
-        &[
-            "run",
-            "--gpus",
-            "2",
-            "--",
-            "sh",
-            "-c",
-            &format!(
-                "echo $CUDA_VISIBLE_DEVICES; while [ ! -e {} ]; do sleep 0.02; done",
-                stop.display()
-            ),
-        ],
-    )
-    .stdout(Stdio::piped())
-    .stderr(Stdio::null())
-    .spawn()
-    .unwrap();
+        format!(
+            "echo $CUDA_VISIBLE_DEVICES; while [ ! -e {} ]; do sleep 0.02; done",
+            stop.display()
+        ),
+        Stdio::piped(),
+    );
     wait_for("the first orch run's lease", || {
         jobs(&d).iter().any(|j| j["state"] == "running")
     });
@@ -153,27 +151,16 @@ fn a_killed_orch_run_keeps_its_lease_while_its_job_runs() {
     }
     let d = two_gpu_daemon("authority-kill");
     let stop = d.state.join("stop");
-    let mut run = through(
+    // A job that outlives the SIGTERM its parent's death sends it (a trainer saving, a process
+    // stuck in the driver): it still has the devices.
+    let mut run = hold_both(
         &d,
-        &[
-            "run",
-            "--gpus",
-            "2",
-            "--",
-            "sh",
-            "-c",
-            // A job that outlives the SIGTERM its parent's death sends it (a trainer
-            // saving, a process stuck in the driver): it still has the devices.
-            &format!(
-                "trap '' TERM; while [ ! -e {} ]; do sleep 0.02; done",
-                stop.display()
-            ),
-        ],
-    )
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .unwrap();
+        format!(
+            "trap '' TERM; while [ ! -e {} ]; do sleep 0.02; done",
+            stop.display()
+        ),
+        Stdio::null(),
+    );
     wait_for("the lease", || {
         jobs(&d).iter().any(|j| j["state"] == "running")
     });

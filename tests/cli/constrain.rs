@@ -253,7 +253,11 @@ fn a_users_orch_run_through_the_daemon_opens_only_its_gpus_node() {
     crate::serve::world_dir(&public);
     let mut d = Daemon::prepare("constrain-held");
     let config = d.state.join("serve.toml");
-    std::fs::write(&config, "[[tenant]]\nname = \"c\"\nusers = [\"orchtestc\"]\n").unwrap();
+    std::fs::write(
+        &config,
+        "[[tenant]]\nname = \"c\"\nusers = [\"orchtestc\"]\n",
+    )
+    .unwrap();
     d.config = Some(config);
     d.devices = Some(lab.sim.clone());
     d.socket = Some(public.join("orch.sock"));
