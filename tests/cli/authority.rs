@@ -151,19 +151,19 @@ fn a_killed_orch_run_keeps_its_lease_while_its_job_runs() {
     }
     let d = two_gpu_daemon("authority-kill");
     let stop = d.state.join("stop");
+    let ready = d.state.join("ready");
     // A job that outlives the SIGTERM its parent's death sends it (a trainer saving, a process
     // stuck in the driver): it still has the devices.
     let mut run = hold_both(
         &d,
         format!(
-            "trap '' TERM; while [ ! -e {} ]; do sleep 0.02; done",
+            "trap '' TERM; touch {}; while [ ! -e {} ]; do sleep 0.02; done",
+            ready.display(),
             stop.display()
         ),
         Stdio::null(),
     );
-    wait_for("the lease", || {
-        jobs(&d).iter().any(|j| j["state"] == "running")
-    });
+    wait_for("the job to start", || ready.exists());
     // The daemon moved `orch run` into a cgroup of its own before it answered.
     let cgroup = std::fs::read_to_string(format!("/proc/{}/cgroup", run.id())).unwrap();
     assert!(cgroup.contains("orch-holder-"), "{cgroup}");
