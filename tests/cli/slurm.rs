@@ -383,7 +383,11 @@ fn a_two_node_job_gets_ranks_that_agree_with_slurms() {
         assert_eq!(p["world"], "2", "{logs}");
         assert_eq!(p["node"], p["nodeid"], "{logs}");
         assert_eq!(p["nnodes"], "2", "{logs}");
-        assert_eq!(p["nodename"], format!("node{}", number(p, "node") + 1), "{logs}");
+        assert_eq!(
+            p["nodename"],
+            format!("node{}", number(p, "node") + 1),
+            "{logs}"
+        );
         assert_eq!(hosts(&p["nodelist"]), ["node1", "node2"], "{logs}");
         assert_eq!(p["addr"], "node1", "MASTER_ADDR is the first node: {logs}");
         assert_eq!(p["port"], procs[0]["port"], "one MASTER_PORT: {logs}");
@@ -408,7 +412,10 @@ fn a_two_node_job_gets_ranks_that_agree_with_slurms() {
         assert_eq!(p["nodename"], format!("node{}", procid + 1), "{logs}");
         assert_eq!(p["addr"], "node1", "{logs}");
         assert_eq!(p["port"], procs[0]["port"], "{logs}");
-        assert!(p["cvd"].starts_with("GPU-") && !p["cvd"].contains(','), "{logs}");
+        assert!(
+            p["cvd"].starts_with("GPU-") && !p["cvd"].contains(','),
+            "{logs}"
+        );
     }
     let mut ranks: Vec<u32> = procs.iter().map(|p| number(p, "rank")).collect();
     ranks.sort();

@@ -60,7 +60,10 @@ fn submit_shared_jobs_share_the_one_device_and_exclusive_ones_do_not() {
     assert_eq!(lease_of(&d, &a)["exclusive"], true);
     let b = d.submit(&["--exclusive", "--", "sleep", "30"]);
     let b = settled(&d, &b);
-    assert_eq!(b["state"], "queued", "an exclusive job took a held device: {b}");
+    assert_eq!(
+        b["state"], "queued",
+        "an exclusive job took a held device: {b}"
+    );
     // Nor does a shared job get in beside an exclusive one.
     let c = d.submit(&["--shared", "--", "sleep", "30"]);
     assert_eq!(settled(&d, &c)["state"], "queued");
@@ -125,7 +128,10 @@ fn submit_per_device_starts_one_process_per_device_with_its_rank() {
         let cvd = line.rsplit("cvd=").next().unwrap();
         assert!(devices.contains(&cvd), "{cvd} is not one of {devices:?}");
     }
-    assert_ne!(lines[0].rsplit("cvd=").next(), lines[1].rsplit("cvd=").next());
+    assert_ne!(
+        lines[0].rsplit("cvd=").next(),
+        lines[1].rsplit("cvd=").next()
+    );
 }
 
 #[test]
@@ -188,16 +194,32 @@ fn submit_quick_flags_are_refused_as_orch_run_refuses_them() {
             &["--max-utilization", "150", "--", "true"][..],
             "--max-utilization is a percent from 0 to 100, found 150",
         ),
-        (&["--memory-limit", "lots", "--", "true"][..], "--memory-limit: "),
-        (&["--min-free-memory", "ten", "--", "true"][..], "--min-free-memory: "),
-        (&["--exclusive", "--shared", "--", "true"][..], "cannot be used with"),
+        (
+            &["--memory-limit", "lots", "--", "true"][..],
+            "--memory-limit: ",
+        ),
+        (
+            &["--min-free-memory", "ten", "--", "true"][..],
+            "--min-free-memory: ",
+        ),
+        (
+            &["--exclusive", "--shared", "--", "true"][..],
+            "cannot be used with",
+        ),
     ] {
-        let run: Vec<&str> = std::iter::once("run").chain(flags.iter().copied()).collect();
+        let run: Vec<&str> = std::iter::once("run")
+            .chain(flags.iter().copied())
+            .collect();
         let submit: Vec<&str> = std::iter::once("submit")
             .chain(flags.iter().copied())
             .collect();
         let (run, submit) = (d.client(&run), d.client(&submit));
-        assert_eq!(submit.status.code(), Some(2), "{flags:?}: {}", stderr(&submit));
+        assert_eq!(
+            submit.status.code(),
+            Some(2),
+            "{flags:?}: {}",
+            stderr(&submit)
+        );
         assert_eq!(run.status.code(), Some(2), "{flags:?}: {}", stderr(&run));
         assert!(stderr(&submit).contains(sentence), "{}", stderr(&submit));
         let first = |out: &std::process::Output| {
