@@ -21,8 +21,10 @@ impl Drop for Cluster {
     }
 }
 
-/// Starts the cluster; `None` (skipped) without root or Slurm, unless `ORCH_REQUIRE_SLURM` is set.
-fn cluster(test: &str) -> Option<Cluster> {
+/// Starts a cluster of `nodes` nodes (one: named as this host; more: `node1`, `node2`, … each
+/// with its own slurmd on this host); `None` (skipped) without root or Slurm, unless
+/// `ORCH_REQUIRE_SLURM` is set.
+fn cluster(test: &str, nodes: usize) -> Option<Cluster> {
     let have = ["slurmctld", "slurmd", "munged", "sbatch"].iter().all(|b| {
         Command::new("which")
             .arg(b)
@@ -38,12 +40,13 @@ fn cluster(test: &str) -> Option<Cluster> {
         eprintln!("{test}: skipped (needs root and Slurm)");
         return None;
     }
-    let base = std::env::temp_dir().join(format!("orch-slurm-{}", std::process::id()));
+    let base = std::env::temp_dir().join(format!("orch-slurm-{nodes}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
+    let ports: Vec<String> = (0..nodes).map(|_| free_port().to_string()).collect();
     let out = Command::new(root().join("tests/slurm/start.sh"))
         .arg(&base)
         .arg(free_port().to_string())
-        .arg(free_port().to_string())
+        .arg(ports.join(","))
         .output()
         .unwrap();
     let cluster = Cluster { base };
@@ -77,6 +80,17 @@ struct Env {
 }
 
 impl Env {
+    fn new(c: &Cluster) -> Env {
+        let dir = c.base.join("work");
+        std::fs::create_dir_all(&dir).unwrap();
+        Env {
+            conf: c.base.join("etc/slurm.conf").display().to_string(),
+            devices: format!("sim:{}", sim(&dir).display()),
+            state: dir.join("state").display().to_string(),
+            dir,
+        }
+    }
+
     fn vars(&self) -> [(&str, &str); 3] {
         [
             ("SLURM_CONF", &self.conf),
@@ -120,17 +134,11 @@ fn uuids(text: &str) -> Vec<String> {
 
 #[test]
 fn orch_on_a_real_slurm() {
-    let Some(c) = cluster("orch_on_a_real_slurm") else {
+    let Some(c) = cluster("orch_on_a_real_slurm", 1) else {
         return;
     };
-    let dir = c.base.join("work");
-    std::fs::create_dir_all(&dir).unwrap();
-    let env = Env {
-        conf: c.base.join("etc/slurm.conf").display().to_string(),
-        devices: format!("sim:{}", sim(&dir).display()),
-        state: dir.join("state").display().to_string(),
-        dir: dir.clone(),
-    };
+    let env = Env::new(&c);
+    let dir = env.dir.clone();
     let orch_bin = env!("CARGO_BIN_EXE_orch");
 
     // Inside `srun --gres=gpu:2`: two devices are visible, the others hidden, and orch run
@@ -306,6 +314,112 @@ fn orch_on_a_real_slurm() {
         "{}",
         stderr(&out)
     );
+}
+
+/// What one process of a multi-node job printed: orch's variables and Slurm's.
+fn rank_lines(logs: &str) -> Vec<std::collections::BTreeMap<String, String>> {
+    logs.lines()
+        .filter_map(|l| l.strip_prefix("VARS "))
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .collect()
+}
+
+/// A `nodes = 2` job on two Slurm nodes (two slurmd on this host, `node1` and `node2`):
+/// `orch submit --slurm` runs one `orch run` per node through srun, and every process's
+/// torch.distributed variables agree with what Slurm says of its task.
+#[test]
+fn a_two_node_job_gets_ranks_that_agree_with_slurms() {
+    let Some(c) = cluster("a_two_node_job_gets_ranks_that_agree_with_slurms", 2) else {
+        return;
+    };
+    let env = Env::new(&c);
+    let print = "echo VARS rank=$RANK local=$LOCAL_RANK world=$WORLD_SIZE local_world=$LOCAL_WORLD_SIZE addr=$MASTER_ADDR port=$MASTER_PORT node=$NODE_RANK nnodes=$NNODES procid=$SLURM_PROCID localid=$SLURM_LOCALID ntasks=$SLURM_NTASKS nodeid=$SLURM_NODEID nodelist=$SLURM_JOB_NODELIST nodename=$SLURMD_NODENAME cvd=$CUDA_VISIBLE_DEVICES";
+    // Both nodes are this host and share its lease store, where each node's grant names the
+    // same two sim GPUs: the job shares them (`exclusive = false`), as two machines would not
+    // need to.
+    let job = |name: &str, gpus: u32, launch: &str| {
+        env.job(
+            name,
+            &format!(
+                "[job]\nname = \"{name}\"\nmax_runtime = \"5m\"\n[resources]\ngpus = {gpus}\nnodes = 2\nexclusive = false\n[slurm]\ngpu_type = \"a100\"\n[command]\nargv = [\"sh\", \"-c\", \"{print}\"]\nlaunch = \"{launch}\"\n"
+            ),
+        )
+    };
+    let run = |file: &str| {
+        let id = env.submit(file);
+        let out = env.orch(&["wait", "--slurm", &id]);
+        let logs = stdout(&env.orch(&["logs", "--slurm", &id]));
+        let errors = stdout(&env.orch(&["logs", "--slurm", "--stderr", &id]));
+        assert!(out.status.success(), "{}\n{logs}\n{errors}", stderr(&out));
+        (rank_lines(&logs), format!("{logs}\n{errors}"))
+    };
+    let number = |p: &std::collections::BTreeMap<String, String>, key: &str| -> u32 {
+        p.get(key)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{key} is not a number: {p:?}"))
+    };
+    let hosts = |list: &str| -> Vec<String> {
+        let out = Command::new("scontrol")
+            .args(["show", "hostnames", list])
+            .env("SLURM_CONF", &env.conf)
+            .output()
+            .unwrap();
+        stdout(&out).lines().map(String::from).collect()
+    };
+
+    // One process per node (a single launch): RANK is Slurm's task rank.
+    let (procs, logs) = run(&job("ranks1", 1, "single"));
+    assert_eq!(procs.len(), 2, "{logs}");
+    for p in &procs {
+        assert_eq!(p["rank"], p["procid"], "{logs}");
+        assert_eq!(p["local"], "0", "{logs}");
+        assert_eq!(p["localid"], "0", "{logs}");
+        assert_eq!(p["world"], p["ntasks"], "{logs}");
+        assert_eq!(p["world"], "2", "{logs}");
+        assert_eq!(p["node"], p["nodeid"], "{logs}");
+        assert_eq!(p["nnodes"], "2", "{logs}");
+        assert_eq!(
+            p["nodename"],
+            format!("node{}", number(p, "node") + 1),
+            "{logs}"
+        );
+        assert_eq!(hosts(&p["nodelist"]), ["node1", "node2"], "{logs}");
+        assert_eq!(p["addr"], "node1", "MASTER_ADDR is the first node: {logs}");
+        assert_eq!(p["port"], procs[0]["port"], "one MASTER_PORT: {logs}");
+    }
+    let mut ranks: Vec<u32> = procs.iter().map(|p| number(p, "rank")).collect();
+    ranks.sort();
+    assert_eq!(ranks, [0, 1], "{logs}");
+
+    // One process per device, two devices per node: RANK = SLURM_PROCID x LOCAL_WORLD_SIZE +
+    // LOCAL_RANK (docs/SLURM.md), WORLD_SIZE = SLURM_NTASKS x LOCAL_WORLD_SIZE.
+    let (procs, logs) = run(&job("ranks2", 2, "per-device"));
+    assert_eq!(procs.len(), 4, "{logs}");
+    for p in &procs {
+        let (procid, local) = (number(p, "procid"), number(p, "local"));
+        assert_eq!(number(p, "local_world"), 2, "{logs}");
+        assert_eq!(number(p, "rank"), procid * 2 + local, "{logs}");
+        assert_eq!(number(p, "world"), number(p, "ntasks") * 2, "{logs}");
+        assert_eq!(p["world"], "4", "{logs}");
+        assert_eq!(p["localid"], "0", "one orch run per node: {logs}");
+        assert_eq!(p["node"], p["nodeid"], "{logs}");
+        assert_eq!(number(p, "node"), procid, "{logs}");
+        assert_eq!(p["nodename"], format!("node{}", procid + 1), "{logs}");
+        assert_eq!(p["addr"], "node1", "{logs}");
+        assert_eq!(p["port"], procs[0]["port"], "{logs}");
+        assert!(
+            p["cvd"].starts_with("GPU-") && !p["cvd"].contains(','),
+            "{logs}"
+        );
+    }
+    let mut ranks: Vec<u32> = procs.iter().map(|p| number(p, "rank")).collect();
+    ranks.sort();
+    assert_eq!(ranks, [0, 1, 2, 3], "{logs}");
 }
 
 #[test]

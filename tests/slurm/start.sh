@@ -1,17 +1,33 @@
 #!/bin/bash
-# A one-node Slurm on loopback for the tests and the benchmark (as root; munged, slurmctld and
-# slurmd with all their state under $1). Ports from $2 and $3. Prints "cluster ready" when the
-# node is idle. After the recipe in shared/notes/slurm-local.
+# A Slurm on loopback for the tests and the benchmarks (as root; munged, slurmctld and slurmd with
+# all their state under $1), slurmctld on port $2. Prints "cluster ready" when every node is idle.
+# After the recipe in shared/notes/slurm-local.
+#
+#   start.sh BASE CTLD_PORT SLURMD_PORT          one node, named as this host (`hostname -s`)
+#   start.sh BASE CTLD_PORT PORT1,PORT2[,...]    a node per port, node1, node2, ...: one slurmd
+#                                                each (`slurmd -N nodeI`), all on this host, so a
+#                                                job of `--nodes=2` runs on two Slurm nodes
+#
+# Each node has four GPUs, declared as links to /dev/null (Slurm wants character devices).
 set -euo pipefail
 BASE=$1
 CTLD_PORT=${2:-6817}
-SLURMD_PORT=${3:-6818}
+IFS=, read -r -a PORTS <<< "${3:-6818}"
 HERE=$(cd "$(dirname "$0")" && pwd)
-NODE=$(hostname -s)
+HOST=$(hostname -s)
 mkdir -p "$BASE"/{etc,munge,munge-run,state,spool,log,devlink}
-for i in 0 1 2 3; do ln -sf /dev/null "$BASE/devlink/nvidia$i"; done
+nodes="" gres="" names=()
+for i in "${!PORTS[@]}"; do
+  if [ ${#PORTS[@]} -eq 1 ]; then name=$HOST; else name=node$((i + 1)); fi
+  names+=("$name")
+  first=$((4 * i))
+  for d in 0 1 2 3; do ln -sf /dev/null "$BASE/devlink/nvidia$((first + d))"; done
+  mkdir -p "$BASE/spool/$name"
+  nodes+="NodeName=$name NodeHostname=$HOST NodeAddr=127.0.0.1 Port=${PORTS[$i]} CPUs=8 Boards=1 SocketsPerBoard=1 CoresPerSocket=8 ThreadsPerCore=1 RealMemory=20000 Gres=gpu:a100:4 State=UNKNOWN\n"
+  gres+="NodeName=$name Name=gpu Type=a100 File=$BASE/devlink/nvidia[$first-$((first + 3))]\n"
+done
 for f in slurm.conf gres.conf; do
-  sed -e "s|@BASE@|$BASE|g; s|@CTLD_PORT@|$CTLD_PORT|; s|@SLURMD_PORT@|$SLURMD_PORT|; s|@NODE@|$NODE|" \
+  sed -e "s|@BASE@|$BASE|g; s|@CTLD_PORT@|$CTLD_PORT|; s|@NODES@|$nodes|; s|@GRES@|$gres|" \
     "$HERE/$f.in" > "$BASE/etc/$f"
 done
 export SLURM_CONF=$BASE/etc/slurm.conf
@@ -27,10 +43,14 @@ until scontrol ping 2>/dev/null | grep -q UP; do
   kill -0 "$(cat "$BASE/state/slurmctld.pid" 2>/dev/null)" 2>/dev/null || fail "slurmctld died"
   [ $SECONDS -lt $deadline ] || fail "slurmctld not answering"; sleep 0.1
 done
-slurmd -c
+for name in "${names[@]}"; do
+  if [ ${#names[@]} -eq 1 ]; then slurmd -c; else slurmd -c -N "$name"; fi
+done
 deadline=$((SECONDS+30))
-until [ "$(sinfo -h -n "$NODE" -o %t 2>/dev/null)" = idle ]; do
-  kill -0 "$(cat "$BASE/spool/slurmd.pid" 2>/dev/null)" 2>/dev/null || fail "slurmd died"
-  [ $SECONDS -lt $deadline ] || fail "node not idle: $(sinfo -h -o '%t %E')"; sleep 0.1
+for name in "${names[@]}"; do
+  until [ "$(sinfo -h -n "$name" -o %t 2>/dev/null)" = idle ]; do
+    kill -0 "$(cat "$BASE/spool/slurmd-$name.pid" 2>/dev/null)" 2>/dev/null || fail "slurmd of $name died"
+    [ $SECONDS -lt $deadline ] || fail "node $name not idle: $(sinfo -h -o '%n %t %E')"; sleep 0.1
+  done
 done
 echo "cluster ready"
