@@ -21,6 +21,7 @@ fi
 [ -x "$orch" ] || { echo "no orch binary: cargo build --release --workspace --bin orch" >&2; exit 2; }
 
 work=$(mktemp -d /tmp/orch-bench-run.XXXXXX)
+chmod 755 "$work"   # munged wants every folder above its socket searchable
 daemon_pid=""
 slurm_up=""
 cleanup() {
