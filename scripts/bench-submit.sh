@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A shell loop of N `orch submit --gpus 1 -- true` against N `sbatch --gpus=1 --wrap true`, one
-# after another, each against its own scheduler on this machine: `orch serve` over a sim of four
+# A shell loop of N `orch submit --gpus 1 -- true` against N `sbatch --gpus=1 --wrap true` (in
+# four alternating rounds, each on idle schedulers), each against its own scheduler on this machine: `orch serve` over a sim of four
 # GPUs, and the local one-node Slurm of the tests (tests/slurm/start.sh: munged, slurmctld,
 # slurmd, four GPUs declared as links to /dev/null). Prints both rates and their ratio, and the
 # start-up of each client alone (`orch --version`, `sbatch --version`) for scale. As root.
@@ -63,8 +63,25 @@ loop() {
 loop 5 "$orch" submit --gpus 1 -- true >/dev/null
 loop 5 sbatch --gpus=1 --output=/dev/null --wrap true >/dev/null
 
-orch_s=$(loop "$runs" "$orch" submit --gpus 1 -- true)
-sbatch_s=$(loop "$runs" sbatch --gpus=1 --output=/dev/null --wrap true)
+# Each loop starts on idle schedulers: the other's jobs are done (at most a minute's wait).
+drained() {
+  for _ in $(seq 600); do
+    [ "$("$orch" jobs --json)" = "[]" ] && [ -z "$(squeue -h -o %i)" ] && return 0
+    sleep 0.1
+  done
+  echo "bench-submit: jobs still queued after a minute" >&2
+}
+# In four rounds, alternating, so that a neighbour's load that comes and goes weighs on both.
+rounds=4
+orch_s=0 sbatch_s=0
+for round in $(seq "$rounds"); do
+  n=$(( runs / rounds + (round <= runs % rounds ? 1 : 0) ))
+  drained
+  orch_s=$(echo "$orch_s + $(loop "$n" "$orch" submit --gpus 1 -- true)" | bc)
+  drained
+  sbatch_s=$(echo "$sbatch_s + $(loop "$n" sbatch --gpus=1 --output=/dev/null --wrap true)" | bc)
+done
+drained
 orch_v=$(loop 50 "$orch" --version)
 sbatch_v=$(loop 50 sbatch --version)
 
