@@ -624,17 +624,16 @@ impl Jobs {
         Ok(())
     }
 
-    /// Publishes the leases as they are now (and the foreign processes against them): after a
-    /// job started or ended, the API shows it at once rather than at the next reading.
+    /// Publishes the leases as they are now: after a job started or ended, the API shows it at
+    /// once rather than at the next reading. The foreign processes are left to the device
+    /// watcher's next reading (within a second), which sets fresh process lists against the
+    /// leases: against the old lists, a job that just ended would show as foreign, and the walk
+    /// of `/proc` it takes was most of the engine's time per placed job.
     pub(super) fn publish_leases(&mut self) {
         let Ok(leases) = self.store.active() else {
             return;
         };
-        let inventory = Arc::clone(&lock(&self.shared.machine).inventory);
-        let foreign = Arc::new(orch_runner::foreign_processes(&inventory, &leases));
-        let mut view = lock(&self.shared.machine);
-        view.leases = Arc::new(leases);
-        view.foreign = foreign;
+        lock(&self.shared.machine).leases = Arc::new(leases);
     }
 
     pub(super) fn refresh_inventory(&mut self) {
