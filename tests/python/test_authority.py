@@ -70,6 +70,8 @@ def machine_daemon(tmp_path):
     _need_root()
     binary = os.environ.get("ORCH_BIN")
     if not binary:
+        if os.environ.get("ORCH_REQUIRE_ROOT") == "1":
+            pytest.fail("ORCH_BIN names no orch binary (scripts/python-tests.sh sets it)")
         pytest.skip("ORCH_BIN names no orch binary")
     MACHINE_SOCKET.parent.mkdir(parents=True, exist_ok=True)
     lock = open(MACHINE_SOCKET.parent / "test.lock", "w")
@@ -130,6 +132,8 @@ def user_python():
 
     system = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
     if not system:
+        if os.environ.get("ORCH_REQUIRE_ROOT") == "1":
+            pytest.fail("no system python3 the test users may run, and ORCH_REQUIRE_ROOT=1")
         pytest.skip("no system python3 the test users may run")
     return system, str(pathlib.Path(orch.__file__).resolve().parents[1])
 

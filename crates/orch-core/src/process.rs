@@ -126,6 +126,13 @@ pub fn cgroup_v2_of(pid: u32) -> Option<String> {
         .map(|c| c.pathname)
 }
 
+/// The folder of process `pid`'s cgroup on the v2 hierarchy: the mount joined with its
+/// `/proc/PID/cgroup` path.
+pub fn cgroup_v2_dir(pid: u32) -> Option<std::path::PathBuf> {
+    let own = cgroup_v2_of(pid)?;
+    Some(cgroup_v2_mount()?.join(own.trim_start_matches('/')))
+}
+
 /// Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on
 /// hybrid systems), from this process's mount table.
 pub fn cgroup_v2_mount() -> Option<std::path::PathBuf> {

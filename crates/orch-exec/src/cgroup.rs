@@ -21,10 +21,7 @@ impl JobCgroup {
         if std::env::var("ORCH_CGROUPS").is_ok_and(|v| v == "off") {
             return None;
         }
-        let root = orch_core::process::cgroup_v2_mount()?;
-        let own = orch_core::process::cgroup_v2_of(std::process::id())?;
-        let path = root
-            .join(own.trim_start_matches('/'))
+        let path = orch_core::process::cgroup_v2_dir(std::process::id())?
             .join(format!("orch-job-{}", safe_name(name)));
         match std::fs::create_dir(&path) {
             Ok(()) => Some(JobCgroup { path }),
@@ -77,16 +74,10 @@ pub fn prime_migration() {
         .name("orch-cgroup-prime".into())
         .spawn(|| {
             let pid = std::process::id();
-            let Some(root) = orch_core::process::cgroup_v2_mount() else {
+            let Some(own) = orch_core::process::cgroup_v2_dir(pid) else {
                 return;
             };
-            let Some(own) = orch_core::process::cgroup_v2_of(pid) else {
-                return;
-            };
-            let _ = std::fs::write(
-                root.join(own.trim_start_matches('/')).join("cgroup.procs"),
-                pid.to_string(),
-            );
+            let _ = std::fs::write(own.join("cgroup.procs"), pid.to_string());
         });
 }
 

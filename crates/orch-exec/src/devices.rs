@@ -383,13 +383,7 @@ pub fn remove_leftover(name: &str) -> Result<(), String> {
 }
 
 fn in_v2_cgroup(pid: u32, dir: &Path) -> bool {
-    let (Some(mount), Some(own)) = (
-        orch_core::process::cgroup_v2_mount(),
-        orch_core::process::cgroup_v2_of(pid),
-    ) else {
-        return false;
-    };
-    mount.join(own.trim_start_matches('/')) == dir
+    orch_core::process::cgroup_v2_dir(pid).is_some_and(|own| own == dir)
 }
 
 /// Whether the v1 devices controller is there for this process (tests).

@@ -48,8 +48,14 @@ pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
     } else {
         None
     };
-    if !job.sweep.is_empty() && !args.supervised && orch_leases::find_daemon().found.is_authority()
-    {
+    // On a machine with a daemon (the machine's, or one ORCH_SERVER names) the lease is the
+    // daemon's to give; the job still runs here. Inside an orch job (ORCH_JOB_ID) the claim is
+    // among the job's own devices, as before.
+    let nested = args.supervised || std::env::var_os("ORCH_JOB_ID").is_some();
+    let authority = (!nested)
+        .then(orch_leases::find_daemon)
+        .filter(|d| d.found.is_authority());
+    if !job.sweep.is_empty() && authority.is_some() {
         return Err(Failure::bad_input_msg(format!(
             "{}: on a machine with an orch daemon a [sweep] runs as jobs of its queue: submit it with `orch submit {}`",
             job.path.display(),
@@ -57,7 +63,7 @@ pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
         )));
     }
     match (job.sweep.is_empty(), args.sweep_task) {
-        (true, None) => run_one(spec, args, job, cluster),
+        (true, None) => run_one(spec, args, job, cluster, authority),
         (true, Some(_)) => Err(Failure::bad_input_msg(format!(
             "--sweep-task: {} has no [sweep]",
             job.path.display()
@@ -70,7 +76,7 @@ pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
                     job.sweep.len()
                 ))
             })?;
-            run_one(spec, args, one, cluster)
+            run_one(spec, args, one, cluster, authority)
         }
         // Locally, the sweep's tasks run one after another; the first failure is the exit status.
         (false, None) => {
@@ -92,7 +98,7 @@ pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
                     job.sweep.len(),
                     params.join(" ")
                 );
-                if let Err(e) = run_one(spec, args, one, cluster.clone()) {
+                if let Err(e) = run_one(spec, args, one, cluster.clone(), None) {
                     eprintln!("orch: sweep task {task}: {}", e.render());
                     first_failure.get_or_insert(e);
                 }
@@ -102,25 +108,21 @@ pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
     }
 }
 
-/// One job (one task of a sweep): placed, run, released.
+/// One job (one task of a sweep): placed, run, released; its lease from `authority`, the
+/// daemon that hands out this machine's devices, when there is one.
 fn run_one(
     spec: &InventorySpec,
     args: &RunArgs,
     job: JobSpec,
     cluster: Option<orch_exec::Cluster>,
+    authority: Option<orch_leases::DaemonSocket>,
 ) -> CmdResult {
     let timeout = args.timeout.as_deref().map(parse_duration).transpose()?;
     let deadline = args
         .wait
         .then(|| Instant::now() + timeout.unwrap_or(Duration::MAX / 4));
-    // On a machine with a daemon (the machine's, or one ORCH_SERVER names) the lease is the
-    // daemon's to give; the job still runs here.
-    // Inside an orch job (ORCH_JOB_ID) the claim is among the job's own devices, as before.
     let nested = args.supervised || std::env::var_os("ORCH_JOB_ID").is_some();
-    let daemon = (!nested)
-        .then(orch_leases::find_daemon)
-        .filter(|d| d.found.is_authority());
-    if let Some(daemon) = daemon {
+    if let Some(daemon) = authority {
         let text = lease_text(args, &job)?;
         let prepared = orch_runner::prepare(&job, args.resume, Some(crate::progress::sink()))
             .map_err(run_failure)?;

@@ -31,11 +31,8 @@ pub fn track(root: bool, holder: Holder) -> Holder {
 }
 
 fn move_into_own(holder: &Holder) -> Result<PathBuf, String> {
-    let mount = orch_core::process::cgroup_v2_mount().ok_or("no cgroup2 mount")?;
-    let own = orch_core::process::cgroup_v2_of(std::process::id())
-        .ok_or("this daemon's own cgroup is unknown")?;
-    let dir = mount
-        .join(own.trim_start_matches('/'))
+    let dir = orch_core::process::cgroup_v2_dir(std::process::id())
+        .ok_or("no cgroup2 mount, or this daemon's own cgroup is unknown")?
         .join(format!("orch-holder-{}-{}", holder.pid, holder.start_time));
     match std::fs::create_dir(&dir) {
         Ok(()) => {}
@@ -75,13 +72,10 @@ pub fn sweep(root: bool) {
     if !root {
         return;
     }
-    let (Some(mount), Some(own)) = (
-        orch_core::process::cgroup_v2_mount(),
-        orch_core::process::cgroup_v2_of(std::process::id()),
-    ) else {
+    let Some(own) = orch_core::process::cgroup_v2_dir(std::process::id()) else {
         return;
     };
-    let Ok(entries) = std::fs::read_dir(mount.join(own.trim_start_matches('/'))) else {
+    let Ok(entries) = std::fs::read_dir(own) else {
         return;
     };
     for entry in entries.flatten() {
