@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The nn kernels of orch-tensor (conv2d, causal attention, layer norm; forward and
-# forward+backward) beside PyTorch CPU on the same number of threads, in one table.
+# The nn kernels of orch-tensor (the reference CNN's two conv2d layers and its max pooling,
+# causal attention, layer norm, embedding; forward and forward+backward) beside PyTorch CPU on
+# the same number of threads, in one table.
 #
 #   scripts/bench-nn.sh                 all cores
 #   ORCH_BENCH_THREADS=N                threads for both sides (default: nproc)

@@ -1,6 +1,6 @@
-"""PyTorch CPU baselines for scripts/bench-nn.sh: forward and forward+backward of conv2d,
-causal scaled-dot-product attention and layer norm at the shapes of
-crates/orch-tensor/benches/nn_ops.rs. Prints `kv KEY MILLISECONDS` lines.
+"""PyTorch CPU baselines for scripts/bench-nn.sh: forward and forward+backward of the
+reference CNN's two conv2d layers and its max pooling, causal scaled-dot-product attention,
+layer norm and embedding at the shapes of crates/orch-tensor/benches/nn_ops.rs. Prints `kv KEY MILLISECONDS` lines.
 
 Usage: python scripts/bench_nn_torch.py [THREADS]   (default: all cores)
 """
@@ -47,6 +47,28 @@ def main():
         F.conv2d(x, w, b, padding=2).backward(g)
 
     report("nn/conv2d/fwdbwd", conv_step)
+
+    x1 = torch.randn(128, 1, 28, 28, requires_grad=True)
+    w1 = torch.randn(16, 1, 5, 5, requires_grad=True)
+    b1 = torch.randn(16, requires_grad=True)
+    g1 = torch.randn(128, 16, 28, 28)
+    with torch.no_grad():
+        report("nn/conv2d_l1/fwd", lambda: F.conv2d(x1, w1, b1, padding=2))
+
+    def conv1_step():
+        F.conv2d(x1, w1, b1, padding=2).backward(g1)
+
+    report("nn/conv2d_l1/fwdbwd", conv1_step)
+
+    xp = torch.randn(128, 16, 28, 28, requires_grad=True)
+    gp = torch.randn(128, 16, 14, 14)
+    with torch.no_grad():
+        report("nn/max_pool2d/fwd", lambda: F.max_pool2d(xp, 2))
+
+    def pool_step():
+        F.max_pool2d(xp, 2).backward(gp)
+
+    report("nn/max_pool2d/fwdbwd", pool_step)
 
     q, k, v = (torch.randn(12, 4, 64, 32, requires_grad=True) for _ in range(3))
     go = torch.randn(12, 4, 64, 32)

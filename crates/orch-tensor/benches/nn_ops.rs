@@ -34,20 +34,28 @@ fn time(key: &str, mut f: impl FnMut()) {
     println!("{key:<24} {:>10.3} ms", secs * 1e3);
 }
 
-fn conv() -> orch_tensor::Result<()> {
-    let (x_shape, w_shape) = ([128, 16, 14, 14], [32, 16, 5, 5]);
-    let spec = Conv2dSpec::new(&x_shape, &w_shape, Some(&[32]), [1, 1], [2, 2], [1, 1], 1)?;
-    let (x, w, b) = (data(128 * 16 * 196, 1), data(32 * 16 * 25, 2), data(32, 3));
+/// The two 5x5 convolutions (padding 2) of the reference CNN (`examples/cnn/cnn-small.toml`)
+/// at batch 128: `nn/conv2d` is its second layer, 16 -> 32 channels on 14x14, `nn/conv2d_l1`
+/// its first, 1 -> 16 on 28x28.
+fn conv(name: &str, x_shape: [usize; 4], o: usize) -> orch_tensor::Result<()> {
+    let w_shape = [o, x_shape[1], 5, 5];
+    let spec = Conv2dSpec::new(&x_shape, &w_shape, Some(&[o]), [1, 1], [2, 2], [1, 1], 1)?;
+    let numel = |s: &[usize]| s.iter().product::<usize>();
+    let (x, w, b) = (
+        data(numel(&x_shape), 1),
+        data(numel(&w_shape), 2),
+        data(o, 3),
+    );
     let out_len: usize = spec.out_shape().iter().product();
     let g = data(out_len, 4);
-    println!("conv2d workspace: {} f32", spec.workspace_elems());
+    println!("{name} workspace: {} f32", spec.workspace_elems());
     let (mut out, mut ws) = (zeros(out_len), zeros(spec.workspace_elems()));
-    let (mut dx, mut dw, mut db) = (zeros(x.len()), zeros(w.len()), zeros(32));
+    let (mut dx, mut dw, mut db) = (zeros(x.len()), zeros(w.len()), zeros(o));
     let forward = |out: &mut [f32], ws: &mut [f32]| {
         conv2d_forward(&spec, &x, &w, Some(&b), out, ws).expect("conv2d");
     };
-    time("nn/conv2d/fwd", || forward(&mut out, &mut ws));
-    time("nn/conv2d/fwdbwd", || {
+    time(&format!("nn/{name}/fwd"), || forward(&mut out, &mut ws));
+    time(&format!("nn/{name}/fwdbwd"), || {
         forward(&mut out, &mut ws);
         conv2d_backward(
             &spec,
@@ -61,7 +69,7 @@ fn conv() -> orch_tensor::Result<()> {
         )
         .expect("conv2d backward");
     });
-    if std::env::var_os("NN_BREAKDOWN").is_some() {
+    if name == "conv2d" && std::env::var_os("NN_BREAKDOWN").is_some() {
         // The same products without im2col: a 1x1 conv over 400 channels.
         let spec1 = Conv2dSpec::new(
             &[128, 400, 14, 14],
@@ -84,6 +92,22 @@ fn conv() -> orch_tensor::Result<()> {
             conv2d_backward(&spec, &x, &w, &g, Some(&mut dx), None, None, &mut ws).unwrap()
         });
     }
+    Ok(())
+}
+
+/// The reference CNN's first max pooling (2x2, stride 2) at batch 128: `[128, 16, 28, 28]`.
+fn max_pool() -> orch_tensor::Result<()> {
+    let spec = Pool2dSpec::new(&[128, 16, 28, 28], [2, 2], [2, 2], [0, 0])?;
+    let x = data(128 * 16 * 28 * 28, 15);
+    let g = data(spec.out_numel(), 16);
+    let (mut out, mut idx, mut dx) = (zeros(spec.out_numel()), vec![0u32; g.len()], zeros(x.len()));
+    time("nn/max_pool2d/fwd", || {
+        max_pool2d_forward(&spec, &x, &mut out, &mut idx).expect("max_pool2d")
+    });
+    time("nn/max_pool2d/fwdbwd", || {
+        max_pool2d_forward(&spec, &x, &mut out, &mut idx).expect("max_pool2d");
+        max_pool2d_backward(&spec, &g, &idx, &mut dx).expect("max_pool2d backward");
+    });
     Ok(())
 }
 
@@ -176,7 +200,9 @@ fn main() -> orch_tensor::Result<()> {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     println!("nn kernels, {threads} threads: median ms per call");
     common::threads(threads).install(|| -> orch_tensor::Result<()> {
-        conv()?;
+        conv("conv2d", [128, 16, 14, 14], 32)?;
+        conv("conv2d_l1", [128, 1, 28, 28], 16)?;
+        max_pool()?;
         attention()?;
         layer_norm()?;
         embedding()

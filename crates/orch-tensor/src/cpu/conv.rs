@@ -4,7 +4,10 @@
 //! Algorithm: per batch of up to 4 samples (wider products run faster), **im2col** writes the
 //! samples' `[C*kh*kw, OH*OW]` column matrices side by side into a workspace slot, then one
 //! gemm per group gives `out_g = W_g col_g`, copied back to the samples (plus bias). A 1x1
-//! kernel with stride 1 and no padding skips im2col (the input is its own column matrix).
+//! kernel with stride 1 and no padding skips im2col (the input is its own column matrix). With
+//! stride and dilation 1 (the common case) each channel is zero-padded once into a plane of the
+//! slot, so every column-matrix row is `OH` copies of `OW` contiguous values, and col2im adds
+//! them up in that plane before copying its interior out.
 //! Backward, per batch: the output gradients side by side, im2col again,
 //! `dW_g^T += col_g dY_g^T` into the partial weight gradient of the batch's group, then
 //! `dcol_g = W_g^T dY_g` into the same column buffer and **col2im** scatters it into `d_input`.
@@ -15,7 +18,8 @@
 //! unless there is one slot only.
 //!
 //! Memory: per slot (thread), a batch's column matrices (`batch*C*kh*kw*OH*OW`, a batch kept
-//! within 2 MiB of them) and outputs (`batch*O*OH*OW`), none for the 1x1 case; plus, for
+//! within 2 MiB of them), outputs (`batch*O*OH*OW`) and, with stride and dilation 1 and padding,
+//! one padded plane (`(H+2ph)*(W+2pw)`), none for the 1x1 case; plus, for
 //! backward, a weight-sized and a bias-sized partial gradient per group.
 
 use super::slice_gemm::{Mat, sgemm};
@@ -235,7 +239,8 @@ impl Conv2dSpec {
         self.o * (self.c / self.groups) * self.kh * self.kw
     }
 
-    /// One slot: a batch's column matrices and its output matrix.
+    /// One slot: a batch's column matrices, its output matrix and (unit stride and dilation
+    /// with padding) one zero-padded input plane.
     fn slot_len(&self) -> Result<usize> {
         let one = checked_product(OP, "the column matrix", &[self.c, self.kh, self.kw])?;
         let one = checked_product(OP, "the column matrix", &[one, self.oh, self.ow])?;
@@ -245,9 +250,45 @@ impl Conv2dSpec {
         } else {
             one.checked_add(tmp)
                 .and_then(|v| v.checked_mul(self.batch()))
+                .and_then(|v| v.checked_add(self.padded_len()?))
                 .filter(|&v| v <= crate::MAX_NUMEL)
                 .ok_or_else(|| bad_arg(OP, &[self.o], "the workspace overflows".into()))?
         })
+    }
+
+    /// Stride 1 and dilation 1: every column-matrix row is `OH` runs of `OW` contiguous
+    /// values of the (padded) input plane.
+    fn unit(&self) -> bool {
+        self.stride == [1, 1] && self.dilation == [1, 1]
+    }
+
+    /// The padded plane's rows and columns (`H + 2*ph`, `W + 2*pw`).
+    fn padded_dims(&self) -> (usize, usize) {
+        (self.h + 2 * self.padding[0], self.w + 2 * self.padding[1])
+    }
+
+    /// Elements of the zero-padded plane a slot keeps for the unit path (none otherwise), or
+    /// `None` on overflow.
+    fn padded_len(&self) -> Option<usize> {
+        if !self.unit() || self.padding == [0, 0] {
+            return Some(0);
+        }
+        let hp = self.padding[0].checked_mul(2)?.checked_add(self.h)?;
+        let wp = self.padding[1].checked_mul(2)?.checked_add(self.w)?;
+        hp.checked_mul(wp)
+    }
+
+    /// A slot as (column matrices, output matrix, padded plane).
+    fn slot_parts<'a>(&self, slot: &'a mut [f32]) -> (&'a mut [f32], &'a mut [f32], &'a mut [f32]) {
+        let (col, rest) = slot.split_at_mut(self.col_len());
+        let tmp = if self.direct() {
+            0
+        } else {
+            self.batch() * self.out_len()
+        };
+        let (tmp, rest) = rest.split_at_mut(tmp.min(rest.len()));
+        let pad = self.padded_len().unwrap_or(0).min(rest.len());
+        (col, tmp, &mut rest[..pad])
     }
 
     fn in_len(&self) -> usize {
@@ -308,9 +349,117 @@ fn for_each_col_row(s: &Conv2dSpec, mut f: impl FnMut(usize, usize, usize, usize
     }
 }
 
+/// Copies `src` into `dst` (the same length) in runs of 8, the last run overlapping the one
+/// before it: short rows without a `memcpy` call each.
+#[inline(always)]
+fn copy_run(dst: &mut [f32], src: &[f32]) {
+    let n = dst.len();
+    if n < 8 {
+        dst.copy_from_slice(src);
+        return;
+    }
+    let mut k = 0;
+    while k + 8 <= n {
+        dst[k..k + 8].copy_from_slice(&src[k..k + 8]);
+        k += 8;
+    }
+    if k < n {
+        dst[n - 8..].copy_from_slice(&src[n - 8..]);
+    }
+}
+
+/// The plane of `x` at `c`, zero-padded into `padded` (`Hp x Wp`, its border already zero)
+/// when there is padding, with its row length.
+fn padded_plane<'a>(
+    s: &Conv2dSpec,
+    x: &'a [f32],
+    c: usize,
+    padded: &'a mut [f32],
+) -> (&'a [f32], usize) {
+    let plane = &x[c * s.h * s.w..][..s.h * s.w];
+    if s.padding == [0, 0] {
+        return (plane, s.w);
+    }
+    let [ph, pw] = s.padding;
+    let (_, wp) = s.padded_dims();
+    for (ih, row) in plane.chunks_exact(s.w).enumerate() {
+        copy_run(&mut padded[(ih + ph) * wp + pw..][..s.w], row);
+    }
+    (padded, wp)
+}
+
+/// [`im2col`] for stride 1 and dilation 1: each channel padded once into `padded`, then every
+/// row of the column matrix is `OH` copies of `OW` contiguous values.
+fn im2col_unit(
+    s: &Conv2dSpec,
+    x: &[f32],
+    col: &mut [f32],
+    ld: usize,
+    off: usize,
+    padded: &mut [f32],
+) {
+    let (l, ow) = (s.spatial(), s.ow);
+    padded.fill(0.0);
+    for c in 0..s.c {
+        let (src, wp) = padded_plane(s, x, c, padded);
+        for i in 0..s.kh {
+            for j in 0..s.kw {
+                let row = (c * s.kh + i) * s.kw + j;
+                let dst = &mut col[row * ld + off..][..l];
+                for (oh, d) in dst.chunks_exact_mut(ow).enumerate() {
+                    copy_run(d, &src[(oh + i) * wp + j..][..ow]);
+                }
+            }
+        }
+    }
+}
+
+/// [`col2im`] for stride 1 and dilation 1: each channel's sums gathered in the padded plane
+/// `padded` (none without padding: straight into `dx`), then its interior copied out.
+fn col2im_unit(
+    s: &Conv2dSpec,
+    col: &[f32],
+    ld: usize,
+    off: usize,
+    dx: &mut [f32],
+    padded: &mut [f32],
+) {
+    let (l, ow) = (s.spatial(), s.ow);
+    let [ph, pw] = s.padding;
+    let (_, wp) = s.padded_dims();
+    for (c, plane) in dx.chunks_exact_mut(s.h * s.w).enumerate() {
+        let acc: &mut [f32] = if s.padding == [0, 0] {
+            &mut *plane
+        } else {
+            &mut *padded
+        };
+        acc.fill(0.0);
+        for i in 0..s.kh {
+            for j in 0..s.kw {
+                let row = (c * s.kh + i) * s.kw + j;
+                let src = &col[row * ld + off..][..l];
+                for (oh, g) in src.chunks_exact(ow).enumerate() {
+                    let d = &mut acc[(oh + i) * wp + j..][..ow];
+                    for (v, g) in d.iter_mut().zip(g) {
+                        *v += g;
+                    }
+                }
+            }
+        }
+        if s.padding != [0, 0] {
+            for (ih, row) in plane.chunks_exact_mut(s.w).enumerate() {
+                copy_run(row, &padded[(ih + ph) * wp + pw..][..s.w]);
+            }
+        }
+    }
+}
+
 /// Writes the column matrix of one sample `x` (`[C, H, W]`) into `col` (`[C*kh*kw, OH*OW]`),
-/// at column `off` of a matrix with row stride `ld`.
-fn im2col(s: &Conv2dSpec, x: &[f32], col: &mut [f32], ld: usize, off: usize) {
+/// at column `off` of a matrix with row stride `ld`; `padded` is the slot's padded plane.
+fn im2col(s: &Conv2dSpec, x: &[f32], col: &mut [f32], ld: usize, off: usize, padded: &mut [f32]) {
+    if s.unit() {
+        return im2col_unit(s, x, col, ld, off, padded);
+    }
     let (l, ow) = (s.spatial(), s.ow);
     let [sh, sw] = s.stride;
     let [ph, pw] = s.padding;
@@ -343,9 +492,12 @@ fn im2col(s: &Conv2dSpec, x: &[f32], col: &mut [f32], ld: usize, off: usize) {
     });
 }
 
-/// Adds the column matrix at column `off` of `col` (row stride `ld`) back into one sample's
-/// input gradient `dx` (`[C, H, W]`).
-fn col2im(s: &Conv2dSpec, col: &[f32], ld: usize, off: usize, dx: &mut [f32]) {
+/// Writes the input gradient `dx` (`[C, H, W]`) of one sample from the column matrix at
+/// column `off` of `col` (row stride `ld`), adding up overlapping windows.
+fn col2im(s: &Conv2dSpec, col: &[f32], ld: usize, off: usize, dx: &mut [f32], padded: &mut [f32]) {
+    if s.unit() {
+        return col2im_unit(s, col, ld, off, dx, padded);
+    }
     let (l, ow) = (s.spatial(), s.ow);
     let [sh, sw] = s.stride;
     let [ph, pw] = s.padding;
@@ -447,11 +599,11 @@ pub fn conv2d_forward(
             }
             return;
         }
-        let (col, tmp) = slot.split_at_mut(s.col_len());
+        let (col, tmp, padded) = s.slot_parts(slot);
         let nb = xs.len() / s.in_len();
         let ld = nb * l;
         for (b, xb) in xs.chunks(s.in_len()).enumerate() {
-            im2col(s, xb, col, ld, b * l);
+            im2col(s, xb, col, ld, b * l, padded);
         }
         for g in 0..s.groups {
             sgemm(
@@ -542,10 +694,10 @@ pub fn conv2d_backward(
     let slots = usable_slots(OP, ws.len(), slot_len, s.n)?;
     let (l, og, kg, batch) = (s.spatial(), s.o / s.groups, s.group_k(), s.batch());
     let (want_dw, want_db) = (d_weight.is_some(), d_bias.is_some());
-    let (col_len, w_len) = (s.col_len(), s.weight_len());
+    let w_len = s.weight_len();
     // One batch: its index, its input gradients, a slot, its group's partial gradients.
     let run = |bi: usize, dx: Option<&mut [f32]>, slot: &mut [f32], part: &mut [f32], par| {
-        let (col, tmp) = slot.split_at_mut(col_len);
+        let (col, tmp, padded) = s.slot_parts(slot);
         let (dw, db) = part.split_at_mut(w_len);
         let first = bi * batch;
         let nb = batch.min(s.n - first);
@@ -568,7 +720,7 @@ pub fn conv2d_backward(
                 xs
             } else {
                 for (b, xb) in xs.chunks(s.in_len()).enumerate() {
-                    im2col(s, xb, col, ld, b * l);
+                    im2col(s, xb, col, ld, b * l, padded);
                 }
                 col
             };
@@ -609,7 +761,7 @@ pub fn conv2d_backward(
             }
             if !s.direct() {
                 for (b, dxb) in dxs.chunks_mut(s.in_len()).enumerate() {
-                    col2im(s, col, ld, b * l, dxb);
+                    col2im(s, col, ld, b * l, dxb, padded);
                 }
             }
         }

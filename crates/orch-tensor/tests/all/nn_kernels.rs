@@ -527,8 +527,11 @@ pub(crate) fn pool_ref(
 #[test]
 fn pooling_matches_the_reference_and_finite_differences() {
     type PoolCase = ([usize; 4], [usize; 2], [usize; 2], [usize; 2]);
-    let cases: [PoolCase; 6] = [
+    let cases: [PoolCase; 9] = [
         ([2, 3, 6, 6], [2, 2], [2, 2], [0, 0]),
+        ([1, 2, 7, 5], [2, 2], [2, 2], [0, 0]), // the last row and column fall outside
+        ([2, 1, 4, 23], [2, 2], [2, 2], [0, 0]), // runs of 8 outputs, the last overlapping
+        ([1, 2, 6, 8], [2, 3], [2, 3], [0, 0]),
         ([2, 2, 7, 5], [3, 3], [2, 2], [1, 1]),
         ([1, 3, 6, 7], [3, 2], [1, 2], [1, 1]),
         ([2, 1, 5, 5], [3, 3], [1, 1], [0, 0]),
@@ -579,6 +582,79 @@ fn max_pooling_takes_the_first_maximum_and_propagates_nan() {
         max_pool2d_backward(&spec, &[1.0, 2.0], &[0, 8], &mut dx).is_err(),
         "bad index"
     );
+    // 2x2 windows of stride 2 and other unpadded windows keep the same rules: a NaN first in
+    // its window stays, the last of two NaNs wins, a window of -inf points at its first element.
+    let (inf, nan) = (f32::NEG_INFINITY, f32::NAN);
+    let x = [nan, 7.0, nan, 4.0, inf, inf, 2.0, 5.0, nan, 8.0, inf, inf];
+    let cases: [([usize; 2], &[u32], &[f32]); 2] = [
+        ([2, 2], &[0, 8, 4], &[nan, nan, inf]),
+        ([2, 3], &[8, 9], &[nan, 8.0]),
+    ];
+    for (k, want_idx, want) in cases {
+        let spec = Pool2dSpec::new(&[1, 1, 2, 6], k, k, [0, 0]).unwrap();
+        let mut out = vec![0.0; spec.out_numel()];
+        let mut idx = vec![0u32; spec.out_numel()];
+        max_pool2d_forward(&spec, &x, &mut out, &mut idx).unwrap();
+        assert_eq!(idx, want_idx, "kernel {k:?}");
+        let same = out
+            .iter()
+            .zip(want)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "kernel {k:?}: {out:?}, want {want:?}");
+    }
+}
+
+/// Max pooling's rule, written out: the first maximum of each window in row-major order, a
+/// NaN winning (the last one, if several); the index within the plane.
+fn max_pool_rule(x: &[f32], shape: [usize; 4], k: [usize; 2], s: [usize; 2]) -> Vec<(u32, u32)> {
+    let [n, c, h, w] = shape;
+    let (oh, ow) = ((h - k[0]) / s[0] + 1, (w - k[1]) / s[1] + 1);
+    let mut out = Vec::new();
+    for p in 0..n * c {
+        for y in 0..oh {
+            for z in 0..ow {
+                let first = y * s[0] * w + z * s[1];
+                let (mut best, mut at) = (f32::NEG_INFINITY, first);
+                for i in 0..k[0] {
+                    for j in 0..k[1] {
+                        let v = x[p * h * w + first + i * w + j];
+                        if v > best || v.is_nan() {
+                            (best, at) = (v, first + i * w + j);
+                        }
+                    }
+                }
+                out.push((best.to_bits(), at as u32));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn max_pooling_keeps_its_rule_on_ties_nans_and_signed_zeros() {
+    // Few distinct values, so ties are common, with NaNs, -inf and both zeros among them; wide
+    // rows, so whole runs of outputs and their overlapping last run are compared too.
+    let levels = [-1.0, -0.0, 0.0, 0.5, 2.0, f32::NEG_INFINITY, f32::NAN];
+    let shapes = [[2, 3, 6, 20], [1, 2, 5, 33], [1, 1, 4, 9], [3, 1, 2, 17]];
+    for (si, &shape) in shapes.iter().enumerate() {
+        let pick = values(shape.iter().product(), 90 + si as u64, 0.0, 7.0);
+        let x: Vec<f32> = pick.iter().map(|&v| levels[(v as usize).min(6)]).collect();
+        for (k, s) in [([2, 2], [2, 2]), ([2, 3], [1, 2]), ([3, 3], [3, 3])] {
+            if shape[2] < k[0] || shape[3] < k[1] {
+                continue;
+            }
+            let spec = Pool2dSpec::new(&shape, k, s, [0, 0]).unwrap();
+            let mut out = vec![0.0; spec.out_numel()];
+            let mut idx = vec![0u32; spec.out_numel()];
+            max_pool2d_forward(&spec, &x, &mut out, &mut idx).unwrap();
+            let got: Vec<(u32, u32)> = out.iter().map(|v| v.to_bits()).zip(idx).collect();
+            assert_eq!(
+                got,
+                max_pool_rule(&x, shape, k, s),
+                "{shape:?} k{k:?} s{s:?}"
+            );
+        }
+    }
 }
 
 #[test]
