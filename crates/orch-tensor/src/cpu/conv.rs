@@ -22,6 +22,7 @@
 //! one padded plane (`(H+2ph)*(W+2pw)`), none for the 1x1 case; plus, for
 //! backward, a weight-sized and a bias-sized partial gradient per group.
 
+use super::simd::{multiversion, sum_map};
 use super::slice_gemm::{Mat, sgemm};
 use crate::error::Result;
 use crate::layout::checked_numel;
@@ -368,6 +369,31 @@ fn copy_run(dst: &mut [f32], src: &[f32]) {
     }
 }
 
+/// `dst += src` (the same length) in runs of 8, then 4, then single elements: short rows as
+/// whole vectors where a plain loop would leave most of a row to its scalar remainder.
+#[inline(always)]
+fn add_run(dst: &mut [f32], src: &[f32]) {
+    #[inline(always)]
+    fn add<const N: usize>(d: &mut [f32], s: &[f32]) {
+        for (v, g) in d[..N].iter_mut().zip(&s[..N]) {
+            *v += g;
+        }
+    }
+    let (n, mut k) = (dst.len().min(src.len()), 0);
+    while k + 8 <= n {
+        add::<8>(&mut dst[k..], &src[k..]);
+        k += 8;
+    }
+    if k + 4 <= n {
+        add::<4>(&mut dst[k..], &src[k..]);
+        k += 4;
+    }
+    for (v, g) in dst[k..n].iter_mut().zip(&src[k..n]) {
+        *v += g;
+    }
+}
+
+#[inline(always)]
 /// The plane of `x` at `c`, zero-padded into `padded` (`Hp x Wp`, its border already zero)
 /// when there is padding, with its row length.
 fn padded_plane<'a>(
@@ -390,6 +416,7 @@ fn padded_plane<'a>(
 
 /// [`im2col`] for stride 1 and dilation 1: each channel padded once into `padded`, then every
 /// row of the column matrix is `OH` copies of `OW` contiguous values.
+#[inline(always)]
 fn im2col_unit(
     s: &Conv2dSpec,
     x: &[f32],
@@ -416,6 +443,7 @@ fn im2col_unit(
 
 /// [`col2im`] for stride 1 and dilation 1: each channel's sums gathered in the padded plane
 /// `padded` (none without padding: straight into `dx`), then its interior copied out.
+#[inline(always)]
 fn col2im_unit(
     s: &Conv2dSpec,
     col: &[f32],
@@ -439,10 +467,7 @@ fn col2im_unit(
                 let row = (c * s.kh + i) * s.kw + j;
                 let src = &col[row * ld + off..][..l];
                 for (oh, g) in src.chunks_exact(ow).enumerate() {
-                    let d = &mut acc[(oh + i) * wp + j..][..ow];
-                    for (v, g) in d.iter_mut().zip(g) {
-                        *v += g;
-                    }
+                    add_run(&mut acc[(oh + i) * wp + j..][..ow], g);
                 }
             }
         }
@@ -454,6 +479,7 @@ fn col2im_unit(
     }
 }
 
+multiversion! {
 /// Writes the column matrix of one sample `x` (`[C, H, W]`) into `col` (`[C*kh*kw, OH*OW]`),
 /// at column `off` of a matrix with row stride `ld`; `padded` is the slot's padded plane.
 fn im2col(s: &Conv2dSpec, x: &[f32], col: &mut [f32], ld: usize, off: usize, padded: &mut [f32]) {
@@ -491,7 +517,9 @@ fn im2col(s: &Conv2dSpec, x: &[f32], col: &mut [f32], ld: usize, off: usize, pad
         }
     });
 }
+}
 
+multiversion! {
 /// Writes the input gradient `dx` (`[C, H, W]`) of one sample from the column matrix at
 /// column `off` of `col` (row stride `ld`), adding up overlapping windows.
 fn col2im(s: &Conv2dSpec, col: &[f32], ld: usize, off: usize, dx: &mut [f32], padded: &mut [f32]) {
@@ -526,6 +554,7 @@ fn col2im(s: &Conv2dSpec, col: &[f32], ld: usize, off: usize, dx: &mut [f32], pa
             }
         }
     });
+}
 }
 
 fn gemm_par(slots: usize) -> Parallelism {
@@ -741,7 +770,7 @@ pub fn conv2d_backward(
         if want_db {
             for dy in dys.chunks(s.out_len()) {
                 for (b, row) in db.iter_mut().zip(dy.chunks(l)) {
-                    *b += row.iter().sum::<f32>();
+                    *b += sum_map(row, |v| v);
                 }
             }
         }
