@@ -393,9 +393,9 @@ fn add_run(dst: &mut [f32], src: &[f32]) {
     }
 }
 
-#[inline(always)]
 /// The plane of `x` at `c`, zero-padded into `padded` (`Hp x Wp`, its border already zero)
 /// when there is padding, with its row length.
+#[inline(always)]
 fn padded_plane<'a>(
     s: &Conv2dSpec,
     x: &'a [f32],

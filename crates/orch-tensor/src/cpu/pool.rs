@@ -249,8 +249,8 @@ fn max_2x2_row(r0: &[f32], r1: &[f32], w: usize, top: usize, out: &mut [f32], id
             let (p0, p1) = (&r0[2 * start..][..16], &r1[2 * start..][..16]);
             let (o, i) = (&mut out[start..][..8], &mut idx[start..][..8]);
             let base = (top + 2 * start) as u32;
-            // SAFETY: the CPU has AVX2 (checked above); the slices have the lengths the
-            // function reads and writes (checked by the conversions).
+            // SAFETY: the CPU has AVX2 (checked above), the one requirement of the function
+            // (it asserts the lengths of the slices it reads and writes).
             unsafe { max_2x2_avx2(p0, p1, w as u32, base, o, i) };
             k += 8;
         }
