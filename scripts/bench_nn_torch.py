@@ -31,34 +31,26 @@ def report(key, f):
     print(f"kv {key} {ms:.4f}", flush=True)
 
 
+def conv(key, x_shape, out_channels):
+    """Forward, and forward+backward, of a 5x5 conv2d with padding 2 on `x_shape`."""
+    n, c, h, w_ = x_shape
+    x = torch.randn(*x_shape, requires_grad=True)
+    w = torch.randn(out_channels, c, 5, 5, requires_grad=True)
+    b = torch.randn(out_channels, requires_grad=True)
+    g = torch.randn(n, out_channels, h, w_)
+    with torch.no_grad():
+        report(f"{key}/fwd", lambda: F.conv2d(x, w, b, padding=2))
+    report(f"{key}/fwdbwd", lambda: F.conv2d(x, w, b, padding=2).backward(g))
+
+
 def main():
     threads = int(sys.argv[1]) if len(sys.argv) > 1 else (os.cpu_count() or 1)
     torch.set_num_threads(threads)
     torch.manual_seed(0)
 
-    x = torch.randn(128, 16, 14, 14, requires_grad=True)
-    w = torch.randn(32, 16, 5, 5, requires_grad=True)
-    b = torch.randn(32, requires_grad=True)
-    g = torch.randn(128, 32, 14, 14)
-    with torch.no_grad():
-        report("nn/conv2d/fwd", lambda: F.conv2d(x, w, b, padding=2))
-
-    def conv_step():
-        F.conv2d(x, w, b, padding=2).backward(g)
-
-    report("nn/conv2d/fwdbwd", conv_step)
-
-    x1 = torch.randn(128, 1, 28, 28, requires_grad=True)
-    w1 = torch.randn(16, 1, 5, 5, requires_grad=True)
-    b1 = torch.randn(16, requires_grad=True)
-    g1 = torch.randn(128, 16, 28, 28)
-    with torch.no_grad():
-        report("nn/conv2d_l1/fwd", lambda: F.conv2d(x1, w1, b1, padding=2))
-
-    def conv1_step():
-        F.conv2d(x1, w1, b1, padding=2).backward(g1)
-
-    report("nn/conv2d_l1/fwdbwd", conv1_step)
+    # The reference CNN's two 5x5 convolutions (padding 2) at batch 128.
+    conv("nn/conv2d", (128, 16, 14, 14), 32)
+    conv("nn/conv2d_l1", (128, 1, 28, 28), 16)
 
     xp = torch.randn(128, 16, 28, 28, requires_grad=True)
     gp = torch.randn(128, 16, 14, 14)
