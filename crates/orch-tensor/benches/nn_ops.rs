@@ -36,8 +36,8 @@ fn time(key: &str, mut f: impl FnMut()) {
 
 /// The two 5x5 convolutions (padding 2) of the reference CNN (`examples/cnn/cnn-small.toml`)
 /// at batch 128: `nn/conv2d` is its second layer, 16 -> 32 channels on 14x14, `nn/conv2d_l1`
-/// its first, 1 -> 16 on 28x28.
-fn conv(name: &str, x_shape: [usize; 4], o: usize) -> orch_tensor::Result<()> {
+/// its first, 1 -> 16 on 28x28. `breakdown` also times the second layer's parts (`NN_BREAKDOWN`).
+fn conv(name: &str, x_shape: [usize; 4], o: usize, breakdown: bool) -> orch_tensor::Result<()> {
     let w_shape = [o, x_shape[1], 5, 5];
     let spec = Conv2dSpec::new(&x_shape, &w_shape, Some(&[o]), [1, 1], [2, 2], [1, 1], 1)?;
     let numel = |s: &[usize]| s.iter().product::<usize>();
@@ -69,7 +69,7 @@ fn conv(name: &str, x_shape: [usize; 4], o: usize) -> orch_tensor::Result<()> {
         )
         .expect("conv2d backward");
     });
-    if name == "conv2d" && std::env::var_os("NN_BREAKDOWN").is_some() {
+    if breakdown {
         // The same products without im2col: a 1x1 conv over 400 channels.
         let spec1 = Conv2dSpec::new(
             &[128, 400, 14, 14],
@@ -200,8 +200,9 @@ fn main() -> orch_tensor::Result<()> {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     println!("nn kernels, {threads} threads: median ms per call");
     common::threads(threads).install(|| -> orch_tensor::Result<()> {
-        conv("conv2d", [128, 16, 14, 14], 32)?;
-        conv("conv2d_l1", [128, 1, 28, 28], 16)?;
+        let breakdown = std::env::var_os("NN_BREAKDOWN").is_some();
+        conv("conv2d", [128, 16, 14, 14], 32, breakdown)?;
+        conv("conv2d_l1", [128, 1, 28, 28], 16, false)?;
         max_pool()?;
         attention()?;
         layer_norm()?;

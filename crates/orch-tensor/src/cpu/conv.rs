@@ -287,9 +287,9 @@ impl Conv2dSpec {
         } else {
             self.batch() * self.out_len()
         };
-        let (tmp, rest) = rest.split_at_mut(tmp.min(rest.len()));
-        let pad = self.padded_len().unwrap_or(0).min(rest.len());
-        (col, tmp, &mut rest[..pad])
+        // new() checked padded_len.
+        let (tmp, rest) = rest.split_at_mut(tmp);
+        (col, tmp, &mut rest[..self.padded_len().unwrap_or(0)])
     }
 
     fn in_len(&self) -> usize {

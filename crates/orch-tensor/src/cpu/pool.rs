@@ -149,6 +149,17 @@ impl Pool2dSpec {
         check_len(op, "the output", out, self.out_numel())
     }
 
+    /// Whether max pooling takes the vector path: unpadded 2x2 windows of stride 2 (the usual
+    /// CNN pooling), output rows of at least 8, a CPU with AVX2. Everything else runs the
+    /// general loop.
+    fn max_2x2_vector(&self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if self.kernel == [2, 2] && self.stride == [2, 2] && self.padding == [0, 0] {
+            return self.ow >= 8 && super::simd::has_avx2_fma();
+        }
+        false
+    }
+
     /// Planes per rayon task: enough that a task does about [`PAR_MIN`] element visits.
     fn min_planes(&self) -> usize {
         let visits = (self.out_plane())
@@ -178,9 +189,12 @@ pub fn max_pool2d_forward(
     let tasks = tasks
         .zip(x.par_chunks(s.plane()))
         .with_min_len(s.min_planes());
+    #[cfg(target_arch = "x86_64")]
+    let vector = s.max_2x2_vector();
     tasks.for_each(|((out, idx), x)| {
-        if s.padding == [0, 0] {
-            return max_plane_unpadded(s, x, out, idx);
+        #[cfg(target_arch = "x86_64")]
+        if vector {
+            return max_2x2_plane(s, x, out, idx);
         }
         for oh in 0..s.oh {
             for ow in 0..s.ow {
@@ -203,78 +217,31 @@ pub fn max_pool2d_forward(
     Ok(())
 }
 
-/// Max pooling of one plane when no window is clipped (no padding): the same first maximum
-/// (a NaN wins) as the general loop, without its clipping; 2x2 windows of stride 2 (the common
-/// case) in vector runs.
-fn max_plane_unpadded(s: &Pool2dSpec, x: &[f32], out: &mut [f32], idx: &mut [u32]) {
-    let ([kh, kw], [sh, sw], w) = (s.kernel, s.stride, s.w);
-    let rows = out.chunks_exact_mut(s.ow).zip(idx.chunks_exact_mut(s.ow));
+/// Max pooling of one plane by unpadded 2x2 windows of stride 2 (see
+/// [`Pool2dSpec::max_2x2_vector`]), output rows in runs of 8, the last run overlapping the one
+/// before it (it writes the same values again).
+#[cfg(target_arch = "x86_64")]
+fn max_2x2_plane(s: &Pool2dSpec, x: &[f32], out: &mut [f32], idx: &mut [u32]) {
+    let (w, n) = (s.w, s.ow);
+    let rows = out.chunks_exact_mut(n).zip(idx.chunks_exact_mut(n));
     for (oh, (out, idx)) in rows.enumerate() {
-        let top = oh * sh * w;
-        if [kh, kw, sh, sw] == [2, 2, 2, 2] {
-            let r0 = &x[top..][..2 * s.ow];
-            let r1 = &x[top + w..][..2 * s.ow];
-            max_2x2_row(r0, r1, w, top, out, idx);
-            continue;
-        }
-        for (ow, (o, i)) in out.iter_mut().zip(idx.iter_mut()).enumerate() {
-            let at = top + ow * sw;
-            let (mut best, mut arg) = (f32::NEG_INFINITY, at);
-            for r in 0..kh {
-                let row = &x[at + r * w..][..kw];
-                for (k, &v) in row.iter().enumerate() {
-                    if v > best || v.is_nan() {
-                        (best, arg) = (v, at + r * w + k);
-                    }
-                }
-            }
-            *o = best;
-            *i = arg as u32;
-        }
-    }
-}
-
-/// One output row of 2x2, stride-2 max pooling over input rows `r0`, `r1` (plane row length
-/// `w`, `r0` at plane offset `top`): the first maximum in the order `r0[2k], r0[2k+1],
-/// r1[2k], r1[2k+1]`, a NaN winning (the last one, if several).
-fn max_2x2_row(r0: &[f32], r1: &[f32], w: usize, top: usize, out: &mut [f32], idx: &mut [u32]) {
-    #[cfg(target_arch = "x86_64")]
-    if out.len() >= 8 && super::simd::has_avx2_fma() {
-        // Runs of 8 outputs, the last one overlapping the one before it (it writes the same
-        // values again).
-        let n = out.len();
-        let mut k = 0;
-        while k < n {
+        let top = 2 * oh * w;
+        for k in (0..n).step_by(8) {
             let start = k.min(n - 8);
-            let (p0, p1) = (&r0[2 * start..][..16], &r1[2 * start..][..16]);
+            let p0 = &x[top + 2 * start..][..16];
+            let p1 = &x[top + w + 2 * start..][..16];
             let (o, i) = (&mut out[start..][..8], &mut idx[start..][..8]);
-            let base = (top + 2 * start) as u32;
-            // SAFETY: the CPU has AVX2 (checked above), the one requirement of the function
-            // (it asserts the lengths of the slices it reads and writes).
-            unsafe { max_2x2_avx2(p0, p1, w as u32, base, o, i) };
-            k += 8;
+            // SAFETY: the CPU has AVX2 (max_2x2_vector checked it), the one requirement of
+            // the function (it asserts the lengths of the slices it reads and writes).
+            unsafe { max_2x2_avx2(p0, p1, w as u32, (top + 2 * start) as u32, o, i) };
         }
-        return;
-    }
-    for (k, (o, i)) in out.iter_mut().zip(idx.iter_mut()).enumerate() {
-        let at = top + 2 * k;
-        let (mut best, mut arg) = (r0[2 * k], at);
-        for (v, a) in [
-            (r0[2 * k + 1], at + 1),
-            (r1[2 * k], at + w),
-            (r1[2 * k + 1], at + w + 1),
-        ] {
-            if v > best || v.is_nan() {
-                (best, arg) = (v, a);
-            }
-        }
-        *o = best;
-        *i = arg as u32;
     }
 }
 
-/// Eight outputs of [`max_2x2_row`] from 16 values of each input row, with vector compares and
-/// blends: branches per window would mispredict on real data.
+/// Eight outputs of [`max_2x2_plane`] from 16 values of each of its two input rows (the first
+/// maximum in the order `r0[2k], r0[2k+1], r1[2k], r1[2k+1]`, a NaN winning: the last one if
+/// several), with vector compares and blends: branches per window would mispredict on real
+/// data.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn max_2x2_avx2(
