@@ -37,10 +37,14 @@ munged --socket="$BASE/munge-run/munge.socket.2" --key-file="$BASE/munge/munge.k
        --log-file="$BASE/log/munged.log" --pid-file="$BASE/munge-run/munged.pid" \
        --seed-file="$BASE/munge/munged.seed"
 fail() { echo "START FAILED: $*" >&2; tail -n 15 "$BASE"/log/*.log >&2 || true; exit 1; }
+# A daemon is dead once its pid file names no live process. Until the daemon has written the file
+# (it forks first, and a loaded machine can take a while) it counts as starting; the deadline
+# covers one that dies before writing it.
+dead() { [ -s "$1" ] && ! kill -0 "$(cat "$1")" 2>/dev/null; }
 slurmctld -c
 deadline=$((SECONDS+30))
 until scontrol ping 2>/dev/null | grep -q UP; do
-  kill -0 "$(cat "$BASE/state/slurmctld.pid" 2>/dev/null)" 2>/dev/null || fail "slurmctld died"
+  dead "$BASE/state/slurmctld.pid" && fail "slurmctld died"
   [ $SECONDS -lt $deadline ] || fail "slurmctld not answering"; sleep 0.1
 done
 for name in "${names[@]}"; do
@@ -49,7 +53,7 @@ done
 deadline=$((SECONDS+30))
 for name in "${names[@]}"; do
   until [ "$(sinfo -h -n "$name" -o %t 2>/dev/null)" = idle ]; do
-    kill -0 "$(cat "$BASE/spool/slurmd-$name.pid" 2>/dev/null)" 2>/dev/null || fail "slurmd of $name died"
+    dead "$BASE/spool/slurmd-$name.pid" && fail "slurmd of $name died"
     [ $SECONDS -lt $deadline ] || fail "node $name not idle: $(sinfo -h -o '%n %t %E')"; sleep 0.1
   done
 done

@@ -10,6 +10,7 @@ use std::collections::BTreeSet;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -159,7 +160,7 @@ pub fn start(spec: &LaunchSpec, mut on_spawn: impl FnMut(u32)) -> Result<Launche
             }
         };
         let pid = child.id();
-        lock(&groups).insert(pid as i32);
+        join_groups(&groups, forwarder.as_ref(), pid as i32);
         on_spawn(pid);
         tracing::debug!("started {program} as pid {pid} (rank {rank:?})");
         wait_in_thread(slot, child, sender.clone());
@@ -332,11 +333,32 @@ fn wait_in_thread(slot: usize, mut child: Child, done: mpsc::Sender<Event>) {
 }
 
 fn stop_all(groups: &Mutex<BTreeSet<i32>>, signal: i32) {
-    for &pgid in lock(groups).iter() {
+    signal_groups(&lock(groups), signal);
+}
+
+fn signal_groups(groups: &BTreeSet<i32>, signal: i32) {
+    for &pgid in groups {
         // SAFETY: kill(2) on a process group we created; a group that already exited is ESRCH.
         unsafe {
             libc::kill(-pgid, signal);
         }
+    }
+}
+
+/// Adds a new process's group to the job's. A signal the forwarder passed on before the group
+/// was in the set (one that came while the process was being spawned) is sent to it now, so a
+/// job cancelled during its start cannot leave a process running outside every signal. The
+/// forwarder records the signal and signals the set under the same lock, so each group gets
+/// the signal once from one side or the other.
+fn join_groups(groups: &Mutex<BTreeSet<i32>>, forwarder: Option<&SignalForwarder>, pgid: i32) {
+    let late = {
+        let mut set = lock(groups);
+        set.insert(pgid);
+        forwarder.map_or(0, SignalForwarder::last_signal)
+    };
+    if late != 0 {
+        tracing::info!("forwarding signal {late}, received during the start, to the job");
+        signal_groups(&BTreeSet::from([pgid]), late);
     }
 }
 
@@ -359,11 +381,13 @@ fn free_port() -> Result<u16, ExecError> {
         .map_err(|e| ExecError::NoPort(e.to_string()))
 }
 
-/// Forwards SIGINT, SIGTERM and SIGHUP to every process group of the job while it runs.
+/// Forwards SIGINT, SIGTERM and SIGHUP to every process group of the job while it runs, and
+/// remembers the last one for groups that join later (see [`join_groups`]).
 #[derive(Debug)]
 struct SignalForwarder {
     handle: signal_hook::iterator::Handle,
     thread: std::thread::JoinHandle<()>,
+    last: Arc<AtomicI32>,
 }
 
 impl SignalForwarder {
@@ -371,13 +395,26 @@ impl SignalForwarder {
         let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP])
             .map_err(|e| ExecError::Signals(e.to_string()))?;
         let handle = signals.handle();
+        let last = Arc::new(AtomicI32::new(0));
+        let seen = Arc::clone(&last);
         let thread = std::thread::spawn(move || {
             for signal in signals.forever() {
                 tracing::info!("forwarding signal {signal} to the job");
-                stop_all(&groups, signal);
+                let set = lock(&groups);
+                seen.store(signal, Ordering::SeqCst);
+                signal_groups(&set, signal);
             }
         });
-        Ok(SignalForwarder { handle, thread })
+        Ok(SignalForwarder {
+            handle,
+            thread,
+            last,
+        })
+    }
+
+    /// The last signal forwarded, 0 before any.
+    fn last_signal(&self) -> i32 {
+        self.last.load(Ordering::SeqCst)
     }
 
     fn stop(self) {

@@ -169,3 +169,41 @@ fn a_monitor_can_stop_the_job() {
     assert_eq!(outcome.code(), 1);
     assert!(started.elapsed() < Duration::from_secs(20));
 }
+
+#[test]
+fn a_signal_forwarded_while_a_process_starts_reaches_it_when_it_joins() {
+    // The forwarder passed SIGTERM on (to no group yet) while the job's process was spawning:
+    // the process gets it as it joins the job's groups instead of running on unsignalled.
+    let groups: Arc<Mutex<BTreeSet<i32>>> = Arc::default();
+    let forwarder = SignalForwarder::start(Arc::clone(&groups)).unwrap();
+    forwarder.last.store(libc::SIGTERM, Ordering::SeqCst);
+    let mut child = Command::new("sleep")
+        .arg("30")
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    join_groups(&groups, Some(&forwarder), child.id() as i32);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the late joiner never got the signal"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(status.signal(), Some(libc::SIGTERM));
+    assert!(lock(&groups).contains(&(child.id() as i32)));
+    forwarder.stop();
+
+    // Without a signal before it, joining sends nothing.
+    let mut quiet = Command::new("sleep")
+        .arg("0.3")
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    join_groups(&groups, None, quiet.id() as i32);
+    assert!(quiet.wait().unwrap().success());
+}
