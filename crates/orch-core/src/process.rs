@@ -94,8 +94,26 @@ pub fn group_running(pgid: u32) -> bool {
 /// Whether some process of group `pgid` runs, or `Err` when `/proc` cannot be listed or one of
 /// its entries cannot be read for a reason other than the process having gone meanwhile.
 pub fn probe_group(pgid: u32) -> Result<bool, Unknown> {
-    if pgid <= 1 {
+    let Ok(group) = i32::try_from(pgid) else {
         return Ok(false);
+    };
+    if group <= 1 {
+        return Ok(false);
+    }
+    // No process at all in the group, zombies included: nothing to look through. (EPERM means
+    // members this process may not signal, which still count.)
+    // SAFETY: signal 0 checks for existence and permission; it delivers nothing.
+    if unsafe { libc::kill(-group, 0) } != 0
+        && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+    {
+        return Ok(false);
+    }
+    // Most often the group's leader itself still runs: one read instead of a walk of /proc.
+    if let Ok(Some(leader)) = probe(pgid)
+        && leader.pgrp == pgid
+        && leader.is_running()
+    {
+        return Ok(true);
     }
     let processes =
         procfs::process::all_processes().map_err(|e| Unknown(format!("cannot list /proc: {e}")))?;

@@ -227,17 +227,6 @@ pub fn this_host() -> Option<String> {
 /// `kill(-pgid, 0)` answers "no such group" cheaply (EPERM means it exists but belongs to another
 /// user); when the group exists, `/proc` tells whether a member still runs.
 fn group_has_members(pgid: u32) -> Liveness {
-    let Ok(group) = i32::try_from(pgid) else {
-        return Liveness::Dead;
-    };
-    if group <= 1 {
-        return Liveness::Dead;
-    }
-    // SAFETY: signal 0 checks for existence and permission; it delivers nothing.
-    let rc = unsafe { libc::kill(-group, 0) };
-    if rc != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EPERM) {
-        return Liveness::Dead;
-    }
     match process::probe_group(pgid) {
         Ok(true) => Liveness::Alive,
         Ok(false) => Liveness::Dead,

@@ -391,16 +391,19 @@ impl LeaseStore {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(db("adding a holder"))?;
-        let text: Option<String> = tx
-            .query_row("SELECT holders FROM leases WHERE id = ?1", [id], |row| {
-                row.get(0)
-            })
-            .optional()
-            .map_err(db("adding a holder"))?;
+        let text: Option<String> = query_row(
+            &tx,
+            "SELECT holders FROM leases WHERE id = ?1",
+            [id],
+            |row| row.get(0),
+        )
+        .optional()
+        .map_err(db("adding a holder"))?;
         let mut holders =
             parse_holders(&text.ok_or_else(|| LeaseError::NotFound(id.to_string()))?)?;
         holders.push(holder);
-        tx.execute(
+        exec(
+            &tx,
             "UPDATE leases SET holders = ?1 WHERE id = ?2",
             params![holders_json(&holders), id],
         )
@@ -428,12 +431,14 @@ impl LeaseStore {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(db("releasing a lease"))?;
-        let text: Option<String> = tx
-            .query_row("SELECT holders FROM leases WHERE id = ?1", [id], |row| {
-                row.get(0)
-            })
-            .optional()
-            .map_err(db("releasing a lease"))?;
+        let text: Option<String> = query_row(
+            &tx,
+            "SELECT holders FROM leases WHERE id = ?1",
+            [id],
+            |row| row.get(0),
+        )
+        .optional()
+        .map_err(db("releasing a lease"))?;
         let Some(text) = text else {
             return Ok(true);
         };
@@ -442,7 +447,8 @@ impl LeaseStore {
             .filter(|h| !watchers.iter().any(|w| w.same_process(h)))
             .collect();
         let gone = if others.iter().any(Holder::is_alive) {
-            tx.execute(
+            exec(
+                &tx,
                 "UPDATE leases SET holders = ?1 WHERE id = ?2",
                 params![holders_json(&others), id],
             )
@@ -493,7 +499,7 @@ fn live_leases(tx: &rusqlite::Transaction<'_>) -> Result<Vec<Lease>, LeaseError>
 
 fn read_all(tx: &rusqlite::Transaction<'_>) -> Result<Vec<Lease>, LeaseError> {
     let mut stmt = tx
-        .prepare(
+        .prepare_cached(
             "SELECT l.id, l.job_name, l.exclusive, l.memory_reserved, l.holders, l.created_at_ms,
                     (SELECT group_concat(device_uuid, ',') FROM
                         (SELECT device_uuid FROM lease_devices d WHERE d.lease_id = l.id ORDER BY rank))
@@ -533,7 +539,8 @@ fn read_all(tx: &rusqlite::Transaction<'_>) -> Result<Vec<Lease>, LeaseError> {
 }
 
 fn insert(tx: &rusqlite::Transaction<'_>, lease: &Lease) -> Result<(), LeaseError> {
-    tx.execute(
+    exec(
+        tx,
         "INSERT INTO leases (id, job_name, exclusive, memory_reserved, holders, created_at_ms)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         params![
@@ -547,7 +554,8 @@ fn insert(tx: &rusqlite::Transaction<'_>, lease: &Lease) -> Result<(), LeaseErro
     )
     .map_err(db("writing the lease"))?;
     for (rank, device) in lease.devices.iter().enumerate() {
-        tx.execute(
+        exec(
+            tx,
             "INSERT INTO lease_devices (lease_id, rank, device_uuid) VALUES (?1, ?2, ?3)",
             params![lease.id, rank as i64, device],
         )
@@ -557,12 +565,26 @@ fn insert(tx: &rusqlite::Transaction<'_>, lease: &Lease) -> Result<(), LeaseErro
 }
 
 fn delete(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<bool, LeaseError> {
-    tx.execute("DELETE FROM lease_devices WHERE lease_id = ?1", [id])
+    exec(tx, "DELETE FROM lease_devices WHERE lease_id = ?1", [id])
         .map_err(db("deleting a lease"))?;
-    let n = tx
-        .execute("DELETE FROM leases WHERE id = ?1", [id])
-        .map_err(db("deleting a lease"))?;
+    let n = exec(tx, "DELETE FROM leases WHERE id = ?1", [id]).map_err(db("deleting a lease"))?;
     Ok(n > 0)
+}
+
+/// Runs `sql` through the connection's statement cache: the daemon runs the same few statements
+/// for every job, and preparing each again every time was a tenth of its work per job.
+fn exec(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> rusqlite::Result<usize> {
+    conn.prepare_cached(sql)?.execute(params)
+}
+
+/// [`exec`]'s `query_row`.
+fn query_row<T>(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+    f: impl FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    conn.prepare_cached(sql)?.query_row(params, f)
 }
 
 fn holders_json(holders: &[Holder]) -> String {

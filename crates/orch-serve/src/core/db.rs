@@ -181,12 +181,29 @@ impl Event {
 
 /// Records an event of job `id`.
 pub fn add_event(tx: &rusqlite::Transaction<'_>, id: i64, event: &Event) -> Result<i64, DbError> {
-    tx.execute(
+    exec(
+        tx,
         "INSERT INTO events (job_id, at_ms, kind, message) VALUES (?1, ?2, ?3, ?4)",
         params![id, event.at_ms as i64, event.kind, event.message],
     )
     .map_err(db("recording an event"))?;
     Ok(0)
+}
+
+/// Runs `sql` through the connection's statement cache: the writer runs the same few statements
+/// for every job, and preparing each again every time was a tenth of the daemon's work per job.
+fn exec(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> rusqlite::Result<usize> {
+    conn.prepare_cached(sql)?.execute(params)
+}
+
+/// [`exec`]'s `query_row`.
+fn query_row<T>(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+    f: impl FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    conn.prepare_cached(sql)?.query_row(params, f)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -256,6 +273,8 @@ impl Db {
                 .map_err(db("opening"))?;
             conn.pragma_update(None, "synchronous", "FULL")
                 .map_err(db("opening"))?;
+            // Room for every statement the writer and the readers repeat (see `exec`).
+            conn.set_prepared_statement_cache_capacity(64);
             Ok(conn)
         };
         let writer_conn = open(())?;
@@ -347,7 +366,8 @@ impl Db {
 
     pub fn job(&self, id: i64) -> Result<Option<JobRow>, DbError> {
         self.read(|c| {
-            c.query_row(
+            query_row(
+                c,
                 &format!("SELECT {COLUMNS} FROM jobs WHERE id = ?1"),
                 [id],
                 row_to_job,
@@ -368,7 +388,7 @@ impl Db {
                 format!("WHERE state IN ({})", list.join(","))
             };
             let mut stmt = c
-                .prepare(&format!(
+                .prepare_cached(&format!(
                     "SELECT * FROM (SELECT {COLUMNS} FROM jobs {filter} ORDER BY id DESC LIMIT ?1) ORDER BY id"
                 ))
                 .map_err(db("listing jobs"))?;
@@ -383,7 +403,9 @@ impl Db {
     pub fn events(&self, id: i64) -> Result<Vec<Event>, DbError> {
         self.read(|c| {
             let mut stmt = c
-                .prepare("SELECT at_ms, kind, message FROM events WHERE job_id = ?1 ORDER BY rowid")
+                .prepare_cached(
+                    "SELECT at_ms, kind, message FROM events WHERE job_id = ?1 ORDER BY rowid",
+                )
                 .map_err(db("reading events"))?;
             let rows = stmt
                 .query_map([id], |r| {
@@ -403,7 +425,7 @@ impl Db {
     pub fn counts(&self) -> Result<Vec<(State, String, u64)>, DbError> {
         self.read(|c| {
             let mut stmt = c
-                .prepare("SELECT state, tenant, COUNT(*) FROM jobs GROUP BY state, tenant")
+                .prepare_cached("SELECT state, tenant, COUNT(*) FROM jobs GROUP BY state, tenant")
                 .map_err(db("counting jobs"))?;
             let rows = stmt
                 .query_map([], |r| {
@@ -423,7 +445,7 @@ impl Db {
     pub fn interactive_counts(&self) -> Result<Vec<(String, u64)>, DbError> {
         self.read(|c| {
             let mut stmt = c
-                .prepare(
+                .prepare_cached(
                     "SELECT tenant, COUNT(*) FROM jobs WHERE state = 'running'
                      AND json_extract(submission, '$.holder') IS NOT NULL GROUP BY tenant",
                 )
@@ -445,7 +467,7 @@ impl Db {
     pub fn usage(&self) -> Result<Vec<UsageRow>, DbError> {
         self.read(|c| {
             let mut stmt = c
-                .prepare("SELECT tenant, gpu_seconds, as_of_ms FROM usage")
+                .prepare_cached("SELECT tenant, gpu_seconds, as_of_ms FROM usage")
                 .map_err(db("reading usage"))?;
             let rows = stmt
                 .query_map([], |r| {
@@ -464,14 +486,14 @@ impl Db {
     /// A job's submission and recorded supervisor.
     pub fn submission(&self, id: i64) -> Result<Option<(Submission, Option<String>)>, DbError> {
         self.read(|c| {
-            let row: Option<(String, Option<String>)> = c
-                .query_row(
-                    "SELECT submission, supervisor FROM jobs WHERE id = ?1",
-                    [id],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .optional()
-                .map_err(db("reading a submission"))?;
+            let row: Option<(String, Option<String>)> = query_row(
+                c,
+                "SELECT submission, supervisor FROM jobs WHERE id = ?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(db("reading a submission"))?;
             row.map(|(text, sup)| {
                 serde_json::from_str(&text)
                     .map(|s| (s, sup))
@@ -515,25 +537,25 @@ fn write_loop(mut conn: Connection, requests: mpsc::Receiver<WriteRequest>) {
         // for (a failed write's changes may still be in it): the whole batch is rolled back and
         // every request of it fails.
         let mut broken: Option<DbError> = None;
-        for (n, request) in batch.into_iter().enumerate() {
+        for request in batch {
             replies.push(request.reply);
             if broken.is_some() {
                 continue;
             }
             // Each write in a savepoint of its own: one failing write does not undo the others.
             // A savepoint that cannot be made fails its request, never silently.
-            let name = format!("w{n}");
-            if let Err(e) = tx.execute_batch(&format!("SAVEPOINT {name}")) {
+            // One name serves all: each savepoint is released before the next is made.
+            if let Err(e) = exec(&tx, "SAVEPOINT w", []) {
                 results.push(Err(db("starting a write")(e)));
                 continue;
             }
             let result = (request.op)(&tx);
-            let end = if result.is_ok() {
-                format!("RELEASE {name}")
+            let ended = if result.is_ok() {
+                exec(&tx, "RELEASE w", [])
             } else {
-                format!("ROLLBACK TO {name}; RELEASE {name}")
+                exec(&tx, "ROLLBACK TO w", []).and_then(|_| exec(&tx, "RELEASE w", []))
             };
-            if let Err(e) = tx.execute_batch(&end) {
+            if let Err(e) = ended {
                 broken = Some(db("ending a write")(e));
             }
             results.push(result);
@@ -649,7 +671,8 @@ pub fn save_usage(
     jobs: &[JobUse],
 ) -> Result<i64, DbError> {
     for t in tenants {
-        tx.execute(
+        exec(
+            tx,
             "INSERT INTO usage (tenant, gpu_seconds, as_of_ms) VALUES (?1, ?2, ?3)
              ON CONFLICT(tenant) DO UPDATE SET gpu_seconds = ?2, as_of_ms = ?3",
             params![t.tenant, t.gpu_seconds, t.as_of_ms as i64],
@@ -657,7 +680,8 @@ pub fn save_usage(
         .map_err(db("recording usage"))?;
     }
     for j in jobs {
-        tx.execute(
+        exec(
+            tx,
             "UPDATE jobs SET gpu_seconds = ?2, charged_ms = ?3 WHERE id = ?1",
             params![j.id, j.gpu_seconds, j.charged_ms as i64],
         )
@@ -674,16 +698,20 @@ pub fn job_with_key(
     let Some(key) = key else {
         return Ok(None);
     };
-    tx.query_row("SELECT id FROM jobs WHERE submit_key = ?1", [key], |r| {
-        r.get(0)
-    })
+    query_row(
+        tx,
+        "SELECT id FROM jobs WHERE submit_key = ?1",
+        [key],
+        |r| r.get(0),
+    )
     .optional()
     .map_err(db("writing a job"))
 }
 
 /// How many jobs `tenant` has queued, inside a write transaction.
 pub fn queued_in(tx: &rusqlite::Transaction<'_>, tenant: &str) -> Result<u64, DbError> {
-    tx.query_row(
+    query_row(
+        tx,
         "SELECT COUNT(*) FROM jobs WHERE state = 'queued' AND tenant = ?1",
         [tenant],
         |r| r.get::<_, i64>(0),
@@ -707,7 +735,8 @@ pub fn insert_job(
         reason: e.to_string(),
         code: None,
     })?;
-    tx.execute(
+    exec(
+        tx,
         "INSERT INTO jobs (name, tenant, user, uid, state, gpus, priority, requeue,
             submitted_at_ms, submission, submit_key)
          VALUES (?1, ?2, ?3, ?4, 'queued', ?5, ?6, ?7, ?8, ?9, ?10)",
@@ -791,9 +820,9 @@ pub fn apply(tx: &rusqlite::Transaction<'_>, id: i64, c: &Change) -> Result<i64,
         Update::Set(reason) => (true, Some(reason.as_str())),
         Update::Clear => (true, None),
     };
-    let n = tx
-        .execute(
-            "UPDATE jobs SET
+    let n = exec(
+        tx,
+        "UPDATE jobs SET
                 state = COALESCE(?2, state),
                 started_at_ms = COALESCE(?3, started_at_ms),
                 ended_at_ms = COALESCE(?4, ended_at_ms),
@@ -806,24 +835,24 @@ pub fn apply(tx: &rusqlite::Transaction<'_>, id: i64, c: &Change) -> Result<i64,
                 cancel_requested = COALESCE(?12, cancel_requested),
                 charged_ms = COALESCE(?13, charged_ms)
              WHERE id = ?1 AND (?11 IS NULL OR state = ?11)",
-            params![
-                id,
-                c.state.map(State::as_str),
-                c.started_at_ms.map(|v| v as i64),
-                c.ended_at_ms.map(|v| v as i64),
-                c.exit_code,
-                reason,
-                c.lease_id,
-                devices,
-                c.attempt,
-                c.supervisor,
-                c.only_if.map(State::as_str),
-                c.cancel_requested,
-                c.charged_ms.map(|v| v as i64),
-                touch_reason,
-            ],
-        )
-        .map_err(db("changing a job"))?;
+        params![
+            id,
+            c.state.map(State::as_str),
+            c.started_at_ms.map(|v| v as i64),
+            c.ended_at_ms.map(|v| v as i64),
+            c.exit_code,
+            reason,
+            c.lease_id,
+            devices,
+            c.attempt,
+            c.supervisor,
+            c.only_if.map(State::as_str),
+            c.cancel_requested,
+            c.charged_ms.map(|v| v as i64),
+            touch_reason,
+        ],
+    )
+    .map_err(db("changing a job"))?;
     if n > 0
         && let Some(event) = &c.event
     {
@@ -834,13 +863,14 @@ pub fn apply(tx: &rusqlite::Transaction<'_>, id: i64, c: &Change) -> Result<i64,
 
 /// Deletes finished jobs that ended before `before_ms`; returns how many.
 pub fn purge(tx: &rusqlite::Transaction<'_>, before_ms: u64) -> Result<i64, DbError> {
-    let n = tx
-        .execute(
-            "DELETE FROM jobs WHERE state NOT IN ('queued', 'running') AND ended_at_ms < ?1",
-            [before_ms as i64],
-        )
-        .map_err(db("purging old jobs"))?;
-    tx.execute(
+    let n = exec(
+        tx,
+        "DELETE FROM jobs WHERE state NOT IN ('queued', 'running') AND ended_at_ms < ?1",
+        [before_ms as i64],
+    )
+    .map_err(db("purging old jobs"))?;
+    exec(
+        tx,
         "DELETE FROM events WHERE job_id NOT IN (SELECT id FROM jobs)",
         [],
     )
@@ -853,7 +883,7 @@ impl Db {
     pub fn finished_before(&self, before_ms: u64) -> Result<Vec<(i64, u32)>, DbError> {
         self.read(|c| {
             let mut stmt = c
-                .prepare(
+                .prepare_cached(
                     "SELECT id, attempt FROM jobs
                      WHERE state NOT IN ('queued', 'running') AND ended_at_ms < ?1",
                 )
@@ -950,7 +980,7 @@ mod tests {
             .write_blocking(|tx| {
                 tx.execute_batch(
                     "INSERT INTO usage (tenant, gpu_seconds, as_of_ms) VALUES ('t', 1, 1);
-                     RELEASE w0;",
+                     RELEASE w;",
                 )
                 .map_err(db("testing"))?;
                 Ok(0)
