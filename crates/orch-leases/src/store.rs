@@ -278,6 +278,15 @@ impl LeaseStore {
     }
 
     fn migrate(&mut self) -> Result<(), LeaseError> {
+        // Most opens find the schema current: one read, no write lock (every `orch run` and every
+        // job's supervisor opens the store). Versions only grow, so a current one stays current.
+        let version: i64 = self
+            .conn
+            .pragma_query_value(None, "user_version", |row| row.get(0))
+            .map_err(db("reading the schema version"))?;
+        if version == SCHEMA_VERSION {
+            return Ok(());
+        }
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
