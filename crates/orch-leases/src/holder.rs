@@ -224,8 +224,7 @@ pub fn this_host() -> Option<String> {
     (!name.is_empty()).then_some(name)
 }
 
-/// `kill(-pgid, 0)` answers "no such group" cheaply (EPERM means it exists but belongs to another
-/// user); when the group exists, `/proc` tells whether a member still runs.
+/// [`process::probe_group`] as a [`Liveness`].
 fn group_has_members(pgid: u32) -> Liveness {
     match process::probe_group(pgid) {
         Ok(true) => Liveness::Alive,

@@ -17,6 +17,7 @@
 
 mod authority;
 mod holder;
+pub mod sql;
 mod store;
 
 pub use authority::{

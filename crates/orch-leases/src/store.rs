@@ -1,6 +1,7 @@
 //! The SQLite-backed store. See the crate documentation for why SQLite and how claims stay atomic.
 
 use crate::Holder;
+use crate::sql::{exec, query_row};
 use orch_core::DeviceLease;
 use orch_core::time::now_ms;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
@@ -400,23 +401,11 @@ impl LeaseStore {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(db("adding a holder"))?;
-        let text: Option<String> = query_row(
-            &tx,
-            "SELECT holders FROM leases WHERE id = ?1",
-            [id],
-            |row| row.get(0),
-        )
-        .optional()
-        .map_err(db("adding a holder"))?;
+        let text = holders_text(&tx, id).map_err(db("adding a holder"))?;
         let mut holders =
             parse_holders(&text.ok_or_else(|| LeaseError::NotFound(id.to_string()))?)?;
         holders.push(holder);
-        exec(
-            &tx,
-            "UPDATE leases SET holders = ?1 WHERE id = ?2",
-            params![holders_json(&holders), id],
-        )
-        .map_err(db("adding a holder"))?;
+        set_holders(&tx, id, &holders).map_err(db("adding a holder"))?;
         tx.commit().map_err(db("adding a holder"))
     }
 
@@ -440,14 +429,7 @@ impl LeaseStore {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(db("releasing a lease"))?;
-        let text: Option<String> = query_row(
-            &tx,
-            "SELECT holders FROM leases WHERE id = ?1",
-            [id],
-            |row| row.get(0),
-        )
-        .optional()
-        .map_err(db("releasing a lease"))?;
+        let text = holders_text(&tx, id).map_err(db("releasing a lease"))?;
         let Some(text) = text else {
             return Ok(true);
         };
@@ -456,12 +438,7 @@ impl LeaseStore {
             .filter(|h| !watchers.iter().any(|w| w.same_process(h)))
             .collect();
         let gone = if others.iter().any(Holder::is_alive) {
-            exec(
-                &tx,
-                "UPDATE leases SET holders = ?1 WHERE id = ?2",
-                params![holders_json(&others), id],
-            )
-            .map_err(db("releasing a lease"))?;
+            set_holders(&tx, id, &others).map_err(db("releasing a lease"))?;
             false
         } else {
             delete(&tx, id)?;
@@ -580,20 +557,27 @@ fn delete(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<bool, LeaseError> 
     Ok(n > 0)
 }
 
-/// Runs `sql` through the connection's statement cache: the daemon runs the same few statements
-/// for every job, and preparing each again every time was a tenth of its work per job.
-fn exec(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> rusqlite::Result<usize> {
-    conn.prepare_cached(sql)?.execute(params)
+/// The holders column of lease `id` (`None`: no such lease).
+fn holders_text(tx: &rusqlite::Transaction<'_>, id: &str) -> rusqlite::Result<Option<String>> {
+    query_row(
+        tx,
+        "SELECT holders FROM leases WHERE id = ?1",
+        [id],
+        |row| row.get(0),
+    )
+    .optional()
 }
 
-/// [`exec`]'s `query_row`.
-fn query_row<T>(
-    conn: &Connection,
-    sql: &str,
-    params: impl rusqlite::Params,
-    f: impl FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
-) -> rusqlite::Result<T> {
-    conn.prepare_cached(sql)?.query_row(params, f)
+fn set_holders(
+    tx: &rusqlite::Transaction<'_>,
+    id: &str,
+    holders: &[Holder],
+) -> rusqlite::Result<usize> {
+    exec(
+        tx,
+        "UPDATE leases SET holders = ?1 WHERE id = ?2",
+        params![holders_json(holders), id],
+    )
 }
 
 fn holders_json(holders: &[Holder]) -> String {

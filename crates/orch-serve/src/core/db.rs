@@ -7,6 +7,7 @@
 //! run beside the writer.
 
 use orch_core::time::now_ms;
+use orch_leases::sql::{exec, query_row};
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -188,22 +189,6 @@ pub fn add_event(tx: &rusqlite::Transaction<'_>, id: i64, event: &Event) -> Resu
     )
     .map_err(db("recording an event"))?;
     Ok(0)
-}
-
-/// Runs `sql` through the connection's statement cache: the writer runs the same few statements
-/// for every job, and preparing each again every time was a tenth of the daemon's work per job.
-fn exec(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> rusqlite::Result<usize> {
-    conn.prepare_cached(sql)?.execute(params)
-}
-
-/// [`exec`]'s `query_row`.
-fn query_row<T>(
-    conn: &Connection,
-    sql: &str,
-    params: impl rusqlite::Params,
-    f: impl FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
-) -> rusqlite::Result<T> {
-    conn.prepare_cached(sql)?.query_row(params, f)
 }
 
 #[derive(Debug, thiserror::Error)]
