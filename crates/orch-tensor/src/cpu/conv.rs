@@ -524,6 +524,11 @@ multiversion! {
 /// column `off` of `col` (row stride `ld`), adding up overlapping windows.
 fn col2im(s: &Conv2dSpec, col: &[f32], ld: usize, off: usize, dx: &mut [f32], padded: &mut [f32]) {
     if s.unit() {
+        #[cfg(target_arch = "x86_64")]
+        if super::conv_avx512::available() {
+            // SAFETY: the CPU has AVX-512F (checked above).
+            return unsafe { super::conv_avx512::col2im_unit(s, col, ld, off, dx) };
+        }
         return col2im_unit(s, col, ld, off, dx, padded);
     }
     let (l, ow) = (s.spatial(), s.ow);

@@ -4,6 +4,8 @@
 
 pub(crate) mod attention;
 pub(crate) mod conv;
+#[cfg(target_arch = "x86_64")]
+mod conv_avx512;
 mod dropout;
 mod elementwise;
 mod index;

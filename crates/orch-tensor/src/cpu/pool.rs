@@ -150,12 +150,11 @@ impl Pool2dSpec {
     }
 
     /// Whether max pooling takes the vector path: unpadded 2x2 windows of stride 2 (the usual
-    /// CNN pooling), output rows of at least 8, a CPU with AVX2. Everything else runs the
-    /// general loop.
+    /// CNN pooling) on a CPU with AVX2. Everything else runs the general loop.
     fn max_2x2_vector(&self) -> bool {
         #[cfg(target_arch = "x86_64")]
         if self.kernel == [2, 2] && self.stride == [2, 2] && self.padding == [0, 0] {
-            return self.ow >= 8 && super::simd::has_avx2_fma();
+            return super::simd::has_avx2_fma();
         }
         false
     }
@@ -219,13 +218,25 @@ pub fn max_pool2d_forward(
 
 /// Max pooling of one plane by unpadded 2x2 windows of stride 2 (see
 /// [`Pool2dSpec::max_2x2_vector`]), output rows in runs of 8, the last run overlapping the one
-/// before it (it writes the same values again).
+/// before it (it writes the same values again). Rows of fewer than 8 outputs (a 14x14 plane
+/// pools to 7x7) go through a run of 8 whose missing inputs are `-inf`.
 #[cfg(target_arch = "x86_64")]
 fn max_2x2_plane(s: &Pool2dSpec, x: &[f32], out: &mut [f32], idx: &mut [u32]) {
     let (w, n) = (s.w, s.ow);
     let rows = out.chunks_exact_mut(n).zip(idx.chunks_exact_mut(n));
     for (oh, (out, idx)) in rows.enumerate() {
         let top = 2 * oh * w;
+        if n < 8 {
+            let mut r = [[f32::NEG_INFINITY; 16]; 2];
+            r[0][..2 * n].copy_from_slice(&x[top..][..2 * n]);
+            r[1][..2 * n].copy_from_slice(&x[top + w..][..2 * n]);
+            let (mut o, mut i) = ([0.0; 8], [0; 8]);
+            // SAFETY: as below.
+            unsafe { max_2x2_avx2(&r[0], &r[1], w as u32, top as u32, &mut o, &mut i) };
+            out.copy_from_slice(&o[..n]);
+            idx.copy_from_slice(&i[..n]);
+            continue;
+        }
         for k in (0..n).step_by(8) {
             let start = k.min(n - 8);
             let p0 = &x[top + 2 * start..][..16];

@@ -182,6 +182,28 @@ fn conv_cases() -> Vec<ConvCase> {
             pad: [1, 1],
             ..base
         },
+        // Unit stride, rows wider than one 16-lane vector (runs of 16 and a remainder).
+        ConvCase {
+            x: [2, 2, 5, 37],
+            k: [3, 5],
+            pad: [1, 2],
+            ..base
+        },
+        ConvCase {
+            x: [2, 1, 28, 28],
+            o: 3,
+            k: [5, 5],
+            pad: [2, 2],
+            ..base
+        },
+        // Padding wider than the kernel: whole output rows and columns see only padding.
+        ConvCase {
+            x: [1, 2, 4, 18],
+            o: 2,
+            k: [2, 2],
+            pad: [3, 3],
+            ..base
+        },
     ]
 }
 
@@ -635,7 +657,15 @@ fn max_pooling_keeps_its_rule_on_ties_nans_and_signed_zeros() {
     // Few distinct values, so ties are common, with NaNs, -inf and both zeros among them; wide
     // rows, so whole runs of outputs and their overlapping last run are compared too.
     let levels = [-1.0, -0.0, 0.0, 0.5, 2.0, f32::NEG_INFINITY, f32::NAN];
-    let shapes = [[2, 3, 6, 20], [1, 2, 5, 33], [1, 1, 4, 9], [3, 1, 2, 17]];
+    // [2, 2, 14, 15] pools to rows of 7, fewer than one run of 8 (the reference CNN's second
+    // pooling).
+    let shapes = [
+        [2, 3, 6, 20],
+        [1, 2, 5, 33],
+        [1, 1, 4, 9],
+        [3, 1, 2, 17],
+        [2, 2, 14, 15],
+    ];
     for (si, &shape) in shapes.iter().enumerate() {
         let pick = values(shape.iter().product(), 90 + si as u64, 0.0, 7.0);
         let x: Vec<f32> = pick.iter().map(|&v| levels[(v as usize).min(6)]).collect();
