@@ -7,7 +7,8 @@
 //! kernel with stride 1 and no padding skips im2col (the input is its own column matrix). With
 //! stride and dilation 1 (the common case) each channel is zero-padded once into a plane of the
 //! slot, so every column-matrix row is `OH` copies of `OW` contiguous values, and col2im adds
-//! them up in that plane before copying its interior out.
+//! them up in that plane before copying its interior out (on CPUs with AVX-512, col2im instead
+//! gathers each run of input gradients in registers and stores it once: `conv_avx512.rs`).
 //! Backward, per batch: the output gradients side by side, im2col again,
 //! `dW_g^T += col_g dY_g^T` into the partial weight gradient of the batch's group, then
 //! `dcol_g = W_g^T dY_g` into the same column buffer and **col2im** scatters it into `d_input`.

@@ -231,7 +231,8 @@ fn max_2x2_plane(s: &Pool2dSpec, x: &[f32], out: &mut [f32], idx: &mut [u32]) {
             r[0][..2 * n].copy_from_slice(&x[top..][..2 * n]);
             r[1][..2 * n].copy_from_slice(&x[top + w..][..2 * n]);
             let (mut o, mut i) = ([0.0; 8], [0; 8]);
-            // SAFETY: as below.
+            // SAFETY: the CPU has AVX2 (max_2x2_vector checked it), the one requirement of
+            // the function (it asserts the lengths of the slices it reads and writes).
             unsafe { max_2x2_avx2(&r[0], &r[1], w as u32, top as u32, &mut o, &mut i) };
             out.copy_from_slice(&o[..n]);
             idx.copy_from_slice(&i[..n]);
