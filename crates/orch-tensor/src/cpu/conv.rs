@@ -271,7 +271,7 @@ impl Conv2dSpec {
 
     /// Elements of the zero-padded plane a slot keeps for the unit path (none otherwise), or
     /// `None` on overflow.
-    fn padded_len(&self) -> Option<usize> {
+    pub(super) fn padded_len(&self) -> Option<usize> {
         if !self.unit() || self.padding == [0, 0] {
             return Some(0);
         }
@@ -445,7 +445,7 @@ fn im2col_unit(
 /// [`col2im`] for stride 1 and dilation 1: each channel's sums gathered in the padded plane
 /// `padded` (none without padding: straight into `dx`), then its interior copied out.
 #[inline(always)]
-fn col2im_unit(
+pub(super) fn col2im_unit(
     s: &Conv2dSpec,
     col: &[f32],
     ld: usize,

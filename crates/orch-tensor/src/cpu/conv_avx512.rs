@@ -121,4 +121,45 @@ mod tests {
         assert_eq!(inside(18, 28, lanes(12)), 0x03FF);
         assert_eq!(inside(-1, 100, u16::MAX), 0xFFFE);
     }
+
+    /// The portable col2im is what CPUs without AVX-512 run; on one with it, both must agree.
+    #[test]
+    fn col2im_agrees_with_the_portable_one() {
+        if !available() {
+            return;
+        }
+        // (input [N, C, H, W], kernel, padding)
+        let cases = [
+            ([1, 16, 14, 14], [5, 5], [2, 2]),
+            ([1, 1, 28, 28], [5, 5], [2, 2]),
+            ([1, 2, 5, 37], [3, 5], [1, 2]),
+            ([1, 2, 4, 18], [2, 2], [3, 3]),
+            ([1, 3, 7, 6], [3, 3], [0, 0]),
+        ];
+        for (x, k, pad) in cases {
+            let w = [2, x[1], k[0], k[1]];
+            let s = Conv2dSpec::new(&x, &w, None, [1, 1], pad, [1, 1], 1).unwrap();
+            let (rows, l) = (s.c * s.kh * s.kw, s.oh * s.ow);
+            let (ld, off) = (l + 3, 2);
+            let mut seed = 7u32;
+            let col: Vec<f32> = (0..rows * ld)
+                .map(|_| {
+                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    (seed >> 8) as f32 / (1 << 24) as f32 - 0.5
+                })
+                .collect();
+            let n = s.c * s.h * s.w;
+            let (mut want, mut got) = (vec![f32::NAN; n], vec![f32::NAN; n]);
+            let mut padded = vec![0.0; s.padded_len().unwrap()];
+            super::super::conv::col2im_unit(&s, &col, ld, off, &mut want, &mut padded);
+            // SAFETY: the CPU has AVX-512F (checked above).
+            unsafe { col2im_unit(&s, &col, ld, off, &mut got) };
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-5,
+                    "{x:?} k{k:?} p{pad:?} [{i}]: {a} against {b}"
+                );
+            }
+        }
+    }
 }
