@@ -25,11 +25,13 @@
 
 use super::simd::{multiversion, sum_map};
 use super::slice_gemm::{Mat, sgemm};
+use super::{as_uninit, assume_init};
 use crate::error::Result;
 use crate::layout::checked_numel;
 use crate::nn_kernels::{bad_arg, check_len, checked_product, usable_slots, wanted_slots};
 use gemm::Parallelism;
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 use std::sync::{Mutex, PoisonError};
 
 const OP: &str = "conv2d";
@@ -592,6 +594,21 @@ pub fn conv2d_forward(
     out: &mut [f32],
     ws: &mut [f32],
 ) -> Result<()> {
+    // SAFETY: conv2d_forward_uninit writes only computed values.
+    conv2d_forward_uninit(spec, x, weight, bias, unsafe { as_uninit(out) }, ws)
+}
+
+/// [`conv2d_forward`] into an output that need not be initialised: on `Ok` every element of
+/// `out` is written. The workspace's contents do not matter either (each slot is written before
+/// it is read).
+pub(crate) fn conv2d_forward_uninit(
+    spec: &Conv2dSpec,
+    x: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [MaybeUninit<f32>],
+    ws: &mut [f32],
+) -> Result<()> {
     let s = spec;
     s.check_common(x, weight)?;
     check_len(OP, "the output", out.len(), s.n * s.out_len())?;
@@ -613,14 +630,14 @@ pub fn conv2d_forward(
     let slots = usable_slots(OP, ws.len(), slot_len, s.n)?;
     let (l, og, kg, batch) = (s.spatial(), s.o / s.groups, s.group_k(), s.batch());
     // One batch of samples: `y` and `xs` hold its outputs and inputs.
-    let run = |y: &mut [f32], xs: &[f32], slot: &mut [f32], par: Parallelism| {
+    let run = |y: &mut [MaybeUninit<f32>], xs: &[f32], slot: &mut [f32], par: Parallelism| {
         if s.direct() {
-            // One sample, its own column matrix, written straight into `y`.
-            if let Some(b) = bias {
-                for (row, &bv) in y.chunks_mut(l).zip(b) {
-                    row.fill(bv);
-                }
+            // One sample, its own column matrix, added straight into `y` set to the bias.
+            for (o, row) in y.chunks_mut(l).enumerate() {
+                row.fill(MaybeUninit::new(bias.map_or(0.0, |b| b[o])));
             }
+            // SAFETY: every element of `y` was written just above.
+            let y = unsafe { assume_init(y) };
             for g in 0..s.groups {
                 sgemm(
                     &mut y[g * og * l..(g + 1) * og * l],
@@ -628,7 +645,7 @@ pub fn conv2d_forward(
                     Mat::rows(&weight[g * og * kg..], og, kg),
                     Mat::rows(&xs[g * kg * l..], kg, l),
                     1.0,
-                    bias.is_some(),
+                    true,
                     par,
                 );
             }
@@ -657,7 +674,7 @@ pub fn conv2d_forward(
                 let src = &tmp[o * ld + b * l..][..l];
                 let bv = bias.map_or(0.0, |bias| bias[o]);
                 for (d, &v) in row.iter_mut().zip(src) {
-                    *d = v + bv;
+                    d.write(v + bv);
                 }
             }
         }

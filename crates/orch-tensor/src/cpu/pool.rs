@@ -13,11 +13,12 @@
 //! Memory: no workspace; max pooling's indices are one `u32` per output element
 //! ([`Pool2dSpec::out_numel`]), kept by the caller from forward to backward.
 
-use super::PAR_MIN;
+use super::{PAR_MIN, as_uninit, assume_init};
 use crate::error::Result;
 use crate::layout::checked_numel;
 use crate::nn_kernels::{bad_arg, check_len};
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// A validated 2-D pooling window over `[N, C, H, W]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,6 +177,18 @@ pub fn max_pool2d_forward(
     out: &mut [f32],
     indices: &mut [u32],
 ) -> Result<()> {
+    // SAFETY: max_pool2d_forward_uninit writes only computed values.
+    unsafe { max_pool2d_forward_uninit(spec, x, as_uninit(out), as_uninit(indices)) }
+}
+
+/// [`max_pool2d_forward`] into outputs that need not be initialised: on `Ok` every element of
+/// `out` and `indices` is written.
+pub(crate) fn max_pool2d_forward_uninit(
+    spec: &Pool2dSpec,
+    x: &[f32],
+    out: &mut [MaybeUninit<f32>],
+    indices: &mut [MaybeUninit<u32>],
+) -> Result<()> {
     const OP: &str = "max_pool2d";
     spec.check(OP, x.len(), out.len())?;
     check_len(OP, "the indices", indices.len(), spec.out_numel())?;
@@ -208,8 +221,8 @@ pub fn max_pool2d_forward(
                         }
                     }
                 }
-                out[oh * s.ow + ow] = best;
-                idx[oh * s.ow + ow] = at as u32;
+                out[oh * s.ow + ow].write(best);
+                idx[oh * s.ow + ow].write(at as u32);
             }
         }
     });
@@ -221,7 +234,12 @@ pub fn max_pool2d_forward(
 /// before it (it writes the same values again). Rows of fewer than 8 outputs (a 14x14 plane
 /// pools to 7x7) go through a run of 8 whose missing inputs are `-inf`.
 #[cfg(target_arch = "x86_64")]
-fn max_2x2_plane(s: &Pool2dSpec, x: &[f32], out: &mut [f32], idx: &mut [u32]) {
+fn max_2x2_plane(
+    s: &Pool2dSpec,
+    x: &[f32],
+    out: &mut [MaybeUninit<f32>],
+    idx: &mut [MaybeUninit<u32>],
+) {
     let (w, n) = (s.w, s.ow);
     let rows = out.chunks_exact_mut(n).zip(idx.chunks_exact_mut(n));
     for (oh, (out, idx)) in rows.enumerate() {
@@ -232,10 +250,14 @@ fn max_2x2_plane(s: &Pool2dSpec, x: &[f32], out: &mut [f32], idx: &mut [u32]) {
             r[1][..2 * n].copy_from_slice(&x[top + w..][..2 * n]);
             let (mut o, mut i) = ([0.0; 8], [0; 8]);
             // SAFETY: the CPU has AVX2 (max_2x2_vector checked it), the one requirement of
-            // the function (it asserts the lengths of the slices it reads and writes).
-            unsafe { max_2x2_avx2(&r[0], &r[1], w as u32, top as u32, &mut o, &mut i) };
-            out.copy_from_slice(&o[..n]);
-            idx.copy_from_slice(&i[..n]);
+            // the function (it asserts the lengths of the slices it reads and writes); it
+            // stores computed values only, so `o` and `i` stay initialised.
+            unsafe {
+                let (o, i) = (as_uninit(&mut o), as_uninit(&mut i));
+                max_2x2_avx2(&r[0], &r[1], w as u32, top as u32, o, i)
+            };
+            out.write_copy_of_slice(&o[..n]);
+            idx.write_copy_of_slice(&i[..n]);
             continue;
         }
         for k in (0..n).step_by(8) {
@@ -261,8 +283,8 @@ unsafe fn max_2x2_avx2(
     r1: &[f32],
     w: u32,
     base: u32,
-    out: &mut [f32],
-    idx: &mut [u32],
+    out: &mut [MaybeUninit<f32>],
+    idx: &mut [MaybeUninit<u32>],
 ) {
     use std::arch::x86_64::*;
     assert!(r0.len() >= 16 && r1.len() >= 16 && out.len() >= 8 && idx.len() >= 8);
@@ -303,7 +325,7 @@ unsafe fn max_2x2_avx2(
     let at = _mm256_add_epi32(at, _mm256_castps_si256(arg));
     // SAFETY: `out` and `idx` hold 8 elements (asserted above).
     unsafe {
-        _mm256_storeu_ps(out.as_mut_ptr(), best);
+        _mm256_storeu_ps(out.as_mut_ptr().cast(), best);
         _mm256_storeu_si256(idx.as_mut_ptr().cast(), at);
     }
 }
@@ -315,6 +337,18 @@ pub fn max_pool2d_backward(
     d_out: &[f32],
     indices: &[u32],
     d_input: &mut [f32],
+) -> Result<()> {
+    // SAFETY: max_pool2d_backward_uninit writes only computed values.
+    max_pool2d_backward_uninit(spec, d_out, indices, unsafe { as_uninit(d_input) })
+}
+
+/// [`max_pool2d_backward`] into a `d_input` that need not be initialised: on `Ok` every
+/// element is written (each plane is zeroed, then the gradients are added in).
+pub(crate) fn max_pool2d_backward_uninit(
+    spec: &Pool2dSpec,
+    d_out: &[f32],
+    indices: &[u32],
+    d_input: &mut [MaybeUninit<f32>],
 ) -> Result<()> {
     const OP: &str = "max_pool2d_backward";
     spec.check(OP, d_input.len(), d_out.len())?;
@@ -328,7 +362,7 @@ pub fn max_pool2d_backward(
         ));
     }
     if spec.out_numel() == 0 {
-        d_input.fill(0.0);
+        d_input.fill(MaybeUninit::new(0.0));
         return Ok(());
     }
     let op = spec.out_plane();
@@ -338,7 +372,9 @@ pub fn max_pool2d_backward(
         .with_min_len(spec.min_planes());
     tasks.for_each(|((dx, dy), idx)| {
         // Zeroed plane by plane, so the sums land in a plane still in cache.
-        dx.fill(0.0);
+        dx.fill(MaybeUninit::new(0.0));
+        // SAFETY: every element of the plane was written just above.
+        let dx = unsafe { assume_init(dx) };
         for (&g, &i) in dy.iter().zip(idx) {
             dx[i as usize] += g;
         }

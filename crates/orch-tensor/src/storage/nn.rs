@@ -7,6 +7,7 @@
 //! inputs' slices; CUDA runs the launches of `cuda/layers.rs` over device views of them.
 
 use super::{Buffer, Storage, range_of};
+use crate::cpu;
 use crate::cuda::{self, CudaDevice};
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
@@ -53,15 +54,6 @@ pub(crate) fn batch_norm_workspace(pool: &MemoryPool, spec: &BatchNormSpec) -> u
     match pool.device().is_host() {
         true => spec.workspace_elems(),
         false => cuda::batch_norm_workspace(spec),
-    }
-}
-
-/// Workspace for max pooling's backward: the indices read back as `u32` on the host; none on
-/// CUDA (the kernel reads their bits in place).
-pub(crate) fn max_pool2d_workspace(pool: &MemoryPool, spec: &Pool2dSpec) -> usize {
-    match pool.device().is_host() {
-        true => spec.out_numel(),
-        false => 0,
     }
 }
 
@@ -173,8 +165,13 @@ pub(crate) fn conv2d_forward(
         "conv2d",
         &with_opt(vec![x, w], bias),
         |s| {
-            let [mut out, mut ws] = host_vecs([numel(&spec.out_shape()), ws]);
-            nn_kernels::conv2d_forward(spec, s[0], s[1], s.get(2).copied(), &mut out, &mut ws)?;
+            // Neither the output nor the workspace is zeroed first: the kernel writes every
+            // element of the output and of each workspace slot before reading it.
+            let out = cpu::try_build(numel(&spec.out_shape()), |out| {
+                cpu::with_scratch(ws, |ws| {
+                    cpu::conv::conv2d_forward_uninit(spec, s[0], s[1], s.get(2).copied(), out, ws)
+                })
+            })?;
             Ok(vec![Storage::Cpu(out)])
         },
         |dev, v| {
@@ -200,17 +197,20 @@ pub(crate) fn conv2d_backward(
         |s| {
             let lens = [s[0].len(), s[1].len(), spec.out_shape()[1]];
             let [mut dx, mut dw, mut db] = three(wanted(&want, &lens));
-            let [mut ws] = host_vecs([ws]);
-            nn_kernels::conv2d_backward(
-                spec,
-                s[0],
-                s[1],
-                s[2],
-                dx.as_deref_mut(),
-                dw.as_deref_mut(),
-                db.as_deref_mut(),
-                &mut ws,
-            )?;
+            // The workspace is not zeroed: the kernel zeroes its partial gradients and
+            // writes each slot before reading it.
+            cpu::with_scratch(ws, |ws| {
+                nn_kernels::conv2d_backward(
+                    spec,
+                    s[0],
+                    s[1],
+                    s[2],
+                    dx.as_deref_mut(),
+                    dw.as_deref_mut(),
+                    db.as_deref_mut(),
+                    ws,
+                )
+            })?;
             Ok(storages([dx, dw, db]))
         },
         |dev, v| {
@@ -231,19 +231,23 @@ pub(crate) fn max_pool2d_forward(
         "max_pool2d",
         &[x],
         |s| {
-            let [mut out] = host_vecs([spec.out_numel()]);
-            let mut indices = vec![0u32; spec.out_numel()];
-            nn_kernels::max_pool2d_forward(spec, s[0], &mut out, &mut indices)?;
-            // Same size and alignment: collected in place, no second allocation.
-            let bits: Vec<f32> = indices.into_iter().map(f32::from_bits).collect();
+            // Written by the kernel without zeroing first; the indices straight into f32
+            // storage as their bits.
+            let n = spec.out_numel();
+            let mut out = Vec::new();
+            let bits = cpu::try_build(n, |bits| {
+                out = cpu::try_build(n, |o| {
+                    cpu::pool::max_pool2d_forward_uninit(spec, s[0], o, cpu::uninit_bits(bits))
+                })?;
+                Ok::<_, TensorError>(())
+            })?;
             Ok(vec![Storage::Cpu(out), Storage::Cpu(bits)])
         },
         |dev, v| Ok(cuda_storages(dev.max_pool2d_forward(spec, &v[0])?)),
     )
 }
 
-/// The input gradient of max pooling; on host devices the caller reserved `out_numel`
-/// elements of workspace for the indices read back as `u32` ([`max_pool2d_workspace`]).
+/// The input gradient of max pooling (the indices' `u32` bits read in place, no workspace).
 pub(crate) fn max_pool2d_backward(
     pool: &MemoryPool,
     spec: &Pool2dSpec,
@@ -255,9 +259,11 @@ pub(crate) fn max_pool2d_backward(
         "max_pool2d backward",
         &[dy, indices],
         |s| {
-            let idx: Vec<u32> = s[1].iter().map(|v| v.to_bits()).collect();
-            let [mut dx] = host_vecs([input_len]);
-            nn_kernels::max_pool2d_backward(spec, s[0], &idx, &mut dx)?;
+            // The indices read in place; `dx` zeroed by the kernel plane by plane.
+            let idx = cpu::bits_as_u32(s[1]);
+            let dx = cpu::try_build(input_len, |dx| {
+                cpu::pool::max_pool2d_backward_uninit(spec, s[0], idx, dx)
+            })?;
             Ok(vec![Storage::Cpu(dx)])
         },
         |dev, v| {

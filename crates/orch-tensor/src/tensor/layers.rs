@@ -234,10 +234,7 @@ impl Tensor {
         match indices {
             Some(idx) => {
                 const OP: &str = "max_pool2d backward";
-                // On host devices the indices are read back as u32: one more output-sized
-                // temporary.
-                let _ws =
-                    storage::reserve_workspace(pool, kernels::max_pool2d_workspace(pool, spec))?;
+                // No workspace: every backend reads the indices' bits in place.
                 layer_grads(pool, OP, &[Some(x)], |_| {
                     kernels::max_pool2d_backward(pool, spec, (dense(&g), dense(idx)), len)
                 })

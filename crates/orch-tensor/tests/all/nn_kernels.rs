@@ -222,7 +222,9 @@ fn run_conv(c: &ConvCase, x: &[f64], w: &[f64], b: &[f64], g: &[f64], ws_slots: 
     let bias = c.bias.then_some(b);
     let (want, [oh, ow]) = conv_ref(c, x, w, bias);
     assert_eq!(spec.out_shape(), [c.x[0], c.o, oh, ow], "{c:?}");
-    let mut ws = vec![0.0; spec.workspace_elems()];
+    // Neither the workspace's nor the outputs' contents matter (the host reuses workspace
+    // between ops and does not zero fresh outputs): both start as NaN.
+    let mut ws = vec![f32::NAN; spec.workspace_elems()];
     if let Some(slots) = ws_slots {
         ws.truncate(slots_len(&spec, slots));
     }
