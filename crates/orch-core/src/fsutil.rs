@@ -16,6 +16,19 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     sync_dir(dir)
 }
 
+/// Writes `bytes` to `path` so that no crash of a process leaves half of it: a temporary file
+/// beside it, renamed over `path`; on failure `path` keeps its old content and the temporary
+/// file is removed. Nothing is synced, so a power loss may leave the old content or none: for
+/// files that matter only while the machine stays up, rewritten whenever they are needed again.
+pub fn replace(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let (tmp, _) = temporary(path)?;
+    let result = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
 /// Creates `path` with `bytes` unless it exists, atomically: `Ok(false)` when it already exists
 /// (its content untouched), `Ok(true)` when this call made it. The content is written and synced
 /// in a temporary file first and then linked into place, so `path` never exists half-written:
@@ -66,14 +79,18 @@ mod tests {
     fn replaces_the_whole_file_and_leaves_no_temporary() {
         let dir = std::env::temp_dir().join(format!("orch-fsutil-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("record.json");
-        write_atomic(&path, b"first, and longer").unwrap();
-        write_atomic(&path, b"second").unwrap();
-        assert_eq!(std::fs::read(&path).unwrap(), b"second");
-        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
-        assert_eq!(names.len(), 1, "no temporary file is left behind");
-        let missing = dir.join("no-such-folder").join("x");
-        assert!(write_atomic(&missing, b"x").is_err());
+        type Write = fn(&Path, &[u8]) -> std::io::Result<()>;
+        for write in [write_atomic as Write, replace] {
+            let path = dir.join("record.json");
+            write(&path, b"first, and longer").unwrap();
+            write(&path, b"second").unwrap();
+            assert_eq!(std::fs::read(&path).unwrap(), b"second");
+            let names: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+            assert_eq!(names.len(), 1, "no temporary file is left behind");
+            let missing = dir.join("no-such-folder").join("x");
+            assert!(write(&missing, b"x").is_err());
+            std::fs::remove_file(&path).unwrap();
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -108,11 +108,14 @@ pub fn write_exit(dir: &Path, record: &ExitRecord) -> std::io::Result<()> {
 }
 
 /// Writes a command job's folder: `spec.json` and an empty `supervisor.log`, before the job shows
-/// as running.
+/// as running. `spec.json` is replaced atomically but not synced: only the supervisor started
+/// next reads it, and a folder whose supervisor a power loss kept from starting has no fence,
+/// so the recovering daemon takes the fence itself and never runs it (a new attempt writes a
+/// folder of its own).
 pub fn prepare(dir: &Path, spec: &SuperviseSpec) -> std::io::Result<()> {
     make_dir(dir)?;
     let text = serde_json::to_string(spec).map_err(std::io::Error::other)?;
-    orch_core::fsutil::write_atomic(&dir.join("spec.json"), text.as_bytes())?;
+    orch_core::fsutil::replace(&dir.join("spec.json"), text.as_bytes())?;
     std::fs::File::create(dir.join("supervisor.log"))?;
     Ok(())
 }
