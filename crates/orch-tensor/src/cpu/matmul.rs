@@ -41,7 +41,8 @@ fn last_index(layout: &Layout) -> usize {
 }
 
 /// `[batch.., m, k] @ [batch.., k, n]` where both layouts are already broadcast to the batch
-/// shape; any strides (transposed views cost nothing). Output is dense `[batch.., m, n]`.
+/// shape; any strides (transposed views cost nothing). Output is dense `[batch.., m, n]`, not
+/// zero-filled first: every product overwrites its block (an empty inner dimension gives zeros).
 pub(crate) fn matmul(
     a: &[f32],
     la: &Layout,
@@ -51,13 +52,40 @@ pub(crate) fn matmul(
     k: usize,
     n: usize,
 ) -> CpuStorage {
+    let count: usize = la.shape()[..la.rank() - 2].iter().product();
+    let len = count * m * n;
+    if len == 0 || k == 0 {
+        return vec![0.0; len];
+    }
+    let mut out = Vec::with_capacity(len);
+    // SAFETY: `out` has room for `len` elements, and with `k > 0` matmul_into writes each of them
+    // (below) before the length is set.
+    unsafe {
+        matmul_into(out.as_mut_ptr(), a, la, b, lb, m, k, n);
+        out.set_len(len);
+    }
+    out
+}
+
+/// [`matmul`] into `dst`, which need not be initialised: every one of its `batch * m * n`
+/// elements is written (gemm's `read_dst = false` stores `lhs * rhs` without reading `dst`).
+///
+/// # Safety
+/// `dst` is valid for writes of `batch * m * n` elements, and `k > 0`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn matmul_into(
+    dst: *mut f32,
+    a: &[f32],
+    la: &Layout,
+    b: &[f32],
+    lb: &Layout,
+    m: usize,
+    k: usize,
+    n: usize,
+) {
     let rank = la.rank();
     let batch = &la.shape()[..rank - 2];
     let count: usize = batch.iter().product();
-    let mut out = vec![0.0; count * m * n];
-    if out.is_empty() || k == 0 {
-        return out;
-    }
     assert!(
         last_index(la) < a.len() && last_index(lb) < b.len(),
         "matmul operand out of bounds"
@@ -70,13 +98,14 @@ pub(crate) fn matmul(
         lb.strides()[rank - 2] as isize,
         lb.strides()[rank - 1] as isize,
     );
-    let dst = DstPtr(out.as_mut_ptr());
-    // Computes columns `cols` of product `i` into its m x n block of `out`.
+    let dst = DstPtr(dst);
+    // Computes columns `cols` of product `i` into its m x n block of `dst`.
     let block = |i: usize, cols: Range<usize>, par: Parallelism| {
         let (oa, ob) = (batch_offset(i, batch, la), batch_offset(i, batch, lb));
         // SAFETY: blocks written by different calls never overlap (distinct products or distinct
-        // column ranges), `out` outlives every call (they all finish before it is returned),
-        // and every index the strides reach in `a` and `b` was bounds-checked above.
+        // column ranges), `dst` holds every block (the caller's contract) and outlives every
+        // call (they all finish before this function returns), and every index the strides
+        // reach in `a` and `b` was bounds-checked above.
         unsafe {
             gemm::gemm(
                 m,
@@ -130,7 +159,6 @@ pub(crate) fn matmul(
         };
         (0..count).for_each(|i| block(i, 0..n, par));
     }
-    out
 }
 
 /// The output pointer, shared by the tasks that write disjoint blocks of it.
@@ -170,5 +198,50 @@ mod tests {
         let at = la.transpose(0, 1);
         let r = matmul(&a, &at, &a, &la, 3, 2, 3);
         assert_eq!(r, vec![17., 22., 27., 22., 29., 36., 27., 36., 45.]);
+    }
+
+    /// Every path (one product per task, column blocks per thread, gemm's own threads) writes
+    /// every element without reading the destination: the output starts as NaN.
+    #[test]
+    fn every_element_is_written_over_a_destination_of_nan() {
+        let shapes = [
+            (1, 1, 1, 1),
+            (1, 1, 7, 3),
+            (2, 5, 4, 1),
+            (3, 3, 2, 17),
+            (1, 70, 70, 70),
+            (1, 128, 128, 512),
+            // Column blocks, one per thread, from 2 threads on (m * k * n / 2 = 2^24).
+            (1, 256, 256, 512),
+            (2, 9, 300, 260),
+        ];
+        for threads in [1, 2, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            for &(batch, m, k, n) in &shapes {
+                let a: Vec<f32> = (0..batch * m * k).map(|i| (i % 13) as f32 - 6.0).collect();
+                let b: Vec<f32> = (0..batch * k * n).map(|i| (i % 7) as f32 - 3.0).collect();
+                let la = Layout::contiguous(&[batch, m, k]);
+                // `b` as the transpose of an `[batch, n, k]` tensor: strided operands too.
+                let lb = Layout::contiguous(&[batch, n, k]).transpose(1, 2);
+                let mut got = vec![f32::NAN; batch * m * n];
+                // SAFETY: `got` holds batch * m * n elements and k > 0.
+                pool.install(|| unsafe {
+                    matmul_into(got.as_mut_ptr(), &a, &la, &b, &lb, m, k, n)
+                });
+                for (idx, g) in got.iter().enumerate() {
+                    let (p, i, j) = (idx / (m * n), idx / n % m, idx % n);
+                    let want: f32 = (0..k)
+                        .map(|t| a[(p * m + i) * k + t] * b[(p * n + j) * k + t])
+                        .sum();
+                    assert_eq!(
+                        *g, want,
+                        "[{batch}, {m}, {k}] @ [{k}, {n}] at {idx}, {threads} threads"
+                    );
+                }
+            }
+        }
     }
 }
