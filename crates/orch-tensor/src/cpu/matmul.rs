@@ -6,6 +6,7 @@ use super::CpuStorage;
 use crate::layout::Layout;
 use gemm::Parallelism;
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 use std::ops::Range;
 
 /// Products this small (m*n*k) gain nothing from threads inside one product.
@@ -53,28 +54,14 @@ pub(crate) fn matmul(
     n: usize,
 ) -> CpuStorage {
     let count: usize = la.shape()[..la.rank() - 2].iter().product();
-    let len = count * m * n;
-    if len == 0 || k == 0 {
-        return vec![0.0; len];
-    }
-    let mut out = Vec::with_capacity(len);
-    // SAFETY: `out` has room for `len` elements, and with `k > 0` matmul_into writes each of them
-    // (below) before the length is set.
-    unsafe {
-        matmul_into(out.as_mut_ptr(), a, la, b, lb, m, k, n);
-        out.set_len(len);
-    }
-    out
+    super::build(count * m * n, |dst| matmul_into(dst, a, la, b, lb, m, k, n))
 }
 
-/// [`matmul`] into `dst`, which need not be initialised: every one of its `batch * m * n`
-/// elements is written (gemm's `read_dst = false` stores `lhs * rhs` without reading `dst`).
-///
-/// # Safety
-/// `dst` is valid for writes of `batch * m * n` elements, and `k > 0`.
+/// [`matmul`] into `dst` (`batch * m * n` elements), which need not be initialised: every
+/// element is written (gemm's `read_dst = false` stores `lhs * rhs` without reading `dst`).
 #[allow(clippy::too_many_arguments)]
-unsafe fn matmul_into(
-    dst: *mut f32,
+fn matmul_into(
+    dst: &mut [MaybeUninit<f32>],
     a: &[f32],
     la: &Layout,
     b: &[f32],
@@ -86,6 +73,15 @@ unsafe fn matmul_into(
     let rank = la.rank();
     let batch = &la.shape()[..rank - 2];
     let count: usize = batch.iter().product();
+    assert_eq!(
+        dst.len(),
+        count * m * n,
+        "matmul destination of the wrong size"
+    );
+    if dst.is_empty() || k == 0 {
+        dst.fill(MaybeUninit::new(0.0));
+        return;
+    }
     assert!(
         last_index(la) < a.len() && last_index(lb) < b.len(),
         "matmul operand out of bounds"
@@ -98,14 +94,14 @@ unsafe fn matmul_into(
         lb.strides()[rank - 2] as isize,
         lb.strides()[rank - 1] as isize,
     );
-    let dst = DstPtr(dst);
+    let dst = DstPtr(dst.as_mut_ptr().cast());
     // Computes columns `cols` of product `i` into its m x n block of `dst`.
     let block = |i: usize, cols: Range<usize>, par: Parallelism| {
         let (oa, ob) = (batch_offset(i, batch, la), batch_offset(i, batch, lb));
         // SAFETY: blocks written by different calls never overlap (distinct products or distinct
-        // column ranges), `dst` holds every block (the caller's contract) and outlives every
-        // call (they all finish before this function returns), and every index the strides
-        // reach in `a` and `b` was bounds-checked above.
+        // column ranges), `dst` holds every block (its length was checked above) and outlives
+        // every call (they all finish before this function returns), and every index the
+        // strides reach in `a` and `b` was bounds-checked above.
         unsafe {
             gemm::gemm(
                 m,
@@ -227,10 +223,9 @@ mod tests {
                 // `b` as the transpose of an `[batch, n, k]` tensor: strided operands too.
                 let lb = Layout::contiguous(&[batch, n, k]).transpose(1, 2);
                 let mut got = vec![f32::NAN; batch * m * n];
-                // SAFETY: `got` holds batch * m * n elements and k > 0.
-                pool.install(|| unsafe {
-                    matmul_into(got.as_mut_ptr(), &a, &la, &b, &lb, m, k, n)
-                });
+                // SAFETY: matmul_into writes only computed values.
+                let dst = unsafe { super::super::as_uninit(&mut got) };
+                pool.install(|| matmul_into(dst, &a, &la, &b, &lb, m, k, n));
                 for (idx, g) in got.iter().enumerate() {
                     let (p, i, j) = (idx / (m * n), idx / n % m, idx % n);
                     let want: f32 = (0..k)
