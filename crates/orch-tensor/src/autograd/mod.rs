@@ -318,6 +318,12 @@ pub(crate) fn record(inputs: &[&Tensor], op: impl FnOnce() -> Op) -> Result<Opti
     Ok(Some(Recorded { op: op(), node }))
 }
 
+/// Whether two narrows' ranges `(dimension, start, length)` of one shape share no element:
+/// ranges of one dimension that do not overlap, or an empty one.
+fn disjoint(a: (usize, usize, usize), b: (usize, usize, usize)) -> bool {
+    a.2 == 0 || b.2 == 0 || (a.0 == b.0 && (a.1 + a.2 <= b.1 || b.1 + b.2 <= a.1))
+}
+
 /// Every tensor the root depends on through tensors that require grad, inputs before outputs.
 fn topological_order(root: &Tensor) -> Vec<Tensor> {
     let mut order = Vec::new();
@@ -358,19 +364,52 @@ pub(crate) fn backward(root: &Tensor) -> Result<()> {
     let order = topological_order(root);
     no_grad(|| {
         let mut grads: HashMap<u64, Tensor> = HashMap::new();
+        // Gradients made here from narrows' gradients, held by nothing but `grads`: zeros
+        // except the ranges listed (dimension, start, length), which were written.
+        let mut placed: HashMap<u64, Vec<(usize, usize, usize)>> = HashMap::new();
         let mut leaves: Vec<(&Tensor, Tensor)> = Vec::new();
         grads.insert(root.id(), root.ones_like()?);
         for t in order.iter().rev() {
             let Some(g) = grads.remove(&t.id()) else {
                 continue;
             };
+            placed.remove(&t.id());
             let Some(op) = t.op() else {
                 leaves.push((t, g));
                 continue;
             };
+            if let Op::Narrow(x, dim, start) = op {
+                // The pieces of a split (q, k and v of one product) each write their own range
+                // of one gradient instead of adding a mostly-zero tensor of the whole shape.
+                if x.requires_grad() {
+                    let range = (*dim, *start, t.shape()[*dim]);
+                    let total = match (grads.remove(&x.id()), placed.get_mut(&x.id())) {
+                        (Some(prev), Some(ranges))
+                            if ranges.iter().all(|r| disjoint(*r, range)) =>
+                        {
+                            g.write_narrow_into(&prev, *dim, *start)?;
+                            ranges.push(range);
+                            prev
+                        }
+                        (Some(prev), _) => {
+                            placed.remove(&x.id());
+                            prev.add(&g.narrow_backward(x.shape(), *dim, *start)?)?
+                        }
+                        (None, _) => {
+                            placed.insert(x.id(), vec![range]);
+                            g.narrow_backward(x.shape(), *dim, *start)?
+                        }
+                    };
+                    grads.insert(x.id(), total);
+                }
+                continue;
+            }
             for (input, gi) in rules::input_grads(op, t, &g)? {
                 let total = match grads.remove(&input.id()) {
-                    Some(prev) => prev.add(&gi)?,
+                    Some(prev) => {
+                        placed.remove(&input.id());
+                        prev.add(&gi)?
+                    }
                     None => gi,
                 };
                 grads.insert(input.id(), total);

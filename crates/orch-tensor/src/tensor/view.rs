@@ -217,6 +217,25 @@ impl Tensor {
         self.written_into(shape, 0.0, &target)
     }
 
+    /// Writes this tensor into `dst` (dense, of the shape this one narrows) at `start..` of
+    /// `dim`, in place: the elements of that range become this tensor's, the rest stay.
+    pub(crate) fn write_narrow_into(&self, dst: &Tensor, dim: usize, start: usize) -> Result<()> {
+        let target = Layout::contiguous(dst.shape()).narrow(dim, start, self.shape()[dim]);
+        self.scatter_into(dst, &target)
+    }
+
+    /// Writes this tensor's elements into the elements of the dense `dst` that `target` views.
+    fn scatter_into(&self, dst: &Tensor, target: &Layout) -> Result<()> {
+        let g = self.contiguous()?;
+        let mut out = dst.buffer().write();
+        storage::scatter(
+            self.pool(),
+            &mut out,
+            target,
+            (&g.buffer().read(), g.layout()),
+        )
+    }
+
     /// Gradient of `slice`: zeros of `shape` with `self` written at every `step`-th entry of
     /// `dim` from `start`.
     pub(crate) fn slice_backward(
@@ -238,17 +257,8 @@ impl Tensor {
         value: f32,
         target: &Layout,
     ) -> Result<Tensor> {
-        let g = self.contiguous()?;
         let out = Tensor::full(shape, value, self.pool())?;
-        {
-            let mut dst = out.buffer().write();
-            storage::scatter(
-                self.pool(),
-                &mut dst,
-                target,
-                (&g.buffer().read(), g.layout()),
-            )?;
-        }
+        self.scatter_into(&out, target)?;
         Ok(out)
     }
 }

@@ -245,6 +245,80 @@ fn grad_concat_split_expand_permute(pool: &Pool) -> TestResult {
     )
 }
 
+/// The pieces of one tensor used in several ways: the three parts of a split (as attention's
+/// q, k and v), taken in an order other than their own, a range taken twice, two ranges that
+/// overlap, narrows along two dimensions, and the whole tensor used directly as well. Each
+/// gradient must be the sum of every use's.
+fn grad_narrow_pieces_add_up(pool: &Pool) -> TestResult {
+    run_cases(
+        CASES,
+        (vec(1usize..4, 2..=3), 1usize..4, any::<u64>()),
+        |(mut s, k, seed)| {
+            s[0] = 3 * k;
+            let x = Input::random(&s, seed);
+            let n = s[0];
+            let last = s.len() - 1;
+            let w = s[last];
+            // q * k + v, the pieces used from last to first.
+            check(
+                pool,
+                [x.clone()],
+                |t| {
+                    let p = t[0].split(&[k, k, k], 0)?;
+                    p[2].add(&p[0].mul(&p[1])?)
+                },
+                |r| {
+                    let (q, kk, v) = (
+                        r[0].narrow(0, 0, k),
+                        r[0].narrow(0, k, k),
+                        r[0].narrow(0, 2 * k, k),
+                    );
+                    v.add(&q.mul(&kk))
+                },
+            )?;
+            // The first piece twice, then the whole tensor, then two overlapping ranges.
+            check(
+                pool,
+                [x.clone()],
+                |t| {
+                    let a = t[0].narrow(0, 0, k)?;
+                    let b = t[0].narrow(0, 0, k)?;
+                    let whole = t[0].mul(&t[0])?.narrow(0, k, k)?;
+                    let c = t[0].narrow(0, 1, n - 1)?.narrow(0, 0, k)?;
+                    let d = t[0].narrow(0, 0, 2 * k)?.narrow(0, k - 1, k)?;
+                    a.mul(&b)?.add(&whole)?.add(&c.mul(&d)?)
+                },
+                |r| {
+                    let a = r[0].narrow(0, 0, k);
+                    let whole = r[0].mul(&r[0]).narrow(0, k, k);
+                    let c = r[0].narrow(0, 1, k);
+                    let d = r[0].narrow(0, k - 1, k);
+                    a.mul(&a).add(&whole).add(&c.mul(&d))
+                },
+            )?;
+            // Disjoint ranges of dimension 0 and a range of the last dimension.
+            check(
+                pool,
+                [x],
+                |t| {
+                    let top = t[0].narrow(0, 0, k)?;
+                    let rest = t[0].narrow(0, k, 2 * k)?.narrow(0, 0, k)?;
+                    let side = t[0].narrow(last as isize, w - 1, 1)?.narrow(0, 0, k)?;
+                    top.mul(&rest)?.add(&side)
+                },
+                |r| {
+                    let top = r[0].narrow(0, 0, k);
+                    let rest = r[0].narrow(0, k, k);
+                    let side = r[0].narrow(last, w - 1, 1).narrow(0, 0, k);
+                    let mut full = s.clone();
+                    full[0] = k;
+                    top.mul(&rest).add(&side.broadcast_to(&full))
+                },
+            )
+        },
+    )
+}
+
 fn grad_slice_and_pad(pool: &Pool) -> TestResult {
     run_cases(
         CASES,
@@ -404,6 +478,7 @@ test_device!(
     ties_split_the_gradient,
     grad_where_and_masked_fill,
     grad_concat_split_expand_permute,
+    grad_narrow_pieces_add_up,
     grad_slice_and_pad,
     grad_embedding_index_select_gather,
     grad_cross_entropy_general,
