@@ -11,9 +11,7 @@ use std::mem::MaybeUninit;
 pub(crate) fn map<F: Fn(f32) -> f32 + Sync>(x: &[f32], f: F) -> CpuStorage {
     // Every chunk of the output is written in full from the matching chunk of `x`.
     let body = |i: usize, o: &mut [MaybeUninit<f32>]| {
-        for (o, v) in o.iter_mut().zip(&x[i * PAR_CHUNK..]) {
-            o.write(f(*v));
-        }
+        super::simd::fill_unary(o, &x[i * PAR_CHUNK..], &f);
     };
     build(x.len(), |out| {
         if x.len() >= PAR_MIN {

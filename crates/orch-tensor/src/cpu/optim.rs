@@ -8,45 +8,51 @@ const CHUNK: usize = 1 << 14;
 /// Parameter, gradient and the two moments of one chunk, as rayon's zips nest them.
 type AdamChunk<'a> = (((&'a mut [f32], &'a [f32]), &'a mut [f32]), &'a mut [f32]);
 
-fn sgd(p: &mut [f32], g: &[f32], buf: &mut [f32], lr: f32, momentum: f32, wd: f32, nesterov: bool) {
-    if momentum == 0.0 {
-        for (p, g) in p.iter_mut().zip(g) {
-            *p -= lr * (g + wd * *p);
+super::simd::multiversion! {
+    /// Plain SGD, momentum and Nesterov over one chunk.
+    fn sgd(p: &mut [f32], g: &[f32], buf: &mut [f32], lr: f32, momentum: f32, wd: f32, nesterov: bool) {
+        if momentum == 0.0 {
+            for (p, g) in p.iter_mut().zip(g) {
+                *p -= lr * (g + wd * *p);
+            }
+            return;
         }
-        return;
-    }
-    for ((p, g), b) in p.iter_mut().zip(g).zip(buf.iter_mut()) {
-        let d = g + wd * *p;
-        *b = momentum * *b + d;
-        let step = if nesterov { d + momentum * *b } else { *b };
-        *p -= lr * step;
+        for ((p, g), b) in p.iter_mut().zip(g).zip(buf.iter_mut()) {
+            let d = g + wd * *p;
+            *b = momentum * *b + d;
+            let step = if nesterov { d + momentum * *b } else { *b };
+            *p -= lr * step;
+        }
     }
 }
 
-fn adam(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], op: UpdateOp) {
-    let UpdateOp::Adam {
-        lr,
-        beta1,
-        beta2,
-        eps,
-        weight_decay,
-        decoupled,
-        bias1,
-        bias2,
-    } = op
-    else {
-        return;
-    };
-    for (((p, g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-        let mut g = *g;
-        if decoupled {
-            *p -= lr * weight_decay * *p;
-        } else {
-            g += weight_decay * *p;
+super::simd::multiversion! {
+    /// Adam and AdamW over one chunk.
+    fn adam(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], op: UpdateOp) {
+        let UpdateOp::Adam {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            decoupled,
+            bias1,
+            bias2,
+        } = op
+        else {
+            return;
+        };
+        for (((p, g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+            let mut g = *g;
+            if decoupled {
+                *p -= lr * weight_decay * *p;
+            } else {
+                g += weight_decay * *p;
+            }
+            *m = beta1 * *m + (1.0 - beta1) * g;
+            *v = beta2 * *v + (1.0 - beta2) * g * g;
+            *p -= lr * (*m / bias1) / ((*v / bias2).sqrt() + eps);
         }
-        *m = beta1 * *m + (1.0 - beta1) * g;
-        *v = beta2 * *v + (1.0 - beta2) * g * g;
-        *p -= lr * (*m / bias1) / ((*v / bias2).sqrt() + eps);
     }
 }
 

@@ -104,9 +104,7 @@ where
         let chunk = super::PAR_CHUNK;
         let body = |i: usize, o: &mut [MaybeUninit<f32>]| {
             let start = i * chunk;
-            for ((o, x), y) in o.iter_mut().zip(&a[start..]).zip(&b[start..]) {
-                o.write(f(*x, *y));
-            }
+            super::simd::fill_binary(o, &a[start..], &b[start..], &f);
         };
         return build(n, |out| {
             if n >= PAR_MIN {
@@ -128,22 +126,15 @@ where
             let ob = row_offset(row, outer, &strides[1], lb.offset());
             match (sa, sb) {
                 (1, 1) => {
-                    for ((o, x), y) in o.iter_mut().zip(&a[oa..oa + inner]).zip(&b[ob..ob + inner])
-                    {
-                        o.write(f(*x, *y));
-                    }
+                    super::simd::fill_binary(o, &a[oa..oa + inner], &b[ob..ob + inner], &f);
                 }
                 (1, 0) => {
                     let y = b[ob];
-                    for (o, x) in o.iter_mut().zip(&a[oa..oa + inner]) {
-                        o.write(f(*x, y));
-                    }
+                    super::simd::fill_unary(o, &a[oa..oa + inner], &|x| f(x, y));
                 }
                 (0, 1) => {
                     let x = a[oa];
-                    for (o, y) in o.iter_mut().zip(&b[ob..ob + inner]) {
-                        o.write(f(x, *y));
-                    }
+                    super::simd::fill_unary(o, &b[ob..ob + inner], &|y| f(x, y));
                 }
                 _ => {
                     for (j, o) in o.iter_mut().enumerate() {
