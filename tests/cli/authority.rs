@@ -78,6 +78,14 @@ fn orch_run_takes_its_lease_from_the_daemon_waits_in_its_queue_and_is_an_interac
     assert_eq!(listed[0]["gpus"], 2);
     let table = stdout(&d.client(&["jobs"]));
     assert!(table.contains("sh (interactive)"), "{table}");
+    // The metrics count it as an interactive job of its user's tenant.
+    let (status, metrics) = crate::held_leases::http_text(&d, "GET", "/metrics", "");
+    assert_eq!(status, 200, "{metrics}");
+    let tenant = listed[0]["tenant"].as_str().unwrap();
+    assert!(
+        metrics.contains(&format!("orch_interactive_jobs{{tenant=\"{tenant}\"}} 1")),
+        "{metrics}"
+    );
     // `orch leases` lists the daemon's lease.
     let out = through(&d, &["leases", "--json"]).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
@@ -124,7 +132,7 @@ fn orch_run_takes_its_lease_from_the_daemon_waits_in_its_queue_and_is_an_interac
     let second = waiter.wait_with_output().unwrap();
     assert!(second.status.success(), "{}", stderr(&second));
     assert!(
-        stderr(&second).contains("waits in the daemon's queue"),
+        stderr(&second).contains("waits in the daemon's queue (1st of 1 waiting): waiting for"),
         "{}",
         stderr(&second)
     );
@@ -189,7 +197,7 @@ fn a_killed_orch_run_keeps_its_lease_while_its_job_runs() {
 }
 
 #[test]
-fn a_users_own_daemon_does_not_start_beside_a_machine_daemon_that_owns_gpus() {
+fn a_users_own_daemon_and_local_claims_are_refused_beside_a_machine_daemon_that_owns_gpus() {
     if !root_or_skip("a_users_own_daemon_does_not_start_beside_a_machine_daemon") {
         return;
     }
@@ -220,9 +228,33 @@ fn a_users_own_daemon_does_not_start_beside_a_machine_daemon_that_owns_gpus() {
         .env("ORCH_STATE_DIR", &state)
         .output()
         .unwrap();
+    // A local claim of the real GPUs (here: an orch of its own, by ORCH_STATE_DIR) is refused
+    // with a sentence naming the daemon, before NVML is read; a simulated inventory is nobody's.
+    let run = |devices: &str| {
+        Command::new(env!("CARGO_BIN_EXE_orch"))
+            .args(["--devices", devices, "run", "--gpus", "1", "--", "true"])
+            .env("ORCH_STATE_DIR", &state)
+            .env_remove("ORCH_SERVER")
+            .env_remove("ORCH_JOB_ID")
+            .output()
+            .unwrap()
+    };
+    let claimed = run("nvml");
+    std::fs::create_dir_all(&state).unwrap();
+    let sim = state.join("one.toml");
+    std::fs::write(&sim, "[[gpu]]\nname = \"Sim\"\nmemory_total = \"16GiB\"\n").unwrap();
+    let simulated = run(&format!("sim:{}", sim.display()));
     // A simulated inventory is nobody's: that daemon would start (not tried: it would serve).
     let _ = std::fs::remove_file(owner);
     let _ = std::fs::remove_dir_all(&state);
+    assert_eq!(claimed.status.code(), Some(1), "{}", stderr(&claimed));
+    assert!(
+        stderr(&claimed)
+            .contains("this machine's GPUs belong to the orch daemon at /run/orch/orch.sock (pid "),
+        "{}",
+        stderr(&claimed)
+    );
+    assert!(simulated.status.success(), "{}", stderr(&simulated));
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(

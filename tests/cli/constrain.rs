@@ -240,18 +240,18 @@ fn a_daemon_job_opens_only_its_gpus_node() {
     let _ = std::fs::remove_dir_all(&d.state);
 }
 
-#[test]
-fn a_users_orch_run_through_the_daemon_opens_only_its_gpus_node() {
-    let Some(lab) = lab("held") else { return };
-    if std::env::var("ORCH_DEVICE_CONSTRAINT").is_ok_and(|v| v == "off") {
-        eprintln!("a_users_orch_run_through_the_daemon: skipped (ORCH_DEVICE_CONSTRAINT=off here)");
-        return;
-    }
-    // Not root: its own orch confines nothing; the rule is the daemon's, on the holder.
+/// A root daemon on the lab's GPUs with one tenant, the test user `orchtestc`, on a socket in a
+/// folder everyone may enter; its environment gets `env` too. The daemon, the user's ids and
+/// that folder.
+fn users_daemon(
+    lab: &Lab,
+    tag: &str,
+    env: Vec<(&'static str, String)>,
+) -> (Daemon, (u32, u32), PathBuf) {
     let user = crate::serve::test_user("orchtestc");
     let public = lab.dir.join("public");
     crate::serve::world_dir(&public);
-    let mut d = Daemon::prepare("constrain-held");
+    let mut d = Daemon::prepare(tag);
     let config = d.state.join("serve.toml");
     std::fs::write(
         &config,
@@ -261,7 +261,20 @@ fn a_users_orch_run_through_the_daemon_opens_only_its_gpus_node() {
     d.config = Some(config);
     d.devices = Some(lab.sim.clone());
     d.socket = Some(public.join("orch.sock"));
+    d.env = env;
     d.restart();
+    (d, user, public)
+}
+
+#[test]
+fn a_users_orch_run_through_the_daemon_opens_only_its_gpus_node() {
+    let Some(lab) = lab("held") else { return };
+    if std::env::var("ORCH_DEVICE_CONSTRAINT").is_ok_and(|v| v == "off") {
+        eprintln!("a_users_orch_run_through_the_daemon: skipped (ORCH_DEVICE_CONSTRAINT=off here)");
+        return;
+    }
+    // Not root: its own orch confines nothing; the rule is the daemon's, on the holder.
+    let (d, user, public) = users_daemon(&lab, "constrain-held", Vec::new());
     let script = lab.script();
     let out = crate::serve::as_user(
         user,
@@ -282,5 +295,54 @@ fn a_users_orch_run_through_the_daemon_opens_only_its_gpus_node() {
     assert!(again.status.success(), "{}", stderr(&again));
     let (granted, lines) = granted_and_lines(&stdout(&again));
     assert_eq!(lines, expected(Some(granted)));
+    let _ = std::fs::remove_dir_all(&d.state);
+}
+
+/// With `ORCH_CGROUPS=off` the device program has no cgroup to sit on: the daemon says so at
+/// start-up and a holder's lease runs unconfined, as the daemon's own jobs do, instead of every
+/// lease failing.
+#[test]
+fn without_cgroups_the_daemon_says_its_holders_are_not_confined_and_serves_them() {
+    let Some(lab) = lab("nocg") else { return };
+    if let Err(why) = Mechanism::detect_with(Choice::Bpf) {
+        assert!(
+            std::env::var_os("ORCH_REQUIRE_DEVICE_CONSTRAINT").is_none()
+                || orch_core::process::cgroup_v2_mount().is_none(),
+            "a cgroup v2 hierarchy is mounted but the device program is not available: {why}"
+        );
+        eprintln!("without_cgroups_the_daemon_says: skipped ({why})");
+        return;
+    }
+    let (d, user, public) = users_daemon(
+        &lab,
+        "constrain-nocg",
+        vec![
+            ("ORCH_CGROUPS", "off".into()),
+            ("ORCH_DEVICE_CONSTRAINT", "bpf".into()),
+        ],
+    );
+    assert!(
+        d.log().contains(
+            "jobs are not confined to their GPUs' device nodes: the cgroup v2 device program needs each job's own cgroup, and ORCH_CGROUPS=off turns those off"
+        ),
+        "{}",
+        d.log()
+    );
+    let out = crate::serve::as_user(
+        user,
+        &d.socket(),
+        &public,
+        &["run", "--gpus", "1", "--", "sh", "-c", &lab.script()],
+    );
+    assert!(out.status.success(), "{}\n{}", stderr(&out), d.log());
+    let (_, lines) = granted_and_lines(&stdout(&out));
+    assert_eq!(lines, expected(None));
+    assert!(
+        d.log().contains(
+            "is not confined to its GPUs' device nodes: the device program needs a cgroup"
+        ),
+        "{}",
+        d.log()
+    );
     let _ = std::fs::remove_dir_all(&d.state);
 }

@@ -11,8 +11,14 @@ pub fn http(
     path: &str,
     body: &serde_json::Value,
 ) -> (u16, serde_json::Value) {
+    let (status, text) = http_text(d, method, path, &body.to_string());
+    let json = serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
+    (status, json)
+}
+
+/// One request over the daemon's socket; the status and the answer's body as text.
+pub fn http_text(d: &Daemon, method: &str, path: &str, body: &str) -> (u16, String) {
     let mut stream = std::os::unix::net::UnixStream::connect(d.socket()).unwrap();
-    let body = body.to_string();
     let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: orch\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
@@ -22,11 +28,10 @@ pub fn http(
     let mut answer = String::new();
     stream.read_to_string(&mut answer).unwrap();
     let status: u16 = answer[9..12].parse().unwrap();
-    let json = answer
+    let body = answer
         .split_once("\r\n\r\n")
-        .and_then(|(_, b)| serde_json::from_str(b).ok())
-        .unwrap_or(serde_json::Value::Null);
-    (status, json)
+        .map_or(String::new(), |(_, b)| b.to_string());
+    (status, body)
 }
 
 fn lease_request(gpus: u32, wait: bool) -> serde_json::Value {

@@ -381,6 +381,47 @@ fn the_web_page_in_headless_chromium() {
     );
     let tenants = browser.eval("document.querySelector('#tenants tbody').rows.length");
     assert_eq!(tenants, 1, "a tenant sees its own standing");
+    // A lease `orch run` holds through the daemon is an interactive job of its tenant.
+    let held = job_file(
+        &work,
+        "held.toml",
+        "[job]\nname = \"alpha-notebook\"\ntenant = \"a\"\n[policy]\nplugin = \"first-fit\"\n[command]\nargv = [\"sleep\", \"60\"]\n",
+    );
+    let mut interactive = Command::new(env!("CARGO_BIN_EXE_orch"))
+        .args(["run", &held])
+        .env("ORCH_SERVER", d.socket())
+        .env_remove("ORCH_STATE_DIR")
+        .env_remove("ORCH_JOB_ID")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !stdout(&d.client(&["jobs", "--json"])).contains("alpha-notebook") {
+        assert!(
+            Instant::now() < deadline,
+            "the interactive job never showed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    browser.navigate(&url);
+    browser.wait_for(
+        "document.body && document.body.dataset.ready === '1'",
+        Duration::from_secs(30),
+    );
+    let listed = browser.eval("document.querySelector('#jobs tbody').innerText");
+    assert!(
+        listed
+            .as_str()
+            .unwrap()
+            .contains("alpha-notebook (interactive)"),
+        "{listed}"
+    );
+    // SIGTERM: `orch run` passes it to its job, which ends, and the lease with it.
+    // SAFETY: kill on the pid of a child this test started and has not reaped.
+    unsafe { libc::kill(interactive.id() as i32, libc::SIGTERM) };
+    interactive.wait().unwrap();
     // A name of 10,000 characters (from before names were checked: written into the database)
     // is cut with an ellipsis, whole in its tooltip, and every column stays in view.
     let long = format!("alpha-resnet-{}", "x".repeat(10_000));

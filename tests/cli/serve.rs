@@ -17,6 +17,8 @@ pub struct Daemon {
     pub devices: Option<String>,
     /// The daemon's open-file limit, soft and hard (default: the test's own).
     pub nofile: Option<u64>,
+    /// More variables for the daemon's environment.
+    pub env: Vec<(&'static str, String)>,
 }
 
 impl Daemon {
@@ -38,6 +40,7 @@ impl Daemon {
             run_as: None,
             devices: None,
             nofile: None,
+            env: Vec::new(),
         };
         d.restart();
         d
@@ -56,6 +59,7 @@ impl Daemon {
             run_as: None,
             devices: None,
             nofile: None,
+            env: Vec::new(),
         }
     }
 
@@ -81,6 +85,7 @@ impl Daemon {
                     .open(self.state.join("daemon.log"))
                     .unwrap(),
             );
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         if let Some(config) = &self.config {
             cmd.arg("--config").arg(config);
         }

@@ -249,6 +249,7 @@ fn scheduling_pass(queued: usize, free: usize) -> f64 {
         devices,
         kick: std::sync::Mutex::new(kick),
         reasons: Default::default(),
+        places: Default::default(),
         visible_devices: 64,
         backend: orch_devices::Backend::Sim,
         // Supervisors are not what is measured: `true` stands in for them.

@@ -31,6 +31,14 @@ impl FromStr for InventorySpec {
     }
 }
 
+impl InventorySpec {
+    /// Whether it may read the machine's real GPUs (NVML): `auto` and `nvml`, not `cpu` or a
+    /// simulation.
+    pub fn may_be_real(&self) -> bool {
+        matches!(self, InventorySpec::Auto | InventorySpec::Nvml)
+    }
+}
+
 /// The devices of one machine, from one backend.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Inventory {

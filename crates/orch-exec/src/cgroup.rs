@@ -8,6 +8,11 @@
 
 use std::path::{Path, PathBuf};
 
+/// Whether `ORCH_CGROUPS=off` turned job cgroups off for this process.
+pub fn disabled() -> bool {
+    std::env::var("ORCH_CGROUPS").is_ok_and(|v| v == "off")
+}
+
 /// The cgroup of one job; removed (after its processes are gone) when dropped.
 #[derive(Debug)]
 pub struct JobCgroup {
@@ -18,7 +23,7 @@ impl JobCgroup {
     /// Creates `orch-job-NAME` under this process's own cgroup, if this machine and these
     /// permissions allow it and `ORCH_CGROUPS` is not `off`.
     pub fn create(name: &str) -> Option<JobCgroup> {
-        if std::env::var("ORCH_CGROUPS").is_ok_and(|v| v == "off") {
+        if disabled() {
             return None;
         }
         let path = orch_core::process::cgroup_v2_dir(std::process::id())?
@@ -67,7 +72,7 @@ pub(crate) fn safe_name(name: &str) -> String {
 /// the cgroup it is already in (which changes nothing) on a background thread, while it commits
 /// the job and starts its supervisor; the job's own move then takes the fast path.
 pub fn prime_migration() {
-    if std::env::var("ORCH_CGROUPS").is_ok_and(|v| v == "off") {
+    if disabled() {
         return;
     }
     let _ = std::thread::Builder::new()

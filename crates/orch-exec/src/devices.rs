@@ -239,6 +239,9 @@ pub fn detected() -> &'static Result<Mechanism, Unconstrained> {
 /// The daemon's start-up line: how its jobs are confined to their GPUs, or why they are not.
 pub fn announce_for_daemon() {
     match detected() {
+        Ok(Mechanism::Bpf) if crate::cgroup::disabled() => tracing::warn!(
+            "orch serve: jobs are not confined to their GPUs' device nodes: the cgroup v2 device program needs each job's own cgroup, and ORCH_CGROUPS=off turns those off"
+        ),
         Ok(mechanism) => tracing::info!(
             "orch serve: jobs may open only their granted GPUs' device nodes ({mechanism})"
         ),

@@ -24,7 +24,10 @@ mod spec;
 mod terminal;
 mod watch;
 
-pub use cgroup::{JobCgroup, kill as kill_cgroup, prime_migration as prime_cgroup_migration};
+pub use cgroup::{
+    JobCgroup, disabled as cgroups_disabled, kill as kill_cgroup,
+    prime_migration as prime_cgroup_migration,
+};
 pub use env::{AssignedDevice, Cluster, JobEnv, process_env};
 pub use launch::{ExitOutcome, Launched, Monitor, Stopper, launch, start};
 pub use setup::passwd_entry;

@@ -98,10 +98,16 @@ fn plan_failure(e: PlanError) -> Failure {
 
 /// The inventory `spec` names (`auto`, `nvml`, `cpu`, `sim:PATH`), as `--devices` reads it.
 fn inventory(spec: &str) -> Result<Inventory, Failure> {
-    let parsed = spec
-        .parse::<InventorySpec>()
-        .map_err(|e| Failure::BadRequest(format!("devices= / ORCH_DEVICES: {e}")))?;
-    Inventory::load(&parsed).map_err(|e| Failure::BadRequest(e.to_string()))
+    load(&inventory_spec(spec)?)
+}
+
+fn load(spec: &InventorySpec) -> Result<Inventory, Failure> {
+    Inventory::load(spec).map_err(|e| Failure::BadRequest(e.to_string()))
+}
+
+fn inventory_spec(spec: &str) -> Result<InventorySpec, Failure> {
+    spec.parse::<InventorySpec>()
+        .map_err(|e| Failure::BadRequest(format!("devices= / ORCH_DEVICES: {e}")))
 }
 
 fn visibility(inventory: &Inventory) -> Visibility {
@@ -390,14 +396,14 @@ fn claim(py: Python<'_>, spec: String, request: &Bound<'_, PyAny>) -> PyResult<N
     let request = parse_request(request)?;
     let lease = py.detach(move || -> Result<NativeLease, Failure> {
         let job = request.job().map_err(Failure::BadRequest)?;
-        let inventory = inventory(&spec)?;
-        orch_runner::check_enforcement(&job, inventory.backend).map_err(Failure::BadRequest)?;
         // Inside an orch job the claim is among the job's own devices; elsewhere, real GPUs
-        // that the machine's daemon owns are its to lease.
+        // that the machine's daemon owns are its to lease (said before NVML is even read).
+        let spec = inventory_spec(&spec)?;
         if std::env::var_os("ORCH_JOB_ID").is_none() {
-            orch_leases::refuse_local_claim(inventory.backend == orch_devices::Backend::Nvml)
-                .map_err(Failure::Other)?;
+            orch_leases::refuse_local_claim(spec.may_be_real()).map_err(Failure::Other)?;
         }
+        let inventory = load(&spec)?;
+        orch_runner::check_enforcement(&job, inventory.backend).map_err(Failure::BadRequest)?;
         let visibility = visibility(&inventory);
         for note in &visibility.notes {
             eprintln!("orch: {note}");

@@ -143,6 +143,7 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         devices: options.devices.clone(),
         kick: Mutex::new(kick),
         reasons: Mutex::default(),
+        places: Mutex::default(),
         visible_devices: visible,
         backend: inventory.backend,
         exe: options.exe.clone(),

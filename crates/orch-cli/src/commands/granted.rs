@@ -76,21 +76,29 @@ pub fn lease(
         let id = view.job_id.clone();
         move || release(&client, &id)
     };
-    let mut said = String::new();
+    // What was said last: the reason, and the place among the waiting jobs.
+    let mut said = (String::new(), None);
     let mut delay = Duration::from_millis(20);
     while view.state == State::Queued {
-        let why = view.reason.clone().unwrap_or_else(|| "queued".into());
-        if why != said {
+        let now = (
+            view.reason.clone().unwrap_or_else(|| "queued".into()),
+            view.place.zip(view.waiting),
+        );
+        if now != said {
+            let standing = now.1.map_or(String::new(), |(place, waiting)| {
+                format!(" ({} of {waiting} waiting)", ordinal(place))
+            });
             eprintln!(
-                "orch: job {} waits in the daemon's queue: {why}",
-                view.job_id
+                "orch: job {} waits in the daemon's queue{standing}: {}",
+                view.job_id, now.0
             );
-            said = why;
+            said = now;
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             give_back();
             return Err(Failure::failed_msg(format!(
-                "gave up waiting (--timeout): {said}"
+                "gave up waiting (--timeout): {}",
+                said.0
             )));
         }
         std::thread::sleep(delay);
@@ -121,6 +129,18 @@ pub fn lease(
         placement: Placement { lease: guard, plan },
         inventory,
     })
+}
+
+/// `1st`, `2nd`, `3rd`, `4th`, ..., `11th`, `12th`, `13th`, `21st`, ...
+fn ordinal(n: usize) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
 }
 
 /// The lease and plan the daemon's answer describes, on the daemon's own inventory.
@@ -196,5 +216,25 @@ fn release(client: &Client, job_id: &str) {
             "the daemon did not take lease job {job_id} back: {}",
             e.error
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ordinal;
+
+    #[test]
+    fn ordinals_read_as_english() {
+        let got: Vec<String> = [1, 2, 3, 4, 11, 12, 13, 21, 22, 23, 101, 111, 112]
+            .into_iter()
+            .map(ordinal)
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "23rd",
+                "101st", "111th", "112th"
+            ]
+        );
     }
 }

@@ -147,12 +147,12 @@ fn run_one(
             cluster,
         );
     }
+    // Before the inventory is read: the refusal names the daemon, whatever NVML says here.
+    if !nested {
+        orch_leases::refuse_local_claim(spec.may_be_real()).map_err(Failure::failed_msg)?;
+    }
     let inventory = load_inventory(spec)?;
     orch_runner::check_enforcement(&job, inventory.backend).map_err(Failure::bad_input_msg)?;
-    if !nested {
-        orch_leases::refuse_local_claim(inventory.backend == orch_devices::Backend::Nvml)
-            .map_err(Failure::failed_msg)?;
-    }
     // A [train] job's plugin and data are read before the lease: bad input fails at once.
     let prepared = orch_runner::prepare(&job, args.resume, Some(crate::progress::sink()))
         .map_err(run_failure)?;

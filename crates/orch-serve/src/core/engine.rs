@@ -441,6 +441,7 @@ impl Engine {
                 self.jobs.queue.remove(&id);
                 self.sched.dequeue(id as u64);
                 lock(&self.shared.reasons).remove(&id);
+                lock(&self.shared.places).remove(&id);
             }
             Kick::Cancel(id) => {
                 if let Some(job) = self.jobs.running.get_mut(&id) {
@@ -759,6 +760,8 @@ impl Engine {
             .map(|id| (*id, reason.clone()))
             .collect();
         *lock(&self.shared.reasons) = reasons;
+        // No pass ran: no order to tell.
+        lock(&self.shared.places).clear();
     }
 
     /// The devices a pass may place on, and how many of them no exclusive lease holds; `None`
@@ -827,9 +830,15 @@ impl Engine {
         }
     }
 
-    /// Why each queued job waits, for the API. A job queued again keeps saying why (preempted,
-    /// its processes vanished) before why it waits now.
+    /// Why each queued job waits, and its place in the pass's order, for the API. A job queued
+    /// again keeps saying why (preempted, its processes vanished) before why it waits now.
     fn publish_reasons(&mut self, reasons: Vec<(u64, String)>) {
+        let waiting = reasons.len();
+        let places: HashMap<i64, (usize, usize)> = reasons
+            .iter()
+            .enumerate()
+            .map(|(i, (id, _))| (*id as i64, (i + 1, waiting)))
+            .collect();
         let reasons: HashMap<i64, String> = reasons
             .into_iter()
             .map(|(id, reason)| {
@@ -846,6 +855,7 @@ impl Engine {
             })
             .collect();
         *lock(&self.shared.reasons) = reasons;
+        *lock(&self.shared.places) = places;
     }
 
     /// Starts the thread that reads the machine again every [`INVENTORY_MAX_AGE`]: the devices,

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 /// `holder`, moved into a cgroup of its own when this daemon may make one; the returned holder
 /// names that cgroup, so it is alive while anything in it runs.
 pub fn track(root: bool, holder: Holder) -> Holder {
-    if !root || std::env::var("ORCH_CGROUPS").is_ok_and(|v| v == "off") {
+    if !root || orch_exec::cgroups_disabled() {
         return holder;
     }
     match move_into_own(&holder) {

@@ -22,6 +22,9 @@ pub struct Shared {
     pub kick: Mutex<mpsc::Sender<Kick>>,
     /// Why each queued job waits, from the last scheduling pass.
     pub reasons: Mutex<HashMap<i64, String>>,
+    /// Each queued job's place among the waiting ones, in the order the last pass tried them
+    /// (1 is next), and how many wait.
+    pub places: Mutex<HashMap<i64, (usize, usize)>>,
     /// Devices orch may place on (visible to the daemon).
     pub visible_devices: usize,
     /// Which inventory the daemon reads.

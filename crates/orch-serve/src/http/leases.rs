@@ -54,6 +54,12 @@ pub async fn take(
                 "the daemon cannot tell which process asks (no peer credentials with a live pid)",
             )
         })?;
+    // The daemon moves the holder into a cgroup when it places the lease: the kernel's first
+    // cgroup move after a quiet spell waits for an RCU grace period, which starts now, while
+    // the lease is committed and placed.
+    if shared.root {
+        orch_exec::prime_cgroup_migration();
+    }
     let id = accept(&shared, &caller, request.submission, Some(holder)).await?;
     let deadline = Instant::now() + VERDICT_PATIENCE;
     let mut delay = Duration::from_millis(2);
@@ -235,6 +241,9 @@ pub async fn release(
 fn view(shared: &Shared, row: JobRow) -> LeaseView {
     let placed = folders::read_placed(&shared.job_dir(row.id, row.attempt.max(1)));
     let running = row.state == State::Running;
+    let place = (row.state == State::Queued)
+        .then(|| lock(&shared.places).get(&row.id).copied())
+        .flatten();
     LeaseView {
         job_id: row.id.to_string(),
         state: row.state,
@@ -254,5 +263,7 @@ fn view(shared: &Shared, row: JobRow) -> LeaseView {
         },
         exclusive: placed.exclusive,
         inventory: shared.devices.clone(),
+        place: place.map(|p| p.0),
+        waiting: place.map(|p| p.1),
     }
 }

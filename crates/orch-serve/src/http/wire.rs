@@ -116,6 +116,12 @@ pub struct LeaseView {
     /// client that runs the job itself (`orch run`) reads the same devices.
     #[serde(default)]
     pub inventory: String,
+    /// While queued: its place among the waiting jobs in the order the daemon tries them (1 is
+    /// next) and how many wait, from the latest scheduling pass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub place: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<usize>,
 }
 
 /// A job as the API shows it (`GET /v1/jobs`, `GET /v1/jobs/ID`). Its id is a number inside

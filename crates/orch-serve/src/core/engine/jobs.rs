@@ -305,6 +305,21 @@ impl Jobs {
         let Some(rule) = orch_runner::device_rule(plan, &self.inventory) else {
             return Ok(());
         };
+        // As for the daemon's own jobs (and said at start-up): with cgroups turned off, the
+        // device program has no cgroup to sit on. Any other holder without one is refused below.
+        if holder.cgroup.is_none()
+            && orch_exec::cgroups_disabled()
+            && matches!(
+                orch_exec::devices::detected(),
+                Ok(orch_exec::devices::Mechanism::Bpf)
+            )
+        {
+            tracing::warn!(
+                "job {id}: its process (pid {}) is not confined to its GPUs' device nodes: the device program needs a cgroup, and ORCH_CGROUPS=off turns those off",
+                holder.pid
+            );
+            return Ok(());
+        }
         let name = holder_constraint_name(id);
         match orch_exec::devices::constrain_process(
             &name,
