@@ -149,6 +149,39 @@ fn stalled_handshake(port: u16) -> TcpStream {
     tcp
 }
 
+/// `request`, again while the daemon refuses it for its address's connection cap (3 in the HTTPS
+/// test), for 3 s at most: a connection of the request before may still be closing on the
+/// daemon's side and count against the cap. The last answer or error is returned.
+fn past_the_cap(request: impl Fn() -> std::io::Result<Answer>) -> std::io::Result<Answer> {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let answer = request();
+        let capped = match &answer {
+            Ok(a) => a.status == 503 && a.text().contains("max_connections_per_peer"),
+            // A refused request's body can meet a connection the daemon has closed.
+            Err(e) => matches!(
+                e.kind(),
+                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+            ),
+        };
+        if !capped || Instant::now() > deadline {
+            return answer;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Whether the daemon closes `connection` (a stalled handshake) within `within`.
+fn closed_by_the_daemon(mut connection: &TcpStream, within: Duration) -> bool {
+    connection.set_read_timeout(Some(within)).unwrap();
+    let mut byte = [0u8; 1];
+    match connection.read(&mut byte) {
+        Ok(0) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        Ok(_) => panic!("the daemon answered a handshake that never finished"),
+    }
+}
+
 /// A daemon serving HTTPS on a free port with `certs` (relative paths, beside the config), one
 /// tenant `vision` (this user; token TENANT), an admin token, `extra` config lines.
 fn tls_daemon(tag: &str, certs: &Certs, extra: &str) -> (Daemon, u16) {
@@ -198,15 +231,17 @@ fn https_with_a_certificate_the_client_verifies_and_nothing_in_the_clear() {
     assert_eq!(who["tenants"], serde_json::json!(["vision"]), "{who}");
     assert_eq!(who["admin"], false);
     // By address too: the certificate names 127.0.0.1.
-    let by_ip = https(
-        port,
-        &trusted,
-        "127.0.0.1",
-        "GET",
-        "/v1/whoami",
-        &[("Authorization", &bearer)],
-        b"",
-    )
+    let by_ip = past_the_cap(|| {
+        https(
+            port,
+            &trusted,
+            "127.0.0.1",
+            "GET",
+            "/v1/whoami",
+            &[("Authorization", &bearer)],
+            b"",
+        )
+    })
     .unwrap();
     assert_eq!(by_ip.status, 200);
     assert!(
@@ -257,15 +292,17 @@ fn https_with_a_certificate_the_client_verifies_and_nothing_in_the_clear() {
     assert!(!plain.text().contains("vision"), "{}", plain.text());
 
     // The page's login sets a Secure cookie, which then works over HTTPS.
-    let login = https(
-        port,
-        &trusted,
-        "localhost",
-        "POST",
-        "/login",
-        &[("Content-Type", "application/x-www-form-urlencoded")],
-        format!("token={TENANT}").as_bytes(),
-    )
+    let login = past_the_cap(|| {
+        https(
+            port,
+            &trusted,
+            "localhost",
+            "POST",
+            "/login",
+            &[("Content-Type", "application/x-www-form-urlencoded")],
+            format!("token={TENANT}").as_bytes(),
+        )
+    })
     .unwrap();
     assert_eq!(login.status, 303, "{}", login.text());
     let cookie = login.header("set-cookie").unwrap().to_string();
@@ -274,48 +311,75 @@ fn https_with_a_certificate_the_client_verifies_and_nothing_in_the_clear() {
         "{cookie}"
     );
     let session = cookie.split(';').next().unwrap().to_string();
-    let jobs = https(
-        port,
-        &trusted,
-        "localhost",
-        "GET",
-        "/v1/jobs",
-        &[("Cookie", &session)],
-        b"",
-    )
+    let jobs = past_the_cap(|| {
+        https(
+            port,
+            &trusted,
+            "localhost",
+            "GET",
+            "/v1/jobs",
+            &[("Cookie", &session)],
+            b"",
+        )
+    })
     .unwrap();
     assert_eq!(jobs.status, 200, "{}", jobs.text());
 
-    // Two clients stalled in their handshakes hold up nobody else...
-    let stalled: Vec<TcpStream> = (0..2).map(|_| stalled_handshake(port)).collect();
-    // (Again, briefly, while the connections above may still be closing on the daemon's side
-    // and count against the cap; the stalled ones stay open throughout.)
-    let deadline = Instant::now() + Duration::from_secs(3);
+    // A stalled handshake can fail to count without any fault: refused at its accept because a
+    // connection of an earlier request was still closing on the daemon's side (the daemon then
+    // closes it a second later), or, on a machine loaded enough, closed by the daemon's
+    // handshake timeout (10 s). A request served beside three of them is a failure only if all
+    // three are still open; otherwise the check starts over with fresh ones (five tries).
+    let mut tries = 0;
     loop {
-        let answer = whoami().expect("served beside two stalled handshakes");
-        if answer.status == 200 {
+        tries += 1;
+        // Two clients stalled in their handshakes hold up nobody else...
+        let mut stalled: Vec<TcpStream> = (0..2).map(|_| stalled_handshake(port)).collect();
+        // (Again, briefly, while the connections above may still be closing on the daemon's
+        // side and count against the cap; the stalled ones stay open throughout.)
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            let answer = whoami().expect("served beside two stalled handshakes");
+            if answer.status == 200 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not served beside two stalled handshakes: {}",
+                answer.text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // ...and count against their address's cap (3 here): with a third, the next connection
+        // is refused, over TLS, with the sentence.
+        stalled.push(stalled_handshake(port));
+        std::thread::sleep(Duration::from_millis(200));
+        let refused = whoami().expect("a refusal the client can read");
+        if refused.status == 503 {
+            assert!(
+                refused.text().contains("max_connections_per_peer"),
+                "{}",
+                refused.text()
+            );
             break;
         }
+        assert_eq!(refused.status, 200, "{}", refused.text());
         assert!(
-            Instant::now() < deadline,
-            "not served beside two stalled handshakes: {}",
-            answer.text()
+            tries < 5,
+            "served beside three stalled handshakes in each of {tries} tries"
         );
-        std::thread::sleep(Duration::from_millis(50));
+        let closed = stalled
+            .iter()
+            .filter(|c| closed_by_the_daemon(c, Duration::from_secs(3)))
+            .count();
+        assert!(
+            closed > 0,
+            "served although three stalled handshakes were open"
+        );
+        eprintln!(
+            "{closed} of the three stalled handshakes did not count (refused or timed out); again"
+        );
     }
-    // ...and count against their address's cap (3 here): with a third, the next connection is
-    // refused, over TLS, with the sentence.
-    let third = stalled_handshake(port);
-    std::thread::sleep(Duration::from_millis(200));
-    let refused = whoami().expect("a refusal the client can read");
-    assert_eq!(refused.status, 503, "{}", refused.text());
-    assert!(
-        refused.text().contains("max_connections_per_peer"),
-        "{}",
-        refused.text()
-    );
-    drop(stalled);
-    drop(third);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let answer = whoami().unwrap();
