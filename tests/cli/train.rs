@@ -194,6 +194,19 @@ fn predict_and_sample_use_the_checkpoint_of_a_text_job() {
         text.contains("; eval loss"),
         "the summary has the loss: {text}"
     );
+    // The run ends with a sample of 200 characters, saved beside its metrics; `orch sample`
+    // with the job's seed (0) and as many characters writes it again from the checkpoint.
+    let saved = std::fs::read_to_string(dir.join("runs/tiny-gpt/sample.txt")).unwrap();
+    assert_eq!(saved.chars().count(), 200, "{saved:?}");
+    assert!(
+        text.contains("sample, 200 characters at temperature 0.8 with seed 0")
+            && text.contains(saved.trim_end_matches('\n')),
+        "{text}"
+    );
+    let out = orch_in(&dir, &["sample", job, "--tokens", "200", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let again: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(again["text"], saved.as_str());
 
     // `orch predict` scores the same windows the run's last evaluation did.
     let metrics = std::fs::read_to_string(dir.join("runs/tiny-gpt/metrics.jsonl")).unwrap();

@@ -85,7 +85,8 @@ impl Display {
             ProgressEvent::Epoch { .. }
             | ProgressEvent::Eval { .. }
             | ProgressEvent::NothingToResume { .. }
-            | ProgressEvent::Finished { .. } => self.line(&summary_text(&event)),
+            | ProgressEvent::Finished { .. }
+            | ProgressEvent::Sample { .. } => self.line(&summary_text(&event)),
         }
     }
 
@@ -169,6 +170,17 @@ fn summary_text(event: &ProgressEvent) -> String {
                 "step {step}/{total_steps}: eval loss {eval_loss:.4}{accuracy} ({train_seconds:.1} s of training)"
             )
         }
+        ProgressEvent::Sample {
+            text,
+            tokens,
+            temperature,
+            seed,
+            path,
+        } => format!(
+            "sample, {tokens} characters at temperature {temperature} with seed {seed} (saved in {}; `orch sample` writes more):\n{}",
+            path.display(),
+            text.trim_end_matches('\n')
+        ),
         ProgressEvent::NothingToResume { job, step, epoch } => format!(
             "{job}: the checkpoint is at the end of the run ({step} steps, {epoch} epochs): nothing to resume; raise [train] epochs (or steps) to train further"
         ),

@@ -267,6 +267,10 @@ pub struct TrainSpec {
     /// `[train] eval_batches`: evaluation batches per evaluation (`None`: the whole
     /// evaluation set, or 20 batches of text windows).
     pub eval_batches: Option<u32>,
+    /// `[train] sample_tokens`: text only: characters the trained model generates at the end of
+    /// the run, printed and written to `sample.txt` (`None`: 200 when the trainer can predict;
+    /// `Some(0)`: none).
+    pub sample_tokens: Option<u64>,
     /// Global batch, split across replicas.
     pub batch_size: u32,
     pub seed: u64,
@@ -429,6 +433,7 @@ struct RawTrain {
     steps: Option<Spanned<i64>>,
     eval_every: Option<Spanned<i64>>,
     eval_batches: Option<Spanned<i64>>,
+    sample_tokens: Option<Spanned<i64>>,
     batch_size: Spanned<i64>,
     #[serde(default)]
     seed: u64,
@@ -895,6 +900,21 @@ impl Checker<'_> {
                     ))),
             }
         };
+        let sample_tokens = match &raw.sample_tokens {
+            None => None,
+            Some(v) if !text => {
+                return Err(self
+                    .at(v.span(), "[train] sample_tokens is for format = \"text\"")
+                    .with_hint("leave it out: only a text model generates a sample"));
+            }
+            Some(v) => Some(u64::try_from(*v.get_ref()).map_err(|_| {
+                self.at(
+                    v.span(),
+                    format!("sample_tokens = {} is impossible", v.get_ref()),
+                )
+                .with_hint("give a number of characters, 0 for no sample, or leave it out")
+            })?),
+        };
         let bytes_vocab = text_only(&raw.data.vocab, "vocab", "bytes")?.is_some();
         let skip_unknown = text_only(&raw.data.unknown, "unknown", "skip")?.is_some();
         for (value, key) in [(&raw.plugin, "plugin"), (&raw.data.train, "data.train")] {
@@ -965,6 +985,7 @@ impl Checker<'_> {
             steps,
             eval_every,
             eval_batches,
+            sample_tokens,
             batch_size,
             seed: raw.seed,
             data: DataSpec {

@@ -33,8 +33,9 @@ struct PendingEval {
     epoch: u32,
     epoch_end: bool,
     evaluated: bool,
-    /// The longest any replica took to evaluate.
+    /// The longest any replica took to evaluate, and the last end of one.
     seconds: f64,
+    ended: Option<Instant>,
     count: usize,
     loss_sum: f64,
     correct: u64,
@@ -60,6 +61,8 @@ pub(crate) struct Coordinator {
     /// Time spent evaluating, over this process's part of the run and in the current epoch.
     eval_seconds: f64,
     epoch_eval_seconds: f64,
+    /// The training time the last evaluation record gave.
+    train_seconds: f64,
     failure: Option<TrainError>,
     stopped_early: bool,
     epoch_started: Instant,
@@ -95,6 +98,7 @@ impl Coordinator {
             text: shared.data.train.is_text(),
             eval_seconds: 0.0,
             epoch_eval_seconds: 0.0,
+            train_seconds: 0.0,
             failure: None,
             stopped_early: false,
             epoch_started: Instant::now(),
@@ -242,6 +246,7 @@ impl Coordinator {
         pending.epoch_end |= report.epoch_end;
         pending.evaluated |= report.evaluated;
         pending.seconds = pending.seconds.max(report.seconds);
+        pending.ended = pending.ended.max(Some(report.ended));
         pending.count += 1;
         pending.loss_sum += report.loss_sum;
         pending.correct += report.correct;
@@ -271,7 +276,14 @@ impl Coordinator {
         }
         let scalars = mean_scalars(&done.scalars);
         if let Some(eval_loss) = eval_loss {
-            let train_seconds = (self.started.elapsed().as_secs_f64() - self.eval_seconds).max(0.0);
+            // Timed on the replicas' clock (when the evaluation ended), not when this thread got
+            // to the report, which may be late; and never less than the last record said, as
+            // replicas end their evaluations microseconds apart.
+            let ended = done.ended.unwrap_or_else(Instant::now);
+            let train_seconds = (ended.saturating_duration_since(self.started).as_secs_f64()
+                - self.eval_seconds)
+                .max(self.train_seconds);
+            self.train_seconds = train_seconds;
             if !done.epoch_end {
                 self.progress.send(ProgressEvent::Eval {
                     step,
@@ -355,6 +367,7 @@ impl Coordinator {
             samples_per_sec: self.progress.pace.throughput(),
             out: self.out,
             replicas: self.replicas,
+            sample: None,
         })
     }
 }

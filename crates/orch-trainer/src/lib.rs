@@ -43,5 +43,6 @@ pub use error::{Stage, TrainError};
 pub use predict::{Evaluation, Model, Prediction, Sample, SampleOptions, predict};
 pub use progress::{ProgressEvent, ProgressSink};
 pub use run::{
-    DEFAULT_MAX_GRAPH_NODES, GrantedDevice, Prepared, RunOptions, Summary, TrainJob, train,
+    DEFAULT_MAX_GRAPH_NODES, DEFAULT_SAMPLE_TOKENS, GrantedDevice, Prepared, RunOptions,
+    SAMPLE_TEMPERATURE, Summary, TrainJob, train,
 };

@@ -211,6 +211,11 @@ impl Model {
         self.checkpoint
     }
 
+    /// Whether the trainer exports `predict` (contract 0.3.0's `predicting-trainer`).
+    pub fn can_predict(&self) -> bool {
+        self.inference.is_some()
+    }
+
     /// Text: the vocabulary (the checkpoint's).
     pub fn vocab(&self) -> Option<&Vocab> {
         self.vocab.as_ref()

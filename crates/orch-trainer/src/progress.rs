@@ -63,6 +63,15 @@ pub enum ProgressEvent {
         warning: bool,
         message: String,
     },
+    /// Text: what the trained model wrote at the end of the run (`[train] sample_tokens`
+    /// characters after a newline), also saved in `path`.
+    Sample {
+        text: String,
+        tokens: u64,
+        temperature: f32,
+        seed: u64,
+        path: PathBuf,
+    },
     /// The checkpoint to resume from is at the run's end: nothing was trained.
     NothingToResume { job: String, step: u64, epoch: u32 },
     /// The run ended well: how far it got and where its output is.

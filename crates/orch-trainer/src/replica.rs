@@ -87,8 +87,9 @@ pub(crate) struct EvalDone {
     pub epoch_end: bool,
     /// The evaluation set was scored (false: an epoch's end between evaluations, or no set).
     pub evaluated: bool,
-    /// How long this replica's evaluation took.
+    /// How long this replica's evaluation took, and when it ended.
     pub seconds: f64,
+    pub ended: std::time::Instant,
     pub loss_sum: f64,
     pub correct: u64,
     pub rows: u64,
@@ -261,6 +262,7 @@ impl Replica<'_> {
             epoch_end,
             evaluated: false,
             seconds: 0.0,
+            ended: started,
             loss_sum: 0.0,
             correct: 0,
             rows: 0,
@@ -320,7 +322,8 @@ impl Replica<'_> {
         done.correct = correct;
         done.rows = total;
         done.scalars = std::mem::take(&mut store.data_mut().scalars);
-        done.seconds = started.elapsed().as_secs_f64();
+        done.ended = std::time::Instant::now();
+        done.seconds = done.ended.duration_since(started).as_secs_f64();
         self.send(Event::Eval(done));
         Ok(())
     }

@@ -98,6 +98,8 @@ pub struct Summary {
     pub samples_per_sec: f64,
     pub out: PathBuf,
     pub replicas: usize,
+    /// Text: the closing sample ([`ProgressEvent::Sample`]), when one was written.
+    pub sample: Option<String>,
 }
 
 /// Trains `job` on `devices` (one replica per device unless `[train] replicas` says fewer):
@@ -238,6 +240,7 @@ impl<'a> Prepared<'a> {
                 samples_per_sec: 0.0,
                 out: spec.out.clone(),
                 replicas,
+                sample: None,
             });
         }
 
@@ -343,8 +346,114 @@ impl<'a> Prepared<'a> {
                 coordinator.handle(event);
             }
         });
-        coordinator.finish(job.name)
+        let mut summary = coordinator.finish(job.name)?;
+        if !summary.stopped_early && shared.data.train.is_text() {
+            summary.sample = closing_sample(job, options);
+        }
+        Ok(summary)
     }
+}
+
+/// Characters a text run's model writes at its end when the job does not say
+/// (`[train] sample_tokens`).
+pub const DEFAULT_SAMPLE_TOKENS: u64 = 200;
+
+/// The temperature of the closing sample: `orch sample`'s default, so that
+/// `orch sample JOB --tokens N --seed SEED` writes the same text from the same checkpoint.
+pub const SAMPLE_TEMPERATURE: f32 = 0.8;
+
+/// The closing sample of a text run: the trainer with the checkpoint the run just saved, on the
+/// CPU, generates `sample_tokens` characters after a newline, drawn with the job's seed. It is
+/// reported as [`ProgressEvent::Sample`] and saved as `sample.txt` in the output folder. The
+/// run has succeeded by then, so a sample that cannot be made is a warning, not a failure; a
+/// trainer without `predict` makes none, with a warning only where the job asked for one.
+fn closing_sample(job: &TrainJob<'_>, options: &RunOptions) -> Option<String> {
+    let spec = job.spec;
+    let tokens = spec.sample_tokens.unwrap_or(DEFAULT_SAMPLE_TOKENS);
+    if tokens == 0 {
+        return None;
+    }
+    let warn = |message: String| {
+        ProgressSink::send(
+            options.progress.as_ref(),
+            ProgressEvent::Log {
+                who: job.name.to_string(),
+                warning: true,
+                message,
+            },
+        );
+        None
+    };
+    let quiet = RunOptions {
+        resume: false,
+        progress: None,
+        stop_after: None,
+        ..options.clone()
+    };
+    let cpu = GrantedDevice {
+        device: Device::Cpu,
+        name: "CPU".into(),
+        memory_total: None,
+        memory_free: None,
+        pool: None,
+    };
+    let mut model = match crate::predict::Model::load(job, &cpu, &quiet) {
+        Ok(model) => model,
+        Err(e) => {
+            return warn(format!(
+                "no closing sample: the checkpoint did not load ({e})"
+            ));
+        }
+    };
+    if !model.can_predict() {
+        if spec.sample_tokens.is_some() {
+            return warn(format!(
+                "no closing sample: trainer {} does not export predict (contract 0.3.0's world `predicting-trainer`)",
+                spec.plugin
+            ));
+        }
+        return None;
+    }
+    let Some(prompt) = model
+        .vocab()
+        .and_then(|v| v.encode("\n", orch_data::Unknown::Error, "the prompt").ok())
+    else {
+        return warn(
+            "no closing sample: the vocabulary has no newline to start from; use `orch sample --prompt`"
+                .into(),
+        );
+    };
+    let sampled = model.sample(
+        &prompt,
+        &crate::predict::SampleOptions {
+            tokens: usize::try_from(tokens).unwrap_or(usize::MAX),
+            temperature: SAMPLE_TEMPERATURE,
+            top_k: None,
+            seed: spec.seed,
+        },
+    );
+    let sample = match sampled {
+        Ok(sample) => sample,
+        Err(e) => return warn(format!("no closing sample: {e}")),
+    };
+    let path = spec.out.join("sample.txt");
+    if let Err(e) = orch_core::fsutil::write_atomic(&path, sample.text.as_bytes()) {
+        warn(format!(
+            "the closing sample was not saved in {}: {e}",
+            path.display()
+        ));
+    }
+    ProgressSink::send(
+        options.progress.as_ref(),
+        ProgressEvent::Sample {
+            text: sample.text.clone(),
+            tokens,
+            temperature: SAMPLE_TEMPERATURE,
+            seed: spec.seed,
+            path,
+        },
+    );
+    Some(sample.text)
 }
 
 /// Rows of an evaluation batch: text is scored on windows of the training batch's size, as

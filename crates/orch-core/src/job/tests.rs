@@ -253,6 +253,20 @@ fn errors_point_at_the_value_with_a_hint() {
             "steps = 0",
         ),
         (
+            job(
+                "[train]\nplugin = \"p.wasm\"\nsteps = 2\nsample_tokens = 100\nbatch_size = 1\n[train.data]\nformat = \"csv\"\ntrain = \"d\"\n",
+            ),
+            "j.toml:6:17",
+            "sample_tokens is for format = \"text\"",
+        ),
+        (
+            job(
+                "[train]\nplugin = \"p.wasm\"\nsteps = 2\nsample_tokens = -1\nbatch_size = 1\n[train.data]\nformat = \"text\"\ntrain = \"t\"\nblock_size = 8\n",
+            ),
+            "j.toml:6:17",
+            "sample_tokens = -1 is impossible",
+        ),
+        (
             format!("[jobs]\nname = \"x\"\n{cmd}"),
             "j.toml:1:",
             "unknown field `jobs`",
@@ -293,6 +307,21 @@ fn text_jobs_train_by_steps_with_their_windows() {
     );
     assert!(train.data.skip_unknown && !train.data.bytes_vocab);
     assert!(!train.data.normalize, "text is never standardised");
+    assert_eq!(train.sample_tokens, None, "the default: the trainer's say");
+    for (line, tokens) in [
+        ("sample_tokens = 0", Some(0)),
+        ("sample_tokens = 500", Some(500)),
+    ] {
+        let job = parse(
+            Path::new("/jobs/g.toml"),
+            &text.replace("batch_size = 12", &format!("batch_size = 12\n{line}")),
+        )
+        .unwrap();
+        let Work::Train(train) = &job.work else {
+            panic!("a [train] job");
+        };
+        assert_eq!(train.sample_tokens, tokens, "{line}");
+    }
 }
 
 #[test]

@@ -49,6 +49,11 @@ fn a_small_gpt_learns_and_its_checkpoint_evaluates_and_samples() {
     let summary = run(&job, &cpu(), &options()).unwrap();
     assert_eq!(summary.steps, 60);
     assert_eq!(summary.eval_accuracy, None, "text has no accuracy");
+    let closing = summary
+        .sample
+        .clone()
+        .expect("a text run ends with a sample");
+    assert_eq!(closing.chars().count(), 200, "{closing:?}");
 
     let out = &spec(&job).out;
     let records = read_metrics(&out.join("metrics.jsonl"));
@@ -96,6 +101,29 @@ fn a_small_gpt_learns_and_its_checkpoint_evaluates_and_samples() {
         eval.loss,
         evals[1].1
     );
+    // The run's closing sample, saved beside its metrics, is what the checkpoint writes after a
+    // newline with the job's seed at orch sample's temperature.
+    assert_eq!(
+        std::fs::read_to_string(out.join("sample.txt")).unwrap(),
+        closing
+    );
+    let newline = model
+        .vocab()
+        .unwrap()
+        .encode("\n", orch_data::Unknown::Error, "prompt")
+        .unwrap();
+    let again = model
+        .sample(
+            &newline,
+            &SampleOptions {
+                tokens: 200,
+                temperature: orch_trainer::SAMPLE_TEMPERATURE,
+                top_k: None,
+                seed: 5,
+            },
+        )
+        .unwrap();
+    assert_eq!(again.text, closing);
     let vocab = model.vocab().unwrap().clone();
     let prompt = vocab
         .encode("ROMEO:\n", orch_data::Unknown::Error, "prompt")
@@ -147,6 +175,20 @@ fn a_small_gpt_learns_and_its_checkpoint_evaluates_and_samples() {
         )
         .unwrap();
     assert_eq!(out.tokens.len(), 3);
+}
+
+#[test]
+fn a_text_run_asked_for_no_sample_writes_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = gpt_job(
+        dir.path(),
+        "steps = 2\nbatch_size = 4\nsample_tokens = 0",
+        "",
+        "",
+    );
+    let summary = run(&job, &cpu(), &options()).unwrap();
+    assert_eq!(summary.sample, None);
+    assert!(!spec(&job).out.join("sample.txt").exists());
 }
 
 #[test]
