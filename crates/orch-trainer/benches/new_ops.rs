@@ -7,7 +7,7 @@
 //! and data loading cancel out; each side is the median of 5 runs.
 
 use orch_core::job::{self, JobSpec, Work};
-use orch_tensor::{Device, MemoryPool, Tensor};
+use orch_tensor::{MemoryPool, Tensor};
 use orch_trainer::{GrantedDevice, RunOptions, TrainJob, train};
 use std::hint::black_box;
 use std::path::Path;
@@ -64,13 +64,7 @@ fn run_secs(job: &JobSpec) -> Result<f64> {
         cache_dir: Some(Path::new(env!("CARGO_TARGET_TMPDIR")).join("orch-trainer-cache")),
         ..RunOptions::default()
     };
-    let devices = [GrantedDevice {
-        device: Device::Cpu,
-        name: "host CPU".into(),
-        memory_total: None,
-        memory_free: None,
-        pool: None,
-    }];
+    let devices = [GrantedDevice::cpu()];
     let train_job = TrainJob {
         name: &job.name,
         spec,

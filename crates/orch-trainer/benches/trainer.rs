@@ -15,7 +15,7 @@
 use orch_core::job::{self, JobSpec, Work};
 use orch_data::{EpochOrder, Split, load_mnist};
 use orch_tensor::optim::{Optimizer, Sgd, SgdConfig};
-use orch_tensor::{Device, MemoryPool, Tensor};
+use orch_tensor::{MemoryPool, Tensor};
 use orch_trainer::{GrantedDevice, RunOptions, TrainJob, train};
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -35,13 +35,7 @@ fn root() -> PathBuf {
 }
 
 fn cpu() -> Vec<GrantedDevice> {
-    vec![GrantedDevice {
-        device: Device::Cpu,
-        name: "host CPU".into(),
-        memory_total: None,
-        memory_free: None,
-        pool: None,
-    }]
+    vec![GrantedDevice::cpu()]
 }
 
 fn options(stop_after: u64) -> RunOptions {

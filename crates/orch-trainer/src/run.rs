@@ -40,6 +40,19 @@ pub struct GrantedDevice {
     pub pool: Option<Arc<MemoryPool>>,
 }
 
+impl GrantedDevice {
+    /// The host CPU, with a pool capped at the host's available memory.
+    pub fn cpu() -> GrantedDevice {
+        GrantedDevice {
+            device: Device::Cpu,
+            name: "host CPU".into(),
+            memory_total: None,
+            memory_free: None,
+            pool: None,
+        }
+    }
+}
+
 /// The job to train.
 #[derive(Debug, Clone)]
 pub struct TrainJob<'a> {
@@ -390,14 +403,7 @@ fn closing_sample(job: &TrainJob<'_>, options: &RunOptions) -> Option<String> {
         stop_after: None,
         ..options.clone()
     };
-    let cpu = GrantedDevice {
-        device: Device::Cpu,
-        name: "CPU".into(),
-        memory_total: None,
-        memory_free: None,
-        pool: None,
-    };
-    let mut model = match crate::predict::Model::load(job, &cpu, &quiet) {
+    let mut model = match crate::predict::Model::load(job, &GrantedDevice::cpu(), &quiet) {
         Ok(model) => model,
         Err(e) => {
             return warn(format!(

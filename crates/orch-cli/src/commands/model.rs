@@ -8,7 +8,6 @@ use crate::cli::{PredictArgs, SampleArgs};
 use crate::failure::{CmdResult, Failure};
 use orch_core::ByteSize;
 use orch_core::job::{JobSpec, TrainSpec, Work};
-use orch_tensor::Device;
 use orch_trainer::{
     GrantedDevice, Model, RunOptions, SampleOptions, TrainError, TrainJob, checkpoint,
 };
@@ -43,13 +42,7 @@ fn load(job: &JobSpec, spec: &TrainSpec) -> Result<Model, Failure> {
         spec,
         memory_limit: job.resources.memory_limit.map(ByteSize::bytes),
     };
-    let cpu = GrantedDevice {
-        device: Device::Cpu,
-        name: "CPU".into(),
-        memory_total: None,
-        memory_free: None,
-        pool: None,
-    };
+    let cpu = GrantedDevice::cpu();
     Model::load(&train_job, &cpu, &RunOptions::default()).map_err(trainer_failure)
 }
 

@@ -38,13 +38,7 @@ pub fn spec(job: &JobSpec) -> &TrainSpec {
 }
 
 pub fn cpu() -> Vec<GrantedDevice> {
-    vec![GrantedDevice {
-        device: Device::Cpu,
-        name: "host CPU".into(),
-        memory_total: None,
-        memory_free: None,
-        pool: None,
-    }]
+    vec![GrantedDevice::cpu()]
 }
 
 /// `n` simulated GPUs of `bytes` each, with their device-wide pools (to check what is freed).
