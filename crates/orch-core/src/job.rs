@@ -250,6 +250,10 @@ pub enum Launch {
     PerDevice,
 }
 
+/// The longest closing sample a text job may ask for (`[train] sample_tokens`): every character
+/// is one call of the model, made after training, while the job still holds its devices.
+pub const MAX_SAMPLE_TOKENS: u64 = 100_000;
+
 /// `[train]`: a Wasm trainer run data-parallel on the granted devices.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrainSpec {
@@ -907,13 +911,20 @@ impl Checker<'_> {
                     .at(v.span(), "[train] sample_tokens is for format = \"text\"")
                     .with_hint("leave it out: only a text model generates a sample"));
             }
-            Some(v) => Some(u64::try_from(*v.get_ref()).map_err(|_| {
-                self.at(
-                    v.span(),
-                    format!("sample_tokens = {} is impossible", v.get_ref()),
-                )
-                .with_hint("give a number of characters, 0 for no sample, or leave it out")
-            })?),
+            Some(v) => Some(
+                u64::try_from(*v.get_ref())
+                    .ok()
+                    .filter(|n| *n <= MAX_SAMPLE_TOKENS)
+                    .ok_or_else(|| {
+                        self.at(
+                            v.span(),
+                            format!("sample_tokens = {} is impossible", v.get_ref()),
+                        )
+                        .with_hint(format!(
+                            "give 0 (no sample) to {MAX_SAMPLE_TOKENS} characters, or leave it out; `orch sample` writes longer texts"
+                        ))
+                    })?,
+            ),
         };
         let bytes_vocab = text_only(&raw.data.vocab, "vocab", "bytes")?.is_some();
         let skip_unknown = text_only(&raw.data.unknown, "unknown", "skip")?.is_some();

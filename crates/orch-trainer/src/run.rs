@@ -384,6 +384,9 @@ pub const SAMPLE_TEMPERATURE: f32 = 0.8;
 /// trainer without `predict` makes none, with a warning only where the job asked for one.
 fn closing_sample(job: &TrainJob<'_>, options: &RunOptions) -> Option<String> {
     let spec = job.spec;
+    let path = spec.out.join("sample.txt");
+    // A sample left by an earlier run in this folder is not this run's.
+    let _ = std::fs::remove_file(&path);
     let tokens = spec.sample_tokens.unwrap_or(DEFAULT_SAMPLE_TOKENS);
     if tokens == 0 {
         return None;
@@ -444,7 +447,6 @@ fn closing_sample(job: &TrainJob<'_>, options: &RunOptions) -> Option<String> {
         Ok(sample) => sample,
         Err(e) => return warn(format!("no closing sample: {e}")),
     };
-    let path = spec.out.join("sample.txt");
     if let Err(e) = orch_core::fsutil::write_atomic(&path, sample.text.as_bytes()) {
         warn(format!(
             "the closing sample was not saved in {}: {e}",

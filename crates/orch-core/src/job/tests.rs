@@ -267,6 +267,13 @@ fn errors_point_at_the_value_with_a_hint() {
             "sample_tokens = -1 is impossible",
         ),
         (
+            job(
+                "[train]\nplugin = \"p.wasm\"\nsteps = 2\nsample_tokens = 100001\nbatch_size = 1\n[train.data]\nformat = \"text\"\ntrain = \"t\"\nblock_size = 8\n",
+            ),
+            "j.toml:6:17",
+            "sample_tokens = 100001 is impossible",
+        ),
+        (
             format!("[jobs]\nname = \"x\"\n{cmd}"),
             "j.toml:1:",
             "unknown field `jobs`",

@@ -186,6 +186,9 @@ fn a_text_run_asked_for_no_sample_writes_none() {
         "",
         "",
     );
+    // A sample an earlier run left in the folder is not this run's: it goes.
+    std::fs::create_dir_all(&spec(&job).out).unwrap();
+    std::fs::write(spec(&job).out.join("sample.txt"), "an earlier run's").unwrap();
     let summary = run(&job, &cpu(), &options()).unwrap();
     assert_eq!(summary.sample, None);
     assert!(!spec(&job).out.join("sample.txt").exists());
