@@ -171,6 +171,19 @@ fn past_the_cap(request: impl Fn() -> std::io::Result<Answer>) -> std::io::Resul
     }
 }
 
+/// Asks `whoami` until it is served (200), for `within` at most; else fails with `what`.
+fn served_within(whoami: &dyn Fn() -> std::io::Result<Answer>, within: Duration, what: &str) {
+    let deadline = Instant::now() + within;
+    loop {
+        let answer = whoami().unwrap_or_else(|e| panic!("{what}: {e}"));
+        if answer.status == 200 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: {}", answer.text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Whether the daemon closes `connection` (a stalled handshake) within `within`.
 fn closed_by_the_daemon(mut connection: &TcpStream, within: Duration) -> bool {
     connection.set_read_timeout(Some(within)).unwrap();
@@ -337,19 +350,11 @@ fn https_with_a_certificate_the_client_verifies_and_nothing_in_the_clear() {
         let mut stalled: Vec<TcpStream> = (0..2).map(|_| stalled_handshake(port)).collect();
         // (Again, briefly, while the connections above may still be closing on the daemon's
         // side and count against the cap; the stalled ones stay open throughout.)
-        let deadline = Instant::now() + Duration::from_secs(3);
-        loop {
-            let answer = whoami().expect("served beside two stalled handshakes");
-            if answer.status == 200 {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "not served beside two stalled handshakes: {}",
-                answer.text()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        served_within(
+            &whoami,
+            Duration::from_secs(3),
+            "not served beside two stalled handshakes",
+        );
         // ...and count against their address's cap (3 here): with a third, the next connection
         // is refused, over TLS, with the sentence.
         stalled.push(stalled_handshake(port));
@@ -380,19 +385,11 @@ fn https_with_a_certificate_the_client_verifies_and_nothing_in_the_clear() {
             "{closed} of the three stalled handshakes did not count (refused or timed out); again"
         );
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let answer = whoami().unwrap();
-        if answer.status == 200 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the stalled connections never stopped counting: {}",
-            answer.text()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    served_within(
+        &whoami,
+        Duration::from_secs(10),
+        "the stalled connections never stopped counting",
+    );
 }
 
 /// `orch serve --config CONFIG` on a fresh state folder, which must fail to start: its exit

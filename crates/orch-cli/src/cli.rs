@@ -109,7 +109,7 @@ pub struct SampleArgs {
     #[arg(long, value_name = "N", default_value_t = 500)]
     pub tokens: usize,
     /// Softmax temperature; 0 takes the most likely token every time.
-    #[arg(long, value_name = "T", default_value_t = 0.8)]
+    #[arg(long, value_name = "T", default_value_t = orch_trainer::SAMPLE_TEMPERATURE)]
     pub temperature: f32,
     /// Draw only from the K most likely tokens.
     #[arg(long, value_name = "K")]

@@ -29,6 +29,7 @@ mod data;
 mod error;
 mod host;
 mod plot;
+mod pool;
 mod predict;
 mod progress;
 mod replica;
@@ -40,9 +41,11 @@ mod world;
 
 pub use builtin::{BUILTIN_TRAINERS, BuiltinTrainer, TRAINER_WASM_DIR, load_plugin};
 pub use error::{Stage, TrainError};
-pub use predict::{Evaluation, Model, Prediction, Sample, SampleOptions, predict};
+pub use predict::{
+    DEFAULT_SAMPLE_TOKENS, Evaluation, Model, Prediction, SAMPLE_TEMPERATURE, Sample,
+    SampleOptions, predict,
+};
 pub use progress::{ProgressEvent, ProgressSink};
 pub use run::{
-    DEFAULT_MAX_GRAPH_NODES, DEFAULT_SAMPLE_TOKENS, GrantedDevice, Prepared, RunOptions,
-    SAMPLE_TEMPERATURE, Summary, TrainJob, train,
+    DEFAULT_MAX_GRAPH_NODES, GrantedDevice, Prepared, RunOptions, Summary, TrainJob, train,
 };

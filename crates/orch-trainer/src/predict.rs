@@ -14,9 +14,11 @@
 
 use crate::checkpoint::{self, Checkpoint};
 use crate::collective::Collective;
+use crate::data::Data;
 use crate::data::{Schedule, eval_batches};
 use crate::error::{Stage, TrainError};
 use crate::host::{BatchSlot, Phase, ReplicaState, Shared};
+use crate::progress::{ProgressEvent, ProgressSink};
 use crate::run::{GrantedDevice, Prepared, RunOptions, TrainJob, device_slots};
 use crate::state::load;
 use crate::world::{AnyTrainer, AnyTrainerPre};
@@ -28,7 +30,7 @@ use orch_wit::predicting::exports::orch::plugin::inference::{Guest, GuestIndices
 use orch_wit::trainer::Trainer;
 use orch_wit::trainer::exports::orch::plugin::training::StepInfo;
 use std::sync::Arc;
-use wasmtime::Store;
+use wasmtime::{Engine, Store};
 
 /// What `predict` returned: the output tensor's shape and values, row-major.
 #[derive(Debug, Clone, PartialEq)]
@@ -82,7 +84,17 @@ pub struct Model {
     eval_batches: Option<u32>,
     checkpoint: Option<u64>,
     vocab: Option<Vocab>,
-    _ticker: Ticker,
+    _ticker: Option<Ticker>,
+}
+
+/// What building a [`Model`] needs that a run has already: the plugin's name, the data, the
+/// limits and the compiled trainer.
+pub(crate) struct Parts<'a> {
+    pub plugin: String,
+    pub data: Data,
+    pub limits: Limits,
+    pub engine: &'a Engine,
+    pub pre: &'a AnyTrainerPre,
 }
 
 impl std::fmt::Debug for Model {
@@ -103,20 +115,40 @@ impl Model {
         options: &RunOptions,
     ) -> Result<Model, TrainError> {
         let prepared = Prepared::new(job, options)?;
-        let plugin = prepared.plugin.clone();
+        let ticker = Ticker::start(&prepared.engine)
+            .map_err(|e| TrainError::Engine(format!("cannot start the epoch ticker: {e}")))?;
+        let parts = Parts {
+            plugin: prepared.plugin.clone(),
+            data: prepared.data.clone(),
+            limits: prepared.limits,
+            engine: &prepared.engine,
+            pre: &prepared.pre,
+        };
+        Model::with_parts(job, device, options, parts, Some(ticker))
+    }
+
+    /// [`Model::load`] from what a run has already read and compiled. `ticker`: the one that
+    /// drives `engine`'s deadlines, when no other does (a second would halve them).
+    pub(crate) fn with_parts(
+        job: &TrainJob<'_>,
+        device: &GrantedDevice,
+        options: &RunOptions,
+        parts: Parts<'_>,
+        ticker: Option<Ticker>,
+    ) -> Result<Model, TrainError> {
+        let Parts {
+            plugin,
+            data,
+            limits,
+            engine,
+            pre,
+        } = parts;
         let failed = |message: String| TrainError::Failed {
             plugin: plugin.clone(),
             stage: Stage::Init,
             message,
         };
         let spec = job.spec;
-        let Prepared {
-            data,
-            limits,
-            engine,
-            pre,
-            ..
-        } = prepared;
         let schedule = Schedule {
             samples: data.train.len(),
             batch_size: spec.batch_size as usize,
@@ -139,10 +171,8 @@ impl Model {
             grads: Collective::new(1),
             broadcast: Collective::new(1),
         });
-        let ticker = Ticker::start(&engine)
-            .map_err(|e| TrainError::Engine(format!("cannot start the epoch ticker: {e}")))?;
         let state = ReplicaState::new(PluginState::new(&plugin, &limits), Arc::clone(&shared), 0);
-        let mut store = Store::new(&engine, state);
+        let mut store = Store::new(engine, state);
         store.limiter(|s| &mut s.sandbox.limiter);
         store.set_hostcall_fuel(limits.memory_bytes.saturating_add(1 << 20));
         store.set_epoch_deadline(deadline_ticks(limits.deadline));
@@ -150,7 +180,7 @@ impl Model {
 
         store.data_mut().phase = Phase::Init;
         let version = pre.version();
-        let (trainer, inference) = match &pre {
+        let (trainer, inference) = match pre {
             AnyTrainerPre::V0_3(pre) => {
                 let instance = pre
                     .instance_pre()
@@ -396,6 +426,102 @@ impl Model {
             next_logits,
         })
     }
+}
+
+/// Characters a text run's model writes at its end when the job does not say
+/// (`[train] sample_tokens`).
+pub const DEFAULT_SAMPLE_TOKENS: u64 = 200;
+
+/// The temperature of the closing sample: `orch sample`'s default, so that
+/// `orch sample JOB --tokens N --seed SEED` writes the same text from the same checkpoint.
+pub const SAMPLE_TEMPERATURE: f32 = 0.8;
+
+/// The closing sample of a text run: the trainer with the checkpoint the run just saved, on the
+/// CPU (built from the run's own compiled trainer and data, nothing read again), generates `sample_tokens` characters after a newline, drawn with the job's seed. It is
+/// reported as [`ProgressEvent::Sample`] and saved as `sample.txt` in the output folder. The
+/// run has succeeded by then, so a sample that cannot be made is a warning, not a failure; a
+/// trainer without `predict` makes none, with a warning only where the job asked for one.
+pub(crate) fn closing_sample(
+    job: &TrainJob<'_>,
+    options: &RunOptions,
+    parts: Parts<'_>,
+) -> Option<String> {
+    let spec = job.spec;
+    let path = spec.out.join("sample.txt");
+    // A sample left by an earlier run in this folder is not this run's.
+    let _ = std::fs::remove_file(&path);
+    let tokens = spec.sample_tokens.unwrap_or(DEFAULT_SAMPLE_TOKENS);
+    if tokens == 0 {
+        return None;
+    }
+    let warn = |message: String| {
+        ProgressSink::send(
+            options.progress.as_ref(),
+            ProgressEvent::Log {
+                who: job.name.to_string(),
+                warning: true,
+                message,
+            },
+        );
+        None
+    };
+    // The run's ticker still drives the engine's deadlines.
+    let mut model = match Model::with_parts(job, &GrantedDevice::cpu(), options, parts, None) {
+        Ok(model) => model,
+        Err(e) => {
+            return warn(format!(
+                "no closing sample: the checkpoint did not load ({e})"
+            ));
+        }
+    };
+    if !model.can_predict() {
+        if spec.sample_tokens.is_some() {
+            return warn(format!(
+                "no closing sample: trainer {} does not export predict (contract 0.3.0's world `predicting-trainer`)",
+                spec.plugin
+            ));
+        }
+        return None;
+    }
+    let Some(prompt) = model
+        .vocab()
+        .and_then(|v| v.encode("\n", orch_data::Unknown::Error, "the prompt").ok())
+    else {
+        return warn(
+            "no closing sample: the vocabulary has no newline to start from; use `orch sample --prompt`"
+                .into(),
+        );
+    };
+    let sampled = model.sample(
+        &prompt,
+        &SampleOptions {
+            tokens: usize::try_from(tokens).unwrap_or(usize::MAX),
+            temperature: SAMPLE_TEMPERATURE,
+            top_k: None,
+            seed: spec.seed,
+        },
+    );
+    let sample = match sampled {
+        Ok(sample) => sample,
+        Err(e) => return warn(format!("no closing sample: {e}")),
+    };
+    if let Err(e) = orch_core::fsutil::write_atomic(&path, sample.text.as_bytes()) {
+        warn(format!(
+            "the closing sample was not saved in {}: {e}",
+            path.display()
+        ));
+    }
+    ProgressSink::send(
+        options.progress.as_ref(),
+        ProgressEvent::Sample {
+            text: sample.text.clone(),
+            tokens,
+            temperature: SAMPLE_TEMPERATURE,
+            seed: spec.seed,
+            path,
+        },
+    );
+    Some(sample.text)
 }
 
 /// The next token from `logits`: the most likely at temperature 0, else a draw from the
