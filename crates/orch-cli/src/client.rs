@@ -7,11 +7,39 @@ use hyper::body::Bytes;
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(Debug)]
 pub struct Client {
     socket: PathBuf,
     runtime: tokio::runtime::Runtime,
+    /// How long the daemon may take to answer ([`answer_timeout`]), and to send each part of
+    /// an answer that is not followed.
+    timeout: Duration,
+    /// The answer is followed (`orch logs --follow`): it may be silent for as long as its job is.
+    following: Option<String>,
+}
+
+/// How long a client waits for the daemon's answer when `ORCH_CLIENT_TIMEOUT` says nothing.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a followed answer may be silent before the client says it is still following.
+const FOLLOW_NOTICE: Duration = Duration::from_secs(5);
+
+/// How long a client waits for a daemon's answer: `ORCH_CLIENT_TIMEOUT` (seconds, or a duration
+/// such as `2m`), else [`DEFAULT_TIMEOUT`]. Commands that wait by design (`orch wait`, `orch
+/// logs --follow`, `orch run --wait` in the daemon's queue) wait as long as they must; each of
+/// their requests is bounded all the same.
+pub fn answer_timeout() -> Result<Duration, Failure> {
+    match std::env::var("ORCH_CLIENT_TIMEOUT") {
+        Err(_) => Ok(DEFAULT_TIMEOUT),
+        Ok(text) if text.trim().is_empty() => Ok(DEFAULT_TIMEOUT),
+        Ok(text) => orch_core::duration::parse(&text).ok_or_else(|| {
+            Failure::bad_input_msg(format!(
+                "ORCH_CLIENT_TIMEOUT={text} is not a duration: give seconds such as 30, or a duration such as 2m"
+            ))
+        }),
+    }
 }
 
 impl Client {
@@ -34,7 +62,19 @@ impl Client {
             .enable_all()
             .build()
             .map_err(Failure::failed)?;
-        Ok(Client { socket, runtime })
+        Ok(Client {
+            socket,
+            runtime,
+            timeout: answer_timeout()?,
+            following: None,
+        })
+    }
+
+    /// The same client for an answer that is followed as it grows (`what`, for the line that
+    /// says so): once the daemon has answered, its body may be silent for as long as it likes.
+    pub fn following(mut self, what: String) -> Client {
+        self.following = Some(what);
+        self
     }
 
     /// Sends a request; returns the status and the whole body.
@@ -110,28 +150,57 @@ impl Client {
         sink: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
     ) -> Result<(StatusCode, Bytes), Attempt> {
         self.runtime.block_on(async {
-            let stream = tokio::net::UnixStream::connect(&self.socket)
-                .await
-                .map_err(|e| Attempt::Unreachable(e.to_string()))?;
-            let (mut sender, connection) =
-                hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            // Until the answer's head arrives: connect, send, and the daemon's first word.
+            let head = async {
+                let stream = tokio::net::UnixStream::connect(&self.socket)
                     .await
                     .map_err(|e| Attempt::Unreachable(e.to_string()))?;
-            tokio::spawn(connection);
-            let request = Request::builder()
-                .method(method)
-                .uri(path)
-                .header("host", "orch")
-                .header("content-type", "application/json")
-                .body(Full::new(Bytes::from(body.unwrap_or_default())))
-                .map_err(|e| Attempt::Failed(Failure::failed(e)))?;
-            let mut response = sender
-                .send_request(request)
+                let (mut sender, connection) =
+                    hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                        .await
+                        .map_err(|e| Attempt::Unreachable(e.to_string()))?;
+                tokio::spawn(connection);
+                let request = Request::builder()
+                    .method(method)
+                    .uri(path)
+                    .header("host", "orch")
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from(body.unwrap_or_default())))
+                    .map_err(|e| Attempt::Failed(Failure::failed(e)))?;
+                sender
+                    .send_request(request)
+                    .await
+                    .map_err(|e| Attempt::Unreachable(format!("it hung up: {e}")))
+            };
+            let mut response = tokio::time::timeout(self.timeout, head)
                 .await
-                .map_err(|e| Attempt::Unreachable(format!("it hung up: {e}")))?;
+                .map_err(|_| Attempt::Failed(self.silent()))??;
             let status = response.status();
             let mut error = Vec::new();
-            while let Some(frame) = response.body_mut().frame().await {
+            let mut told = false;
+            loop {
+                let frame = match &self.following {
+                    Some(what) if status.is_success() => {
+                        let notice = FOLLOW_NOTICE.min(self.timeout);
+                        match tokio::time::timeout(notice, response.body_mut().frame()).await {
+                            Ok(frame) => frame,
+                            Err(_) => {
+                                if !told {
+                                    eprintln!(
+                                        "orch: following {what} until the job ends; nothing new for {}s (Ctrl-C stops following, not the job)",
+                                        notice.as_secs_f64()
+                                    );
+                                    told = true;
+                                }
+                                continue;
+                            }
+                        }
+                    }
+                    _ => tokio::time::timeout(self.timeout, response.body_mut().frame())
+                        .await
+                        .map_err(|_| Attempt::Failed(self.silent()))?,
+                };
+                let Some(frame) = frame else { break };
                 let frame = frame.map_err(|e| {
                     Attempt::Failed(Failure::failed_msg(format!(
                         "the orch daemon at {} hung up mid-answer: {e}",
@@ -150,6 +219,15 @@ impl Client {
             }
             Ok((status, Bytes::from(error)))
         })
+    }
+
+    /// The sentence for a daemon that stayed silent past the client's timeout.
+    fn silent(&self) -> Failure {
+        Failure::failed_msg(format!(
+            "the orch daemon at {} did not answer within {} (ORCH_CLIENT_TIMEOUT): check that it is running and not stopped or overloaded (`systemctl status orch` and `journalctl -u orch` for the machine's daemon, else its log and `ps`), or set ORCH_CLIENT_TIMEOUT to wait longer",
+            self.socket.display(),
+            humantime::format_duration(self.timeout)
+        ))
     }
 
     fn unreachable(&self, e: &str) -> Failure {

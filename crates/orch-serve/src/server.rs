@@ -30,6 +30,9 @@ pub struct ServeOptions {
     pub devices: String,
     /// The orch binary (started as each job's supervisor).
     pub exe: PathBuf,
+    /// The machine-wide lock this daemon takes (`None`: it takes none). Daemons whose inventory
+    /// is real devices take it, and any with `machine_lock = true` ([`machine_lock_path`]).
+    pub machine_lock: Option<PathBuf>,
 }
 
 impl ServeOptions {
@@ -45,6 +48,24 @@ pub enum ServeError {
         "another orch serve is running on {dir}{pid}: stop it first, or give this one another ORCH_STATE_DIR"
     )]
     AlreadyRunning { dir: PathBuf, pid: String },
+    #[error(
+        "another orch serve owns this machine's devices: pid {pid}, listening on {socket} (the lock {}); stop it first, or submit to it (orch submit, orch run and import orch find it with ORCH_SERVER={socket})",
+        lock.display()
+    )]
+    MachineTaken {
+        lock: PathBuf,
+        pid: String,
+        socket: String,
+    },
+    #[error(
+        "cannot listen on {}: the orch serve with pid {pid} serves it{state}; stop it first, or give this one another --socket",
+        socket.display()
+    )]
+    SocketTaken {
+        socket: PathBuf,
+        pid: String,
+        state: String,
+    },
     #[error("cannot use the state folder {dir}: {reason}")]
     State { dir: PathBuf, reason: String },
     #[error("cannot listen on {socket}: {reason}")]
@@ -80,6 +101,17 @@ pub fn cleartext_warning(listen: std::net::SocketAddr, tls: bool) -> Option<Stri
     ))
 }
 
+/// Where the machine-wide lock lives unless `ORCH_MACHINE_LOCK` names another file.
+pub const MACHINE_LOCK: &str = "/run/orch/machine.lock";
+
+/// The machine-wide lock's path: `ORCH_MACHINE_LOCK`, else [`MACHINE_LOCK`]. One file, outside
+/// every state folder, so that daemons on different state folders meet there.
+pub fn machine_lock_path() -> PathBuf {
+    std::env::var_os("ORCH_MACHINE_LOCK")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from(MACHINE_LOCK), PathBuf::from)
+}
+
 /// The default socket: `$ORCH_STATE_DIR/orch.sock` when set; `/run/orch/orch.sock` for root;
 /// `$XDG_RUNTIME_DIR/orch.sock` for a user (else the state folder's).
 pub fn default_socket() -> PathBuf {
@@ -99,6 +131,10 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     std::fs::create_dir_all(options.state_dir.join("jobs")).map_err(|e| state(e.to_string()))?;
     let _ = std::fs::set_permissions(&options.state_dir, std::fs::Permissions::from_mode(0o700));
     let _lock = lock_state(&options.state_dir)?;
+    let _machine = match &options.machine_lock {
+        Some(path) => Some(lock_machine(path, &options.socket, &options.state_dir)?),
+        None => None,
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -117,6 +153,7 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         tracing::warn!("{warning}");
     }
     let db = Db::open(&options.state_dir).map_err(|e| state(e.to_string()))?;
+    number_above_folders(&db, &options.state_dir).map_err(state)?;
     let inventory = options
         .devices
         .parse::<orch_devices::InventorySpec>()
@@ -178,60 +215,201 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         options.config.max_connections_per_peer
     );
     orch_exec::devices::announce_for_daemon();
-    runtime.block_on(listen(shared, listeners, connections))
+    let served = runtime.block_on(listen(Arc::clone(&shared), listeners, connections));
+    // A clean stop leaves jobs.sqlite3 whole on its own: everything the WAL holds goes into it.
+    shared.db.checkpoint();
+    served
+}
+
+/// Job ids are never reused: the next job is numbered above every job folder there is, even when
+/// the database is older than its folders (restored from a backup, or its `-wal` lost); the log
+/// says so.
+fn number_above_folders(db: &Db, state_dir: &Path) -> Result<(), String> {
+    let highest = crate::core::folders::highest_job_folder(state_dir)
+        .map_err(|e| format!("cannot read its job folders: {e}"))?;
+    if let Some(known) = db.number_above(highest).map_err(|e| e.to_string())? {
+        tracing::warn!(
+            "the job database {} is older than its job folders: it knows of jobs up to {known}, and {} holds folders up to job {highest} (restored from a backup, or its -wal lost?); new jobs are numbered from {}, so none takes an earlier job's folder",
+            state_dir.join("jobs.sqlite3").display(),
+            state_dir.join("jobs").display(),
+            highest + 1
+        );
+    }
+    Ok(())
 }
 
 /// `flock` on `STATE/serve.lock`, held for the daemon's life; the file names the holder's pid.
 fn lock_state(dir: &Path) -> Result<std::fs::File, ServeError> {
+    let state = |reason: String| ServeError::State {
+        dir: dir.to_path_buf(),
+        reason,
+    };
+    match take_lock(
+        &dir.join("serve.lock"),
+        &format!("{}\n", std::process::id()),
+    ) {
+        Ok(file) => Ok(file),
+        Err(LockError::Io(e)) => Err(state(e.to_string())),
+        Err(LockError::Held(holder)) => {
+            let pid = holder.lines().next().unwrap_or("").trim().to_string();
+            Err(ServeError::AlreadyRunning {
+                dir: dir.to_path_buf(),
+                pid: if pid.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (pid {pid})")
+                },
+            })
+        }
+    }
+}
+
+/// The machine-wide lock (`path`, [`machine_lock_path`]), held for the daemon's life: the one
+/// daemon that owns this machine's devices, whatever its state folder. The file says who holds it
+/// (pid, socket, state folder, a line each); the lock itself dies with the process, so a daemon
+/// killed with -9 leaves nothing in the way.
+fn lock_machine(path: &Path, socket: &Path, state_dir: &Path) -> Result<std::fs::File, ServeError> {
+    if let Some(parent) = path.parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    let holder = format!(
+        "{}\n{}\n{}\n",
+        std::process::id(),
+        socket.display(),
+        state_dir.display()
+    );
+    match take_lock(path, &holder) {
+        Ok(file) => {
+            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644));
+            Ok(file)
+        }
+        Err(LockError::Io(e)) => Err(ServeError::Start(format!(
+            "cannot take the machine-wide lock {} ({e}): a daemon of real devices must hold it; set ORCH_MACHINE_LOCK to a file this daemon may write",
+            path.display()
+        ))),
+        Err(LockError::Held(holder)) => {
+            let mut lines = holder.lines().map(str::trim);
+            let known = |v: Option<&str>| {
+                v.filter(|v| !v.is_empty())
+                    .map_or_else(|| "unknown".to_string(), str::to_string)
+            };
+            Err(ServeError::MachineTaken {
+                lock: path.to_path_buf(),
+                pid: known(lines.next()),
+                socket: known(lines.next()),
+            })
+        }
+    }
+}
+
+/// A lock [`take_lock`] could not take.
+enum LockError {
+    /// Another process holds it; what its file says.
+    Held(String),
+    Io(std::io::Error),
+}
+
+/// `flock(LOCK_EX | LOCK_NB)` on `path` (created if missing), then `contents` written into it.
+/// The file is never removed: a lock on a removed file would lock nothing for the next daemon.
+fn take_lock(path: &Path, contents: &str) -> Result<std::fs::File, LockError> {
     use std::io::{Read, Seek, Write};
     use std::os::fd::AsRawFd;
-    let path = dir.join("serve.lock");
     let mut file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
-        .open(&path)
-        .map_err(|e| ServeError::State {
-            dir: dir.to_path_buf(),
-            reason: e.to_string(),
-        })?;
+        .open(path)
+        .map_err(LockError::Io)?;
     // SAFETY: flock on a descriptor we own.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let mut pid = String::new();
-        let _ = file.read_to_string(&mut pid);
-        let pid = pid.trim();
-        return Err(ServeError::AlreadyRunning {
-            dir: dir.to_path_buf(),
-            pid: if pid.is_empty() {
-                String::new()
-            } else {
-                format!(" (pid {pid})")
-            },
-        });
+        // The holder writes its lines just after it takes the lock: a moment's patience.
+        let mut text = String::new();
+        for _ in 0..20 {
+            text.clear();
+            let _ = file.rewind();
+            let _ = file.read_to_string(&mut text);
+            if !text.trim().is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        return Err(LockError::Held(text));
     }
     let _ = file.set_len(0);
     let _ = file.rewind();
-    let _ = writeln!(file, "{}", std::process::id());
+    let _ = file.write_all(contents.as_bytes());
     Ok(file)
 }
 
 /// The daemon's listeners, bound before any is announced. The Unix socket is bound beside its
 /// path and renamed over it only when the daemon starts answering; dropped before that (a start
 /// that failed), they leave no socket file behind, not even a dead daemon's.
+///
+/// A socket path is one daemon's: `SOCKET.lock` is held (`flock`) from before the bind to the
+/// daemon's end, and a socket something answers on is never taken over (another daemon, of any
+/// inventory or state folder, or of an older orch that takes no lock). On stop the socket is
+/// removed only while the path is still the one this daemon bound (same inode).
 struct Listeners {
     socket: PathBuf,
     /// Where the Unix socket is bound until [`Listeners::announce`] renames it to `socket`.
     fresh: PathBuf,
+    /// The bound socket's (device, inode), to tell it from another's at the same path.
+    inode: Option<(u64, u64)>,
     unix: Option<tokio::net::UnixListener>,
     tcp: Option<Tcp>,
     announced: bool,
+    /// `SOCKET.lock`, held while the daemon lives.
+    _lock: std::fs::File,
 }
 
 /// The TCP listener, and its TLS when the config names a certificate.
 struct Tcp {
     listener: tokio::net::TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+/// `SOCKET.lock`: beside the socket, whatever its name.
+fn socket_lock_path(socket: &Path) -> PathBuf {
+    let mut name = socket.as_os_str().to_owned();
+    name.push(".lock");
+    PathBuf::from(name)
+}
+
+/// The pid of what answers on `socket` now (`Some("unknown")` when its credentials cannot be
+/// read); `None` when nothing does (no file, not a socket, or nobody accepts on it).
+fn answering(socket: &Path) -> Option<String> {
+    use std::os::fd::AsRawFd;
+    let stream = std::os::unix::net::UnixStream::connect(socket).ok()?;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`, a ucred we own.
+    let read = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast(),
+            &raw mut len,
+        )
+    } == 0;
+    Some(if read && cred.pid > 0 {
+        cred.pid.to_string()
+    } else {
+        "unknown".into()
+    })
+}
+
+/// A path's (device, inode), without following a link.
+fn inode_of(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }
 
 impl Listeners {
@@ -264,18 +442,44 @@ impl Listeners {
         if let Some(parent) = socket.parent() {
             std::fs::create_dir_all(parent).map_err(|e| listen_err(e.to_string()))?;
         }
-        // The state lock is held: a socket file left here is a dead daemon's. The new socket is
-        // bound beside it and renamed over it, so clients waiting out a restart never find the
-        // path missing (which means "no daemon" to them).
+        let holder = format!("{}\n{}\n", std::process::id(), options.state_dir.display());
+        let lock = match take_lock(&socket_lock_path(&socket), &holder) {
+            Ok(lock) => lock,
+            Err(LockError::Io(e)) => return Err(listen_err(format!("its lock file: {e}"))),
+            Err(LockError::Held(holder)) => {
+                let mut lines = holder.lines().map(str::trim).filter(|l| !l.is_empty());
+                return Err(ServeError::SocketTaken {
+                    socket: socket.clone(),
+                    pid: lines.next().unwrap_or("unknown").to_string(),
+                    state: lines
+                        .next()
+                        .map_or_else(String::new, |dir| format!(" (state folder {dir})")),
+                });
+            }
+        };
+        // Something that answers here without the lock (an orch of before the lock, or another
+        // program) is not ours to take over.
+        if let Some(pid) = answering(&socket) {
+            return Err(ServeError::SocketTaken {
+                socket: socket.clone(),
+                pid,
+                state: String::new(),
+            });
+        }
+        // The socket's lock is held and nothing answers: a socket file left here is a dead
+        // daemon's. The new socket is bound beside it and renamed over it, so clients waiting
+        // out a restart never find the path missing (which means "no daemon" to them).
         let fresh = socket.with_extension(format!("sock.{}", std::process::id()));
         let _ = std::fs::remove_file(&fresh);
         let unix = tokio::net::UnixListener::bind(&fresh).map_err(|e| listen_err(e.to_string()))?;
         let mut listeners = Listeners {
             socket,
+            inode: inode_of(&fresh),
             fresh,
             unix: Some(unix),
             tcp: None,
             announced: false,
+            _lock: lock,
         };
         // Anyone may connect; the peer credentials decide what they may do.
         let _ = std::fs::set_permissions(&listeners.fresh, std::fs::Permissions::from_mode(0o666));
@@ -294,7 +498,7 @@ impl Listeners {
 
     /// Puts the socket in place and says where the daemon listens: clients are answered from
     /// here on.
-    fn announce(mut self) -> Result<(tokio::net::UnixListener, Option<Tcp>), ServeError> {
+    fn announce(&mut self) -> Result<(tokio::net::UnixListener, Option<Tcp>), ServeError> {
         std::fs::rename(&self.fresh, &self.socket).map_err(|e| ServeError::Listen {
             socket: self.socket.clone(),
             reason: e.to_string(),
@@ -315,6 +519,19 @@ impl Listeners {
             reason: "the socket was not bound".into(),
         })?;
         Ok((unix, tcp))
+    }
+
+    /// At a clean stop: removes the socket while the path is still the one this daemon bound;
+    /// a socket put there by anyone else stays.
+    fn withdraw(&self) {
+        if self.inode.is_some() && inode_of(&self.socket) == self.inode {
+            let _ = std::fs::remove_file(&self.socket);
+        } else {
+            tracing::warn!(
+                "{} is no longer the socket this daemon bound; left in place",
+                self.socket.display()
+            );
+        }
     }
 }
 
@@ -343,7 +560,7 @@ async fn listen(
     listeners: Listeners,
     connections: Arc<crate::http::conns::Connections>,
 ) -> Result<(), ServeError> {
-    let socket = listeners.socket.clone();
+    let mut listeners = listeners;
     let (listener, tcp) = listeners.announce()?;
     // The API and the web page on one router; the page's sessions are the TCP listener's.
     let sessions = Arc::new(Sessions::default());
@@ -412,7 +629,7 @@ async fn listen(
             _ = terminate.recv() => break,
         }
     }
-    let _ = std::fs::remove_file(&socket);
+    listeners.withdraw();
     tracing::info!("orch serve: stopped; running jobs continue under their supervisors");
     Ok(())
 }

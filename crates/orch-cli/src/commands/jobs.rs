@@ -374,8 +374,14 @@ pub fn cancel(args: &JobIdArgs) -> CmdResult {
 }
 
 pub fn logs(args: &LogsArgs) -> CmdResult {
-    let client = Client::from_env()?;
     let stream = if args.stderr { "stderr" } else { "stdout" };
+    let client = Client::from_env()?;
+    // A followed log is silent while its job is: only the daemon's first answer is bounded.
+    let client = if args.follow {
+        client.following(format!("job {}'s {stream}", table::escape(&args.id)))
+    } else {
+        client
+    };
     let path = format!(
         "/v1/jobs/{}/logs?stream={stream}{}",
         encode(&args.id),
@@ -399,8 +405,18 @@ pub fn wait(args: &JobIdArgs) -> CmdResult {
     let client = Client::from_env()?;
     let mut delay = Duration::from_millis(20);
     let started = Instant::now();
+    let mut told = false;
     loop {
         let job = fetch(&client, &args.id)?;
+        if !job.state.is_final() && !told {
+            // Waiting is what was asked for: no client timeout ends it, and stderr says so.
+            eprintln!(
+                "orch: waiting for job {} ({}) to end (Ctrl-C stops waiting, not the job)",
+                job.id,
+                job.state.as_str()
+            );
+            told = true;
+        }
         if job.state.is_final() {
             if args.json {
                 println!(

@@ -37,6 +37,19 @@ pub fn run(devices: &str, args: &ServeArgs) -> CmdResult {
         None => devices.to_string(),
     };
     let real = owns_real_gpus(&spec);
+    // Real devices are the machine's: their daemon always takes the machine-wide lock. Others
+    // take it when the config says `machine_lock = true`.
+    if real && config.machine_lock == Some(false) {
+        let file = args
+            .config
+            .as_ref()
+            .map_or_else(|| "the config".into(), |p| p.display().to_string());
+        return Err(Failure::bad_input_msg(format!(
+            "machine_lock = false (in {file}) cannot apply to a daemon of this machine's real GPUs: two such daemons would hand the same GPU out twice; remove the line"
+        )));
+    }
+    let machine_lock =
+        (real || config.machine_lock == Some(true)).then(orch_serve::server::machine_lock_path);
     let machine = socket == std::path::Path::new(orch_leases::MACHINE_SOCKET);
     let owner_file = std::path::Path::new(orch_leases::OWNER_FILE);
     if !machine
@@ -76,6 +89,7 @@ pub fn run(devices: &str, args: &ServeArgs) -> CmdResult {
         config,
         devices,
         exe,
+        machine_lock,
     });
     if record {
         orch_leases::Owner::remove(owner_file);

@@ -48,6 +48,9 @@ pub struct Config {
     pub max_connections_per_peer: u32,
     /// `[compile]`: the caps of compiling a policy component a tenant sent.
     pub compile: CompileCaps,
+    /// `machine_lock`: whether the daemon takes the machine-wide lock (`None`: when its
+    /// inventory is real devices; `true` makes a sim or cpu daemon take it too).
+    pub machine_lock: Option<bool>,
     pub tenants: Vec<Tenant>,
 }
 
@@ -197,6 +200,7 @@ struct RawConfig {
     tls_cert: Option<toml::Spanned<String>>,
     tls_key: Option<toml::Spanned<String>>,
     compile: Option<RawCompile>,
+    machine_lock: Option<bool>,
     #[serde(default)]
     tenant: Vec<RawTenant>,
 }
@@ -269,6 +273,7 @@ impl Config {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
             compile: CompileCaps::default(),
+            machine_lock: None,
             tenants: vec![Tenant {
                 name: user.to_string(),
                 users: vec![user.to_string()],
@@ -614,6 +619,7 @@ impl Config {
             max_connections,
             max_connections_per_peer,
             compile,
+            machine_lock: raw.machine_lock,
             preempt_after: match raw.preempt_after.as_deref().map(str::trim) {
                 Some("0" | "0s") | None => Duration::ZERO,
                 Some(_) => duration("preempt_after", &raw.preempt_after)?.unwrap_or_default(),

@@ -299,6 +299,63 @@ impl Db {
         })
     }
 
+    /// Makes the next job's id higher than `highest` (the highest id among the job folders), if
+    /// it is not already: a database restored from a backup, or one that lost its `-wal`, never
+    /// hands out an id whose folder (logs, exit record, fence) belongs to an earlier job. Returns
+    /// the highest id the database knew of when it was behind.
+    pub fn number_above(&self, highest: i64) -> Result<Option<i64>, DbError> {
+        let behind = self.write_blocking(move |tx| {
+            let known: i64 = query_row(
+                tx,
+                "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'jobs'), 0),
+                            COALESCE((SELECT MAX(id) FROM jobs), 0))",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(db("numbering jobs"))?;
+            if known >= highest {
+                return Ok(-1);
+            }
+            // `jobs` is AUTOINCREMENT: its next id is one above its row in sqlite_sequence,
+            // which exists once a job was ever inserted.
+            let updated = exec(
+                tx,
+                "UPDATE sqlite_sequence SET seq = ?1 WHERE name = 'jobs'",
+                [highest],
+            )
+            .map_err(db("numbering jobs"))?;
+            if updated == 0 {
+                exec(
+                    tx,
+                    "INSERT INTO sqlite_sequence (name, seq) VALUES ('jobs', ?1)",
+                    [highest],
+                )
+                .map_err(db("numbering jobs"))?;
+            }
+            Ok(known)
+        })?;
+        Ok((behind >= 0).then_some(behind))
+    }
+
+    /// Moves everything the write-ahead log holds into `jobs.sqlite3` and empties the log
+    /// (`wal_checkpoint(TRUNCATE)`), so that the file alone holds every job: done at a clean
+    /// stop. A checkpoint that cannot finish (a reader in the way for 30 s) is logged.
+    pub fn checkpoint(&self) {
+        let done = self.read(|c| {
+            query_row(c, "PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+            })
+            .map_err(db("checkpointing"))
+        });
+        match done {
+            Ok((0, _)) => {}
+            Ok((_, pages)) => tracing::warn!(
+                "the job database's write-ahead log could not be emptied at stop ({pages} page(s) left in jobs.sqlite3-wal): copy it with jobs.sqlite3"
+            ),
+            Err(e) => tracing::warn!("{e}"),
+        }
+    }
+
     /// Runs `op` in a committed transaction (batched with other writes waiting at the time).
     pub async fn write(
         &self,

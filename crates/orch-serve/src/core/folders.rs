@@ -120,6 +120,31 @@ pub fn prepare(dir: &Path, spec: &SuperviseSpec) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The highest job id among the folders of `STATE/jobs` (`ID-ATTEMPT`); 0 when there is none.
+/// Names of another form are not job folders and count for nothing.
+pub fn highest_job_folder(state_dir: &Path) -> std::io::Result<i64> {
+    let entries = match std::fs::read_dir(state_dir.join("jobs")) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let mut highest = 0;
+    for entry in entries {
+        let name = entry?.file_name();
+        let id = name
+            .to_str()
+            .and_then(|n| n.split_once('-'))
+            .and_then(|(id, attempt)| {
+                attempt.parse::<u32>().ok()?;
+                id.parse::<i64>().ok()
+            });
+        if let Some(id) = id {
+            highest = highest.max(id);
+        }
+    }
+    Ok(highest)
+}
+
 /// The job's folder, the daemon's alone (root's when the daemon is root).
 fn make_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;

@@ -61,6 +61,22 @@ impl Usage {
         self.gpu_s = base + used * (-late / half_life_s.max(f64::MIN_POSITIVE)).exp2();
         self.as_of_s = self.as_of_s.max(to_s);
     }
+
+    /// Takes back what [`Usage::charge`] added for `gpus` devices from `from_s` to `to_s`, as
+    /// decayed since: a job charged past its end, because its end reached the daemon late (a
+    /// stalled or stopped daemon charges running jobs up to the moment it looks).
+    pub fn refund(&mut self, gpus: f64, from_s: f64, to_s: f64, half_life_s: f64) {
+        let span = (to_s - from_s).max(0.0);
+        let used = if half_life_s > 0.0 {
+            let h = half_life_s / std::f64::consts::LN_2;
+            gpus * h * -(-span / h).exp_m1()
+        } else {
+            gpus * span
+        };
+        let since = (self.as_of_s - to_s).max(0.0);
+        let decayed = used * (-since / half_life_s.max(f64::MIN_POSITIVE)).exp2();
+        self.gpu_s = (self.gpu_s - decayed).max(0.0);
+    }
 }
 
 /// A queued job, as scheduling sees it.
@@ -419,10 +435,27 @@ impl Scheduler {
         self.running.insert(job.id, job);
     }
 
-    /// Ends a running job at `at_s`: its use is charged up to then. Returns it.
+    /// Ends a running job at `at_s`: its use is charged up to then, and never beyond: what was
+    /// charged past `at_s` (the end reached the daemon late) is taken back. Returns it.
     pub fn end(&mut self, id: u64, at_s: f64) -> Option<RunningJob> {
         self.charge_job(id, at_s);
+        self.refund_job(id, at_s);
         self.remove_running(id)
+    }
+
+    /// Takes back job `id`'s charge past `to_s` (never before its start). Its `gpu_s` may go
+    /// below zero: part of what is taken back may have been charged before a restart, into the
+    /// job's earlier total.
+    fn refund_job(&mut self, id: u64, to_s: f64) {
+        let half_life = self.half_life_s;
+        if let Some(job) = self.running.get_mut(&id) {
+            let from = to_s.max(job.started_s);
+            if from < job.charged_s {
+                self.usage[job.tenant].refund(f64::from(job.gpus), from, job.charged_s, half_life);
+                job.gpu_s -= f64::from(job.gpus) * (job.charged_s - from);
+                job.charged_s = from;
+            }
+        }
     }
 
     fn remove_running(&mut self, id: u64) -> Option<RunningJob> {

@@ -334,3 +334,50 @@ fn a_tenant_back_from_an_absence_is_served_before_the_one_that_used_the_machine_
     let report = pass(&mut s, 2.0 * WEEK + 2.0, 1);
     assert_eq!(report.started, vec![4]);
 }
+
+#[test]
+fn a_job_whose_end_arrives_late_is_charged_to_its_end_and_no_further() {
+    let half_life = DAY;
+    let make = || {
+        Scheduler::new(
+            tenants(&[1.0]),
+            half_life,
+            Box::new(NativePolicy::new("fifo").unwrap()),
+        )
+    };
+    let (mut s, mut on_time) = (make(), make());
+    for s in [&mut s, &mut on_time] {
+        for id in 1..=4 {
+            s.add_running(RunningJob {
+                id,
+                tenant: 0,
+                gpus: 1,
+                exclusive: true,
+                preemptible: false,
+                started_s: 100.0,
+                charged_s: 100.0,
+                gpu_s: 0.0,
+            });
+        }
+    }
+    // The daemon looked at 112 s (a sample, a pass) though each job ended at 102 s: jobs ended
+    // one by one, each after the others had been charged up to then.
+    s.charge(112.0);
+    let ended: Vec<RunningJob> = (1..=4).map(|id| s.end(id, 102.0).unwrap()).collect();
+    let ended_on_time: Vec<RunningJob> =
+        (1..=4).map(|id| on_time.end(id, 102.0).unwrap()).collect();
+    for (late, timely) in ended.iter().zip(&ended_on_time) {
+        assert!((late.gpu_s - 2.0).abs() < 1e-9, "{late:?}");
+        assert_eq!(
+            (late.charged_s, late.gpu_s),
+            (timely.charged_s, timely.gpu_s)
+        );
+    }
+    // The tenant's decayed usage is what it would be had the ends been seen on time.
+    let (late, timely) = (
+        s.usage(0).at(200.0, half_life),
+        on_time.usage(0).at(200.0, half_life),
+    );
+    assert!((late - timely).abs() < 1e-9, "{late} against {timely}");
+    assert!((late - 8.0).abs() < 0.01, "{late}");
+}
