@@ -684,7 +684,10 @@ async fn serve_connection<S>(
     let connection = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)
-        .serve_connection(TokioIo::new(stream), service);
+        .serve_connection(
+            TokioIo::new(crate::http::parse_errors::JsonParseErrors::new(stream)),
+            service,
+        );
     if let Err(e) = connection.await {
         tracing::debug!("connection ended: {e}");
     }

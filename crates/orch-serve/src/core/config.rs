@@ -48,6 +48,9 @@ pub struct Config {
     pub max_connections_per_peer: u32,
     /// `[compile]`: the caps of compiling a policy component a tenant sent.
     pub compile: CompileCaps,
+    /// `max_log_size`: most bytes of a job's stdout, and of its stderr, kept on disk; past it
+    /// the oldest output is rotated away (`orch logs` says how much).
+    pub max_log_size: u64,
     pub tenants: Vec<Tenant>,
 }
 
@@ -77,6 +80,10 @@ pub enum TokenRights<'a> {
 
 /// The default `max_connections`.
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 4096;
+/// The default `max_log_size`, per job and stream.
+pub const DEFAULT_MAX_LOG_SIZE: u64 = 64 << 20;
+/// The smallest `max_log_size` (the newest half of it is always kept).
+const MIN_MAX_LOG_SIZE: u64 = 4 << 10;
 /// The default `max_connections_per_peer`.
 pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: u32 = 256;
 
@@ -197,6 +204,7 @@ struct RawConfig {
     tls_cert: Option<toml::Spanned<String>>,
     tls_key: Option<toml::Spanned<String>>,
     compile: Option<RawCompile>,
+    max_log_size: Option<toml::Spanned<String>>,
     #[serde(default)]
     tenant: Vec<RawTenant>,
 }
@@ -269,6 +277,7 @@ impl Config {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
             compile: CompileCaps::default(),
+            max_log_size: DEFAULT_MAX_LOG_SIZE,
             tenants: vec![Tenant {
                 name: user.to_string(),
                 users: vec![user.to_string()],
@@ -594,6 +603,24 @@ impl Config {
             &raw.max_connections_per_peer,
             DEFAULT_MAX_CONNECTIONS_PER_PEER,
         )?;
+        let max_log_size = match &raw.max_log_size {
+            None => DEFAULT_MAX_LOG_SIZE,
+            Some(v) => match v.get_ref().parse::<orch_core::ByteSize>() {
+                Ok(size) if size.bytes() >= MIN_MAX_LOG_SIZE => size.bytes(),
+                _ => {
+                    return Err(InputError::at(
+                        path,
+                        text,
+                        v.span().start,
+                        format!(
+                            "max_log_size = \"{}\" is not a size of 4KiB or more",
+                            v.get_ref()
+                        ),
+                    )
+                    .with_hint("give the most output kept per job and stream, such as \"64MiB\""));
+                }
+            },
+        };
         Ok(Config {
             path: Some(path.to_path_buf()),
             admins: raw.admins,
@@ -614,6 +641,7 @@ impl Config {
             max_connections,
             max_connections_per_peer,
             compile,
+            max_log_size,
             preempt_after: match raw.preempt_after.as_deref().map(str::trim) {
                 Some("0" | "0s") | None => Duration::ZERO,
                 Some(_) => duration("preempt_after", &raw.preempt_after)?.unwrap_or_default(),
