@@ -643,6 +643,17 @@ async fn serve_connection<S>(
                         ),
                     ))
                 }
+                // A body over the limit is refused as it is announced, not after the daemon has
+                // waited for (and read) the part that fits.
+                _ if declared_length(request.headers()) > crate::http::wire::BODY_LIMIT as u64 => {
+                    Some(crate::http::error::err(
+                        axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                        format!(
+                            "a request may carry {} MiB at most (a job file, its environment and a policy component)",
+                            crate::http::wire::BODY_LIMIT >> 20
+                        ),
+                    ))
+                }
                 _ => None,
             };
             let remote = matches!(who.as_ref(), Who::Remote { .. });
