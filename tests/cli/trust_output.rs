@@ -72,7 +72,7 @@ fn a_chatty_job_keeps_its_newest_output_and_leaves_the_state_folder_to_the_other
     });
     let socket = d.socket();
     let started = Instant::now();
-    // Two bursts of 100 MB with a pause between, then a last line.
+    // Two bursts of 100 MB, each followed by a pause, then a last line.
     let chatty = submitted(&as_user(
         alice,
         &socket,
@@ -84,17 +84,17 @@ fn a_chatty_job_keeps_its_newest_output_and_leaves_the_state_folder_to_the_other
             "--",
             "sh",
             "-c",
-            "for i in 1 2; do yes chatty-line-of-output | head -c 100000000; sleep 2; done; echo THE-END",
+            "for i in 1 2; do yes chatty-line-of-output | head -c 100000000; touch burst-$i; sleep 3; done; echo THE-END",
         ],
     ));
     d.wait_state(&chatty, "running");
-    // Once its first burst rotated output away, the other tenant submits, and its job runs.
-    let job_dir = d.state.join("jobs").join(format!("{chatty}-1"));
+    // Once its first burst is out (it has filled the folder, or been capped), the other tenant
+    // submits, and its job runs.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !job_dir.join("stdout.dropped").exists() {
+    while !public.join("burst-1").exists() {
         assert!(
             Instant::now() < deadline,
-            "no output was ever dropped: {}",
+            "the first burst never ended: {}",
             d.log()
         );
         std::thread::sleep(Duration::from_millis(20));
@@ -247,12 +247,12 @@ fn another_tenants_job_name_is_in_none_of_a_tenants_views() {
     assert!(own.contains(secret), "{own}");
 
     let views = bobs_views(bob, &socket, &public);
-    assert!(
-        views.contains("(another tenant's job)") && views.contains("lease-"),
-        "the lease is listed, hidden: {views}"
-    );
     let leaked: Vec<&str> = views.lines().filter(|l| l.contains(secret)).collect();
     assert!(leaked.is_empty(), "the job's name leaked: {leaked:?}");
+    assert!(
+        views.contains("(another tenant's job)") && views.contains("\"id\":\"lease-"),
+        "the lease is listed, hidden: {views}"
+    );
     assert!(d.client(&["cancel", &id]).status.success());
     d.wait_state(&id, "cancelled");
 }
