@@ -20,6 +20,7 @@ mod tenants;
 mod tls;
 mod train;
 mod trust_daemon;
+mod trust_output;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

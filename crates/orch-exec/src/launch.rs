@@ -96,7 +96,13 @@ pub struct Launched {
     cgroup: Option<PathBuf>,
     forwarder: Option<SignalForwarder>,
     terminal: Option<crate::terminal::Foreground>,
+    /// The copiers of the job's output into its logs (`StdioMode::Files`).
+    copiers: Option<crate::logs::Copiers>,
 }
+
+/// How long the end of a job waits for its output to be copied (its processes have all ended,
+/// so the pipes are at their end once the copiers read what is in them).
+const COPY_PATIENCE: Duration = Duration::from_secs(5);
 
 /// Stops a launched job from another thread: SIGTERM to every process, SIGKILL after the grace
 /// period; the job's outcome becomes [`ExitOutcome::Stopped`] with the reason given.
@@ -134,7 +140,9 @@ pub fn start(spec: &LaunchSpec, mut on_spawn: impl FnMut(u32)) -> Result<Launche
         StdioMode::Inherit => crate::terminal::Foreground::available(),
         StdioMode::Files { .. } => None,
     };
-    let setup = crate::setup::ChildSetup::new(spec, terminal.is_some())?;
+    let mut setup = crate::setup::ChildSetup::new(spec, terminal.is_some())?;
+    let streams = std::mem::take(&mut setup.streams);
+    let copiers = (!streams.is_empty()).then(|| crate::logs::Copiers::start(streams));
 
     let (sender, events) = mpsc::channel::<Event>();
     for (slot, rank) in ranks.iter().enumerate() {
@@ -165,6 +173,9 @@ pub fn start(spec: &LaunchSpec, mut on_spawn: impl FnMut(u32)) -> Result<Launche
         tracing::debug!("started {program} as pid {pid} (rank {rank:?})");
         wait_in_thread(slot, child, sender.clone());
     }
+    // The pipes' write ends are the children's alone now: a copier reaches the end of its pipe
+    // when the job's last process has ended.
+    drop(setup);
     Ok(Launched {
         groups,
         events,
@@ -174,6 +185,7 @@ pub fn start(spec: &LaunchSpec, mut on_spawn: impl FnMut(u32)) -> Result<Launche
         cgroup: spec.cgroup.clone(),
         forwarder,
         terminal,
+        copiers,
     })
 }
 
@@ -200,6 +212,7 @@ impl Launched {
             cgroup,
             forwarder,
             terminal,
+            copiers,
         } = self;
         drop(sender);
         let outcome = supervise(&groups, events, count, grace, monitor, cgroup.as_deref());
@@ -209,6 +222,9 @@ impl Launched {
         end_leftovers(&groups, cgroup.as_deref(), grace);
         if let Some(forwarder) = forwarder {
             forwarder.stop();
+        }
+        if let Some(copiers) = copiers {
+            copiers.finish(COPY_PATIENCE);
         }
         outcome
     }

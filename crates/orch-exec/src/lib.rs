@@ -19,6 +19,7 @@ mod cgroup;
 pub mod devices;
 mod env;
 mod launch;
+pub mod logs;
 mod setup;
 mod spec;
 mod terminal;
@@ -30,6 +31,7 @@ pub use cgroup::{
 };
 pub use env::{AssignedDevice, Cluster, JobEnv, process_env};
 pub use launch::{ExitOutcome, Launched, Monitor, Stopper, launch, start};
+pub use logs::LogCap;
 pub use setup::passwd_entry;
 pub use spec::{Credentials, ExecError, LaunchSpec, StdioMode};
 pub use watch::{MemoryWatch, ProcessMemory, Verdict, descendants};

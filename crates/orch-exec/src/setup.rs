@@ -6,7 +6,6 @@
 use crate::devices::DeviceJoin;
 use crate::spec::{Credentials, ExecError, LaunchSpec, StdioMode};
 use std::ffi::CString;
-use std::fs::{File, OpenOptions};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
@@ -20,7 +19,10 @@ pub(crate) struct ChildSetup {
     credentials: Option<Credentials>,
     cwd: Option<CString>,
     foreground: bool,
-    files: Option<(File, File)>,
+    /// The write ends of the pipes to the log copiers (`StdioMode::Files`).
+    files: Option<(std::io::PipeWriter, std::io::PipeWriter)>,
+    /// The read ends and their logs, for [`crate::logs::Copiers::start`].
+    pub(crate) streams: Vec<(std::io::PipeReader, crate::logs::CappedLog)>,
     /// Which step a child failed at ([`Step`]): the parent's only way to tell that failure from
     /// the program's own (both come back as an errno).
     failed_step: Option<SharedFlag>,
@@ -70,18 +72,23 @@ impl ChildSetup {
         let failed_step = (cwd.is_some() || cgroup_required || devices_procs.is_some())
             .then(SharedFlag::new)
             .flatten();
+        let mut streams = Vec::new();
         let files = match &spec.stdio {
             StdioMode::Inherit => None,
-            StdioMode::Files { stdout, stderr } => {
-                let open = |path: &std::path::Path| {
-                    OpenOptions::new()
-                        .create(true)
-                        .append(true)
-                        .open(path)
-                        .map_err(|e| ExecError::Spawn {
-                            program: spec.argv.first().cloned().unwrap_or_default(),
-                            reason: format!("cannot open the log {}: {e}", path.display()),
-                        })
+            StdioMode::Files {
+                stdout,
+                stderr,
+                cap,
+            } => {
+                let mut open = |path: &std::path::Path| {
+                    let failed = |e: std::io::Error| ExecError::Spawn {
+                        program: spec.argv.first().cloned().unwrap_or_default(),
+                        reason: format!("cannot open the log {}: {e}", path.display()),
+                    };
+                    let log = crate::logs::CappedLog::open(path, *cap).map_err(failed)?;
+                    let (reader, writer) = std::io::pipe().map_err(failed)?;
+                    streams.push((reader, log));
+                    Ok::<_, ExecError>(writer)
                 };
                 Some((open(stdout)?, open(stderr)?))
             }
@@ -94,6 +101,7 @@ impl ChildSetup {
             cwd,
             foreground,
             files,
+            streams,
             failed_step,
         })
     }
@@ -143,10 +151,10 @@ impl ChildSetup {
 
     /// Standard input and output for one process; only the first (`reads_input`) reads input.
     pub(crate) fn stdio(&self, command: &mut Command, reads_input: bool) -> Result<(), ExecError> {
-        let clone = |f: &File| {
+        let clone = |f: &std::io::PipeWriter| {
             f.try_clone().map_err(|e| ExecError::Spawn {
                 program: String::new(),
-                reason: format!("cannot share the log file: {e}"),
+                reason: format!("cannot share the log pipe: {e}"),
             })
         };
         match &self.files {

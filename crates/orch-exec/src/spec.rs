@@ -40,8 +40,13 @@ pub enum StdioMode {
     /// `input()`, a password prompt) and gets Ctrl-C itself; otherwise rank 0 reads orch's stdin.
     /// Other ranks read nothing.
     Inherit,
-    /// No input; output appended to these files (the daemon's logs).
-    Files { stdout: PathBuf, stderr: PathBuf },
+    /// No input; output through pipes into these files (the daemon's logs), under `cap`
+    /// ([`crate::logs`]): the job never writes the files itself.
+    Files {
+        stdout: PathBuf,
+        stderr: PathBuf,
+        cap: crate::logs::LogCap,
+    },
 }
 
 /// A Unix identity to run as.

@@ -12,6 +12,7 @@ pub mod jobs;
 pub mod leases;
 pub mod logs;
 pub mod machine;
+pub mod parse_errors;
 pub mod plugins;
 pub mod wire;
 

@@ -860,6 +860,17 @@ async fn serve_connection<S>(
                         ),
                     ))
                 }
+                // A body over the limit is refused as it is announced, not after the daemon has
+                // waited for (and read) the part that fits.
+                _ if declared_length(request.headers()) > crate::http::wire::BODY_LIMIT as u64 => {
+                    Some(crate::http::error::err(
+                        axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                        format!(
+                            "a request may carry {} MiB at most (a job file, its environment and a policy component)",
+                            crate::http::wire::BODY_LIMIT >> 20
+                        ),
+                    ))
+                }
                 _ => None,
             };
             let remote = matches!(who.as_ref(), Who::Remote { .. });
@@ -901,7 +912,10 @@ async fn serve_connection<S>(
     let connection = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)
-        .serve_connection(TokioIo::new(stream), service);
+        .serve_connection(
+            TokioIo::new(crate::http::parse_errors::JsonParseErrors::new(stream)),
+            service,
+        );
     if let Err(e) = connection.await {
         tracing::debug!("connection ended: {e}");
     }

@@ -187,6 +187,10 @@ fn run(
         stdio: StdioMode::Files {
             stdout: dir.join("stdout"),
             stderr: dir.join("stderr"),
+            cap: orch_exec::LogCap {
+                max_bytes: spec.max_log_bytes,
+                reserve_bytes: spec.log_reserve_bytes,
+            },
         },
         credentials: spec.switch_user.then(|| Credentials {
             uid: id.uid,

@@ -117,6 +117,10 @@ fn launch_probe(dir: &Path, cgroup: Option<&JobCgroup>, join: Option<DeviceJoin>
         stdio: StdioMode::Files {
             stdout: out.clone(),
             stderr: dir.join("stderr"),
+            cap: crate::LogCap {
+                max_bytes: 1 << 20,
+                reserve_bytes: 0,
+            },
         },
         credentials: None,
         base_env: None,

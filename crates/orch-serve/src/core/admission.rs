@@ -85,6 +85,108 @@ pub fn admit(
     queue(tenant, queued)
 }
 
+/// Most bytes of one argument or one environment entry (`NAME=value`): the kernel's
+/// `MAX_ARG_STRLEN` (32 pages of 4 KiB), less the string's NUL. A longer one fails `execve`.
+pub const MAX_ARG_BYTES: usize = 128 * 1024 - 1;
+
+/// Most bytes of a job's arguments and environment together, each string counted with its
+/// NUL: well under the kernel's usual `ARG_MAX` (a quarter of an 8 MiB stack), so a job that is
+/// accepted can be started.
+pub const MAX_EXEC_BYTES: usize = 1 << 20;
+
+/// What a job's processes are started with, as far as the submission sets it.
+#[derive(Debug, Clone, Copy)]
+pub struct ExecParts<'a> {
+    /// The job file's path, for the sentence.
+    pub place: &'a str,
+    /// The command's arguments (`[command] argv`), empty for a `[train]` job.
+    pub argv: &'a [String],
+    /// `[command] env`.
+    pub job_env: &'a std::collections::BTreeMap<String, String>,
+    /// The submitting client's environment.
+    pub client_env: &'a [(String, String)],
+    pub cwd: &'a str,
+    /// What the daemon adds (a `[train]` job's text and its `orch run` command line).
+    pub extra: &'a [(&'a str, &'a str)],
+}
+
+/// At most 60 characters of `text`, escaped, for a sentence.
+fn quoted(text: &str) -> String {
+    let mut short: String = text.chars().take(60).collect();
+    if short.len() < text.len() {
+        short.push_str("...");
+    }
+    format!("\"{}\"", short.escape_debug())
+}
+
+/// A job the kernel could not start is refused at submission, not at start: no NUL byte in an
+/// argument, a variable or the working folder (no program can be given one), no variable name
+/// with `=`, no string over [`MAX_ARG_BYTES`], no more than [`MAX_EXEC_BYTES`] in all.
+pub fn exec_parts(parts: &ExecParts<'_>) -> Result<(), Refusal> {
+    let place = parts.place;
+    let invalid = |what: String| Err(Refusal::Invalid(format!("{place}: {what}")));
+    if parts.cwd.contains('\0') {
+        return invalid(format!(
+            "the working folder {} holds a NUL byte, which no path can: submit from a real folder",
+            quoted(parts.cwd)
+        ));
+    }
+    let mut total = 0usize;
+    let mut one = |what: String, len: usize| {
+        total = total.saturating_add(len + 1);
+        if len > MAX_ARG_BYTES {
+            return Err(Refusal::Invalid(format!(
+                "{place}: {what} is {len} bytes long; one argument or variable may be at most {MAX_ARG_BYTES} bytes (the kernel's limit): pass large data in a file"
+            )));
+        }
+        Ok(())
+    };
+    for (i, arg) in parts.argv.iter().enumerate() {
+        if arg.contains('\0') {
+            return invalid(format!(
+                "argv[{i}] {} holds a NUL byte, which no program can be given: remove it",
+                quoted(arg)
+            ));
+        }
+        one(format!("argv[{i}]"), arg.len())?;
+    }
+    let variables = parts
+        .job_env
+        .iter()
+        .map(|(k, v)| ("[command] env", k.as_str(), v.as_str()))
+        .chain(
+            parts
+                .client_env
+                .iter()
+                .map(|(k, v)| ("the submitting environment's", k.as_str(), v.as_str())),
+        )
+        .chain(parts.extra.iter().map(|(k, v)| ("the job's", *k, *v)));
+    for (whose, name, value) in variables {
+        if name.contains('\0') || value.contains('\0') {
+            return invalid(format!(
+                "{whose} variable {} holds a NUL byte, which no program can be given: remove it",
+                quoted(name)
+            ));
+        }
+        if name.is_empty() || name.contains('=') {
+            return invalid(format!(
+                "{whose} variable name {} is empty or holds '=': give NAME = \"value\" with a name without '='",
+                quoted(name)
+            ));
+        }
+        one(
+            format!("{whose} variable {}", quoted(name)),
+            name.len() + 1 + value.len(),
+        )?;
+    }
+    if total > MAX_EXEC_BYTES {
+        return invalid(format!(
+            "the job's arguments and environment are {total} bytes together; at most {MAX_EXEC_BYTES} bytes (1 MiB) are accepted: pass large data in a file"
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,5 +246,66 @@ mod tests {
             why,
             "job.toml:5:8: gpus = 9 is more than the 8 device(s) this daemon places on"
         );
+    }
+
+    fn parts<'a>(
+        argv: &'a [String],
+        env: &'a std::collections::BTreeMap<String, String>,
+        client: &'a [(String, String)],
+        cwd: &'a str,
+    ) -> ExecParts<'a> {
+        ExecParts {
+            place: "job.toml",
+            argv,
+            job_env: env,
+            client_env: client,
+            cwd,
+            extra: &[],
+        }
+    }
+
+    #[test]
+    fn what_the_kernel_cannot_start_is_refused_with_a_sentence() {
+        let none = std::collections::BTreeMap::new();
+        let refused = |p: ExecParts<'_>| match exec_parts(&p) {
+            Err(Refusal::Invalid(why)) => why,
+            other => panic!("{other:?}"),
+        };
+        let ok = vec!["echo".to_string(), "hi".to_string()];
+        assert_eq!(exec_parts(&parts(&ok, &none, &[], "/tmp")), Ok(()));
+        let nul = vec!["echo".to_string(), "a\0b".to_string()];
+        assert_eq!(
+            refused(parts(&nul, &none, &[], "/tmp")),
+            "job.toml: argv[1] \"a\\0b\" holds a NUL byte, which no program can be given: remove it"
+        );
+        let why = refused(parts(&ok, &none, &[], "/tm\0p"));
+        assert!(
+            why.contains("the working folder") && why.contains("NUL"),
+            "{why}"
+        );
+        let env = std::collections::BTreeMap::from([("A".to_string(), "x\0".to_string())]);
+        let why = refused(parts(&ok, &env, &[], "/tmp"));
+        assert!(
+            why.contains("[command] env variable \"A\" holds a NUL byte"),
+            "{why}"
+        );
+        let client = [("B=C".to_string(), "x".to_string())];
+        let why = refused(parts(&ok, &none, &client, "/tmp"));
+        assert!(why.contains("name \"B=C\" is empty or holds '='"), "{why}");
+        let long = vec!["echo".to_string(), "x".repeat(MAX_ARG_BYTES + 1)];
+        let why = refused(parts(&long, &none, &[], "/tmp"));
+        assert!(
+            why.starts_with("job.toml: argv[1] is 131072 bytes long"),
+            "{why}"
+        );
+        assert!(why.len() < 300, "{why}");
+        let many: Vec<String> = (0..9).map(|_| "y".repeat(MAX_ARG_BYTES)).collect();
+        let why = refused(parts(&many, &none, &[], "/tmp"));
+        assert!(
+            why.contains("bytes together; at most 1048576 bytes"),
+            "{why}"
+        );
+        let fits: Vec<String> = (0..7).map(|_| "y".repeat(MAX_ARG_BYTES)).collect();
+        assert_eq!(exec_parts(&parts(&fits, &none, &[], "/tmp")), Ok(()));
     }
 }

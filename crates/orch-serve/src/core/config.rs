@@ -51,6 +51,9 @@ pub struct Config {
     /// `machine_lock`: whether the daemon takes the machine-wide lock (`None`: when its
     /// inventory is real devices; `true` makes a sim or cpu daemon take it too).
     pub machine_lock: Option<bool>,
+    /// `max_log_size`: most bytes of a job's stdout, and of its stderr, kept on disk; past it
+    /// the oldest output is rotated away (`orch logs` says how much).
+    pub max_log_size: u64,
     pub tenants: Vec<Tenant>,
 }
 
@@ -80,6 +83,10 @@ pub enum TokenRights<'a> {
 
 /// The default `max_connections`.
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 4096;
+/// The default `max_log_size`, per job and stream.
+pub const DEFAULT_MAX_LOG_SIZE: u64 = 64 << 20;
+/// The smallest `max_log_size` (the newest half of it is always kept).
+const MIN_MAX_LOG_SIZE: u64 = 4 << 10;
 /// The default `max_connections_per_peer`.
 pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: u32 = 256;
 
@@ -201,6 +208,7 @@ struct RawConfig {
     tls_key: Option<toml::Spanned<String>>,
     compile: Option<RawCompile>,
     machine_lock: Option<bool>,
+    max_log_size: Option<toml::Spanned<String>>,
     #[serde(default)]
     tenant: Vec<RawTenant>,
 }
@@ -274,6 +282,7 @@ impl Config {
             max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
             compile: CompileCaps::default(),
             machine_lock: None,
+            max_log_size: DEFAULT_MAX_LOG_SIZE,
             tenants: vec![Tenant {
                 name: user.to_string(),
                 users: vec![user.to_string()],
@@ -599,6 +608,24 @@ impl Config {
             &raw.max_connections_per_peer,
             DEFAULT_MAX_CONNECTIONS_PER_PEER,
         )?;
+        let max_log_size = match &raw.max_log_size {
+            None => DEFAULT_MAX_LOG_SIZE,
+            Some(v) => match v.get_ref().parse::<orch_core::ByteSize>() {
+                Ok(size) if size.bytes() >= MIN_MAX_LOG_SIZE => size.bytes(),
+                _ => {
+                    return Err(InputError::at(
+                        path,
+                        text,
+                        v.span().start,
+                        format!(
+                            "max_log_size = \"{}\" is not a size of 4KiB or more",
+                            v.get_ref()
+                        ),
+                    )
+                    .with_hint("give the most output kept per job and stream, such as \"64MiB\""));
+                }
+            },
+        };
         Ok(Config {
             path: Some(path.to_path_buf()),
             admins: raw.admins,
@@ -620,6 +647,7 @@ impl Config {
             max_connections_per_peer,
             compile,
             machine_lock: raw.machine_lock,
+            max_log_size,
             preempt_after: match raw.preempt_after.as_deref().map(str::trim) {
                 Some("0" | "0s") | None => Duration::ZERO,
                 Some(_) => duration("preempt_after", &raw.preempt_after)?.unwrap_or_default(),

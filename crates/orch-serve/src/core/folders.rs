@@ -4,7 +4,9 @@
 //! - `started`: the fence ([`Fence`]), created exclusively by whoever comes first: the
 //!   supervisor (with its pid and start time) or a restarted daemon that found no supervisor (so
 //!   the job was never started, and can never be started twice);
-//! - `stdout`, `stderr`: the job's output; `supervisor.log`: its supervisor's;
+//! - `stdout`, `stderr`: the job's output, copied there by its supervisor under `max_log_size`
+//!   (`stdout.1`, `stderr.1`: the older rotated piece; `stdout.dropped`, `stderr.dropped`: how
+//!   many bytes went, see [`orch_exec::logs`]); `supervisor.log`: its supervisor's;
 //! - `exit.json`: how it ended ([`ExitRecord`]), written atomically once every process of the job
 //!   is gone and its lease released;
 //! - `lease.json`: a held lease's placement ([`Placed`]), read by `GET /v1/leases/ID`.
@@ -37,6 +39,43 @@ pub struct SuperviseSpec {
     /// The job's time limit, in seconds.
     pub max_runtime_s: Option<f64>,
     pub grace_s: f64,
+    /// `max_log_size`: most bytes kept of each of the job's streams.
+    #[serde(default = "default_max_log")]
+    pub max_log_bytes: u64,
+    /// The free space the job's output leaves on the state folder's file system ([`log_reserve`]).
+    #[serde(default = "default_log_reserve")]
+    pub log_reserve_bytes: u64,
+}
+
+fn default_max_log() -> u64 {
+    crate::core::config::DEFAULT_MAX_LOG_SIZE
+}
+
+fn default_log_reserve() -> u64 {
+    LOG_RESERVE_MAX
+}
+
+/// The most free space jobs' output leaves on the state folder's file system.
+pub const LOG_RESERVE_MAX: u64 = 64 << 20;
+
+/// The free space the jobs' output leaves for the daemon's database, job folders and exit
+/// records on the file system of `state_dir`: a quarter of its size, at most
+/// [`LOG_RESERVE_MAX`]. Output that would eat into it is dropped (and counted), so a chatty job
+/// never stops the daemon from recording submissions and ends.
+pub fn log_reserve(state_dir: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(state_dir.as_os_str().as_bytes()) else {
+        return LOG_RESERVE_MAX;
+    };
+    // SAFETY: statvfs writes into the zeroed struct we own; the path is a valid C string.
+    let total = unsafe {
+        let mut stat: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(path.as_ptr(), &mut stat) != 0 {
+            return LOG_RESERVE_MAX;
+        }
+        (stat.f_blocks as u64).saturating_mul(stat.f_frsize as u64)
+    };
+    (total / 4).min(LOG_RESERVE_MAX)
 }
 
 /// How a job ended, as the supervisor records it.

@@ -29,12 +29,9 @@ pub(crate) async fn submit(
             "jobs are submitted over the daemon's Unix socket, where it knows which Unix user to run them as; use `orch submit` on the machine",
         ));
     }
-    let request: SubmitRequest = serde_json::from_slice(&body).map_err(|e| {
-        err(
-            StatusCode::BAD_REQUEST,
-            format!("the request body is not a job submission: {e}"),
-        )
-    })?;
+    let request: SubmitRequest =
+        crate::http::wire::parse_body(&body, "a job submission", crate::http::wire::SUBMIT_FIELDS)
+            .map_err(|why| err(StatusCode::BAD_REQUEST, why))?;
     let id = accept(&shared, &caller, request, None).await?;
     Ok((
         StatusCode::CREATED,
@@ -60,6 +57,28 @@ pub(crate) async fn accept(
         .map_err(|e| err(StatusCode::BAD_REQUEST, e.to_string()))?;
     orch_runner::check_enforcement(&spec, shared.backend)
         .map_err(|e| err(StatusCode::BAD_REQUEST, e))?;
+    let no_env = std::collections::BTreeMap::new();
+    // A [train] job's trainer runs as `orch run --supervised --resume JOB_PATH`, the job's text
+    // in ORCH_JOB_TEXT (see supervisor.rs).
+    let train_argv: Vec<String> = ["orch", "run", "--supervised", "--resume", &request.job_path]
+        .map(String::from)
+        .into();
+    let (argv, job_env, extra): (&[String], _, Vec<(&str, &str)>) = match &spec.work {
+        orch_core::job::Work::Command(c) => (&c.argv, &c.env, Vec::new()),
+        orch_core::job::Work::Train(_) => (
+            &train_argv,
+            &no_env,
+            vec![("ORCH_JOB_TEXT", request.job_text.as_str())],
+        ),
+    };
+    admission::exec_parts(&admission::ExecParts {
+        place: &request.job_path,
+        argv,
+        job_env,
+        client_env: &request.env,
+        cwd: &request.cwd,
+        extra: &extra,
+    })?;
     let gpus_at = spec.resources.gpus_at.to_string();
     let asked = admission::Asked {
         place: &request.job_path,

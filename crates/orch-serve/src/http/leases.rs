@@ -39,12 +39,9 @@ pub async fn take(
             "leases are taken over the daemon's Unix socket, where it knows the process that holds them",
         ));
     }
-    let request: LeaseRequest = serde_json::from_slice(&body).map_err(|e| {
-        err(
-            StatusCode::BAD_REQUEST,
-            format!("the request body is not a lease request: {e}"),
-        )
-    })?;
+    let request: LeaseRequest =
+        crate::http::wire::parse_body(&body, "a lease request", crate::http::wire::LEASE_FIELDS)
+            .map_err(|why| err(StatusCode::BAD_REQUEST, why))?;
     let holder = caller
         .pid
         .and_then(orch_leases::Holder::of_pid)
@@ -148,29 +145,57 @@ pub async fn list(
     admitted(&caller)?;
     let running = read(&shared, |db| db.jobs(&[State::Running], u32::MAX)).await?;
     let leases = lock(&shared.machine).leases.clone();
-    let visible = |lease: &orch_leases::Lease| {
-        caller.admin
-            || running.iter().any(|j| {
-                j.lease_id.as_deref() == Some(lease.id.as_str())
-                    && caller.tenants.contains(&j.tenant)
-            })
+    let job_of = |lease: &orch_leases::Lease| {
+        running
+            .iter()
+            .find(|j| j.lease_id.as_deref() == Some(lease.id.as_str()))
     };
     Ok(Json(
         leases
             .iter()
-            .map(|lease| {
-                if visible(lease) {
-                    lease.clone()
-                } else {
+            .map(|lease| match job_of(lease) {
+                // A daemon job's lease is named after its number: its own tenant reads its name.
+                Some(job) if caller.admin || caller.tenants.contains(&job.tenant) => {
                     orch_leases::Lease {
-                        job_name: crate::core::view::HIDDEN.into(),
-                        holders: Vec::new(),
+                        job_name: job.name.clone(),
                         ..lease.clone()
                     }
                 }
+                None if caller.admin => lease.clone(),
+                _ => hidden(lease),
             })
             .collect(),
     ))
+}
+
+/// Another tenant's lease as a caller who may not see its job reads it: its devices and age;
+/// not its job's name, its processes, nor its id (which may hold the name: a lease made before
+/// leases were named after job numbers, or by `orch run`), shown as an opaque `lease-XXXXXXXX`
+/// made of the id's unique suffix alone.
+fn hidden(lease: &orch_leases::Lease) -> orch_leases::Lease {
+    orch_leases::Lease {
+        id: opaque_id(&lease.id),
+        job_name: crate::core::view::HIDDEN.into(),
+        holders: Vec::new(),
+        ..lease.clone()
+    }
+}
+
+/// `NAME-XXXXXXXX` as `lease-XXXXXXXX`: the same lease reads the same each time, and nothing of
+/// the name is left.
+pub fn opaque_id(id: &str) -> String {
+    let suffix = id
+        .rsplit_once('-')
+        .map_or("", |(_, s)| s)
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(16)
+        .collect::<String>();
+    if suffix.is_empty() {
+        "lease-hidden".to_string()
+    } else {
+        format!("lease-{suffix}")
+    }
 }
 
 /// `GET /v1/leases/ID`: the lease job's state, and its devices once placed.
@@ -265,5 +290,18 @@ fn view(shared: &Shared, row: JobRow) -> LeaseView {
         inventory: shared.devices.clone(),
         place: place.map(|p| p.0),
         waiting: place.map(|p| p.1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_opaque_id_keeps_nothing_of_the_name() {
+        assert_eq!(
+            super::opaque_id("acquisition-of-initech-model-c1af7569"),
+            "lease-c1af7569"
+        );
+        assert_eq!(super::opaque_id("job-12-0a1b2c3d"), "lease-0a1b2c3d");
+        assert_eq!(super::opaque_id("secret"), "lease-hidden");
     }
 }

@@ -33,6 +33,56 @@ pub struct SubmitRequest {
     pub policy_digest: Option<String>,
 }
 
+/// The fields of a `POST /v1/jobs` body, all of [`SubmitRequest`]'s.
+pub const SUBMIT_FIELDS: &[&str] = &[
+    "job_text",
+    "job_path",
+    "cwd",
+    "env",
+    "key",
+    "policy_wasm",
+    "policy_digest",
+];
+
+/// The fields of a `POST /v1/leases` body: a submission's and `wait`.
+pub const LEASE_FIELDS: &[&str] = &[
+    "job_text",
+    "job_path",
+    "cwd",
+    "env",
+    "key",
+    "policy_wasm",
+    "policy_digest",
+    "wait",
+];
+
+/// A request body as `T` (`what` names it in the sentence: "a job submission"): JSON whose
+/// object has only the `fields` given; a field it does not know is refused by name, not ignored
+/// (a misspelt `wiat` would otherwise quietly mean its default).
+pub fn parse_body<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    what: &str,
+    fields: &[&str],
+) -> Result<T, String> {
+    let not = |e: serde_json::Error| format!("the request body is not {what}: {e}");
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(not)?;
+    if let Some(unknown) = value
+        .as_object()
+        .and_then(|o| o.keys().find(|k| !fields.contains(&k.as_str())))
+    {
+        let mut name: String = unknown.chars().take(60).collect();
+        if name.len() < unknown.len() {
+            name.push_str("...");
+        }
+        return Err(format!(
+            "the request body has the unknown field \"{}\": {what} takes {}",
+            name.escape_debug(),
+            fields.join(", ")
+        ));
+    }
+    serde_json::from_value(value).map_err(not)
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SubmitResponse {
     pub id: String,
@@ -223,6 +273,52 @@ mod id_text {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_field_lists_are_the_requests_own_and_unknown_fields_are_named() {
+        let submit = SubmitRequest {
+            job_text: String::new(),
+            job_path: String::new(),
+            cwd: String::new(),
+            env: Vec::new(),
+            key: Some(String::new()),
+            policy_wasm: Some(String::new()),
+            policy_digest: Some(String::new()),
+        };
+        let keys = |v: serde_json::Value| -> Vec<String> {
+            let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+            k.sort();
+            k
+        };
+        let sorted = |f: &[&str]| {
+            let mut f: Vec<String> = f.iter().map(|s| s.to_string()).collect();
+            f.sort();
+            f
+        };
+        assert_eq!(
+            keys(serde_json::to_value(&submit).unwrap()),
+            sorted(SUBMIT_FIELDS)
+        );
+        let lease = LeaseRequest {
+            submission: submit,
+            wait: true,
+        };
+        assert_eq!(
+            keys(serde_json::to_value(&lease).unwrap()),
+            sorted(LEASE_FIELDS)
+        );
+        let body = br#"{"job_text": "", "job_path": "/j.toml", "cwd": "/", "wiat": true}"#;
+        let why = parse_body::<LeaseRequest>(body, "a lease request", LEASE_FIELDS).unwrap_err();
+        assert!(
+            why.starts_with(
+                "the request body has the unknown field \"wiat\": a lease request takes job_text, "
+            ),
+            "{why}"
+        );
+        let ok: LeaseRequest =
+            parse_body(&body[..], "x", &["job_text", "job_path", "cwd", "wiat"]).unwrap();
+        assert!(!ok.wait);
+    }
 
     #[test]
     fn a_job_id_is_a_string_on_the_wire_and_reads_back() {

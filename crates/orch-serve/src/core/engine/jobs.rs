@@ -268,9 +268,15 @@ impl Jobs {
             .holder
             .clone()
             .unwrap_or_else(Holder::current);
+        // The lease is named after the job's number, not its name: lease ids, the leases other
+        // jobs' policies are shown and the reasons those give reach other tenants, from whom a
+        // job's name is hidden.
+        let spec = orch_core::job::JobSpec {
+            name: lease_name(id),
+            ..job.spec.clone()
+        };
         let deciding = Instant::now();
-        let claimed =
-            orch_runner::claim(&mut self.store, &mut self.host, &job.spec, &machine, holder);
+        let claimed = orch_runner::claim(&mut self.store, &mut self.host, &spec, &machine, holder);
         self.shared
             .metrics
             .decision("placement", deciding.elapsed().as_secs_f64());
@@ -413,6 +419,8 @@ impl Jobs {
             )
             .map(|d| d.as_secs_f64()),
             grace_s: orch_runner::GRACE.as_secs_f64(),
+            max_log_bytes: self.shared.config.max_log_size,
+            log_reserve_bytes: folders::log_reserve(&self.shared.state_dir),
         };
         let Err(e) = folders::prepare(dir, &spec) else {
             return Ok(());
@@ -748,4 +756,10 @@ impl Jobs {
 /// devices cgroup).
 fn holder_constraint_name(id: i64) -> String {
     format!("lease-{id}")
+}
+
+/// The name a daemon job's lease carries (in its id, and in what other jobs' policies see of
+/// it): its number, which other tenants may see, never its name, which they may not.
+pub fn lease_name(id: i64) -> String {
+    format!("job-{id}")
 }
