@@ -2,8 +2,11 @@
 //! host and the trainer host both turn it into their own error type, with the plugin's name and
 //! what they were doing; the reading of the sandbox and the trap lives here, once.
 
-use crate::sandbox::{PluginState, printable};
+use crate::sandbox::{PluginState, shortened};
 use wasmtime::Trap;
+
+/// Most characters of a trap's text an error quotes.
+const MAX_TRAP_CHARS: usize = 2000;
 
 /// What stopped a plugin call, as the sandbox saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,7 +42,8 @@ pub fn classify(state: &PluginState, error: &wasmtime::Error) -> CallFailure {
         Some(trap) => trap.to_string(),
         None => format!("{error:#}"),
     };
-    CallFailure::Crashed(printable(&trap))
+    // A trap's text can carry the plugin's own function names (its backtrace): bounded.
+    CallFailure::Crashed(shortened(&trap, MAX_TRAP_CHARS))
 }
 
 #[cfg(test)]

@@ -53,7 +53,7 @@ pub use orch_wit::types;
 pub use policy::{PluginId, PluginRef, PolicyHost};
 pub use precompiled::{CompiledComponent, ComponentLoader, Precompiler};
 pub use queue::{QueueHost, QueuePluginId};
-pub use sandbox::{GuestLog, HasPluginState, Limiter, PluginState, add_wasi, printable};
+pub use sandbox::{GuestLog, HasPluginState, Limiter, PluginState, add_wasi, printable, shortened};
 pub use validate::misfit;
 
 /// Where the build put the guest components (built-ins and the hostile test fixtures).

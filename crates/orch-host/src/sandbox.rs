@@ -323,6 +323,22 @@ pub fn printable(text: &str) -> String {
         .to_string()
 }
 
+/// At most `max_chars` characters of `text`, made [`printable`], with `... (N bytes)` after
+/// them when `text` was longer: how an error quotes a value a plugin supplied (a name, a
+/// message). Only the quoted prefix is read and copied, so a value of any size costs the host
+/// no more than the prefix.
+pub fn shortened(text: &str, max_chars: usize) -> String {
+    let end = text
+        .char_indices()
+        .nth(max_chars)
+        .map_or(text.len(), |(at, _)| at);
+    let mut out = printable(&text[..end]);
+    if end < text.len() {
+        out.push_str(&format!("... ({} bytes)", text.len()));
+    }
+    out
+}
+
 impl IsTerminal for GuestLog {
     fn is_terminal(&self) -> bool {
         false
@@ -381,6 +397,18 @@ impl tokio::io::AsyncWrite for GuestLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_quoted_value_is_a_short_printable_prefix_with_its_size() {
+        assert_eq!(shortened("conv.weight", 64), "conv.weight");
+        assert_eq!(shortened("a\u{1b}[2Jb", 64), "a [2Jb");
+        let huge = "é".repeat(10 << 20);
+        let quoted = shortened(&huge, 64);
+        assert_eq!(
+            quoted,
+            format!("{}... ({} bytes)", "é".repeat(64), 20 << 20)
+        );
+    }
 
     #[test]
     fn the_memory_cap_holds_for_all_memories_together() {

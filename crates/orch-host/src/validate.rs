@@ -90,12 +90,16 @@ fn offered(candidates: &[Device]) -> String {
 
 /// A plugin's text made safe to print: control characters out, at most [`MAX_TEXT`] characters.
 pub(crate) fn clean_text(text: &str) -> String {
-    let printable = crate::sandbox::printable(text.trim());
-    if printable.chars().count() <= MAX_TEXT {
-        return printable;
+    // Only what is shown is read and copied: a plugin's text may be as large as its memory.
+    let text = text.trim();
+    let end = text
+        .char_indices()
+        .nth(MAX_TEXT)
+        .map_or(text.len(), |(at, _)| at);
+    let mut cut = crate::sandbox::printable(&text[..end]);
+    if end < text.len() {
+        cut.push('…');
     }
-    let mut cut: String = printable.chars().take(MAX_TEXT).collect();
-    cut.push('…');
     cut
 }
 

@@ -147,6 +147,7 @@ fn run(
         Err(e) => return (failed(e.to_string()), None),
     };
     let inventory = &spec.inventory;
+    let train = matches!(job.work, orch_core::job::Work::Train(_));
     // A [train] job's trainer runs in a process of its own, as the job's user (it reads the
     // user's data and writes the user's checkpoints): `orch run --supervised` on this lease's
     // devices, with the submitted text of the job file; this supervisor holds the lease.
@@ -229,11 +230,45 @@ fn run(
         }
     }
     let (outcome, lease) = running.wait_holding_lease();
-    let record = match outcome {
+    let mut record = match outcome {
         Ok(outcome) => record_of(&outcome),
         Err(e) => failed(e.to_string()),
     };
+    if train && record.exit_code.is_some_and(|code| code != 0) {
+        // The trainer's process said why it failed (a checkpoint it could not write, a
+        // trainer's error): that sentence is the job's reason, not "exit status 1".
+        if let Some(sentence) = train_failure(&dir.join("stderr")) {
+            record.reason = Some(sentence);
+        }
+    }
     (record, Some(lease))
+}
+
+/// Most bytes of a trainer's error sentence taken as a job's reason.
+const MAX_TRAIN_REASON: usize = 2000;
+
+/// The sentence `orch run --supervised` ended a failed `[train]` job with: its last line of
+/// stderr, `orch: SENTENCE` (the CLI's error line). `None` when the last line is not one (the
+/// process was killed, say); only the file's end is read.
+fn train_failure(stderr: &Path) -> Option<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    const TAIL: u64 = 16 * 1024;
+    let mut file = std::fs::File::open(stderr).ok()?;
+    let len = file.metadata().ok()?.len();
+    file.seek(SeekFrom::Start(len.saturating_sub(TAIL))).ok()?;
+    let mut tail = Vec::new();
+    file.take(TAIL).read_to_end(&mut tail).ok()?;
+    let text = String::from_utf8_lossy(&tail);
+    let last = text.lines().rev().find(|line| !line.trim().is_empty())?;
+    let sentence = last.strip_prefix("orch: ")?.trim();
+    if sentence.is_empty() {
+        return None;
+    }
+    let mut end = sentence.len().min(MAX_TRAIN_REASON);
+    while !sentence.is_char_boundary(end) {
+        end -= 1;
+    }
+    Some(sentence[..end].to_string())
 }
 
 fn record_of(outcome: &Outcome) -> ExitRecord {

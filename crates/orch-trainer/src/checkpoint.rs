@@ -131,12 +131,44 @@ fn io_error(path: &Path, e: impl std::fmt::Display) -> crate::TrainError {
     }
 }
 
+/// Where writing a checkpoint failed, and why.
+type WriteFailure = (PathBuf, String);
+
+/// `e` at `path` as a [`WriteFailure`].
+fn at(path: &Path) -> impl FnOnce(std::io::Error) -> WriteFailure + '_ {
+    move |e| (path.to_path_buf(), io_reason(&e))
+}
+
+/// An I/O error as the end of a sentence: "no space left on device", without "(os error 28)".
+pub(crate) fn io_reason(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    let text = match (e.raw_os_error(), text.rfind(" (os error ")) {
+        (Some(_), Some(at)) => &text[..at],
+        _ => text.as_str(),
+    };
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_lowercase().chain(chars).collect(),
+        None => String::new(),
+    }
+}
+
 impl Checkpoint {
     /// Writes the checkpoint as a new folder under `history(out)` and points `dir(out)` at
-    /// it; keeps the previous one and removes older ones.
+    /// it; keeps the previous one and removes older ones. On failure nothing half-written is
+    /// left (the temporary folder is removed) and the link still names the previous one.
     pub fn save(&self, out: &Path) -> Result<(), crate::TrainError> {
+        self.try_save(out)
+            .map_err(|(path, reason)| crate::TrainError::CheckpointWrite {
+                step: self.meta.step,
+                path,
+                reason,
+            })
+    }
+
+    fn try_save(&self, out: &Path) -> Result<(), WriteFailure> {
         let root = history(out);
-        std::fs::create_dir_all(&root).map_err(|e| io_error(&root, e))?;
+        std::fs::create_dir_all(&root).map_err(at(&root))?;
         let pointer = dir(out);
         let previous = adopt_old_layout(out, &pointer)?.or_else(|| linked(&pointer));
         // A folder of this step from a run that crashed before switching the link is replaced;
@@ -148,29 +180,41 @@ impl Checkpoint {
         let name = folder_name(self.meta.step, attempt);
         let tmp = root.join(format!(".tmp-{name}"));
         let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir(&tmp).map_err(|e| io_error(&tmp, e))?;
-        self.write_files(&tmp)?;
-        sync_dir(&tmp).map_err(|e| io_error(&tmp, e))?;
+        std::fs::create_dir(&tmp).map_err(at(&tmp))?;
         let folder = root.join(&name);
-        if folder.exists() {
-            std::fs::remove_dir_all(&folder).map_err(|e| io_error(&folder, e))?;
+        let written = self
+            .write_files(&tmp)
+            .and_then(|()| sync_dir(&tmp).map_err(at(&tmp)))
+            .and_then(|()| {
+                if folder.exists() {
+                    std::fs::remove_dir_all(&folder).map_err(at(&folder))?;
+                }
+                std::fs::rename(&tmp, &folder).map_err(at(&folder))
+            });
+        if let Err(failure) = written {
+            // A half-written folder is of no use to anyone, and on a full disk it holds the
+            // space the next attempt needs.
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(failure);
         }
-        std::fs::rename(&tmp, &folder).map_err(|e| io_error(&folder, e))?;
-        sync_dir(&root).map_err(|e| io_error(&root, e))?;
+        sync_dir(&root).map_err(at(&root))?;
 
         // The switch: a new link renamed over the old one.
         let link_tmp = out.join(".checkpoint.tmp");
         let _ = std::fs::remove_file(&link_tmp);
         let target = Path::new(root.file_name().unwrap_or_default()).join(&name);
-        std::os::unix::fs::symlink(&target, &link_tmp).map_err(|e| io_error(&link_tmp, e))?;
-        std::fs::rename(&link_tmp, &pointer).map_err(|e| io_error(&pointer, e))?;
-        sync_dir(out).map_err(|e| io_error(out, e))?;
+        std::os::unix::fs::symlink(&target, &link_tmp).map_err(at(&link_tmp))?;
+        if let Err(e) = std::fs::rename(&link_tmp, &pointer) {
+            let _ = std::fs::remove_file(&link_tmp);
+            return Err(at(&pointer)(e));
+        }
+        sync_dir(out).map_err(at(out))?;
 
         prune(&root, &[Some(name), previous])
     }
 
     /// The three files of a checkpoint, each written and fsynced.
-    fn write_files(&self, folder: &Path) -> Result<(), crate::TrainError> {
+    fn write_files(&self, folder: &Path) -> Result<(), WriteFailure> {
         let step = BTreeMap::from([("step".to_string(), self.meta.step.to_string())]);
         let mut state_tensors = Vec::new();
         for (i, opt) in self.optimizers.iter().enumerate() {
@@ -207,8 +251,8 @@ impl Checkpoint {
         ];
         for (name, bytes) in files {
             let path = folder.join(name);
-            let bytes = bytes.map_err(|e| io_error(&path, e))?;
-            write_synced(&path, &bytes).map_err(|e| io_error(&path, e))?;
+            let bytes = bytes.map_err(|e| (path.clone(), e.to_string()))?;
+            write_synced(&path, &bytes).map_err(at(&path))?;
         }
         Ok(())
     }
@@ -282,27 +326,27 @@ impl Checkpoint {
 
 /// A `checkpoint/` folder from before numbered folders becomes one of them (its name is
 /// returned), so the link can take its place and nothing of it is lost.
-fn adopt_old_layout(out: &Path, pointer: &Path) -> Result<Option<String>, crate::TrainError> {
+fn adopt_old_layout(out: &Path, pointer: &Path) -> Result<Option<String>, WriteFailure> {
     let is_folder = std::fs::symlink_metadata(pointer).is_ok_and(|m| m.is_dir());
     if !is_folder {
         return Ok(None);
     }
     let name = "step-earlier".to_string();
     let moved = history(out).join(&name);
-    std::fs::rename(pointer, &moved).map_err(|e| io_error(&moved, e))?;
-    sync_dir(out).map_err(|e| io_error(out, e))?;
+    std::fs::rename(pointer, &moved).map_err(at(&moved))?;
+    sync_dir(out).map_err(at(out))?;
     Ok(Some(name))
 }
 
 /// Removes checkpoint folders (and half-written ones) other than `keep`.
-fn prune(root: &Path, keep: &[Option<String>; KEEP]) -> Result<(), crate::TrainError> {
-    let entries = std::fs::read_dir(root).map_err(|e| io_error(root, e))?;
+fn prune(root: &Path, keep: &[Option<String>; KEEP]) -> Result<(), WriteFailure> {
+    let entries = std::fs::read_dir(root).map_err(at(root))?;
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         let ours = name.starts_with("step-") || name.starts_with(".tmp-step-");
         if ours && !keep.iter().flatten().any(|k| *k == name) {
             let path = entry.path();
-            std::fs::remove_dir_all(&path).map_err(|e| io_error(&path, e))?;
+            std::fs::remove_dir_all(&path).map_err(at(&path))?;
         }
     }
     Ok(())

@@ -1,7 +1,7 @@
 //! The coordinator: gathers what the replicas report into one view of the run. A step is
 //! shown and recorded once every replica reported it (the loss weighted by each replica's rows,
-//! the trainer's scalars averaged); an evaluation likewise; replica 0's snapshots become
-//! checkpoints; the first failure that is a cause (not a replica stopped because of another's)
+//! the trainer's scalars averaged); an evaluation likewise (replica 0 writes the checkpoints
+//! itself); the first failure that is a cause (not a replica stopped because of another's)
 //! is the run's error.
 
 use crate::checkpoint;
@@ -158,7 +158,6 @@ impl Coordinator {
                 }
                 Ok(())
             }
-            Event::Snapshot(checkpoint) => checkpoint.save(&self.out),
             Event::Done { stopped_early, .. } => {
                 self.stopped_early |= stopped_early;
                 Ok(())

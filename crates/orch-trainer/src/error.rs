@@ -114,6 +114,17 @@ pub enum TrainError {
     Resume(String),
     #[error("checkpoint {}: {reason}", path.display())]
     Checkpoint { path: PathBuf, reason: String },
+    /// A checkpoint could not be written: the run stops at that step (with every replica),
+    /// the previous checkpoint is kept whole.
+    #[error(
+        "could not write the checkpoint at {}: {reason}; training stopped after step {step}, and the previous checkpoint is kept (free space or fix the folder, then resume with --resume)",
+        path.display()
+    )]
+    CheckpointWrite {
+        step: u64,
+        path: PathBuf,
+        reason: String,
+    },
     #[error("cannot write {}: {source}", path.display())]
     Output {
         path: PathBuf,
@@ -121,6 +132,24 @@ pub enum TrainError {
     },
     #[error("the WebAssembly engine failed: {0}")]
     Engine(String),
+}
+
+/// Most characters of a plugin's own message (a step's or `predict`'s error) an error quotes.
+pub(crate) const MAX_MESSAGE_CHARS: usize = 2000;
+
+/// Most characters of a value a plugin supplied (a name) an error quotes.
+pub(crate) const MAX_QUOTED_CHARS: usize = 64;
+
+/// A plugin's message as an error quotes it: printable, at most [`MAX_MESSAGE_CHARS`]
+/// characters and its size past them. A step's and `predict`'s errors alike.
+pub(crate) fn plugin_message(message: &str) -> String {
+    orch_host::shortened(message, MAX_MESSAGE_CHARS)
+}
+
+/// A value a plugin supplied (a name) as an error quotes it: at most [`MAX_QUOTED_CHARS`]
+/// printable characters and its size past them; nothing more of it is read or copied.
+pub(crate) fn quoted(value: &str) -> String {
+    orch_host::shortened(value, MAX_QUOTED_CHARS)
 }
 
 fn output_suffix(output: &[String]) -> String {

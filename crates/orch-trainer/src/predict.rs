@@ -16,14 +16,14 @@ use crate::checkpoint::{self, Checkpoint};
 use crate::collective::Collective;
 use crate::data::Data;
 use crate::data::{Schedule, eval_batches};
-use crate::error::{Stage, TrainError};
+use crate::error::{Stage, TrainError, plugin_message};
 use crate::host::{BatchSlot, Phase, ReplicaState, Shared};
 use crate::progress::{ProgressEvent, ProgressSink};
 use crate::run::{GrantedDevice, Prepared, RunOptions, TrainJob, device_slots};
 use crate::state::load;
 use crate::world::{AnyTrainer, AnyTrainerPre};
 use orch_data::{SplitMix64, Vocab};
-use orch_host::{Limits, PluginState, Ticker, deadline_ticks, printable};
+use orch_host::{Limits, PluginState, Ticker, deadline_ticks};
 use orch_tensor::Tensor;
 use orch_wit::Version;
 use orch_wit::predicting::exports::orch::plugin::inference::{Guest, GuestIndices};
@@ -170,13 +170,14 @@ impl Model {
             exchange_timeout: limits.deadline,
             grads: Collective::new(1),
             broadcast: Collective::new(1),
+            checkpoints: Collective::new(1),
         });
         let state = ReplicaState::new(PluginState::new(&plugin, &limits), Arc::clone(&shared), 0);
         let mut store = Store::new(engine, state);
         store.limiter(|s| &mut s.sandbox.limiter);
         store.set_hostcall_fuel(limits.memory_bytes.saturating_add(1 << 20));
         store.set_epoch_deadline(deadline_ticks(limits.deadline));
-        let engine_error = |e: wasmtime::Error| failed(format!("{e:#}"));
+        let engine_error = |e: wasmtime::Error| failed(plugin_message(&format!("{e:#}")));
 
         store.data_mut().phase = Phase::Init;
         let version = pre.version();
@@ -199,7 +200,7 @@ impl Model {
         trainer
             .init(&mut store, &spec.config, info)
             .map_err(engine_error)?
-            .map_err(|m| failed(printable(&m)))?;
+            .map_err(|m| failed(plugin_message(&m)))?;
         store.data_mut().phase = Phase::Idle;
         let saved = checkpoint::dir(&spec.out);
         let (checkpoint, vocab) = if saved.join("state.json").exists() {
@@ -298,8 +299,8 @@ impl Model {
             let outcome = orch_tensor::no_grad(|| trainer.eval_step(store, info));
             self.store.data_mut().phase = Phase::Idle;
             let report = outcome
-                .map_err(|e| self.failed(stage, format!("{e:#}")))?
-                .map_err(|m| self.failed(stage, printable(&m)))?;
+                .map_err(|e| self.failed(stage, plugin_message(&format!("{e:#}"))))?
+                .map_err(|m| self.failed(stage, plugin_message(&m)))?;
             if u64::from(report.rows) != rows || u64::from(report.correct) > rows {
                 return Err(self.failed(
                     stage,
@@ -357,8 +358,8 @@ impl Model {
             .give(input)
             .map_err(|e| fail(format!("the features: {e:?}")))?;
         let output = orch_tensor::no_grad(|| inference.call_predict(&mut self.store, handle))
-            .map_err(|e| fail(format!("{e:#}")))?
-            .map_err(|m| fail(printable(&m)))?;
+            .map_err(|e| fail(plugin_message(&format!("{e:#}"))))?
+            .map_err(|m| fail(plugin_message(&m)))?;
         let state = self.store.data_mut();
         let tensor = state
             .tensor(&output)
@@ -410,6 +411,20 @@ impl Model {
                 ));
             }
             let last = out.values[(t - 1) * classes..].to_vec();
+            let used = i == 0 || i < options.tokens;
+            if let Some((class, value)) = last.iter().enumerate().find(|(_, v)| !v.is_finite())
+                && used
+            {
+                // Drawing from NaN or infinite logits would pick a token silently.
+                return Err(self.failed(
+                    stage,
+                    format!(
+                        "predict returned a non-finite logit ({value}) at [0, {}, {class}] of its [1, {t}, {classes}] logits, after {} generated tokens: its parameters or its forward pass give NaN or infinity there, and no token can be drawn from that",
+                        t - 1,
+                        generated.len()
+                    ),
+                ));
+            }
             if i == 0 {
                 next_logits = last.clone();
             }

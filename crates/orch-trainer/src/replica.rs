@@ -2,8 +2,9 @@
 //!
 //! Every replica computes the same schedule from the seed, so they need no coordinator to stay
 //! in step: they meet only at the parameter broadcast after `init` and at every optimizer step
-//! (the gradient all-reduce). What they report (losses, evaluations, logs, replica 0's
-//! checkpoints) goes to the coordinator over a channel.
+//! (the gradient all-reduce), and at each checkpoint, which replica 0 writes while the others
+//! wait, so a checkpoint that fails stops every replica at its step. What they report (losses,
+//! evaluations, logs) goes to the coordinator over a channel.
 
 use crate::checkpoint::Checkpoint;
 use crate::data::{Data, Schedule, eval_batches, my_shard, shard};
@@ -12,7 +13,7 @@ use crate::host::{BatchSlot, NamedValues, Phase, ReplicaState, Shared, panic_mes
 use crate::safetensors::NamedTensor;
 use crate::state::{assign_named, assign_params, load, snapshot};
 use crate::world::{AnyTrainer, AnyTrainerPre};
-use orch_host::{CallFailure, Limits, PluginState, printable};
+use orch_host::{CallFailure, Limits, PluginState};
 use orch_tensor::TensorError;
 use orch_wit::trainer::exports::orch::plugin::training::{RunInfo, StepInfo};
 use orch_wit::trainer::orch::plugin::metrics::Level;
@@ -36,6 +37,8 @@ pub(crate) struct Plan {
     pub start: Start,
     pub config: Vec<(String, String)>,
     pub checkpoint_every: Option<u64>,
+    /// The run's output folder, where replica 0 writes the checkpoints.
+    pub out: std::path::PathBuf,
     /// Stop (with a checkpoint) once this many steps are done: a simulated interruption.
     pub stop_after: Option<u64>,
     pub eval_batch: usize,
@@ -48,6 +51,9 @@ pub(crate) struct Plan {
     pub ticks: u64,
     pub limits: Limits,
 }
+
+/// How long replicas wait, beyond the step deadline, for replica 0 to write a checkpoint.
+const CHECKPOINT_WRITE_ALLOWANCE: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// What a replica reports.
 #[derive(Debug)]
@@ -65,8 +71,6 @@ pub(crate) enum Event {
         level: Level,
         message: String,
     },
-    /// Replica 0's state after `meta.step` steps, to be written as a checkpoint.
-    Snapshot(Box<Checkpoint>),
     Done {
         stopped_early: bool,
     },
@@ -229,7 +233,7 @@ impl Replica<'_> {
             let stop = plan.stop_after == Some(done);
             if last || stop || self.checkpoint_due(done) {
                 let (next_epoch, next_batch) = schedule.position(done);
-                self.snapshot(store.data(), done, next_epoch, next_batch)?;
+                self.snapshot(store.data(), done, next_epoch, next_batch, stage)?;
             }
             if stop && !last {
                 return Ok(true);
@@ -328,31 +332,48 @@ impl Replica<'_> {
         Ok(())
     }
 
-    /// Replica 0 sends its state as a checkpoint (the replicas are identical).
+    /// Replica 0 writes its state as a checkpoint (the replicas are identical), before any
+    /// replica goes on: the others wait for it here, so a checkpoint that cannot be written
+    /// stops the run at this step, on one replica or many.
     fn snapshot(
         &self,
         state: &ReplicaState,
         step: u64,
         epoch: u32,
         batch: u32,
+        stage: Stage,
     ) -> Result<(), TrainError> {
-        if self.rank != 0 {
+        if self.rank == 0 {
+            let failed = |e: TensorError| TrainError::Checkpoint {
+                path: "(snapshot)".into(),
+                reason: e.to_string(),
+            };
+            let (params, buffers, optimizers) = snapshot(state).map_err(failed)?;
+            let mut meta = self.meta_template.clone();
+            (meta.step, meta.epoch, meta.batch) = (step, epoch, batch);
+            let checkpoint = Checkpoint {
+                meta,
+                params,
+                buffers,
+                optimizers,
+            };
+            // A failure returns here: the replica fails, which stops the others waiting below.
+            checkpoint.save(&self.plan.out)?;
+        }
+        if self.shared.replicas < 2 {
             return Ok(());
         }
-        let failed = |e: TensorError| TrainError::Checkpoint {
-            path: "(snapshot)".into(),
-            reason: e.to_string(),
-        };
-        let (params, buffers, optimizers) = snapshot(state).map_err(failed)?;
-        let mut meta = self.meta_template.clone();
-        (meta.step, meta.epoch, meta.batch) = (step, epoch, batch);
-        self.send(Event::Snapshot(Box::new(Checkpoint {
-            meta,
-            params,
-            buffers,
-            optimizers,
-        })));
-        Ok(())
+        // Writing is the host's work, not the plugin's: the wait allows it more than a step.
+        let timeout = self.shared.exchange_timeout + CHECKPOINT_WRITE_ALLOWANCE;
+        self.shared
+            .checkpoints
+            .exchange(self.rank, (), timeout, |_| ())
+            .map(|_| ())
+            .map_err(|reason| TrainError::Stopped {
+                plugin: self.plan.plugin.clone(),
+                stage,
+                reason: format!("waiting for the checkpoint of step {step}: {reason}"),
+            })
     }
 
     /// Makes every replica's parameters and buffers replica 0's.
@@ -436,7 +457,7 @@ impl Replica<'_> {
             Ok(Err(message)) => Err(TrainError::Failed {
                 plugin,
                 stage,
-                message: printable(&message).chars().take(2000).collect(),
+                message: crate::error::plugin_message(&message),
             }),
             Err(error) => Err(classify(
                 plugin,

@@ -267,6 +267,7 @@ impl<'a> Prepared<'a> {
             exchange_timeout: limits.deadline,
             grads: Collective::new(replicas),
             broadcast: Collective::new(replicas),
+            checkpoints: Collective::new(replicas),
         });
         let plan = Plan {
             plugin: plugin.clone(),
@@ -274,6 +275,7 @@ impl<'a> Prepared<'a> {
             start,
             config: spec.config.clone(),
             checkpoint_every: spec.checkpoint_every,
+            out: spec.out.clone(),
             stop_after: options.stop_after,
             // Text is scored on windows of the training batch's size, as nanoGPT's estimate
             // does; a table on larger batches (fewer calls, the same mean).

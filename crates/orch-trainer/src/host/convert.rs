@@ -1,7 +1,7 @@
 //! Between orch-tensor's types and the contract's: errors, shapes, axes.
 
 use super::ReplicaState;
-use orch_tensor::TensorError;
+use orch_tensor::{MAX_RANK, TensorError};
 use orch_wit::trainer::orch::plugin::tensors::{
     OutOfMemory, ShapeMismatch, TensorError as WitError,
 };
@@ -85,6 +85,26 @@ pub(crate) fn to_usize(dims: &[u32]) -> Vec<usize> {
     dims.iter().map(|&d| d as usize).collect()
 }
 
-pub(crate) fn axes(axes: &[i32]) -> Vec<isize> {
-    axes.iter().map(|&a| a as isize).collect()
+/// A list with one entry per dimension (a shape, a permutation, axes, pad widths) that `call`
+/// was given: at most [`MAX_RANK`] entries, checked on the list as it arrived, before anything
+/// is widened, copied or quoted (the list is the plugin's, of any length its memory holds).
+pub(crate) fn check_rank(call: &str, len: usize) -> Result<(), Fail> {
+    if len > MAX_RANK {
+        return Err(bad(format!(
+            "{call}: a list of {len} dimensions; a tensor has at most {MAX_RANK}"
+        )));
+    }
+    Ok(())
+}
+
+/// A shape `call` was given, rank checked, as orch-tensor takes it.
+pub(crate) fn shape(call: &str, dims: &[u32]) -> Result<Vec<usize>, Fail> {
+    check_rank(call, dims.len())?;
+    Ok(to_usize(dims))
+}
+
+/// Axes (or an `expand` shape) `call` was given, rank checked, as orch-tensor takes them.
+pub(crate) fn axes(call: &str, axes: &[i32]) -> Result<Vec<isize>, Fail> {
+    check_rank(call, axes.len())?;
+    Ok(axes.iter().map(|&a| a as isize).collect())
 }

@@ -2,6 +2,7 @@
 
 use super::convert::{Fail, bad};
 use super::{Phase, ReplicaState};
+use crate::error::quoted;
 use orch_tensor::no_grad;
 use orch_wit::trainer::orch::plugin::autograd::Host as Autograd;
 use orch_wit::trainer::orch::plugin::params::Host as Params;
@@ -11,6 +12,10 @@ use wasmtime::component::Resource;
 /// Most parameters (and, apart, buffers) one replica may register, and the longest name.
 const MAX_PARAMS: usize = 4096;
 const MAX_NAME: usize = 256;
+
+/// Names the checkpoint's files reserve: `__metadata__` is the key of a safetensors header's
+/// own metadata, so a tensor of that name would make `model.safetensors` unreadable.
+pub(crate) const RESERVED_NAMES: &[&str] = &["__metadata__"];
 
 impl Autograd for ReplicaState {
     fn backward(&mut self, loss: Resource<WitTensor>) -> wasmtime::Result<Result<(), WitError>> {
@@ -81,16 +86,28 @@ impl ReplicaState {
     /// Whether `call` may register `name` now: in `init-replica`, a printable name no parameter
     /// or buffer has, within the count.
     fn check_new_name(&self, call: &str, name: &str) -> Result<(), Fail> {
+        // The name is quoted shortened: it is the plugin's, of any length its memory holds.
         if !matches!(self.phase, Phase::Init) {
             // A checkpoint holds what `init` registered, and a resumed run re-creates exactly
             // that: a tensor registered later could not be restored.
             return Err(Fail::Wit(WitError::NotNow(format!(
-                "{call}(`{name}`) is for init: a tensor registered later could not be restored from a checkpoint"
+                "{call}(`{}`) is for init: a tensor registered later could not be restored from a checkpoint",
+                quoted(name)
             ))));
         }
         if name.is_empty() || name.len() > MAX_NAME || name.chars().any(char::is_control) {
+            let shown = if name.len() > MAX_NAME {
+                format!("of {} bytes", name.len())
+            } else {
+                format!("{name:?}")
+            };
             return Err(bad(format!(
-                "{call}: name {name:?}: give 1 to {MAX_NAME} printable characters"
+                "{call}: name {shown}: give 1 to {MAX_NAME} printable characters"
+            )));
+        }
+        if RESERVED_NAMES.contains(&name) {
+            return Err(bad(format!(
+                "{call}: the name `{name}` is reserved by the checkpoint format (safetensors keeps its metadata under it): choose another name"
             )));
         }
         let taken = |list: &[(String, orch_tensor::Tensor)]| list.iter().any(|(n, _)| n == name);

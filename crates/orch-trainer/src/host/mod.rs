@@ -74,6 +74,8 @@ pub(crate) struct Shared {
     pub exchange_timeout: Duration,
     pub grads: Collective<GradShare, optim::Reduced>,
     pub broadcast: Collective<Option<NamedValues>, Option<NamedValues>>,
+    /// Where replicas wait for replica 0 to write a checkpoint.
+    pub checkpoints: Collective<(), ()>,
 }
 
 impl Shared {
@@ -81,6 +83,7 @@ impl Shared {
     pub fn stop(&self, why: &str) {
         self.grads.poison(why);
         self.broadcast.poison(why);
+        self.checkpoints.poison(why);
     }
 }
 
@@ -358,8 +361,13 @@ impl ReplicaState {
             self.cut.logs += 1;
             return;
         }
-        let mut text: String = printable(message).chars().take(MAX_LOG_CHARS).collect();
-        if message.chars().nth(MAX_LOG_CHARS).is_some() {
+        // Only the part kept is read and copied: a line may be as large as the plugin's memory.
+        let end = message
+            .char_indices()
+            .nth(MAX_LOG_CHARS)
+            .map_or(message.len(), |(at, _)| at);
+        let mut text = printable(&message[..end]);
+        if end < message.len() {
             self.cut.long_lines += 1;
             text.push_str(" [cut]");
         }
@@ -367,7 +375,9 @@ impl ReplicaState {
     }
 
     fn push_scalar(&mut self, name: &str, value: f64) {
-        let valid = (1..=MAX_SCALAR_NAME).contains(&name.chars().count())
+        // Bytes first: a name of any length is refused without walking it.
+        let valid = name.len() <= 4 * MAX_SCALAR_NAME
+            && (1..=MAX_SCALAR_NAME).contains(&name.chars().count())
             && !name.chars().any(char::is_control);
         if !valid {
             self.cut.bad_names += 1;
@@ -436,3 +446,5 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod trust_tests;

@@ -18,12 +18,13 @@ pub(crate) fn check_list_len(op: &str, len: usize) -> Result<(), Fail> {
     Ok(())
 }
 
-/// `pad`'s `(before, after)` pairs as orch-tensor takes them.
-pub(crate) fn widths(pairs: &[(u32, u32)]) -> Vec<(usize, usize)> {
-    pairs
+/// `pad`'s `(before, after)` pairs (one per dimension, rank checked) as orch-tensor takes them.
+pub(crate) fn widths(pairs: &[(u32, u32)]) -> Result<Vec<(usize, usize)>, Fail> {
+    super::convert::check_rank("tensors.pad", pairs.len())?;
+    Ok(pairs
         .iter()
         .map(|&(before, after)| (before as usize, after as usize))
-        .collect()
+        .collect())
 }
 
 /// A `(rows, columns)` pair of a layer op (stride, padding, kernel, dilation) as orch-tensor

@@ -281,7 +281,8 @@ impl ReplicaState {
             for name in &group.params {
                 let Some((_, p)) = self.params.iter().find(|(n, _)| n == name) else {
                     return Err(bad(format!(
-                        "optimizer.create-grouped: group {i} names `{name}`, which is not a registered parameter"
+                        "optimizer.create-grouped: group {i} names `{}`, which is not a registered parameter",
+                        crate::error::quoted(name)
                     )));
                 };
                 if !seen.insert(name.clone()) {

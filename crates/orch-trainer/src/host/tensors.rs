@@ -2,7 +2,7 @@
 //! 0.3.0 ops are one line each here; what they need beyond a call (lists of handles, dropout's
 //! mask coordinates) is in `ops.rs`.
 
-use super::convert::{Fail, axes, bad, to_u32, to_usize};
+use super::convert::{Fail, axes, bad, shape as dims, to_u32, to_usize};
 use super::ops::{check_list_len, pair, widths};
 use super::{Phase, ReplicaState};
 use orch_tensor::Tensor;
@@ -121,13 +121,17 @@ impl Host for ReplicaState {
                     data.len()
                 )));
             }
-            Ok(Tensor::from_vec(data, &to_usize(&shape), pool)?)
+            Ok(Tensor::from_vec(
+                data,
+                &dims("tensors.from-list", &shape)?,
+                pool,
+            )?)
         })
     }
 
     fn full(&mut self, shape: Vec<u32>, value: f32, device: Option<DeviceIndex>) -> Answer<Handle> {
         self.create("tensors.full", device, |pool| {
-            Ok(Tensor::full(&to_usize(&shape), value, pool)?)
+            Ok(Tensor::full(&dims("tensors.full", &shape)?, value, pool)?)
         })
     }
 
@@ -142,7 +146,7 @@ impl Host for ReplicaState {
             if !std.is_finite() {
                 return Err(bad(format!("randn: std = {std}")));
             }
-            let unit = Tensor::randn(&to_usize(&shape), seed, pool)?;
+            let unit = Tensor::randn(&dims("tensors.randn", &shape)?, seed, pool)?;
             Ok(if std == 1.0 {
                 unit
             } else {
@@ -163,7 +167,13 @@ impl Host for ReplicaState {
             if !(low.is_finite() && high.is_finite() && low < high) {
                 return Err(bad(format!("uniform: [{low}, {high}) is not a range")));
             }
-            Ok(Tensor::uniform(&to_usize(&shape), low, high, seed, pool)?)
+            Ok(Tensor::uniform(
+                &dims("tensors.uniform", &shape)?,
+                low,
+                high,
+                seed,
+                pool,
+            )?)
         })
     }
 
@@ -262,7 +272,7 @@ impl Host for ReplicaState {
 
     fn reduce(&mut self, op: ReduceOp, x: Handle, over: Vec<i32>, keepdim: bool) -> Answer<Handle> {
         self.map1("tensors.reduce", &x, |x| {
-            let over = axes(&over);
+            let over = axes("tensors.reduce", &over)?;
             Ok(match op {
                 ReduceOp::Sum => x.sum(&over, keepdim)?,
                 ReduceOp::Mean => x.mean(&over, keepdim)?,
@@ -288,7 +298,9 @@ impl Host for ReplicaState {
     }
 
     fn reshape(&mut self, x: Handle, shape: Vec<u32>) -> Answer<Handle> {
-        self.map1("tensors.reshape", &x, |x| Ok(x.reshape(&to_usize(&shape))?))
+        self.map1("tensors.reshape", &x, |x| {
+            Ok(x.reshape(&dims("tensors.reshape", &shape)?)?)
+        })
     }
 
     fn transpose(&mut self, x: Handle, dim0: i32, dim1: i32) -> Answer<Handle> {
@@ -401,16 +413,20 @@ impl Host for ReplicaState {
         })
     }
 
-    fn permute(&mut self, x: Handle, dims: Vec<u32>) -> Answer<Handle> {
-        self.map1("tensors.permute", &x, |x| Ok(x.permute(&to_usize(&dims))?))
+    fn permute(&mut self, x: Handle, order: Vec<u32>) -> Answer<Handle> {
+        self.map1("tensors.permute", &x, |x| {
+            Ok(x.permute(&dims("tensors.permute", &order)?)?)
+        })
     }
 
     fn expand(&mut self, x: Handle, shape: Vec<i32>) -> Answer<Handle> {
-        self.map1("tensors.expand", &x, |x| Ok(x.expand(&axes(&shape))?))
+        self.map1("tensors.expand", &x, |x| {
+            Ok(x.expand(&axes("tensors.expand", &shape)?)?)
+        })
     }
 
     fn pad(&mut self, x: Handle, pads: Vec<(u32, u32)>, value: f32) -> Answer<Handle> {
-        self.map1("tensors.pad", &x, |x| Ok(x.pad(&widths(&pads), value)?))
+        self.map1("tensors.pad", &x, |x| Ok(x.pad(&widths(&pads)?, value)?))
     }
 
     fn slice(&mut self, x: Handle, axis: i32, start: u32, end: u32, step: u32) -> Answer<Handle> {

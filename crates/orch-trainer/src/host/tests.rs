@@ -16,7 +16,7 @@ use orch_wit::trainer::orch::plugin::tensors::{
     BinaryOp, Host as Tensors, HostTensor, ReduceOp, UnaryOp,
 };
 
-type Handle = Resource<WitTensor>;
+pub(super) type Handle = Resource<WitTensor>;
 
 /// One replica's state on a simulated device of `bytes`, with the job's quota `quota`.
 fn replica(bytes: u64, quota: Option<u64>, max_graph_nodes: usize) -> ReplicaState {
@@ -50,27 +50,28 @@ fn replica(bytes: u64, quota: Option<u64>, max_graph_nodes: usize) -> ReplicaSta
         exchange_timeout: Duration::from_secs(1),
         grads: Collective::new(1),
         broadcast: Collective::new(1),
+        checkpoints: Collective::new(1),
     });
     ReplicaState::new(PluginState::new("hostile", &Limits::default()), shared, 0)
 }
 
-fn state() -> ReplicaState {
+pub(super) fn state() -> ReplicaState {
     replica(1 << 30, None, 1000)
 }
 
-fn borrow(h: &Handle) -> Handle {
+pub(super) fn borrow(h: &Handle) -> Handle {
     Resource::new_borrow(h.rep())
 }
 
-fn value<T: std::fmt::Debug>(answer: wasmtime::Result<Result<T, WitError>>) -> T {
+pub(super) fn value<T: std::fmt::Debug>(answer: wasmtime::Result<Result<T, WitError>>) -> T {
     answer.expect("no trap").expect("a value")
 }
 
-fn error<T: std::fmt::Debug>(answer: wasmtime::Result<Result<T, WitError>>) -> WitError {
+pub(super) fn error<T: std::fmt::Debug>(answer: wasmtime::Result<Result<T, WitError>>) -> WitError {
     answer.expect("no trap").expect_err("an error value")
 }
 
-fn full(s: &mut ReplicaState, shape: &[u32], v: f32) -> Handle {
+pub(super) fn full(s: &mut ReplicaState, shape: &[u32], v: f32) -> Handle {
     value(s.full(shape.to_vec(), v, None))
 }
 

@@ -13,3 +13,4 @@ mod parallel;
 mod progress;
 mod quota;
 mod resume;
+mod trust;
