@@ -5,8 +5,9 @@
 # allocates until its memory cap stops it (`hostile_memory_bomb`, `memory = "1GiB"`), each within
 # the machine's maxima; then tenant `b` submits B plain jobs (`gpus = 1`, `true`), one every
 # INTERVAL seconds. Prints b's start latency (submitted_at_ms to started_at_ms, the daemon's own
-# record of each job: submit to running) as p50 / p99 / max, and the daemon's peak RSS (VmHWM
-# of /proc/PID/status) and that of any other process it started (policy workers) at the end.
+# record of each job: submit to running) as p50 / p99 / max, and, once a's jobs have all ended,
+# the daemon's peak RSS (VmHWM of /proc/PID/status) and that of any other process it started and
+# still has (policy workers).
 #
 #   scripts/bench-policy-stall.sh                 (builds the debug orch first: cargo build -p orch-cli)
 #   ORCH_BIN=PATH scripts/bench-policy-stall.sh   (that orch binary, nothing built)
@@ -31,7 +32,7 @@ fi
 orch=$(realpath "$ORCH_BIN")
 fixtures=${ORCH_PLUGIN_WASM_DIR:-}
 if [ -z "$fixtures" ]; then
-  found=$(find "$target" -name hostile_spin.wasm -path '*orch-host*' -printf '%T@ %p\n' 2>/dev/null | sort -rn | head -1 | cut -d' ' -f2-)
+  found=$(find "$target" -name hostile_spin.wasm -not -path '*/deps/*' -printf '%T@ %p\n' 2>/dev/null | sort -rn | head -1 | cut -d' ' -f2-)
   [ -n "$found" ] || { echo "bench-policy-stall: no hostile_spin.wasm under $target (cargo build -p orch-host builds the fixtures)" >&2; exit 2; }
   fixtures=$(dirname "$found")
 fi
@@ -130,6 +131,18 @@ while :; do
   sleep 0.5
 done
 t1=$(date +%s.%N)
+# Then a's jobs, all of them asked (and each failed by its policy), before the memory is read.
+deadline=$(( $(date +%s) + timeout ))
+while :; do
+  left=0
+  for id in "${a_ids[@]}"; do
+    case "$("$orch" status "$id" --json | jq -r .state)" in queued|running) left=$((left + 1)) ;; esac
+  done
+  [ "$left" = 0 ] && break
+  [ "$(date +%s)" -ge "$deadline" ] && { echo "bench-policy-stall: $left of a's jobs had not ended after ${timeout}s" >&2; break; }
+  sleep 0.5
+done
+t2=$(date +%s.%N)
 
 # The daemon's peak RSS, and every process it started that is still alive (its policy workers).
 hwm() { awk '/^VmHWM:/ { printf "%.1f MB", $2 / 1024 }' "/proc/$1/status" 2>/dev/null; }
@@ -151,7 +164,8 @@ never = sum(1 for l in raw if l == "never")
 ms = sorted(int(l) for l in raw if l != "never")
 def rank(p):
     return ms[max(0, math.ceil(p / 100 * len(ms)) - 1)] if ms else float("nan")
-print(f"{label}: n={len(raw)} started={len(ms)} never={never} p50={rank(50)} ms p99={rank(99)} ms max={ms[-1] if ms else float(\"nan\")} ms")
+top = ms[-1] if ms else float("nan")
+print(f"{label}: n={len(raw)} started={len(ms)} never={never} p50={rank(50)} ms p99={rank(99)} ms max={top} ms")
 ' "$label"
 }
 a_failed=$(for id in "${a_ids[@]}"; do "$orch" status "$id" --json | jq -r .state; done | sort | uniq -c | tr '\n' ' ')
@@ -160,7 +174,7 @@ echo "load: tenant a: $spin spinning + $bomb memory-hungry policy jobs (deadline
 report "b alone (5 jobs)" "${quiet[@]}"
 report "b beside a's policies" "${b_ids[@]}"
 echo "a's jobs: $a_failed"
-printf 'window: %.1f s\n' "$(echo "$t1 - $t0" | bc)"
+printf "b's jobs all started %.1f s after b's first submission; a's all ended %.1f s after it\n" "$(echo "$t1 - $t0" | bc)" "$(echo "$t2 - $t0" | bc)"
 echo "daemon peak RSS (VmHWM): $daemon_hwm"
 [ -n "$children" ] && echo "its other processes:$children"
 exit 0
