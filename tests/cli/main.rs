@@ -11,6 +11,7 @@ mod held_leases;
 mod languages;
 mod operate;
 mod plan;
+mod policy_budget;
 mod run;
 mod serve;
 mod serve_plugins;

@@ -61,6 +61,10 @@ pub enum Command {
     /// The daemon's per-job supervisor (started by `orch serve`, not by hand).
     #[command(name = "__supervise", hide = true)]
     Supervise { dir: std::path::PathBuf },
+    /// Asks the placement policies a tenant sent, one JSON line in and out per ask (started by
+    /// `orch serve`, one process per tenant's worker).
+    #[command(name = "__policy-worker", hide = true)]
+    PolicyWorker,
     /// Compiles a policy component a tenant sent, under caps (started by `orch serve`).
     #[command(name = "__compile-policy", hide = true)]
     CompilePolicy {

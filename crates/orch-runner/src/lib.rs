@@ -21,6 +21,8 @@ mod train;
 pub use command::{GRACE, ProcessOptions, check_enforcement, device_rule, lease_env, placed_line};
 pub use error::RunError;
 pub use foreign::foreign_processes;
-pub use place::{GiveBack, LeaseGuard, Machine, PlaceError, claim, claim_until, place_in_parent};
-pub use plan::{Plan, PlanError, PlanInput, PlannedDevice, Rejection, plan};
+pub use place::{
+    GiveBack, LeaseGuard, Machine, PlaceError, claim, claim_proposed, claim_until, place_in_parent,
+};
+pub use plan::{Plan, PlanError, PlanInput, PlannedDevice, Rejection, plan, recheck};
 pub use runner::{Outcome, Placement, Prepared, RunningJob, prepare, start};

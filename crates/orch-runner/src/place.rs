@@ -269,6 +269,50 @@ pub fn claim(
     }
 }
 
+/// Claims the devices of `proposal`, a plan the job's policy made earlier on a snapshot of the
+/// machine (the daemon asks a tenant's policy away from the pass that places everyone), in one
+/// transaction of `store`: inside it the plan is checked against the leases held now
+/// ([`crate::plan::recheck`]) and written, so one device still goes to one job. The policy is
+/// not run. `Err(PlaceError::NoFit)`: the snapshot went stale (a device it chose was taken
+/// meanwhile, or no longer fits): ask the policy again.
+pub fn claim_proposed(
+    store: &mut LeaseStore,
+    job: &JobSpec,
+    machine: &Machine<'_>,
+    holder: Holder,
+    proposal: &Plan,
+) -> Result<(Lease, Plan), PlaceError> {
+    let request = ClaimRequest {
+        job_name: job.name.clone(),
+        exclusive: job.resources.exclusive,
+        memory_reserved_bytes: job.resources.memory_limit.map_or(0, ByteSize::bytes),
+        holder,
+        inside: enclosing_lease(store, machine),
+    };
+    let mut planned: Option<Plan> = None;
+    let claimed = store.claim(&request, |leases| {
+        let input = PlanInput {
+            job,
+            devices: &machine.inventory.devices,
+            visibility: machine.visibility,
+            leases,
+        };
+        let plan = crate::plan::recheck(input, proposal, machine.env)?;
+        let uuids = plan.chosen.iter().map(|d| d.uuid.clone()).collect();
+        planned = Some(plan);
+        Ok::<_, String>(uuids)
+    });
+    match claimed {
+        Ok(lease) => match planned {
+            Some(plan) => Ok((lease, plan)),
+            None => Err(PlaceError::NoFit("the plan was lost".into())),
+        },
+        Err(ClaimError::Choose(stale)) => Err(PlaceError::NoFit(stale)),
+        Err(ClaimError::Store(e)) => Err(PlaceError::Store(e)),
+        Err(conflict @ ClaimError::Conflict { .. }) => Err(PlaceError::NoFit(conflict.to_string())),
+    }
+}
+
 /// Claims, and with `wait` retries (backing off, saying why once per new reason) until a fit
 /// appears or the deadline passes.
 pub fn claim_until(

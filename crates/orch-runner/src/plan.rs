@@ -176,6 +176,80 @@ pub fn plan(
     })
 }
 
+/// A plan made earlier (a policy asked on a snapshot of the machine, away from the lease
+/// transaction) checked against the machine now: the devices it chose, found again by UUID, must
+/// all still be visible and meet the request with the leases held now, as the host checks a
+/// policy's answer. `Ok`: the plan with the current readings; `Err`: why it no longer holds (the
+/// policy is to be asked again). The policy itself is not run.
+pub fn recheck(
+    input: PlanInput<'_>,
+    proposal: &Plan,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Plan, String> {
+    let job = input.job;
+    let visible = visible_devices(input);
+    // A policy sent by a tenant has no defaults of its own: its config is the job's.
+    let request = request(job, &[], env);
+    let all: Vec<WitDevice> = visible
+        .iter()
+        .map(|(index, device, mig)| wit_device(*index, device, mig.as_deref(), input.leases))
+        .collect();
+    let leases: Vec<Lease> = visible
+        .iter()
+        .zip(&all)
+        .flat_map(|((_, device, mig), wit)| {
+            leases_on(
+                wit.index,
+                mig.as_deref().unwrap_or(&device.uuid),
+                input.leases,
+            )
+        })
+        .collect();
+    if proposal.chosen.len() != job.resources.gpus as usize {
+        return Err(format!(
+            "it chose {} device(s) for a request of {}",
+            proposal.chosen.len(),
+            job.resources.gpus
+        ));
+    }
+    let mut chosen = Vec::with_capacity(proposal.chosen.len());
+    for planned_device in &proposal.chosen {
+        let Some(((_, device, _), wit)) = visible
+            .iter()
+            .zip(&all)
+            .find(|(_, wit)| wit.uuid == planned_device.uuid)
+        else {
+            return Err(format!(
+                "device {} is no longer one it may be placed on",
+                planned_device.uuid
+            ));
+        };
+        if let Some(why) = misfit(&request, wit, &leases) {
+            return Err(format!("device {} is now {why}", wit.index));
+        }
+        chosen.push(planned(wit, device));
+    }
+    let indices: Vec<u32> = chosen.iter().map(|d| d.index).collect();
+    let rejected = all
+        .iter()
+        .filter(|d| !indices.contains(&d.index))
+        .map(|d| Rejection {
+            index: d.index,
+            physical_index: d.physical_index,
+            why: misfit(&request, d, &leases)
+                .unwrap_or_else(|| format!("fits, not chosen by {}", proposal.policy)),
+        })
+        .collect();
+    Ok(Plan {
+        job: job.name.clone(),
+        policy: proposal.policy.clone(),
+        chosen,
+        reason: proposal.reason.clone(),
+        rejected,
+        hidden: input.devices.len().saturating_sub(visible.len()),
+    })
+}
+
 /// `(CUDA index, device, MIG uuid)` of every visible device.
 fn visible_devices<'a>(input: PlanInput<'a>) -> Vec<(u32, &'a Device, Option<String>)> {
     input

@@ -1,7 +1,8 @@
 //! The daemon's domain, which knows no HTTP: its state ([`state`]), the job database ([`db`]),
 //! the job folders and their files ([`folders`]), admission ([`admission`]), the engine that
 //! places and watches jobs ([`engine`]) with the scheduler ([`sched`]) and the queue policy
-//! ([`queue_policy`]), the compiles of tenants' policies ([`compile`]), the config, the users,
+//! ([`queue_policy`]), the compiles of tenants' policies ([`compile`]) and the workers that ask them
+//! ([`policy_worker`]), the config, the users,
 //! the read model the API shows ([`view`]) and the metrics registry ([`metrics`]).
 //!
 //! Nothing here imports axum or hyper: [`crate::http`] and [`crate::web`] call into this layer,
@@ -18,6 +19,7 @@ pub mod health;
 pub mod holders;
 pub mod kick;
 pub mod metrics;
+pub mod policy_worker;
 pub mod queue_policy;
 pub mod sched;
 pub mod state;

@@ -172,9 +172,15 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         options.config.compile,
         kick.clone(),
     );
+    let policies = crate::core::policy_worker::PolicyWorkers::new(
+        options.exe.clone(),
+        &options.config,
+        kick.clone(),
+    );
     let shared = Arc::new(Shared {
         db,
         compiler,
+        policies,
         config: options.config.clone(),
         state_dir: options.state_dir.clone(),
         devices: options.devices.clone(),

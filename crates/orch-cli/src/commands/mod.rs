@@ -43,6 +43,7 @@ pub fn dispatch(cli: Cli) -> CmdResult {
         Command::Usage(args) => jobs::usage(&args),
         Command::Simulate(args) => simulate::run(&spec, &args),
         Command::Supervise { dir } => serve::supervise(&dir),
+        Command::PolicyWorker => std::process::exit(orch_serve::core::policy_worker::worker_main()),
         // Its exit status and its last line on stderr are what the daemon reads.
         Command::CompilePolicy {
             cpu_s,

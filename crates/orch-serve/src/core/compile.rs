@@ -240,6 +240,11 @@ impl Compiler {
         }
     }
 
+    /// Where the compiled form of component `hex` is kept (`None` before the workers start).
+    pub fn artifact(&self, hex: &str) -> Option<PathBuf> {
+        self.inner.artifact(hex)
+    }
+
     /// Why component `hex` does not compile, when it does not.
     pub fn failure(&self, hex: &str) -> Option<String> {
         match lock(&self.inner.state).entries.get(hex) {

@@ -134,6 +134,34 @@ impl Default for CompileBudget {
     }
 }
 
+/// A tenant's budget for asking its placement policies (`policy_concurrency`, `policy_memory`,
+/// `policy_cpu`, `policy_window` of its `[[tenant]]`). The policies its jobs name (components it
+/// sent) are asked in worker processes of its own, outside the pass that places everyone: at most
+/// `concurrency` at once, with their memory caps together within `memory`, and `cpu` of CPU time
+/// per `window`; past it, its jobs wait (nobody else's do).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PolicyBudget {
+    /// Its policies being asked at once (worker processes).
+    pub concurrency: u32,
+    /// Bytes of linear memory its policies being asked may have, all together: each call's cap
+    /// is its job's `[policy] memory`, at most this.
+    pub memory: u64,
+    /// CPU time its policies may use within `window`.
+    pub cpu: Duration,
+    pub window: Duration,
+}
+
+impl Default for PolicyBudget {
+    fn default() -> PolicyBudget {
+        PolicyBudget {
+            concurrency: 1,
+            memory: 1 << 30,
+            cpu: Duration::from_secs(30),
+            window: Duration::from_secs(60),
+        }
+    }
+}
+
 /// A named group of users sharing limits.
 #[derive(Debug, Clone)]
 pub struct Tenant {
@@ -156,6 +184,8 @@ pub struct Tenant {
     pub idle_grace: Duration,
     /// What compiling the policies it sends may use.
     pub compile: CompileBudget,
+    /// What asking the policies it sends may use.
+    pub policy: PolicyBudget,
 }
 
 /// The SHA-256 of a bearer token, as the config stores it (`sha256:` and 64 hex digits).
@@ -251,6 +281,10 @@ struct RawTenant {
     compile_concurrency: Option<toml::Spanned<i64>>,
     compile_cpu: Option<toml::Spanned<String>>,
     compile_window: Option<toml::Spanned<String>>,
+    policy_concurrency: Option<toml::Spanned<i64>>,
+    policy_memory: Option<toml::Spanned<String>>,
+    policy_cpu: Option<toml::Spanned<String>>,
+    policy_window: Option<toml::Spanned<String>>,
 }
 
 /// The queue policy when the config names none.
@@ -297,6 +331,7 @@ impl Config {
                 idle_utilization: DEFAULT_IDLE_UTILIZATION,
                 idle_grace: DEFAULT_IDLE_GRACE,
                 compile: CompileBudget::default(),
+                policy: PolicyBudget::default(),
             }],
         }
     }
@@ -522,6 +557,51 @@ impl Config {
                         cpu: spanned_duration("compile_cpu", &t.compile_cpu)?
                             .unwrap_or(defaults.cpu),
                         window: spanned_duration("compile_window", &t.compile_window)?
+                            .unwrap_or(defaults.window),
+                    }
+                },
+                policy: {
+                    let defaults = PolicyBudget::default();
+                    let concurrency = match &t.policy_concurrency {
+                        None => defaults.concurrency,
+                        Some(v) => match u32::try_from(*v.get_ref()) {
+                            Ok(n) if (1..=64).contains(&n) => n,
+                            _ => {
+                                return Err(spanned(
+                                    v.span(),
+                                    format!(
+                                        "tenant \"{}\": policy_concurrency = {} is not from 1 to 64",
+                                        t.name,
+                                        v.get_ref()
+                                    ),
+                                    "give how many of its policies may be asked at once, such as 1",
+                                ));
+                            }
+                        },
+                    };
+                    let memory = match &t.policy_memory {
+                        None => defaults.memory,
+                        Some(v) => match v.get_ref().parse::<orch_core::ByteSize>() {
+                            Ok(size) if size.bytes() >= 1 << 20 => size.bytes(),
+                            _ => {
+                                return Err(spanned(
+                                    v.span(),
+                                    format!(
+                                        "tenant \"{}\": policy_memory = \"{}\" is not a size of 1MiB or more",
+                                        t.name,
+                                        v.get_ref()
+                                    ),
+                                    "give a size such as \"1GiB\" or \"256MiB\"",
+                                ));
+                            }
+                        },
+                    };
+                    PolicyBudget {
+                        concurrency,
+                        memory,
+                        cpu: spanned_duration("policy_cpu", &t.policy_cpu)?
+                            .unwrap_or(defaults.cpu),
+                        window: spanned_duration("policy_window", &t.policy_window)?
                             .unwrap_or(defaults.window),
                     }
                 },
@@ -1100,5 +1180,49 @@ groups = ["nlp-lab"]
             e.contains("serve.toml:2:11") && e.contains("1 to 256"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn policy_budgets_have_defaults_and_point_at_their_mistakes() {
+        let c = parse("[[tenant]]\nname = \"a\"\nusers = [\"x\"]\n").unwrap();
+        assert_eq!(c.tenants[0].policy, PolicyBudget::default());
+        assert_eq!(
+            PolicyBudget::default(),
+            PolicyBudget {
+                concurrency: 1,
+                memory: 1 << 30,
+                cpu: Duration::from_secs(30),
+                window: Duration::from_secs(60)
+            }
+        );
+        let c = parse(
+            "[[tenant]]\nname = \"a\"\nusers = [\"x\"]\npolicy_concurrency = 2\npolicy_memory = \"256MiB\"\npolicy_cpu = \"10s\"\npolicy_window = \"5m\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.tenants[0].policy,
+            PolicyBudget {
+                concurrency: 2,
+                memory: 256 << 20,
+                cpu: Duration::from_secs(10),
+                window: Duration::from_secs(300)
+            }
+        );
+        let e = parse("[[tenant]]\nname = \"a\"\nusers = [\"x\"]\npolicy_concurrency = 0\n")
+            .unwrap_err();
+        assert!(
+            e.contains("serve.toml:4:22")
+                && e.contains("policy_concurrency = 0 is not from 1 to 64"),
+            "{e}"
+        );
+        let e = parse("[[tenant]]\nname = \"a\"\nusers = [\"x\"]\npolicy_memory = \"1KiB\"\n")
+            .unwrap_err();
+        assert!(
+            e.contains("serve.toml:4:17") && e.contains("not a size of 1MiB or more"),
+            "{e}"
+        );
+        let e = parse("[[tenant]]\nname = \"a\"\nusers = [\"x\"]\npolicy_cpu = \"lots\"\n")
+            .unwrap_err();
+        assert!(e.contains("policy_cpu = \"lots\" is not a duration"), "{e}");
     }
 }

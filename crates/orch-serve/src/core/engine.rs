@@ -439,6 +439,7 @@ impl Engine {
             Kick::Submitted(id) => self.enqueue(id),
             Kick::Dequeued(id) => {
                 self.jobs.queue.remove(&id);
+                self.shared.policies.forget(id);
                 self.sched.dequeue(id as u64);
                 lock(&self.shared.reasons).remove(&id);
                 lock(&self.shared.places).remove(&id);
@@ -451,6 +452,7 @@ impl Engine {
             Kick::SupervisorExited => {}
             Kick::Release(id) => self.jobs.release_held(id),
             Kick::PolicyCompiled(hash) => self.policy_compiled(&hash),
+            Kick::PolicyAnswered => {}
         }
         true
     }
@@ -1074,6 +1076,7 @@ impl Engine {
     /// queue meanwhile.
     fn end_queued(&mut self, id: i64, state: State, reason: String) {
         self.sched.dequeue(id as u64);
+        self.shared.policies.forget(id);
         let word = state.as_str();
         tracing::info!("job {id}: {word}: {reason}");
         self.jobs.write(

@@ -1,4 +1,5 @@
-//! What wakes the engine thread: the API, the supervisors' waits and the compiles send it a
+//! What wakes the engine thread: the API, the supervisors' waits, the compiles and the policy
+//! workers send it a
 //! [`Kick`].
 
 /// What wakes the engine.
@@ -16,4 +17,6 @@ pub enum Kick {
     Release(i64),
     /// A policy component (its digest, hex) compiled, or failed to.
     PolicyCompiled(String),
+    /// A tenant's policy worker answered for a job (crate::core::policy_worker).
+    PolicyAnswered,
 }

@@ -16,6 +16,8 @@ pub struct Shared {
     pub db: Db,
     /// Compiles the policy components tenants send, off the engine thread.
     pub compiler: crate::core::compile::Compiler,
+    /// Asks the policy components tenants send, away from the pass that places everyone.
+    pub policies: crate::core::policy_worker::PolicyWorkers,
     pub config: Config,
     pub state_dir: PathBuf,
     pub devices: String,

@@ -84,7 +84,12 @@ pub async fn take(
                 ));
             }
         }
-        let why = lock(&shared.reasons).get(&id).cloned();
+        // A job whose policy compiles or is being asked has no verdict yet: without `wait`, it is
+        // waited for.
+        let why = lock(&shared.reasons)
+            .get(&id)
+            .cloned()
+            .filter(|_| request.wait || !shared.policies.undecided(id));
         if let Some(why) = why {
             if request.wait {
                 let mut row = row;

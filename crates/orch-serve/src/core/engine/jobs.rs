@@ -7,6 +7,7 @@ use super::{Pending, Queued, Release, ms_to_s};
 use crate::core::db::{Change, Event, State, Update};
 use crate::core::folders::{self, ExitRecord, Fence, SuperviseSpec};
 use crate::core::kick::Kick;
+use crate::core::policy_worker::{AskLease, Verdict, snapshot_key};
 use crate::core::state::{Shared, SupervisorEnd};
 use orch_core::sync::lock;
 use orch_core::time::now_ms;
@@ -233,7 +234,8 @@ impl Jobs {
             return Err(Placed::Left);
         };
         // A policy the tenant sent: placed once compiled, off this thread.
-        if let Some(hash) = &job.submission.policy_file {
+        let sent = job.submission.policy_file.clone();
+        if let Some(hash) = &sent {
             let plugin = &job.spec.policy.plugin;
             match self
                 .shared
@@ -241,13 +243,28 @@ impl Jobs {
                 .prepare(&mut self.host, hash, &job.row.tenant, plugin)
             {
                 crate::core::compile::Prepared::Ready => {}
-                crate::core::compile::Prepared::Waits(reason) => return Err(Placed::Waits(reason)),
+                crate::core::compile::Prepared::Waits(reason) => {
+                    self.shared.policies.set_undecided(id, true);
+                    return Err(Placed::Waits(reason));
+                }
                 crate::core::compile::Prepared::Failed(reason) => {
                     self.queue.remove(&id);
                     return Err(Placed::Ends(State::Failed, reason));
                 }
             }
         }
+        // ... and asked away from this pass, in its tenant's policy workers: the pass claims the
+        // plan it made, checked against the leases held now.
+        let proposal = match &sent {
+            Some(hash) => match self.asked_plan(id, hash) {
+                Ok(plan) => Some(plan),
+                Err(placed) => return Err(placed),
+            },
+            None => None,
+        };
+        let Some(job) = self.queue.get(&id) else {
+            return Err(Placed::Left);
+        };
         let env_map: HashMap<&str, &str> = job
             .submission
             .env
@@ -275,11 +292,36 @@ impl Jobs {
             name: lease_name(id),
             ..job.spec.clone()
         };
-        let deciding = Instant::now();
-        let claimed = orch_runner::claim(&mut self.store, &mut self.host, &spec, &machine, holder);
-        self.shared
-            .metrics
-            .decision("placement", deciding.elapsed().as_secs_f64());
+        let claimed = match &proposal {
+            Some(plan) => {
+                orch_runner::claim_proposed(&mut self.store, &spec, &machine, holder, plan)
+            }
+            None => {
+                let deciding = Instant::now();
+                let claimed = orch_runner::claim(
+                    &mut self.store,
+                    &mut self.host,
+                    &spec,
+                    &machine,
+                    holder,
+                );
+                self.shared
+                    .metrics
+                    .decision("placement", deciding.elapsed().as_secs_f64());
+                claimed
+            }
+        };
+        if let (Some(hash), Err(PlaceError::NoFit(stale))) = (&sent, &claimed) {
+            // The machine changed under the snapshot: the policy is asked again.
+            let stale = stale.clone();
+            let why = match self.ask_policy(id, hash) {
+                Placed::Waits(why) => why,
+                other => return Err(other),
+            };
+            return Err(Placed::Waits(format!(
+                "{why} again: the plan it made no longer holds ({stale})"
+            )));
+        }
         let (lease, plan) = match claimed {
             Ok(placed) => placed,
             Err(PlaceError::NoFit(reason)) => return Err(Placed::Waits(reason)),
@@ -295,6 +337,110 @@ impl Jobs {
             Some(job) => Ok((job, lease, plan)),
             None => Err(Placed::Left),
         }
+    }
+
+    /// The plan queued job `id`'s policy (the component `hash` its tenant sent) made, asked in
+    /// the tenant's policy workers on a snapshot of the machine as it is now; `Err`: the job waits
+    /// (its policy is being asked, or found nothing that fits) or fails (its policy failed).
+    fn asked_plan(&mut self, id: i64, hash: &str) -> Result<orch_runner::Plan, Placed> {
+        // Asked, or waiting its turn: nothing to read (a pass may look at many such jobs).
+        if let Some(why) = self.shared.policies.pending(id) {
+            self.shared.policies.set_undecided(id, true);
+            return Err(Placed::Waits(why));
+        }
+        let snapshot = match self.snapshot() {
+            Ok((_, _, key)) => key,
+            Err(why) => return Err(Placed::Waits(why)),
+        };
+        match self.shared.policies.verdict(id, snapshot) {
+            Verdict::Plan(plan) => {
+                self.shared.policies.set_undecided(id, false);
+                Ok(*plan)
+            }
+            Verdict::Pending(why) => {
+                self.shared.policies.set_undecided(id, true);
+                Err(Placed::Waits(why))
+            }
+            Verdict::NoFit(why) => {
+                self.shared.policies.set_undecided(id, false);
+                Err(Placed::Waits(why))
+            }
+            Verdict::Failed(why) => {
+                self.shared.policies.forget(id);
+                self.queue.remove(&id);
+                Err(Placed::Ends(State::Failed, why))
+            }
+            Verdict::Ask => Err(self.ask_policy(id, hash)),
+        }
+    }
+
+    /// Hands queued job `id`'s policy (component `hash`) and a snapshot of the machine to its
+    /// tenant's policy workers: it waits now (and why), or it can never be placed.
+    fn ask_policy(&mut self, id: i64, hash: &str) -> Placed {
+        let (visible, leases, snapshot) = match self.snapshot() {
+            Ok(snapshot) => snapshot,
+            Err(why) => return Placed::Waits(why),
+        };
+        let Some(job) = self.queue.get(&id) else {
+            return Placed::Left;
+        };
+        let tenant = job.row.tenant.clone();
+        // The job's deadline and memory cap, within the machine's maxima; the memory also
+        // within what its tenant's policies may hold together.
+        let bounds = match orch_core::MachineLimits::current().and_then(|machine| {
+            machine.resolve(
+                orch_core::limits::PluginKind::Policy,
+                &job.spec.policy.limits,
+            )
+        }) {
+            Ok(bounds) => bounds,
+            Err(e) => {
+                self.queue.remove(&id);
+                return Placed::Ends(State::Failed, e.to_string());
+            }
+        };
+        let budget = self.shared.policies.budget(&tenant);
+        let orch_core::PluginRef::Path(plugin) = &job.spec.policy.plugin else {
+            return Placed::Waits("waiting: its policy is not a file".into());
+        };
+        let ask = crate::core::policy_worker::Ask {
+            job_text: job.submission.job_text.clone(),
+            job_path: job.submission.job_path.clone(),
+            env: job.submission.env.clone(),
+            plugin: plugin.clone(),
+            artifact: match self.shared.compiler.artifact(hash) {
+                Some(artifact) => artifact,
+                None => return Placed::Waits("waiting: compiling its policy".into()),
+            },
+            deadline_ms: bounds.deadline.as_millis() as u64,
+            memory: bounds.memory.min(budget.memory),
+            inventory: self.inventory.as_ref().clone(),
+            visible,
+            leases,
+        };
+        Placed::Waits(self.shared.policies.ask(id, &tenant, ask, snapshot))
+    }
+
+    /// What a policy is asked on: the devices placement may use (physical index, MIG instance),
+    /// the leases held now, and their hash; `Err`: the lease store cannot say (the job waits).
+    #[allow(clippy::type_complexity)]
+    fn snapshot(&mut self) -> Result<(Vec<(u32, Option<String>)>, Vec<AskLease>, u64), String> {
+        let leases: Vec<AskLease> = self
+            .store
+            .active()
+            .map_err(|e| format!("the lease store failed: {e}"))?
+            .iter()
+            .flat_map(orch_leases::Lease::device_leases)
+            .map(|l| AskLease::from(&l))
+            .collect();
+        let visible: Vec<(u32, Option<String>)> = self
+            .placeable
+            .devices
+            .iter()
+            .map(|v| (v.physical, v.mig_uuid.clone()))
+            .collect();
+        let key = snapshot_key(&visible, &leases);
+        Ok((visible, leases, key))
     }
 
     /// Confines the process holding lease job `id` to its GPUs' device nodes, as the daemon's

@@ -1,0 +1,211 @@
+//! A tenant's placement policies are its own budget: they are asked outside the pass that places
+//! everyone, within the tenant's `policy_concurrency`, `policy_memory` and `policy_cpu`, so
+//! another tenant's plain jobs start as if they were not there. Real processes: a daemon on the
+//! 8-GPU sim with two tenants, the hostile policy fixtures that crates/orch-host's build makes,
+//! `orch` clients.
+
+use crate::serve::{Daemon, job_file};
+use crate::*;
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+/// One request over the daemon's socket: the status and the body.
+fn http(d: &Daemon, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    let mut s = std::os::unix::net::UnixStream::connect(d.socket()).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: orch\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    s.write_all(body).unwrap();
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).unwrap();
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let status = answer.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (status, body)
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A daemon with tenants `a` and `b` (both this user; `a_extra` adds lines to `a`'s table) on a
+/// fresh state folder, with the machine's built-in plugin maxima (policy 1s / 1GiB).
+fn daemon(tag: &str, a_extra: &str) -> Daemon {
+    let me = me();
+    let mut d = Daemon::prepare(tag);
+    let path = d.state.join("serve.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[[tenant]]\nname = \"a\"\nusers = [\"{me}\"]\n{a_extra}\n[[tenant]]\nname = \"b\"\nusers = [\"{me}\"]\n"
+        ),
+    )
+    .unwrap();
+    d.config = Some(path);
+    d.env.push(("ORCH_CONFIG", String::new()));
+    d.restart();
+    d
+}
+
+/// Copies hostile fixture `name` into the daemon's folder as `as_name`, uploads it for tenant
+/// `a` and waits (bounded) until the daemon has compiled it.
+fn compiled_fixture(d: &Daemon, name: &str, as_name: &str) {
+    let wasm = std::fs::read(std::path::Path::new(orch_host::PLUGIN_WASM_DIR).join(name)).unwrap();
+    std::fs::write(d.state.join(as_name), &wasm).unwrap();
+    let address = format!("/v1/plugins/sha256:{}", sha256(&wasm));
+    let (status, body) = http(d, "PUT", &format!("{address}?tenant=a"), &wasm);
+    assert!(status == 200 || status == 201, "{status} {body}");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (_, body) = http(d, "GET", &address, b"");
+        let state: Value = serde_json::from_str(&body).unwrap_or_default();
+        if state["state"] == "compiled" {
+            return;
+        }
+        assert_ne!(state["state"], "failed", "{body}");
+        assert!(Instant::now() < deadline, "{name} never compiled: {body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A one-GPU job of `tenant` running `true`, with `policy` (a file in the daemon's folder, asked
+/// with `limits`) or the default policy.
+fn job(d: &Daemon, name: &str, tenant: &str, policy: Option<(&str, &str)>) -> String {
+    let policy = policy.map_or(String::new(), |(file, limits)| {
+        format!("[policy]\nplugin = \"{file}\"\n{limits}")
+    });
+    job_file(
+        &d.state,
+        &format!("{name}.toml"),
+        &format!(
+            "[job]\nname = \"{name}\"\ntenant = \"{tenant}\"\n[resources]\ngpus = 1\n{policy}[command]\nargv = [\"true\"]\n"
+        ),
+    )
+}
+
+fn wait_ended(d: &Daemon, id: &str, within: Duration) -> Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let s = d.status(id);
+        if ["succeeded", "failed", "cancelled", "lost"].contains(&s["state"].as_str().unwrap_or(""))
+        {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "job {id} never ended: {s}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Submit to running, as the daemon recorded them (`None`: not started within `within`).
+fn start_latency_ms(d: &Daemon, id: &str, within: Duration) -> Option<u64> {
+    let deadline = Instant::now() + within;
+    loop {
+        let s = d.status(id);
+        if let (Some(submitted), Some(started)) =
+            (s["submitted_at_ms"].as_u64(), s["started_at_ms"].as_u64())
+        {
+            return Some(started.saturating_sub(submitted));
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Peak resident memory of process `pid` (`VmHWM`), bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.trim_start_matches("VmHWM:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse::<u64>()
+        .unwrap()
+        * 1024
+}
+
+#[test]
+fn another_tenants_hostile_policies_do_not_delay_a_plain_job_or_swell_the_daemon() {
+    let d = daemon("policy-budget-stall", "");
+    compiled_fixture(&d, "hostile_spin.wasm", "spin.wasm");
+    compiled_fixture(&d, "hostile_memory_bomb.wasm", "bomb.wasm");
+    let limits = "deadline = \"1s\"\nmemory = \"1GiB\"\n";
+    // Tenant a: policies that never answer and policies that allocate up to 1 GiB, each within
+    // the machine's maxima. Asked one after another inside the pass, they held every other
+    // tenant's placement for their whole time (about a second each).
+    let mut hostile = Vec::new();
+    for i in 0..6 {
+        let file = job(&d, &format!("spin-{i}"), "a", Some(("spin.wasm", limits)));
+        hostile.push(d.submit(&[&file]));
+    }
+    for i in 0..2 {
+        let file = job(&d, &format!("bomb-{i}"), "a", Some(("bomb.wasm", limits)));
+        hostile.push(d.submit(&[&file]));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // Tenant b's plain jobs start as they would on a quiet daemon.
+    let mut latencies = Vec::new();
+    for i in 0..3 {
+        let id = d.submit(&[&job(&d, &format!("plain-{i}"), "b", None)]);
+        let ms = start_latency_ms(&d, &id, Duration::from_secs(30));
+        latencies.push(ms);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        latencies.iter().all(|ms| ms.is_some_and(|ms| ms <= 1500)),
+        "tenant b's plain jobs waited for tenant a's policies: start latencies {latencies:?} ms"
+    );
+    // Each hostile job ends, failed, with the sentence that names what stopped its policy.
+    for id in &hostile {
+        let s = wait_ended(&d, id, Duration::from_secs(120));
+        assert_eq!(s["state"], "failed", "{s}");
+        let reason = s["reason"].as_str().unwrap_or("");
+        assert!(
+            reason.contains("did not answer within its deadline of 1 s")
+                || reason.contains("memory"),
+            "{reason}"
+        );
+    }
+    // The 1 GiB the memory-hungry policies took was never the daemon's.
+    let pid = d.child.as_ref().unwrap().id();
+    let rss = peak_rss(pid);
+    assert!(
+        rss < 400 << 20,
+        "the daemon's peak RSS was {} MiB",
+        rss >> 20
+    );
+}
+
+#[test]
+fn a_tenants_policy_memory_caps_its_policies_together_and_says_so() {
+    let d = daemon("policy-budget-memory", "policy_memory = \"96MiB\"\n");
+    compiled_fixture(&d, "hostile_memory_bomb.wasm", "bomb.wasm");
+    // The job may give its policy 1 GiB; its tenant's policies have 96 MiB in all.
+    let file = job(
+        &d,
+        "bomb",
+        "a",
+        Some(("bomb.wasm", "deadline = \"1s\"\nmemory = \"1GiB\"\n")),
+    );
+    let id = d.submit(&[&file]);
+    let s = wait_ended(&d, &id, Duration::from_secs(60));
+    assert_eq!(s["state"], "failed", "{s}");
+    let reason = s["reason"].as_str().unwrap_or("");
+    assert!(
+        reason.contains("96.0 MiB") && reason.contains("policy_memory"),
+        "{reason}"
+    );
+}
