@@ -122,7 +122,16 @@ fn a_live_socket_is_never_taken_over_and_a_dead_ones_is_replaced() {
     second.kill9();
     second.restart();
     assert!(second.client(&["jobs"]).status.success());
-    // A clean stop removes the socket it bound.
+    // A clean stop removes the socket it bound, and no other: one put in its place stays.
+    std::fs::rename(&socket, dir.join("aside.sock")).unwrap();
+    let replacement = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    stop(&mut second);
+    assert!(
+        socket.exists(),
+        "a clean stop removed a socket it did not bind"
+    );
+    drop(replacement);
+    second.restart();
     stop(&mut second);
     assert!(!socket.exists(), "a clean stop removes its own socket");
     let _ = std::fs::remove_dir_all(&dir);
