@@ -240,11 +240,14 @@ fn serve_expecting_failure(state: &Path, config: &Path, limit: Duration) -> Outp
     child.wait_with_output().unwrap()
 }
 
-/// Socket files left in the state folder (the daemon's, or one bound beside it).
+/// Socket files left in the state folder (the daemon's, or one bound beside it; its lock file,
+/// `orch.sock.lock`, is no socket).
 fn sockets_in(dir: &Path) -> Vec<String> {
+    use std::os::unix::fs::FileTypeExt;
     std::fs::read_dir(dir)
         .unwrap()
         .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_socket()))
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| n.starts_with("orch.sock"))
         .collect()

@@ -122,7 +122,16 @@ fn a_live_socket_is_never_taken_over_and_a_dead_ones_is_replaced() {
     second.kill9();
     second.restart();
     assert!(second.client(&["jobs"]).status.success());
-    // A clean stop removes the socket it bound.
+    // A clean stop removes the socket it bound, and no other: one put in its place stays.
+    std::fs::rename(&socket, dir.join("aside.sock")).unwrap();
+    let replacement = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    stop(&mut second);
+    assert!(
+        socket.exists(),
+        "a clean stop removed a socket it did not bind"
+    );
+    drop(replacement);
+    second.restart();
     stop(&mut second);
     assert!(!socket.exists(), "a clean stop removes its own socket");
     let _ = std::fs::remove_dir_all(&dir);
@@ -194,7 +203,8 @@ fn job_ids(db: &Path) -> Vec<i64> {
 
 /// A backup taken from the running daemon (`VACUUM INTO`, as docs/OPERATIONS.md says), restored
 /// after more jobs ran: the next job is numbered above every job folder, runs, is recorded
-/// normally, and its logs are its own. A clean stop leaves every job in jobs.sqlite3 alone.
+/// normally, and its logs are its own; the jobs the backup shows running or queued are recorded
+/// from their folders, never run again. A clean stop leaves every job in jobs.sqlite3 alone.
 #[test]
 fn a_restored_backup_never_reuses_a_job_id() {
     let mut d = Daemon::start("restore");
@@ -203,11 +213,17 @@ fn a_restored_backup_never_reuses_a_job_id() {
         let id = d.submit(&["--", "echo", &format!("before the backup {i}")]);
         d.wait_state(&id, "succeeded");
     }
+    // At the backup, one job runs on every device and another waits for one.
+    let holding = d.submit(&["--gpus", "8", "--", "sleep", "2"]);
+    d.wait_state(&holding, "running");
+    let waiting = d.submit(&["--gpus", "1", "--", "echo", "ran once"]);
+    assert_eq!(d.status(&waiting)["state"], "queued");
     let backup = d.state.join("backup.sqlite3");
     rusqlite::Connection::open(&db)
         .unwrap()
         .execute("VACUUM INTO ?1", [backup.display().to_string()])
         .unwrap();
+    d.wait_state(&waiting, "succeeded");
     let mut later = Vec::new();
     for i in 1..=3 {
         let id = d.submit(&["--", "echo", &format!("secret of a later job {i}")]);
@@ -224,15 +240,26 @@ fn a_restored_backup_never_reuses_a_job_id() {
     );
     let alone = d.state.join("alone.sqlite3");
     std::fs::copy(&db, &alone).unwrap();
-    assert_eq!(job_ids(&alone), [1, 2, 3, 4, 5]);
+    assert_eq!(job_ids(&alone), [1, 2, 3, 4, 5, 6, 7]);
 
     // Restore the older backup, as an admin would: the file, without its -wal and -shm.
     std::fs::copy(&backup, &db).unwrap();
     for extra in ["jobs.sqlite3-wal", "jobs.sqlite3-shm"] {
         let _ = std::fs::remove_file(d.state.join(extra));
     }
-    assert_eq!(job_ids(&db), [1, 2]);
+    assert_eq!(job_ids(&db), [1, 2, 3, 4]);
     d.restart();
+    // What the backup shows running or queued ran since: each is recorded as it ended there,
+    // and none runs again.
+    assert_eq!(d.wait_state(&holding, "succeeded")["exit_code"], 0);
+    let s = d.wait_state(&waiting, "succeeded");
+    assert!(
+        s["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("ran after the database's backup")),
+        "{s}"
+    );
+    assert_eq!(stdout(&d.client(&["logs", &waiting])), "ran once\n");
     let id: i64 = d.submit(&["--", "echo", "mine"]).parse().unwrap();
     let highest = *later.iter().max().unwrap();
     assert!(id > highest, "job {id} reuses an id at or below {highest}");

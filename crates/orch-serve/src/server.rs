@@ -1,4 +1,5 @@
-//! The daemon's start-up and its socket: one daemon per state folder (a lock), recovery before
+//! The daemon's start-up and its socket: one daemon per state folder, per socket and, for a
+//! daemon of real devices, per machine (three locks), recovery before
 //! the first request, then HTTP/1.1 over a Unix socket whose peer credentials say who asks, and
 //! over the TCP listener (`listen`) where tokens do, in HTTPS when the config names a certificate
 //! ([`tls`]).
@@ -231,8 +232,10 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
 /// the database is older than its folders (restored from a backup, or its `-wal` lost); the log
 /// says so.
 fn number_above_folders(db: &Db, state_dir: &Path) -> Result<(), String> {
-    let highest = crate::core::folders::highest_job_folder(state_dir)
-        .map_err(|e| format!("cannot read its job folders: {e}"))?;
+    let highest = crate::core::folders::job_folders(state_dir)
+        .map_err(|e| format!("cannot read its job folders: {e}"))?
+        .last_key_value()
+        .map_or(0, |(id, _)| *id);
     if let Some(known) = db.number_above(highest).map_err(|e| e.to_string())? {
         tracing::warn!(
             "the job database {} is older than its job folders: it knows of jobs up to {known}, and {} holds folders up to job {highest} (restored from a backup, or its -wal lost?); new jobs are numbered from {}, so none takes an earlier job's folder",

@@ -970,6 +970,42 @@ mod tests {
     }
 
     #[test]
+    fn new_jobs_are_numbered_above_a_given_id_and_never_below_what_was_used() {
+        let dir = std::env::temp_dir().join(format!("orch-db-number-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let db = Db::open(&dir).unwrap();
+        let insert = |store: &Db| {
+            store
+                .write_blocking(|tx| {
+                exec(
+                    tx,
+                    "INSERT INTO jobs (name, tenant, user, uid, state, gpus, priority, requeue,
+                        submitted_at_ms, submission) VALUES ('j', 't', 'u', 0, 'queued', 0, 0, 0, 0, '{}')",
+                    [],
+                )
+                .map_err(super::db("test"))?;
+                Ok(tx.last_insert_rowid())
+            })
+            .unwrap()
+        };
+        // An empty database (no row in sqlite_sequence yet) and one with jobs alike.
+        assert_eq!(db.number_above(7).unwrap(), Some(0));
+        assert_eq!(insert(&db), 8);
+        assert_eq!(db.number_above(5).unwrap(), None);
+        assert_eq!(insert(&db), 9);
+        assert_eq!(db.number_above(20).unwrap(), Some(9));
+        assert_eq!(insert(&db), 21);
+        db.checkpoint();
+        assert_eq!(
+            std::fs::metadata(dir.join("jobs.sqlite3-wal")).map_or(0, |m| m.len()),
+            0
+        );
+        drop(db);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn a_change_sets_keeps_or_clears_the_reason() {
         let dir = std::env::temp_dir().join(format!("orch-db-reason-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

@@ -246,10 +246,101 @@ impl Engine {
             .db
             .jobs(&[State::Queued], u32::MAX)
             .map_err(|e| e.to_string())?;
+        // A database older than its folders (restored from a backup) may hold as queued a job
+        // that ran since: its later folders say so.
+        let folders = folders::job_folders(&self.shared.state_dir).unwrap_or_default();
         for row in queued {
-            self.enqueue(row.id);
+            let later: Vec<u32> = folders
+                .get(&row.id)
+                .map(|a| a.iter().copied().filter(|&a| a > row.attempt).collect())
+                .unwrap_or_default();
+            if later.is_empty() || !self.ran_since_the_backup(&row, &later) {
+                self.enqueue(row.id);
+            }
         }
         Ok(())
+    }
+
+    /// A queued job with folders of later attempts (`later`, ascending) than its database knows:
+    /// the database is older than those folders. A job that ran there is never started again:
+    /// it ends as its newest exit record says, or `lost` when it ran and no record says how it
+    /// ended (true: it is not queued). One fenced off without ever running is queued again,
+    /// its next attempt numbered above every folder it has (false).
+    fn ran_since_the_backup(&mut self, row: &JobRow, later: &[u32]) -> bool {
+        let id = row.id;
+        let newest = *later.last().unwrap_or(&row.attempt);
+        let note = format!(
+            "the job database is older than this job's folders (up to {}): it ran after the database's backup",
+            self.shared.job_dir(id, newest).display()
+        );
+        let ended = later.iter().rev().find_map(|&attempt| {
+            folders::read_exit(&self.shared.job_dir(id, attempt))
+                .ok()
+                .flatten()
+                .filter(|exit| exit.state.is_final())
+                .map(|exit| (attempt, exit))
+        });
+        let ran = later.iter().any(|&attempt| {
+            folders::read_fence(&self.shared.job_dir(id, attempt))
+                .ok()
+                .flatten()
+                .is_some_and(|fence| fence.supervisor.is_some())
+        });
+        let change = match ended {
+            Some((attempt, exit)) => {
+                tracing::warn!("job {id}: {note}; recorded as it ended there");
+                let reason = match exit.reason.filter(|r| !r.is_empty()) {
+                    Some(reason) => format!("{reason}; {note}"),
+                    None => note,
+                };
+                Change {
+                    state: Some(exit.state),
+                    ended_at_ms: Some(exit.ended_at_ms),
+                    exit_code: exit.exit_code,
+                    attempt: Some(attempt),
+                    reason: Update::Set(reason.clone()),
+                    only_if: Some(State::Queued),
+                    event: Some(Event {
+                        at_ms: exit.ended_at_ms,
+                        kind: "finished".into(),
+                        message: format!("{}: {reason}", exit.state.as_str()),
+                    }),
+                    ..Change::default()
+                }
+            }
+            None if ran => {
+                let reason = format!("{note}, and how it ended is not recorded; not run again");
+                tracing::warn!("job {id}: {reason}");
+                Change {
+                    state: Some(State::Lost),
+                    ended_at_ms: Some(now_ms()),
+                    attempt: Some(newest),
+                    reason: Update::Set(reason.clone()),
+                    only_if: Some(State::Queued),
+                    event: Some(Event::now("lost", reason)),
+                    ..Change::default()
+                }
+            }
+            None => {
+                // Never started in those folders: its next attempt gets a folder of its own.
+                let change = Change {
+                    attempt: Some(newest),
+                    only_if: Some(State::Queued),
+                    ..Change::default()
+                };
+                if let Err(e) = self
+                    .shared
+                    .db
+                    .write_blocking(move |tx| crate::core::db::apply(tx, id, &change))
+                {
+                    tracing::error!("job {id}: {e}");
+                    return true;
+                }
+                return false;
+            }
+        };
+        self.jobs.write(id, change);
+        true
     }
 
     /// Recovery of one job its database shows running (see [`Engine::recover`]).

@@ -159,29 +159,31 @@ pub fn prepare(dir: &Path, spec: &SuperviseSpec) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The highest job id among the folders of `STATE/jobs` (`ID-ATTEMPT`); 0 when there is none.
-/// Names of another form are not job folders and count for nothing.
-pub fn highest_job_folder(state_dir: &Path) -> std::io::Result<i64> {
+/// The job folders of `STATE/jobs` (`ID-ATTEMPT`): each job id with its attempts' numbers,
+/// ascending. Names of another form are not job folders and count for nothing.
+pub fn job_folders(state_dir: &Path) -> std::io::Result<std::collections::BTreeMap<i64, Vec<u32>>> {
+    let mut folders = std::collections::BTreeMap::<i64, Vec<u32>>::new();
     let entries = match std::fs::read_dir(state_dir.join("jobs")) {
         Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(folders),
         Err(e) => return Err(e),
     };
-    let mut highest = 0;
     for entry in entries {
         let name = entry?.file_name();
-        let id = name
+        let parsed = name
             .to_str()
             .and_then(|n| n.split_once('-'))
             .and_then(|(id, attempt)| {
-                attempt.parse::<u32>().ok()?;
-                id.parse::<i64>().ok()
+                Some((id.parse::<i64>().ok()?, attempt.parse::<u32>().ok()?))
             });
-        if let Some(id) = id {
-            highest = highest.max(id);
+        if let Some((id, attempt)) = parsed {
+            folders.entry(id).or_default().push(attempt);
         }
     }
-    Ok(highest)
+    for attempts in folders.values_mut() {
+        attempts.sort_unstable();
+    }
+    Ok(folders)
 }
 
 /// The job's folder, the daemon's alone (root's when the daemon is root).
