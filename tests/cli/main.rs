@@ -19,6 +19,7 @@ mod submit;
 mod tenants;
 mod tls;
 mod train;
+mod trust_trainer;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
