@@ -22,6 +22,7 @@ mod tls;
 mod train;
 mod trust_daemon;
 mod trust_output;
+mod trust_trainer;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
