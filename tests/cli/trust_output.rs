@@ -437,6 +437,13 @@ fn the_apis_edges_answer_one_json_sentence() {
         400,
     );
 
+    let error = refused(
+        &d,
+        b"DELETE /v1/jobs HTTP/1.1\r\nHost: orch\r\nConnection: close\r\n\r\n",
+        405,
+    );
+    assert!(error.contains("does not take that method"), "{error}");
+
     // The daemon is still fine.
     let out = d.client(&["submit", "--", "true"]);
     let id = submitted(&out);
