@@ -437,8 +437,72 @@ fn the_apis_edges_answer_one_json_sentence() {
         400,
     );
 
+    let error = refused(
+        &d,
+        b"DELETE /v1/jobs HTTP/1.1\r\nHost: orch\r\nConnection: close\r\n\r\n",
+        405,
+    );
+    assert!(error.contains("does not take that method"), "{error}");
+
     // The daemon is still fine.
     let out = d.client(&["submit", "--", "true"]);
     let id = submitted(&out);
     d.wait_state(&id, "succeeded");
+}
+
+/// A followed log goes on across rotations: a reader that keeps up misses nothing, and a later
+/// `orch logs` keeps the newest output under the line saying how much went.
+#[test]
+fn a_followed_log_goes_on_across_rotations() {
+    let mut d = Daemon::prepare("follow-rotate");
+    let config = d.state.join("serve.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "max_log_size = \"16KiB\"\n[[tenant]]\nname = \"me\"\nusers = [\"{}\"]\n",
+            me()
+        ),
+    )
+    .unwrap();
+    d.config = Some(config);
+    d.restart();
+    // 1,500 lines of 50 bytes, 100 at a time every 0.2 s: a rotation (8 KiB) every ~0.3 s.
+    let script = "i=1; while [ $i -le 1500 ]; do printf 'line-%05d-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\\n' $i; \
+                  [ $((i % 100)) -eq 0 ] && sleep 0.2; i=$((i + 1)); done";
+    let id = d.submit(&["--", "sh", "-c", script]);
+    let followed = d.client(&["logs", "--follow", &id]);
+    assert!(followed.status.success(), "{}", stderr(&followed));
+    let expected: String = (1..=1500)
+        .map(|i| format!("line-{i:05}-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\n"))
+        .collect();
+    let text = stdout(&followed);
+    // The follower may start after the first rotation: then it is told, and the rest is whole.
+    let body = match text.split_once('\n') {
+        Some((first, rest)) if first.starts_with("[orch] ") => rest.to_string(),
+        _ => text.clone(),
+    };
+    assert!(
+        expected.ends_with(&body) && body.len() > 60_000,
+        "the followed log is the job's output: {} bytes, starting {:?}",
+        body.len(),
+        &body[..body.len().min(200)]
+    );
+    assert_eq!(d.status(&id)["state"], "succeeded");
+    let later = stdout(&d.client(&["logs", &id]));
+    let (first, rest) = later.split_once('\n').unwrap();
+    assert!(
+        first.contains(
+            "of earlier output were dropped: a job keeps at most max_log_size = 16.0 KiB"
+        ),
+        "{first}"
+    );
+    assert!(
+        rest.len() <= 16 << 10 && rest.len() >= 8 << 10,
+        "{}",
+        rest.len()
+    );
+    assert!(
+        expected.ends_with(rest),
+        "the newest output, whole lines or not"
+    );
 }

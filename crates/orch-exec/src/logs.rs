@@ -5,7 +5,8 @@
 //! half), the oldest part rotated away, and how many bytes went is counted in `NAME.dropped`.
 //! Nor can it starve the file system's other writers (the daemon's database, exit records):
 //! output is never written where it would leave less than [`LogCap::reserve_bytes`] free; the
-//! rotated piece goes first, then the new output itself, counted as dropped. A pipe that is
+//! rotated piece goes first, then the older output in the current file, then (when even that
+//! leaves no room) the new output itself, all counted as dropped. A pipe that is
 //! always read never blocks the job, whatever happens to the files.
 
 use std::fs::{File, OpenOptions};
@@ -146,6 +147,18 @@ impl CappedLog {
             && std::fs::remove_file(&piece).is_ok()
         {
             self.dropped += meta.len();
+            self.note();
+            if enough(&self.dir, self.cap.reserve_bytes) {
+                return true;
+            }
+        }
+        // Still short: the stream's older output goes before its newest.
+        if self.written > 0
+            && let Some(file) = &self.file
+            && file.set_len(0).is_ok()
+        {
+            self.dropped += self.written;
+            self.written = 0;
             self.note();
         }
         enough(&self.dir, self.cap.reserve_bytes)

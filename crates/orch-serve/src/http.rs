@@ -113,10 +113,12 @@ async fn json_errors(response: Response) -> Response {
         .await
         .unwrap_or_default();
     let text = String::from_utf8_lossy(&body).trim().to_string();
-    let error = if text.is_empty() {
-        status.canonical_reason().unwrap_or("error").to_string()
-    } else {
-        text
+    let error = match status {
+        _ if !text.is_empty() => text,
+        StatusCode::METHOD_NOT_ALLOWED => {
+            "this path does not take that method: see docs/SERVE.md for the API".to_string()
+        }
+        _ => status.canonical_reason().unwrap_or("error").to_string(),
     };
     (status, Json(ErrorBody { error })).into_response()
 }

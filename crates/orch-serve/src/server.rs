@@ -870,8 +870,11 @@ async fn serve_connection<S>(
                     ))
                 }
                 // A body over the limit is refused as it is announced, not after the daemon has
-                // waited for (and read) the part that fits.
-                _ if declared_length(request.headers()) > crate::http::wire::BODY_LIMIT as u64 => {
+                // waited for (and read) the part that fits. A component upload streams to a
+                // limit of its own (`PUT /v1/plugins/...`, checked there).
+                _ if declared_length(request.headers()) > crate::http::wire::BODY_LIMIT as u64
+                    && !request.uri().path().starts_with("/v1/plugins/") =>
+                {
                     Some(crate::http::error::err(
                         axum::http::StatusCode::PAYLOAD_TOO_LARGE,
                         format!(

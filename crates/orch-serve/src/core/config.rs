@@ -1095,6 +1095,21 @@ groups = ["nlp-lab"]
     }
 
     #[test]
+    fn max_log_size_is_a_size_of_4kib_or_more_with_a_default() {
+        let tenant = "[[tenant]]\nname = \"a\"\nusers = [\"x\"]\n";
+        assert_eq!(parse(tenant).unwrap().max_log_size, DEFAULT_MAX_LOG_SIZE);
+        let c = parse(&format!("max_log_size = \"8MiB\"\n{tenant}")).unwrap();
+        assert_eq!(c.max_log_size, 8 << 20);
+        for bad in ["\"1KiB\"", "\"lots\""] {
+            let text = parse(&format!("max_log_size = {bad}\n{tenant}")).unwrap_err();
+            assert!(
+                text.contains("serve.toml:1:16") && text.contains("is not a size of 4KiB or more"),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
     fn unknown_users_groups_and_admins_are_named_one_by_one() {
         let c = parse(
             "admins = [\"root\", \"ghost-admin\"]\n[[tenant]]\nname = \"a\"\nusers = [\"alice\", \"ghost\"]\ngroups = [\"lab\", \"ghost-lab\"]\n",

@@ -11,12 +11,15 @@ use crate::core::state::Shared;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::sync::mpsc::Sender;
 
 const POLL: std::time::Duration = std::time::Duration::from_millis(100);
 
 type Tx = Sender<Result<Vec<u8>, std::io::Error>>;
+
+/// What a follower is told when output went before it could read it.
+const DROPPED_WHILE_FOLLOWED: &[u8] = b"[orch] output was dropped while this log was followed\n";
 
 /// The line that leads a log whose oldest output was dropped.
 pub fn dropped_line(dropped: u64, max_log_size: u64) -> String {
@@ -96,18 +99,25 @@ pub async fn pump(shared: Arc<Shared>, id: i64, file: PathBuf, follow: bool, tx:
             if !send_rest(f, &mut buf, &tx, &mut read_any).await {
                 return;
             }
+            // Cut short to make room on a full file system: its output goes on from the start.
+            let meta = f.metadata().await.ok();
+            if let (Some(len), Ok(at)) = (meta.as_ref().map(|m| m.len()), f.stream_position().await)
+                && len < at
+            {
+                if f.seek(std::io::SeekFrom::Start(0)).await.is_err()
+                    || tx.send(Ok(DROPPED_WHILE_FOLLOWED.to_vec())).await.is_err()
+                {
+                    return;
+                }
+                continue;
+            }
             // Rotated since it was opened: the rest of the held file was just sent; the output
             // goes on in the new file. A piece rotated away meanwhile is not seen.
-            let held = f.metadata().await.ok().map(|m| m.ino());
+            let held = meta.map(|m| m.ino());
             let now = inode(&file).await;
             if now.is_some() && now != held {
                 if inode(&piece).await != held
-                    && tx
-                        .send(Ok(
-                            b"[orch] output was dropped while this log was followed\n".to_vec(),
-                        ))
-                        .await
-                        .is_err()
+                    && tx.send(Ok(DROPPED_WHILE_FOLLOWED.to_vec())).await.is_err()
                 {
                     return;
                 }
