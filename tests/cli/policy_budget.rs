@@ -209,3 +209,30 @@ fn a_tenants_policy_memory_caps_its_policies_together_and_says_so() {
         "{reason}"
     );
 }
+
+#[test]
+fn orch_run_against_the_daemon_waits_for_its_policys_verdict_and_gets_its_choice() {
+    let d = daemon("policy-budget-run", "");
+    let explicit =
+        std::fs::read(std::path::Path::new(orch_host::PLUGIN_WASM_DIR).join("explicit.wasm"))
+            .unwrap();
+    std::fs::write(d.state.join("mine.wasm"), explicit).unwrap();
+    let devices: Value = serde_json::from_str(&stdout(&d.client(&["devices", "--json"]))).unwrap();
+    let file = job_file(
+        &d.state,
+        "mine.toml",
+        "[job]\nname = \"mine\"\ntenant = \"a\"\n[resources]\ngpus = 1\n[policy]\nplugin = \"mine.wasm\"\n[policy.config]\ndevices = \"3\"\n[command]\nargv = [\"sh\", \"-c\", \"echo $CUDA_VISIBLE_DEVICES\"]\n",
+    );
+    // The first run waits for the component to compile, then for its policy to be asked; the
+    // second, for its policy alone. Neither is told "no fit" meanwhile.
+    for _ in 0..2 {
+        let out = d.client(&["run", &file]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(
+            stdout(&out).trim(),
+            devices[3]["uuid"].as_str().unwrap(),
+            "{}",
+            stderr(&out)
+        );
+    }
+}

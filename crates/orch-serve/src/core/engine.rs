@@ -141,6 +141,7 @@ impl Engine {
                 last_probe: Instant::now(),
                 unknown_logged: HashMap::new(),
                 confined: HashMap::new(),
+                no_fit: Vec::new(),
             },
             shared,
             kicks,
@@ -742,6 +743,9 @@ impl Engine {
             self.preempt(p.victim as i64, p.reason);
         }
         self.publish_reasons(report.reasons);
+        for id in std::mem::take(&mut self.jobs.no_fit) {
+            self.shared.policies.set_undecided(id, false);
+        }
     }
 
     /// Every queued job waits for the state folder to take writes again, and says so.

@@ -484,7 +484,6 @@ impl Inner {
                             },
                             other => other,
                         };
-                        state.undecided.remove(&id);
                         state.jobs.insert(
                             id,
                             JobAsk::Answered {
@@ -512,7 +511,6 @@ impl Inner {
                         }
                     }
                     Err(lost) => {
-                        state.undecided.remove(&id);
                         state.jobs.insert(
                             id,
                             JobAsk::Answered {

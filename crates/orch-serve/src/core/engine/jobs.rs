@@ -44,6 +44,8 @@ pub(super) struct Jobs {
     pub(super) unknown_logged: HashMap<i64, Instant>,
     /// The device rule on each held lease's process, lifted when the lease ends.
     pub(super) confined: HashMap<i64, orch_exec::devices::DeviceConstraint>,
+    /// Jobs whose policy, asked by its tenant's worker, found no fit in this pass.
+    pub(super) no_fit: Vec<i64>,
 }
 
 /// What placing a queued job did.
@@ -170,6 +172,8 @@ impl Jobs {
             }
             return placed;
         }
+        // Decided, and recorded as running: a lease's request that reads it sees it running.
+        self.shared.policies.forget(id);
         self.shared.metrics.started(
             &job.row.tenant,
             ms_to_s(now_ms().saturating_sub(job.row.submitted_at_ms)),
@@ -346,16 +350,15 @@ impl Jobs {
             Err(why) => return Err(Placed::Waits(why)),
         };
         match self.shared.policies.verdict(id, snapshot) {
-            Verdict::Plan(plan) => {
-                self.shared.policies.set_undecided(id, false);
-                Ok(*plan)
-            }
+            // Still undecided until it is claimed (or asked again).
+            Verdict::Plan(plan) => Ok(*plan),
             Verdict::Pending(why) => {
                 self.shared.policies.set_undecided(id, true);
                 Err(Placed::Waits(why))
             }
             Verdict::NoFit(why) => {
-                self.shared.policies.set_undecided(id, false);
+                // Decided once this pass's reasons are out (a lease without `wait` reads them).
+                self.no_fit.push(id);
                 Err(Placed::Waits(why))
             }
             Verdict::Failed(why) => {
