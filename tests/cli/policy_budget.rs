@@ -236,3 +236,65 @@ fn orch_run_against_the_daemon_waits_for_its_policys_verdict_and_gets_its_choice
         );
     }
 }
+
+/// The pids of `parent`'s children whose command line has `word`.
+fn children_with(parent: u32, word: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // After the command's closing parenthesis: state, then the parent's pid.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if ppid == Some(parent) && String::from_utf8_lossy(&cmdline).contains(word) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+#[test]
+fn a_job_whose_policy_keeps_taking_its_worker_down_fails_saying_so() {
+    let d = daemon("policy-budget-worker-lost", "");
+    compiled_fixture(&d, "hostile_spin.wasm", "spin.wasm");
+    let file = job(&d, "spin", "a", Some(("spin.wasm", "deadline = \"1s\"\n")));
+    let id = d.submit(&[&file]);
+    let daemon_pid = d.child.as_ref().unwrap().id();
+    // Each worker asking it is killed: it is started again, twice, and then the job fails.
+    let mut killed = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while killed.len() < 3 && Instant::now() < deadline {
+        for pid in children_with(daemon_pid, "__policy-worker") {
+            if !killed.contains(&pid) {
+                // SAFETY: kill(2) on a child of the daemon this test started.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                killed.push(pid);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(killed.len(), 3, "workers seen: {killed:?}");
+    let s = wait_ended(&d, &id, Duration::from_secs(60));
+    assert_eq!(s["state"], "failed", "{s}");
+    let reason = s["reason"].as_str().unwrap_or("");
+    assert!(
+        reason.contains("its placement policy could not be asked")
+            && reason.contains("killed by signal 9")
+            && reason.contains("3 times"),
+        "{reason}"
+    );
+    // Another job of the tenant is asked by a new worker, as usual.
+    let plain = d.submit(&[&job(&d, "plain", "a", None)]);
+    d.wait_state(&plain, "succeeded");
+}
