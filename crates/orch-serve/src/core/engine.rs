@@ -142,6 +142,7 @@ impl Engine {
                 unknown_logged: HashMap::new(),
                 confined: HashMap::new(),
                 no_fit: Vec::new(),
+                snapshot: None,
             },
             shared,
             kicks,
@@ -712,6 +713,8 @@ impl Engine {
         };
         let started = Instant::now();
         let now = now_s();
+        // Policies asked in this pass see the leases as they are now.
+        self.jobs.snapshot = None;
         let jobs = &mut self.jobs;
         let mut ends = Vec::new();
         let report = self

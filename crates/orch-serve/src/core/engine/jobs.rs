@@ -46,7 +46,14 @@ pub(super) struct Jobs {
     pub(super) confined: HashMap<i64, orch_exec::devices::DeviceConstraint>,
     /// Jobs whose policy, asked by its tenant's worker, found no fit in this pass.
     pub(super) no_fit: Vec<i64>,
+    /// What policies are asked on ([`Jobs::snapshot`]), read once per pass and again after a
+    /// lease is taken or given back: a pass that looks at many jobs of sent policies reads the
+    /// lease store once.
+    pub(super) snapshot: Option<Snapshot>,
 }
+
+/// The devices placement may use (physical index, MIG instance), the leases held, their hash.
+pub(super) type Snapshot = (Vec<(u32, Option<String>)>, Vec<AskLease>, u64);
 
 /// What placing a queued job did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -320,7 +327,10 @@ impl Jobs {
             )));
         }
         let (lease, plan) = match claimed {
-            Ok(placed) => placed,
+            Ok(placed) => {
+                self.snapshot = None;
+                placed
+            }
             Err(PlaceError::NoFit(reason)) => return Err(Placed::Waits(reason)),
             Err(PlaceError::Store(e)) => {
                 return Err(Placed::Waits(format!("the lease store failed: {e}")));
@@ -419,8 +429,10 @@ impl Jobs {
 
     /// What a policy is asked on: the devices placement may use (physical index, MIG instance),
     /// the leases held now, and their hash; `Err`: the lease store cannot say (the job waits).
-    #[allow(clippy::type_complexity)]
-    fn snapshot(&mut self) -> Result<(Vec<(u32, Option<String>)>, Vec<AskLease>, u64), String> {
+    fn snapshot(&mut self) -> Result<Snapshot, String> {
+        if let Some(snapshot) = &self.snapshot {
+            return Ok(snapshot.clone());
+        }
         let leases: Vec<AskLease> = self
             .store
             .active()
@@ -436,6 +448,7 @@ impl Jobs {
             .map(|v| (v.physical, v.mig_uuid.clone()))
             .collect();
         let key = snapshot_key(&visible, &leases);
+        self.snapshot = Some((visible.clone(), leases.clone(), key));
         Ok((visible, leases, key))
     }
 
@@ -720,6 +733,7 @@ impl Jobs {
 
     /// Makes `release` now, or queues it behind the writes waiting before it, or after a failure.
     pub(super) fn release_lease(&mut self, release: Release) {
+        self.snapshot = None;
         if !self.backlog.is_empty() {
             self.backlog.push_back(Pending::Release(release));
             return;
