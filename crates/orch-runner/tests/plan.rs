@@ -281,4 +281,9 @@ fn a_plan_made_on_a_snapshot_is_checked_against_the_leases_held_now() {
         hidden.contains("no longer one it may be placed on"),
         "{hidden}"
     );
+    // A plan that names one device twice, for a two-device request, is refused.
+    let mut twice = made.clone();
+    twice.chosen[1] = twice.chosen[0].clone();
+    let doubled = orch_runner::recheck(input(&[]), &twice, &no_env).unwrap_err();
+    assert!(doubled.contains("more than once"), "{doubled}");
 }

@@ -322,9 +322,7 @@ impl Jobs {
                 Placed::Waits(why) => why,
                 other => return Err(other),
             };
-            return Err(Placed::Waits(format!(
-                "{why} again: the plan it made no longer holds ({stale})"
-            )));
+            return Err(Placed::Waits(stale_reason(&stale, &why)));
         }
         let (lease, plan) = match claimed {
             Ok(placed) => {
@@ -355,8 +353,8 @@ impl Jobs {
             self.shared.policies.set_undecided(id, true);
             return Err(Placed::Waits(why));
         }
-        let snapshot = match self.snapshot() {
-            Ok((_, _, key)) => key,
+        let snapshot = match self.read_snapshot() {
+            Ok((_, _, key)) => *key,
             Err(why) => return Err(Placed::Waits(why)),
         };
         match self.shared.policies.verdict(id, snapshot) {
@@ -430,8 +428,13 @@ impl Jobs {
     /// What a policy is asked on: the devices placement may use (physical index, MIG instance),
     /// the leases held now, and their hash; `Err`: the lease store cannot say (the job waits).
     fn snapshot(&mut self) -> Result<Snapshot, String> {
-        if let Some(snapshot) = &self.snapshot {
-            return Ok(snapshot.clone());
+        self.read_snapshot().cloned()
+    }
+
+    /// [`Jobs::snapshot`], read from the lease store only when this pass has not read it yet.
+    fn read_snapshot(&mut self) -> Result<&Snapshot, String> {
+        if let Some(snapshot) = self.snapshot.take() {
+            return Ok(self.snapshot.insert(snapshot));
         }
         let leases: Vec<AskLease> = self
             .store
@@ -448,8 +451,7 @@ impl Jobs {
             .map(|v| (v.physical, v.mig_uuid.clone()))
             .collect();
         let key = snapshot_key(&visible, &leases);
-        self.snapshot = Some((visible.clone(), leases.clone(), key));
-        Ok((visible, leases, key))
+        Ok(self.snapshot.insert((visible, leases, key)))
     }
 
     /// Confines the process holding lease job `id` to its GPUs' device nodes, as the daemon's
@@ -908,6 +910,50 @@ impl Jobs {
 
 /// The name of the device rule on held lease job `id`'s process (`orch-lease-ID` as a v1
 /// devices cgroup).
+/// Why a job waits whose policy's plan went `stale` and is asked again, and why it waits now.
+fn stale_reason(stale: &str, now: &str) -> String {
+    let now = now.strip_prefix("waiting: ").unwrap_or(now);
+    format!(
+        "waiting: the plan its placement policy made no longer holds ({stale}), so it is asked again; {now}"
+    )
+}
+
 fn holder_constraint_name(id: i64) -> String {
     format!("lease-{id}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stale_reason;
+
+    #[test]
+    fn a_stale_plans_reason_reads_right_whatever_the_job_waits_for_now() {
+        let stale = "device 2 is now held exclusively by job train-7";
+        for (now, tail) in [
+            (
+                "waiting: its placement policy is queued to be asked",
+                "its placement policy is queued to be asked",
+            ),
+            (
+                "waiting: its placement policy is queued to be asked, behind 3 other(s) of tenant v (policy_concurrency = 1)",
+                "behind 3 other(s) of tenant v (policy_concurrency = 1)",
+            ),
+            (
+                "waiting: tenant v's placement policies used 30.4 CPU-s in the last 1m, its policy_cpu = 30s per policy_window = 1m: they are asked again once that frees up",
+                "once that frees up",
+            ),
+            ("the lease store failed: disk I/O error", "disk I/O error"),
+        ] {
+            let reason = stale_reason(stale, now);
+            assert!(
+                reason.starts_with(
+                    "waiting: the plan its placement policy made no longer holds (device 2 is now held exclusively by job train-7), so it is asked again; "
+                ),
+                "{reason}"
+            );
+            assert!(reason.ends_with(tail), "{reason}");
+            assert_eq!(reason.matches("waiting:").count(), 1, "{reason}");
+            assert!(!reason.contains(") again:"), "{reason}");
+        }
+    }
 }
