@@ -212,8 +212,14 @@ pub fn recheck(
             job.resources.gpus
         ));
     }
-    let mut chosen = Vec::with_capacity(proposal.chosen.len());
+    let mut chosen: Vec<PlannedDevice> = Vec::with_capacity(proposal.chosen.len());
     for planned_device in &proposal.chosen {
+        if chosen.iter().any(|d| d.uuid == planned_device.uuid) {
+            return Err(format!(
+                "it chose device {} more than once",
+                planned_device.uuid
+            ));
+        }
         let Some(((_, device, _), wit)) = visible
             .iter()
             .zip(&all)

@@ -239,3 +239,51 @@ fn the_env_policy_gets_only_the_variable_its_config_names() {
         "{unset}"
     );
 }
+
+#[test]
+fn a_plan_made_on_a_snapshot_is_checked_against_the_leases_held_now() {
+    let devices = lab();
+    let vis = visibility(&devices, None);
+    let job = job(TWO);
+    let no_env = |_: &str| None;
+    let input = |leases: &'static [DeviceLease]| PlanInput {
+        job: &job,
+        devices: &devices,
+        visibility: &vis,
+        leases,
+    };
+    let made = plan(input(&[]), &mut host(), &no_env).unwrap();
+    let chosen: Vec<u32> = made.chosen.iter().map(|d| d.index).collect();
+    assert_eq!(chosen, vec![1, 4]);
+    // Nothing changed: the plan holds, with the reason its policy gave.
+    let again = orch_runner::recheck(input(&[]), &made, &no_env).unwrap();
+    assert_eq!(again.chosen, made.chosen);
+    assert_eq!(again.reason, made.reason);
+    // A device it chose was taken meanwhile: it no longer holds, and says why.
+    let taken: &'static [DeviceLease] = Box::leak(Box::new([lease(&devices, 4, true, 0)]));
+    let stale = orch_runner::recheck(input(taken), &made, &no_env).unwrap_err();
+    assert!(
+        stale.contains("device 4 is now held exclusively by job other4"),
+        "{stale}"
+    );
+    // A device it chose is no longer visible to the daemon.
+    let fewer = visibility(&devices, Some("0,1,2"));
+    let hidden = orch_runner::recheck(
+        PlanInput {
+            visibility: &fewer,
+            ..input(&[])
+        },
+        &made,
+        &no_env,
+    )
+    .unwrap_err();
+    assert!(
+        hidden.contains("no longer one it may be placed on"),
+        "{hidden}"
+    );
+    // A plan that names one device twice, for a two-device request, is refused.
+    let mut twice = made.clone();
+    twice.chosen[1] = twice.chosen[0].clone();
+    let doubled = orch_runner::recheck(input(&[]), &twice, &no_env).unwrap_err();
+    assert!(doubled.contains("more than once"), "{doubled}");
+}

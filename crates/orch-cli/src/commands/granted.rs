@@ -58,13 +58,16 @@ pub fn lease(
         StatusCode::CREATED | StatusCode::ACCEPTED => {
             serde_json::from_slice(&answer).map_err(Failure::failed)?
         }
-        StatusCode::CONFLICT => {
+        // No fit, or (503) its placement policy still held back by its tenant's budget.
+        StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE => {
             let message = answer_failure(status, &answer).error.to_string();
-            let reason = message
-                .strip_suffix(" (pass wait=True to wait for a fit)")
-                .unwrap_or(&message);
+            let reason = message.strip_suffix(" (pass wait=True to wait for a fit)");
+            if status == StatusCode::SERVICE_UNAVAILABLE && reason.is_none() {
+                return Err(answer_failure(status, &answer));
+            }
             return Err(Failure::failed_msg(format!(
-                "{reason} (add --wait to wait for a fit)"
+                "{} (add --wait to wait for a fit)",
+                reason.unwrap_or(&message)
             )));
         }
         _ => return Err(answer_failure(status, &answer)),

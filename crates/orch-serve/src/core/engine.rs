@@ -141,6 +141,8 @@ impl Engine {
                 last_probe: Instant::now(),
                 unknown_logged: HashMap::new(),
                 confined: HashMap::new(),
+                no_fit: Vec::new(),
+                snapshot: None,
             },
             shared,
             kicks,
@@ -802,6 +804,8 @@ impl Engine {
         };
         let started = Instant::now();
         let now = now_s();
+        // Policies asked in this pass see the leases as they are now.
+        self.jobs.snapshot = None;
         let jobs = &mut self.jobs;
         let mut ends = Vec::new();
         let report = self
@@ -833,6 +837,9 @@ impl Engine {
             self.preempt(p.victim as i64, p.reason);
         }
         self.publish_reasons(report.reasons);
+        for id in std::mem::take(&mut self.jobs.no_fit) {
+            self.shared.policies.set_undecided(id, false);
+        }
     }
 
     /// Every queued job waits for the state folder to take writes again, and says so.

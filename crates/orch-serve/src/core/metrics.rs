@@ -167,6 +167,8 @@ pub struct TenantSample {
     pub usage_gpu_seconds: f64,
     pub fair_share: f64,
     pub gpus_held: u32,
+    /// CPU time its placement policies took in its policy workers since the daemon started.
+    pub policy_cpu_seconds: f64,
 }
 
 /// What one scrape shows.
@@ -357,6 +359,20 @@ pub fn render(snapshot: &Snapshot, counters: &Counters) -> String {
             let _ = writeln!(out, "{name}{{tenant=\"{}\"}} {}", esc(&t.name), field(t));
         }
     }
+    header(
+        &mut out,
+        "orch_tenant_policy_cpu_seconds_total",
+        "counter",
+        "CPU time the tenant's placement policies took in its policy workers since the daemon started.",
+    );
+    for t in &snapshot.tenants {
+        let _ = writeln!(
+            out,
+            "orch_tenant_policy_cpu_seconds_total{{tenant=\"{}\"}} {}",
+            esc(&t.name),
+            t.policy_cpu_seconds
+        );
+    }
     let inner = counters.lock();
     header(
         &mut out,
@@ -436,9 +452,16 @@ mod tests {
                 utilization: Some(0.5),
                 ..DeviceSample::default()
             }],
+            tenants: vec![TenantSample {
+                name: "vision".into(),
+                policy_cpu_seconds: 1.5,
+                ..TenantSample::default()
+            }],
             ..Snapshot::default()
         };
         let text = render(&snapshot, &counters);
+        assert!(text.contains("# TYPE orch_tenant_policy_cpu_seconds_total counter"));
+        assert!(text.contains("orch_tenant_policy_cpu_seconds_total{tenant=\"vision\"} 1.5"));
         assert!(text.contains("orch_queue_wait_seconds_bucket{tenant=\"a\\\"b\",le=\"5\"} 1"));
         assert!(text.contains("orch_queue_wait_seconds_bucket{tenant=\"a\\\"b\",le=\"+Inf\"} 2"));
         assert!(text.contains("orch_queue_wait_seconds_sum{tenant=\"a\\\"b\"} 103"));

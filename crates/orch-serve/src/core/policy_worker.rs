@@ -174,6 +174,8 @@ struct TenantState {
     threads: u32,
     /// When each of its asks ended, and the CPU time it took.
     spent: VecDeque<(Instant, Duration)>,
+    /// The CPU time all its asks took (for `/metrics`).
+    spent_total: Duration,
 }
 
 enum JobAsk {
@@ -302,6 +304,14 @@ impl PolicyWorkers {
         let mut state = lock(&self.inner.state);
         self.inner.forget_in(&mut state, id);
         state.undecided.remove(&id);
+    }
+
+    /// The CPU time `tenant`'s policy workers took asking its policies since the daemon started.
+    pub fn cpu_spent(&self, tenant: &str) -> Duration {
+        lock(&self.inner.state)
+            .tenants
+            .get(tenant)
+            .map_or(Duration::ZERO, |t| t.spent_total)
     }
 
     /// Whether queued job `id` waits for a verdict of its policy (compiling, or being asked).
@@ -466,6 +476,7 @@ impl Inner {
                     Err(_) => started.elapsed(),
                 };
                 t.spent.push_back((Instant::now(), cpu));
+                t.spent_total += cpu;
             }
             let still_wanted = matches!(state.jobs.get(&id), Some(JobAsk::Asking));
             if still_wanted {
@@ -484,7 +495,6 @@ impl Inner {
                             },
                             other => other,
                         };
-                        state.undecided.remove(&id);
                         state.jobs.insert(
                             id,
                             JobAsk::Answered {
@@ -512,7 +522,6 @@ impl Inner {
                         }
                     }
                     Err(lost) => {
-                        state.undecided.remove(&id);
                         state.jobs.insert(
                             id,
                             JobAsk::Answered {

@@ -135,6 +135,7 @@ pub fn metrics_snapshot(shared: &Shared) -> Result<Snapshot, DbError> {
                 usage_gpu_seconds: fair.map_or(0.0, |f| f.usage_gpu_s),
                 fair_share: fair.map_or(1.0, |f| f.fair_share),
                 gpus_held: fair.map_or(0, |f| f.gpus_held),
+                policy_cpu_seconds: shared.policies.cpu_spent(&t.name).as_secs_f64(),
             }
         })
         .collect();

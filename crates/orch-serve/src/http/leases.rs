@@ -105,7 +105,27 @@ pub async fn take(
             continue; // it started meanwhile
         }
         if Instant::now() > deadline {
-            leave_queue(&shared, id, "the daemon gave no verdict in time".into()).await?;
+            // Its policy is still held back (its tenant's policy_cpu, a long policy_concurrency
+            // queue, a compile): the caller hears that, not a vague timeout.
+            let pending = shared
+                .policies
+                .pending(id)
+                .or_else(|| lock(&shared.reasons).get(&id).cloned());
+            if let Some(why) = pending {
+                let took = VERDICT_PATIENCE.as_secs();
+                let why = why.strip_prefix("waiting: ").unwrap_or(&why);
+                let why = format!("lease job {id} is still waiting after {took}s: {why}");
+                if leave_queue(&shared, id, why.clone()).await? {
+                    return Err(err(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("{why} (pass wait=True to wait for a fit)"),
+                    ));
+                }
+                continue; // it started meanwhile
+            }
+            if !leave_queue(&shared, id, "the daemon gave no verdict in time".into()).await? {
+                continue;
+            }
             return Err(err(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!(

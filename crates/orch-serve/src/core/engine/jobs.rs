@@ -44,7 +44,16 @@ pub(super) struct Jobs {
     pub(super) unknown_logged: HashMap<i64, Instant>,
     /// The device rule on each held lease's process, lifted when the lease ends.
     pub(super) confined: HashMap<i64, orch_exec::devices::DeviceConstraint>,
+    /// Jobs whose policy, asked by its tenant's worker, found no fit in this pass.
+    pub(super) no_fit: Vec<i64>,
+    /// What policies are asked on ([`Jobs::snapshot`]), read once per pass and again after a
+    /// lease is taken or given back: a pass that looks at many jobs of sent policies reads the
+    /// lease store once.
+    pub(super) snapshot: Option<Snapshot>,
 }
+
+/// The devices placement may use (physical index, MIG instance), the leases held, their hash.
+pub(super) type Snapshot = (Vec<(u32, Option<String>)>, Vec<AskLease>, u64);
 
 /// What placing a queued job did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,6 +179,8 @@ impl Jobs {
             }
             return placed;
         }
+        // Decided, and recorded as running: a lease's request that reads it sees it running.
+        self.shared.policies.forget(id);
         self.shared.metrics.started(
             &job.row.tenant,
             ms_to_s(now_ms().saturating_sub(job.row.submitted_at_ms)),
@@ -318,12 +329,13 @@ impl Jobs {
                 Placed::Waits(why) => why,
                 other => return Err(other),
             };
-            return Err(Placed::Waits(format!(
-                "{why} again: the plan it made no longer holds ({stale})"
-            )));
+            return Err(Placed::Waits(stale_reason(&stale, &why)));
         }
         let (lease, plan) = match claimed {
-            Ok(placed) => placed,
+            Ok(placed) => {
+                self.snapshot = None;
+                placed
+            }
             Err(PlaceError::NoFit(reason)) => return Err(Placed::Waits(reason)),
             Err(PlaceError::Store(e)) => {
                 return Err(Placed::Waits(format!("the lease store failed: {e}")));
@@ -348,21 +360,20 @@ impl Jobs {
             self.shared.policies.set_undecided(id, true);
             return Err(Placed::Waits(why));
         }
-        let snapshot = match self.snapshot() {
-            Ok((_, _, key)) => key,
+        let snapshot = match self.read_snapshot() {
+            Ok((_, _, key)) => *key,
             Err(why) => return Err(Placed::Waits(why)),
         };
         match self.shared.policies.verdict(id, snapshot) {
-            Verdict::Plan(plan) => {
-                self.shared.policies.set_undecided(id, false);
-                Ok(*plan)
-            }
+            // Still undecided until it is claimed (or asked again).
+            Verdict::Plan(plan) => Ok(*plan),
             Verdict::Pending(why) => {
                 self.shared.policies.set_undecided(id, true);
                 Err(Placed::Waits(why))
             }
             Verdict::NoFit(why) => {
-                self.shared.policies.set_undecided(id, false);
+                // Decided once this pass's reasons are out (a lease without `wait` reads them).
+                self.no_fit.push(id);
                 Err(Placed::Waits(why))
             }
             Verdict::Failed(why) => {
@@ -423,8 +434,15 @@ impl Jobs {
 
     /// What a policy is asked on: the devices placement may use (physical index, MIG instance),
     /// the leases held now, and their hash; `Err`: the lease store cannot say (the job waits).
-    #[allow(clippy::type_complexity)]
-    fn snapshot(&mut self) -> Result<(Vec<(u32, Option<String>)>, Vec<AskLease>, u64), String> {
+    fn snapshot(&mut self) -> Result<Snapshot, String> {
+        self.read_snapshot().cloned()
+    }
+
+    /// [`Jobs::snapshot`], read from the lease store only when this pass has not read it yet.
+    fn read_snapshot(&mut self) -> Result<&Snapshot, String> {
+        if let Some(snapshot) = self.snapshot.take() {
+            return Ok(self.snapshot.insert(snapshot));
+        }
         let leases: Vec<AskLease> = self
             .store
             .active()
@@ -440,7 +458,7 @@ impl Jobs {
             .map(|v| (v.physical, v.mig_uuid.clone()))
             .collect();
         let key = snapshot_key(&visible, &leases);
-        Ok((visible, leases, key))
+        Ok(self.snapshot.insert((visible, leases, key)))
     }
 
     /// Confines the process holding lease job `id` to its GPUs' device nodes, as the daemon's
@@ -726,6 +744,7 @@ impl Jobs {
 
     /// Makes `release` now, or queues it behind the writes waiting before it, or after a failure.
     pub(super) fn release_lease(&mut self, release: Release) {
+        self.snapshot = None;
         if !self.backlog.is_empty() {
             self.backlog.push_back(Pending::Release(release));
             return;
@@ -900,6 +919,14 @@ impl Jobs {
 
 /// The name of the device rule on held lease job `id`'s process (`orch-lease-ID` as a v1
 /// devices cgroup).
+/// Why a job waits whose policy's plan went `stale` and is asked again, and why it waits now.
+fn stale_reason(stale: &str, now: &str) -> String {
+    let now = now.strip_prefix("waiting: ").unwrap_or(now);
+    format!(
+        "waiting: the plan its placement policy made no longer holds ({stale}), so it is asked again; {now}"
+    )
+}
+
 fn holder_constraint_name(id: i64) -> String {
     format!("lease-{id}")
 }
@@ -908,4 +935,40 @@ fn holder_constraint_name(id: i64) -> String {
 /// it): its number, which other tenants may see, never its name, which they may not.
 pub fn lease_name(id: i64) -> String {
     format!("job-{id}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stale_reason;
+
+    #[test]
+    fn a_stale_plans_reason_reads_right_whatever_the_job_waits_for_now() {
+        let stale = "device 2 is now held exclusively by job train-7";
+        for (now, tail) in [
+            (
+                "waiting: its placement policy is queued to be asked",
+                "its placement policy is queued to be asked",
+            ),
+            (
+                "waiting: its placement policy is queued to be asked, behind 3 other(s) of tenant v (policy_concurrency = 1)",
+                "behind 3 other(s) of tenant v (policy_concurrency = 1)",
+            ),
+            (
+                "waiting: tenant v's placement policies used 30.4 CPU-s in the last 1m, its policy_cpu = 30s per policy_window = 1m: they are asked again once that frees up",
+                "once that frees up",
+            ),
+            ("the lease store failed: disk I/O error", "disk I/O error"),
+        ] {
+            let reason = stale_reason(stale, now);
+            assert!(
+                reason.starts_with(
+                    "waiting: the plan its placement policy made no longer holds (device 2 is now held exclusively by job train-7), so it is asked again; "
+                ),
+                "{reason}"
+            );
+            assert!(reason.ends_with(tail), "{reason}");
+            assert_eq!(reason.matches("waiting:").count(), 1, "{reason}");
+            assert!(!reason.contains(") again:"), "{reason}");
+        }
+    }
 }
