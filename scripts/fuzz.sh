@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-20}
 cases=${2:-1000000}
-targets=(fuzz_job fuzz_sim fuzz_visibility fuzz_tensor)
+targets=(fuzz_job fuzz_sim fuzz_visibility fuzz_tensor fuzz_layers)
 args=()
 for t in "${targets[@]}"; do args+=(--test "$t"); done
 

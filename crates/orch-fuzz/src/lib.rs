@@ -17,6 +17,7 @@
 //! allocate past a bound, and every refusal is one sentence.
 
 pub mod alloc;
+pub mod layers;
 pub mod sentence;
 pub mod text;
 pub mod tree;

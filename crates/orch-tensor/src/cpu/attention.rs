@@ -22,6 +22,7 @@ use super::slice_gemm::{Mat, sgemm};
 use crate::error::{Result, TensorError};
 use crate::layout::{checked_numel, contiguous_strides};
 use crate::nn_kernels::{bad_arg, check_len, usable_slots, wanted_slots};
+use crate::work::{self, Deadline, Meter};
 use gemm::Parallelism;
 use rayon::prelude::*;
 use std::ops::Range;
@@ -355,13 +356,15 @@ impl AttentionSpec {
         out: &mut [f32],
         lse: &mut [f32],
         ws: &mut [f32],
-    ) {
+        meter: &mut Meter,
+    ) -> Result<()> {
         let (dv, bk) = (self.dv, self.bk());
         let (sc, rest) = ws.split_at_mut(self.bq() * bk);
         let (m, l) = rest.split_at_mut(self.bq());
         out.fill(0.0);
         for (rows, keys) in self.blocks() {
             let n = rows.len();
+            meter.add(self.block_work(&rows))?;
             m[..n].fill(f32::NEG_INFINITY);
             l[..n].fill(0.0);
             let orows = &mut out[rows.start * dv..rows.end * dv];
@@ -399,6 +402,7 @@ impl AttentionSpec {
                 }
             }
         }
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -411,7 +415,8 @@ impl AttentionSpec {
         dk: &mut [f32],
         dvv: &mut [f32],
         ws: &mut [f32],
-    ) {
+        meter: &mut Meter,
+    ) -> Result<()> {
         let (d, dv, bk) = (self.d, self.dv, self.bk());
         let block = self.bq() * bk;
         let (p, rest) = ws.split_at_mut(block);
@@ -422,6 +427,8 @@ impl AttentionSpec {
         dvv.fill(0.0);
         for (rows, keys) in self.blocks() {
             let n = rows.len();
+            // Backward does about twice forward's products.
+            meter.add(self.block_work(&rows).saturating_mul(2))?;
             let do_rows = &d_out[rows.start * dv..rows.end * dv];
             for (r, d) in di[..n].iter_mut().enumerate() {
                 let at = (rows.start + r) * dv;
@@ -491,6 +498,30 @@ impl AttentionSpec {
                 );
             }
         }
+        Ok(())
+    }
+
+    /// Multiply-adds of one query block over the keys it sees (`q k^T`, the softmax, then
+    /// `p v`): one more per score than the head dims, so a head of no dims still costs its
+    /// scores.
+    fn block_work(&self, rows: &Range<usize>) -> u64 {
+        work::product(&[rows.len(), self.key_end(rows), self.d + self.dv + 1])
+    }
+
+    /// Multiply-adds of the forward, known before it runs (backward does about twice as
+    /// many): each query row over the keys it sees.
+    pub(crate) fn work(&self) -> u64 {
+        // Keys seen by all T rows: S each, or under the causal mask min(i + 1, S) for row i.
+        let (t, s) = (self.t as u64, self.s as u64);
+        let keys = match self.causal {
+            false => t.saturating_mul(s),
+            true => {
+                let full = t.min(s);
+                let tri = full.saturating_mul(full.saturating_add(1)) / 2;
+                tri.saturating_add((t - full).saturating_mul(s))
+            }
+        };
+        work::product(&[self.b, self.h, self.d + self.dv + 1]).saturating_mul(keys)
     }
 }
 
@@ -535,19 +566,21 @@ pub fn attention_forward(
     let outs = runs(out, s.t * s.dv, per, slots);
     let lses = runs(lse, s.t, per, slots);
     let wss = runs(ws, slot_len, 1, slots);
+    let deadline = Deadline::current();
     outs.into_par_iter()
         .zip(lses)
         .zip(wss)
         .enumerate()
-        .for_each(|(i, ((out, lse), ws))| {
+        .try_for_each(|(i, ((out, lse), ws))| {
+            let mut meter = deadline.meter(OP);
             for (j, head) in (i * per..((i + 1) * per).min(s.heads())).enumerate() {
                 let hd = s.head(head, q, k, v);
                 let o = &mut out[j * s.t * s.dv..][..s.t * s.dv];
                 let l = &mut lse[j * s.t..][..s.t];
-                s.forward_head(&hd, mask, o, l, ws);
+                s.forward_head(&hd, mask, o, l, ws, &mut meter)?;
             }
-        });
-    Ok(())
+            Ok(())
+        })
 }
 
 /// Attention backward from `d_out` and the forward's `out` and `lse`: `dq`, `dk`, `dv`
@@ -590,12 +623,14 @@ pub fn attention_backward(
     let dks = runs(dk, s.s * s.d, per, slots);
     let dvs = runs(dv, s.s * s.dv, per, slots);
     let wss = runs(ws, slot_len, 1, slots);
+    let deadline = Deadline::current();
     dqs.into_par_iter()
         .zip(dks)
         .zip(dvs)
         .zip(wss)
         .enumerate()
-        .for_each(|(i, (((dq, dk), dv), ws))| {
+        .try_for_each(|(i, (((dq, dk), dv), ws))| {
+            let mut meter = deadline.meter(BOP);
             for (j, head) in (i * per..((i + 1) * per).min(s.heads())).enumerate() {
                 let hd = s.head(head, q, k, v);
                 let (t, sl, dv_) = (s.t, s.s, s.dv);
@@ -610,8 +645,9 @@ pub fn attention_backward(
                     &mut dk[j * sl * s.d..][..sl * s.d],
                     &mut dv[j * sl * dv_..][..sl * dv_],
                     ws,
-                );
+                    &mut meter,
+                )?;
             }
-        });
-    Ok(())
+            Ok(())
+        })
 }

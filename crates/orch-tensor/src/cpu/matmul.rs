@@ -3,11 +3,15 @@
 //! single-threaded gemm call; small batched products run one product per task.
 
 use super::CpuStorage;
+use crate::error::{Result, TensorError};
 use crate::layout::Layout;
+use crate::work::{self, Deadline};
 use gemm::Parallelism;
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 use std::ops::Range;
+
+const OP: &str = "matmul";
 
 /// Products this small (m*n*k) gain nothing from threads inside one product.
 const SMALL_PRODUCT: usize = 64 * 64 * 64;
@@ -52,9 +56,113 @@ pub(crate) fn matmul(
     m: usize,
     k: usize,
     n: usize,
-) -> CpuStorage {
+) -> Result<CpuStorage> {
     let count: usize = la.shape()[..la.rank() - 2].iter().product();
-    super::build(count * m * n, |dst| matmul_into(dst, a, la, b, lb, m, k, n))
+    let deadline = Deadline::current();
+    let work = work::product(&[count, m, k, n]);
+    if deadline.is_set() && work > CHUNK_WORK {
+        return super::try_build(count * m * n, |dst| {
+            matmul_chunked(dst, a, la, b, lb, (m, k, n), deadline)
+        });
+    }
+    Ok(super::build(count * m * n, |dst| {
+        matmul_into(dst, a, la, b, lb, m, k, n)
+    }))
+}
+
+/// Multiply-adds of one chunk of a product run under a deadline: a few milliseconds on a core.
+const CHUNK_WORK: u64 = 1 << 28;
+
+/// [`matmul`] of a large product under a deadline: in chunks of rows of each product (and of
+/// its inner dimension, when one row is itself more than a chunk), each on all threads, with
+/// the clock looked at between chunks. Past the deadline it stops with an error and `dst` is
+/// dropped by the caller. Products of honest shapes are cut by rows only, which leaves each
+/// element's sum as one call would make it.
+fn matmul_chunked(
+    dst: &mut [MaybeUninit<f32>],
+    a: &[f32],
+    la: &Layout,
+    b: &[f32],
+    lb: &Layout,
+    (m, k, n): (usize, usize, usize),
+    deadline: Deadline,
+) -> Result<()> {
+    let rank = la.rank();
+    let batch = &la.shape()[..rank - 2];
+    let count: usize = batch.iter().product();
+    if dst.len() != count * m * n {
+        return Err(TensorError::Internal {
+            op: OP,
+            reason: "matmul destination of the wrong size".into(),
+        });
+    }
+    if dst.is_empty() || k == 0 {
+        dst.fill(MaybeUninit::new(0.0));
+        return Ok(());
+    }
+    if last_index(la) >= a.len() || last_index(lb) >= b.len() {
+        return Err(TensorError::Internal {
+            op: OP,
+            reason: "matmul operand out of bounds".into(),
+        });
+    }
+    let (a_rs, a_cs) = (la.strides()[rank - 2], la.strides()[rank - 1]);
+    let (b_rs, b_cs) = (lb.strides()[rank - 2], lb.strides()[rank - 1]);
+    let row_work = work::product(&[k, n]);
+    let rows_per = usize::try_from(CHUNK_WORK / row_work.max(1))
+        .unwrap_or(m)
+        .clamp(1, m);
+    let k_per = match row_work > CHUNK_WORK {
+        true => usize::try_from(CHUNK_WORK / n as u64)
+            .unwrap_or(k)
+            .clamp(1, k),
+        false => k,
+    };
+    let par = match rayon::current_num_threads() > 1 {
+        true => Parallelism::Rayon(0),
+        false => Parallelism::None,
+    };
+    let dst = DstPtr(dst.as_mut_ptr().cast());
+    let mut meter = deadline.meter(OP);
+    for i in 0..count {
+        let (oa, ob) = (batch_offset(i, batch, la), batch_offset(i, batch, lb));
+        for r0 in (0..m).step_by(rows_per) {
+            let rows = rows_per.min(m - r0);
+            for k0 in (0..k).step_by(k_per) {
+                let inner = k_per.min(k - k0);
+                // SAFETY: the block `rows x n` at row `r0` of product `i` lies inside `dst`
+                // (its length was checked above); the chunks run one after another; every
+                // index the strides reach from these offsets is at most the operands' last
+                // index, bounds-checked above. A chunk after the first of a row block reads
+                // what the one before it wrote (`read_dst`), so every read is initialised.
+                unsafe {
+                    gemm::gemm(
+                        rows,
+                        n,
+                        inner,
+                        dst.at(i * m * n + r0 * n),
+                        1,
+                        n as isize,
+                        k0 > 0,
+                        a.as_ptr().add(oa + r0 * a_rs + k0 * a_cs),
+                        a_cs as isize,
+                        a_rs as isize,
+                        b.as_ptr().add(ob + k0 * b_rs),
+                        b_cs as isize,
+                        b_rs as isize,
+                        1.0,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        par,
+                    )
+                }
+                meter.add(work::product(&[rows, inner, n]))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// [`matmul`] into `dst` (`batch * m * n` elements), which need not be initialised: every
@@ -127,7 +235,7 @@ fn matmul_into(
         }
     };
     let threads = rayon::current_num_threads();
-    if m * n * k < SMALL_PRODUCT {
+    if m.saturating_mul(n).saturating_mul(k) < SMALL_PRODUCT {
         // Small products: one per task, no threads inside.
         (0..count)
             .into_par_iter()
@@ -187,12 +295,12 @@ mod tests {
         let la = Layout::contiguous(&[2, 3]);
         let lb = Layout::contiguous(&[3, 2]);
         assert_eq!(
-            matmul(&a, &la, &b, &lb, 2, 3, 2),
+            matmul(&a, &la, &b, &lb, 2, 3, 2).unwrap(),
             vec![4.0, 5.0, 10.0, 11.0]
         );
         // a^T a via a transposed view: [3, 2] @ [2, 3]
         let at = la.transpose(0, 1);
-        let r = matmul(&a, &at, &a, &la, 3, 2, 3);
+        let r = matmul(&a, &at, &a, &la, 3, 2, 3).unwrap();
         assert_eq!(r, vec![17., 22., 27., 22., 29., 36., 27., 36., 45.]);
     }
 
