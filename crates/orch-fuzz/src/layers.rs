@@ -492,13 +492,23 @@ pub fn check((call, tight): (LayerCall, bool)) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-/// [`check`] with the case's host memory measured: a case holding more than [`CASE_BYTES`]
-/// at once fails (an allocation past four times that aborts, naming `seed`).
+/// Longest one case may run (a hang shows as a case past this).
+pub const CASE_TIME: Duration = Duration::from_secs(5);
+
+/// [`check`] with the case's host memory and time measured: a case holding more than
+/// [`CASE_BYTES`] at once (an allocation past four times that aborts, naming `seed`) or
+/// running past [`CASE_TIME`] fails.
 pub fn check_bounded(case: (LayerCall, bool), seed: u64) -> Result<(), TestCaseError> {
     let base = alloc::start_case(seed, CASE_BYTES.saturating_mul(4));
+    let started = Instant::now();
     let outcome = check(case);
+    let took = started.elapsed();
     let held = alloc::end_case(base);
     outcome?;
+    prop_assert!(
+        took <= CASE_TIME,
+        "one case took {took:?}, past {CASE_TIME:?}"
+    );
     prop_assert!(
         held <= CASE_BYTES,
         "one case held {held} bytes at once, past {CASE_BYTES}"

@@ -20,8 +20,8 @@ proptest! {
 }
 
 /// Cases the random search may miss, checked every run: an empty plane that padding alone
-/// would give an output (conv2d's kernel panicked on it), windows far past the input, and
-/// dimensions at the edge of `usize`.
+/// would give an output (conv2d's kernel panicked on it), windows far past the input, a batch
+/// norm of no values over 2^31 samples, and dimensions at the edge of `usize`.
 #[test]
 fn edge_cases_of_each_layer_op() {
     let huge = usize::MAX;
@@ -72,6 +72,16 @@ fn edge_cases_of_each_layer_op() {
             dims: 1,
             affine: true,
             eps: 1e-5,
+        },
+        // No values in 2^31 samples: backward looped over every sample's empty block per
+        // channel (found by fuzz_layers).
+        LayerCall::BatchNorm {
+            input: vec![1 << 31, 3, 1 << 16, 0],
+            stats: 3,
+            affine: true,
+            training: false,
+            momentum: 0.1,
+            eps: 0.0,
         },
         LayerCall::BatchNorm {
             input: vec![0, 3, 0],
