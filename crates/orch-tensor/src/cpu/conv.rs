@@ -79,7 +79,7 @@ fn out_len(
         .ok_or("padding overflows")?;
     let reach = (kernel - 1)
         .checked_mul(dilation)
-        .map(|r| r + 1)
+        .and_then(|r| r.checked_add(1))
         .ok_or("dilated kernel overflows")?;
     if reach > padded {
         return Err(format!(

@@ -320,7 +320,23 @@ fn conv2d_refuses_empty_planes_whatever_the_padding(pool: &Pool) -> TestResult {
     Ok(())
 }
 
+/// Found by fuzz_layers: a kernel of 2 dilated by `usize::MAX` spans `usize::MAX + 1`, and the
+/// sum overflowed in conv2d's argument check (a panic in debug builds).
+fn conv2d_refuses_a_dilated_kernel_past_usize(pool: &Pool) -> TestResult {
+    let x = Tensor::zeros(&[1, 1, 4, 4], pool)?;
+    let w = Tensor::zeros(&[1, 1, 2, 2], pool)?;
+    for dilation in [[usize::MAX, 1], [1, usize::MAX], [usize::MAX / 2 + 1, 1]] {
+        let e = x
+            .conv2d(&w, None, [1, 1], [0, 0], dilation, 1)
+            .expect_err("a kernel past usize is refused");
+        let text = e.to_string();
+        assert!(text.contains("kernel") && !text.contains('\n'), "{text}");
+    }
+    Ok(())
+}
+
 test_device!(
+    conv2d_refuses_a_dilated_kernel_past_usize,
     conv2d_refuses_empty_planes_whatever_the_padding,
     layer_ops_on_empty_shapes,
     new_ops_on_empty_shapes,
