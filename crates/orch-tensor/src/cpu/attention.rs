@@ -364,11 +364,11 @@ impl AttentionSpec {
         out.fill(0.0);
         for (rows, keys) in self.blocks() {
             let n = rows.len();
-            meter.add(self.block_work(&rows))?;
             m[..n].fill(f32::NEG_INFINITY);
             l[..n].fill(0.0);
             let orows = &mut out[rows.start * dv..rows.end * dv];
             for keys in keys {
+                meter.add(self.block_work(n, keys.len()))?;
                 self.scores(hd, mask, &rows, &keys, sc);
                 for r in 0..n {
                     let srow = &mut sc[r * bk..][..keys.len()];
@@ -427,14 +427,14 @@ impl AttentionSpec {
         dvv.fill(0.0);
         for (rows, keys) in self.blocks() {
             let n = rows.len();
-            // Backward does about twice forward's products.
-            meter.add(self.block_work(&rows).saturating_mul(2))?;
             let do_rows = &d_out[rows.start * dv..rows.end * dv];
             for (r, d) in di[..n].iter_mut().enumerate() {
                 let at = (rows.start + r) * dv;
                 *d = dot(&d_out[at..at + dv], &out[at..at + dv]);
             }
             for keys in keys {
+                // Backward does about twice forward's products.
+                meter.add(self.block_work(n, keys.len()).saturating_mul(2))?;
                 let c = keys.len();
                 self.scores(hd, mask, &rows, &keys, p);
                 for r in 0..n {
@@ -501,11 +501,11 @@ impl AttentionSpec {
         Ok(())
     }
 
-    /// Multiply-adds of one query block over the keys it sees (`q k^T`, the softmax, then
+    /// Multiply-adds of `rows` queries over a block of `keys` (`q k^T`, the softmax, then
     /// `p v`): one more per score than the head dims, so a head of no dims still costs its
     /// scores.
-    fn block_work(&self, rows: &Range<usize>) -> u64 {
-        work::product(&[rows.len(), self.key_end(rows), self.d + self.dv + 1])
+    fn block_work(&self, rows: usize, keys: usize) -> u64 {
+        work::product(&[rows, keys, self.d + self.dv + 1])
     }
 
     /// Multiply-adds of the forward, known before it runs (backward does about twice as

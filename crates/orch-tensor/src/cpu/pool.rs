@@ -161,16 +161,11 @@ impl Pool2dSpec {
         false
     }
 
-    /// Element visits of one output row (its windows, unclipped).
-    fn row_visits(&self) -> u64 {
-        work::product(&[self.ow, self.kernel[0], self.kernel[1]])
-    }
-
     /// Element visits of the op, forward or backward, known before it runs: every window of
     /// every output (unclipped) and every input element.
     pub(crate) fn work(&self) -> u64 {
-        work::product(&[self.n, self.c, self.oh])
-            .saturating_mul(self.row_visits())
+        work::product(&[self.n, self.c, self.oh, self.ow])
+            .saturating_mul(work::product(&self.kernel))
             .saturating_add(work::product(&[self.n, self.c, self.h, self.w]))
     }
 
@@ -218,7 +213,7 @@ pub(crate) fn max_pool2d_forward_uninit(
     #[cfg(target_arch = "x86_64")]
     let vector = s.max_2x2_vector();
     let deadline = Deadline::current();
-    let row = s.row_visits();
+    let window = work::product(&s.kernel);
     tasks.try_for_each_init(
         || deadline.meter(OP),
         |meter, ((out, idx), x)| {
@@ -228,8 +223,8 @@ pub(crate) fn max_pool2d_forward_uninit(
                 return meter.add(s.plane() as u64);
             }
             for oh in 0..s.oh {
-                meter.add(row)?;
                 for ow in 0..s.ow {
+                    meter.add(window)?;
                     let (rows, cols) = s.window(oh, ow);
                     let (mut best, mut at) = (f32::NEG_INFINITY, rows.start * s.w + cols.start);
                     for ih in rows {
@@ -421,14 +416,14 @@ pub fn avg_pool2d_forward(spec: &Pool2dSpec, x: &[f32], out: &mut [f32]) -> Resu
         .par_chunks_mut(s.out_plane())
         .zip(x.par_chunks(s.plane()));
     let deadline = Deadline::current();
-    let row = s.row_visits();
+    let window = work::product(&s.kernel);
     let tasks = tasks.with_min_len(s.min_planes());
     tasks.try_for_each_init(
         || deadline.meter(OP),
         |meter, (out, x)| {
             for oh in 0..s.oh {
-                meter.add(row)?;
                 for ow in 0..s.ow {
+                    meter.add(window)?;
                     let (rows, cols) = s.window(oh, ow);
                     let total: f32 = rows
                         .map(|ih| {
@@ -459,14 +454,14 @@ pub fn avg_pool2d_backward(spec: &Pool2dSpec, d_out: &[f32], d_input: &mut [f32]
         .par_chunks_mut(s.plane())
         .zip(d_out.par_chunks(s.out_plane()));
     let deadline = Deadline::current();
-    let row = s.row_visits();
+    let window = work::product(&s.kernel);
     let tasks = tasks.with_min_len(s.min_planes());
     tasks.try_for_each_init(
         || deadline.meter(OP),
         |meter, (dx, dy)| {
             for oh in 0..s.oh {
-                meter.add(row)?;
                 for ow in 0..s.ow {
+                    meter.add(window)?;
                     let (rows, cols) = s.window(oh, ow);
                     let g = dy[oh * s.ow + ow] * scale;
                     for ih in rows {
