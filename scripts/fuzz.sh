@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Runs every fuzz target (crates/orch-fuzz/tests/fuzz_*.rs) one after the other, each for SECONDS
 # (default 20) or CASES cases (default 1000000), whichever ends first, and prints the executions
-# each ran. `.ci/run` runs it with the defaults (about 80 s on two cores, after the build that
+# each ran. `.ci/run` runs it with the defaults (about 100 s on two cores, after the build that
 # `cargo test --workspace` already made); by hand, give it longer: `scripts/fuzz.sh 600`.
 # A failure prints the shrunk input and ORCH_FUZZ_SEED=... to replay it (docs/TESTING.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-20}
 cases=${2:-1000000}
-targets=(fuzz_job fuzz_sim fuzz_visibility fuzz_tensor)
+targets=(fuzz_job fuzz_sim fuzz_visibility fuzz_tensor fuzz_layers)
 args=()
 for t in "${targets[@]}"; do args+=(--test "$t"); done
 

@@ -1,6 +1,7 @@
 //! Fuzz targets for everything a user or a plugin hands orch: job files, sim inventory files,
-//! `CUDA_VISIBLE_DEVICES` with `CUDA_DEVICE_ORDER` and Slurm's grants, and the tensor op
-//! arguments of the trainer host (shapes, axes, lists). The targets are the test files under
+//! `CUDA_VISIBLE_DEVICES` with `CUDA_DEVICE_ORDER` and Slurm's grants, the tensor op
+//! arguments of the trainer host (shapes, axes, lists) and the layer ops' arguments over
+//! degenerate shapes ([`layers`], shared with a property test). The targets are the test files under
 //! `tests/` (one target, one test binary); this library is what they share: the run loop with its
 //! time and count budget ([`fuzz`]), an allocator that measures each case ([`alloc`]), the
 //! one-sentence check of refusals ([`sentence`]), and mutations of valid TOML files ([`text`],
@@ -17,6 +18,7 @@
 //! allocate past a bound, and every refusal is one sentence.
 
 pub mod alloc;
+pub mod layers;
 pub mod sentence;
 pub mod text;
 pub mod tree;

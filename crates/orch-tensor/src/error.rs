@@ -84,6 +84,11 @@ pub enum TensorError {
     #[error("{op}: {reason}")]
     Optimizer { op: &'static str, reason: String },
 
+    /// An op too large for the time left before the caller's deadline (refused before it ran),
+    /// or stopped part-way at it (see `work.rs`).
+    #[error("{op}: {reason}")]
+    Deadline { op: &'static str, reason: String },
+
     /// A broken invariant of this crate (a bug): reported, never a panic.
     #[error("internal error in {op}: {reason}")]
     Internal { op: &'static str, reason: String },

@@ -40,6 +40,7 @@ pub mod optim;
 mod rng;
 mod storage;
 mod tensor;
+mod work;
 
 pub use autograd::{GraphBudget, is_grad_enabled, no_grad, with_graph_budget};
 pub use device::Device;
@@ -47,3 +48,4 @@ pub use error::{Result, TensorError};
 pub use layout::{MAX_NUMEL, MAX_RANK};
 pub use memory::{MemoryPool, MemoryStats, Reservation};
 pub use tensor::{Dropout, Tensor};
+pub use work::{Rate, current_deadline, with_deadline};

@@ -11,6 +11,7 @@ use crate::error::{Result, TensorError};
 use crate::layout::{self, Layout};
 use crate::memory::{MemoryPool, Reservation};
 use crate::ops::{BinaryOp, DropoutMask, IndexOp, ReduceOp, UnaryOp, UpdateOp};
+use crate::work::{self, Kind};
 use std::ops::Range;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -123,6 +124,12 @@ fn internal(op: &'static str, pool: &MemoryPool) -> TensorError {
     }
 }
 
+/// Refuses an op of `visits` element visits that cannot finish before the calling thread's
+/// deadline (see `work.rs`); an expanded view counts as the elements it shows.
+fn admit(op: &'static str, pool: &MemoryPool, visits: u64) -> Result<()> {
+    work::admit(op, pool.device(), Kind::Visits, visits)
+}
+
 fn range_of(layout: &Layout) -> Range<usize> {
     layout
         .contiguous_range()
@@ -145,6 +152,7 @@ pub(crate) fn fill(pool: &MemoryPool, n: usize, value: f32) -> Result<Storage> {
 
 /// The viewed elements, dense, on the host.
 pub(crate) fn to_host(pool: &MemoryPool, s: &Storage, layout: &Layout) -> Result<Vec<f32>> {
+    admit("to_vec", pool, layout.numel() as u64)?;
     match s {
         Storage::Cpu(x) => Ok(cpu::gather(x, layout)),
         Storage::Cuda(x) => {
@@ -162,6 +170,7 @@ pub(crate) fn to_host(pool: &MemoryPool, s: &Storage, layout: &Layout) -> Result
 
 /// A dense copy of the viewed elements.
 pub(crate) fn gather(pool: &MemoryPool, s: &Storage, layout: &Layout) -> Result<Storage> {
+    admit("contiguous", pool, layout.numel() as u64)?;
     match s {
         Storage::Cpu(x) => Ok(Storage::Cpu(cpu::gather(x, layout))),
         Storage::Cuda(x) => Ok(Storage::Cuda(pool.cuda("contiguous")?.gather(x, layout)?)),
@@ -176,6 +185,7 @@ pub(crate) fn scatter(
     dst_layout: &Layout,
     (src, src_layout): (&Storage, &Layout),
 ) -> Result<()> {
+    admit("scatter", pool, dst_layout.numel() as u64)?;
     match (dst, src) {
         (Storage::Cpu(d), Storage::Cpu(s)) => {
             cpu::scatter(d, dst_layout, &s[range_of(src_layout)]);
@@ -195,6 +205,7 @@ pub(crate) fn unary(
     s: &Storage,
     layout: &Layout,
 ) -> Result<Storage> {
+    admit("unary", pool, layout.numel() as u64)?;
     let range = range_of(layout);
     match s {
         Storage::Cpu(x) => Ok(Storage::Cpu(cpu::unary(op, &x[range]))),
@@ -211,6 +222,8 @@ pub(crate) fn binary(
     b: &Storage,
     lb: &Layout,
 ) -> Result<Storage> {
+    // Both views have the output's shape (broadcast): its elements, each read from both.
+    admit("binary", pool, (la.numel() as u64).saturating_mul(2))?;
     match (a, b) {
         (Storage::Cpu(x), Storage::Cpu(y)) => Ok(Storage::Cpu(cpu::binary(op, x, la, y, lb))),
         (Storage::Cuda(x), Storage::Cuda(y)) => Ok(Storage::Cuda(
@@ -229,6 +242,7 @@ pub(crate) fn reduce(
     dims: (usize, usize, usize),
 ) -> Result<Storage> {
     let (outer, n, inner) = dims;
+    admit("reduce", pool, work::product(&[outer, n, inner]))?;
     let range = range_of(layout);
     match s {
         Storage::Cpu(x) => Ok(Storage::Cpu(cpu::reduce(op, &x[range], outer, n, inner))),
@@ -245,6 +259,7 @@ pub(crate) fn argmax(
     dims: (usize, usize, usize),
 ) -> Result<Storage> {
     let (outer, n, inner) = dims;
+    admit("argmax", pool, work::product(&[outer, n, inner]))?;
     let range = range_of(layout);
     match s {
         Storage::Cpu(x) => Ok(Storage::Cpu(cpu::argmax(&x[range], outer, n, inner))),
@@ -261,6 +276,7 @@ pub(crate) fn softmax_last(
     n: usize,
     log: bool,
 ) -> Result<Storage> {
+    admit("softmax", pool, (layout.numel() as u64).saturating_mul(3))?;
     let range = range_of(layout);
     match s {
         Storage::Cpu(x) => Ok(Storage::Cpu(cpu::softmax_last(&x[range], n, log))),
@@ -326,6 +342,11 @@ pub(crate) fn index(
     (idx, li): (&Storage, &Layout),
     dims: (usize, usize, usize),
 ) -> Result<Storage> {
+    admit(
+        op.name(),
+        pool,
+        (ls.numel() as u64).saturating_add(li.numel() as u64),
+    )?;
     let (rs, ri) = (range_of(ls), range_of(li));
     match (src, idx) {
         (Storage::Cpu(s), Storage::Cpu(i)) => {
@@ -373,7 +394,7 @@ pub(crate) fn matmul(
 ) -> Result<Storage> {
     let (m, k, n) = mkn;
     match (a, b) {
-        (Storage::Cpu(x), Storage::Cpu(y)) => Ok(Storage::Cpu(cpu::matmul(x, la, y, lb, m, k, n))),
+        (Storage::Cpu(x), Storage::Cpu(y)) => Ok(Storage::Cpu(cpu::matmul(x, la, y, lb, m, k, n)?)),
         (Storage::Cuda(x), Storage::Cuda(y)) => Ok(Storage::Cuda(pool.cuda("matmul")?.matmul(
             x,
             la,

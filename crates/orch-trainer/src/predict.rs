@@ -23,7 +23,7 @@ use crate::run::{GrantedDevice, Prepared, RunOptions, TrainJob, device_slots};
 use crate::state::load;
 use crate::world::{AnyTrainer, AnyTrainerPre};
 use orch_data::{SplitMix64, Vocab};
-use orch_host::{Limits, PluginState, Ticker, deadline_ticks};
+use orch_host::{Limits, PluginState, Ticker};
 use orch_tensor::Tensor;
 use orch_wit::Version;
 use orch_wit::predicting::exports::orch::plugin::inference::{Guest, GuestIndices};
@@ -176,7 +176,7 @@ impl Model {
         let mut store = Store::new(engine, state);
         store.limiter(|s| &mut s.sandbox.limiter);
         store.set_hostcall_fuel(limits.memory_bytes.saturating_add(1 << 20));
-        store.set_epoch_deadline(deadline_ticks(limits.deadline));
+        crate::host::arm_deadline(&mut store, limits.deadline);
         let engine_error = |e: wasmtime::Error| failed(plugin_message(&format!("{e:#}")));
 
         store.data_mut().phase = Phase::Init;
@@ -293,8 +293,7 @@ impl Model {
                 batch: u32::try_from(batch).unwrap_or(u32::MAX),
                 batches: count,
             };
-            self.store
-                .set_epoch_deadline(deadline_ticks(self.limits.deadline));
+            crate::host::arm_deadline(&mut self.store, self.limits.deadline);
             let (store, trainer) = (&mut self.store, &self.trainer);
             let outcome = orch_tensor::no_grad(|| trainer.eval_step(store, info));
             self.store.data_mut().phase = Phase::Idle;
@@ -342,8 +341,7 @@ impl Model {
             };
             return Err(self.failed(stage, why));
         };
-        self.store
-            .set_epoch_deadline(deadline_ticks(self.limits.deadline));
+        crate::host::arm_deadline(&mut self.store, self.limits.deadline);
         let state = self.store.data_mut();
         let fail = |m: String| TrainError::Failed {
             plugin: self.plugin.clone(),

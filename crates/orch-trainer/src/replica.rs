@@ -47,8 +47,6 @@ pub(crate) struct Plan {
     pub eval_every: Option<u64>,
     /// `[train] eval_batches`: evaluation batches per evaluation.
     pub eval_batches: Option<u32>,
-    /// Epoch ticks one call may take.
-    pub ticks: u64,
     pub limits: Limits,
 }
 
@@ -436,7 +434,7 @@ impl Replica<'_> {
         stage: Stage,
         f: impl FnOnce(&mut Store<ReplicaState>) -> wasmtime::Result<Result<T, String>>,
     ) -> Result<T, TrainError> {
-        store.set_epoch_deadline(self.plan.ticks);
+        crate::host::arm_deadline(store, self.plan.limits.deadline);
         store.data().sandbox.log.begin_call();
         let outcome = f(store);
         let output = store.data().sandbox.log.end_call();

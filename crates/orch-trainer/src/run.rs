@@ -16,9 +16,7 @@ use crate::report::Metrics;
 use crate::world::{AnyTrainerPre, add_imports, trainer_version};
 use orch_core::MachineLimits;
 use orch_core::job::TrainSpec;
-use orch_host::{
-    ComponentCache, Limits, Ticker, add_wasi, deadline_ticks, default_cache_dir, new_engine,
-};
+use orch_host::{ComponentCache, Limits, Ticker, add_wasi, default_cache_dir, new_engine};
 use orch_tensor::{Device, MemoryPool};
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
@@ -282,7 +280,6 @@ impl<'a> Prepared<'a> {
             eval_batch: eval_batch_size(spec.batch_size, shared.data.train.is_text()),
             eval_every: spec.eval_every,
             eval_batches: spec.eval_batches,
-            ticks: deadline_ticks(limits.deadline),
             limits,
         };
         let meta_template = Meta {

@@ -22,6 +22,7 @@ use super::slice_gemm::{Mat, sgemm};
 use crate::error::{Result, TensorError};
 use crate::layout::{checked_numel, contiguous_strides};
 use crate::nn_kernels::{bad_arg, check_len, usable_slots, wanted_slots};
+use crate::work::{self, Deadline, Meter};
 use gemm::Parallelism;
 use rayon::prelude::*;
 use std::ops::Range;
@@ -355,7 +356,8 @@ impl AttentionSpec {
         out: &mut [f32],
         lse: &mut [f32],
         ws: &mut [f32],
-    ) {
+        meter: &mut Meter,
+    ) -> Result<()> {
         let (dv, bk) = (self.dv, self.bk());
         let (sc, rest) = ws.split_at_mut(self.bq() * bk);
         let (m, l) = rest.split_at_mut(self.bq());
@@ -366,6 +368,7 @@ impl AttentionSpec {
             l[..n].fill(0.0);
             let orows = &mut out[rows.start * dv..rows.end * dv];
             for keys in keys {
+                meter.add(self.block_work(n, keys.len()))?;
                 self.scores(hd, mask, &rows, &keys, sc);
                 for r in 0..n {
                     let srow = &mut sc[r * bk..][..keys.len()];
@@ -399,6 +402,7 @@ impl AttentionSpec {
                 }
             }
         }
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -411,7 +415,8 @@ impl AttentionSpec {
         dk: &mut [f32],
         dvv: &mut [f32],
         ws: &mut [f32],
-    ) {
+        meter: &mut Meter,
+    ) -> Result<()> {
         let (d, dv, bk) = (self.d, self.dv, self.bk());
         let block = self.bq() * bk;
         let (p, rest) = ws.split_at_mut(block);
@@ -428,6 +433,8 @@ impl AttentionSpec {
                 *d = dot(&d_out[at..at + dv], &out[at..at + dv]);
             }
             for keys in keys {
+                // Backward does about twice forward's products.
+                meter.add(self.block_work(n, keys.len()).saturating_mul(2))?;
                 let c = keys.len();
                 self.scores(hd, mask, &rows, &keys, p);
                 for r in 0..n {
@@ -491,6 +498,30 @@ impl AttentionSpec {
                 );
             }
         }
+        Ok(())
+    }
+
+    /// Multiply-adds of `rows` queries over a block of `keys` (`q k^T`, the softmax, then
+    /// `p v`): one more per score than the head dims, so a head of no dims still costs its
+    /// scores.
+    fn block_work(&self, rows: usize, keys: usize) -> u64 {
+        work::product(&[rows, keys, self.d + self.dv + 1])
+    }
+
+    /// Multiply-adds of the forward, known before it runs (backward does about twice as
+    /// many): each query row over the keys it sees.
+    pub(crate) fn work(&self) -> u64 {
+        // Keys seen by all T rows: S each, or under the causal mask min(i + 1, S) for row i.
+        let (t, s) = (self.t as u64, self.s as u64);
+        let keys = match self.causal {
+            false => t.saturating_mul(s),
+            true => {
+                let full = t.min(s);
+                let tri = full.saturating_mul(full.saturating_add(1)) / 2;
+                tri.saturating_add((t - full).saturating_mul(s))
+            }
+        };
+        work::product(&[self.b, self.h, self.d + self.dv + 1]).saturating_mul(keys)
     }
 }
 
@@ -535,19 +566,21 @@ pub fn attention_forward(
     let outs = runs(out, s.t * s.dv, per, slots);
     let lses = runs(lse, s.t, per, slots);
     let wss = runs(ws, slot_len, 1, slots);
+    let deadline = Deadline::current();
     outs.into_par_iter()
         .zip(lses)
         .zip(wss)
         .enumerate()
-        .for_each(|(i, ((out, lse), ws))| {
+        .try_for_each(|(i, ((out, lse), ws))| {
+            let mut meter = deadline.meter(OP);
             for (j, head) in (i * per..((i + 1) * per).min(s.heads())).enumerate() {
                 let hd = s.head(head, q, k, v);
                 let o = &mut out[j * s.t * s.dv..][..s.t * s.dv];
                 let l = &mut lse[j * s.t..][..s.t];
-                s.forward_head(&hd, mask, o, l, ws);
+                s.forward_head(&hd, mask, o, l, ws, &mut meter)?;
             }
-        });
-    Ok(())
+            Ok(())
+        })
 }
 
 /// Attention backward from `d_out` and the forward's `out` and `lse`: `dq`, `dk`, `dv`
@@ -590,12 +623,14 @@ pub fn attention_backward(
     let dks = runs(dk, s.s * s.d, per, slots);
     let dvs = runs(dv, s.s * s.dv, per, slots);
     let wss = runs(ws, slot_len, 1, slots);
+    let deadline = Deadline::current();
     dqs.into_par_iter()
         .zip(dks)
         .zip(dvs)
         .zip(wss)
         .enumerate()
-        .for_each(|(i, (((dq, dk), dv), ws))| {
+        .try_for_each(|(i, (((dq, dk), dv), ws))| {
+            let mut meter = deadline.meter(BOP);
             for (j, head) in (i * per..((i + 1) * per).min(s.heads())).enumerate() {
                 let hd = s.head(head, q, k, v);
                 let (t, sl, dv_) = (s.t, s.s, s.dv);
@@ -610,8 +645,9 @@ pub fn attention_backward(
                     &mut dk[j * sl * s.d..][..sl * s.d],
                     &mut dv[j * sl * dv_..][..sl * dv_],
                     ws,
-                );
+                    &mut meter,
+                )?;
             }
-        });
-    Ok(())
+            Ok(())
+        })
 }

@@ -26,9 +26,10 @@
 use super::simd::{multiversion, sum_map};
 use super::slice_gemm::{Mat, sgemm};
 use super::{as_uninit, assume_init};
-use crate::error::Result;
+use crate::error::{Result, TensorError};
 use crate::layout::checked_numel;
 use crate::nn_kernels::{bad_arg, check_len, checked_product, usable_slots, wanted_slots};
+use crate::work::{self, Deadline};
 use gemm::Parallelism;
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
@@ -78,7 +79,7 @@ fn out_len(
         .ok_or("padding overflows")?;
     let reach = (kernel - 1)
         .checked_mul(dilation)
-        .map(|r| r + 1)
+        .and_then(|r| r.checked_add(1))
         .ok_or("dilated kernel overflows")?;
     if reach > padded {
         return Err(format!(
@@ -91,7 +92,7 @@ fn out_len(
 impl Conv2dSpec {
     /// Validates a convolution of `input` `[N, C, H, W]` by `weight` `[O, C/groups, kh, kw]`,
     /// with a bias `[O]` when `bias` is given. `stride` and `dilation` are at least 1; `groups`
-    /// divides both `C` and `O`; the dilated kernel fits the padded input.
+    /// divides both `C` and `O`; planes are not empty; the dilated kernel fits the padded input.
     pub fn new(
         input: &[usize],
         weight: &[usize],
@@ -143,6 +144,16 @@ impl Conv2dSpec {
         if kh == 0 || kw == 0 {
             return Err(bad_arg(OP, weight, "the kernel is empty".into()));
         }
+        // An empty plane has no value for a window to read, whatever padding would make of it
+        // (pooling refuses empty planes alike).
+        if h == 0 || w == 0 {
+            return Err(bad_arg(
+                OP,
+                input,
+                "the input planes are empty (H or W is 0); give each plane at least one element"
+                    .into(),
+            ));
+        }
         if let Some(b) = bias
             && b != [o]
         {
@@ -178,6 +189,24 @@ impl Conv2dSpec {
     /// `[N, O, OH, OW]`.
     pub fn out_shape(&self) -> [usize; 4] {
         [self.n, self.o, self.oh, self.ow]
+    }
+
+    /// Multiply-adds of the forward, known before it runs (backward does about twice as
+    /// many): every output over its `C/groups * kh * kw` inputs.
+    pub(crate) fn work(&self) -> u64 {
+        work::product(&[
+            self.n,
+            self.o,
+            self.oh,
+            self.ow,
+            self.c / self.groups.max(1),
+        ])
+        .saturating_mul(work::product(&[self.kh, self.kw]))
+    }
+
+    /// Multiply-adds of one batch of samples (one gemm per group) of the forward.
+    fn batch_work(&self) -> u64 {
+        work::product(&[self.batch(), self.o, self.oh, self.ow, self.group_k()])
     }
 
     /// f32 elements of workspace that [`conv2d_forward`] and [`conv2d_backward`] need for one
@@ -680,18 +709,28 @@ pub(crate) fn conv2d_forward_uninit(
         }
     };
     let (out_batch, in_batch) = (batch * s.out_len(), batch * s.in_len());
+    let (deadline, batch_work) = (Deadline::current(), s.batch_work());
     if slots == 1 {
         let slot = &mut ws[..slot_len];
+        let mut meter = deadline.meter(OP);
         for (y, xs) in out.chunks_mut(out_batch).zip(x.chunks(in_batch)) {
+            meter.add(batch_work)?;
             run(y, xs, slot, gemm_par(1));
         }
+        Ok(())
     } else {
         let locks = split_slots(ws, slot_len, slots);
         out.par_chunks_mut(out_batch)
             .zip(x.par_chunks(in_batch))
-            .for_each(|(y, xs)| with_slot(&locks, |slot| run(y, xs, slot, Parallelism::None)));
+            .try_for_each_init(
+                || deadline.meter(OP),
+                |meter, (y, xs)| {
+                    meter.add(batch_work)?;
+                    with_slot(&locks, |slot| run(y, xs, slot, Parallelism::None));
+                    Ok(())
+                },
+            )
     }
-    Ok(())
 }
 
 /// The workspace as `slots` locked slots of `len` (empty ones when `len` is 0).
@@ -837,21 +876,27 @@ pub fn conv2d_backward(
             std::mem::replace(&mut dx_batches, rest),
         ));
     }
+    let deadline = Deadline::current();
+    // Backward does about twice forward's products.
+    let batch_work = s.batch_work().saturating_mul(2);
     let run_group = |(first, part, dxs): Group<'_>, slot: &mut [f32], par: Parallelism| {
+        let mut meter = deadline.meter(OP);
         for (k, dx) in dxs.into_iter().enumerate() {
+            meter.add(batch_work)?;
             run(first + k, dx, slot, part, par);
         }
+        Ok::<(), TensorError>(())
     };
     if slots == 1 {
         let slot = &mut ws[..slot_len];
         for group in groups {
-            run_group(group, slot, gemm_par(1));
+            run_group(group, slot, gemm_par(1))?;
         }
     } else {
         let locks = split_slots(ws, slot_len, slots);
-        groups
-            .into_par_iter()
-            .for_each(|group| with_slot(&locks, |slot| run_group(group, slot, Parallelism::None)));
+        groups.into_par_iter().try_for_each(|group| {
+            with_slot(&locks, |slot| run_group(group, slot, Parallelism::None))
+        })?;
     }
     // Sum the groups' partial gradients, in order.
     if let Some(dw) = d_weight {

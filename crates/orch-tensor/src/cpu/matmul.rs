@@ -3,11 +3,15 @@
 //! single-threaded gemm call; small batched products run one product per task.
 
 use super::CpuStorage;
+use crate::error::{Result, TensorError};
 use crate::layout::Layout;
+use crate::work::{self, Deadline};
 use gemm::Parallelism;
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 use std::ops::Range;
+
+const OP: &str = "matmul";
 
 /// Products this small (m*n*k) gain nothing from threads inside one product.
 const SMALL_PRODUCT: usize = 64 * 64 * 64;
@@ -52,9 +56,139 @@ pub(crate) fn matmul(
     m: usize,
     k: usize,
     n: usize,
-) -> CpuStorage {
+) -> Result<CpuStorage> {
     let count: usize = la.shape()[..la.rank() - 2].iter().product();
-    super::build(count * m * n, |dst| matmul_into(dst, a, la, b, lb, m, k, n))
+    let deadline = Deadline::current();
+    let work = work::product(&[count, m, k, n]);
+    if deadline.is_set() && work > CHUNK_WORK {
+        return super::try_build(count * m * n, |dst| {
+            matmul_chunked(dst, a, la, b, lb, (m, k, n), deadline)
+        });
+    }
+    Ok(super::build(count * m * n, |dst| {
+        matmul_into(dst, a, la, b, lb, m, k, n)
+    }))
+}
+
+/// Multiply-adds of one chunk of a product run under a deadline: a few milliseconds on a core.
+const CHUNK_WORK: u64 = 1 << 28;
+
+/// Multiply-adds of one chunk of the inner dimension, when one row is more than a chunk.
+const INNER_CHUNK_WORK: u64 = 1 << 25;
+
+/// [`matmul`] of a large product under a deadline: in chunks of rows of each product, each
+/// run as a product of its own by [`matmul_into`] (its threading included), or, when one row
+/// is itself more than a chunk, one row at a time in chunks of the inner dimension added up in
+/// place; the clock is looked at between chunks. Past the deadline it stops with an error and
+/// `dst` is dropped by the caller. Products of honest shapes are cut by rows only.
+fn matmul_chunked(
+    dst: &mut [MaybeUninit<f32>],
+    a: &[f32],
+    la: &Layout,
+    b: &[f32],
+    lb: &Layout,
+    (m, k, n): (usize, usize, usize),
+    deadline: Deadline,
+) -> Result<()> {
+    let rank = la.rank();
+    let batch = &la.shape()[..rank - 2];
+    let count: usize = batch.iter().product();
+    if dst.len() != count * m * n {
+        return Err(TensorError::Internal {
+            op: OP,
+            reason: "matmul destination of the wrong size".into(),
+        });
+    }
+    if dst.is_empty() || k == 0 {
+        dst.fill(MaybeUninit::new(0.0));
+        return Ok(());
+    }
+    if last_index(la) >= a.len() || last_index(lb) >= b.len() {
+        return Err(TensorError::Internal {
+            op: OP,
+            reason: "matmul operand out of bounds".into(),
+        });
+    }
+    let (a_rs, a_cs) = (la.strides()[rank - 2], la.strides()[rank - 1]);
+    let (b_rs, b_cs) = (lb.strides()[rank - 2], lb.strides()[rank - 1]);
+    let row_work = work::product(&[k, n]);
+    let rows_per = usize::try_from(CHUNK_WORK / row_work.max(1))
+        .unwrap_or(m)
+        .clamp(1, m);
+    // Only crafted shapes (an inner dimension of millions) come here: smaller chunks, a single
+    // row each, stop them sooner.
+    let k_per = match row_work > CHUNK_WORK {
+        true => usize::try_from(INNER_CHUNK_WORK / n as u64)
+            .unwrap_or(k)
+            .clamp(1, k),
+        false => k,
+    };
+    let par = match rayon::current_num_threads() > 1 {
+        true => Parallelism::Rayon(0),
+        false => Parallelism::None,
+    };
+    let mut meter = deadline.meter(OP);
+    let product_work = work::product(&[m, k, n]);
+    if product_work <= CHUNK_WORK {
+        // Whole products, as many per chunk as fit, through the usual paths.
+        let per = usize::try_from(CHUNK_WORK / product_work.max(1))
+            .unwrap_or(count)
+            .clamp(1, count);
+        for (c, group) in dst.chunks_mut(per * m * n).enumerate() {
+            let products = c * per..(c * per + per).min(count);
+            let done = work::product(&[products.len(), m, k, n]);
+            matmul_products(group, a, la, b, lb, (m, k, n), products);
+            meter.add(done)?;
+        }
+        return Ok(());
+    }
+    for (i, product) in dst.chunks_mut(m * n).enumerate() {
+        let (oa, ob) = (batch_offset(i, batch, la), batch_offset(i, batch, lb));
+        for (c, block) in product.chunks_mut(rows_per * n).enumerate() {
+            let (r0, rows) = (c * rows_per, block.len() / n);
+            if k_per == k {
+                // Rows alone: the block is a product of its own, through the usual paths.
+                let la = Layout::from_parts(&[rows, k], &[a_rs, a_cs], oa + r0 * a_rs);
+                let lb = Layout::from_parts(&[k, n], &[b_rs, b_cs], ob);
+                matmul_into(block, a, &la, b, &lb, rows, k, n);
+                meter.add(work::product(&[rows, k, n]))?;
+                continue;
+            }
+            let out = DstPtr(block.as_mut_ptr().cast());
+            for k0 in (0..k).step_by(k_per) {
+                let inner = k_per.min(k - k0);
+                // SAFETY: `out` is this block of `rows x n` elements, written by one call at a
+                // time; every index the strides reach from these offsets is at most the
+                // operands' last index, bounds-checked above. A chunk after the first reads what
+                // the one before it wrote (`read_dst`), so every read is initialised.
+                unsafe {
+                    gemm::gemm(
+                        rows,
+                        n,
+                        inner,
+                        out.at(0),
+                        1,
+                        n as isize,
+                        k0 > 0,
+                        a.as_ptr().add(oa + r0 * a_rs + k0 * a_cs),
+                        a_cs as isize,
+                        a_rs as isize,
+                        b.as_ptr().add(ob + k0 * b_rs),
+                        b_cs as isize,
+                        b_rs as isize,
+                        1.0,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        par,
+                    )
+                }
+                meter.add(work::product(&[rows, inner, n]))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// [`matmul`] into `dst` (`batch * m * n` elements), which need not be initialised: every
@@ -70,9 +204,25 @@ fn matmul_into(
     k: usize,
     n: usize,
 ) {
+    let count: usize = la.shape()[..la.rank() - 2].iter().product();
+    matmul_products(dst, a, la, b, lb, (m, k, n), 0..count);
+}
+
+/// [`matmul_into`] of the products `products` of the batch only, into `dst` (their
+/// `products.len() * m * n` elements).
+fn matmul_products(
+    dst: &mut [MaybeUninit<f32>],
+    a: &[f32],
+    la: &Layout,
+    b: &[f32],
+    lb: &Layout,
+    (m, k, n): (usize, usize, usize),
+    products: Range<usize>,
+) {
     let rank = la.rank();
     let batch = &la.shape()[..rank - 2];
-    let count: usize = batch.iter().product();
+    let first = products.start;
+    let count = products.len();
     assert_eq!(
         dst.len(),
         count * m * n,
@@ -107,7 +257,7 @@ fn matmul_into(
                 m,
                 cols.len(),
                 k,
-                dst.at(i * m * n + cols.start),
+                dst.at((i - first) * m * n + cols.start),
                 1,
                 n as isize,
                 false,
@@ -127,18 +277,21 @@ fn matmul_into(
         }
     };
     let threads = rayon::current_num_threads();
-    if m * n * k < SMALL_PRODUCT {
+    if m.saturating_mul(n).saturating_mul(k) < SMALL_PRODUCT {
         // Small products: one per task, no threads inside.
-        (0..count)
+        products
             .into_par_iter()
             .for_each(|i| block(i, 0..n, Parallelism::None));
-    } else if threads > 1 && n >= 2 * MIN_COLS && m * k * (n / threads) >= MIN_BLOCK_WORK {
+    } else if threads > 1
+        && n >= 2 * MIN_COLS
+        && m.saturating_mul(k).saturating_mul(n / threads) >= MIN_BLOCK_WORK
+    {
         // One independent single-threaded product per column block and thread: gemm's own
         // threading synchronises several times per product, which costs more than it gains at
         // training shapes (m = batch = 128). Blocks are multiples of 16 columns.
         let parts = threads.min(n / MIN_COLS);
         let width = n.div_ceil(parts).next_multiple_of(16);
-        let jobs: Vec<(usize, Range<usize>)> = (0..count)
+        let jobs: Vec<(usize, Range<usize>)> = products
             .flat_map(|i| {
                 (0..n)
                     .step_by(width)
@@ -153,7 +306,7 @@ fn matmul_into(
         } else {
             Parallelism::None
         };
-        (0..count).for_each(|i| block(i, 0..n, par));
+        products.for_each(|i| block(i, 0..n, par));
     }
 }
 
@@ -187,12 +340,12 @@ mod tests {
         let la = Layout::contiguous(&[2, 3]);
         let lb = Layout::contiguous(&[3, 2]);
         assert_eq!(
-            matmul(&a, &la, &b, &lb, 2, 3, 2),
+            matmul(&a, &la, &b, &lb, 2, 3, 2).unwrap(),
             vec![4.0, 5.0, 10.0, 11.0]
         );
         // a^T a via a transposed view: [3, 2] @ [2, 3]
         let at = la.transpose(0, 1);
-        let r = matmul(&a, &at, &a, &la, 3, 2, 3);
+        let r = matmul(&a, &at, &a, &la, 3, 2, 3).unwrap();
         assert_eq!(r, vec![17., 22., 27., 22., 29., 36., 27., 36., 45.]);
     }
 

@@ -624,10 +624,14 @@ pub fn batch_norm_backward(
         ));
     }
     let (sum_dy, sum_dyx) = ws[..2 * s.c].split_at_mut(s.c);
-    // Per channel: sum(dy) and sum(dy * xhat).
-    sum_dy
+    // Per channel: sum(dy) and sum(dy * xhat). No values per channel (an empty sample, or
+    // none): the sums are 0, without a loop over N empty blocks per channel (N may be huge).
+    sum_dy.fill(0.0);
+    sum_dyx.fill(0.0);
+    let sums = if s.count() == 0 { 0 } else { s.c };
+    sum_dy[..sums]
         .par_iter_mut()
-        .zip(sum_dyx.par_iter_mut())
+        .zip(sum_dyx[..sums].par_iter_mut())
         .enumerate()
         .with_min_len(s.min_channels())
         .for_each(|(ch, (sd, sdx))| {

@@ -17,6 +17,7 @@ use super::{PAR_MIN, as_uninit, assume_init};
 use crate::error::Result;
 use crate::layout::checked_numel;
 use crate::nn_kernels::{bad_arg, check_len};
+use crate::work::{self, Deadline};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
@@ -160,6 +161,14 @@ impl Pool2dSpec {
         false
     }
 
+    /// Element visits of the op, forward or backward, known before it runs: every window of
+    /// every output (unclipped) and every input element.
+    pub(crate) fn work(&self) -> u64 {
+        work::product(&[self.n, self.c, self.oh, self.ow])
+            .saturating_mul(work::product(&self.kernel))
+            .saturating_add(work::product(&[self.n, self.c, self.h, self.w]))
+    }
+
     /// Planes per rayon task: enough that a task does about [`PAR_MIN`] element visits.
     fn min_planes(&self) -> usize {
         let visits = (self.out_plane())
@@ -203,30 +212,37 @@ pub(crate) fn max_pool2d_forward_uninit(
         .with_min_len(s.min_planes());
     #[cfg(target_arch = "x86_64")]
     let vector = s.max_2x2_vector();
-    tasks.for_each(|((out, idx), x)| {
-        #[cfg(target_arch = "x86_64")]
-        if vector {
-            return max_2x2_plane(s, x, out, idx);
-        }
-        for oh in 0..s.oh {
-            for ow in 0..s.ow {
-                let (rows, cols) = s.window(oh, ow);
-                let (mut best, mut at) = (f32::NEG_INFINITY, rows.start * s.w + cols.start);
-                for ih in rows {
-                    for iw in cols.clone() {
-                        let v = x[ih * s.w + iw];
-                        if v > best || v.is_nan() {
-                            best = v;
-                            at = ih * s.w + iw;
+    let deadline = Deadline::current();
+    let window = work::product(&s.kernel);
+    tasks.try_for_each_init(
+        || deadline.meter(OP),
+        |meter, ((out, idx), x)| {
+            #[cfg(target_arch = "x86_64")]
+            if vector {
+                max_2x2_plane(s, x, out, idx);
+                return meter.add(s.plane() as u64);
+            }
+            for oh in 0..s.oh {
+                for ow in 0..s.ow {
+                    meter.add(window)?;
+                    let (rows, cols) = s.window(oh, ow);
+                    let (mut best, mut at) = (f32::NEG_INFINITY, rows.start * s.w + cols.start);
+                    for ih in rows {
+                        for iw in cols.clone() {
+                            let v = x[ih * s.w + iw];
+                            if v > best || v.is_nan() {
+                                best = v;
+                                at = ih * s.w + iw;
+                            }
                         }
                     }
+                    out[oh * s.ow + ow].write(best);
+                    idx[oh * s.ow + ow].write(at as u32);
                 }
-                out[oh * s.ow + ow].write(best);
-                idx[oh * s.ow + ow].write(at as u32);
             }
-        }
-    });
-    Ok(())
+            Ok(())
+        },
+    )
 }
 
 /// Max pooling of one plane by unpadded 2x2 windows of stride 2 (see
@@ -370,16 +386,21 @@ pub(crate) fn max_pool2d_backward_uninit(
     let tasks = tasks
         .zip(indices.par_chunks(op))
         .with_min_len(spec.min_planes());
-    tasks.for_each(|((dx, dy), idx)| {
-        // Zeroed plane by plane, so the sums land in a plane still in cache.
-        dx.fill(MaybeUninit::new(0.0));
-        // SAFETY: every element of the plane was written just above.
-        let dx = unsafe { assume_init(dx) };
-        for (&g, &i) in dy.iter().zip(idx) {
-            dx[i as usize] += g;
-        }
-    });
-    Ok(())
+    let deadline = Deadline::current();
+    let visits = (plane as u64).saturating_add(op as u64);
+    tasks.try_for_each_init(
+        || deadline.meter(OP),
+        |meter, ((dx, dy), idx)| {
+            // Zeroed plane by plane, so the sums land in a plane still in cache.
+            dx.fill(MaybeUninit::new(0.0));
+            // SAFETY: every element of the plane was written just above.
+            let dx = unsafe { assume_init(dx) };
+            for (&g, &i) in dy.iter().zip(idx) {
+                dx[i as usize] += g;
+            }
+            meter.add(visits)
+        },
+    )
 }
 
 /// Average pooling (padding counted) of dense `x` into `out` `[N, C, OH, OW]`.
@@ -394,22 +415,29 @@ pub fn avg_pool2d_forward(spec: &Pool2dSpec, x: &[f32], out: &mut [f32]) -> Resu
     let tasks = out
         .par_chunks_mut(s.out_plane())
         .zip(x.par_chunks(s.plane()));
-    tasks.with_min_len(s.min_planes()).for_each(|(out, x)| {
-        for oh in 0..s.oh {
-            for ow in 0..s.ow {
-                let (rows, cols) = s.window(oh, ow);
-                let total: f32 = rows
-                    .map(|ih| {
-                        x[ih * s.w + cols.start..ih * s.w + cols.end]
-                            .iter()
-                            .sum::<f32>()
-                    })
-                    .sum();
-                out[oh * s.ow + ow] = total * scale;
+    let deadline = Deadline::current();
+    let window = work::product(&s.kernel);
+    let tasks = tasks.with_min_len(s.min_planes());
+    tasks.try_for_each_init(
+        || deadline.meter(OP),
+        |meter, (out, x)| {
+            for oh in 0..s.oh {
+                for ow in 0..s.ow {
+                    meter.add(window)?;
+                    let (rows, cols) = s.window(oh, ow);
+                    let total: f32 = rows
+                        .map(|ih| {
+                            x[ih * s.w + cols.start..ih * s.w + cols.end]
+                                .iter()
+                                .sum::<f32>()
+                        })
+                        .sum();
+                    out[oh * s.ow + ow] = total * scale;
+                }
             }
-        }
-    });
-    Ok(())
+            Ok(())
+        },
+    )
 }
 
 /// `d_input` (`[N, C, H, W]`, overwritten) of [`avg_pool2d_forward`] from `d_out`.
@@ -425,18 +453,25 @@ pub fn avg_pool2d_backward(spec: &Pool2dSpec, d_out: &[f32], d_input: &mut [f32]
     let tasks = d_input
         .par_chunks_mut(s.plane())
         .zip(d_out.par_chunks(s.out_plane()));
-    tasks.with_min_len(s.min_planes()).for_each(|(dx, dy)| {
-        for oh in 0..s.oh {
-            for ow in 0..s.ow {
-                let (rows, cols) = s.window(oh, ow);
-                let g = dy[oh * s.ow + ow] * scale;
-                for ih in rows {
-                    dx[ih * s.w + cols.start..ih * s.w + cols.end]
-                        .iter_mut()
-                        .for_each(|v| *v += g);
+    let deadline = Deadline::current();
+    let window = work::product(&s.kernel);
+    let tasks = tasks.with_min_len(s.min_planes());
+    tasks.try_for_each_init(
+        || deadline.meter(OP),
+        |meter, (dx, dy)| {
+            for oh in 0..s.oh {
+                for ow in 0..s.ow {
+                    meter.add(window)?;
+                    let (rows, cols) = s.window(oh, ow);
+                    let g = dy[oh * s.ow + ow] * scale;
+                    for ih in rows {
+                        dx[ih * s.w + cols.start..ih * s.w + cols.end]
+                            .iter_mut()
+                            .for_each(|v| *v += g);
+                    }
                 }
             }
-        }
-    });
-    Ok(())
+            Ok(())
+        },
+    )
 }

@@ -23,6 +23,7 @@ use crate::nn_kernels::{
 };
 use crate::storage::nn::{self as kernels, Dense};
 use crate::storage::{self, Buffer, Storage};
+use crate::work::{self, Kind};
 use std::sync::Arc;
 
 fn dense(t: &Tensor) -> Dense<'_> {
@@ -93,6 +94,11 @@ fn layer_grads(
         .collect())
 }
 
+/// Element visits of a norm over `shape`, forward or backward: a few passes over the input.
+fn norm_work(shape: &[usize]) -> u64 {
+    work::product(shape).saturating_mul(4)
+}
+
 fn want3(want: &[bool]) -> [bool; 3] {
     [0, 1, 2].map(|i| want.get(i).copied().unwrap_or(false))
 }
@@ -122,6 +128,7 @@ impl Tensor {
             dilation,
             groups,
         )?;
+        work::admit(OP, self.device(), Kind::MultiplyAdds, spec.work())?;
         let pool = self.pool();
         let ws = kernels::conv2d_workspace(pool, &spec)?;
         let _ws = storage::reserve_workspace(pool, ws)?;
@@ -156,6 +163,8 @@ impl Tensor {
     ) -> Result<Vec<(Tensor, Tensor)>> {
         const OP: &str = "conv2d backward";
         let pool = x.pool();
+        let work = spec.work().saturating_mul(2);
+        work::admit(OP, pool.device(), Kind::MultiplyAdds, work)?;
         let ws = kernels::conv2d_workspace(pool, spec)?;
         let _ws = storage::reserve_workspace(pool, ws)?;
         let g = g.contiguous()?;
@@ -177,6 +186,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         const OP: &str = "max_pool2d";
         let spec = Pool2dSpec::new(self.shape(), kernel, stride, padding)?;
+        work::admit(OP, self.device(), Kind::Visits, spec.work())?;
         let pool = self.pool();
         let x = self.contiguous()?;
         let shape = spec.out_shape();
@@ -205,6 +215,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         const OP: &str = "avg_pool2d";
         let spec = Pool2dSpec::new(self.shape(), kernel, stride, padding)?;
+        work::admit(OP, self.device(), Kind::Visits, spec.work())?;
         let pool = self.pool();
         let x = self.contiguous()?;
         let shape = spec.out_shape();
@@ -229,6 +240,7 @@ impl Tensor {
         spec: &Pool2dSpec,
     ) -> Result<Vec<(Tensor, Tensor)>> {
         let pool = x.pool();
+        work::admit("pool2d backward", pool.device(), Kind::Visits, spec.work())?;
         let g = g.contiguous()?;
         let len = x.numel();
         match indices {
@@ -270,6 +282,7 @@ impl Tensor {
         }
         let normalized = &self.shape()[rank - normalized_dims..];
         let spec = LayerNormSpec::new(self.shape(), normalized, eps)?;
+        work::admit(OP, self.device(), Kind::Visits, norm_work(self.shape()))?;
         check_param(OP, weight, normalized)?;
         check_param(OP, bias, normalized)?;
         let pool = self.pool();
@@ -310,6 +323,7 @@ impl Tensor {
     ) -> Result<Vec<(Tensor, Tensor)>> {
         const OP: &str = "layer_norm backward";
         let pool = x.pool();
+        work::admit(OP, pool.device(), Kind::Visits, norm_work(x.shape()))?;
         let ws = kernels::layer_norm_workspace(pool, spec);
         let _ws = storage::reserve_workspace(pool, ws)?;
         let g = g.contiguous()?;
@@ -345,6 +359,7 @@ impl Tensor {
             false => BatchNormMode::Eval,
         };
         let spec = BatchNormSpec::new(self.shape(), mode, momentum, eps)?;
+        work::admit(OP, self.device(), Kind::Visits, norm_work(self.shape()))?;
         let channels = [spec.channels()];
         for p in [stats[0], stats[1], weight, bias] {
             check_param(OP, p, &channels)?;
@@ -399,6 +414,7 @@ impl Tensor {
     ) -> Result<Vec<(Tensor, Tensor)>> {
         const OP: &str = "batch_norm backward";
         let pool = x.pool();
+        work::admit(OP, pool.device(), Kind::Visits, norm_work(x.shape()))?;
         let ws = kernels::batch_norm_workspace(pool, spec);
         let _ws = storage::reserve_workspace(pool, ws)?;
         let g = g.contiguous()?;
@@ -431,6 +447,7 @@ impl Tensor {
             shape: m.shape(),
         });
         let spec = AttentionSpec::new(q.shape(), k.shape(), v.shape(), causal, m, scale)?;
+        work::admit(OP, q.device(), Kind::MultiplyAdds, spec.work())?;
         let pool = q.pool();
         let ws = kernels::attention_workspace(pool, &spec, false)?;
         let _ws = storage::reserve_workspace(pool, ws)?;
@@ -469,6 +486,8 @@ impl Tensor {
     ) -> Result<Vec<(Tensor, Tensor)>> {
         const OP: &str = "scaled_dot_product_attention backward";
         let pool = q.pool();
+        let work = spec.work().saturating_mul(2);
+        work::admit(OP, pool.device(), Kind::MultiplyAdds, work)?;
         let ws = kernels::attention_workspace(pool, spec, true)?;
         let unwanted: usize = [q, k, v]
             .iter()

@@ -7,6 +7,7 @@ use crate::device::Device;
 use crate::error::{Result, TensorError};
 use crate::layout::broadcast_shape;
 use crate::storage;
+use crate::work::{self, Kind};
 
 impl Tensor {
     /// `[.., m, k] @ [.., k, n] -> [.., m, n]`; batch dimensions broadcast. Either operand may be
@@ -35,6 +36,10 @@ impl Tensor {
         }
         let batch = broadcast_shape("matmul", &self.shape()[..ra - 2], &rhs.shape()[..rb - 2])
             .map_err(|_| mismatch())?;
+        // Known from the shapes before anything runs: an expanded operand counts as the
+        // elements it shows.
+        let work = work::product(&batch).saturating_mul(work::product(&[m, k, n]));
+        work::admit("matmul", self.device(), Kind::MultiplyAdds, work)?;
         let full = |rows, cols| [batch.as_slice(), &[rows, cols]].concat();
         let (a, b) = autograd::no_grad(|| -> Result<(Tensor, Tensor)> {
             let a = self.broadcast_to(&full(m, k))?;

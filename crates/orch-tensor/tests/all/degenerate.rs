@@ -296,7 +296,48 @@ fn layer_ops_on_empty_shapes(pool: &Pool) -> TestResult {
     Ok(())
 }
 
+/// An empty input plane (H or W is 0) that padding alone would give an output panicked in
+/// conv2d's kernel; it is refused with a sentence, forward and through the spec, as pooling
+/// refuses empty planes.
+fn conv2d_refuses_empty_planes_whatever_the_padding(pool: &Pool) -> TestResult {
+    for (input, padding) in [
+        ([1, 1, 0, 0], [1, 1]),
+        ([1, 1, 0, 3], [1, 0]),
+        ([2, 3, 4, 0], [0, 2]),
+        ([1, 2, 0, 0], [3, 3]),
+    ] {
+        let x = Tensor::zeros(&input, pool)?.with_requires_grad();
+        let w = Tensor::ones(&[2, input[1], 1, 1], pool)?.with_requires_grad();
+        for stride in [[1, 1], [2, 1]] {
+            let e = x
+                .conv2d(&w, None, stride, padding, [1, 1], 1)
+                .expect_err("an empty plane is refused");
+            let text = e.to_string();
+            assert!(text.contains("empty"), "{text}");
+            assert!(!text.contains('\n'), "{text}");
+        }
+    }
+    Ok(())
+}
+
+/// Found by fuzz_layers: a kernel of 2 dilated by `usize::MAX` spans `usize::MAX + 1`, and the
+/// sum overflowed in conv2d's argument check (a panic in debug builds).
+fn conv2d_refuses_a_dilated_kernel_past_usize(pool: &Pool) -> TestResult {
+    let x = Tensor::zeros(&[1, 1, 4, 4], pool)?;
+    let w = Tensor::zeros(&[1, 1, 2, 2], pool)?;
+    for dilation in [[usize::MAX, 1], [1, usize::MAX], [usize::MAX / 2 + 1, 1]] {
+        let e = x
+            .conv2d(&w, None, [1, 1], [0, 0], dilation, 1)
+            .expect_err("a kernel past usize is refused");
+        let text = e.to_string();
+        assert!(text.contains("kernel") && !text.contains('\n'), "{text}");
+    }
+    Ok(())
+}
+
 test_device!(
+    conv2d_refuses_a_dilated_kernel_past_usize,
+    conv2d_refuses_empty_planes_whatever_the_padding,
     layer_ops_on_empty_shapes,
     new_ops_on_empty_shapes,
     creation,

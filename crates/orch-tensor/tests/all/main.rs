@@ -3,6 +3,7 @@
 //! failing instead under `ORCH_REQUIRE_GPU=1`).
 
 mod common;
+mod deadline;
 mod degenerate;
 mod errors;
 mod grads;

@@ -26,11 +26,11 @@ use crate::data::Data;
 pub(crate) use convert::Fail;
 use orch_host::{HasPluginState, PluginState, printable};
 use orch_tensor::optim::{Adam, Optimizer, Sgd};
-use orch_tensor::{GraphBudget, MemoryPool, Tensor, with_graph_budget};
+use orch_tensor::{GraphBudget, MemoryPool, Tensor, with_deadline, with_graph_budget};
 use orch_wit::trainer::orch::plugin::metrics::Level;
 use orch_wit::trainer::orch::plugin::tensors::{Tensor as WitTensor, TensorError as WitError};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use wasmtime::component::{Resource, ResourceTable};
 use wasmtime_wasi::{WasiCtxView, WasiView};
 
@@ -190,6 +190,9 @@ pub(crate) struct ReplicaState {
     pub host_panic: Option<(&'static str, String)>,
     /// The replica's bound on live autograd graph nodes.
     pub graph: Arc<GraphBudget>,
+    /// When the plugin's current call must end ([`arm_deadline`]): every host function runs
+    /// its tensor ops under it, since the epoch deadline stops Wasm code, not host code.
+    pub deadline: Option<Instant>,
 }
 
 impl std::fmt::Debug for ReplicaState {
@@ -258,6 +261,7 @@ impl ReplicaState {
             abort: None,
             host_panic: None,
             graph,
+            deadline: None,
         }
     }
 
@@ -333,9 +337,10 @@ impl ReplicaState {
             return Err(wasmtime::format_err!("{why}"));
         }
         let graph = Arc::clone(&self.graph);
+        let deadline = self.deadline;
         // The replica is stopped after a panic, so no half-updated state is used again.
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            with_graph_budget(&graph, || f(self))
+            with_deadline(deadline, || with_graph_budget(&graph, || f(self)))
         }));
         match outcome {
             Ok(Ok(value)) => Ok(Ok(value)),
@@ -426,6 +431,14 @@ impl ReplicaState {
             )
         })
     }
+}
+
+/// Starts a call of the plugin that must end within `deadline`: the epoch deadline that stops
+/// its Wasm code, and the same instant for the host's tensor ops (orch-tensor's
+/// `with_deadline`: an op too large for the time left is refused, CPU kernels stop at it).
+pub(crate) fn arm_deadline(store: &mut wasmtime::Store<ReplicaState>, deadline: Duration) {
+    store.set_epoch_deadline(orch_host::deadline_ticks(deadline));
+    store.data_mut().deadline = Instant::now().checked_add(deadline);
 }
 
 /// A handle the host does not know, as the failure that stops the plugin.

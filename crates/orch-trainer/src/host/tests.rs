@@ -586,3 +586,37 @@ fn dropout_is_the_identity_outside_train_step_and_counts_sites_inside() {
         .unwrap();
     assert_eq!(a, native.to_vec().unwrap());
 }
+
+/// Finding: host ops ran past the call's deadline (the epoch deadline stops Wasm code, not
+/// host code): a matmul of two expanded views and a pooling window as large as its input ran
+/// for minutes. Under the call's deadline they end by it with an error value naming it, and
+/// ordinary ops still run.
+#[test]
+fn host_ops_end_by_the_calls_deadline_with_an_error_value() {
+    let mut s = state();
+    let deadline = Duration::from_secs(1);
+    s.deadline = Some(std::time::Instant::now() + deadline);
+    let one = full(&mut s, &[1, 1], 1.0);
+    let big = i32::MAX;
+    let a = value(s.expand(borrow(&one), vec![256, big]));
+    let b = value(s.expand(borrow(&one), vec![big, 256]));
+    let started = std::time::Instant::now();
+    let err = error(s.matmul(borrow(&a), borrow(&b), false, false));
+    let WitError::Failed(text) = &err else {
+        panic!("{err:?}")
+    };
+    assert!(
+        text.starts_with("matmul: ") && text.contains("deadline"),
+        "{text}"
+    );
+    let image = full(&mut s, &[1, 1, 1024, 1024], 0.5);
+    let err = error(s.max_pool2d(borrow(&image), (1024, 1024), (1, 1), (512, 512)));
+    assert!(
+        matches!(&err, WitError::Failed(t) if t.contains("deadline")),
+        "{err:?}"
+    );
+    assert!(started.elapsed() <= deadline + Duration::from_secs(1));
+    let small = full(&mut s, &[2, 2], 1.0);
+    let product = value(s.matmul(borrow(&small), borrow(&small), false, false));
+    assert_eq!(values(&mut s, &product), vec![2.0; 4]);
+}
