@@ -241,10 +241,17 @@ fn scheduling_pass(queued: usize, free: usize) -> f64 {
         Default::default(),
         kick.clone(),
     );
+    let config = orch_serve::Config::single_user("bench");
+    let policies = orch_serve::core::policy_worker::PolicyWorkers::new(
+        PathBuf::from("/bin/true"),
+        &config,
+        kick.clone(),
+    );
     let shared = std::sync::Arc::new(Shared {
         db,
         compiler,
-        config: orch_serve::Config::single_user("bench"),
+        policies,
+        config,
         state_dir: dir.clone(),
         devices,
         kick: std::sync::Mutex::new(kick),
