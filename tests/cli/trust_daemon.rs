@@ -327,6 +327,12 @@ fn a_restored_backup_never_reuses_a_job_id() {
         "the WAL still holds {} bytes after a clean stop",
         std::fs::metadata(&wal).unwrap().len()
     );
+    assert!(
+        d.log()
+            .contains("the job database's write-ahead log went into jobs.sqlite3"),
+        "{}",
+        d.log()
+    );
     let alone = d.state.join("alone.sqlite3");
     std::fs::copy(&db, &alone).unwrap();
     assert_eq!(job_ids(&alone), [1, 2, 3, 4, 5, 6, 7]);
