@@ -192,6 +192,95 @@ fn a_second_daemon_of_the_machines_devices_is_refused() {
     let _ = std::fs::remove_dir_all(&other);
 }
 
+/// A daemon's locks are its own (mode 0600): another user can neither open them to take the
+/// lock in the gap of a restart nor start a daemon of the machine's devices beside it; that
+/// user's daemon is refused with the holder's pid and told to submit to it or serve simulated or
+/// CPU devices, never to take a private lock (which would exclude nobody).
+#[test]
+fn another_user_can_neither_hold_a_daemons_locks_nor_serve_its_devices() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    if !crate::serve::root_or_skip("another_user_can_neither_hold_a_daemons_locks") {
+        return;
+    }
+    let user = crate::serve::test_user("orchtesta");
+    let dir = scratch("locks-user");
+    crate::serve::world_dir(&dir);
+    let lock = dir.join("machine.lock");
+    let lock_var = lock.display().to_string();
+    let config = dir.join("serve.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "machine_lock = true\n[[tenant]]\nname = \"lab\"\nusers = [\"{}\"]\n",
+            me()
+        ),
+    )
+    .unwrap();
+    let mut first = Daemon::prepare("locks-root");
+    first.config = Some(config.clone());
+    first.env.push(("ORCH_MACHINE_LOCK", lock_var.clone()));
+    first.restart();
+    let mut socket_lock = first.socket().into_os_string();
+    socket_lock.push(".lock");
+    for file in [lock.clone(), PathBuf::from(socket_lock)] {
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", file.display());
+        let out = Command::new("flock")
+            .arg("-n")
+            .arg(&file)
+            .arg("true")
+            .uid(user.0)
+            .gid(user.1)
+            .output()
+            .unwrap();
+        assert!(
+            !out.status.success(),
+            "{} opened by another user",
+            file.display()
+        );
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_orch"))
+        .arg("serve")
+        .arg("--socket")
+        .arg(dir.join("user.sock"))
+        .arg("--config")
+        .arg(&config)
+        .env("ORCH_STATE_DIR", dir.join("user-state"))
+        .env("ORCH_DEVICES", lab_sim())
+        .env("ORCH_MACHINE_LOCK", &lock_var)
+        .env_remove("RUST_LOG")
+        .current_dir(&dir)
+        .uid(user.0)
+        .gid(user.1)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("belong to the machine's daemon")
+            && err.contains(&format!("pid {}", pid_of(&first)))
+            && err.contains("--devices sim:")
+            && !err.contains("ORCH_MACHINE_LOCK"),
+        "{err}"
+    );
+    assert!(!dir.join("user.sock").exists(), "{err}");
+    // A symbolic link planted where a socket's lock goes is not followed: the start is refused
+    // and what it points at is untouched.
+    let victim = dir.join("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    let planted = scratch("locks-planted");
+    std::os::unix::fs::symlink(&victim, planted.join("orch.sock.lock")).unwrap();
+    let out = serve_refused(&planted, &planted.join("orch.sock"), None, &[]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("symbolic link"), "{err}");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&planted);
+}
+
 fn job_ids(db: &Path) -> Vec<i64> {
     let conn = rusqlite::Connection::open(db).unwrap();
     let mut stmt = conn.prepare("SELECT id FROM jobs ORDER BY id").unwrap();
@@ -237,6 +326,12 @@ fn a_restored_backup_never_reuses_a_job_id() {
         std::fs::metadata(&wal).map_or(0, |m| m.len()) == 0,
         "the WAL still holds {} bytes after a clean stop",
         std::fs::metadata(&wal).unwrap().len()
+    );
+    assert!(
+        d.log()
+            .contains("the job database's write-ahead log went into jobs.sqlite3"),
+        "{}",
+        d.log()
     );
     let alone = d.state.join("alone.sqlite3");
     std::fs::copy(&db, &alone).unwrap();
@@ -323,8 +418,9 @@ fn usage_of(d: &Daemon) -> f64 {
 }
 
 /// Jobs that end while the daemon is stopped (SIGSTOP, then kill -9 and a restart) are charged to
-/// the end their exit record gives, never to when the daemon noticed: each within a second of
-/// the runtime the job measured itself, and the tenant's usage is their sum.
+/// the end their exit record gives, never to when the daemon noticed: each within 0.25 s of its
+/// recorded runtime and within 2 s of the runtime the job measured itself (its `sh` starting
+/// under load lies between the two), and the tenant's usage is their sum.
 #[test]
 fn usage_is_charged_to_each_jobs_recorded_end() {
     let mut d = Daemon::start("charge");
@@ -362,7 +458,7 @@ fn usage_is_charged_to_each_jobs_recorded_end() {
             c.id, c.charged_s, c.runtime_s, c.recorded_s
         );
         assert!(
-            (c.charged_s - c.runtime_s).abs() < 1.0 && (c.charged_s - c.recorded_s).abs() < 0.25,
+            (c.charged_s - c.runtime_s).abs() < 2.0 && (c.charged_s - c.recorded_s).abs() < 0.25,
             "job {}: charged {} GPU-seconds for {} s of running ({} s recorded)",
             c.id,
             c.charged_s,
@@ -432,14 +528,16 @@ fn clients_give_up_on_a_silent_daemon_and_waiting_commands_say_they_wait() {
     );
 
     // A real daemon and a job silent for longer than the bound: `wait` and `logs --follow` wait.
+    // The bound is 5 s here (each of their requests must still be answered within it, on a
+    // loaded machine too), and the jobs are silent for 8.
     let d = Daemon::start("patient");
-    let id = d.submit(&["--", "sh", "-c", "sleep 3; echo done"]);
+    let id = d.submit(&["--", "sh", "-c", "sleep 8; echo done"]);
     let patient = |args: &[&str]| {
         orch(
             args,
             &[
                 ("ORCH_SERVER", &d.socket().display().to_string()),
-                ("ORCH_CLIENT_TIMEOUT", "1"),
+                ("ORCH_CLIENT_TIMEOUT", "5"),
             ],
         )
     };
@@ -453,7 +551,7 @@ fn clients_give_up_on_a_silent_daemon_and_waiting_commands_say_they_wait() {
         "{}",
         stderr(&out)
     );
-    let id = d.submit(&["--", "sleep", "3"]);
+    let id = d.submit(&["--", "sleep", "8"]);
     let out = patient(&["wait", &id]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(

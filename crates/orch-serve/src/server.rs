@@ -207,7 +207,7 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     .map_err(ServeError::Start)?;
     engine.recover().map_err(ServeError::Start)?;
     engine.watch_devices();
-    std::thread::Builder::new()
+    let engine = std::thread::Builder::new()
         .name("orch-engine".into())
         .spawn(move || engine.run())
         .map_err(|e| ServeError::Start(e.to_string()))?;
@@ -223,9 +223,28 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
     );
     orch_exec::devices::announce_for_daemon();
     let served = runtime.block_on(listen(Arc::clone(&shared), listeners, connections));
-    // A clean stop leaves jobs.sqlite3 whole on its own: everything the WAL holds goes into it.
-    shared.db.checkpoint();
+    stop(&shared, runtime, engine);
     served
+}
+
+/// A clean stop, once nothing is accepted any more: the connections' tasks end with the runtime,
+/// then the engine thread, and last the job database's writer, which checkpoints the WAL
+/// (TRUNCATE) after every write queued before it and takes none after: jobs.sqlite3 alone holds
+/// everything. Each wait is bounded; what did not end in time is logged, and the writer still
+/// refuses anything later than its checkpoint.
+fn stop(shared: &Shared, runtime: tokio::runtime::Runtime, engine: std::thread::JoinHandle<()>) {
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    let _ = orch_core::sync::lock(&shared.kick).send(Kick::Stop);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !engine.is_finished() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if engine.is_finished() {
+        let _ = engine.join();
+    } else {
+        tracing::warn!("the engine thread did not stop within 10 s; the job database stops anyway");
+    }
+    shared.db.stop();
 }
 
 /// Job ids are never reused: the next job is numbered above every job folder there is, even when
@@ -275,8 +294,11 @@ fn lock_state(dir: &Path) -> Result<std::fs::File, ServeError> {
 
 /// The machine-wide lock (`path`, [`machine_lock_path`]), held for the daemon's life: the one
 /// daemon that owns this machine's devices, whatever its state folder. The file says who holds it
-/// (pid, socket, state folder, a line each); the lock itself dies with the process, so a daemon
-/// killed with -9 leaves nothing in the way.
+/// (pid, socket, state folder, a line each) to its owner; the lock itself dies with the process,
+/// so a daemon killed with -9 leaves nothing in the way.
+///
+/// The machine's devices belong to the machine's daemon (root's): a user's daemon, which cannot
+/// open root's lock file, is refused with a sentence naming that daemon when one holds it.
 fn lock_machine(path: &Path, socket: &Path, state_dir: &Path) -> Result<std::fs::File, ServeError> {
     if let Some(parent) = path.parent() {
         let _ = std::fs::create_dir_all(parent);
@@ -288,14 +310,33 @@ fn lock_machine(path: &Path, socket: &Path, state_dir: &Path) -> Result<std::fs:
         state_dir.display()
     );
     match take_lock(path, &holder) {
-        Ok(file) => {
-            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644));
-            Ok(file)
+        Ok(file) => Ok(file),
+        // SAFETY: geteuid cannot fail.
+        Err(LockError::Io(e)) if unsafe { libc::geteuid() } == 0 => {
+            Err(ServeError::Start(format!(
+                "cannot take the machine-wide lock {} ({e}): a daemon of real devices must hold it",
+                path.display()
+            )))
         }
-        Err(LockError::Io(e)) => Err(ServeError::Start(format!(
-            "cannot take the machine-wide lock {} ({e}): a daemon of real devices must hold it; set ORCH_MACHINE_LOCK to a file this daemon may write",
-            path.display()
-        ))),
+        Err(LockError::Io(e)) => {
+            // A user's daemon cannot open root's lock file. Who holds it: the kernel's lock
+            // table names the process, and the machine daemon's owner record its socket.
+            let daemon = match flock_holder_of(path) {
+                Some(pid) => match orch_leases::Owner::read().filter(|o| o.holder.pid == pid) {
+                    Some(owner) => format!(
+                        "the orch serve with pid {pid}, listening on {}, holds it: submit to it (orch submit, orch run and import orch find it with ORCH_SERVER={})",
+                        owner.socket.display(),
+                        owner.socket.display()
+                    ),
+                    None => format!("the orch serve with pid {pid} holds it: submit to it"),
+                },
+                None => "submit to it".into(),
+            };
+            Err(ServeError::Start(format!(
+                "cannot take the machine-wide lock {} ({e}): this machine's real devices belong to the machine's daemon (orch serve as root, docs/SERVE.md); {daemon}, or serve simulated or CPU devices of your own (--devices sim:FILE or --devices cpu)",
+                path.display()
+            )))
+        }
         Err(LockError::Held(holder)) => {
             let mut lines = holder.lines().map(str::trim);
             let known = |v: Option<&str>| {
@@ -313,23 +354,70 @@ fn lock_machine(path: &Path, socket: &Path, state_dir: &Path) -> Result<std::fs:
 
 /// A lock [`take_lock`] could not take.
 enum LockError {
-    /// Another process holds it; what its file says.
+    /// Another process holds it; what its file says (the holder's pid first).
     Held(String),
     Io(std::io::Error),
 }
 
 /// `flock(LOCK_EX | LOCK_NB)` on `path` (created if missing), then `contents` written into it.
 /// The file is never removed: a lock on a removed file would lock nothing for the next daemon.
+///
+/// Nobody else may hold it: `flock` needs only a descriptor, so the file is this user's alone
+/// (mode 0600), and a process of another user cannot open it to take the lock in the gap of a
+/// restart. A symbolic link at `path` is not followed (`O_NOFOLLOW`), and a file that is not a
+/// plain file of this user with one name is refused, never truncated: a daemon pointed at a
+/// folder others may write (`--socket /tmp/...`) writes into nothing it did not create. A lock
+/// file others could open (an older orch made them 0644) is replaced by a fresh one, so that a
+/// descriptor opened earlier locks nothing.
 fn take_lock(path: &Path, contents: &str) -> Result<std::fs::File, LockError> {
     use std::io::{Read, Seek, Write};
     use std::os::fd::AsRawFd;
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map_err(LockError::Io)?;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let open = |path: &Path, new: bool| {
+        let mut options = std::fs::OpenOptions::new();
+        options
+            .read(true)
+            .write(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+        if new {
+            options.create_new(true);
+        } else {
+            options.create(true).truncate(false);
+        }
+        options.open(path).map_err(|e| {
+            LockError::Io(if e.raw_os_error() == Some(libc::ELOOP) {
+                std::io::Error::other(format!(
+                    "{} is a symbolic link; a lock file is never followed through one: remove it",
+                    path.display()
+                ))
+            } else {
+                e
+            })
+        })
+    };
+    let mut file = open(path, false)?;
+    let meta = file.metadata().map_err(LockError::Io)?;
+    // SAFETY: geteuid cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    let refuse = |what: String| {
+        Err(LockError::Io(std::io::Error::other(format!(
+            "{} {what}, so it is not this daemon's lock file: remove it (as its owner or root) and start again",
+            path.display()
+        ))))
+    };
+    if !meta.is_file() {
+        return refuse("is not a plain file".into());
+    }
+    if meta.uid() != uid {
+        return refuse(format!(
+            "belongs to uid {}, not to this daemon's (uid {uid})",
+            meta.uid()
+        ));
+    }
+    if meta.nlink() != 1 {
+        return refuse(format!("has {} names (hard links)", meta.nlink()));
+    }
     // SAFETY: flock on a descriptor we own.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         // The holder writes its lines just after it takes the lock: a moment's patience.
@@ -343,12 +431,60 @@ fn take_lock(path: &Path, contents: &str) -> Result<std::fs::File, LockError> {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+        // The kernel knows who holds it; the file's lines are that process's only if it wrote
+        // them (a stale file names a daemon that is gone).
+        if let Some(pid) = flock_holder(meta.dev(), meta.ino())
+            && text.lines().next().map(str::trim) != Some(pid.to_string().as_str())
+        {
+            text = format!("{pid}\n");
+        }
         return Err(LockError::Held(text));
     }
+    if meta.mode() & 0o077 != 0 {
+        // Taken, but others could open it: a fresh file, locked, takes its name.
+        let mut name = path.as_os_str().to_owned();
+        name.push(format!(".{}", std::process::id()));
+        let fresh_path = PathBuf::from(name);
+        let _ = std::fs::remove_file(&fresh_path);
+        let fresh = open(&fresh_path, true)?;
+        // SAFETY: flock on a descriptor we own; nobody else knows the file yet.
+        if unsafe { libc::flock(fresh.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = std::io::Error::last_os_error();
+            let _ = std::fs::remove_file(&fresh_path);
+            return Err(LockError::Io(e));
+        }
+        if let Err(e) = std::fs::rename(&fresh_path, path) {
+            let _ = std::fs::remove_file(&fresh_path);
+            return Err(LockError::Io(e));
+        }
+        file = fresh;
+    }
+    let _ = file.set_permissions(std::fs::Permissions::from_mode(0o600));
     let _ = file.set_len(0);
     let _ = file.rewind();
     let _ = file.write_all(contents.as_bytes());
     Ok(file)
+}
+
+/// The pid of the process holding a `flock` on `path`, from the kernel's lock table
+/// (`/proc/locks`, readable by everyone): also for a file this process may not open.
+fn flock_holder_of(path: &Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    flock_holder(meta.dev(), meta.ino())
+}
+
+/// The pid holding a `flock` on the file `(dev, ino)`, from `/proc/locks`.
+fn flock_holder(dev: u64, ino: u64) -> Option<u32> {
+    let id = format!("{:02x}:{:02x}:{ino}", libc::major(dev), libc::minor(dev));
+    let table = std::fs::read_to_string("/proc/locks").ok()?;
+    table.lines().find_map(|line| {
+        // `1: FLOCK  ADVISORY  WRITE 4711 00:1a:2345 0 EOF`; waiters' lines have `->`.
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        (fields.get(1) == Some(&"FLOCK") && fields.get(5) == Some(&id.as_str()))
+            .then(|| fields.get(4)?.parse().ok())
+            .flatten()
+    })
 }
 
 /// The daemon's listeners, bound before any is announced. The Unix socket is bound beside its
@@ -1009,5 +1145,77 @@ mod tests {
         ] {
             assert!(!metrics_read(&hyper::Method::GET, path), "{path}");
         }
+    }
+
+    /// A folder of its own under the temporary folder, for one test.
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("orch-lock-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn a_lock_file_is_the_daemons_alone() {
+        let dir = scratch("mode");
+        let path = dir.join("x.sock.lock");
+        let me = format!("{}\nthe rest\n", std::process::id());
+        let held = take_lock(&path, &me).ok().unwrap();
+        assert_eq!(mode(&path), 0o600);
+        assert!(matches!(take_lock(&path, "2\n"), Err(LockError::Held(t)) if t == me));
+        drop(held);
+        // One an older orch left readable by everyone: replaced, so that a descriptor opened
+        // on it earlier (anyone's) locks nothing.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let earlier = std::fs::File::open(&path).unwrap();
+        let lock = take_lock(&path, "3\n").ok().unwrap();
+        assert_eq!(mode(&path), 0o600);
+        drop(lock);
+        // SAFETY: flock on a descriptor we own.
+        let taken = unsafe {
+            libc::flock(
+                std::os::fd::AsRawFd::as_raw_fd(&earlier),
+                libc::LOCK_EX | libc::LOCK_NB,
+            )
+        };
+        assert_eq!(taken, 0);
+        let lock = take_lock(&path, "4\n").ok();
+        assert!(lock.is_some(), "an old descriptor held the lock");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "4\n");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_planted_lock_file_is_neither_followed_nor_truncated() {
+        let dir = scratch("planted");
+        let victim = dir.join("victim");
+        std::fs::write(&victim, "precious\n").unwrap();
+        let refused = |path: &Path, what: &str| match take_lock(path, "1\n") {
+            Err(LockError::Io(e)) => assert!(e.to_string().contains(what), "{e}"),
+            Err(LockError::Held(t)) => panic!("held: {t}"),
+            Ok(_) => panic!("{} was taken", path.display()),
+        };
+        let link = dir.join("link.lock");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        refused(&link, "symbolic link");
+        let hard = dir.join("hard.lock");
+        std::fs::hard_link(&victim, &hard).unwrap();
+        refused(&hard, "2 names");
+        std::fs::create_dir(dir.join("dir.lock")).unwrap();
+        refused(&dir.join("dir.lock"), "directory");
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            let foreign = dir.join("foreign.lock");
+            std::fs::write(&foreign, "planted\n").unwrap();
+            std::os::unix::fs::chown(&foreign, Some(65534), Some(65534)).unwrap();
+            refused(&foreign, "belongs to uid 65534");
+            assert_eq!(std::fs::read_to_string(&foreign).unwrap(), "planted\n");
+        }
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

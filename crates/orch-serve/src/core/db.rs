@@ -230,9 +230,16 @@ struct WriteRequest {
     reply: tokio::sync::oneshot::Sender<Result<i64, DbError>>,
 }
 
+/// What the writer thread is asked.
+enum Request {
+    Write(WriteRequest),
+    /// The last request ([`Db::stop`]): checkpoint, answer `(busy, log pages)`, end.
+    Stop(mpsc::Sender<Result<(i64, i64), DbError>>),
+}
+
 /// The job database.
 pub struct Db {
-    writer: mpsc::Sender<WriteRequest>,
+    writer: mpsc::Sender<Request>,
     reader: Mutex<Connection>,
 }
 
@@ -284,7 +291,7 @@ impl Db {
             .map_err(db("creating the schema"))?;
         migrate(&writer_conn)?;
         let reader = open(())?;
-        let (writer, requests) = mpsc::channel::<WriteRequest>();
+        let (writer, requests) = mpsc::channel::<Request>();
         std::thread::Builder::new()
             .name("orch-db-writer".into())
             .spawn(move || write_loop(writer_conn, requests))
@@ -337,18 +344,22 @@ impl Db {
         Ok((behind >= 0).then_some(behind))
     }
 
-    /// Moves everything the write-ahead log holds into `jobs.sqlite3` and empties the log
-    /// (`wal_checkpoint(TRUNCATE)`), so that the file alone holds every job: done at a clean
-    /// stop. A checkpoint that cannot finish (a reader in the way for 30 s) is logged.
-    pub fn checkpoint(&self) {
-        let done = self.read(|c| {
-            query_row(c, "PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
-                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
-            })
-            .map_err(db("checkpointing"))
-        });
+    /// The clean stop's last write: the writer thread commits what was queued before this, moves
+    /// everything the write-ahead log holds into `jobs.sqlite3`, empties the log
+    /// (`wal_checkpoint(TRUNCATE)`) and ends, so that the file alone holds every job. A write
+    /// asked for later fails ("the writer thread is gone") and changes nothing. The result is
+    /// logged; a checkpoint that cannot finish (a reader in the way for 30 s) says so.
+    pub fn stop(&self) {
+        let (reply, answer) = mpsc::channel();
+        let done = self
+            .writer
+            .send(Request::Stop(reply))
+            .map_err(|_| writer_gone())
+            .and_then(|()| answer.recv().map_err(|_| writer_gone())?);
         match done {
-            Ok((0, _)) => {}
+            Ok((0, pages)) => tracing::info!(
+                "the job database's write-ahead log went into jobs.sqlite3 ({pages} page(s)); jobs.sqlite3 alone holds every job"
+            ),
             Ok((_, pages)) => tracing::warn!(
                 "the job database's write-ahead log could not be emptied at stop ({pages} page(s) left in jobs.sqlite3-wal): copy it with jobs.sqlite3"
             ),
@@ -396,7 +407,7 @@ impl Db {
     ) -> Result<tokio::sync::oneshot::Receiver<Result<i64, DbError>>, DbError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.writer
-            .send(WriteRequest { op, reply })
+            .send(Request::Write(WriteRequest { op, reply }))
             .map_err(|_| writer_gone())?;
         Ok(answer)
     }
@@ -550,80 +561,106 @@ impl Db {
     }
 }
 
-fn write_loop(mut conn: Connection, requests: mpsc::Receiver<WriteRequest>) {
-    while let Ok(first) = requests.recv() {
-        let mut batch = vec![first];
-        while batch.len() < 512 {
-            match requests.try_recv() {
-                Ok(more) => batch.push(more),
-                Err(_) => break,
-            }
-        }
-        let tx = match conn.transaction() {
-            Ok(tx) => tx,
-            Err(e) => {
-                let code = e.sqlite_error_code();
-                for request in batch {
-                    let _ = request.reply.send(Err(DbError {
-                        op: "starting a write",
-                        reason: e.to_string(),
-                        code,
-                    }));
+fn write_loop(mut conn: Connection, requests: mpsc::Receiver<Request>) {
+    let mut stop = None;
+    while stop.is_none() {
+        let Ok(first) = requests.recv() else {
+            return;
+        };
+        let mut batch = Vec::new();
+        let mut next = Some(first);
+        while let Some(request) = next.take() {
+            match request {
+                Request::Write(write) => batch.push(write),
+                Request::Stop(reply) => {
+                    stop = Some(reply);
+                    break;
                 }
-                continue;
             }
-        };
-        let mut results = Vec::with_capacity(batch.len());
-        let mut replies = Vec::with_capacity(batch.len());
-        // A savepoint that could not be ended leaves the transaction in a state nobody can vouch
-        // for (a failed write's changes may still be in it): the whole batch is rolled back and
-        // every request of it fails.
-        let mut broken: Option<DbError> = None;
-        for request in batch {
-            replies.push(request.reply);
-            if broken.is_some() {
-                continue;
+            if batch.len() < 512 {
+                next = requests.try_recv().ok();
             }
-            // Each write in a savepoint of its own: one failing write does not undo the others.
-            // A savepoint that cannot be made fails its request, never silently.
-            // One name serves all: each savepoint is released before the next is made.
-            if let Err(e) = exec(&tx, "SAVEPOINT w", []) {
-                results.push(Err(db("starting a write")(e)));
-                continue;
-            }
-            let result = (request.op)(&tx);
-            let ended = if result.is_ok() {
-                exec(&tx, "RELEASE w", [])
-            } else {
-                exec(&tx, "ROLLBACK TO w", []).and_then(|_| exec(&tx, "RELEASE w", []))
-            };
-            if let Err(e) = ended {
-                broken = Some(db("ending a write")(e));
-            }
-            results.push(result);
         }
-        let committed = match broken {
-            Some(e) => {
-                drop(tx);
-                Err(e)
-            }
-            None => tx.commit().map_err(db("committing")),
-        };
-        for (reply, result) in replies.into_iter().zip(
-            results
-                .into_iter()
-                .map(Some)
-                .chain(std::iter::repeat_with(|| None)),
-        ) {
-            let _ = reply.send(match &committed {
-                Ok(()) => result.unwrap_or_else(|| Err(writer_gone())),
-                Err(e) => Err(DbError {
-                    op: e.op,
-                    reason: e.reason.clone(),
-                    code: e.code,
-                }),
-            });
+        if !batch.is_empty() {
+            commit(&mut conn, batch);
         }
+    }
+    let checkpointed = query_row(&conn, "PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+        Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+    })
+    .map_err(db("checkpointing"));
+    if let Some(reply) = stop {
+        let _ = reply.send(checkpointed);
+    }
+    // `requests` goes here: every write asked for from now on fails.
+}
+
+/// Commits one batch of writes, each in a savepoint of its own, and answers each.
+fn commit(conn: &mut Connection, batch: Vec<WriteRequest>) {
+    let tx = match conn.transaction() {
+        Ok(tx) => tx,
+        Err(e) => {
+            let code = e.sqlite_error_code();
+            for request in batch {
+                let _ = request.reply.send(Err(DbError {
+                    op: "starting a write",
+                    reason: e.to_string(),
+                    code,
+                }));
+            }
+            return;
+        }
+    };
+    let mut results = Vec::with_capacity(batch.len());
+    let mut replies = Vec::with_capacity(batch.len());
+    // A savepoint that could not be ended leaves the transaction in a state nobody can vouch
+    // for (a failed write's changes may still be in it): the whole batch is rolled back and
+    // every request of it fails.
+    let mut broken: Option<DbError> = None;
+    for request in batch {
+        replies.push(request.reply);
+        if broken.is_some() {
+            continue;
+        }
+        // Each write in a savepoint of its own: one failing write does not undo the others.
+        // A savepoint that cannot be made fails its request, never silently.
+        // One name serves all: each savepoint is released before the next is made.
+        if let Err(e) = exec(&tx, "SAVEPOINT w", []) {
+            results.push(Err(db("starting a write")(e)));
+            continue;
+        }
+        let result = (request.op)(&tx);
+        let ended = if result.is_ok() {
+            exec(&tx, "RELEASE w", [])
+        } else {
+            exec(&tx, "ROLLBACK TO w", []).and_then(|_| exec(&tx, "RELEASE w", []))
+        };
+        if let Err(e) = ended {
+            broken = Some(db("ending a write")(e));
+        }
+        results.push(result);
+    }
+    let committed = match broken {
+        Some(e) => {
+            drop(tx);
+            Err(e)
+        }
+        None => tx.commit().map_err(db("committing")),
+    };
+    for (reply, result) in replies.into_iter().zip(
+        results
+            .into_iter()
+            .map(Some)
+            .chain(std::iter::repeat_with(|| None)),
+    ) {
+        let _ = reply.send(match &committed {
+            Ok(()) => result.unwrap_or_else(|| Err(writer_gone())),
+            Err(e) => Err(DbError {
+                op: e.op,
+                reason: e.reason.clone(),
+                code: e.code,
+            }),
+        });
     }
 }
 
@@ -996,11 +1033,64 @@ mod tests {
         assert_eq!(insert(&db), 9);
         assert_eq!(db.number_above(20).unwrap(), Some(9));
         assert_eq!(insert(&db), 21);
-        db.checkpoint();
+        db.stop();
         assert_eq!(
             std::fs::metadata(dir.join("jobs.sqlite3-wal")).map_or(0, |m| m.len()),
             0
         );
+        drop(db);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_stop_leaves_every_write_in_the_file_alone_and_takes_none_after() {
+        let dir = std::env::temp_dir().join(format!("orch-db-stop-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let db = std::sync::Arc::new(Db::open(&dir).unwrap());
+        // Writers still at work while the stop comes (bounded: 2,000 writes each at most).
+        let writers: Vec<_> = (0..2)
+            .map(|w| {
+                let db = std::sync::Arc::clone(&db);
+                std::thread::spawn(move || {
+                    let mut committed = 0u32;
+                    for i in 0..2000 {
+                        let done = db.write_blocking(move |tx| {
+                            exec(
+                                tx,
+                                "INSERT INTO usage (tenant, gpu_seconds, as_of_ms) VALUES (?1, 1, 1)",
+                                [format!("t{w}-{i}")],
+                            )
+                            .map_err(super::db("test"))?;
+                            Ok(0)
+                        });
+                        match done {
+                            Ok(_) => committed += 1,
+                            Err(e) => {
+                                assert!(e.to_string().contains("writer thread is gone"), "{e}");
+                                break;
+                            }
+                        }
+                    }
+                    committed
+                })
+            })
+            .collect();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        db.stop();
+        let committed: u32 = writers.into_iter().map(|w| w.join().unwrap()).sum();
+        assert!(committed > 0);
+        let wal = dir.join("jobs.sqlite3-wal");
+        assert_eq!(std::fs::metadata(&wal).map_or(0, |m| m.len()), 0);
+        // jobs.sqlite3 copied alone holds every committed write.
+        let copy = dir.join("copy");
+        std::fs::create_dir_all(&copy).unwrap();
+        std::fs::copy(dir.join("jobs.sqlite3"), copy.join("jobs.sqlite3")).unwrap();
+        let conn = Connection::open(copy.join("jobs.sqlite3")).unwrap();
+        let rows: u32 = conn
+            .query_row("SELECT COUNT(*) FROM usage", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rows, committed);
         drop(db);
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -474,11 +474,14 @@ impl Engine {
             }
             let mut changed = false;
             match self.kicks.recv_timeout(TICK) {
+                Ok(Kick::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
                 Ok(kick) => changed |= self.handle(kick),
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => return,
             }
             while let Ok(kick) = self.kicks.try_recv() {
+                if matches!(kick, Kick::Stop) {
+                    return;
+                }
                 changed |= self.handle(kick);
             }
             changed |= self.jobs.catch_up();
@@ -542,7 +545,8 @@ impl Engine {
                     job.cancel();
                 }
             }
-            Kick::SupervisorExited => {}
+            // `Stop` ends `run` before it gets here.
+            Kick::SupervisorExited | Kick::Stop => {}
             Kick::Release(id) => self.jobs.release_held(id),
             Kick::PolicyCompiled(hash) => self.policy_compiled(&hash),
             Kick::PolicyAnswered => {}

@@ -19,4 +19,6 @@ pub enum Kick {
     PolicyCompiled(String),
     /// A tenant's policy worker answered for a job (crate::core::policy_worker).
     PolicyAnswered,
+    /// The daemon stops: the engine thread ends (its jobs run on under their supervisors).
+    Stop,
 }

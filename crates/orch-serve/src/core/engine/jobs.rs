@@ -309,13 +309,8 @@ impl Jobs {
             }
             None => {
                 let deciding = Instant::now();
-                let claimed = orch_runner::claim(
-                    &mut self.store,
-                    &mut self.host,
-                    &spec,
-                    &machine,
-                    holder,
-                );
+                let claimed =
+                    orch_runner::claim(&mut self.store, &mut self.host, &spec, &machine, holder);
                 self.shared
                     .metrics
                     .decision("placement", deciding.elapsed().as_secs_f64());
