@@ -706,6 +706,12 @@ async fn listen(
     connections: Arc<crate::http::conns::Connections>,
 ) -> Result<(), ServeError> {
     let mut listeners = listeners;
+    // SIGTERM and SIGINT are caught before the socket is announced: a stop that comes as soon
+    // as a client is answered is a clean stop (the socket withdrawn), not the default death.
+    use tokio::signal::unix::{SignalKind, signal};
+    let caught = |kind| signal(kind).map_err(|e| ServeError::Start(e.to_string()));
+    let mut terminate = caught(SignalKind::terminate())?;
+    let mut interrupt = caught(SignalKind::interrupt())?;
     let (listener, tcp) = listeners.announce()?;
     // The API and the web page on one router; the page's sessions are the TCP listener's.
     let sessions = Arc::new(Sessions::default());
@@ -713,8 +719,6 @@ async fn listen(
         crate::http::routes().merge(crate::web::routes(Arc::clone(&sessions))),
         Arc::clone(&shared),
     );
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| ServeError::Start(e.to_string()))?;
     // Accept failures (no file descriptor left, say) back off instead of spinning: 10 ms,
     // doubled up to a second, back to 10 ms after a success.
     let mut backoff = Backoff::default();
@@ -770,7 +774,7 @@ async fn listen(
                     Err(e) => tcp_backoff.failed("the TCP listener", &e).await,
                 }
             }
-            _ = tokio::signal::ctrl_c() => break,
+            _ = interrupt.recv() => break,
             _ = terminate.recv() => break,
         }
     }
