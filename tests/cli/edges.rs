@@ -218,26 +218,13 @@ fn errors_go_to_stderr_only() {
 
 /// `orch serve ARGS` as a start that is expected to fail: its output, within `limit`.
 fn serve_expecting_failure(state: &Path, config: &Path, limit: Duration) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_orch"))
-        .args(["serve", "--config"])
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_orch"));
+    cmd.args(["serve", "--config"])
         .arg(config)
         .env("ORCH_STATE_DIR", state)
         .env("ORCH_DEVICES", lab_sim())
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + limit;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("orch serve kept running: {:?}", child.wait_with_output());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
+        .env_remove("RUST_LOG");
+    crate::serve::serve_refusal(cmd, limit)
 }
 
 /// Socket files left in the state folder (the daemon's, or one bound beside it; its lock file,

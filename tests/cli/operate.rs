@@ -501,12 +501,7 @@ fn idle_reclaim_warns_then_stops_a_job_whose_gpu_went_idle() {
     let s = d.wait_state(&id, "failed");
     assert_eq!(s["reason"], "idle for 2s; GPUs reclaimed", "{s}");
     assert!(started.elapsed() >= Duration::from_secs(3));
-    let kinds: Vec<&str> = s["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["kind"].as_str().unwrap())
-        .collect();
+    let kinds = crate::serve::event_kinds(&s);
     assert_eq!(
         kinds,
         ["queued", "started", "idle", "stopping", "finished"],

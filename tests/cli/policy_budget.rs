@@ -5,39 +5,10 @@
 //! `orch` clients.
 
 use crate::serve::{Daemon, job_file};
+use crate::serve_plugins::{http, sha256, wait_ended_within};
 use crate::*;
 use serde_json::Value;
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
-
-/// One request over the daemon's socket: the status and the body.
-fn http(d: &Daemon, method: &str, path: &str, body: &[u8]) -> (u16, String) {
-    let mut s = std::os::unix::net::UnixStream::connect(d.socket()).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: orch\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    )
-    .unwrap();
-    s.write_all(body).unwrap();
-    let mut answer = Vec::new();
-    s.read_to_end(&mut answer).unwrap();
-    let answer = String::from_utf8_lossy(&answer).into_owned();
-    let status = answer.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = answer
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_string();
-    (status, body)
-}
-
-fn sha256(bytes: &[u8]) -> String {
-    use sha2::Digest as _;
-    sha2::Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
 
 /// A daemon with tenants `a` and `b` (both this user; `a_extra` adds lines to `a`'s table) on a
 /// fresh state folder, with the machine's built-in plugin maxima (policy 1s / 1GiB).
@@ -97,19 +68,6 @@ fn job(d: &Daemon, name: &str, tenant: &str, policy: Option<(&str, &str)>) -> St
             "[job]\nname = \"{name}\"\ntenant = \"{tenant}\"\n[resources]\ngpus = 1\n{policy}[command]\nargv = [\"true\"]\n"
         ),
     )
-}
-
-fn wait_ended(d: &Daemon, id: &str, within: Duration) -> Value {
-    let deadline = Instant::now() + within;
-    loop {
-        let s = d.status(id);
-        if ["succeeded", "failed", "cancelled", "lost"].contains(&s["state"].as_str().unwrap_or(""))
-        {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "job {id} never ended: {s}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// Submit to running, as the daemon recorded them (`None`: not started within `within`).
@@ -176,7 +134,7 @@ fn another_tenants_hostile_policies_do_not_delay_a_plain_job_or_swell_the_daemon
     );
     // Each hostile job ends, failed, with the sentence that names what stopped its policy.
     for id in &hostile {
-        let s = wait_ended(&d, id, Duration::from_secs(120));
+        let s = wait_ended_within(&d, id, Duration::from_secs(120));
         assert_eq!(s["state"], "failed", "{s}");
         let reason = s["reason"].as_str().unwrap_or("");
         assert!(
@@ -208,7 +166,7 @@ fn a_tenants_policy_memory_caps_its_policies_together_and_says_so() {
         Some(("bomb.wasm", "deadline = \"1s\"\nmemory = \"1GiB\"\n")),
     );
     let id = d.submit(&[&file]);
-    let s = wait_ended(&d, &id, Duration::from_secs(60));
+    let s = wait_ended_within(&d, &id, Duration::from_secs(60));
     assert_eq!(s["state"], "failed", "{s}");
     let reason = s["reason"].as_str().unwrap_or("");
     assert!(
@@ -257,7 +215,7 @@ fn a_lease_whose_policy_its_tenants_policy_cpu_holds_back_is_told_so() {
     let spin = job(&d, "spin", "a", Some(("spin.wasm", "deadline = \"1s\"\n")));
     let spin = d.submit(&[&spin]);
     assert_eq!(
-        wait_ended(&d, &spin, Duration::from_secs(60))["state"],
+        wait_ended_within(&d, &spin, Duration::from_secs(60))["state"],
         "failed"
     );
     // /metrics counts the CPU time it took, for its tenant.
@@ -335,7 +293,7 @@ fn a_job_whose_policy_keeps_taking_its_worker_down_fails_saying_so() {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert_eq!(killed.len(), 3, "workers seen: {killed:?}");
-    let s = wait_ended(&d, &id, Duration::from_secs(60));
+    let s = wait_ended_within(&d, &id, Duration::from_secs(60));
     assert_eq!(s["state"], "failed", "{s}");
     let reason = s["reason"].as_str().unwrap_or("");
     assert!(

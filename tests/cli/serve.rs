@@ -192,6 +192,36 @@ impl Drop for Daemon {
     }
 }
 
+/// Runs `cmd`, an `orch serve` expected to refuse to start, with its output captured: that
+/// output, once it has exited; fails the test if it still runs after `limit`.
+pub fn serve_refusal(mut cmd: Command, limit: Duration) -> std::process::Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("orch serve kept running: {:?}", child.wait_with_output());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// The kinds of a job's events (`orch status --json`'s `events`), in order.
+pub fn event_kinds(status: &serde_json::Value) -> Vec<&str> {
+    status["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect()
+}
+
 pub fn job_file(dir: &std::path::Path, name: &str, text: &str) -> String {
     let path = dir.join(name);
     std::fs::write(&path, text).unwrap();
@@ -740,17 +770,14 @@ pub fn world_dir(path: &std::path::Path) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o1777)).unwrap();
 }
 
-#[test]
-fn as_root_each_job_runs_as_its_user_and_tenants_see_only_their_own() {
-    if !root_or_skip("as_root_each_job_runs_as_its_user") {
-        return;
-    }
-    let alice = test_user("orchtesta");
-    let bob = test_user("orchtestb");
-    let mut d = Daemon::prepare("tenants");
-    let public = std::env::temp_dir().join(format!("orch-tenants-public-{}", std::process::id()));
+/// A daemon as root with two tenants, `vision` (orchtesta) and `nlp` (orchtestb), on a socket in
+/// a folder everyone may enter; `prepare` runs before it starts (a mount on its state folder).
+pub fn two_tenants(tag: &str, prepare: impl FnOnce(&Daemon)) -> (Daemon, std::path::PathBuf) {
+    let mut d = Daemon::prepare(tag);
+    prepare(&d);
+    let public = std::env::temp_dir().join(format!("orch-{tag}-public-{}", std::process::id()));
     world_dir(&public);
-    let config = d.state.join("serve.toml");
+    let config = public.join("serve.toml");
     std::fs::write(
         &config,
         "admins = [\"root\"]\n[[tenant]]\nname = \"vision\"\nusers = [\"orchtesta\"]\n[[tenant]]\nname = \"nlp\"\nusers = [\"orchtestb\"]\n",
@@ -759,6 +786,17 @@ fn as_root_each_job_runs_as_its_user_and_tenants_see_only_their_own() {
     d.config = Some(config);
     d.socket = Some(public.join("orch.sock"));
     d.restart();
+    (d, public)
+}
+
+#[test]
+fn as_root_each_job_runs_as_its_user_and_tenants_see_only_their_own() {
+    if !root_or_skip("as_root_each_job_runs_as_its_user") {
+        return;
+    }
+    let alice = test_user("orchtesta");
+    let bob = test_user("orchtestb");
+    let (d, public) = two_tenants("tenants", |_| {});
     let socket = d.socket();
 
     let out = as_user(

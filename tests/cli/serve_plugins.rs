@@ -14,7 +14,7 @@ use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 /// One request over the daemon's socket: the status and the body.
-fn http(d: &Daemon, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+pub fn http(d: &Daemon, method: &str, path: &str, body: &[u8]) -> (u16, String) {
     let mut s = std::os::unix::net::UnixStream::connect(d.socket()).unwrap();
     write!(
         s,
@@ -34,7 +34,8 @@ fn http(d: &Daemon, method: &str, path: &str, body: &[u8]) -> (u16, String) {
     (status, body)
 }
 
-fn sha256(bytes: &[u8]) -> String {
+/// The lowercase hex SHA-256 of `bytes`, as a component's address names it.
+pub fn sha256(bytes: &[u8]) -> String {
     use sha2::Digest as _;
     sha2::Sha256::digest(bytes)
         .iter()
@@ -101,7 +102,12 @@ fn uuid_of_device(d: &Daemon, index: usize) -> String {
 }
 
 fn wait_ended(d: &Daemon, id: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(120);
+    wait_ended_within(d, id, Duration::from_secs(120))
+}
+
+/// The job's status once it has ended; fails the test if it has not within `within`.
+pub fn wait_ended_within(d: &Daemon, id: &str, within: Duration) -> Value {
+    let deadline = Instant::now() + within;
     loop {
         let s = d.status(id);
         if ["succeeded", "failed", "cancelled", "lost"].contains(&s["state"].as_str().unwrap_or(""))

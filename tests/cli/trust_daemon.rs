@@ -30,23 +30,33 @@ fn serve_refused(
         .env("ORCH_STATE_DIR", state)
         .env("ORCH_DEVICES", lab_sim())
         .env_remove("RUST_LOG")
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .envs(env.iter().copied());
     if let Some(config) = config {
         cmd.arg("--config").arg(config);
     }
-    let mut child = cmd.spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("orch serve kept running: {:?}", child.wait_with_output());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
+    crate::serve::serve_refusal(cmd, Duration::from_secs(30))
+}
+
+/// In `dir`, a config with `machine_lock = true` (tenant `lab`: this user) and the path of the
+/// machine lock; and a daemon (`tag`) started on both. The config, the lock and the daemon.
+fn machine_locked_daemon(dir: &Path, tag: &str) -> (PathBuf, PathBuf, Daemon) {
+    let lock = dir.join("machine.lock");
+    let config = dir.join("serve.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "machine_lock = true\n[[tenant]]\nname = \"lab\"\nusers = [\"{}\"]\n",
+            me()
+        ),
+    )
+    .unwrap();
+    let mut daemon = Daemon::prepare(tag);
+    daemon.config = Some(config.clone());
+    daemon
+        .env
+        .push(("ORCH_MACHINE_LOCK", lock.display().to_string()));
+    daemon.restart();
+    (config, lock, daemon)
 }
 
 fn pid_of(d: &Daemon) -> u32 {
@@ -144,21 +154,8 @@ fn a_live_socket_is_never_taken_over_and_a_dead_ones_is_replaced() {
 #[test]
 fn a_second_daemon_of_the_machines_devices_is_refused() {
     let dir = scratch("machine");
-    let lock = dir.join("machine.lock");
+    let (config, lock, mut first) = machine_locked_daemon(&dir, "machine-a");
     let lock_var = lock.display().to_string();
-    let config = dir.join("serve.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "machine_lock = true\n[[tenant]]\nname = \"lab\"\nusers = [\"{}\"]\n",
-            me()
-        ),
-    )
-    .unwrap();
-    let mut first = Daemon::prepare("machine-a");
-    first.config = Some(config.clone());
-    first.env.push(("ORCH_MACHINE_LOCK", lock_var.clone()));
-    first.restart();
     let other = scratch("machine-b");
     let out = serve_refused(
         &other,
@@ -206,21 +203,8 @@ fn another_user_can_neither_hold_a_daemons_locks_nor_serve_its_devices() {
     let user = crate::serve::test_user("orchtesta");
     let dir = scratch("locks-user");
     crate::serve::world_dir(&dir);
-    let lock = dir.join("machine.lock");
+    let (config, lock, first) = machine_locked_daemon(&dir, "locks-root");
     let lock_var = lock.display().to_string();
-    let config = dir.join("serve.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "machine_lock = true\n[[tenant]]\nname = \"lab\"\nusers = [\"{}\"]\n",
-            me()
-        ),
-    )
-    .unwrap();
-    let mut first = Daemon::prepare("locks-root");
-    first.config = Some(config.clone());
-    first.env.push(("ORCH_MACHINE_LOCK", lock_var.clone()));
-    first.restart();
     let mut socket_lock = first.socket().into_os_string();
     socket_lock.push(".lock");
     for file in [lock.clone(), PathBuf::from(socket_lock)] {
@@ -366,13 +350,11 @@ fn a_restored_backup_never_reuses_a_job_id() {
     assert!(ended >= started, "{s}");
     assert_eq!(s["exit_code"], 0, "{s}");
     assert_eq!(stdout(&d.client(&["logs", &id.to_string()])), "mine\n");
-    let kinds: Vec<&str> = s["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["kind"].as_str().unwrap())
-        .collect();
-    assert_eq!(kinds, ["queued", "started", "finished"], "{s}");
+    assert_eq!(
+        crate::serve::event_kinds(&s),
+        ["queued", "started", "finished"],
+        "{s}"
+    );
     let log = d.log();
     assert!(
         log.contains("is older than its job folders")

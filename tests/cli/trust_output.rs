@@ -3,7 +3,7 @@
 //! of a job it may not see (its name, its lease's id), and requests at the API's edges (unknown
 //! fields, NUL bytes, over-long arguments, what hyper answers before the API sees a request).
 
-use crate::serve::{Daemon, as_user, root_or_skip, test_user, world_dir};
+use crate::serve::{Daemon, as_user, root_or_skip, test_user, two_tenants};
 use crate::*;
 use std::io::{Read, Write};
 use std::process::Command;
@@ -29,25 +29,6 @@ impl Drop for Tmpfs {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.0).output();
     }
-}
-
-/// A daemon as root with two tenants, `vision` (orchtesta) and `nlp` (orchtestb), on a socket in
-/// a folder everyone may enter; `prepare` runs before it starts (a mount on its state folder).
-fn two_tenants(tag: &str, prepare: impl FnOnce(&Daemon)) -> (Daemon, std::path::PathBuf) {
-    let mut d = Daemon::prepare(tag);
-    prepare(&d);
-    let public = std::env::temp_dir().join(format!("orch-{tag}-public-{}", std::process::id()));
-    world_dir(&public);
-    let config = public.join("serve.toml");
-    std::fs::write(
-        &config,
-        "admins = [\"root\"]\n[[tenant]]\nname = \"vision\"\nusers = [\"orchtesta\"]\n[[tenant]]\nname = \"nlp\"\nusers = [\"orchtestb\"]\n",
-    )
-    .unwrap();
-    d.config = Some(config);
-    d.socket = Some(public.join("orch.sock"));
-    d.restart();
-    (d, public)
 }
 
 fn submitted(out: &std::process::Output) -> String {
@@ -309,6 +290,12 @@ fn submission(job_text: &str, cwd: &str, env: serde_json::Value) -> String {
     .to_string()
 }
 
+/// A job submission (`job_text` from `cwd` with the client's `env`) the daemon refuses with 400:
+/// its error.
+fn refused_job(d: &Daemon, job_text: &str, cwd: &str, env: serde_json::Value) -> String {
+    refused(d, &post("/v1/jobs", &submission(job_text, cwd, env)), 400)
+}
+
 /// Unknown fields, NUL bytes and over-long command lines are refused at submission with a
 /// sentence; every error, hyper's own 400 and 431 included, is the daemon's JSON shape.
 #[test]
@@ -327,51 +314,23 @@ fn the_apis_edges_answer_one_json_sentence() {
 
     // NUL bytes in the argv, the job's env, the client's env, the working folder.
     let nul_argv = "[job]\nname = \"e\"\n[command]\nargv = [\"echo\", \"a\\u0000b\"]\n";
-    let error = refused(
-        &d,
-        &post(
-            "/v1/jobs",
-            &submission(nul_argv, "/tmp", serde_json::json!([])),
-        ),
-        400,
-    );
+    let error = refused_job(&d, nul_argv, "/tmp", serde_json::json!([]));
     assert!(
         error.contains("argv[1]") && error.contains("NUL byte"),
         "{error}"
     );
     let nul_env = "[job]\nname = \"e\"\n[command]\nargv = [\"true\"]\nenv = { A = \"x\\u0000\" }\n";
-    let error = refused(
-        &d,
-        &post(
-            "/v1/jobs",
-            &submission(nul_env, "/tmp", serde_json::json!([])),
-        ),
-        400,
-    );
+    let error = refused_job(&d, nul_env, "/tmp", serde_json::json!([]));
     assert!(
         error.contains("[command] env variable \"A\" holds a NUL byte"),
         "{error}"
     );
-    let error = refused(
-        &d,
-        &post(
-            "/v1/jobs",
-            &submission(job, "/tmp", serde_json::json!([["HOME", "/x\u{0}y"]])),
-        ),
-        400,
-    );
+    let error = refused_job(&d, job, "/tmp", serde_json::json!([["HOME", "/x\u{0}y"]]));
     assert!(
         error.contains("variable \"HOME\" holds a NUL byte"),
         "{error}"
     );
-    let error = refused(
-        &d,
-        &post(
-            "/v1/jobs",
-            &submission(job, "/tm\u{0}p", serde_json::json!([])),
-        ),
-        400,
-    );
+    let error = refused_job(&d, job, "/tm\u{0}p", serde_json::json!([]));
     assert!(
         error.contains("the working folder") && error.contains("NUL byte"),
         "{error}"
@@ -382,14 +341,7 @@ fn the_apis_edges_answer_one_json_sentence() {
         "[job]\nname = \"e\"\n[command]\nargv = [\"echo\", \"{}\"]\n",
         "x".repeat(1_000_000)
     );
-    let error = refused(
-        &d,
-        &post(
-            "/v1/jobs",
-            &submission(&long, "/tmp", serde_json::json!([])),
-        ),
-        400,
-    );
+    let error = refused_job(&d, &long, "/tmp", serde_json::json!([]));
     assert!(
         error.contains("argv[1] is 1000000 bytes long") && error.contains("131071"),
         "{error}"
@@ -397,11 +349,7 @@ fn the_apis_edges_answer_one_json_sentence() {
     let env: Vec<(String, String)> = (0..10)
         .map(|i| (format!("V{i}"), "y".repeat(120_000)))
         .collect();
-    let error = refused(
-        &d,
-        &post("/v1/jobs", &submission(job, "/tmp", serde_json::json!(env))),
-        400,
-    );
+    let error = refused_job(&d, job, "/tmp", serde_json::json!(env));
     assert!(
         error.contains("bytes together; at most 1048576 bytes"),
         "{error}"

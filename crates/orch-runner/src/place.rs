@@ -236,37 +236,22 @@ pub fn claim(
     machine: &Machine<'_>,
     holder: Holder,
 ) -> Result<(Lease, Plan), PlaceError> {
-    let request = ClaimRequest {
-        job_name: job.name.clone(),
-        exclusive: job.resources.exclusive,
-        memory_reserved_bytes: job.resources.memory_limit.map_or(0, ByteSize::bytes),
+    claim_planned(
+        store,
+        job,
+        machine,
         holder,
-        inside: enclosing_lease(store, machine),
-    };
-    let mut planned: Option<Plan> = None;
-    let claimed = store.claim(&request, |leases| {
-        let input = PlanInput {
-            job,
-            devices: &machine.inventory.devices,
-            visibility: machine.visibility,
-            leases,
-        };
-        let plan = crate::plan(input, host, machine.env)?;
-        let uuids = plan.chosen.iter().map(|d| d.uuid.clone()).collect();
-        planned = Some(plan);
-        Ok::<_, PlanError>(uuids)
-    });
-    match claimed {
-        Ok(lease) => match planned {
-            Some(plan) => Ok((lease, plan)),
-            None => Err(PlaceError::NoFit("the plan was lost".into())),
+        |input| crate::plan(input, host, machine.env),
+        |e: PlanError| {
+            if e.is_bad_input() {
+                PlaceError::BadInput(e)
+            } else if is_no_fit(&e) {
+                PlaceError::NoFit(e.to_string())
+            } else {
+                PlaceError::Policy(e)
+            }
         },
-        Err(ClaimError::Choose(e)) if e.is_bad_input() => Err(PlaceError::BadInput(e)),
-        Err(ClaimError::Choose(e)) if is_no_fit(&e) => Err(PlaceError::NoFit(e.to_string())),
-        Err(ClaimError::Choose(e)) => Err(PlaceError::Policy(e)),
-        Err(ClaimError::Store(e)) => Err(PlaceError::Store(e)),
-        Err(conflict @ ClaimError::Conflict { .. }) => Err(PlaceError::NoFit(conflict.to_string())),
-    }
+    )
 }
 
 /// Claims the devices of `proposal`, a plan the job's policy made earlier on a snapshot of the
@@ -281,6 +266,27 @@ pub fn claim_proposed(
     machine: &Machine<'_>,
     holder: Holder,
     proposal: &Plan,
+) -> Result<(Lease, Plan), PlaceError> {
+    claim_planned(
+        store,
+        job,
+        machine,
+        holder,
+        |input| crate::plan::recheck(input, proposal, machine.env),
+        PlaceError::NoFit,
+    )
+}
+
+/// The lease transaction [`claim`] and [`claim_proposed`] share: inside it `make` plans on the
+/// leases held now and the plan's devices are written; `choose_failed` says what `make`'s
+/// error means.
+fn claim_planned<E: std::fmt::Display>(
+    store: &mut LeaseStore,
+    job: &JobSpec,
+    machine: &Machine<'_>,
+    holder: Holder,
+    make: impl FnOnce(PlanInput<'_>) -> Result<Plan, E>,
+    choose_failed: impl FnOnce(E) -> PlaceError,
 ) -> Result<(Lease, Plan), PlaceError> {
     let request = ClaimRequest {
         job_name: job.name.clone(),
@@ -297,17 +303,17 @@ pub fn claim_proposed(
             visibility: machine.visibility,
             leases,
         };
-        let plan = crate::plan::recheck(input, proposal, machine.env)?;
+        let plan = make(input)?;
         let uuids = plan.chosen.iter().map(|d| d.uuid.clone()).collect();
         planned = Some(plan);
-        Ok::<_, String>(uuids)
+        Ok::<_, E>(uuids)
     });
     match claimed {
         Ok(lease) => match planned {
             Some(plan) => Ok((lease, plan)),
             None => Err(PlaceError::NoFit("the plan was lost".into())),
         },
-        Err(ClaimError::Choose(stale)) => Err(PlaceError::NoFit(stale)),
+        Err(ClaimError::Choose(e)) => Err(choose_failed(e)),
         Err(ClaimError::Store(e)) => Err(PlaceError::Store(e)),
         Err(conflict @ ClaimError::Conflict { .. }) => Err(PlaceError::NoFit(conflict.to_string())),
     }

@@ -123,21 +123,7 @@ pub fn plan(
         }
     })?;
     let request = request(job, host.default_config(policy), env);
-    let all: Vec<WitDevice> = visible
-        .iter()
-        .map(|(index, device, mig)| wit_device(*index, device, mig.as_deref(), input.leases))
-        .collect();
-    let leases: Vec<Lease> = visible
-        .iter()
-        .zip(&all)
-        .flat_map(|((_, device, mig), wit)| {
-            leases_on(
-                wit.index,
-                mig.as_deref().unwrap_or(&device.uuid),
-                input.leases,
-            )
-        })
-        .collect();
+    let (all, leases) = policy_view(&visible, input.leases);
     let offered: Vec<WitDevice> = all
         .iter()
         .filter(|d| !leases_exclude(&request, d, &leases))
@@ -156,16 +142,7 @@ pub fn plan(
         .filter_map(|i| visible.iter().zip(&all).find(|(_, d)| d.index == *i))
         .map(|((_, device, _), wit)| planned(wit, device))
         .collect();
-    let rejected = all
-        .iter()
-        .filter(|d| !decision.devices.contains(&d.index))
-        .map(|d| Rejection {
-            index: d.index,
-            physical_index: d.physical_index,
-            why: misfit(&request, d, &leases)
-                .unwrap_or_else(|| format!("fits, not chosen by {name}")),
-        })
-        .collect();
+    let rejected = rejections(&all, &decision.devices, &request, &leases, &name);
     Ok(Plan {
         job: job.name.clone(),
         policy: name,
@@ -190,21 +167,7 @@ pub fn recheck(
     let visible = visible_devices(input);
     // A policy sent by a tenant has no defaults of its own: its config is the job's.
     let request = request(job, &[], env);
-    let all: Vec<WitDevice> = visible
-        .iter()
-        .map(|(index, device, mig)| wit_device(*index, device, mig.as_deref(), input.leases))
-        .collect();
-    let leases: Vec<Lease> = visible
-        .iter()
-        .zip(&all)
-        .flat_map(|((_, device, mig), wit)| {
-            leases_on(
-                wit.index,
-                mig.as_deref().unwrap_or(&device.uuid),
-                input.leases,
-            )
-        })
-        .collect();
+    let (all, leases) = policy_view(&visible, input.leases);
     if proposal.chosen.len() != job.resources.gpus as usize {
         return Err(format!(
             "it chose {} device(s) for a request of {}",
@@ -236,16 +199,7 @@ pub fn recheck(
         chosen.push(planned(wit, device));
     }
     let indices: Vec<u32> = chosen.iter().map(|d| d.index).collect();
-    let rejected = all
-        .iter()
-        .filter(|d| !indices.contains(&d.index))
-        .map(|d| Rejection {
-            index: d.index,
-            physical_index: d.physical_index,
-            why: misfit(&request, d, &leases)
-                .unwrap_or_else(|| format!("fits, not chosen by {}", proposal.policy)),
-        })
-        .collect();
+    let rejected = rejections(&all, &indices, &request, &leases, &proposal.policy);
     Ok(Plan {
         job: job.name.clone(),
         policy: proposal.policy.clone(),
@@ -254,6 +208,46 @@ pub fn recheck(
         rejected,
         hidden: input.devices.len().saturating_sub(visible.len()),
     })
+}
+
+/// The visible devices as a policy sees them, and the leases held on them: what a policy is
+/// asked about, and what its answer is checked against.
+fn policy_view(
+    visible: &[(u32, &Device, Option<String>)],
+    held: &[DeviceLease],
+) -> (Vec<WitDevice>, Vec<Lease>) {
+    let all: Vec<WitDevice> = visible
+        .iter()
+        .map(|(index, device, mig)| wit_device(*index, device, mig.as_deref(), held))
+        .collect();
+    let leases: Vec<Lease> = visible
+        .iter()
+        .zip(&all)
+        .flat_map(|((_, device, mig), wit)| {
+            leases_on(wit.index, mig.as_deref().unwrap_or(&device.uuid), held)
+        })
+        .collect();
+    (all, leases)
+}
+
+/// Every device of `all` not in `chosen` (CUDA indices), and why: its misfit, or that `policy`
+/// did not choose it.
+fn rejections(
+    all: &[WitDevice],
+    chosen: &[u32],
+    request: &Request,
+    leases: &[Lease],
+    policy: &str,
+) -> Vec<Rejection> {
+    all.iter()
+        .filter(|d| !chosen.contains(&d.index))
+        .map(|d| Rejection {
+            index: d.index,
+            physical_index: d.physical_index,
+            why: misfit(request, d, leases)
+                .unwrap_or_else(|| format!("fits, not chosen by {policy}")),
+        })
+        .collect()
 }
 
 /// `(CUDA index, device, MIG uuid)` of every visible device.

@@ -767,7 +767,7 @@ pub fn compile_child(
 }
 
 /// This process's address space, bytes (`VmSize` of /proc/self/status).
-fn vm_size() -> Option<u64> {
+pub(crate) fn vm_size() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmSize:"))?;
     let kb: u64 = line

@@ -431,6 +431,52 @@ impl Config {
                 })
                 .transpose()
         };
+        // A size of at least `min` (`min_text`), as `what = "..."` says it.
+        let spanned_size = |what: &str,
+                            value: &Option<toml::Spanned<String>>,
+                            min: u64,
+                            min_text: &str,
+                            hint: &str| {
+            value
+                .as_ref()
+                .map(|v| match v.get_ref().parse::<orch_core::ByteSize>() {
+                    Ok(size) if size.bytes() >= min => Ok(size.bytes()),
+                    _ => Err(spanned(
+                        v.span(),
+                        format!(
+                            "{what} = \"{}\" is not a size of {min_text} or more",
+                            v.get_ref()
+                        ),
+                        hint,
+                    )),
+                })
+                .transpose()
+        };
+        // A whole number within `range`, as `what = N` says it.
+        let spanned_within = |what: &str,
+                              value: &Option<toml::Spanned<i64>>,
+                              range: std::ops::RangeInclusive<i64>,
+                              hint: &str| {
+            value
+                .as_ref()
+                .map(|v| {
+                    let n = *v.get_ref();
+                    if range.contains(&n) {
+                        Ok(n)
+                    } else {
+                        Err(spanned(
+                            v.span(),
+                            format!(
+                                "{what} = {n} is not from {} to {}",
+                                range.start(),
+                                range.end()
+                            ),
+                            hint,
+                        ))
+                    }
+                })
+                .transpose()
+        };
         let compile = match &raw.compile {
             None => CompileCaps::default(),
             Some(c) => {
@@ -447,35 +493,21 @@ impl Config {
                     Some(d) => Duration::from_secs(d.as_secs_f64().ceil() as u64),
                     None => defaults.cpu,
                 };
-                let memory = match &c.memory {
-                    None => defaults.memory,
-                    Some(v) => match v.get_ref().parse::<orch_core::ByteSize>() {
-                        Ok(size) if size.bytes() >= 1 << 20 => size.bytes(),
-                        _ => {
-                            return Err(spanned(
-                                v.span(),
-                                format!(
-                                    "[compile] memory = \"{}\" is not a size of 1MiB or more",
-                                    v.get_ref()
-                                ),
-                                "give a size such as \"2GiB\" or \"512MiB\"",
-                            ));
-                        }
-                    },
-                };
-                let workers = match &c.workers {
-                    None => defaults.workers,
-                    Some(v) => match usize::try_from(*v.get_ref()) {
-                        Ok(n) if (1..=256).contains(&n) => n,
-                        _ => {
-                            return Err(spanned(
-                                v.span(),
-                                format!("[compile] workers = {} is not from 1 to 256", v.get_ref()),
-                                "give how many compiles may run at once, such as workers = 2",
-                            ));
-                        }
-                    },
-                };
+                let memory = spanned_size(
+                    "[compile] memory",
+                    &c.memory,
+                    1 << 20,
+                    "1MiB",
+                    "give a size such as \"2GiB\" or \"512MiB\"",
+                )?
+                .unwrap_or(defaults.memory);
+                let workers = spanned_within(
+                    "[compile] workers",
+                    &c.workers,
+                    1..=256,
+                    "give how many compiles may run at once, such as workers = 2",
+                )?
+                .map_or(defaults.workers, |n| n as usize);
                 CompileCaps {
                     cpu,
                     memory,
@@ -562,40 +594,21 @@ impl Config {
                 },
                 policy: {
                     let defaults = PolicyBudget::default();
-                    let concurrency = match &t.policy_concurrency {
-                        None => defaults.concurrency,
-                        Some(v) => match u32::try_from(*v.get_ref()) {
-                            Ok(n) if (1..=64).contains(&n) => n,
-                            _ => {
-                                return Err(spanned(
-                                    v.span(),
-                                    format!(
-                                        "tenant \"{}\": policy_concurrency = {} is not from 1 to 64",
-                                        t.name,
-                                        v.get_ref()
-                                    ),
-                                    "give how many of its policies may be asked at once, such as 1",
-                                ));
-                            }
-                        },
-                    };
-                    let memory = match &t.policy_memory {
-                        None => defaults.memory,
-                        Some(v) => match v.get_ref().parse::<orch_core::ByteSize>() {
-                            Ok(size) if size.bytes() >= 1 << 20 => size.bytes(),
-                            _ => {
-                                return Err(spanned(
-                                    v.span(),
-                                    format!(
-                                        "tenant \"{}\": policy_memory = \"{}\" is not a size of 1MiB or more",
-                                        t.name,
-                                        v.get_ref()
-                                    ),
-                                    "give a size such as \"1GiB\" or \"256MiB\"",
-                                ));
-                            }
-                        },
-                    };
+                    let concurrency = spanned_within(
+                        &format!("tenant \"{}\": policy_concurrency", t.name),
+                        &t.policy_concurrency,
+                        1..=64,
+                        "give how many of its policies may be asked at once, such as 1",
+                    )?
+                    .map_or(defaults.concurrency, |n| n as u32);
+                    let memory = spanned_size(
+                        &format!("tenant \"{}\": policy_memory", t.name),
+                        &t.policy_memory,
+                        1 << 20,
+                        "1MiB",
+                        "give a size such as \"1GiB\" or \"256MiB\"",
+                    )?
+                    .unwrap_or(defaults.memory);
                     PolicyBudget {
                         concurrency,
                         memory,
@@ -688,24 +701,14 @@ impl Config {
             &raw.max_connections_per_peer,
             DEFAULT_MAX_CONNECTIONS_PER_PEER,
         )?;
-        let max_log_size = match &raw.max_log_size {
-            None => DEFAULT_MAX_LOG_SIZE,
-            Some(v) => match v.get_ref().parse::<orch_core::ByteSize>() {
-                Ok(size) if size.bytes() >= MIN_MAX_LOG_SIZE => size.bytes(),
-                _ => {
-                    return Err(InputError::at(
-                        path,
-                        text,
-                        v.span().start,
-                        format!(
-                            "max_log_size = \"{}\" is not a size of 4KiB or more",
-                            v.get_ref()
-                        ),
-                    )
-                    .with_hint("give the most output kept per job and stream, such as \"64MiB\""));
-                }
-            },
-        };
+        let max_log_size = spanned_size(
+            "max_log_size",
+            &raw.max_log_size,
+            MIN_MAX_LOG_SIZE,
+            "4KiB",
+            "give the most output kept per job and stream, such as \"64MiB\"",
+        )?
+        .unwrap_or(DEFAULT_MAX_LOG_SIZE);
         Ok(Config {
             path: Some(path.to_path_buf()),
             admins: raw.admins,

@@ -896,7 +896,9 @@ fn evaluate(
 /// [`HOST_MARGIN`]: a policy's memory is capped by the engine's limiter; this caps what the host
 /// could be made to allocate around it.
 fn cap_address_space(ask: &Ask) {
-    let Some(now) = vm_size() else { return };
+    let Some(now) = crate::core::compile::vm_size() else {
+        return;
+    };
     let soft = now.saturating_add(ask.memory).saturating_add(HOST_MARGIN);
     let mut limit = libc::rlimit {
         rlim_cur: 0,
@@ -910,20 +912,6 @@ fn cap_address_space(ask: &Ask) {
         limit.rlim_cur = (soft as libc::rlim_t).min(limit.rlim_max);
         libc::setrlimit(libc::RLIMIT_AS, &limit);
     }
-}
-
-/// This process's address space, bytes (`VmSize` of /proc/self/status).
-fn vm_size() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmSize:"))?;
-    let kb: u64 = line
-        .trim_start_matches("VmSize:")
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kb * 1024)
 }
 
 /// CPU time this process has used (user and system).

@@ -49,13 +49,7 @@ impl Usage {
     /// moment, so the amount is `gpus * h / ln 2 * (1 - 2^(-(to - from) / h))` at `to_s`.
     pub fn charge(&mut self, gpus: f64, from_s: f64, to_s: f64, half_life_s: f64) {
         let base = self.at(to_s.max(self.as_of_s), half_life_s);
-        let span = (to_s - from_s).max(0.0);
-        let used = if half_life_s > 0.0 {
-            let h = half_life_s / std::f64::consts::LN_2;
-            gpus * h * -(-span / h).exp_m1()
-        } else {
-            gpus * span
-        };
+        let used = decayed_use(gpus, from_s, to_s, half_life_s);
         // Use before `as_of_s` (a job that ended while no daemon watched) decays to `as_of_s`.
         let late = (self.as_of_s - to_s).max(0.0);
         self.gpu_s = base + used * (-late / half_life_s.max(f64::MIN_POSITIVE)).exp2();
@@ -66,16 +60,22 @@ impl Usage {
     /// decayed since: a job charged past its end, because its end reached the daemon late (a
     /// stalled or stopped daemon charges running jobs up to the moment it looks).
     pub fn refund(&mut self, gpus: f64, from_s: f64, to_s: f64, half_life_s: f64) {
-        let span = (to_s - from_s).max(0.0);
-        let used = if half_life_s > 0.0 {
-            let h = half_life_s / std::f64::consts::LN_2;
-            gpus * h * -(-span / h).exp_m1()
-        } else {
-            gpus * span
-        };
+        let used = decayed_use(gpus, from_s, to_s, half_life_s);
         let since = (self.as_of_s - to_s).max(0.0);
         let decayed = used * (-since / half_life_s.max(f64::MIN_POSITIVE)).exp2();
         self.gpu_s = (self.gpu_s - decayed).max(0.0);
+    }
+}
+
+/// GPU-seconds of `gpus` devices used from `from_s` to `to_s`, each second decayed (half-life
+/// `half_life_s`; no decay when it is not positive) from its own moment to `to_s`.
+fn decayed_use(gpus: f64, from_s: f64, to_s: f64, half_life_s: f64) -> f64 {
+    let span = (to_s - from_s).max(0.0);
+    if half_life_s > 0.0 {
+        let h = half_life_s / std::f64::consts::LN_2;
+        gpus * h * -(-span / h).exp_m1()
+    } else {
+        gpus * span
     }
 }
 
