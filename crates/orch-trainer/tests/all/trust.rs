@@ -222,6 +222,27 @@ fn non_finite_logits_are_an_error_naming_where() {
     assert_eq!(sample(&mut fine, "to").unwrap().tokens.len(), 5);
 }
 
+/// Finding: `predict`'s output was copied out whatever its shape claimed: an expanded view of
+/// `[1, 2^20, 2^20]` made the host allocate 4 TiB.
+#[test]
+fn an_expanded_predict_output_is_an_error_not_a_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut huge = model(&predicting_job(dir.path(), "expanded"));
+    let err = sample(&mut huge, "to be").unwrap_err();
+    assert!(
+        err.to_string().contains(
+            "predict returned a tensor of shape [1, 1048576, 1048576] for features [1, 5], more values than the host copies (a tensor of shape [1, 5, 8] was expected)"
+        ),
+        "{err}"
+    );
+    let err = huge.predict(vec![1.0, 2.0], &[1, 2]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("(at most 268435456 values are read back)"),
+        "{err}"
+    );
+}
+
 /// Finding: `predict`'s error text was not shortened as a step's is (one 100 MB line).
 #[test]
 fn a_predict_error_is_shortened_as_a_steps_is() {
