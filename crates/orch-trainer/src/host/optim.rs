@@ -5,7 +5,7 @@
 use super::convert::{Fail, bad};
 use super::{GradShare, Group, Opt, OptKind, OptimizerEntry, Phase, ReplicaState};
 use orch_tensor::optim::{Adam, AdamConfig, Sgd, SgdConfig};
-use orch_tensor::{Tensor, no_grad};
+use orch_tensor::{Tensor, TensorError, no_grad};
 use orch_wit::trainer::orch::plugin::optim::{
     HostOptimizer, Optimizer, OptimizerConfig, ParamGroup,
 };
@@ -69,13 +69,18 @@ fn global_norm(params: &[Tensor]) -> Result<f64, Fail> {
     Ok(squares.sqrt())
 }
 
-/// Scales every gradient of `params` by `factor`, in place of the old ones.
+/// Scales every gradient of `params` by `factor`, in place of the old ones: every scaled
+/// gradient is computed before any is set, so an error (a deadline's refusal) leaves them all
+/// as they were.
 fn scale_grads(params: &[Tensor], factor: f32) -> Result<(), Fail> {
+    let mut scaled = Vec::with_capacity(params.len());
     for p in params {
         if let Some(g) = p.grad() {
-            let scaled = no_grad(|| g.mul_scalar(factor))?;
-            p.set_grad(Some(scaled))?;
+            scaled.push((p, no_grad(|| g.mul_scalar(factor))?));
         }
+    }
+    for (p, g) in scaled {
+        p.set_grad(Some(g))?;
     }
     Ok(())
 }
@@ -187,7 +192,22 @@ impl ReplicaState {
     /// One update of optimizer `index`: the replicas' average, clipping to `max_norm` when
     /// given, then every group's step. Returns the gradients' global norm before clipping when
     /// clipping.
+    ///
+    /// The groups' steps update parameters one after another: the deadline stopping one
+    /// part-way would leave the model half-updated, so it ends the replica (a trap, as the
+    /// deadline's interruption of Wasm code does) instead of giving the plugin a value.
     fn step_optimizer(&mut self, index: usize, max_norm: Option<f32>) -> Result<f32, Fail> {
+        self.step_optimizer_once(index, max_norm)
+            .map_err(|e| match e {
+                Fail::Tensor(e @ TensorError::Deadline { .. }) => Fail::Abort(format!(
+                    "the optimizer's step was stopped part-way by the step's deadline, its parameters partly updated: {e}"
+                )),
+                other => other,
+            })
+    }
+
+    /// [`Self::step_optimizer`] without the deadline's mapping.
+    fn step_optimizer_once(&mut self, index: usize, max_norm: Option<f32>) -> Result<f32, Fail> {
         if self.shared.replicas > 1 {
             self.average_gradients(index)?;
         }
