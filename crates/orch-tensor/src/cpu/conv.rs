@@ -658,6 +658,7 @@ pub(crate) fn conv2d_forward_uninit(
     let slot_len = s.slot_len()?;
     let slots = usable_slots(OP, ws.len(), slot_len, s.n)?;
     let (l, og, kg, batch) = (s.spatial(), s.o / s.groups, s.group_k(), s.batch());
+    admit_used_threads(s, slots, 1)?;
     // One batch of samples: `y` and `xs` hold its outputs and inputs.
     let run = |y: &mut [MaybeUninit<f32>], xs: &[f32], slot: &mut [f32], par: Parallelism| {
         if s.direct() {
@@ -733,6 +734,21 @@ pub(crate) fn conv2d_forward_uninit(
     }
 }
 
+/// Refuses a conv2d (its products `times` over) whose work cannot be done before the deadline
+/// on the threads it will really use: the pool's when one slot runs gemm's own threads, else
+/// one per slot and batch of samples, each product single-threaded (the op's admission
+/// assumed every thread of the pool).
+fn admit_used_threads(s: &Conv2dSpec, slots: usize, times: u64) -> Result<()> {
+    let threads = rayon::current_num_threads();
+    let used = match slots {
+        1 => threads,
+        _ => slots.min(s.n.div_ceil(s.batch())).min(threads),
+    };
+    let batches = s.n.div_ceil(s.batch()) as u64;
+    let work = s.batch_work().saturating_mul(batches).saturating_mul(times);
+    work::admit_threads(OP, work::Kind::MultiplyAdds, work, used)
+}
+
 /// The workspace as `slots` locked slots of `len` (empty ones when `len` is 0).
 fn split_slots(ws: &mut [f32], len: usize, slots: usize) -> Vec<Mutex<&mut [f32]>> {
     if len == 0 {
@@ -784,6 +800,8 @@ pub fn conv2d_backward(
     let slot_len = s.slot_len()?;
     let slots = usable_slots(OP, ws.len(), slot_len, s.n)?;
     let (l, og, kg, batch) = (s.spatial(), s.o / s.groups, s.group_k(), s.batch());
+    // Backward does about twice forward's products.
+    admit_used_threads(s, slots, 2)?;
     let (want_dw, want_db) = (d_weight.is_some(), d_bias.is_some());
     let w_len = s.weight_len();
     // One batch: its index, its input gradients, a slot, its group's partial gradients.

@@ -228,6 +228,28 @@ fn conv2d_over_expanded_inputs_is_bounded_by_the_deadline() {
     let w = Tensor::randn(&[4, 3, 3, 3], 2, &pool).unwrap();
     let y = honest(|| x.conv2d(&w, None, [1, 1], [1, 1], [1, 1], 1));
     assert_eq!(y.shape(), &[2, 4, 8, 8]);
+    // Two samples, each one single-threaded product (2.7 x 10^11 multiply-adds in all): the op
+    // uses two threads of a pool of eight, so it is refused at two threads' rate, not run for
+    // seconds until the clock is looked at between samples.
+    let x = Tensor::randn(&[2, 64, 96, 96], 2, &pool).unwrap();
+    let w = Tensor::zeros(&[4096, 64, 8, 8], &pool).unwrap();
+    let wide = rayon::ThreadPoolBuilder::new()
+        .num_threads(8)
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let far = Some(started + DEADLINE);
+    let e = wide
+        .install(|| with_deadline(far, || x.conv2d(&w, None, [1, 1], [0, 0], [1, 1], 1)))
+        .unwrap_err();
+    println!(
+        "conv2d of two samples on 8 threads: {:?}: {e}",
+        started.elapsed()
+    );
+    assert!(
+        matches!(e, TensorError::Deadline { .. }) && e.to_string().contains("cannot finish"),
+        "{e}"
+    );
 }
 
 #[test]
