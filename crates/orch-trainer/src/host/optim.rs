@@ -463,6 +463,41 @@ impl orch_wit::trainer::orch::plugin::optim::Host for ReplicaState {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use orch_tensor::{Device, MemoryPool, with_deadline};
+    use std::time::{Duration, Instant};
+
+    /// A deadline refusing the second gradient's scaling leaves the first as it was too.
+    #[test]
+    fn a_refused_clipping_scales_no_gradient() {
+        let pool = MemoryPool::new(Device::Cpu, None).unwrap();
+        let small = Tensor::zeros(&[4], &pool).unwrap().with_requires_grad();
+        small
+            .set_grad(Some(Tensor::ones(&[4], &pool).unwrap()))
+            .unwrap();
+        // 2^23 element visits: past what one thread is assumed to do in 50 us (5 x 10^6); the
+        // first gradient's 4 fit.
+        let large = Tensor::zeros(&[1 << 23], &pool)
+            .unwrap()
+            .with_requires_grad();
+        large
+            .set_grad(Some(Tensor::ones(&[1 << 23], &pool).unwrap()))
+            .unwrap();
+        let params = [small.clone(), large.clone()];
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let outcome = one.install(|| {
+            let soon = Some(Instant::now() + Duration::from_micros(50));
+            with_deadline(soon, || scale_grads(&params, 0.5))
+        });
+        assert!(
+            matches!(outcome, Err(Fail::Tensor(TensorError::Deadline { .. }))),
+            "{outcome:?}"
+        );
+        let first = small.grad().unwrap().to_vec().unwrap();
+        assert_eq!(first, vec![1.0; 4], "the first gradient was scaled");
+    }
 
     #[test]
     fn reduce_weights_in_rank_order_and_treats_missing_as_zero() {
