@@ -659,8 +659,22 @@ pub(crate) fn conv2d_forward_uninit(
     let slots = usable_slots(OP, ws.len(), slot_len, s.n)?;
     let (l, og, kg, batch) = (s.spatial(), s.o / s.groups, s.group_k(), s.batch());
     admit_used_threads(s, slots, 1)?;
+    let deadline = Deadline::current();
+    // Output channels per gemm call: all of a group's, or under a deadline blocks of about
+    // PART_WORK multiply-adds, the clock looked at between them.
+    let rows_per = |ld: usize| match deadline.is_set() {
+        true => usize::try_from(PART_WORK / work::product(&[kg, ld]).max(1))
+            .unwrap_or(og)
+            .clamp(1, og.max(1)),
+        false => og.max(1),
+    };
     // One batch of samples: `y` and `xs` hold its outputs and inputs.
-    let run = |y: &mut [MaybeUninit<f32>], xs: &[f32], slot: &mut [f32], par: Parallelism| {
+    let run = |y: &mut [MaybeUninit<f32>],
+               xs: &[f32],
+               slot: &mut [f32],
+               par: Parallelism,
+               meter: &mut work::Meter|
+     -> Result<()> {
         if s.direct() {
             // One sample, its own column matrix, added straight into `y` set to the bias.
             for (o, row) in y.chunks_mut(l).enumerate() {
@@ -668,18 +682,24 @@ pub(crate) fn conv2d_forward_uninit(
             }
             // SAFETY: every element of `y` was written just above.
             let y = unsafe { assume_init(y) };
+            let per = rows_per(l);
             for g in 0..s.groups {
-                sgemm(
-                    &mut y[g * og * l..(g + 1) * og * l],
-                    l,
-                    Mat::rows(&weight[g * og * kg..], og, kg),
-                    Mat::rows(&xs[g * kg * l..], kg, l),
-                    1.0,
-                    true,
-                    par,
-                );
+                for r0 in (0..og).step_by(per) {
+                    let rows = per.min(og - r0);
+                    let o0 = g * og + r0;
+                    sgemm(
+                        &mut y[o0 * l..(o0 + rows) * l],
+                        l,
+                        Mat::rows(&weight[o0 * kg..], rows, kg),
+                        Mat::rows(&xs[g * kg * l..], kg, l),
+                        1.0,
+                        true,
+                        par,
+                    );
+                    meter.add(work::product(&[rows, kg, l]))?;
+                }
             }
-            return;
+            return Ok(());
         }
         let (col, tmp, padded) = s.slot_parts(slot);
         let nb = xs.len() / s.in_len();
@@ -687,16 +707,22 @@ pub(crate) fn conv2d_forward_uninit(
         for (b, xb) in xs.chunks(s.in_len()).enumerate() {
             im2col(s, xb, col, ld, b * l, padded);
         }
+        let per = rows_per(ld);
         for g in 0..s.groups {
-            sgemm(
-                &mut tmp[g * og * ld..(g + 1) * og * ld],
-                ld,
-                Mat::rows(&weight[g * og * kg..], og, kg),
-                Mat::rows(&col[g * kg * ld..], kg, ld),
-                1.0,
-                false,
-                par,
-            );
+            for r0 in (0..og).step_by(per) {
+                let rows = per.min(og - r0);
+                let o0 = g * og + r0;
+                sgemm(
+                    &mut tmp[o0 * ld..(o0 + rows) * ld],
+                    ld,
+                    Mat::rows(&weight[o0 * kg..], rows, kg),
+                    Mat::rows(&col[g * kg * ld..], kg, ld),
+                    1.0,
+                    false,
+                    par,
+                );
+                meter.add(work::product(&[rows, kg, ld]))?;
+            }
         }
         // The batch's `O x nb*L` product back to `nb` samples of `O x L`, plus bias.
         for (b, yb) in y.chunks_mut(s.out_len()).enumerate() {
@@ -708,15 +734,16 @@ pub(crate) fn conv2d_forward_uninit(
                 }
             }
         }
+        Ok(())
     };
     let (out_batch, in_batch) = (batch * s.out_len(), batch * s.in_len());
-    let (deadline, batch_work) = (Deadline::current(), s.batch_work());
+    let batch_work = s.batch_work();
     if slots == 1 {
         let slot = &mut ws[..slot_len];
         let mut meter = deadline.meter(OP);
         for (y, xs) in out.chunks_mut(out_batch).zip(x.chunks(in_batch)) {
             meter.add(batch_work)?;
-            run(y, xs, slot, gemm_par(1));
+            run(y, xs, slot, gemm_par(1), &mut meter)?;
         }
         Ok(())
     } else {
@@ -727,12 +754,15 @@ pub(crate) fn conv2d_forward_uninit(
                 || deadline.meter(OP),
                 |meter, (y, xs)| {
                     meter.add(batch_work)?;
-                    with_slot(&locks, |slot| run(y, xs, slot, Parallelism::None));
-                    Ok(())
+                    with_slot(&locks, |slot| run(y, xs, slot, Parallelism::None, meter))
                 },
             )
     }
 }
+
+/// Multiply-adds of one part of a forward gemm call under a deadline (a block of output
+/// channels): a few to tens of milliseconds of a core.
+const PART_WORK: u64 = 1 << 29;
 
 /// Refuses a conv2d (its products `times` over) whose work cannot be done before the deadline
 /// on the threads it will really use: the pool's when one slot runs gemm's own threads, else

@@ -250,6 +250,15 @@ fn conv2d_over_expanded_inputs_is_bounded_by_the_deadline() {
         matches!(e, TensorError::Deadline { .. }) && e.to_string().contains("cannot finish"),
         "{e}"
     );
+    // One sample, one product of 1.8 x 10^11 multiply-adds: admitted (it fits the second at
+    // the assumed peak rate of two threads), then stopped between blocks of its output
+    // channels once the deadline passes.
+    let x = Tensor::randn(&[1, 64, 71, 135], 3, &pool).unwrap();
+    let w = Tensor::zeros(&[5376, 64, 8, 8], &pool).unwrap();
+    let e = crafted("conv2d of one sample, 1.8 x 10^11 multiply-adds", || {
+        x.conv2d(&w, None, [1, 1], [0, 0], [1, 1], 1)
+    });
+    assert!(e.to_string().contains("stopped part-way"), "{e}");
 }
 
 #[test]
