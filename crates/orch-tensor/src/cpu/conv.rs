@@ -663,9 +663,12 @@ pub(crate) fn conv2d_forward_uninit(
     // Output channels per gemm call: all of a group's, or under a deadline blocks of about
     // PART_WORK multiply-adds, the clock looked at between them.
     let rows_per = |ld: usize| match deadline.is_set() {
-        true => usize::try_from(PART_WORK / work::product(&[kg, ld]).max(1))
-            .unwrap_or(og)
-            .clamp(1, og.max(1)),
+        true => match usize::try_from(PART_WORK / work::product(&[kg, ld]).max(1)) {
+            // Whole multiples of 16 channels where there are that many.
+            Ok(rows) if rows < og && rows >= 16 => rows / 16 * 16,
+            Ok(rows) => rows.clamp(1, og.max(1)),
+            Err(_) => og.max(1),
+        },
         false => og.max(1),
     };
     // One batch of samples: `y` and `xs` hold its outputs and inputs.
@@ -761,8 +764,8 @@ pub(crate) fn conv2d_forward_uninit(
 }
 
 /// Multiply-adds of one part of a forward gemm call under a deadline (a block of output
-/// channels): a few to tens of milliseconds of a core.
-const PART_WORK: u64 = 1 << 29;
+/// channels): ten to twenty milliseconds of a core.
+const PART_WORK: u64 = 1 << 30;
 
 /// Refuses a conv2d (its products `times` over) whose work cannot be done before the deadline
 /// on the threads it will really use: the pool's when one slot runs gemm's own threads, else
