@@ -1,28 +1,33 @@
 //! Property test: every layer op's argument check and the op itself, over random shapes with
 //! zero-size and huge dimensions, never panic and never hold more than a bounded amount of host
-//! memory (see `orch_fuzz::layers`). A fixed number of cases, so it runs in a few seconds in
-//! `cargo test`; the `fuzz_layers` target searches the same space for longer.
+//! memory (see `orch_fuzz::layers`). Fixed edge cases, then a fixed number of random cases, in
+//! the binary's one test, so it runs in a few seconds in `cargo test`; the `fuzz_layers` target
+//! searches the same space for longer.
 
 use orch_fuzz::layers::{LayerCall, check_bounded, layer_call};
 use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
 
-proptest! {
-    #![proptest_config(ProptestConfig {
+/// The binary's one test (the counting allocator's peak and limit are process-wide, so no
+/// other test may allocate beside a case): the edge cases, then the random search.
+#[test]
+fn layer_ops_never_panic_over_degenerate_shapes() {
+    edge_cases_of_each_layer_op();
+    let mut runner = TestRunner::new(Config {
         cases: 300,
         failure_persistence: None,
-        ..ProptestConfig::default()
-    })]
-
-    #[test]
-    fn layer_ops_never_panic_over_degenerate_shapes(case in (layer_call(), any::<bool>())) {
-        check_bounded(case, 0)?;
+        ..Config::default()
+    });
+    if let Err(e) = runner.run(&(layer_call(), any::<bool>()), |case| {
+        check_bounded(case, 0)
+    }) {
+        panic!("{e}");
     }
 }
 
 /// Cases the random search may miss, checked every run: an empty plane that padding alone
 /// would give an output (conv2d's kernel panicked on it), windows far past the input, a batch
 /// norm of no values over 2^31 samples, and dimensions at the edge of `usize`.
-#[test]
 fn edge_cases_of_each_layer_op() {
     let huge = usize::MAX;
     let cases = [

@@ -128,6 +128,32 @@ fn show(d: Duration) -> String {
 /// deadline at the device's [`Rate`]. Nothing is refused without a deadline, nor an op with no
 /// work.
 pub(crate) fn admit(op: &'static str, device: Device, kind: Kind, work: u64) -> Result<()> {
+    admit_at(
+        op,
+        &device.to_string(),
+        Rate::of(device).per_second(kind),
+        kind,
+        work,
+    )
+}
+
+/// [`admit`] of a host kernel that will run on `threads` threads only (fewer than the pool's:
+/// a conv2d with few batches of samples), at the rate of those threads.
+pub(crate) fn admit_threads(op: &'static str, kind: Kind, work: u64, threads: usize) -> Result<()> {
+    let rate = Rate::HOST_THREAD
+        .per_second(kind)
+        .saturating_mul(threads.max(1) as u64);
+    admit_at(
+        op,
+        &format!("{} host threads", threads.max(1)),
+        rate,
+        kind,
+        work,
+    )
+}
+
+/// [`admit`] at `rate` units per second, on `device` (for the error's text).
+fn admit_at(op: &'static str, device: &str, rate: u64, kind: Kind, work: u64) -> Result<()> {
     let Some(deadline) = current_deadline() else {
         return Ok(());
     };
@@ -135,7 +161,6 @@ pub(crate) fn admit(op: &'static str, device: Device, kind: Kind, work: u64) -> 
         return Ok(());
     }
     let left = deadline.saturating_duration_since(Instant::now());
-    let rate = Rate::of(device).per_second(kind);
     // u128: `rate * left` in nanoseconds cannot overflow.
     let limit = (u128::from(rate) * left.as_nanos() / 1_000_000_000).min(u128::from(u64::MAX));
     let limit = limit as u64;

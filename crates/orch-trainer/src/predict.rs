@@ -32,6 +32,10 @@ use orch_wit::trainer::exports::orch::plugin::training::StepInfo;
 use std::sync::Arc;
 use wasmtime::{Engine, Store};
 
+/// Most values [`Model::predict`] copies out of the trainer's output (1 GiB of `f32`): a guest
+/// can return an expanded view whose shape shows far more than it holds.
+pub const MAX_PREDICT_VALUES: usize = 1 << 28;
+
 /// What `predict` returned: the output tensor's shape and values, row-major.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Prediction {
@@ -322,11 +326,25 @@ impl Model {
         })
     }
 
-    /// The trainer's outputs for `features` (of `shape`), in eval mode.
+    /// The trainer's outputs for `features` (of `shape`), in eval mode; an output of more
+    /// than [`MAX_PREDICT_VALUES`] values is an error, not copied.
     pub fn predict(
         &mut self,
         features: Vec<f32>,
         shape: &[usize],
+    ) -> Result<Prediction, TrainError> {
+        self.predict_at_most(features, shape, MAX_PREDICT_VALUES, None)
+    }
+
+    /// [`Model::predict`], with an error instead of a copy when the output holds more than
+    /// `limit` values (an expanded view can show terabytes while holding a few bytes); `expect`
+    /// names the shape the caller wants, for the error's text.
+    fn predict_at_most(
+        &mut self,
+        features: Vec<f32>,
+        shape: &[usize],
+        limit: usize,
+        expect: Option<&[usize]>,
     ) -> Result<Prediction, TrainError> {
         let stage = Stage::Predict;
         let Some(inference) = &self.inference else {
@@ -365,6 +383,20 @@ impl Model {
         state
             .drop_tensor(output)
             .map_err(|e| fail(format!("{e:#}")))?;
+        let values = tensor
+            .shape()
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d));
+        if values.is_none_or(|v| v > limit) {
+            let want = match expect {
+                Some(want) => format!("a tensor of shape {want:?} was expected"),
+                None => format!("at most {limit} values are read back"),
+            };
+            return Err(fail(format!(
+                "predict returned a tensor of shape {:?} for features {shape:?}, more values than the host copies ({want}): return the model's outputs for these features only",
+                tensor.shape()
+            )));
+        }
         Ok(Prediction {
             shape: tensor.shape().to_vec(),
             values: tensor.to_vec().map_err(|e| fail(e.to_string()))?,
@@ -397,8 +429,9 @@ impl Model {
             let window = &context[context.len().saturating_sub(block)..];
             let t = window.len();
             let features: Vec<f32> = window.iter().map(|&id| id as f32).collect();
-            let out = self.predict(features, &[1, t])?;
             let classes = vocab.len();
+            let out =
+                self.predict_at_most(features, &[1, t], t * classes, Some(&[1, t, classes]))?;
             if out.shape != [1, t, classes] {
                 return Err(self.failed(
                     stage,

@@ -658,8 +658,26 @@ pub(crate) fn conv2d_forward_uninit(
     let slot_len = s.slot_len()?;
     let slots = usable_slots(OP, ws.len(), slot_len, s.n)?;
     let (l, og, kg, batch) = (s.spatial(), s.o / s.groups, s.group_k(), s.batch());
+    admit_used_threads(s, slots, 1)?;
+    let deadline = Deadline::current();
+    // Output channels per gemm call: all of a group's, or under a deadline blocks of about
+    // PART_WORK multiply-adds, the clock looked at between them.
+    let rows_per = |ld: usize| match deadline.is_set() {
+        true => match usize::try_from(PART_WORK / work::product(&[kg, ld]).max(1)) {
+            // Whole multiples of 16 channels where there are that many.
+            Ok(rows) if rows < og && rows >= 16 => rows / 16 * 16,
+            Ok(rows) => rows.clamp(1, og.max(1)),
+            Err(_) => og.max(1),
+        },
+        false => og.max(1),
+    };
     // One batch of samples: `y` and `xs` hold its outputs and inputs.
-    let run = |y: &mut [MaybeUninit<f32>], xs: &[f32], slot: &mut [f32], par: Parallelism| {
+    let run = |y: &mut [MaybeUninit<f32>],
+               xs: &[f32],
+               slot: &mut [f32],
+               par: Parallelism,
+               meter: &mut work::Meter|
+     -> Result<()> {
         if s.direct() {
             // One sample, its own column matrix, added straight into `y` set to the bias.
             for (o, row) in y.chunks_mut(l).enumerate() {
@@ -667,18 +685,24 @@ pub(crate) fn conv2d_forward_uninit(
             }
             // SAFETY: every element of `y` was written just above.
             let y = unsafe { assume_init(y) };
+            let per = rows_per(l);
             for g in 0..s.groups {
-                sgemm(
-                    &mut y[g * og * l..(g + 1) * og * l],
-                    l,
-                    Mat::rows(&weight[g * og * kg..], og, kg),
-                    Mat::rows(&xs[g * kg * l..], kg, l),
-                    1.0,
-                    true,
-                    par,
-                );
+                for r0 in (0..og).step_by(per) {
+                    let rows = per.min(og - r0);
+                    let o0 = g * og + r0;
+                    sgemm(
+                        &mut y[o0 * l..(o0 + rows) * l],
+                        l,
+                        Mat::rows(&weight[o0 * kg..], rows, kg),
+                        Mat::rows(&xs[g * kg * l..], kg, l),
+                        1.0,
+                        true,
+                        par,
+                    );
+                    meter.add(work::product(&[rows, kg, l]))?;
+                }
             }
-            return;
+            return Ok(());
         }
         let (col, tmp, padded) = s.slot_parts(slot);
         let nb = xs.len() / s.in_len();
@@ -686,16 +710,22 @@ pub(crate) fn conv2d_forward_uninit(
         for (b, xb) in xs.chunks(s.in_len()).enumerate() {
             im2col(s, xb, col, ld, b * l, padded);
         }
+        let per = rows_per(ld);
         for g in 0..s.groups {
-            sgemm(
-                &mut tmp[g * og * ld..(g + 1) * og * ld],
-                ld,
-                Mat::rows(&weight[g * og * kg..], og, kg),
-                Mat::rows(&col[g * kg * ld..], kg, ld),
-                1.0,
-                false,
-                par,
-            );
+            for r0 in (0..og).step_by(per) {
+                let rows = per.min(og - r0);
+                let o0 = g * og + r0;
+                sgemm(
+                    &mut tmp[o0 * ld..(o0 + rows) * ld],
+                    ld,
+                    Mat::rows(&weight[o0 * kg..], rows, kg),
+                    Mat::rows(&col[g * kg * ld..], kg, ld),
+                    1.0,
+                    false,
+                    par,
+                );
+                meter.add(work::product(&[rows, kg, ld]))?;
+            }
         }
         // The batch's `O x nb*L` product back to `nb` samples of `O x L`, plus bias.
         for (b, yb) in y.chunks_mut(s.out_len()).enumerate() {
@@ -707,15 +737,16 @@ pub(crate) fn conv2d_forward_uninit(
                 }
             }
         }
+        Ok(())
     };
     let (out_batch, in_batch) = (batch * s.out_len(), batch * s.in_len());
-    let (deadline, batch_work) = (Deadline::current(), s.batch_work());
+    let batch_work = s.batch_work();
     if slots == 1 {
         let slot = &mut ws[..slot_len];
         let mut meter = deadline.meter(OP);
         for (y, xs) in out.chunks_mut(out_batch).zip(x.chunks(in_batch)) {
             meter.add(batch_work)?;
-            run(y, xs, slot, gemm_par(1));
+            run(y, xs, slot, gemm_par(1), &mut meter)?;
         }
         Ok(())
     } else {
@@ -726,11 +757,29 @@ pub(crate) fn conv2d_forward_uninit(
                 || deadline.meter(OP),
                 |meter, (y, xs)| {
                     meter.add(batch_work)?;
-                    with_slot(&locks, |slot| run(y, xs, slot, Parallelism::None));
-                    Ok(())
+                    with_slot(&locks, |slot| run(y, xs, slot, Parallelism::None, meter))
                 },
             )
     }
+}
+
+/// Multiply-adds of one part of a forward gemm call under a deadline (a block of output
+/// channels): ten to twenty milliseconds of a core.
+const PART_WORK: u64 = 1 << 30;
+
+/// Refuses a conv2d (its products `times` over) whose work cannot be done before the deadline
+/// on the threads it will really use: the pool's when one slot runs gemm's own threads, else
+/// one per slot and batch of samples, each product single-threaded (the op's admission
+/// assumed every thread of the pool).
+fn admit_used_threads(s: &Conv2dSpec, slots: usize, times: u64) -> Result<()> {
+    let threads = rayon::current_num_threads();
+    let used = match slots {
+        1 => threads,
+        _ => slots.min(s.n.div_ceil(s.batch())).min(threads),
+    };
+    let batches = s.n.div_ceil(s.batch()) as u64;
+    let work = s.batch_work().saturating_mul(batches).saturating_mul(times);
+    work::admit_threads(OP, work::Kind::MultiplyAdds, work, used)
 }
 
 /// The workspace as `slots` locked slots of `len` (empty ones when `len` is 0).
@@ -784,6 +833,8 @@ pub fn conv2d_backward(
     let slot_len = s.slot_len()?;
     let slots = usable_slots(OP, ws.len(), slot_len, s.n)?;
     let (l, og, kg, batch) = (s.spatial(), s.o / s.groups, s.group_k(), s.batch());
+    // Backward does about twice forward's products.
+    admit_used_threads(s, slots, 2)?;
     let (want_dw, want_db) = (d_weight.is_some(), d_bias.is_some());
     let w_len = s.weight_len();
     // One batch: its index, its input gradients, a slot, its group's partial gradients.

@@ -60,7 +60,7 @@ pub(crate) fn matmul(
     let count: usize = la.shape()[..la.rank() - 2].iter().product();
     let deadline = Deadline::current();
     let work = work::product(&[count, m, k, n]);
-    if deadline.is_set() && work > CHUNK_WORK {
+    if deadline.is_set() && work > chunk_work() {
         return super::try_build(count * m * n, |dst| {
             matmul_chunked(dst, a, la, b, lb, (m, k, n), deadline)
         });
@@ -70,17 +70,64 @@ pub(crate) fn matmul(
     }))
 }
 
-/// Multiply-adds of one chunk of a product run under a deadline: a few milliseconds on a core.
-const CHUNK_WORK: u64 = 1 << 28;
+/// Multiply-adds of one chunk of a product run under a deadline, per thread of the pool: 20
+/// to 40 milliseconds of a core, large enough that a chunk is a cache-friendly product of
+/// its own (its operands' blocks read a few times over, not once per row).
+const CHUNK_WORK_PER_THREAD: u64 = 1 << 31;
 
-/// Multiply-adds of one chunk of the inner dimension, when one row is more than a chunk.
+/// Multiply-adds of one chunk when the inner dimension has to be cut: such blocks are narrow
+/// (a row or a few), gemv-like and memory-bound, far below the peak rate, so smaller chunks
+/// keep a crafted product's stop near its deadline.
 const INNER_CHUNK_WORK: u64 = 1 << 25;
 
-/// [`matmul`] of a large product under a deadline: in chunks of rows of each product, each
-/// run as a product of its own by [`matmul_into`] (its threading included), or, when one row
-/// is itself more than a chunk, one row at a time in chunks of the inner dimension added up in
-/// place; the clock is looked at between chunks. Past the deadline it stops with an error and
-/// `dst` is dropped by the caller. Products of honest shapes are cut by rows only.
+/// Fewest rows (and columns) of a chunk's block of the output, where the product has them:
+/// below this a block's operands are read again too often for the work done on them.
+const MIN_TILE: usize = 256;
+
+/// Multiply-adds of one chunk under a deadline, in the pool the op runs in.
+fn chunk_work() -> u64 {
+    CHUNK_WORK_PER_THREAD.saturating_mul(rayon::current_num_threads().max(1) as u64)
+}
+
+/// `want` clamped to `lo..=hi`; below `hi`, rounded down to a multiple of 16 (not below `lo`).
+fn fit(want: u64, lo: usize, hi: usize, round: bool) -> usize {
+    let v = usize::try_from(want).unwrap_or(hi).clamp(lo, hi);
+    match round && v < hi && v >= 16 {
+        true => (v / 16 * 16).max(lo),
+        false => v,
+    }
+}
+
+/// The block `(rows, columns, inner)` each chunk of an `m x k @ k x n` product computes, about
+/// `chunk` multiply-adds: the longer side of the output is cut first, down to [`MIN_TILE`],
+/// then the other; the inner dimension only when a `MIN_TILE`-square block is still more than
+/// a chunk (crafted shapes: an inner dimension of millions), in [`INNER_CHUNK_WORK`] parts.
+fn tile(m: usize, k: usize, n: usize, chunk: u64) -> (usize, usize, usize) {
+    let work = |r: usize, c: usize, i: usize| work::product(&[r, c, i]);
+    let (mut r, mut c, mut i) = (m, n, k);
+    let cut_rows_first = m >= n;
+    for cut_rows in [cut_rows_first, !cut_rows_first] {
+        if work(r, c, i) <= chunk {
+            break;
+        }
+        if cut_rows {
+            r = fit(chunk / work(1, c, i), m.min(MIN_TILE), m, false);
+        } else {
+            c = fit(chunk / work(r, 1, i), n.min(MIN_TILE), n, true);
+        }
+    }
+    if work(r, c, i) > chunk {
+        i = fit(INNER_CHUNK_WORK / work(r, c, 1), 1, k, false);
+    }
+    (r, c, i)
+}
+
+/// [`matmul`] of a large product under a deadline: whole products, as many per chunk as fit,
+/// or, for a product larger than a chunk, blocks of its output ([`tile`]), each computed by
+/// large single-threaded gemm calls on the pool's threads (a block's columns, or rows, shared
+/// out), in chunks of the inner dimension added up in place where a block has to be cut that
+/// way too; the clock is looked at between chunks. Past the deadline it stops with an error and
+/// `dst` is dropped by the caller.
 fn matmul_chunked(
     dst: &mut [MaybeUninit<f32>],
     a: &[f32],
@@ -111,27 +158,12 @@ fn matmul_chunked(
     }
     let (a_rs, a_cs) = (la.strides()[rank - 2], la.strides()[rank - 1]);
     let (b_rs, b_cs) = (lb.strides()[rank - 2], lb.strides()[rank - 1]);
-    let row_work = work::product(&[k, n]);
-    let rows_per = usize::try_from(CHUNK_WORK / row_work.max(1))
-        .unwrap_or(m)
-        .clamp(1, m);
-    // Only crafted shapes (an inner dimension of millions) come here: smaller chunks, a single
-    // row each, stop them sooner.
-    let k_per = match row_work > CHUNK_WORK {
-        true => usize::try_from(INNER_CHUNK_WORK / n as u64)
-            .unwrap_or(k)
-            .clamp(1, k),
-        false => k,
-    };
-    let par = match rayon::current_num_threads() > 1 {
-        true => Parallelism::Rayon(0),
-        false => Parallelism::None,
-    };
+    let chunk = chunk_work();
     let mut meter = deadline.meter(OP);
     let product_work = work::product(&[m, k, n]);
-    if product_work <= CHUNK_WORK {
+    if product_work <= chunk {
         // Whole products, as many per chunk as fit, through the usual paths.
-        let per = usize::try_from(CHUNK_WORK / product_work.max(1))
+        let per = usize::try_from(chunk / product_work.max(1))
             .unwrap_or(count)
             .clamp(1, count);
         for (c, group) in dst.chunks_mut(per * m * n).enumerate() {
@@ -142,49 +174,88 @@ fn matmul_chunked(
         }
         return Ok(());
     }
-    for (i, product) in dst.chunks_mut(m * n).enumerate() {
-        let (oa, ob) = (batch_offset(i, batch, la), batch_offset(i, batch, lb));
-        for (c, block) in product.chunks_mut(rows_per * n).enumerate() {
-            let (r0, rows) = (c * rows_per, block.len() / n);
-            if k_per == k {
-                // Rows alone: the block is a product of its own, through the usual paths.
-                let la = Layout::from_parts(&[rows, k], &[a_rs, a_cs], oa + r0 * a_rs);
-                let lb = Layout::from_parts(&[k, n], &[b_rs, b_cs], ob);
-                matmul_into(block, a, &la, b, &lb, rows, k, n);
-                meter.add(work::product(&[rows, k, n]))?;
-                continue;
-            }
-            let out = DstPtr(block.as_mut_ptr().cast());
-            for k0 in (0..k).step_by(k_per) {
-                let inner = k_per.min(k - k0);
-                // SAFETY: `out` is this block of `rows x n` elements, written by one call at a
-                // time; every index the strides reach from these offsets is at most the
-                // operands' last index, bounds-checked above. A chunk after the first reads what
-                // the one before it wrote (`read_dst`), so every read is initialised.
-                unsafe {
-                    gemm::gemm(
-                        rows,
-                        n,
-                        inner,
-                        out.at(0),
-                        1,
-                        n as isize,
-                        k0 > 0,
-                        a.as_ptr().add(oa + r0 * a_rs + k0 * a_cs),
-                        a_cs as isize,
-                        a_rs as isize,
-                        b.as_ptr().add(ob + k0 * b_rs),
-                        b_cs as isize,
-                        b_rs as isize,
-                        1.0,
-                        1.0,
-                        false,
-                        false,
-                        false,
-                        par,
-                    )
+    let (rows_per, cols_per, k_per) = tile(m, k, n, chunk);
+    let threads = rayon::current_num_threads();
+    let out = DstPtr(dst.as_mut_ptr().cast());
+    for p in 0..count {
+        let (oa, ob) = (batch_offset(p, batch, la), batch_offset(p, batch, lb));
+        for r0 in (0..m).step_by(rows_per) {
+            let rows = rows_per.min(m - r0);
+            for c0 in (0..n).step_by(cols_per) {
+                let cols = cols_per.min(n - c0);
+                for k0 in (0..k).step_by(k_per) {
+                    let inner = k_per.min(k - k0);
+                    // Rows r0.. and columns c0.. of product p, inner indices k0..k0 + inner.
+                    let part = |rs: Range<usize>, cs: Range<usize>, par: Parallelism| {
+                        // SAFETY: parts written at the same time are disjoint blocks of product
+                        // p's `m x n` block of `dst` (which holds `count * m * n` elements,
+                        // checked above, and outlives every call); every index the strides
+                        // reach in `a` and `b` was bounds-checked above. A part with k0 > 0
+                        // reads what the part with the inner indices before it wrote
+                        // (`read_dst`), so every read is initialised.
+                        unsafe {
+                            gemm::gemm(
+                                rs.len(),
+                                cs.len(),
+                                inner,
+                                out.at(p * m * n + rs.start * n + cs.start),
+                                1,
+                                n as isize,
+                                k0 > 0,
+                                a.as_ptr().add(oa + rs.start * a_rs + k0 * a_cs),
+                                a_cs as isize,
+                                a_rs as isize,
+                                b.as_ptr().add(ob + k0 * b_rs + cs.start * b_cs),
+                                b_cs as isize,
+                                b_rs as isize,
+                                1.0,
+                                1.0,
+                                false,
+                                false,
+                                false,
+                                par,
+                            )
+                        }
+                    };
+                    let per_thread = work::product(&[rows, inner, cols]) / threads.max(1) as u64;
+                    if threads > 1 && per_thread >= MIN_BLOCK_WORK as u64 && cols >= 2 * MIN_COLS {
+                        // The block's columns shared out, one single-threaded gemm per thread.
+                        let parts = threads.min(cols / MIN_COLS);
+                        let width = cols.div_ceil(parts).next_multiple_of(16);
+                        (c0..c0 + cols)
+                            .step_by(width)
+                            .collect::<Vec<_>>()
+                            .into_par_iter()
+                            .for_each(|c| {
+                                part(
+                                    r0..r0 + rows,
+                                    c..(c + width).min(c0 + cols),
+                                    Parallelism::None,
+                                )
+                            });
+                    } else if threads > 1 && per_thread >= MIN_BLOCK_WORK as u64 && rows >= 2 * 16 {
+                        // Too few columns: the rows shared out instead.
+                        let height = rows.div_ceil(threads).max(16);
+                        (r0..r0 + rows)
+                            .step_by(height)
+                            .collect::<Vec<_>>()
+                            .into_par_iter()
+                            .for_each(|r| {
+                                part(
+                                    r..(r + height).min(r0 + rows),
+                                    c0..c0 + cols,
+                                    Parallelism::None,
+                                )
+                            });
+                    } else {
+                        let par = match threads > 1 {
+                            true => Parallelism::Rayon(0),
+                            false => Parallelism::None,
+                        };
+                        part(r0..r0 + rows, c0..c0 + cols, par);
+                    }
+                    meter.add(work::product(&[rows, inner, cols]))?;
                 }
-                meter.add(work::product(&[rows, inner, n]))?;
             }
         }
     }

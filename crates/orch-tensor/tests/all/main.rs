@@ -9,6 +9,7 @@ mod errors;
 mod grads;
 mod grads_more;
 mod layers;
+mod matmul_speed;
 mod new_ops;
 mod nn_kernels;
 mod ops;

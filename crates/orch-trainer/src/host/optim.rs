@@ -5,7 +5,7 @@
 use super::convert::{Fail, bad};
 use super::{GradShare, Group, Opt, OptKind, OptimizerEntry, Phase, ReplicaState};
 use orch_tensor::optim::{Adam, AdamConfig, Sgd, SgdConfig};
-use orch_tensor::{Tensor, no_grad};
+use orch_tensor::{Tensor, TensorError, no_grad};
 use orch_wit::trainer::orch::plugin::optim::{
     HostOptimizer, Optimizer, OptimizerConfig, ParamGroup,
 };
@@ -69,13 +69,18 @@ fn global_norm(params: &[Tensor]) -> Result<f64, Fail> {
     Ok(squares.sqrt())
 }
 
-/// Scales every gradient of `params` by `factor`, in place of the old ones.
+/// Scales every gradient of `params` by `factor`, in place of the old ones: every scaled
+/// gradient is computed before any is set, so an error (a deadline's refusal) leaves them all
+/// as they were.
 fn scale_grads(params: &[Tensor], factor: f32) -> Result<(), Fail> {
+    let mut scaled = Vec::with_capacity(params.len());
     for p in params {
         if let Some(g) = p.grad() {
-            let scaled = no_grad(|| g.mul_scalar(factor))?;
-            p.set_grad(Some(scaled))?;
+            scaled.push((p, no_grad(|| g.mul_scalar(factor))?));
         }
+    }
+    for (p, g) in scaled {
+        p.set_grad(Some(g))?;
     }
     Ok(())
 }
@@ -187,7 +192,22 @@ impl ReplicaState {
     /// One update of optimizer `index`: the replicas' average, clipping to `max_norm` when
     /// given, then every group's step. Returns the gradients' global norm before clipping when
     /// clipping.
+    ///
+    /// The groups' steps update parameters one after another: the deadline stopping one
+    /// part-way would leave the model half-updated, so it ends the replica (a trap, as the
+    /// deadline's interruption of Wasm code does) instead of giving the plugin a value.
     fn step_optimizer(&mut self, index: usize, max_norm: Option<f32>) -> Result<f32, Fail> {
+        self.step_optimizer_once(index, max_norm)
+            .map_err(|e| match e {
+                Fail::Tensor(e @ TensorError::Deadline { .. }) => Fail::Abort(format!(
+                    "the optimizer's step was stopped part-way by the step's deadline, its parameters partly updated: {e}"
+                )),
+                other => other,
+            })
+    }
+
+    /// [`Self::step_optimizer`] without the deadline's mapping.
+    fn step_optimizer_once(&mut self, index: usize, max_norm: Option<f32>) -> Result<f32, Fail> {
         if self.shared.replicas > 1 {
             self.average_gradients(index)?;
         }
@@ -443,6 +463,41 @@ impl orch_wit::trainer::orch::plugin::optim::Host for ReplicaState {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use orch_tensor::{Device, MemoryPool, with_deadline};
+    use std::time::{Duration, Instant};
+
+    /// A deadline refusing the second gradient's scaling leaves the first as it was too.
+    #[test]
+    fn a_refused_clipping_scales_no_gradient() {
+        let pool = MemoryPool::new(Device::Cpu, None).unwrap();
+        let small = Tensor::zeros(&[4], &pool).unwrap().with_requires_grad();
+        small
+            .set_grad(Some(Tensor::ones(&[4], &pool).unwrap()))
+            .unwrap();
+        // 2^23 element visits: past what one thread is assumed to do in 50 us (5 x 10^6); the
+        // first gradient's 4 fit.
+        let large = Tensor::zeros(&[1 << 23], &pool)
+            .unwrap()
+            .with_requires_grad();
+        large
+            .set_grad(Some(Tensor::ones(&[1 << 23], &pool).unwrap()))
+            .unwrap();
+        let params = [small.clone(), large.clone()];
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let outcome = one.install(|| {
+            let soon = Some(Instant::now() + Duration::from_micros(50));
+            with_deadline(soon, || scale_grads(&params, 0.5))
+        });
+        assert!(
+            matches!(outcome, Err(Fail::Tensor(TensorError::Deadline { .. }))),
+            "{outcome:?}"
+        );
+        let first = small.grad().unwrap().to_vec().unwrap();
+        assert_eq!(first, vec![1.0; 4], "the first gradient was scaled");
+    }
 
     #[test]
     fn reduce_weights_in_rank_order_and_treats_missing_as_zero() {

@@ -119,6 +119,10 @@ fn a_checkpoint_that_cannot_be_written_stops_training_at_its_step() {
         // No space left: room for one checkpoint, not two. The second (step 6) fails while
         // being written; its temporary folder goes, the first stays whole and current.
         if !is_root() {
+            assert!(
+                std::env::var_os("ORCH_REQUIRE_ROOT").is_none(),
+                "the no-space checkpoint case needs root (a tmpfs) and ORCH_REQUIRE_ROOT is set"
+            );
             eprintln!("not root: the no-space case needs a tmpfs, skipped");
             continue;
         }
@@ -220,6 +224,27 @@ fn non_finite_logits_are_an_error_naming_where() {
     let dir = tempfile::tempdir().unwrap();
     let mut fine = model(&predicting_job(dir.path(), "zeros"));
     assert_eq!(sample(&mut fine, "to").unwrap().tokens.len(), 5);
+}
+
+/// Finding: `predict`'s output was copied out whatever its shape claimed: an expanded view of
+/// `[1, 2^20, 2^20]` made the host allocate 4 TiB.
+#[test]
+fn an_expanded_predict_output_is_an_error_not_a_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut huge = model(&predicting_job(dir.path(), "expanded"));
+    let err = sample(&mut huge, "to be").unwrap_err();
+    assert!(
+        err.to_string().contains(
+            "predict returned a tensor of shape [1, 1048576, 1048576] for features [1, 5], more values than the host copies (a tensor of shape [1, 5, 8] was expected)"
+        ),
+        "{err}"
+    );
+    let err = huge.predict(vec![1.0, 2.0], &[1, 2]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("(at most 268435456 values are read back)"),
+        "{err}"
+    );
 }
 
 /// Finding: `predict`'s error text was not shortened as a step's is (one 100 MB line).

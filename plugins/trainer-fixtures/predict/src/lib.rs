@@ -4,6 +4,7 @@
 //! - `nan`: logits `[rows, t, classes]` for token ids `[rows, t]`, every one NaN;
 //! - `inf-last`: finite logits, but the last class of the last position is +infinity;
 //! - `long-error`: an error of `bytes` (default 32 MiB) characters, on one line;
+//! - `expanded`: one zero expanded to `[1, 2^20, 2^20]`, a view of 4 bytes that shows 4 TiB;
 //! - anything else: zero logits (a model that predicts, for comparison).
 
 use bindings::exports::orch::plugin::training::{EvalReport, Guest, RunInfo, StepInfo, StepReport};
@@ -92,6 +93,10 @@ impl bindings::exports::orch::plugin::inference::Guest for Fixture {
                     t::from_list(&values, &shape, None).map_err(err)
                 }
                 "long-error" => Err("e".repeat(state.bytes)),
+                "expanded" => {
+                    let one = t::full(&[1, 1, 1], 0.0, None).map_err(err)?;
+                    t::expand(&one, &[1, 1 << 20, 1 << 20]).map_err(err)
+                }
                 _ => t::full(&shape, 0.0, None).map_err(err),
             }
         })
