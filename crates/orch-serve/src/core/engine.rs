@@ -11,7 +11,7 @@ use crate::core::db::{Change, Event, JobRow, JobUse, State, Submission, Update, 
 use crate::core::folders::{self, ExitRecord, Fence};
 use crate::core::kick::Kick;
 use crate::core::sched::{Attempt, QueuePolicy, QueuedJob, RunningJob, Scheduler, Usage};
-use crate::core::state::{MachineView, Shared};
+use crate::core::state::{MachineView, Shared, SupervisorEnd};
 use orch_core::JobSpec;
 use orch_core::sync::lock;
 use orch_core::time::now_ms;
@@ -774,10 +774,10 @@ impl Engine {
                     }
                     // Its supervisor took the fence after all: looked at again next time.
                     Ok(false) => {
-                        self.jobs.running.insert(id, job);
+                        self.watch_again(id, job, ended);
                     }
                     Err(e) => {
-                        self.jobs.running.insert(id, job);
+                        self.watch_again(id, job, ended);
                         self.jobs
                             .cannot_tell(id, format!("cannot fence off its folder: {e}"));
                     }
@@ -789,6 +789,16 @@ impl Engine {
             }
         }
         true
+    }
+
+    /// A job whose end could not be settled yet goes back to the running ones, with its
+    /// supervisor's recorded exit: without it, a supervisor this daemon started counts as alive
+    /// forever (only its wait says otherwise), and the job would never be looked at again.
+    fn watch_again(&mut self, id: i64, job: Running, ended: Option<SupervisorEnd>) {
+        if let Some(end) = ended {
+            lock(&self.shared.supervisor_exits).insert((id, job.attempt), end);
+        }
+        self.jobs.running.insert(id, job);
     }
 
     /// One scheduling pass: the queue in the queue policy's order, each job placed if it fits
