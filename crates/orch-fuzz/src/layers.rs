@@ -470,7 +470,9 @@ pub fn check((call, tight): (LayerCall, bool)) -> Result<(), TestCaseError> {
     if let Err(e) = &spec {
         sentence::check(&e.to_string())?;
     }
-    let device = MemoryPool::new(Device::Sim(0), Some(DEVICE_BYTES)).expect("a sim pool");
+    let device = MemoryPool::new(Device::Sim(0), Some(DEVICE_BYTES)).map_err(|e| {
+        TestCaseError::fail(format!("the sim device's pool could not be made: {e}"))
+    })?;
     let pool = MemoryPool::with_parent(&device, None);
     let bound = match tight {
         true => Duration::from_millis(1),
