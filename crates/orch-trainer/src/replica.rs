@@ -332,7 +332,9 @@ impl Replica<'_> {
 
     /// Replica 0 writes its state as a checkpoint (the replicas are identical), before any
     /// replica goes on: the others wait for it here, so a checkpoint that cannot be written
-    /// stops the run at this step, on one replica or many.
+    /// stops the run at this step, on one replica or many. Replica 0 writes only once every
+    /// replica has reached the step (and so reported it): a write that fails at once cannot
+    /// stop another replica inside the step the checkpoint is of.
     fn snapshot(
         &self,
         state: &ReplicaState,
@@ -341,6 +343,18 @@ impl Replica<'_> {
         batch: u32,
         stage: Stage,
     ) -> Result<(), TrainError> {
+        let several = self.shared.replicas > 1;
+        let stopped = |what: &str, reason: String| TrainError::Stopped {
+            plugin: self.plan.plugin.clone(),
+            stage,
+            reason: format!("{what} the checkpoint of step {step}: {reason}"),
+        };
+        if several {
+            self.shared
+                .checkpoints
+                .exchange(self.rank, (), self.shared.exchange_timeout, |_| ())
+                .map_err(|reason| stopped("reaching", reason))?;
+        }
         if self.rank == 0 {
             let failed = |e: TensorError| TrainError::Checkpoint {
                 path: "(snapshot)".into(),
@@ -358,7 +372,7 @@ impl Replica<'_> {
             // A failure returns here: the replica fails, which stops the others waiting below.
             checkpoint.save(&self.plan.out)?;
         }
-        if self.shared.replicas < 2 {
+        if !several {
             return Ok(());
         }
         // Writing is the host's work, not the plugin's: the wait allows it more than a step.
@@ -367,11 +381,7 @@ impl Replica<'_> {
             .checkpoints
             .exchange(self.rank, (), timeout, |_| ())
             .map(|_| ())
-            .map_err(|reason| TrainError::Stopped {
-                plugin: self.plan.plugin.clone(),
-                stage,
-                reason: format!("waiting for the checkpoint of step {step}: {reason}"),
-            })
+            .map_err(|reason| stopped("waiting for", reason))
     }
 
     /// Makes every replica's parameters and buffers replica 0's.
