@@ -9,6 +9,7 @@ mod fairshare;
 mod faults;
 mod held_leases;
 mod languages;
+mod manual;
 mod operate;
 mod plan;
 mod policy_budget;

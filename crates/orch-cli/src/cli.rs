@@ -58,6 +58,10 @@ pub enum Command {
     Usage(UsageArgs),
     /// Replay a trace of submissions through the daemon's scheduler in virtual time.
     Simulate(SimulateArgs),
+    /// Print a shell's completion script (bash, zsh, fish, elvish, powershell).
+    Completions(CompletionsArgs),
+    /// Print the manual page (orch.1), or write every command's page into a folder.
+    Man(ManArgs),
     /// The daemon's per-job supervisor (started by `orch serve`, not by hand).
     #[command(name = "__supervise", hide = true)]
     Supervise { dir: std::path::PathBuf },
@@ -375,4 +379,24 @@ pub struct RunArgs {
     /// Run only task N (from 0) of the job's [sweep] (a Slurm job array runs one per task).
     #[arg(long, value_name = "N", requires = "job")]
     pub sweep_task: Option<usize>,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Examples:\n  orch completions bash > /etc/bash_completion.d/orch\n  orch completions zsh > \"${fpath[1]}/_orch\"\n  orch completions fish > ~/.config/fish/completions/orch.fish"
+)]
+pub struct CompletionsArgs {
+    /// The shell to complete in.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Examples:\n  orch man | man -l -\n  orch man --out /usr/local/share/man/man1"
+)]
+pub struct ManArgs {
+    /// Write orch.1 and one page per subcommand (orch-run.1, ...) into this folder instead.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<std::path::PathBuf>,
 }

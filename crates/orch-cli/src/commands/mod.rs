@@ -4,6 +4,7 @@ mod devices;
 mod granted;
 mod jobs;
 mod leases;
+mod manual;
 mod model;
 mod plan;
 mod plugin;
@@ -42,6 +43,8 @@ pub fn dispatch(cli: Cli) -> CmdResult {
         Command::Wait(args) => jobs::wait(&args),
         Command::Usage(args) => jobs::usage(&args),
         Command::Simulate(args) => simulate::run(&spec, &args),
+        Command::Completions(args) => manual::completions(&args),
+        Command::Man(args) => manual::man(&args),
         Command::Supervise { dir } => serve::supervise(&dir),
         Command::PolicyWorker => std::process::exit(orch_serve::core::policy_worker::worker_main()),
         // Its exit status and its last line on stderr are what the daemon reads.
