@@ -23,7 +23,7 @@ pub fn man(args: &ManArgs) -> CmdResult {
     match &args.out {
         None => {
             let mut page = Vec::new();
-            render(&cmd, &mut page).map_err(|e| Failure::failed_msg(e))?;
+            render(&cmd, &mut page).map_err(Failure::failed_msg)?;
             let mut out = std::io::stdout().lock();
             out.write_all(&page)
                 .and_then(|()| out.flush())
