@@ -100,6 +100,10 @@ pub fn job_text(spec: &JobSpec) -> String {
     if let Some(t) = &spec.tenant {
         text.push_str(&format!("tenant = {}\n", quote(t)));
     }
+    if let Some(limit) = spec.max_runtime {
+        let limit = humantime::format_duration(limit).to_string();
+        text.push_str(&format!("max_runtime = {}\n", quote(&limit)));
+    }
     let r = &spec.resources;
     text.push_str(&format!("[resources]\ngpus = {}\n", r.gpus));
     if let Some(m) = r.min_free_memory {
