@@ -320,8 +320,13 @@ fn without_a_daemon_an_alloc_holds_a_local_lease_and_keeps_its_time_limit() {
 #[test]
 fn a_cancelled_alloc_ends_its_command_and_says_so() {
     let (d, _) = daemon("alloc-cancel", [90, 90]);
-    let child = alloc(&d, &["--gpus", "1", "--", "sleep", "60"]);
+    let marker = d.state.join("started");
+    let script = format!("touch {}; sleep 60", marker.display());
+    let child = alloc(&d, &["--gpus", "1", "--", "sh", "-c", &script]);
     let id = running_id(&d);
+    wait_for("the allocation's command", Duration::from_secs(15), || {
+        marker.exists()
+    });
     let out = d.client(&["cancel", &id]);
     assert!(out.status.success(), "{}", stderr(&out));
     let out = ended_within(child, Duration::from_secs(15));
@@ -330,4 +335,36 @@ fn a_cancelled_alloc_ends_its_command_and_says_so() {
     assert!(err.contains(&format!("orch: job {id} cancelled")), "{err}");
     d.wait_state(&id, "cancelled");
     assert_eq!(stdout(&d.client(&["leases", "--json"])).trim(), "[]");
+}
+
+#[test]
+fn a_restarted_daemon_keeps_an_allocs_time_limit_from_its_start() {
+    let (mut d, _) = daemon("alloc-restart", [90, 90]);
+    let started = Instant::now();
+    let marker = d.state.join("granted");
+    let script = format!("touch {}; sleep 60", marker.display());
+    let child = alloc(
+        &d,
+        &["--gpus", "1", "--time", "4s", "--", "sh", "-c", &script],
+    );
+    let id = running_id(&d);
+    // Once its command runs (the grant answered), the daemon is killed and started again.
+    wait_for("the allocation's command", Duration::from_secs(15), || {
+        marker.exists()
+    });
+    d.kill9();
+    d.restart();
+    let out = ended_within(child, Duration::from_secs(15));
+    assert!(started.elapsed() >= Duration::from_secs(4));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!("orch: job {id} released at its time limit (4s)")),
+        "{err}"
+    );
+    let s = d.status(&id);
+    assert_eq!(s["state"], "failed", "{s}");
+    assert!(
+        crate::serve::event_kinds(&s).contains(&"adopted"),
+        "adopted after the restart: {s}"
+    );
 }

@@ -16,10 +16,10 @@ use crate::failure::{CmdResult, Failure};
 use hyper::{Method, StatusCode};
 use orch_core::JobSpec;
 use orch_devices::{Backend, Inventory, InventorySpec};
-use orch_exec::ExitOutcome;
 use orch_runner::{Outcome, Placement, Plan};
 use orch_serve::http::wire::{AllocRequest, Job};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -130,6 +130,11 @@ fn session(
     limits: Limits,
     daemon: Option<Asked>,
 ) -> CmdResult {
+    // SIGTERM (the daemon's, at a limit or a cancel, or anyone's) ends the allocation; orch's
+    // forwarding passes it to the shell as well. Watched from before the shell starts: one that
+    // comes while it starts is kept for the watcher.
+    let mut signals = signal_hook::iterator::Signals::new([libc::SIGTERM])
+        .map_err(|e| Failure::failed_msg(format!("cannot watch for SIGTERM: {e}")))?;
     eprintln!(
         "orch: granted {who}: {}",
         grant_line(&placement.plan, inventory, limits, SystemTime::now())
@@ -145,7 +150,10 @@ fn session(
     // Says why on the terminal, then ends the shell: SIGHUP first (an interactive shell
     // ignores SIGTERM, and ends on a hang-up as when its terminal closes), then the stop every
     // job gets (SIGTERM, SIGKILL after the grace period).
+    let stopped = Arc::new(AtomicBool::new(false));
+    let stopping = Arc::clone(&stopped);
     let end: Arc<dyn Fn(String) + Send + Sync> = Arc::new(move |why: String| {
+        stopping.store(true, Ordering::SeqCst);
         eprintln!("orch: {who} {why}");
         for &group in &groups {
             // SAFETY: kill(2) on a process group this process started; one already gone is
@@ -156,10 +164,6 @@ fn session(
         }
         stopper.stop(why);
     });
-    // SIGTERM (the daemon's, at a limit or a cancel, or anyone's) ends the allocation; orch's
-    // forwarding passes it to the shell as well.
-    let mut signals = signal_hook::iterator::Signals::new([libc::SIGTERM])
-        .map_err(|e| Failure::failed_msg(format!("cannot watch for SIGTERM: {e}")))?;
     let handle = signals.handle();
     // Without a daemon, the time limit is this process's to keep.
     let local = daemon.is_none();
@@ -196,10 +200,11 @@ fn session(
         let _ = timer.join();
     }
     match ended {
-        // Why was said when it was stopped.
-        Ok(Outcome::Command(ExitOutcome::Stopped(_))) => {
-            Err(Failure::failed_msg(format!("{who_ended} ended")))
-        }
+        // Why was said when it was stopped; its command may have died of the signal first.
+        Ok(Outcome::Command(outcome)) if stopped.load(Ordering::SeqCst) => Err(Failure {
+            code: outcome.code().max(1),
+            error: anyhow::anyhow!("{who_ended} ended"),
+        }),
         ended => run::conclude(job, ended),
     }
 }

@@ -52,7 +52,9 @@ pub fn lease(
             job_path: utf8(job_path, "job file's path")?,
             cwd: utf8(&cwd, "working folder")?,
             env: super::jobs::utf8_env(),
-            key: None,
+            // Sent again after a daemon restart lost the answer, the request finds the job it
+            // made, instead of queueing a second lease for this process.
+            key: Some(super::jobs::submission_key()),
         },
         wait,
         alloc,

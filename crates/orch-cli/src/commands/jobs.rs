@@ -146,7 +146,7 @@ fn percent_encode(text: &str) -> String {
 
 /// 128 random bits, so a submission sent again after a daemon restart is recognised.
 /// Without the kernel's source, the time and pid stand in: the key must be unique, not secret.
-fn submission_key() -> String {
+pub(super) fn submission_key() -> String {
     orch_core::random::random_hex(16).unwrap_or_else(|_| {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -194,6 +194,19 @@ mod tests {
         }
     }
 
+    /// `orch alloc --time` is the job text's `max_runtime`, read back to the same limit.
+    #[test]
+    fn an_allocations_time_limit_is_its_max_runtime() {
+        let argv = vec!["bash".to_string()];
+        for limit in [90, 4 * 3600 + 30 * 60, 3 * 86400] {
+            let mut spec = job("alloc", &quick(&[]), &argv).unwrap();
+            spec.max_runtime = Some(std::time::Duration::from_secs(limit));
+            let text = job_text(&spec);
+            let parsed = orch_core::job::parse(&spec.dir.join("command line"), &text).unwrap();
+            assert_eq!(parsed.max_runtime, spec.max_runtime, "{text}");
+        }
+    }
+
     #[test]
     fn bad_flags_are_one_sentence_naming_the_flag_and_the_command() {
         let argv = vec!["true".to_string()];
