@@ -33,6 +33,9 @@ pub enum Command {
     Plan(PlanArgs),
     /// Place a job (an atomic lease), run it on exactly its devices, release them.
     Run(RunArgs),
+    /// An interactive allocation: hold GPUs for a shell (or CMD) in this terminal, released when
+    /// it ends, at --time, or after --idle with its GPUs unused.
+    Alloc(AllocArgs),
     /// Score a `[train]` job's checkpoint on the job's evaluation data (loss, accuracy), without
     /// training.
     Predict(PredictArgs),
@@ -305,6 +308,32 @@ pub enum LeasesAction {
         /// The lease id, as `orch leases` shows it.
         id: String,
     },
+}
+
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Through the machine's daemon the allocation is a job of your tenant's queue, shown as `NAME (alloc)` in `orch jobs`; without one it is a lease of the local store.\n\nExamples:\n  orch alloc --gpus 2                      # $SHELL on 2 GPUs, until it exits\n  orch alloc --gpus 1 --time 4h --idle 30m # ended at 4h, or after 30 min of idle GPUs\n  orch alloc --gpus 2 --wait -- python debug.py"
+)]
+pub struct AllocArgs {
+    #[command(flatten)]
+    pub quick: QuickArgs,
+    /// Its time limit (`4h`, `90m`): the shell's processes get SIGHUP and SIGTERM then, SIGKILL
+    /// after the grace period.
+    #[arg(long, value_name = "DURATION")]
+    pub time: Option<String>,
+    /// Release it once all its GPUs have stayed idle this long (`30m`); needs the machine's
+    /// daemon, which reads the GPUs' utilization.
+    #[arg(long, value_name = "DURATION")]
+    pub idle: Option<String>,
+    /// When nothing fits now, wait in the queue (saying why) until something does.
+    #[arg(long)]
+    pub wait: bool,
+    /// Give up waiting after this long (`90s`, `15m`, `2h`; default: forever).
+    #[arg(long, value_name = "DURATION", requires = "wait")]
+    pub timeout: Option<String>,
+    /// The command to run instead of $SHELL (or /bin/sh), and its arguments.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
 }
 
 /// The quick form's flags, `orch run` and `orch submit` alike: `--gpus N … -- CMD` stands for a

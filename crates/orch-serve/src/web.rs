@@ -395,7 +395,11 @@ mod tests {
         ] {
             assert!(!SCRIPT.contains(sink), "app.js uses {sink}");
         }
-        assert!(SCRIPT.contains("cell(tr, \"Name\", clip(j.name + (j.interactive"));
+        assert!(
+            SCRIPT.contains(
+                "cell(tr, \"Name\", clip(j.name + (j.alloc ? \" (alloc)\" : j.interactive"
+            )
+        );
         assert!(SCRIPT.contains("s.title = "));
         assert!(PAGE.contains(".clip{display:inline-block;max-width:16rem"));
         assert!(PAGE.contains("text-overflow:ellipsis"));

@@ -8,7 +8,7 @@ use crate::failure::Failure;
 use hyper::{Method, StatusCode};
 use orch_core::JobSpec;
 use orch_runner::{GiveBack, LeaseGuard, Placement, Plan, PlannedDevice, Rejection};
-use orch_serve::http::wire::{LeaseRequest, LeaseView};
+use orch_serve::http::wire::{AllocRequest, LeaseRequest, LeaseView};
 use orch_serve::{State, SubmitRequest};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -17,11 +17,14 @@ use std::time::{Duration, Instant};
 pub struct Granted {
     pub placement: Placement,
     pub inventory: orch_devices::Inventory,
+    /// The daemon's job for the lease.
+    pub job_id: String,
 }
 
 /// Asks the daemon at `client` for the job's lease. Without `wait`, no fit is exit 1 with the
 /// daemon's reason; with it, the job waits in the daemon's queue (its place said on stderr as
-/// it changes) until it is placed or `deadline` passes.
+/// it changes) until it is placed or `deadline` passes. `alloc`: the lease is an interactive
+/// allocation (`orch alloc`).
 pub fn lease(
     client: Client,
     job: &JobSpec,
@@ -29,6 +32,7 @@ pub fn lease(
     job_path: &Path,
     wait: bool,
     deadline: Option<Instant>,
+    alloc: Option<AllocRequest>,
 ) -> Result<Granted, Failure> {
     let cwd = std::env::current_dir().map_err(Failure::failed)?;
     let utf8 = |p: &Path, what: &str| {
@@ -48,9 +52,12 @@ pub fn lease(
             job_path: utf8(job_path, "job file's path")?,
             cwd: utf8(&cwd, "working folder")?,
             env: super::jobs::utf8_env(),
-            key: None,
+            // Sent again after a daemon restart lost the answer, the request finds the job it
+            // made, instead of queueing a second lease for this process.
+            key: Some(super::jobs::submission_key()),
         },
         wait,
+        alloc,
     };
     let body = serde_json::to_vec(&request).map_err(Failure::failed)?;
     let (status, answer) = client.call(Method::POST, "/v1/leases", Some(body))?;
@@ -127,10 +134,12 @@ pub fn lease(
         give_back();
     }
     let (inventory, lease, plan) = granted?;
+    let job_id = view.job_id.clone();
     let guard = LeaseGuard::granted(lease, GiveBack(Box::new(move |_| give_back())));
     Ok(Granted {
         placement: Placement { lease: guard, plan },
         inventory,
+        job_id,
     })
 }
 

@@ -146,7 +146,7 @@ fn percent_encode(text: &str) -> String {
 
 /// 128 random bits, so a submission sent again after a daemon restart is recognised.
 /// Without the kernel's source, the time and pid stand in: the key must be unique, not secret.
-fn submission_key() -> String {
+pub(super) fn submission_key() -> String {
     orch_core::random::random_hex(16).unwrap_or_else(|_| {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -185,7 +185,9 @@ pub fn list(args: &JobsArgs) -> CmdResult {
         .map(|j| {
             vec![
                 j.id.to_string(),
-                if j.interactive {
+                if j.alloc {
+                    format!("{} (alloc)", j.name)
+                } else if j.interactive {
                     format!("{} (interactive)", j.name)
                 } else {
                     j.name.clone()
@@ -324,6 +326,13 @@ pub fn status(args: &JobIdArgs) -> CmdResult {
         ("state", job.state.as_str().to_string()),
         ("gpus", job.gpus.to_string()),
     ];
+    if job.alloc {
+        let idle = job.idle_limit_s.map_or(String::new(), |s| {
+            let limit = Duration::from_millis((s * 1000.0) as u64);
+            format!(", idle limit {}", humantime::format_duration(limit))
+        });
+        lines.push(("kind", format!("interactive allocation (orch alloc){idle}")));
+    }
     if !job.devices.is_empty() {
         lines.push(("devices", esc(&job.devices.join(", "))));
     }

@@ -1,5 +1,6 @@
 //! One module per command.
 
+mod alloc;
 mod devices;
 mod granted;
 mod jobs;
@@ -25,6 +26,7 @@ pub fn dispatch(cli: Cli) -> CmdResult {
         Command::Leases(args) => leases::run(&args),
         Command::Plan(args) => plan::run(&spec, &args),
         Command::Run(args) => run::run(&spec, &args),
+        Command::Alloc(args) => alloc::run(&spec, &args),
         Command::Predict(args) => model::predict(&args),
         Command::Sample(args) => model::sample(&args),
         Command::Plugin(args) => plugin::run(&args),

@@ -100,6 +100,10 @@ pub fn job_text(spec: &JobSpec) -> String {
     if let Some(t) = &spec.tenant {
         text.push_str(&format!("tenant = {}\n", quote(t)));
     }
+    if let Some(limit) = spec.max_runtime {
+        let limit = humantime::format_duration(limit).to_string();
+        text.push_str(&format!("max_runtime = {}\n", quote(&limit)));
+    }
     let r = &spec.resources;
     text.push_str(&format!("[resources]\ngpus = {}\n", r.gpus));
     if let Some(m) = r.min_free_memory {
@@ -187,6 +191,19 @@ mod tests {
                 (b.memory_limit, b.exclusive, b.enforce_memory_limit),
                 "{text}"
             );
+        }
+    }
+
+    /// `orch alloc --time` is the job text's `max_runtime`, read back to the same limit.
+    #[test]
+    fn an_allocations_time_limit_is_its_max_runtime() {
+        let argv = vec!["bash".to_string()];
+        for limit in [90, 4 * 3600 + 30 * 60, 3 * 86400] {
+            let mut spec = job("alloc", &quick(&[]), &argv).unwrap();
+            spec.max_runtime = Some(std::time::Duration::from_secs(limit));
+            let text = job_text(&spec);
+            let parsed = orch_core::job::parse(&spec.dir.join("command line"), &text).unwrap();
+            assert_eq!(parsed.max_runtime, spec.max_runtime, "{text}");
         }
     }
 

@@ -127,7 +127,8 @@ fn run_one(
         let prepared = orch_runner::prepare(&job, args.resume, Some(crate::progress::sink()))
             .map_err(run_failure)?;
         let client = crate::client::Client::at(daemon.path)?;
-        let granted = super::granted::lease(client, &job, text, &job.path, args.wait, deadline)?;
+        let granted =
+            super::granted::lease(client, &job, text, &job.path, args.wait, deadline, None)?;
         orch_runner::check_enforcement(&job, granted.inventory.backend)
             .map_err(Failure::bad_input_msg)?;
         tracing::info!(
@@ -156,6 +157,19 @@ fn run_one(
     // A [train] job's plugin and data are read before the lease: bad input fails at once.
     let prepared = orch_runner::prepare(&job, args.resume, Some(crate::progress::sink()))
         .map_err(run_failure)?;
+    let placement = place_here(&job, &inventory, deadline, args.supervised)?;
+    finish(&job, prepared, placement, &inventory, cluster)
+}
+
+/// Places `job` on this machine's devices from the lease store, waiting for a fit until
+/// `deadline` when there is one; `supervised`: inside the lease of the daemon job that started
+/// this process instead.
+pub(super) fn place_here(
+    job: &JobSpec,
+    inventory: &orch_devices::Inventory,
+    deadline: Option<Instant>,
+    supervised: bool,
+) -> Result<Placement, Failure> {
     let visibility = Visibility::resolve(&inventory.devices, &VisibilityEnv::from_process());
     let mut host = policy_host()?;
     // Compile (or load from the disk cache) the policy before the lease transaction, so the
@@ -164,14 +178,14 @@ fn run_one(
     let _ = host.load(&job.policy.plugin);
     let env = |name: &str| std::env::var(name).ok();
     let machine = Machine {
-        inventory: &inventory,
+        inventory,
         visibility: &visibility,
         env: &env,
         nested: true,
     };
-    let placement = if args.supervised {
+    Ok(if supervised {
         let parent = std::env::var("ORCH_JOB_ID").unwrap_or_default();
-        let (lease, plan) = orch_runner::place_in_parent(&mut host, &job, &machine, &parent)
+        let (lease, plan) = orch_runner::place_in_parent(&mut host, job, &machine, &parent)
             .map_err(|e| run_failure(RunError::Place(e)))?;
         Placement {
             lease: LeaseGuard::held_by_parent(lease),
@@ -180,7 +194,7 @@ fn run_one(
     } else {
         let mut store = open_store()?;
         let (lease, plan) = orch_runner::claim_until(
-            &mut store, &mut host, &job, &machine, deadline,
+            &mut store, &mut host, job, &machine, deadline,
         )
         .map_err(|e| match e {
             PlaceError::NoFit(reason) => {
@@ -188,13 +202,12 @@ fn run_one(
             }
             other => run_failure(RunError::Place(other)),
         })?;
-        tracing::info!("{}", placed_line(&job, &lease, &plan, &inventory));
+        tracing::info!("{}", placed_line(job, &lease, &plan, inventory));
         Placement {
             lease: LeaseGuard::new(default_state_dir(), lease),
             plan,
         }
-    };
-    finish(&job, prepared, placement, &inventory, cluster)
+    })
 }
 
 /// Runs the placed job to its end; the lease goes back as it ends.
@@ -205,7 +218,19 @@ fn finish(
     inventory: &orch_devices::Inventory,
     cluster: Option<orch_exec::Cluster>,
 ) -> CmdResult {
-    let running = orch_runner::start(
+    let running = start_job(job, prepared, placement, inventory, cluster)?;
+    conclude(job, running.wait())
+}
+
+/// Starts the placed job in this terminal, with its devices' environment.
+pub(super) fn start_job<'a>(
+    job: &JobSpec,
+    prepared: orch_runner::Prepared<'a>,
+    placement: Placement,
+    inventory: &orch_devices::Inventory,
+    cluster: Option<orch_exec::Cluster>,
+) -> Result<orch_runner::RunningJob<'a>, Failure> {
+    orch_runner::start(
         job,
         prepared,
         placement,
@@ -215,8 +240,12 @@ fn finish(
             ..ProcessOptions::default()
         },
     )
-    .map_err(run_failure)?;
-    match running.wait().map_err(run_failure)? {
+    .map_err(run_failure)
+}
+
+/// What orch says and exits with once the job ended (its lease given back).
+pub(super) fn conclude(job: &JobSpec, ended: Result<Outcome, RunError>) -> CmdResult {
+    match ended.map_err(run_failure)? {
         Outcome::Command(outcome) if !outcome.success() => Err(Failure {
             code: outcome.code(),
             error: anyhow::anyhow!("job {} ended with {outcome}", job.name),
@@ -225,7 +254,7 @@ fn finish(
     }
 }
 
-fn run_failure(e: RunError) -> Failure {
+pub(super) fn run_failure(e: RunError) -> Failure {
     if e.is_bad_input() {
         Failure::bad_input(e)
     } else {
@@ -246,9 +275,14 @@ fn lease_text(args: &RunArgs, job: &JobSpec) -> Result<String, Failure> {
 
 /// `--timeout`: a positive duration (`90s`, `15m`, `2h`).
 fn parse_duration(text: &str) -> Result<Duration, Failure> {
+    flag_duration("--timeout", text)
+}
+
+/// A flag's positive duration (`90s`, `15m`, `2h`).
+pub(super) fn flag_duration(flag: &str, text: &str) -> Result<Duration, Failure> {
     orch_core::duration::parse(text).ok_or_else(|| {
         Failure::bad_input_msg(format!(
-            "--timeout: expected a positive duration such as 90s, 15m or 2h, found \"{text}\""
+            "{flag}: expected a positive duration such as 90s, 15m or 2h, found \"{text}\""
         ))
     })
 }

@@ -93,6 +93,18 @@ pub struct Submission {
     /// is started for such a job; it runs while the process lives or until it releases the lease.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<orch_leases::Holder>,
+    /// For a held lease taken by `orch alloc`: an interactive allocation, with its limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alloc: Option<Alloc>,
+}
+
+/// What the daemon knows of an interactive allocation (`orch alloc`) besides its job file (whose
+/// `max_runtime` is its `--time`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Alloc {
+    /// `--idle`: it is released once all its GPUs have stayed idle this long.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_ms: Option<u64>,
 }
 
 /// A job's row in the database (the API shows it as [`crate::http::wire::Job`]).
@@ -127,6 +139,11 @@ pub struct JobRow {
     /// A lease held by a process of its user (`orch run` or `import orch` through the daemon):
     /// the work runs in that process, not under a supervisor of the daemon's.
     pub interactive: bool,
+    /// An interactive allocation (`orch alloc`): a held lease whose process is a user's shell or
+    /// command, released at its idle limit or time limit.
+    pub alloc: bool,
+    /// An allocation's idle limit (`--idle`).
+    pub idle_limit_ms: Option<u64>,
 }
 
 impl JobRow {
@@ -156,6 +173,8 @@ impl JobRow {
             gpu_seconds: 0.0,
             charged_ms: None,
             interactive: false,
+            alloc: false,
+            idle_limit_ms: None,
         }
     }
 }
@@ -252,7 +271,8 @@ impl std::fmt::Debug for Db {
 const COLUMNS: &str =
     "id, name, tenant, user, uid, state, gpus, priority, requeue, submitted_at_ms,
     started_at_ms, ended_at_ms, exit_code, reason, lease_id, devices, attempt, cancel_requested,
-    gpu_seconds, charged_ms, json_extract(submission, '$.holder') IS NOT NULL";
+    gpu_seconds, charged_ms, json_extract(submission, '$.holder') IS NOT NULL,
+    json_extract(submission, '$.alloc') IS NOT NULL, json_extract(submission, '$.alloc.idle_ms')";
 
 impl Db {
     pub fn open(dir: &Path) -> Result<Db, DbError> {
@@ -516,6 +536,28 @@ impl Db {
         })
     }
 
+    /// Running interactive allocations (`orch alloc`), per tenant.
+    pub fn alloc_counts(&self) -> Result<Vec<(String, u64)>, DbError> {
+        self.read(|c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT tenant, COUNT(*) FROM jobs WHERE state = 'running'
+                     AND json_extract(submission, '$.alloc') IS NOT NULL GROUP BY tenant",
+                )
+                .map_err(db("counting allocations"))?;
+            let rows = stmt
+                .query_map([], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        u64::try_from(r.get::<_, i64>(1)?).unwrap_or(0),
+                    ))
+                })
+                .map_err(db("counting allocations"))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(db("counting allocations"))
+        })
+    }
+
     /// Every tenant's recorded usage.
     pub fn usage(&self) -> Result<Vec<UsageRow>, DbError> {
         self.read(|c| {
@@ -688,6 +730,8 @@ fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<JobRow> {
         gpu_seconds: r.get(18)?,
         charged_ms: opt_u64(r.get(19)?),
         interactive: r.get(20)?,
+        alloc: r.get(21)?,
+        idle_limit_ms: opt_u64(r.get(22)?),
     })
 }
 
@@ -1119,6 +1163,7 @@ mod tests {
             },
             policy_file: None,
             holder: None,
+            alloc: None,
         };
         let id = db
             .write_blocking(move |tx| insert_job(tx, &row, &submission, None))

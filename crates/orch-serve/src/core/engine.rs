@@ -353,9 +353,20 @@ impl Engine {
         let spec = submission
             .as_ref()
             .and_then(|s| orch_core::job::parse(Path::new(&s.job_path), &s.job_text).ok());
-        let (preemptible, exclusive) = spec.map_or((false, true), |spec| {
+        let (preemptible, exclusive) = spec.as_ref().map_or((false, true), |spec| {
             (spec.preemptible, spec.resources.exclusive)
         });
+        // An interactive allocation's limits run from its start, whatever restarts came between.
+        let alloc = submission
+            .as_ref()
+            .and_then(|s| s.alloc.as_ref())
+            .map(|alloc| {
+                let tenant = self.shared.config.tenant(&row.tenant);
+                let limit = spec
+                    .as_ref()
+                    .and_then(|spec| running::time_limit(spec, tenant));
+                running::AllocLimits::new(alloc, limit, row.started_at_ms.unwrap_or_else(now_ms))
+            });
         let held = submission.is_some_and(|s| s.holder.is_some());
         self.track_running(id, &row, preemptible, exclusive);
         // Counted up to the last record, or from the start when none was made.
@@ -408,6 +419,9 @@ impl Engine {
                 };
                 let origin = if held { Origin::Held } else { Origin::Adopted };
                 let mut job = Running::new(start, origin, Some(holder), Instant::now());
+                if let Some(limits) = alloc.filter(|_| held) {
+                    job.set_alloc(limits);
+                }
                 if row.cancel_requested {
                     job.cancel();
                 }
@@ -487,6 +501,7 @@ impl Engine {
             changed |= self.jobs.catch_up();
             changed |= self.check_running();
             self.check_idle();
+            self.check_alloc_time();
             if self.last_usage_save.elapsed() >= USAGE_SAMPLE {
                 self.save_usage(Vec::new());
             }
@@ -1068,6 +1083,28 @@ impl Engine {
                 id,
                 Change {
                     event: Some(Event::now(kind, message)),
+                    ..Change::default()
+                },
+            );
+        }
+    }
+
+    /// An interactive allocation past its time limit is stopped: an event says why, and its
+    /// process (`orch alloc`) is asked to end its shell at the next look at running jobs.
+    fn check_alloc_time(&mut self) {
+        let now = now_ms();
+        let due: Vec<(i64, String)> = self
+            .jobs
+            .running
+            .iter_mut()
+            .filter_map(|(id, job)| job.look_time(now).map(|note| (*id, note.message)))
+            .collect();
+        for (id, message) in due {
+            tracing::info!("job {id}: {message}");
+            self.jobs.write(
+                id,
+                Change {
+                    event: Some(Event::now("stopping", message)),
                     ..Change::default()
                 },
             );

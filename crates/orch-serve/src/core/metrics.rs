@@ -181,6 +181,8 @@ pub struct Snapshot {
     pub leases: usize,
     /// `(tenant, running jobs held by a process of their user)`.
     pub interactive: Vec<(String, u64)>,
+    /// `(tenant, running interactive allocations: orch alloc)`.
+    pub alloc: Vec<(String, u64)>,
 }
 
 /// A label value, escaped as the text format wants (backslash, quote, newline).
@@ -303,6 +305,15 @@ pub fn render(snapshot: &Snapshot, counters: &Counters) -> String {
             "orch_interactive_jobs{{tenant=\"{}\"}} {n}",
             esc(tenant)
         );
+    }
+    header(
+        &mut out,
+        "orch_alloc_jobs",
+        "gauge",
+        "Running interactive allocations (orch alloc), per tenant; counted in orch_interactive_jobs too.",
+    );
+    for (tenant, n) in &snapshot.alloc {
+        let _ = writeln!(out, "orch_alloc_jobs{{tenant=\"{}\"}} {n}", esc(tenant));
     }
     header(
         &mut out,

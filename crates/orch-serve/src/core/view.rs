@@ -139,24 +139,28 @@ pub fn metrics_snapshot(shared: &Shared) -> Result<Snapshot, DbError> {
             }
         })
         .collect();
-    let held = shared.db.interactive_counts()?;
-    let interactive = shared
-        .config
-        .tenants
-        .iter()
-        .map(|t| {
-            let n = held
-                .iter()
-                .find(|(name, _)| *name == t.name)
-                .map_or(0, |x| x.1);
-            (t.name.clone(), n)
-        })
-        .collect();
+    let per_tenant = |counts: Vec<(String, u64)>| -> Vec<(String, u64)> {
+        shared
+            .config
+            .tenants
+            .iter()
+            .map(|t| {
+                let n = counts
+                    .iter()
+                    .find(|(name, _)| *name == t.name)
+                    .map_or(0, |x| x.1);
+                (t.name.clone(), n)
+            })
+            .collect()
+    };
+    let interactive = per_tenant(shared.db.interactive_counts()?);
+    let alloc = per_tenant(shared.db.alloc_counts()?);
     Ok(Snapshot {
         devices,
         jobs,
         tenants,
         leases: machine.leases.len(),
         interactive,
+        alloc,
     })
 }

@@ -32,7 +32,7 @@ pub(crate) async fn submit(
     let request: SubmitRequest =
         crate::http::wire::parse_body(&body, "a job submission", crate::http::wire::SUBMIT_FIELDS)
             .map_err(|why| err(StatusCode::BAD_REQUEST, why))?;
-    let id = accept(&shared, &caller, request, None).await?;
+    let id = accept(&shared, &caller, request, None, None).await?;
     Ok((
         StatusCode::CREATED,
         Json(SubmitResponse { id: id.to_string() }),
@@ -42,11 +42,13 @@ pub(crate) async fn submit(
 /// Checks a submission (the job file, the tenant and its limits), commits it to the queue and
 /// wakes the engine; returns the job's id. `holder`: the process that holds the lease itself (a
 /// lease taken from a Python program, `POST /v1/leases`): nothing is started for such a job.
+/// `alloc`: that lease is an interactive allocation (`orch alloc`).
 pub(crate) async fn accept(
     shared: &Arc<Shared>,
     caller: &Caller,
     request: SubmitRequest,
     holder: Option<orch_leases::Holder>,
+    alloc: Option<crate::core::db::Alloc>,
 ) -> ApiResult<i64> {
     // A job the daemon cannot record is not accepted: 503 with the sentence, never a 201 for
     // a job that would then be lost.
@@ -144,6 +146,7 @@ pub(crate) async fn accept(
         identity: caller.identity.clone(),
         policy_file,
         holder,
+        alloc,
     };
     let tenant = row.tenant.clone();
     // The limit is checked in the same transaction as the insert: concurrent submissions

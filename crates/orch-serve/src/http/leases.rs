@@ -57,7 +57,8 @@ pub async fn take(
     if shared.root {
         orch_exec::prime_cgroup_migration();
     }
-    let id = accept(&shared, &caller, request.submission, Some(holder)).await?;
+    let alloc = request.alloc.as_ref().map(alloc_of).transpose()?;
+    let id = accept(&shared, &caller, request.submission, Some(holder), alloc).await?;
     let deadline = Instant::now() + VERDICT_PATIENCE;
     let mut delay = Duration::from_millis(2);
     loop {
@@ -137,6 +138,22 @@ pub async fn take(
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_millis(50));
     }
+}
+
+/// An allocation's request as the daemon keeps it; an idle limit that is no positive number of
+/// seconds is refused.
+fn alloc_of(request: &crate::http::wire::AllocRequest) -> ApiResult<crate::core::db::Alloc> {
+    let idle_ms = match request.idle_s {
+        None => None,
+        Some(s) if s.is_finite() && s > 0.0 && s < 1e12 => Some((s * 1000.0).ceil() as u64),
+        Some(s) => {
+            return Err(err(
+                StatusCode::BAD_REQUEST,
+                format!("alloc.idle_s is {s}: give a positive number of seconds, such as 1800"),
+            ));
+        }
+    };
+    Ok(crate::core::db::Alloc { idle_ms })
 }
 
 /// Cancels a queued lease job; false when it is no longer queued.

@@ -54,6 +54,7 @@ pub const LEASE_FIELDS: &[&str] = &[
     "policy_wasm",
     "policy_digest",
     "wait",
+    "alloc",
 ];
 
 /// A request body as `T` (`what` names it in the sentence: "a job submission"): JSON whose
@@ -145,6 +146,18 @@ pub struct LeaseRequest {
     pub submission: SubmitRequest,
     #[serde(default)]
     pub wait: bool,
+    /// An interactive allocation (`orch alloc`): shown as one, and released at its limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alloc: Option<AllocRequest>,
+}
+
+/// What `orch alloc` adds to a lease request (its `--time` is the job text's `max_runtime`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllocRequest {
+    /// `--idle`, seconds: the lease is released once all its GPUs have stayed idle this long.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_s: Option<f64>,
 }
 
 /// A held lease as the API shows it.
@@ -212,6 +225,12 @@ pub struct Job {
     /// itself: an interactive job.
     #[serde(default)]
     pub interactive: bool,
+    /// An interactive allocation (`orch alloc`), a kind of interactive job.
+    #[serde(default)]
+    pub alloc: bool,
+    /// An allocation's idle limit (`--idle`), seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_limit_s: Option<f64>,
     /// What happened to it, oldest first (`GET /v1/jobs/ID` only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<Event>,
@@ -241,6 +260,8 @@ impl From<JobRow> for Job {
             gpu_seconds: row.gpu_seconds,
             charged_ms: row.charged_ms,
             interactive: row.interactive,
+            alloc: row.alloc,
+            idle_limit_s: row.idle_limit_ms.map(|ms| ms as f64 / 1000.0),
             events: Vec::new(),
         }
     }
@@ -302,6 +323,7 @@ mod tests {
         let lease = LeaseRequest {
             submission: submit,
             wait: true,
+            alloc: Some(AllocRequest { idle_s: Some(60.0) }),
         };
         assert_eq!(
             keys(serde_json::to_value(&lease).unwrap()),

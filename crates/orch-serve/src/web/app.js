@@ -73,7 +73,7 @@
       const tr = el("tr");
       tr.dataset.id = j.id;
       cell(tr, "ID", j.id);
-      cell(tr, "Name", clip(j.name + (j.interactive ? " (interactive)" : ""))).className = "name";
+      cell(tr, "Name", clip(j.name + (j.alloc ? " (alloc)" : j.interactive ? " (interactive)" : ""))).className = "name";
       cell(tr, "Tenant", clip(j.tenant));
       cell(tr, "State", j.state).className = "state-" + j.state;
       cell(tr, "GPUs", j.gpus);

@@ -200,8 +200,13 @@ impl Jobs {
                     requeue: false,
                     ..start
                 };
-                let job = Running::new(start, Origin::Held, Some(holder), Instant::now());
-                self.running.insert(id, job);
+                let mut watched = Running::new(start, Origin::Held, Some(holder), Instant::now());
+                if let Some(alloc) = &job.submission.alloc {
+                    let tenant = self.shared.config.tenant(&job.row.tenant);
+                    let limit = running::time_limit(&job.spec, tenant);
+                    watched.set_alloc(running::AllocLimits::new(alloc, limit, now_ms()));
+                }
+                self.running.insert(id, watched);
             }
             None => {
                 let job = Running::new(start, Origin::Spawned, None, Instant::now());

@@ -25,7 +25,8 @@ pub enum Cancel {
     Sent,
 }
 
-/// A stop the daemon decided on (not a cancel): preemption or idle reclaim.
+/// A stop the daemon decided on (not a cancel): preemption, idle reclaim, or an allocation's
+/// limit.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Stop {
     pub kind: StopKind,
@@ -41,6 +42,37 @@ pub enum StopKind {
     Preempt,
     /// Ends `failed`.
     Idle,
+    /// An allocation's time limit (a supervisor applies its job's own): ends `failed`.
+    TimeLimit,
+}
+
+/// The limits of an interactive allocation (`orch alloc`), which the engine applies to its
+/// held lease: nothing else watches the shell.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AllocLimits {
+    /// `--idle`: released once all its GPUs have stayed under the tenant's `idle_utilization`
+    /// this long.
+    pub idle: Option<Duration>,
+    /// Its time limit (`--time`, or its tenant's `max_runtime` when shorter) and when that runs
+    /// out, wall clock in ms.
+    pub time: Option<(Duration, u64)>,
+}
+
+impl AllocLimits {
+    /// The limits of an allocation that started at `started_at_ms` with time limit `limit`.
+    pub fn new(
+        alloc: &crate::core::db::Alloc,
+        limit: Option<Duration>,
+        started_at_ms: u64,
+    ) -> AllocLimits {
+        AllocLimits {
+            idle: alloc.idle_ms.map(Duration::from_millis),
+            time: limit.map(|limit| {
+                let ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
+                (limit, started_at_ms.saturating_add(ms))
+            }),
+        }
+    }
 }
 
 /// What watches the job, and so how its end is learnt.
@@ -89,6 +121,8 @@ pub struct Running {
     idle_warned: bool,
     /// Since when the daemon has watched it: a supervisor is given a moment to write its fence.
     watched_since: Instant,
+    /// An interactive allocation's limits.
+    alloc: Option<AllocLimits>,
 }
 
 /// Which signal is due, and what it carries out.
@@ -198,7 +232,17 @@ impl Running {
             idle_since: None,
             idle_warned: false,
             watched_since: now,
+            alloc: None,
         }
+    }
+
+    /// It is an interactive allocation with these limits.
+    pub fn set_alloc(&mut self, limits: AllocLimits) {
+        self.alloc = Some(limits);
+    }
+
+    pub fn alloc(&self) -> Option<&AllocLimits> {
+        self.alloc.as_ref()
     }
 
     pub fn held(&self) -> bool {
@@ -291,6 +335,7 @@ impl Running {
                     _ if self.held() => libc::SIGTERM,
                     StopKind::Preempt => folders::PREEMPT_SIGNAL,
                     StopKind::Idle => folders::IDLE_SIGNAL,
+                    StopKind::TimeLimit => libc::SIGTERM,
                 },
                 purpose: Purpose::Stop,
             }),
@@ -313,7 +358,8 @@ impl Running {
     /// Idle reclaim, one look: `utilization` per device (`None` where it cannot be read, which is
     /// never idle). Under the tenant's `idle_utilization` for `idle_timeout` it is warned; after
     /// `idle_grace` more, stopped (`failed`, "idle for 2h; GPUs reclaimed"); busy again after a
-    /// warning, it is told so.
+    /// warning, it is told so. An allocation under its own idle limit (`--idle`) is stopped at
+    /// that limit, unwarned (its user chose it): `failed`, "released after 30m idle on its GPUs".
     pub fn look_idle(
         &mut self,
         tenant: &Tenant,
@@ -321,9 +367,10 @@ impl Running {
         now: Instant,
     ) -> Vec<Note> {
         let mut notes = Vec::new();
-        let Some(timeout) = tenant.idle_timeout else {
+        let own = self.alloc.and_then(|a| a.idle);
+        if tenant.idle_timeout.is_none() && own.is_none() {
             return notes;
-        };
+        }
         if self.stop.is_some() || self.cancel != Cancel::None || self.devices.is_empty() {
             return notes;
         }
@@ -343,6 +390,23 @@ impl Running {
         }
         let since = *self.idle_since.get_or_insert(now);
         let idle_for = now.duration_since(since);
+        if let Some(own) = own
+            && idle_for >= own
+        {
+            let reason = format!(
+                "released after {} idle on its GPUs",
+                humantime::format_duration(own)
+            );
+            self.decide_stop(StopKind::Idle, reason.clone());
+            notes.push(Note {
+                kind: "stopping",
+                message: reason,
+            });
+            return notes;
+        }
+        let Some(timeout) = tenant.idle_timeout else {
+            return notes;
+        };
         let limit = humantime::format_duration(timeout).to_string();
         if idle_for >= timeout && !self.idle_warned {
             self.idle_warned = true;
@@ -364,6 +428,24 @@ impl Running {
             });
         }
         notes
+    }
+
+    /// An allocation's time limit, one look at the wall clock (`now_ms`): once it has run out,
+    /// it is stopped (`failed`, "released at its time limit (4h)").
+    pub fn look_time(&mut self, now_ms: u64) -> Option<Note> {
+        let (limit, at) = self.alloc?.time?;
+        if now_ms < at || self.cancel != Cancel::None {
+            return None;
+        }
+        let reason = format!(
+            "released at its time limit ({})",
+            humantime::format_duration(limit)
+        );
+        self.decide_stop(StopKind::TimeLimit, reason.clone())
+            .then_some(Note {
+                kind: "stopping",
+                message: reason,
+            })
     }
 
     /// Its exit record, reconciled with what the daemon decided: a cancel that came during a
@@ -402,6 +484,11 @@ impl Running {
                 },
                 true,
             ),
+            // An allocation released at its idle limit: its record says so already.
+            Some(Stop {
+                kind: StopKind::Idle,
+                ..
+            }) if self.held() && exit.state == State::Failed => (exit, true),
             _ => (exit, false),
         }
     }
@@ -438,10 +525,19 @@ impl Running {
     }
 
     /// A held lease's process gave it back: the record it ends with (None for a job that is not
-    /// a held lease).
+    /// a held lease). Given back after a cancel or a stop the daemon decided (an allocation's
+    /// idle or time limit, a preemption), it ends as when its process ends then.
     pub fn released(&self, now_ms: u64) -> Option<ExitRecord> {
-        self.held()
-            .then(|| ended(State::Succeeded, "released by its process".into(), now_ms))
+        if !self.held() {
+            return None;
+        }
+        Some(match (self.cancel, &self.stop) {
+            (Cancel::None, None) => {
+                ended(State::Succeeded, "released by its process".into(), now_ms)
+            }
+            (Cancel::None, Some(stop)) => ended_record(State::Failed, &stop.reason, now_ms),
+            _ => ended_record(State::Cancelled, folders::CANCELLED, now_ms),
+        })
     }
 }
 

@@ -348,3 +348,96 @@ fn the_time_limit_is_the_shorter_of_the_job_s_and_the_tenant_s() {
     );
     assert_eq!(time_limit(&spec(""), None), None);
 }
+
+fn alloc(idle: Option<u64>, time: Option<(u64, u64)>) -> Running {
+    let mut job = Running::new(start(false), Origin::Held, Some(holder(7)), Instant::now());
+    job.set_alloc(AllocLimits {
+        idle: idle.map(Duration::from_secs),
+        time: time.map(|(limit, at)| (Duration::from_secs(limit), at)),
+    });
+    job
+}
+
+#[test]
+fn an_allocation_is_released_at_its_own_idle_limit_without_a_warning() {
+    // No idle_timeout for the tenant: the allocation's own limit applies alone.
+    let t = tenant("idle_utilization = 5");
+    let mut job = alloc(Some(30), None);
+    let t0 = Instant::now();
+    assert!(job.look_idle(&t, &[Some(1)], t0).is_empty());
+    assert!(
+        job.look_idle(&t, &[Some(1)], t0 + Duration::from_secs(29))
+            .is_empty()
+    );
+    // Busy in between: the count starts again.
+    assert!(
+        job.look_idle(&t, &[Some(60)], t0 + Duration::from_secs(40))
+            .is_empty()
+    );
+    let t1 = t0 + Duration::from_secs(50);
+    assert!(job.look_idle(&t, &[Some(0)], t1).is_empty());
+    let stopped = job.look_idle(&t, &[Some(0)], t1 + Duration::from_secs(30));
+    assert_eq!(
+        stopped,
+        [Note {
+            kind: "stopping",
+            message: "released after 30s idle on its GPUs".into()
+        }]
+    );
+    assert_eq!(job.stop().unwrap().kind, StopKind::Idle);
+    // Its process is asked to end; given back then, the lease ends failed with the reason.
+    assert_eq!(job.signal_due().map(|s| s.signal), Some(libc::SIGTERM));
+    let record = job.released(9).unwrap();
+    assert_eq!(
+        (record.state, record.reason.as_deref()),
+        (State::Failed, Some("released after 30s idle on its GPUs"))
+    );
+    let (record, idle) = job.exited(record);
+    assert!(idle, "counted as an idle stop");
+    assert_eq!(record.state, State::Failed);
+    // Without a limit of its own nor the tenant's, an allocation idles on.
+    let mut free = alloc(None, Some((3600, u64::MAX)));
+    assert!(
+        free.look_idle(&t, &[Some(0)], t0 + Duration::from_secs(86400))
+            .is_empty()
+    );
+}
+
+#[test]
+fn an_allocation_is_released_at_its_time_limit_once() {
+    let mut job = alloc(None, Some((7200, 1_000_000)));
+    assert_eq!(job.look_time(999_999), None);
+    let note = job.look_time(1_000_000).unwrap();
+    assert_eq!(note.message, "released at its time limit (2h)");
+    assert_eq!(job.stop().unwrap().kind, StopKind::TimeLimit);
+    assert_eq!(job.look_time(2_000_000), None, "decided once");
+    assert_eq!(job.signal_due().map(|s| s.signal), Some(libc::SIGTERM));
+    let Death::Finish(record) = job.died(None, 9) else {
+        panic!("a held lease finishes")
+    };
+    assert_eq!(
+        (record.state, record.reason.as_deref()),
+        (State::Failed, Some("released at its time limit (2h)"))
+    );
+    // A lease that is no allocation has no time limit here.
+    let mut plain = Running::new(start(false), Origin::Held, Some(holder(7)), Instant::now());
+    assert_eq!(plain.look_time(u64::MAX), None);
+    // The limit runs from the start.
+    let limits = AllocLimits::new(
+        &crate::core::db::Alloc {
+            idle_ms: Some(1500),
+        },
+        Some(Duration::from_secs(4)),
+        10_000,
+    );
+    assert_eq!(limits.idle, Some(Duration::from_millis(1500)));
+    assert_eq!(limits.time, Some((Duration::from_secs(4), 14_000)));
+}
+
+#[test]
+fn a_held_lease_given_back_after_a_cancel_ends_cancelled() {
+    let mut job = alloc(None, None);
+    job.cancel();
+    let record = job.released(9).unwrap();
+    assert_eq!(record.state, State::Cancelled);
+}
