@@ -142,6 +142,9 @@ pub struct ServeArgs {
     /// else $XDG_RUNTIME_DIR/orch.sock).
     #[arg(long, value_name = "PATH")]
     pub socket: Option<std::path::PathBuf>,
+    /// Read the config, say whether it is valid, and exit (0 valid, 2 not) without serving.
+    #[arg(long, requires = "config")]
+    pub check: bool,
 }
 
 #[derive(Debug, clap::Args)]

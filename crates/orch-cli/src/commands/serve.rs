@@ -17,6 +17,17 @@ pub fn run(devices: &str, args: &ServeArgs) -> CmdResult {
             Config::single_user(&me.name)
         }
     };
+    if args.check {
+        let names: Vec<&str> = config.tenants.iter().map(|t| t.name.as_str()).collect();
+        println!(
+            "{}: valid; tenants: {}",
+            args.config
+                .as_ref()
+                .map_or_else(String::new, |p| p.display().to_string()),
+            names.join(", ")
+        );
+        return Ok(());
+    }
     let state_dir = orch_leases::default_state_dir();
     let socket = args
         .socket

@@ -873,6 +873,9 @@ impl Config {
 }
 
 #[cfg(test)]
+mod packaged;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
