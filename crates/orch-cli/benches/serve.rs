@@ -219,6 +219,7 @@ fn scheduling_pass(queued: usize, free: usize) -> f64 {
         identity,
         policy_file: None,
         holder: None,
+        sweep_task: None,
     };
     let row = JobRow {
         name: "q".into(),

@@ -72,6 +72,18 @@ pub fn queue(tenant: &Tenant, queued: u64) -> Result<(), Refusal> {
     }
 }
 
+/// [`queue`] for a job array of `tasks` tasks: all of them fit under the tenant's `max_queued`,
+/// or the whole array is refused (none of its tasks is queued).
+pub fn array_queue(tenant: &Tenant, queued: u64, tasks: u64) -> Result<(), Refusal> {
+    match tenant.max_queued {
+        Some(max) if queued + tasks > u64::from(max) => Err(Refusal::OverLimit(format!(
+            "tenant {} has {queued} job(s) queued and this [sweep] adds {tasks}, past its max_queued = {max}: the whole array is refused; wait for some to start, or sweep over fewer values",
+            tenant.name
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Every rule above, in the daemon's order, for a job of `tenant` with `queued` of its jobs
 /// waiting on a machine of `placeable` devices.
 pub fn admit(

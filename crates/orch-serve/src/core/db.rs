@@ -93,6 +93,31 @@ pub struct Submission {
     /// is started for such a job; it runs while the process lives or until it releases the lease.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<orch_leases::Holder>,
+    /// A task of a job array: the index of the `[sweep]` combination this job runs
+    /// ([`orch_core::JobSpec::sweep_task`] of `job_text`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep_task: Option<u32>,
+}
+
+impl Submission {
+    /// The job this submission runs: its file's text parsed, and for an array's task, that
+    /// task's combination of the `[sweep]`.
+    pub fn spec(&self) -> Result<orch_core::JobSpec, String> {
+        let spec = orch_core::job::parse(Path::new(&self.job_path), &self.job_text)
+            .map_err(|e| e.to_string())?;
+        match self.sweep_task {
+            None => Ok(spec),
+            Some(task) => {
+                let tasks = spec.sweep.len();
+                spec.sweep_task(task as usize).ok_or_else(|| {
+                    format!(
+                        "{}: task {task} of a sweep of {tasks} task(s) (the job file's text changed?)",
+                        self.job_path
+                    )
+                })
+            }
+        }
+    }
 }
 
 /// A job's row in the database (the API shows it as [`crate::http::wire::Job`]).
@@ -127,6 +152,17 @@ pub struct JobRow {
     /// A lease held by a process of its user (`orch run` or `import orch` through the daemon):
     /// the work runs in that process, not under a supervisor of the daemon's.
     pub interactive: bool,
+    /// A task of a job array (`[sweep]`): the array, task and bound it belongs to.
+    pub array: Option<ArrayTask>,
+}
+
+/// Where a job stands in its job array: the array's id (its first task's job id), the task's
+/// index (from 0), and `[sweep] max_parallel`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArrayTask {
+    pub id: i64,
+    pub task: u32,
+    pub max_parallel: Option<u32>,
 }
 
 impl JobRow {
@@ -156,6 +192,7 @@ impl JobRow {
             gpu_seconds: 0.0,
             charged_ms: None,
             interactive: false,
+            array: None,
         }
     }
 }
@@ -252,7 +289,8 @@ impl std::fmt::Debug for Db {
 const COLUMNS: &str =
     "id, name, tenant, user, uid, state, gpus, priority, requeue, submitted_at_ms,
     started_at_ms, ended_at_ms, exit_code, reason, lease_id, devices, attempt, cancel_requested,
-    gpu_seconds, charged_ms, json_extract(submission, '$.holder') IS NOT NULL";
+    gpu_seconds, charged_ms, json_extract(submission, '$.holder') IS NOT NULL,
+    array_id, array_task, array_max_parallel";
 
 impl Db {
     pub fn open(dir: &Path) -> Result<Db, DbError> {
@@ -516,6 +554,36 @@ impl Db {
         })
     }
 
+    /// The tasks of job array `array` (its first task's id), by task index.
+    pub fn array_tasks(&self, array: i64) -> Result<Vec<JobRow>, DbError> {
+        self.read(|c| {
+            let mut stmt = c
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM jobs WHERE array_id = ?1 ORDER BY array_task"
+                ))
+                .map_err(db("reading a job array"))?;
+            let rows = stmt
+                .query_map([array], row_to_job)
+                .map_err(db("reading a job array"))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(db("reading a job array"))
+        })
+    }
+
+    /// Task `task` of job array `array`, if there is one.
+    pub fn array_task(&self, array: i64, task: u32) -> Result<Option<JobRow>, DbError> {
+        self.read(|c| {
+            query_row(
+                c,
+                &format!("SELECT {COLUMNS} FROM jobs WHERE array_id = ?1 AND array_task = ?2"),
+                params![array, task],
+                row_to_job,
+            )
+            .optional()
+            .map_err(db("reading a job"))
+        })
+    }
+
     /// Every tenant's recorded usage.
     pub fn usage(&self) -> Result<Vec<UsageRow>, DbError> {
         self.read(|c| {
@@ -688,6 +756,14 @@ fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<JobRow> {
         gpu_seconds: r.get(18)?,
         charged_ms: opt_u64(r.get(19)?),
         interactive: r.get(20)?,
+        array: match (r.get::<_, Option<i64>>(21)?, r.get::<_, Option<u32>>(22)?) {
+            (Some(id), Some(task)) => Some(ArrayTask {
+                id,
+                task,
+                max_parallel: r.get(23)?,
+            }),
+            _ => None,
+        },
     })
 }
 
@@ -722,6 +798,34 @@ fn migrate(conn: &Connection) -> Result<(), DbError> {
              PRAGMA user_version = 2;
              COMMIT;",
         )
+        .map_err(db("upgrading the schema"))?;
+    }
+    // Job arrays: each task's array (its first task's id), index and `max_parallel`. Looked for
+    // by column as well as by version, so that the order the other blocks came in never skips it.
+    let has_array: bool = query_row(
+        conn,
+        "SELECT COUNT(*) > 0 FROM pragma_table_info('jobs') WHERE name = 'array_id'",
+        [],
+        |r| r.get(0),
+    )
+    .map_err(db("reading the schema"))?;
+    if version < 4 || !has_array {
+        let add = if has_array {
+            ""
+        } else {
+            "ALTER TABLE jobs ADD COLUMN array_id INTEGER;
+             ALTER TABLE jobs ADD COLUMN array_task INTEGER;
+             ALTER TABLE jobs ADD COLUMN array_max_parallel INTEGER;"
+        };
+        conn.execute_batch(&format!(
+            "BEGIN;
+             {add}
+             CREATE INDEX IF NOT EXISTS jobs_by_array ON jobs(array_id)
+                WHERE array_id IS NOT NULL;
+             PRAGMA user_version = {};
+             COMMIT;",
+            version.max(4)
+        ))
         .map_err(db("upgrading the schema"))?;
     }
     Ok(())
@@ -844,6 +948,34 @@ pub fn insert_job(
         },
     )?;
     Ok(id)
+}
+
+/// Inserts the tasks of a job array, `tasks[i]` as task `i`, in the caller's transaction (with
+/// its checks: all or nothing); returns the tasks' job ids, the first of which is the array's id.
+/// A `key` seen before returns that array's id alone instead.
+pub fn insert_array(
+    tx: &rusqlite::Transaction<'_>,
+    row: &JobRow,
+    tasks: &[Submission],
+    max_parallel: Option<u32>,
+    key: Option<&str>,
+) -> Result<Vec<i64>, DbError> {
+    if let Some(id) = job_with_key(tx, key)? {
+        return Ok(vec![id]);
+    }
+    let mut ids = Vec::with_capacity(tasks.len());
+    for (task, submission) in tasks.iter().enumerate() {
+        let id = insert_job(tx, row, submission, if task == 0 { key } else { None })?;
+        let array_id = *ids.first().unwrap_or(&id);
+        exec(
+            tx,
+            "UPDATE jobs SET array_id = ?2, array_task = ?3, array_max_parallel = ?4 WHERE id = ?1",
+            params![id, array_id, task as i64, max_parallel],
+        )
+        .map_err(db("writing a job"))?;
+        ids.push(id);
+    }
+    Ok(ids)
 }
 
 /// What a [`Change`] does to a column that may be empty: leaves it, sets it, or empties it.
@@ -1119,6 +1251,7 @@ mod tests {
             },
             policy_file: None,
             holder: None,
+            sweep_task: None,
         };
         let id = db
             .write_blocking(move |tx| insert_job(tx, &row, &submission, None))
