@@ -324,3 +324,39 @@ fn a_train_sweep_runs_each_task_with_its_parameters_in_its_own_folder() {
         assert_eq!(meta["seed"], seed, "task {k}: {meta}");
     }
 }
+
+#[test]
+fn an_array_keeps_its_tasks_and_its_bound_across_a_daemon_restart() {
+    let mut d = Daemon::start("array-restart");
+    let file = job_file(
+        &d.state,
+        "hold.toml",
+        "[job]\nname = \"hold\"\n[sweep]\nk = [0, 1, 2, 3]\nmax_parallel = 2\n[command]\nargv = [\"sleep\", \"30\"]\n",
+    );
+    let id = d.submit(&[&file]);
+    wait_tasks(&d, &id, "two running", |t| {
+        count(t, "running") == 2 && count(t, "queued") == 2
+    });
+    d.kill9();
+    d.restart();
+    // The running tasks are adopted and still count against max_parallel: nothing more starts.
+    std::thread::sleep(Duration::from_millis(500));
+    let tasks = wait_tasks(&d, &id, "adopted", |t| t.len() == 4);
+    assert_eq!((count(&tasks, "running"), count(&tasks, "queued")), (2, 2));
+    let queued = d.status(&format!("{id}[3]"));
+    assert!(
+        queued["reason"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with(&format!("array {id}: 2 of 2 tasks running (max_parallel)")),
+        "{queued}"
+    );
+    // One task ends: one more starts, to two again.
+    assert!(d.client(&["cancel", &format!("{id}[0]")]).status.success());
+    let tasks = wait_tasks(&d, &id, "the next task running", |t| {
+        count(t, "running") == 2 && count(t, "cancelled") == 1
+    });
+    assert_eq!(count(&tasks, "queued"), 1);
+    assert!(d.client(&["cancel", &id]).status.success());
+    wait_tasks(&d, &id, "all ended", |t| count(t, "cancelled") == 4);
+}

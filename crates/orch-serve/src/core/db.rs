@@ -1272,6 +1272,101 @@ mod tests {
     }
 
     #[test]
+    fn an_array_is_inserted_whole_and_its_columns_come_whatever_the_schema_version_says() {
+        let dir = std::env::temp_dir().join(format!("orch-db-array-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // A database marked past this block's version by another block, without its columns.
+        {
+            let conn = Connection::open(dir.join("jobs.sqlite3")).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE jobs (
+                    id INTEGER PRIMARY KEY AUTOINCREMENT,
+                    name TEXT NOT NULL, tenant TEXT NOT NULL, user TEXT NOT NULL,
+                    uid INTEGER NOT NULL, state TEXT NOT NULL, gpus INTEGER NOT NULL,
+                    priority INTEGER NOT NULL, requeue INTEGER NOT NULL,
+                    submitted_at_ms INTEGER NOT NULL, started_at_ms INTEGER,
+                    ended_at_ms INTEGER, exit_code INTEGER, reason TEXT, lease_id TEXT,
+                    devices TEXT NOT NULL DEFAULT '[]', attempt INTEGER NOT NULL DEFAULT 0,
+                    supervisor TEXT, submission TEXT NOT NULL, submit_key TEXT,
+                    cancel_requested INTEGER NOT NULL DEFAULT 0,
+                    gpu_seconds REAL NOT NULL DEFAULT 0, charged_ms INTEGER
+                 );
+                 CREATE TABLE usage (tenant TEXT PRIMARY KEY, gpu_seconds REAL NOT NULL,
+                    as_of_ms INTEGER NOT NULL);
+                 CREATE TABLE events (job_id INTEGER NOT NULL, at_ms INTEGER NOT NULL,
+                    kind TEXT NOT NULL, message TEXT NOT NULL);
+                 PRAGMA user_version = 5;",
+            )
+            .unwrap();
+        }
+        let db = Db::open(&dir).unwrap();
+        let row = JobRow {
+            name: "sw".into(),
+            tenant: "t".into(),
+            user: "u".into(),
+            ..JobRow::queued(0)
+        };
+        let submission = |task| Submission {
+            job_text: String::new(),
+            job_path: "job.toml".into(),
+            cwd: "/".into(),
+            env: Vec::new(),
+            identity: crate::core::users::Identity {
+                uid: 0,
+                gid: 0,
+                name: "u".into(),
+                groups: Vec::new(),
+            },
+            policy_file: None,
+            holder: None,
+            sweep_task: Some(task),
+        };
+        let tasks: Vec<Submission> = (0..3).map(submission).collect();
+        let again = tasks.clone();
+        let r = row.clone();
+        let insert = |rows: Vec<Submission>, row: JobRow| {
+            let (sent, ids) = mpsc::channel();
+            db.write_blocking(move |tx| {
+                let _ = sent.send(insert_array(tx, &row, &rows, Some(2), Some("k"))?);
+                Ok(0)
+            })
+            .unwrap();
+            ids.recv().unwrap()
+        };
+        let ids = insert(tasks, r);
+        assert_eq!(ids.len(), 3);
+        let read = db.array_tasks(ids[0]).unwrap();
+        let places: Vec<(i64, Option<ArrayTask>)> = read.iter().map(|r| (r.id, r.array)).collect();
+        let want: Vec<(i64, Option<ArrayTask>)> = ids
+            .iter()
+            .enumerate()
+            .map(|(task, &id)| {
+                (
+                    id,
+                    Some(ArrayTask {
+                        id: ids[0],
+                        task: task as u32,
+                        max_parallel: Some(2),
+                    }),
+                )
+            })
+            .collect();
+        assert_eq!(places, want);
+        assert_eq!(db.array_task(ids[0], 2).unwrap().unwrap().id, ids[2]);
+        assert!(db.array_task(ids[0], 3).unwrap().is_none());
+        assert_eq!(
+            db.submission(ids[1]).unwrap().unwrap().0.sweep_task,
+            Some(1)
+        );
+        // Sent again with its key: the array already taken, nothing more.
+        assert_eq!(insert(again, row), vec![ids[0]]);
+        assert_eq!(db.jobs(&[], 100).unwrap().len(), 3);
+        drop(db);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn a_savepoint_that_cannot_be_ended_fails_the_batch_and_commits_nothing() {
         let dir = std::env::temp_dir().join(format!("orch-db-savepoint-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

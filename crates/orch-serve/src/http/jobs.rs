@@ -69,6 +69,17 @@ pub(crate) async fn accept(
         let sweep_task = (!spec.sweep.is_empty()).then_some(task);
         exec_parts(&request, one, sweep_task)?;
     }
+    if !spec.sweep.is_empty() {
+        let each = request.job_text.len()
+            + request.job_path.len()
+            + request.cwd.len()
+            + request
+                .env
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 8)
+                .sum::<usize>();
+        admission::array_size(&request.job_path, tasks.len() as u64, each as u64)?;
+    }
     let gpus_at = spec.resources.gpus_at.to_string();
     let asked = admission::Asked {
         place: &request.job_path,
