@@ -225,7 +225,7 @@ fn orch_jobs_folds_an_array_and_cancel_of_the_array_cancels_what_is_left() {
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(
         stderr(&out).contains(&format!(
-            "job array {id}: 5 of 5 task(s) did not succeed ({id}[0], {id}[1], {id}[2], {id}[3], {id}[4])"
+            "job array {id}: 5 of 5 task(s) did not succeed ({id}[0-4]): {id}[0-4]: 5 task(s) (at most 2 at once): 5 cancelled"
         )),
         "{}",
         stderr(&out)

@@ -588,6 +588,9 @@ pub fn wait(args: &JobIdArgs) -> CmdResult {
     }
 }
 
+/// Most characters of task indexes a message lists.
+const MAX_TASKS_TEXT: usize = 200;
+
 /// `orch wait ARRAY` once every task has ended: 0 when all succeeded, 1 naming those that did not.
 fn array_ended(job: &Job, array: &ArraySummary, json: bool) -> CmdResult {
     if json {
@@ -599,19 +602,24 @@ fn array_ended(job: &Job, array: &ArraySummary, json: bool) -> CmdResult {
     if array.succeeded == array.tasks {
         return Ok(());
     }
-    let tasks: Vec<String> = array
-        .unsuccessful
-        .iter()
-        .map(|t| format!("{}[{t}]", job.id))
-        .collect();
+    // Folded as `orch jobs` folds them, and cut: an array may have 10,000 tasks.
+    let mut tasks = ranges(&array.unsuccessful);
+    if tasks.len() > MAX_TASKS_TEXT {
+        let mut end = MAX_TASKS_TEXT;
+        while !tasks.is_char_boundary(end) {
+            end -= 1;
+        }
+        tasks.truncate(end);
+        tasks.push_str(",...");
+    }
     Err(Failure {
         code: 1,
         error: anyhow::anyhow!(
-            "job array {}: {} of {} task(s) did not succeed ({}): {}",
+            "job array {}: {} of {} task(s) did not succeed ({}[{tasks}]): {}",
             job.id,
             array.tasks - array.succeeded,
             array.tasks,
-            tasks.join(", "),
+            job.id,
             array_line(job.id, array)
         ),
     })

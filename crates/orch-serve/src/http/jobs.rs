@@ -57,6 +57,17 @@ pub(crate) async fn accept(
         .map_err(|e| err(StatusCode::BAD_REQUEST, e.to_string()))?;
     orch_runner::check_enforcement(&spec, shared.backend)
         .map_err(|e| err(StatusCode::BAD_REQUEST, e))?;
+    if !spec.sweep.is_empty() {
+        let each = request.job_text.len()
+            + request.job_path.len()
+            + request.cwd.len()
+            + request
+                .env
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 8)
+                .sum::<usize>();
+        admission::array_size(&request.job_path, spec.sweep.len() as u64, each as u64)?;
+    }
     // A `[sweep]` is a job array: one job per combination, each checked as it will run.
     let tasks: Vec<orch_core::JobSpec> = if spec.sweep.is_empty() {
         vec![spec.clone()]
@@ -68,17 +79,6 @@ pub(crate) async fn accept(
     for (task, one) in tasks.iter().enumerate() {
         let sweep_task = (!spec.sweep.is_empty()).then_some(task);
         exec_parts(&request, one, sweep_task)?;
-    }
-    if !spec.sweep.is_empty() {
-        let each = request.job_text.len()
-            + request.job_path.len()
-            + request.cwd.len()
-            + request
-                .env
-                .iter()
-                .map(|(k, v)| k.len() + v.len() + 8)
-                .sum::<usize>();
-        admission::array_size(&request.job_path, tasks.len() as u64, each as u64)?;
     }
     let gpus_at = spec.resources.gpus_at.to_string();
     let asked = admission::Asked {
