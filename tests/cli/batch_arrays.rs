@@ -360,3 +360,65 @@ fn an_array_keeps_its_tasks_and_its_bound_across_a_daemon_restart() {
     assert!(d.client(&["cancel", &id]).status.success());
     wait_tasks(&d, &id, "all ended", |t| count(t, "cancelled") == 4);
 }
+
+#[test]
+fn the_api_names_a_task_as_array_and_index_and_a_lease_is_never_an_array() {
+    use crate::held_leases::http;
+    let d = Daemon::start("array-api");
+    let sweep = "[job]\nname = \"nb\"\n[sweep]\nk = [0, 1]\n[command]\nargv = [\"true\"]\n";
+    let (status, answer) = http(
+        &d,
+        "POST",
+        "/v1/leases",
+        &serde_json::json!({
+            "job_text": sweep, "job_path": "/tmp/orch.lease()", "cwd": "/tmp", "wait": false,
+        }),
+    );
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("/tmp/orch.lease(): a lease is one job, not a [sweep]"),
+        "{answer}"
+    );
+    let (status, answer) = http(
+        &d,
+        "POST",
+        "/v1/jobs",
+        &serde_json::json!({ "job_text": sweep, "job_path": "/tmp/nb.toml", "cwd": "/tmp" }),
+    );
+    assert_eq!(status, 201, "{answer}");
+    let id = answer["id"].as_str().unwrap().to_string();
+    let (status, task) = http(
+        &d,
+        "GET",
+        &format!("/v1/jobs/{id}%5B1%5D"),
+        &serde_json::json!({}),
+    );
+    assert_eq!(status, 200, "{task}");
+    assert_eq!(
+        (&task["array_id"], &task["array_task"]),
+        (&serde_json::json!(id), &serde_json::json!(1))
+    );
+    assert!(
+        task.get("array").is_none(),
+        "one task is not the array: {task}"
+    );
+    assert_ne!(task["id"], id.as_str());
+    let (_, head) = http(&d, "GET", &format!("/v1/jobs/{id}"), &serde_json::json!({}));
+    assert_eq!(head["array"]["tasks"], 2, "{head}");
+    for missing in [
+        format!("{id}%5B2%5D"),
+        format!("{id}%5B-1%5D"),
+        format!("{id}%5B"),
+    ] {
+        let (status, _) = http(
+            &d,
+            "GET",
+            &format!("/v1/jobs/{missing}"),
+            &serde_json::json!({}),
+        );
+        assert_eq!(status, 404, "{missing}");
+    }
+}
