@@ -2,6 +2,7 @@
 
 mod authority;
 mod batch_alloc;
+mod batch_arrays;
 mod browser;
 mod constrain;
 mod devices;

@@ -220,6 +220,7 @@ fn scheduling_pass(queued: usize, free: usize) -> f64 {
         policy_file: None,
         holder: None,
         alloc: None,
+        sweep_task: None,
     };
     let row = JobRow {
         name: "q".into(),

@@ -51,11 +51,13 @@ pub enum Command {
     Jobs(JobsArgs),
     /// One job's state, devices and reason.
     Status(JobIdArgs),
-    /// Cancel a queued or running job (its whole process tree ends, its devices are freed).
+    /// Cancel a queued or running job (its whole process tree ends, its devices are freed); a job
+    /// array's id cancels every task left, `ID[N]` one task.
     Cancel(JobIdArgs),
     /// A job's output (stdout; --stderr for the other).
     Logs(LogsArgs),
-    /// Wait for a job to end; exit with its status.
+    /// Wait for a job to end; exit with its status (a job array's id: every task, non-zero if any
+    /// did not succeed).
     Wait(JobIdArgs),
     /// Fair share per tenant: share, decayed usage, fair-share factor, GPUs held, jobs.
     Usage(UsageArgs),
@@ -185,6 +187,10 @@ pub struct JobsArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// One line per task of a job array, instead of its queued (and ended) tasks folded as
+    /// `17[2-5]`.
+    #[arg(long)]
+    pub expand: bool,
 }
 
 #[derive(Debug, clap::Args)]

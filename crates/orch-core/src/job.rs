@@ -93,6 +93,9 @@ pub const SLURM_OPTIONS: &[&str] = &[
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Sweep {
     pub params: Vec<(String, Vec<String>)>,
+    /// `[sweep] max_parallel`: at most this many tasks of the array run at once (Slurm's
+    /// `--array=0-N%M`; the daemon's scheduler holds back the rest). `None`: no bound.
+    pub max_parallel: Option<u32>,
 }
 
 impl Sweep {
@@ -669,8 +672,22 @@ impl Checker<'_> {
 
     fn sweep(&self, raw: Option<toml::Table>) -> Result<Sweep, InputError> {
         let mut params = Vec::new();
+        let mut max_parallel = None;
         for (key, value) in raw.into_iter().flatten() {
             let at = self.key_at("sweep", &key);
+            if key == "max_parallel" {
+                let n = match &value {
+                    toml::Value::Integer(n) => u32::try_from(*n).ok().filter(|n| *n > 0),
+                    _ => None,
+                };
+                let Some(n) = n else {
+                    return Err(self
+                        .at(at, format!("[sweep] max_parallel = {value} is impossible"))
+                        .with_hint("max_parallel is how many tasks of the sweep may run at once: a whole number of at least 1 (it is not swept over)"));
+                };
+                max_parallel = Some(n);
+                continue;
+            }
             let list = match &value {
                 toml::Value::Array(list) if !list.is_empty() => list,
                 _ => {
@@ -695,7 +712,19 @@ impl Checker<'_> {
             }
             params.push((key, values));
         }
-        let sweep = Sweep { params };
+        if max_parallel.is_some() && params.is_empty() {
+            let at = self.key_at("sweep", "max_parallel");
+            return Err(self
+                .at(
+                    at,
+                    "[sweep] sets max_parallel but no parameter to sweep over",
+                )
+                .with_hint("add a list such as lr = [0.1, 0.01], or leave out [sweep]"));
+        }
+        let sweep = Sweep {
+            params,
+            max_parallel,
+        };
         if sweep.len() > 10_000 {
             let at = self.key_at("sweep", "");
             return Err(self

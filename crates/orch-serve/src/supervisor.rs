@@ -12,7 +12,6 @@ use crate::core::folders::{
     CANCELLED, ExitRecord, Fence, IDLE, IDLE_SIGNAL, PREEMPT_SIGNAL, PREEMPTED, SuperviseSpec,
     TIME_LIMIT, take_fence, write_exit,
 };
-use orch_core::job;
 use orch_exec::{Credentials, ExitOutcome, StdioMode};
 use orch_leases::Holder;
 use orch_runner::{LeaseGuard, Outcome, Placement, ProcessOptions};
@@ -142,9 +141,10 @@ fn run(
         return (record, None);
     }
     let sub = &spec.submission;
-    let job = match job::parse(Path::new(&sub.job_path), &sub.job_text) {
+    // An array's task runs its own combination of the `[sweep]`.
+    let job = match sub.spec() {
         Ok(job) => job,
-        Err(e) => return (failed(e.to_string()), None),
+        Err(e) => return (failed(e), None),
     };
     let inventory = &spec.inventory;
     let train = matches!(job.work, orch_core::job::Work::Train(_));
@@ -164,6 +164,12 @@ fn run(
                 && orch_core::checkpoint::exists(&train.out)
             {
                 argv.push("--resume".into());
+            }
+            // An array's task: the trainer's run applies its combination of the `[sweep]` (its
+            // parameters, its folder `OUT/sweep-TASK`), as a Slurm array's task does.
+            if let Some(task) = sub.sweep_task {
+                argv.push("--sweep-task".into());
+                argv.push(task.to_string());
             }
             argv.push(sub.job_path.clone());
             command_job.work = orch_core::job::Work::Command(orch_core::job::CommandSpec {

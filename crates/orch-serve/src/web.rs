@@ -400,6 +400,8 @@ mod tests {
                 "cell(tr, \"Name\", clip(j.name + (j.alloc ? \" (alloc)\" : j.interactive"
             )
         );
+        // A task of a job array is named as the CLI names it: ARRAY[TASK].
+        assert!(SCRIPT.contains("j.array_id + \"[\" + j.array_task + \"]\""));
         assert!(SCRIPT.contains("s.title = "));
         assert!(PAGE.contains(".clip{display:inline-block;max-width:16rem"));
         assert!(PAGE.contains("text-overflow:ellipsis"));

@@ -97,7 +97,12 @@ pub fn batch_script(input: &ScriptInput<'_>) -> String {
     let _ = writeln!(s, "#SBATCH --output={logs_directive}/{name}-{pattern}.out");
     let _ = writeln!(s, "#SBATCH --error={logs_directive}/{name}-{pattern}.err");
     if array {
-        let _ = writeln!(s, "#SBATCH --array=0-{}", job.sweep.len() - 1);
+        // `%M`: at most M tasks of the array run at once (`[sweep] max_parallel`).
+        let throttle = job
+            .sweep
+            .max_parallel
+            .map_or(String::new(), |m| format!("%{m}"));
+        let _ = writeln!(s, "#SBATCH --array=0-{}{throttle}", job.sweep.len() - 1);
     }
     for (key, value) in &job.slurm.options {
         let _ = writeln!(s, "#SBATCH --{}={value}", key.replace('_', "-"));
@@ -213,6 +218,10 @@ mod tests {
             "[job]\nname = \"sw\"\n[sweep]\nlr = [0.1, 0.01]\nseed = [1, 2]\n[command]\nargv = [\"true\"]\n",
         );
         assert!(s.contains("#SBATCH --array=0-3\n"), "{s}");
+        let s = script(
+            "[job]\nname = \"sw\"\n[sweep]\nlr = [0.1, 0.01, 0.001]\nmax_parallel = 2\n[command]\nargv = [\"true\"]\n",
+        );
+        assert!(s.contains("#SBATCH --array=0-2%2\n"), "{s}");
         assert!(
             s.contains("#SBATCH --output=/lab/orch-slurm/sw-%A_%a.out"),
             "{s}"

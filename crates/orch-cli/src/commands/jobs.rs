@@ -5,7 +5,7 @@ use crate::client::{Client, answer_failure};
 use crate::failure::{CmdResult, Failure};
 use crate::table;
 use hyper::{Method, StatusCode};
-use orch_serve::{Job, State, SubmitRequest, SubmitResponse};
+use orch_serve::{ArraySummary, Job, State, SubmitRequest, SubmitResponse};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
@@ -31,6 +31,7 @@ pub fn submit(args: &SubmitArgs) -> CmdResult {
     let env = utf8_env();
     let client = Client::from_env()?;
     let (policy_wasm, policy_digest) = send_policy(&client, &job_path, &job_text)?;
+    let request_text = job_text.clone();
     let request = SubmitRequest {
         policy_wasm,
         policy_digest,
@@ -47,6 +48,17 @@ pub fn submit(args: &SubmitArgs) -> CmdResult {
     }
     let created: SubmitResponse = serde_json::from_slice(&answer).map_err(Failure::failed)?;
     println!("{}", created.id);
+    if let Ok(spec) = orch_core::job::parse(&job_path, &request_text)
+        && !spec.sweep.is_empty()
+    {
+        // stdout stays the id alone, for scripts: `orch wait ID` waits for the whole array.
+        eprintln!(
+            "orch: job array {}[0-{}]: {} task(s), one per combination of [sweep]",
+            created.id,
+            spec.sweep.len() - 1,
+            spec.sweep.len()
+        );
+    }
     Ok(())
 }
 
@@ -180,11 +192,11 @@ pub fn list(args: &JobsArgs) -> CmdResult {
     }
     let jobs: Vec<Job> = serde_json::from_slice(&body).map_err(Failure::failed)?;
     let now = orch_core::time::now_ms();
-    let rows: Vec<Vec<String>> = jobs
-        .iter()
-        .map(|j| {
+    let rows: Vec<Vec<String>> = fold(&jobs, args.expand)
+        .into_iter()
+        .map(|(id, j)| {
             vec![
-                j.id.to_string(),
+                id,
                 if j.alloc {
                     format!("{} (alloc)", j.name)
                 } else if j.interactive {
@@ -211,6 +223,106 @@ pub fn list(args: &JobsArgs) -> CmdResult {
         )
     );
     Ok(())
+}
+
+/// The lines of `orch jobs`: each job by its id, and each job array's tasks as squeue shows them:
+/// its running tasks one by one (`17[0]`), its tasks in any other state folded into one line per
+/// state (`17[2-5]`), at the place of its first task listed. `expand`: every task on a line of its
+/// own. Each line with the job it shows (a folded line, its first task).
+fn fold(jobs: &[Job], expand: bool) -> Vec<(String, &Job)> {
+    let mut arrays: std::collections::HashMap<i64, Vec<&Job>> = std::collections::HashMap::new();
+    for j in jobs {
+        if let (Some(array), Some(_)) = (j.array_id, j.array_task) {
+            arrays.entry(array).or_default().push(j);
+        }
+    }
+    let mut lines = Vec::new();
+    for j in jobs {
+        let (Some(array), Some(task)) = (j.array_id, j.array_task) else {
+            lines.push((j.id.to_string(), j));
+            continue;
+        };
+        if expand {
+            lines.push((format!("{array}[{task}]"), j));
+            continue;
+        }
+        // The array's lines go where its first listed task is.
+        let Some(tasks) = arrays.remove(&array) else {
+            continue;
+        };
+        for state in State::ALL {
+            let group: Vec<&Job> = tasks.iter().copied().filter(|t| t.state == state).collect();
+            let Some(first) = group.first() else {
+                continue;
+            };
+            if state == State::Running {
+                for t in &group {
+                    lines.push((format!("{array}[{}]", t.array_task.unwrap_or(0)), *t));
+                }
+            } else {
+                let indexes: Vec<u32> = group.iter().filter_map(|t| t.array_task).collect();
+                lines.push((format!("{array}[{}]", ranges(&indexes)), *first));
+            }
+        }
+    }
+    lines
+}
+
+/// Task indexes as Slurm writes them: `0-3,5,7-8` (sorted first).
+fn ranges(indexes: &[u32]) -> String {
+    let mut sorted = indexes.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < sorted.len() {
+        let start = sorted[i];
+        let mut end = start;
+        while i + 1 < sorted.len() && sorted[i + 1] == end + 1 {
+            i += 1;
+            end = sorted[i];
+        }
+        parts.push(if start == end {
+            start.to_string()
+        } else {
+            format!("{start}-{end}")
+        });
+        i += 1;
+    }
+    parts.join(",")
+}
+
+/// How a job is named to its user: `17`, or `17[3]` for task 3 of job array 17.
+fn job_name(job: &Job) -> String {
+    match (job.array_id, job.array_task) {
+        (Some(array), Some(task)) => format!("{array}[{task}]"),
+        _ => job.id.to_string(),
+    }
+}
+
+/// A job array in one line: `17[0-5]: 6 tasks (at most 2 at once): 2 running, 4 queued`.
+fn array_line(id: i64, array: &ArraySummary) -> String {
+    let bound = array
+        .max_parallel
+        .map_or(String::new(), |m| format!(" (at most {m} at once)"));
+    let states: Vec<String> = [
+        (array.running, "running"),
+        (array.queued, "queued"),
+        (array.succeeded, "succeeded"),
+        (array.failed, "failed"),
+        (array.cancelled, "cancelled"),
+        (array.lost, "lost"),
+    ]
+    .into_iter()
+    .filter(|(n, _)| *n > 0)
+    .map(|(n, state)| format!("{n} {state}"))
+    .collect();
+    format!(
+        "{id}[0-{}]: {} task(s){bound}: {}",
+        array.tasks.saturating_sub(1),
+        array.tasks,
+        states.join(", ")
+    )
 }
 
 /// `orch usage`: the tenants' fair-share standing, as Slurm's `sshare` shows it.
@@ -314,18 +426,22 @@ pub fn status(args: &JobIdArgs) -> CmdResult {
     }
     // Everything here may hold what a user typed (escaped as `orch jobs` escapes it).
     let esc = table::escape;
-    let mut lines = vec![
-        (
-            "job",
-            format!("{} ({})", esc(&job.id.to_string()), esc(&job.name)),
-        ),
+    let named = match (job.array_id, job.array_task) {
+        (Some(_), Some(_)) => format!("{} (job {})", job_name(&job), job.id),
+        _ => job.id.to_string(),
+    };
+    let mut lines = vec![("job", format!("{} ({})", esc(&named), esc(&job.name)))];
+    if let Some(array) = &job.array {
+        lines.push(("array", array_line(job.id, array)));
+    }
+    lines.extend([
         (
             "tenant",
             format!("{} (user {})", esc(&job.tenant), esc(&job.user)),
         ),
         ("state", job.state.as_str().to_string()),
         ("gpus", job.gpus.to_string()),
-    ];
+    ]);
     if job.alloc {
         let idle = job.idle_limit_s.map_or(String::new(), |s| {
             let limit = Duration::from_millis((s * 1000.0) as u64);
@@ -374,10 +490,21 @@ pub fn cancel(args: &JobIdArgs) -> CmdResult {
         &format!("/v1/jobs/{}/cancel", encode(&args.id)),
         None,
     )?;
-    match status {
-        StatusCode::OK => println!("job {} cancelled", table::escape(&args.id)),
-        StatusCode::ACCEPTED => println!("job {} is being stopped", table::escape(&args.id)),
-        _ => return Err(answer_failure(status, &body)),
+    if !matches!(status, StatusCode::OK | StatusCode::ACCEPTED) {
+        return Err(answer_failure(status, &body));
+    }
+    // A job array's answer carries the whole array after the cancel.
+    let array = serde_json::from_slice::<Job>(&body)
+        .ok()
+        .and_then(|job| job.array.map(|a| (job.id, a)));
+    match (status, array) {
+        (_, Some((id, array))) => println!(
+            "job array {id} cancelled ({} running task(s) being stopped): {}",
+            array.running,
+            array_line(id, &array)
+        ),
+        (StatusCode::OK, None) => println!("job {} cancelled", table::escape(&args.id)),
+        _ => println!("job {} is being stopped", table::escape(&args.id)),
     }
     Ok(())
 }
@@ -417,7 +544,19 @@ pub fn wait(args: &JobIdArgs) -> CmdResult {
     let mut told = false;
     loop {
         let job = fetch(&client, &args.id)?;
-        if !job.state.is_final() && !told {
+        if let Some(array) = &job.array {
+            if !array.ended() {
+                if !told {
+                    eprintln!(
+                        "orch: waiting for every task of job array {} to end (Ctrl-C stops waiting, not the jobs)",
+                        job.id
+                    );
+                    told = true;
+                }
+            } else {
+                return array_ended(&job, array, args.json);
+            }
+        } else if !job.state.is_final() && !told {
             // Waiting is what was asked for: no client timeout ends it, and stderr says so.
             eprintln!(
                 "orch: waiting for job {} ({}) to end (Ctrl-C stops waiting, not the job)",
@@ -426,7 +565,7 @@ pub fn wait(args: &JobIdArgs) -> CmdResult {
             );
             told = true;
         }
-        if job.state.is_final() {
+        if job.array.is_none() && job.state.is_final() {
             if args.json {
                 println!(
                     "{}",
@@ -455,5 +594,94 @@ pub fn wait(args: &JobIdArgs) -> CmdResult {
         } else {
             Duration::from_secs(1)
         });
+    }
+}
+
+/// Most characters of task indexes a message lists.
+const MAX_TASKS_TEXT: usize = 200;
+
+/// `orch wait ARRAY` once every task has ended: 0 when all succeeded, 1 naming those that did not.
+fn array_ended(job: &Job, array: &ArraySummary, json: bool) -> CmdResult {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(job).map_err(Failure::failed)?
+        );
+    }
+    if array.succeeded == array.tasks {
+        return Ok(());
+    }
+    // Folded as `orch jobs` folds them, and cut: an array may have 10,000 tasks.
+    let mut tasks = ranges(&array.unsuccessful);
+    if tasks.len() > MAX_TASKS_TEXT {
+        let mut end = MAX_TASKS_TEXT;
+        while !tasks.is_char_boundary(end) {
+            end -= 1;
+        }
+        tasks.truncate(end);
+        tasks.push_str(",...");
+    }
+    Err(Failure {
+        code: 1,
+        error: anyhow::anyhow!(
+            "job array {}: {} of {} task(s) did not succeed ({}[{tasks}]): {}",
+            job.id,
+            array.tasks - array.succeeded,
+            array.tasks,
+            job.id,
+            array_line(job.id, array)
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(id: i64, array: i64, task: u32, state: State) -> Job {
+        let row = orch_serve::JobRow {
+            id,
+            name: "sw".into(),
+            state,
+            array: Some(orch_serve::core::db::ArrayTask {
+                id: array,
+                task,
+                max_parallel: Some(2),
+            }),
+            ..orch_serve::JobRow::queued(0)
+        };
+        Job::from(row)
+    }
+
+    #[test]
+    fn an_arrays_tasks_fold_as_squeue_folds_them() {
+        assert_eq!(ranges(&[5, 0, 1, 2, 7, 8]), "0-2,5,7-8");
+        assert_eq!(ranges(&[3]), "3");
+        let mut plain = task(3, 0, 0, State::Queued);
+        plain.array_id = None;
+        plain.array_task = None;
+        let jobs = vec![
+            plain,
+            task(17, 17, 0, State::Running),
+            task(18, 17, 1, State::Succeeded),
+            task(19, 17, 2, State::Running),
+            task(20, 17, 3, State::Queued),
+            task(21, 17, 4, State::Queued),
+            task(22, 17, 5, State::Queued),
+            task(30, 30, 0, State::Queued),
+        ];
+        let ids = |lines: Vec<(String, &Job)>| -> Vec<String> {
+            lines.into_iter().map(|(id, _)| id).collect()
+        };
+        assert_eq!(
+            ids(fold(&jobs, false)),
+            ["3", "17[3-5]", "17[0]", "17[2]", "17[1]", "30[0]"]
+        );
+        assert_eq!(
+            ids(fold(&jobs, true)),
+            [
+                "3", "17[0]", "17[1]", "17[2]", "17[3]", "17[4]", "17[5]", "30[0]"
+            ]
+        );
     }
 }

@@ -528,6 +528,42 @@ fn slurm_and_sweep_tables() {
 }
 
 #[test]
+fn sweep_max_parallel_bounds_the_array_and_is_checked_where_it_is_written() {
+    let text = "[job]\nname = \"sw\"\n[sweep]\nlr = [1, 2, 3]\nmax_parallel = 2\n[command]\nargv = [\"true\"]\n";
+    let job = parse(Path::new("j.toml"), text).unwrap();
+    assert_eq!(job.sweep.max_parallel, Some(2));
+    // Not a parameter: the sweep has 3 tasks, and no task sees it.
+    assert_eq!(job.sweep.len(), 3);
+    assert_eq!(job.sweep.params.len(), 1);
+    let Work::Command(c) = &job.sweep_task(2).unwrap().work else {
+        panic!()
+    };
+    assert!(!c.env.contains_key("MAX_PARALLEL"));
+    for (bad, needle) in [
+        (
+            "lr = [1, 2]\nmax_parallel = 0\n",
+            "j.toml:7:1: [sweep] max_parallel = 0 is impossible",
+        ),
+        (
+            "lr = [1, 2]\nmax_parallel = [1, 2]\n",
+            "j.toml:7:1: [sweep] max_parallel = [1, 2] is impossible",
+        ),
+        (
+            "lr = [1, 2]\nmax_parallel = \"2\"\n",
+            "j.toml:7:1: [sweep] max_parallel = \"2\" is impossible",
+        ),
+        (
+            "max_parallel = 2\n",
+            "j.toml:6:1: [sweep] sets max_parallel but no parameter",
+        ),
+    ] {
+        let text = format!("[job]\nname = \"x\"\n[command]\nargv = [\"true\"]\n[sweep]\n{bad}");
+        let e = parse(Path::new("j.toml"), &text).unwrap_err().to_string();
+        assert!(e.starts_with(needle), "{e}");
+    }
+}
+
+#[test]
 fn a_policy_sets_its_own_deadline_and_memory() {
     let base = "[job]\nname = \"x\"\n[resources]\ngpus = 1\n[policy]\nplugin = \"p.wasm\"\n";
     let work = "[command]\nargv = [\"true\"]\n";

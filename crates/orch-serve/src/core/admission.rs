@@ -72,6 +72,36 @@ pub fn queue(tenant: &Tenant, queued: u64) -> Result<(), Refusal> {
     }
 }
 
+/// [`queue`] for a job array of `tasks` tasks: all of them fit under the tenant's `max_queued`,
+/// or the whole array is refused (none of its tasks is queued).
+pub fn array_queue(tenant: &Tenant, queued: u64, tasks: u64) -> Result<(), Refusal> {
+    match tenant.max_queued {
+        Some(max) if queued + tasks > u64::from(max) => Err(Refusal::OverLimit(format!(
+            "tenant {} has {queued} job(s) queued and this [sweep] adds {tasks}, past its max_queued = {max}: the whole array is refused; wait for some to start, or sweep over fewer values",
+            tenant.name
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Most bytes the submissions of one job array may take in the job database together: each task
+/// is a job with the job file's text and the client's environment.
+pub const MAX_ARRAY_BYTES: u64 = 64 << 20;
+
+/// A job array of `tasks` tasks whose submission is `each` bytes: refused whole when together
+/// they pass [`MAX_ARRAY_BYTES`].
+pub fn array_size(place: &str, tasks: u64, each: u64) -> Result<(), Refusal> {
+    let total = tasks.saturating_mul(each);
+    if total > MAX_ARRAY_BYTES {
+        return Err(Refusal::Invalid(format!(
+            "{place}: the [sweep]'s {tasks} tasks would keep {} MiB of job file and environment in the daemon's database, past its {} MiB for one array: sweep over fewer values, or submit from a smaller environment",
+            total >> 20,
+            MAX_ARRAY_BYTES >> 20
+        )));
+    }
+    Ok(())
+}
+
 /// Every rule above, in the daemon's order, for a job of `tenant` with `queued` of its jobs
 /// waiting on a machine of `placeable` devices.
 pub fn admit(
@@ -222,6 +252,29 @@ mod tests {
             ))
         );
         assert_eq!(admit(&tenant(""), &asked(1, 1000), 8, 0), Ok(()));
+    }
+
+    #[test]
+    fn a_job_array_fits_its_tenants_queue_whole_or_not_at_all() {
+        let t = tenant("max_queued = 6");
+        assert_eq!(array_queue(&t, 0, 6), Ok(()));
+        assert_eq!(array_queue(&t, 2, 4), Ok(()));
+        let Err(Refusal::OverLimit(why)) = array_queue(&t, 1, 6) else {
+            panic!("one queued and six more is past six")
+        };
+        assert!(
+            why.starts_with("tenant a has 1 job(s) queued and this [sweep] adds 6, past its max_queued = 6: the whole array is refused"),
+            "{why}"
+        );
+        assert_eq!(array_queue(&tenant(""), 1_000, 10_000), Ok(()));
+        assert_eq!(array_size("job.toml", 10_000, 4096), Ok(()));
+        let Err(Refusal::Invalid(why)) = array_size("job.toml", 10_000, 100_000) else {
+            panic!("a GB of submissions")
+        };
+        assert!(
+            why.starts_with("job.toml: the [sweep]'s 10000 tasks would keep 953 MiB"),
+            "{why}"
+        );
     }
 
     #[test]

@@ -96,6 +96,31 @@ pub struct Submission {
     /// For a held lease taken by `orch alloc`: an interactive allocation, with its limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alloc: Option<Alloc>,
+    /// A task of a job array: the index of the `[sweep]` combination this job runs
+    /// ([`orch_core::JobSpec::sweep_task`] of `job_text`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep_task: Option<u32>,
+}
+
+impl Submission {
+    /// The job this submission runs: its file's text parsed, and for an array's task, that
+    /// task's combination of the `[sweep]`.
+    pub fn spec(&self) -> Result<orch_core::JobSpec, String> {
+        let spec = orch_core::job::parse(Path::new(&self.job_path), &self.job_text)
+            .map_err(|e| e.to_string())?;
+        match self.sweep_task {
+            None => Ok(spec),
+            Some(task) => {
+                let tasks = spec.sweep.len();
+                spec.sweep_task(task as usize).ok_or_else(|| {
+                    format!(
+                        "{}: task {task} of a sweep of {tasks} task(s) (the job file's text changed?)",
+                        self.job_path
+                    )
+                })
+            }
+        }
+    }
 }
 
 /// What the daemon knows of an interactive allocation (`orch alloc`) besides its job file (whose
@@ -144,6 +169,17 @@ pub struct JobRow {
     pub alloc: bool,
     /// An allocation's idle limit (`--idle`).
     pub idle_limit_ms: Option<u64>,
+    /// A task of a job array (`[sweep]`): the array, task and bound it belongs to.
+    pub array: Option<ArrayTask>,
+}
+
+/// Where a job stands in its job array: the array's id (its first task's job id), the task's
+/// index (from 0), and `[sweep] max_parallel`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArrayTask {
+    pub id: i64,
+    pub task: u32,
+    pub max_parallel: Option<u32>,
 }
 
 impl JobRow {
@@ -175,6 +211,7 @@ impl JobRow {
             interactive: false,
             alloc: false,
             idle_limit_ms: None,
+            array: None,
         }
     }
 }
@@ -272,7 +309,8 @@ const COLUMNS: &str =
     "id, name, tenant, user, uid, state, gpus, priority, requeue, submitted_at_ms,
     started_at_ms, ended_at_ms, exit_code, reason, lease_id, devices, attempt, cancel_requested,
     gpu_seconds, charged_ms, json_extract(submission, '$.holder') IS NOT NULL,
-    json_extract(submission, '$.alloc') IS NOT NULL, json_extract(submission, '$.alloc.idle_ms')";
+    json_extract(submission, '$.alloc') IS NOT NULL, json_extract(submission, '$.alloc.idle_ms'),
+    array_id, array_task, array_max_parallel";
 
 impl Db {
     pub fn open(dir: &Path) -> Result<Db, DbError> {
@@ -558,6 +596,36 @@ impl Db {
         })
     }
 
+    /// The tasks of job array `array` (its first task's id), by task index.
+    pub fn array_tasks(&self, array: i64) -> Result<Vec<JobRow>, DbError> {
+        self.read(|c| {
+            let mut stmt = c
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM jobs WHERE array_id = ?1 ORDER BY array_task"
+                ))
+                .map_err(db("reading a job array"))?;
+            let rows = stmt
+                .query_map([array], row_to_job)
+                .map_err(db("reading a job array"))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(db("reading a job array"))
+        })
+    }
+
+    /// Task `task` of job array `array`, if there is one.
+    pub fn array_task(&self, array: i64, task: u32) -> Result<Option<JobRow>, DbError> {
+        self.read(|c| {
+            query_row(
+                c,
+                &format!("SELECT {COLUMNS} FROM jobs WHERE array_id = ?1 AND array_task = ?2"),
+                params![array, task],
+                row_to_job,
+            )
+            .optional()
+            .map_err(db("reading a job"))
+        })
+    }
+
     /// Every tenant's recorded usage.
     pub fn usage(&self) -> Result<Vec<UsageRow>, DbError> {
         self.read(|c| {
@@ -732,6 +800,14 @@ fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<JobRow> {
         interactive: r.get(20)?,
         alloc: r.get(21)?,
         idle_limit_ms: opt_u64(r.get(22)?),
+        array: match (r.get::<_, Option<i64>>(23)?, r.get::<_, Option<u32>>(24)?) {
+            (Some(id), Some(task)) => Some(ArrayTask {
+                id,
+                task,
+                max_parallel: r.get(25)?,
+            }),
+            _ => None,
+        },
     })
 }
 
@@ -766,6 +842,34 @@ fn migrate(conn: &Connection) -> Result<(), DbError> {
              PRAGMA user_version = 2;
              COMMIT;",
         )
+        .map_err(db("upgrading the schema"))?;
+    }
+    // Job arrays: each task's array (its first task's id), index and `max_parallel`. Looked for
+    // by column as well as by version, so that the order the other blocks came in never skips it.
+    let has_array: bool = query_row(
+        conn,
+        "SELECT COUNT(*) > 0 FROM pragma_table_info('jobs') WHERE name = 'array_id'",
+        [],
+        |r| r.get(0),
+    )
+    .map_err(db("reading the schema"))?;
+    if version < 4 || !has_array {
+        let add = if has_array {
+            ""
+        } else {
+            "ALTER TABLE jobs ADD COLUMN array_id INTEGER;
+             ALTER TABLE jobs ADD COLUMN array_task INTEGER;
+             ALTER TABLE jobs ADD COLUMN array_max_parallel INTEGER;"
+        };
+        conn.execute_batch(&format!(
+            "BEGIN;
+             {add}
+             CREATE INDEX IF NOT EXISTS jobs_by_array ON jobs(array_id)
+                WHERE array_id IS NOT NULL;
+             PRAGMA user_version = {};
+             COMMIT;",
+            version.max(4)
+        ))
         .map_err(db("upgrading the schema"))?;
     }
     Ok(())
@@ -888,6 +992,34 @@ pub fn insert_job(
         },
     )?;
     Ok(id)
+}
+
+/// Inserts the tasks of a job array, `tasks[i]` as task `i`, in the caller's transaction (with
+/// its checks: all or nothing); returns the tasks' job ids, the first of which is the array's id.
+/// A `key` seen before returns that array's id alone instead.
+pub fn insert_array(
+    tx: &rusqlite::Transaction<'_>,
+    row: &JobRow,
+    tasks: &[Submission],
+    max_parallel: Option<u32>,
+    key: Option<&str>,
+) -> Result<Vec<i64>, DbError> {
+    if let Some(id) = job_with_key(tx, key)? {
+        return Ok(vec![id]);
+    }
+    let mut ids = Vec::with_capacity(tasks.len());
+    for (task, submission) in tasks.iter().enumerate() {
+        let id = insert_job(tx, row, submission, if task == 0 { key } else { None })?;
+        let array_id = *ids.first().unwrap_or(&id);
+        exec(
+            tx,
+            "UPDATE jobs SET array_id = ?2, array_task = ?3, array_max_parallel = ?4 WHERE id = ?1",
+            params![id, array_id, task as i64, max_parallel],
+        )
+        .map_err(db("writing a job"))?;
+        ids.push(id);
+    }
+    Ok(ids)
 }
 
 /// What a [`Change`] does to a column that may be empty: leaves it, sets it, or empties it.
@@ -1164,6 +1296,7 @@ mod tests {
             policy_file: None,
             holder: None,
             alloc: None,
+            sweep_task: None,
         };
         let id = db
             .write_blocking(move |tx| insert_job(tx, &row, &submission, None))
@@ -1179,6 +1312,102 @@ mod tests {
         assert_eq!(change(Update::Set("waits".into())), Some("waits".into()));
         assert_eq!(change(Update::Keep), Some("waits".into()));
         assert_eq!(change(Update::Clear), None);
+        drop(db);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_array_is_inserted_whole_and_its_columns_come_whatever_the_schema_version_says() {
+        let dir = std::env::temp_dir().join(format!("orch-db-array-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // A database marked past this block's version by another block, without its columns.
+        {
+            let conn = Connection::open(dir.join("jobs.sqlite3")).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE jobs (
+                    id INTEGER PRIMARY KEY AUTOINCREMENT,
+                    name TEXT NOT NULL, tenant TEXT NOT NULL, user TEXT NOT NULL,
+                    uid INTEGER NOT NULL, state TEXT NOT NULL, gpus INTEGER NOT NULL,
+                    priority INTEGER NOT NULL, requeue INTEGER NOT NULL,
+                    submitted_at_ms INTEGER NOT NULL, started_at_ms INTEGER,
+                    ended_at_ms INTEGER, exit_code INTEGER, reason TEXT, lease_id TEXT,
+                    devices TEXT NOT NULL DEFAULT '[]', attempt INTEGER NOT NULL DEFAULT 0,
+                    supervisor TEXT, submission TEXT NOT NULL, submit_key TEXT,
+                    cancel_requested INTEGER NOT NULL DEFAULT 0,
+                    gpu_seconds REAL NOT NULL DEFAULT 0, charged_ms INTEGER
+                 );
+                 CREATE TABLE usage (tenant TEXT PRIMARY KEY, gpu_seconds REAL NOT NULL,
+                    as_of_ms INTEGER NOT NULL);
+                 CREATE TABLE events (job_id INTEGER NOT NULL, at_ms INTEGER NOT NULL,
+                    kind TEXT NOT NULL, message TEXT NOT NULL);
+                 PRAGMA user_version = 5;",
+            )
+            .unwrap();
+        }
+        let db = Db::open(&dir).unwrap();
+        let row = JobRow {
+            name: "sw".into(),
+            tenant: "t".into(),
+            user: "u".into(),
+            ..JobRow::queued(0)
+        };
+        let submission = |task| Submission {
+            job_text: String::new(),
+            job_path: "job.toml".into(),
+            cwd: "/".into(),
+            env: Vec::new(),
+            identity: crate::core::users::Identity {
+                uid: 0,
+                gid: 0,
+                name: "u".into(),
+                groups: Vec::new(),
+            },
+            policy_file: None,
+            holder: None,
+            alloc: None,
+            sweep_task: Some(task),
+        };
+        let tasks: Vec<Submission> = (0..3).map(submission).collect();
+        let again = tasks.clone();
+        let r = row.clone();
+        let insert = |rows: Vec<Submission>, row: JobRow| {
+            let (sent, ids) = mpsc::channel();
+            db.write_blocking(move |tx| {
+                let _ = sent.send(insert_array(tx, &row, &rows, Some(2), Some("k"))?);
+                Ok(0)
+            })
+            .unwrap();
+            ids.recv().unwrap()
+        };
+        let ids = insert(tasks, r);
+        assert_eq!(ids.len(), 3);
+        let read = db.array_tasks(ids[0]).unwrap();
+        let places: Vec<(i64, Option<ArrayTask>)> = read.iter().map(|r| (r.id, r.array)).collect();
+        let want: Vec<(i64, Option<ArrayTask>)> = ids
+            .iter()
+            .enumerate()
+            .map(|(task, &id)| {
+                (
+                    id,
+                    Some(ArrayTask {
+                        id: ids[0],
+                        task: task as u32,
+                        max_parallel: Some(2),
+                    }),
+                )
+            })
+            .collect();
+        assert_eq!(places, want);
+        assert_eq!(db.array_task(ids[0], 2).unwrap().unwrap().id, ids[2]);
+        assert!(db.array_task(ids[0], 3).unwrap().is_none());
+        assert_eq!(
+            db.submission(ids[1]).unwrap().unwrap().0.sweep_task,
+            Some(1)
+        );
+        // Sent again with its key: the array already taken, nothing more.
+        assert_eq!(insert(again, row), vec![ids[0]]);
+        assert_eq!(db.jobs(&[], 100).unwrap().len(), 3);
         drop(db);
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -21,7 +21,6 @@ use orch_leases::Liveness;
 use orch_leases::{Holder, LeaseStore};
 use running::{Death, Origin, Recovery, Running, Start};
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::path::Path;
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
@@ -159,6 +158,7 @@ impl Engine {
             return;
         };
         let started_s = row.started_at_ms.map_or_else(now_s, ms_to_s);
+        self.set_array(id, row);
         self.sched.add_running(RunningJob {
             id: id as u64,
             tenant,
@@ -169,6 +169,19 @@ impl Engine {
             charged_s: row.charged_ms.map_or(started_s, ms_to_s),
             gpu_s: 0.0,
         });
+    }
+
+    /// Tells the scheduler that job `id` is a task of a job array, when it is one.
+    fn set_array(&mut self, id: i64, row: &JobRow) {
+        if let Some(array) = row.array {
+            self.sched.set_array(
+                id as u64,
+                crate::core::sched::ArrayMember {
+                    array: array.id as u64,
+                    max_parallel: array.max_parallel,
+                },
+            );
+        }
     }
 
     /// Ends a job's run in the scheduler at `at_s` and records its use.
@@ -350,9 +363,7 @@ impl Engine {
         let id = row.id;
         let dir = self.shared.job_dir(id, row.attempt);
         let submission = self.shared.db.submission(id).ok().flatten().map(|(s, _)| s);
-        let spec = submission
-            .as_ref()
-            .and_then(|s| orch_core::job::parse(Path::new(&s.job_path), &s.job_text).ok());
+        let spec = submission.as_ref().and_then(|s| s.spec().ok());
         let (preemptible, exclusive) = spec.as_ref().map_or((false, true), |spec| {
             (spec.preemptible, spec.resources.exclusive)
         });
@@ -583,7 +594,7 @@ impl Engine {
         if row.state != State::Queued {
             return;
         }
-        match orch_core::job::parse(Path::new(&submission.job_path), &submission.job_text) {
+        match submission.spec() {
             Ok(mut spec) => {
                 // A file policy runs from the copy the user submitted, never from their path.
                 if let Some(hash) = &submission.policy_file {
@@ -618,6 +629,7 @@ impl Engine {
                     runtime_s: runtime.map(|d| d.as_secs_f64()),
                     preemptible: spec.preemptible,
                 });
+                self.set_array(id, &row);
                 self.jobs.queue.insert(
                     id,
                     Queued {

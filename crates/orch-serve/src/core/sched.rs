@@ -271,6 +271,55 @@ pub struct Scheduler {
     /// Compute a reason for every queued job (the daemon shows them); without, a pass may stop
     /// once nothing more can start (the simulator).
     pub keep_reasons: bool,
+    /// The job arrays' tasks, queued or running, and how many of each array run.
+    arrays: Arrays,
+}
+
+/// A task of a job array as scheduling sees it: its array and the array's `max_parallel`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArrayMember {
+    pub array: u64,
+    pub max_parallel: Option<u32>,
+}
+
+/// Which queued and running jobs are tasks of a job array, and how many tasks of each array run:
+/// a task whose array runs `max_parallel` of them waits without blocking anything behind it.
+#[derive(Debug, Default)]
+struct Arrays {
+    members: HashMap<u64, ArrayMember>,
+    running: HashMap<u64, u32>,
+}
+
+impl Arrays {
+    /// Why task `id` may not start now, when its array runs its `max_parallel` tasks already.
+    fn throttled(&self, id: u64) -> Option<String> {
+        let member = self.members.get(&id)?;
+        let max = member.max_parallel?;
+        let running = self.running.get(&member.array).copied().unwrap_or(0);
+        (running >= max).then(|| {
+            format!(
+                "array {}: {running} of {max} tasks running (max_parallel)",
+                member.array
+            )
+        })
+    }
+
+    fn started(&mut self, id: u64) {
+        if let Some(member) = self.members.get(&id) {
+            *self.running.entry(member.array).or_default() += 1;
+        }
+    }
+
+    fn stopped(&mut self, id: u64) {
+        if let Some(member) = self.members.get(&id)
+            && let Some(n) = self.running.get_mut(&member.array)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.running.remove(&member.array);
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -308,6 +357,7 @@ impl Scheduler {
             preempt_after_s: 0.0,
             sizes: BTreeMap::new(),
             keep_reasons: true,
+            arrays: Arrays::default(),
         }
     }
 
@@ -391,8 +441,27 @@ impl Scheduler {
         (queued, running)
     }
 
+    /// Makes job `id` a task of a job array, before it is queued or added as running: at most
+    /// the array's `max_parallel` of its tasks run at once. Forgotten once the job leaves the
+    /// scheduler (a requeued task is made one again).
+    pub fn set_array(&mut self, id: u64, member: ArrayMember) {
+        let running = self.running.contains_key(&id);
+        if running {
+            self.arrays.stopped(id);
+        }
+        self.arrays.members.insert(id, member);
+        if running {
+            self.arrays.started(id);
+        }
+    }
+
+    /// How many tasks of job array `array` run.
+    pub fn array_running(&self, array: u64) -> u32 {
+        self.arrays.running.get(&array).copied().unwrap_or(0)
+    }
+
     pub fn enqueue(&mut self, job: QueuedJob) {
-        self.dequeue(job.id);
+        self.unqueue(job.id);
         if job.tenant >= self.tenants.len() {
             return;
         }
@@ -408,6 +477,15 @@ impl Scheduler {
 
     /// Takes a job out of the queue (cancelled, failed, started elsewhere).
     pub fn dequeue(&mut self, id: u64) -> Option<QueuedJob> {
+        let job = self.unqueue(id);
+        if !self.running.contains_key(&id) {
+            self.arrays.members.remove(&id);
+        }
+        job
+    }
+
+    /// Takes a job out of the queue's indexes, keeping what else is known of it (its array).
+    fn unqueue(&mut self, id: u64) -> Option<QueuedJob> {
         let job = self.queue.remove(&id)?;
         self.by_tenant[job.tenant].remove(&key(&job));
         self.by_priority.remove(&key(&job));
@@ -432,6 +510,7 @@ impl Scheduler {
             return;
         }
         self.held[job.tenant] += job.gpus;
+        self.arrays.started(job.id);
         self.running.insert(job.id, job);
     }
 
@@ -460,6 +539,10 @@ impl Scheduler {
 
     fn remove_running(&mut self, id: u64) -> Option<RunningJob> {
         let job = self.running.remove(&id)?;
+        self.arrays.stopped(id);
+        if !self.queue.contains_key(&id) {
+            self.arrays.members.remove(&id);
+        }
         self.held[job.tenant] = self.held[job.tenant].saturating_sub(job.gpus);
         self.preempting.remove(&id);
         Some(job)
@@ -627,6 +710,14 @@ impl Scheduler {
                 format!("{reason}; {policy_reason}")
             }
         };
+        // A task of an array at its `max_parallel` waits, and blocks nothing: it neither asks for
+        // preemption nor holds back devices, so the jobs behind it start (backfill).
+        if let Some(why) = self.arrays.throttled(id) {
+            if keep {
+                report.reasons.push((id, with(why)));
+            }
+            return;
+        }
         let reserved = self.reserved_for_others(id);
         let available = walk.free.saturating_sub(reserved);
         if job.exclusive && job.gpus > available {
@@ -687,7 +778,7 @@ impl Scheduler {
         }
         match place(job) {
             Attempt::Started => {
-                let Some(job) = self.dequeue(id) else {
+                let Some(job) = self.unqueue(id) else {
                     return;
                 };
                 if job.exclusive {

@@ -100,9 +100,48 @@ pub(crate) async fn find(
             format!("no job {id} (orch jobs --all lists yours)"),
         )
     };
-    let n: i64 = id.parse().map_err(|_| not_found())?;
-    match read(shared, move |db| db.job(n)).await? {
-        Some(row) if visible_to(caller, &row) => Ok((n, row)),
+    let row = match array_task_id(id) {
+        // `17[3]`: task 3 of job array 17.
+        Some((array, task)) => read(shared, move |db| db.array_task(array, task)).await?,
+        None => {
+            let n: i64 = id.parse().map_err(|_| not_found())?;
+            read(shared, move |db| db.job(n)).await?
+        }
+    };
+    match row {
+        Some(row) if visible_to(caller, &row) => Ok((row.id, row)),
         _ => Err(not_found()),
+    }
+}
+
+/// `ARRAY[TASK]` (`17[3]`) as its two numbers; `None` for anything else.
+pub(crate) fn array_task_id(id: &str) -> Option<(i64, u32)> {
+    let (array, task) = id.strip_suffix(']')?.split_once('[')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(array) || !digits(task) {
+        return None;
+    }
+    Some((array.parse().ok()?, task.parse().ok()?))
+}
+
+/// Whether `id`, as a request names it, names the whole job array `row` is the first task of
+/// (`17`, not `17[0]`).
+pub(crate) fn names_array(id: &str, row: &JobRow) -> bool {
+    row.array.is_some_and(|a| a.id == row.id) && array_task_id(id).is_none()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::array_task_id;
+
+    #[test]
+    fn an_array_task_is_named_array_and_index() {
+        assert_eq!(array_task_id("17[3]"), Some((17, 3)));
+        assert_eq!(array_task_id("17[0]"), Some((17, 0)));
+        for bad in [
+            "17", "17[]", "[3]", "17[3", "17[-1]", "17[3]x", "1 7[3]", "17[3][4]",
+        ] {
+            assert_eq!(array_task_id(bad), None, "{bad}");
+        }
     }
 }

@@ -5,9 +5,9 @@ use crate::core::caller::Caller;
 use crate::core::db::{JobRow, State, Submission, Update};
 use crate::core::kick::Kick;
 use crate::core::state::Shared;
-use crate::http::access::{admitted, find, read, tenant_for, visible_to};
+use crate::http::access::{admitted, find, names_array, read, tenant_for, visible_to};
 use crate::http::error::{ApiResult, err, internal};
-use crate::http::wire::{Job, SubmitRequest, SubmitResponse};
+use crate::http::wire::{ArraySummary, Job, SubmitRequest, SubmitResponse};
 use axum::Json;
 use axum::extract::{Extension, Path, Query, State as AxState};
 use axum::http::StatusCode;
@@ -59,28 +59,29 @@ pub(crate) async fn accept(
         .map_err(|e| err(StatusCode::BAD_REQUEST, e.to_string()))?;
     orch_runner::check_enforcement(&spec, shared.backend)
         .map_err(|e| err(StatusCode::BAD_REQUEST, e))?;
-    let no_env = std::collections::BTreeMap::new();
-    // A [train] job's trainer runs as `orch run --supervised --resume JOB_PATH`, the job's text
-    // in ORCH_JOB_TEXT (see supervisor.rs).
-    let train_argv: Vec<String> = ["orch", "run", "--supervised", "--resume", &request.job_path]
-        .map(String::from)
-        .into();
-    let (argv, job_env, extra): (&[String], _, Vec<(&str, &str)>) = match &spec.work {
-        orch_core::job::Work::Command(c) => (&c.argv, &c.env, Vec::new()),
-        orch_core::job::Work::Train(_) => (
-            &train_argv,
-            &no_env,
-            vec![("ORCH_JOB_TEXT", request.job_text.as_str())],
-        ),
+    if !spec.sweep.is_empty() {
+        let each = request.job_text.len()
+            + request.job_path.len()
+            + request.cwd.len()
+            + request
+                .env
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 8)
+                .sum::<usize>();
+        admission::array_size(&request.job_path, spec.sweep.len() as u64, each as u64)?;
+    }
+    // A `[sweep]` is a job array: one job per combination, each checked as it will run.
+    let tasks: Vec<orch_core::JobSpec> = if spec.sweep.is_empty() {
+        vec![spec.clone()]
+    } else {
+        (0..spec.sweep.len())
+            .map_while(|task| spec.sweep_task(task))
+            .collect()
     };
-    admission::exec_parts(&admission::ExecParts {
-        place: &request.job_path,
-        argv,
-        job_env,
-        client_env: &request.env,
-        cwd: &request.cwd,
-        extra: &extra,
-    })?;
+    for (task, one) in tasks.iter().enumerate() {
+        let sweep_task = (!spec.sweep.is_empty()).then_some(task);
+        exec_parts(&request, one, sweep_task)?;
+    }
     let gpus_at = spec.resources.gpus_at.to_string();
     let asked = admission::Asked {
         place: &request.job_path,
@@ -95,16 +96,20 @@ pub(crate) async fn accept(
         spec.tenant.as_deref(),
         Some(&request.job_path),
     )?;
-    if spec.resources.nodes > 1 || !spec.sweep.is_empty() {
-        let what = if spec.resources.nodes > 1 {
-            format!("nodes = {}", spec.resources.nodes)
-        } else {
-            "[sweep]".to_string()
-        };
+    if spec.resources.nodes > 1 {
         return Err(err(
             StatusCode::BAD_REQUEST,
             format!(
-                "{}: {what} is for Slurm: this daemon serves one machine, one job per submission; submit it with `orch submit --slurm`",
+                "{}: nodes = {} is for Slurm: this daemon serves one machine; submit it with `orch submit --slurm`",
+                request.job_path, spec.resources.nodes
+            ),
+        ));
+    }
+    if !spec.sweep.is_empty() && holder.is_some() {
+        return Err(err(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "{}: a lease is one job, not a [sweep]: leave out [sweep], or submit the sweep with `orch submit`",
                 request.job_path
             ),
         ));
@@ -147,7 +152,18 @@ pub(crate) async fn accept(
         policy_file,
         holder,
         alloc,
+        sweep_task: None,
     };
+    // An array's tasks: the same submission, each naming its combination of the `[sweep]`.
+    let array: Option<Vec<Submission>> = (!spec.sweep.is_empty()).then(|| {
+        (0..tasks.len() as u32)
+            .map(|task| Submission {
+                sweep_task: Some(task),
+                ..submission.clone()
+            })
+            .collect()
+    });
+    let max_parallel = spec.sweep.max_parallel;
     let tenant = row.tenant.clone();
     // The limit is checked in the same transaction as the insert: concurrent submissions
     // cannot overshoot it.
@@ -156,15 +172,26 @@ pub(crate) async fn accept(
         .write_value(move |tx| {
             // A submission sent again (its answer lost in a restart) is the job already taken.
             if let Some(id) = crate::core::db::job_with_key(tx, key.as_deref())? {
-                return Ok(Ok(id));
+                return Ok(Ok(vec![id]));
             }
-            if let Some(limits) = &limits
-                && let Err(refusal) =
-                    admission::queue(limits, crate::core::db::queued_in(tx, &row.tenant)?)
-            {
-                return Ok(Err(refusal));
+            if let Some(limits) = &limits {
+                let queued = crate::core::db::queued_in(tx, &row.tenant)?;
+                let fits = match &array {
+                    None => admission::queue(limits, queued),
+                    Some(tasks) => admission::array_queue(limits, queued, tasks.len() as u64),
+                };
+                if let Err(refusal) = fits {
+                    return Ok(Err(refusal));
+                }
             }
-            crate::core::db::insert_job(tx, &row, &submission, key.as_deref()).map(Ok)
+            match &array {
+                None => crate::core::db::insert_job(tx, &row, &submission, key.as_deref())
+                    .map(|id| Ok(vec![id])),
+                Some(tasks) => {
+                    crate::core::db::insert_array(tx, &row, tasks, max_parallel, key.as_deref())
+                        .map(Ok)
+                }
+            }
         })
         .await
         .map_err(|e| match e.fault() {
@@ -175,10 +202,45 @@ pub(crate) async fn accept(
             }
             None => internal(e),
         })?;
-    let id = admitted?;
-    shared.metrics.submitted(&tenant);
-    shared.kick(Kick::Submitted(id));
-    Ok(id)
+    let ids = admitted?;
+    for &id in &ids {
+        shared.metrics.submitted(&tenant);
+        shared.kick(Kick::Submitted(id));
+    }
+    Ok(ids[0])
+}
+
+/// Checks the program, arguments and environment one job (or one task of an array,
+/// `sweep_task`) will be started with against what `execve` takes.
+fn exec_parts(
+    request: &SubmitRequest,
+    spec: &orch_core::JobSpec,
+    sweep_task: Option<usize>,
+) -> Result<(), Refusal> {
+    let no_env = std::collections::BTreeMap::new();
+    // A [train] job's trainer runs as `orch run --supervised [--sweep-task N] --resume JOB_PATH`,
+    // the job's text in ORCH_JOB_TEXT (see supervisor.rs).
+    let mut train_argv: Vec<String> = ["orch", "run", "--supervised"].map(String::from).into();
+    if let Some(task) = sweep_task {
+        train_argv.extend(["--sweep-task".to_string(), task.to_string()]);
+    }
+    train_argv.extend(["--resume".to_string(), request.job_path.clone()]);
+    let (argv, job_env, extra): (&[String], _, Vec<(&str, &str)>) = match &spec.work {
+        orch_core::job::Work::Command(c) => (&c.argv, &c.env, Vec::new()),
+        orch_core::job::Work::Train(_) => (
+            &train_argv,
+            &no_env,
+            vec![("ORCH_JOB_TEXT", request.job_text.as_str())],
+        ),
+    };
+    admission::exec_parts(&admission::ExecParts {
+        place: &request.job_path,
+        argv,
+        job_env,
+        client_env: &request.env,
+        cwd: &request.cwd,
+        extra: &extra,
+    })
 }
 
 #[derive(Debug, Deserialize)]
@@ -283,10 +345,99 @@ pub(crate) async fn status(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Job>> {
     let (n, row) = find(&shared, &caller, &id).await?;
+    let whole = names_array(&id, &row);
     let mut row = Job::from(row);
     row.events = read(&shared, move |db| db.events(n)).await?;
+    // An array's id names the whole array: its first task, with every task's state.
+    if whole {
+        let tasks = read(&shared, move |db| db.array_tasks(n)).await?;
+        row.array = Some(ArraySummary::of(&tasks));
+    }
     let reasons = lock(&shared.reasons).clone();
     Ok(Json(with_reason(row, &reasons)))
+}
+
+/// Cancels what is left of job array `array` (`POST /v1/jobs/ARRAY/cancel`): its queued tasks
+/// at once, its running ones stopped. Answers the array's first task with the array's summary
+/// after the change: 200 when nothing was running, 202 when tasks are being stopped.
+async fn cancel_array(
+    shared: &Arc<Shared>,
+    caller: &Caller,
+    array: i64,
+) -> ApiResult<(StatusCode, Json<Job>)> {
+    let tasks = read(shared, move |db| db.array_tasks(array)).await?;
+    let before = ArraySummary::of(&tasks);
+    if before.ended() {
+        return Err(err(
+            StatusCode::CONFLICT,
+            format!(
+                "job array {array} has already ended ({} of {} task(s) succeeded)",
+                before.succeeded, before.tasks
+            ),
+        ));
+    }
+    let queued: Vec<i64> = tasks
+        .iter()
+        .filter(|t| t.state == State::Queued)
+        .map(|t| t.id)
+        .collect();
+    let mut running: Vec<i64> = tasks
+        .iter()
+        .filter(|t| t.state == State::Running)
+        .map(|t| t.id)
+        .collect();
+    let who = caller.identity.name.clone();
+    let ids = queued.clone();
+    // The queued tasks in one transaction: none of them starts after the cancel is answered.
+    let cancelled = shared
+        .db
+        .write_value(move |tx| {
+            let mut cancelled = Vec::new();
+            for id in ids {
+                let change = crate::core::db::Change {
+                    state: Some(State::Cancelled),
+                    ended_at_ms: Some(now_ms()),
+                    reason: Update::Set(format!("cancelled by {who} (its array {array})")),
+                    only_if: Some(State::Queued),
+                    event: Some(crate::core::db::Event::now(
+                        "finished",
+                        format!("cancelled by {who} while queued, with its array {array}"),
+                    )),
+                    ..Default::default()
+                };
+                if crate::core::db::apply(tx, id, &change)? == 1 {
+                    cancelled.push(id);
+                }
+            }
+            Ok(cancelled)
+        })
+        .await
+        .map_err(internal)?;
+    for &id in &cancelled {
+        shared.kick(Kick::Dequeued(id));
+    }
+    // Those that started meanwhile are stopped with the running ones.
+    running.extend(queued.into_iter().filter(|id| !cancelled.contains(id)));
+    for &id in &running {
+        request_stop(shared, id, caller).await?;
+    }
+    let (head, tasks) = read(shared, move |db| {
+        Ok((db.job(array)?, db.array_tasks(array)?))
+    })
+    .await?;
+    let mut job = Job::from(head.ok_or_else(|| {
+        err(
+            StatusCode::NOT_FOUND,
+            format!("no job {array} (orch jobs --all lists yours)"),
+        )
+    })?);
+    job.array = Some(ArraySummary::of(&tasks));
+    let status = if running.is_empty() {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    Ok((status, Json(job)))
 }
 
 pub(crate) async fn cancel(
@@ -295,6 +446,9 @@ pub(crate) async fn cancel(
     Path(id): Path<String>,
 ) -> ApiResult<(StatusCode, Json<Job>)> {
     let (n, row) = find(&shared, &caller, &id).await?;
+    if names_array(&id, &row) {
+        return cancel_array(&shared, &caller, n).await;
+    }
     match row.state {
         State::Queued => {
             let change = crate::core::db::Change {

@@ -234,6 +234,68 @@ pub struct Job {
     /// What happened to it, oldest first (`GET /v1/jobs/ID` only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<Event>,
+    /// A task of a job array (a `[sweep]`): the array's id, its first task's job id (a string of
+    /// digits, as `id`).
+    #[serde(default, with = "opt_id_text", skip_serializing_if = "Option::is_none")]
+    pub array_id: Option<i64>,
+    /// A task of a job array: its index, from 0 (`ORCH_SWEEP_TASK`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array_task: Option<u32>,
+    /// `GET /v1/jobs/ARRAY` of an array's id: the whole array, task by task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array: Option<ArraySummary>,
+}
+
+/// A job array as `GET /v1/jobs/ARRAY` shows it beside its first task: its size, its bound, and
+/// how many of its tasks are in each state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArraySummary {
+    pub tasks: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_parallel: Option<u32>,
+    pub queued: u32,
+    pub running: u32,
+    pub succeeded: u32,
+    pub failed: u32,
+    pub cancelled: u32,
+    pub lost: u32,
+    /// The indexes of the tasks that failed, were cancelled or lost.
+    #[serde(default)]
+    pub unsuccessful: Vec<u32>,
+}
+
+impl ArraySummary {
+    /// The summary of an array's tasks (`JobRow`s of one array).
+    pub fn of(tasks: &[JobRow]) -> ArraySummary {
+        let mut s = ArraySummary {
+            tasks: tasks.len() as u32,
+            max_parallel: tasks
+                .first()
+                .and_then(|t| t.array)
+                .and_then(|a| a.max_parallel),
+            ..ArraySummary::default()
+        };
+        for t in tasks {
+            let n = match t.state {
+                State::Queued => &mut s.queued,
+                State::Running => &mut s.running,
+                State::Succeeded => &mut s.succeeded,
+                State::Failed => &mut s.failed,
+                State::Cancelled => &mut s.cancelled,
+                State::Lost => &mut s.lost,
+            };
+            *n += 1;
+            if matches!(t.state, State::Failed | State::Cancelled | State::Lost) {
+                s.unsuccessful.extend(t.array.map(|a| a.task));
+            }
+        }
+        s
+    }
+
+    /// Every task has ended.
+    pub fn ended(&self) -> bool {
+        self.queued == 0 && self.running == 0
+    }
 }
 
 impl From<JobRow> for Job {
@@ -263,7 +325,28 @@ impl From<JobRow> for Job {
             alloc: row.alloc,
             idle_limit_s: row.idle_limit_ms.map(|ms| ms as f64 / 1000.0),
             events: Vec::new(),
+            array_id: row.array.map(|a| a.id),
+            array_task: row.array.map(|a| a.task),
+            array: None,
         }
+    }
+}
+
+/// An optional job id on the wire, as [`id_text`].
+mod opt_id_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(id: &Option<i64>, s: S) -> Result<S::Ok, S::Error> {
+        match id {
+            Some(id) => super::id_text::serialize(id, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+        #[derive(Deserialize)]
+        struct Id(#[serde(with = "super::id_text")] i64);
+        Ok(Option::<Id>::deserialize(d)?.map(|Id(id)| id))
     }
 }
 

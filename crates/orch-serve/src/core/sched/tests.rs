@@ -381,3 +381,93 @@ fn a_job_whose_end_arrives_late_is_charged_to_its_end_and_no_further() {
     assert!((late - timely).abs() < 1e-9, "{late} against {timely}");
     assert!((late - 8.0).abs() < 0.01, "{late}");
 }
+
+/// Tasks `first..first + n` of one array (id `first`), all of tenant `tenant`, 1 GPU each.
+fn array(s: &mut Scheduler, first: u64, n: u64, tenant: usize, max_parallel: Option<u32>) {
+    for id in first..first + n {
+        s.enqueue(job(id, tenant, 1, 0, id as f64));
+        s.set_array(
+            id,
+            ArrayMember {
+                array: first,
+                max_parallel,
+            },
+        );
+    }
+}
+
+#[test]
+fn an_array_runs_at_most_max_parallel_tasks_and_the_rest_do_not_block_others() {
+    for policy in ["fifo", "fair-share", "priority"] {
+        for keep_reasons in [true, false] {
+            let mut s = sched(&[1.0, 1.0], policy);
+            s.keep_reasons = keep_reasons;
+            array(&mut s, 10, 6, 0, Some(2));
+            // A job behind the array, of the same tenant: the throttled tasks do not hold it.
+            s.enqueue(job(20, 0, 1, 0, 100.0));
+            let r = pass(&mut s, 200.0, 8);
+            assert_eq!(r.started, vec![10, 11, 20], "{policy}");
+            assert_eq!(s.array_running(10), 2);
+            if keep_reasons {
+                let why: HashMap<u64, String> = r.reasons.into_iter().collect();
+                for id in 12..16 {
+                    assert!(
+                        why[&id].starts_with("array 10: 2 of 2 tasks running (max_parallel)"),
+                        "{policy}: {}",
+                        why[&id]
+                    );
+                }
+            }
+            // Nothing more starts while two run, however many devices are free.
+            assert!(pass(&mut s, 210.0, 8).started.is_empty(), "{policy}");
+            // One ends: the next task starts, and only one.
+            s.end(10, 220.0);
+            assert_eq!(pass(&mut s, 221.0, 8).started, vec![12], "{policy}");
+            s.end(11, 230.0);
+            s.end(12, 230.0);
+            assert_eq!(pass(&mut s, 231.0, 8).started, vec![13, 14], "{policy}");
+            // A task queued again (preempted) is a task again once it is made one.
+            s.end(13, 240.0);
+            s.enqueue(job(13, 0, 1, 0, 13.0));
+            s.set_array(
+                13,
+                ArrayMember {
+                    array: 10,
+                    max_parallel: Some(2),
+                },
+            );
+            assert_eq!(pass(&mut s, 241.0, 8).started, vec![13], "{policy}");
+            assert_eq!(s.array_running(10), 2);
+            assert!(pass(&mut s, 242.0, 8).started.is_empty(), "{policy}");
+        }
+    }
+}
+
+#[test]
+fn an_array_without_max_parallel_starts_what_fits_and_a_throttled_one_asks_no_preemption() {
+    let mut s = sched(&[1.0], "fifo");
+    array(&mut s, 1, 5, 0, None);
+    assert_eq!(pass(&mut s, 10.0, 3).started, vec![1, 2, 3]);
+    // A throttled task that waited past the starvation limit holds no devices back.
+    let mut s = sched(&[1.0], "fifo");
+    s.starvation_s = 1.0;
+    array(&mut s, 1, 3, 0, Some(1));
+    s.enqueue(job(9, 0, 1, 0, 50.0));
+    assert_eq!(pass(&mut s, 100.0, 2).started, vec![1, 9]);
+}
+
+#[test]
+fn each_task_of_an_array_is_charged_to_its_tenant_like_any_job() {
+    let mut s = sched(&[1.0, 1.0], "fair-share");
+    array(&mut s, 1, 4, 0, Some(2));
+    assert_eq!(pass(&mut s, 0.0, 8).started, vec![1, 2]);
+    s.end(1, 100.0);
+    s.end(2, 100.0);
+    assert_eq!(pass(&mut s, 100.0, 8).started, vec![3, 4]);
+    s.end(3, 150.0);
+    s.end(4, 150.0);
+    // Two tasks of 100 s and two of 50 s, one device each: 300 GPU-seconds (decay is a week).
+    let used = s.usage(0).at(150.0, s.half_life_s());
+    assert!((used - 300.0).abs() < 0.1, "{used}");
+    assert_eq!(s.usage(1).gpu_s, 0.0);
+}
