@@ -140,3 +140,30 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// Room on the file system that holds a path: what an unprivileged writer may still use, and
+/// its size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Space {
+    pub free: u64,
+    pub total: u64,
+}
+
+/// The room on `dir`'s file system; `None` when `statvfs` cannot tell.
+pub fn space(dir: &Path) -> Option<Space> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs writes into the zeroed struct we own; the path is a valid C string.
+    let stat = unsafe {
+        let mut stat: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(path.as_ptr(), &mut stat) != 0 {
+            return None;
+        }
+        stat
+    };
+    let block = stat.f_frsize as u64;
+    Some(Space {
+        free: (stat.f_bavail as u64).saturating_mul(block),
+        total: (stat.f_blocks as u64).saturating_mul(block),
+    })
+}

@@ -51,16 +51,7 @@ fn with_suffix(log: &Path, suffix: &str) -> PathBuf {
 
 /// Bytes free for an unprivileged writer on the file system of `dir`; `None` when unknown.
 fn free_bytes(dir: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: statvfs writes into the zeroed struct we own; the path is a valid C string.
-    unsafe {
-        let mut stat: libc::statvfs = std::mem::zeroed();
-        if libc::statvfs(path.as_ptr(), &mut stat) != 0 {
-            return None;
-        }
-        Some((stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64))
-    }
+    orch_core::fsutil::space(dir).map(|s| s.free)
 }
 
 /// One stream's files, written under the cap.

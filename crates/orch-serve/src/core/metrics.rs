@@ -183,6 +183,8 @@ pub struct Snapshot {
     pub interactive: Vec<(String, u64)>,
     /// `(tenant, running interactive allocations: orch alloc)`.
     pub alloc: Vec<(String, u64)>,
+    /// The state folder's file system (the job database, leases, logs), when it can be read.
+    pub state_space: Option<orch_core::fsutil::Space>,
 }
 
 /// A label value, escaped as the text format wants (backslash, quote, newline).
@@ -341,6 +343,22 @@ pub fn render(snapshot: &Snapshot, counters: &Counters) -> String {
         "Live leases in the lease store (daemon jobs and orch run).",
     );
     let _ = writeln!(out, "orch_leases {}", snapshot.leases);
+    if let Some(space) = snapshot.state_space {
+        header(
+            &mut out,
+            "orch_state_free_bytes",
+            "gauge",
+            "Bytes free on the state folder's file system (job database, leases, job logs).",
+        );
+        let _ = writeln!(out, "orch_state_free_bytes {}", space.free);
+        header(
+            &mut out,
+            "orch_state_size_bytes",
+            "gauge",
+            "Size of the state folder's file system.",
+        );
+        let _ = writeln!(out, "orch_state_size_bytes {}", space.total);
+    }
     type TenantField = fn(&TenantSample) -> f64;
     let tenant_gauges: [(&str, &str, TenantField); 4] = [
         (
@@ -468,6 +486,10 @@ mod tests {
                 policy_cpu_seconds: 1.5,
                 ..TenantSample::default()
             }],
+            state_space: Some(orch_core::fsutil::Space {
+                free: 10 << 20,
+                total: 1 << 30,
+            }),
             ..Snapshot::default()
         };
         let text = render(&snapshot, &counters);
@@ -478,5 +500,44 @@ mod tests {
         assert!(text.contains("orch_queue_wait_seconds_sum{tenant=\"a\\\"b\"} 103"));
         assert!(text.contains("name=\"H100\\n80GB\"} 0.5"));
         assert!(text.contains("orch_scheduling_pass_duration_seconds_count 1"));
+        assert!(text.contains("orch_state_free_bytes 10485760\n"));
+        assert!(text.contains("orch_state_size_bytes 1073741824\n"));
+    }
+
+    /// The alert rules and the dashboard the package installs name only metrics this page has.
+    #[test]
+    fn the_packaged_alerts_and_dashboard_name_metrics_that_exist() {
+        let source = include_str!("metrics.rs");
+        for (file, text) in [
+            (
+                "orch-alerts.yml",
+                include_str!("../../../orch-cli/package/orch-alerts.yml"),
+            ),
+            (
+                "orch-dashboard.json",
+                include_str!("../../../orch-cli/package/orch-dashboard.json"),
+            ),
+        ] {
+            let mut named = 0;
+            let mut rest = text;
+            while let Some(at) = rest.find("orch_") {
+                let tail = &rest[at..];
+                let end = tail
+                    .find(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+                    .unwrap_or(tail.len());
+                let name = &tail[..end];
+                let base = ["_bucket", "_count", "_sum"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s))
+                    .unwrap_or(name);
+                assert!(
+                    source.contains(&format!("\"{base}\"")),
+                    "{file} names {name}, which /metrics does not have"
+                );
+                named += 1;
+                rest = &tail[end..];
+            }
+            assert!(named > 5, "{file} names only {named} metrics");
+        }
     }
 }

@@ -162,5 +162,6 @@ pub fn metrics_snapshot(shared: &Shared) -> Result<Snapshot, DbError> {
         leases: machine.leases.len(),
         interactive,
         alloc,
+        state_space: orch_core::fsutil::space(&shared.state_dir),
     })
 }
