@@ -12,8 +12,9 @@ use orch_exec::{
 use orch_leases::Lease;
 use std::time::Duration;
 
-/// Between SIGTERM and SIGKILL when a job's processes are stopped.
-pub const GRACE: Duration = Duration::from_secs(10);
+/// Between SIGTERM and SIGKILL when a job's processes are stopped, unless the job sets its own
+/// (`[job] grace`).
+pub const GRACE: Duration = orch_core::job::DEFAULT_GRACE;
 
 /// How the job's processes run, beyond what the job file says.
 #[derive(Debug, Clone)]

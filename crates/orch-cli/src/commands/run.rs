@@ -10,6 +10,8 @@ use orch_leases::default_state_dir;
 use orch_runner::{
     LeaseGuard, Machine, Outcome, PlaceError, Placement, ProcessOptions, RunError, placed_line,
 };
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// Where `--supervised` finds the job file's text.
@@ -145,6 +147,7 @@ fn run_one(
             granted.placement,
             &granted.inventory,
             cluster,
+            args.supervised,
         );
     }
     // Before the inventory is read: the refusal names the daemon, whatever NVML says here.
@@ -194,17 +197,33 @@ fn run_one(
             plan,
         }
     };
-    finish(&job, prepared, placement, &inventory, cluster)
+    finish(
+        &job,
+        prepared,
+        placement,
+        &inventory,
+        cluster,
+        args.supervised,
+    )
 }
 
 /// Runs the placed job to its end; the lease goes back as it ends.
 fn finish(
     job: &JobSpec,
-    prepared: orch_runner::Prepared<'_>,
+    mut prepared: orch_runner::Prepared<'_>,
     placement: Placement,
     inventory: &orch_devices::Inventory,
     cluster: Option<orch_exec::Cluster>,
+    supervised: bool,
 ) -> CmdResult {
+    let stop = match prepared {
+        orch_runner::Prepared::Train(_) => {
+            let stop = StopSignals::register(job)?;
+            prepared.stop_when(Arc::clone(&stop.requested));
+            Some(stop)
+        }
+        orch_runner::Prepared::Command(_) => None,
+    };
     let running = orch_runner::start(
         job,
         prepared,
@@ -212,6 +231,7 @@ fn finish(
         inventory,
         &ProcessOptions {
             cluster,
+            grace: job.stopping.grace_or_default(),
             ..ProcessOptions::default()
         },
     )
@@ -221,7 +241,80 @@ fn finish(
             code: outcome.code(),
             error: anyhow::anyhow!("job {} ended with {outcome}", job.name),
         }),
+        Outcome::Train(summary) if summary.stopped_early => match stop.and_then(|s| s.received()) {
+            Some(signal) => Err(stopped_on(job, &summary, signal, supervised)),
+            None => Ok(()),
+        },
         _ => Ok(()),
+    }
+}
+
+/// A `[train]` job's stop request: SIGTERM or the job's warning signal (`[job] signal`) makes
+/// the trainer stop at the end of its current step with a checkpoint; the same signal again
+/// ends the process at once.
+struct StopSignals {
+    requested: Arc<AtomicBool>,
+    /// The signal that came first (0: none yet).
+    which: Arc<AtomicUsize>,
+}
+
+impl StopSignals {
+    fn register(job: &JobSpec) -> Result<StopSignals, Failure> {
+        let stop = StopSignals {
+            requested: Arc::new(AtomicBool::new(false)),
+            which: Arc::new(AtomicUsize::new(0)),
+        };
+        let mut signals = vec![libc::SIGTERM];
+        signals.extend(job.stopping.signal.map(|s| s.number));
+        signals.dedup();
+        for signal in signals {
+            let registered = signal_hook::flag::register_conditional_default(
+                signal,
+                Arc::clone(&stop.requested),
+            )
+            .and_then(|_| {
+                signal_hook::flag::register_usize(signal, Arc::clone(&stop.which), signal as usize)
+            })
+            .and_then(|_| signal_hook::flag::register(signal, Arc::clone(&stop.requested)));
+            registered
+                .map_err(|e| Failure::failed_msg(format!("cannot handle signal {signal}: {e}")))?;
+        }
+        Ok(stop)
+    }
+
+    fn received(&self) -> Option<i32> {
+        if !self.requested.load(Ordering::Acquire) {
+            return None;
+        }
+        i32::try_from(self.which.load(Ordering::Acquire))
+            .ok()
+            .filter(|&s| s > 0)
+    }
+}
+
+/// A `[train]` run stopped on `signal` with its checkpoint: exit status 128 + N, as a process
+/// that signal ended, and the sentence of how to go on.
+fn stopped_on(
+    job: &JobSpec,
+    summary: &orch_trainer::Summary,
+    signal: i32,
+    supervised: bool,
+) -> Failure {
+    let name = orch_core::job::signal_name(signal)
+        .map_or_else(|| format!("signal {signal}"), |n| format!("SIG{n}"));
+    let again = if supervised {
+        "submitted again, the job goes on from it".to_string()
+    } else {
+        format!("`orch run --resume {}` goes on from it", job.path.display())
+    };
+    Failure {
+        code: u8::try_from(128 + signal).unwrap_or(1),
+        error: anyhow::anyhow!(
+            "job {} stopped on {name} after step {}, with its checkpoint in {}: {again}",
+            job.name,
+            summary.steps,
+            summary.out.display()
+        ),
     }
 }
 
