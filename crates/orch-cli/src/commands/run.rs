@@ -124,6 +124,11 @@ fn run_one(
         .wait
         .then(|| Instant::now() + timeout.unwrap_or(Duration::MAX / 4));
     let nested = args.supervised || std::env::var_os("ORCH_JOB_ID").is_some();
+    // Before the trainer loads: a stop asked for meanwhile still ends in a checkpoint.
+    let stop = match job.work {
+        job::Work::Train(_) => Some(StopSignals::register(&job)?),
+        job::Work::Command(_) => None,
+    };
     if let Some(daemon) = authority {
         let text = lease_text(args, &job)?;
         let prepared = orch_runner::prepare(&job, args.resume, Some(crate::progress::sink()))
@@ -147,6 +152,7 @@ fn run_one(
             granted.placement,
             &granted.inventory,
             cluster,
+            stop,
             args.supervised,
         );
     }
@@ -203,27 +209,26 @@ fn run_one(
         placement,
         &inventory,
         cluster,
+        stop,
         args.supervised,
     )
 }
 
-/// Runs the placed job to its end; the lease goes back as it ends.
+/// Runs the placed job to its end; the lease goes back as it ends. A `[train]` job stops with a
+/// checkpoint on `stop`'s signals.
+#[allow(clippy::too_many_arguments)]
 fn finish(
     job: &JobSpec,
     mut prepared: orch_runner::Prepared<'_>,
     placement: Placement,
     inventory: &orch_devices::Inventory,
     cluster: Option<orch_exec::Cluster>,
+    stop: Option<StopSignals>,
     supervised: bool,
 ) -> CmdResult {
-    let stop = match prepared {
-        orch_runner::Prepared::Train(_) => {
-            let stop = StopSignals::register(job)?;
-            prepared.stop_when(Arc::clone(&stop.requested));
-            Some(stop)
-        }
-        orch_runner::Prepared::Command(_) => None,
-    };
+    if let Some(stop) = &stop {
+        prepared.stop_when(Arc::clone(&stop.requested));
+    }
     let running = orch_runner::start(
         job,
         prepared,
