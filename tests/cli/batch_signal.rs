@@ -328,3 +328,74 @@ fn a_trainer_warned_before_its_time_limit_saves_and_says_how_to_go_on() {
     assert_eq!(s["exit_code"], 128 + libc::SIGUSR2, "{s}");
     assert!(step < 29 * 600, "stopped before the end: {step}");
 }
+
+/// On a one-GPU machine, tenant `b`'s preemptible `[train]` job (no periodic checkpoints) is
+/// preempted for tenant `a`: it gets its warning signal, saves at the end of its step, is queued
+/// again, and once `a`'s job is done resumes from that step to the parameters of a run never
+/// stopped.
+#[test]
+fn a_preempted_trainer_saves_on_its_signal_and_resumes_to_the_same_parameters() {
+    let mut d = Daemon::prepare("sigpreempt");
+    let sim = d.state.join("one-gpu.toml");
+    std::fs::write(
+        &sim,
+        "[[gpu]]\nname = \"Sim\"\nmemory_total = \"16GiB\"\nuuid = \"GPU-00000000-0000-4000-8000-000000000001\"\n",
+    )
+    .unwrap();
+    d.devices = Some(format!("sim:{}", sim.display()));
+    let config = d.state.join("serve.toml");
+    std::fs::write(
+        &config,
+        "[[tenant]]\nname = \"a\"\nusers = [\"{me}\"]\n[[tenant]]\nname = \"b\"\nusers = [\"{me}\"]\n"
+            .replace("{me}", &me()),
+    )
+    .unwrap();
+    d.config = Some(config);
+    d.restart();
+    let digits = root().join("examples/digits/data/digits.csv.gz");
+    let train = |dir: &Path, preemptible: bool| {
+        std::fs::create_dir_all(dir).unwrap();
+        job_file(
+            dir,
+            "train.toml",
+            &format!(
+                "[job]\nname = \"digits\"\ntenant = \"b\"\npreemptible = {preemptible}\nsignal = \"USR1@1h\"\n[resources]\nmemory_limit = \"256MiB\"\n[train]\nplugin = \"mlp\"\nepochs = 120\nbatch_size = 64\nseed = 3\n[train.config]\nhidden = \"32\"\nlr = 0.1\n[train.data]\nformat = \"csv\"\ntrain = \"{g}\"\ntest = \"{g}\"\nscale = 16\n",
+                g = digits.display()
+            ),
+        )
+    };
+    let work = d.state.join("preempted");
+    let job = d.submit(&[&train(&work, true)]);
+    d.wait_state(&job, "running");
+    let metrics = work.join("runs/digits/metrics.jsonl");
+    until(Duration::from_secs(60), "a few steps done", || {
+        read(&metrics).lines().count() >= 3
+    });
+    let small = d.submit(&["--tenant", "a", "--", "sleep", "0.5"]);
+    d.wait_state(&small, "running");
+    let s = d.status(&job);
+    assert_eq!(s["state"], "queued", "{s}");
+    let meta: serde_json::Value =
+        serde_json::from_str(&read(&work.join("runs/digits/checkpoint/state.json")))
+            .expect("a checkpoint written on the signal");
+    let step = meta["step"].as_u64().unwrap();
+    assert!(step >= 1 && step < 29 * 120, "saved at step {step}");
+    d.wait_state(&small, "succeeded");
+    let s = d.wait_state(&job, "succeeded");
+    assert_eq!(s["attempt"], 2, "{s}");
+    let logs = stdout(&d.client(&["logs", &job]));
+    assert!(
+        logs.contains(&format!("resuming after step {step}")),
+        "{logs}"
+    );
+
+    let whole = d.state.join("whole");
+    let out = d.client(&["run", &train(&whole, false)]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let params =
+        |dir: &Path| std::fs::read(dir.join("runs/digits/checkpoint/model.safetensors")).unwrap();
+    assert!(
+        params(&work) == params(&whole),
+        "the preempted run ends with the parameters of the run never stopped"
+    );
+}
