@@ -379,7 +379,7 @@ fn a_preempted_trainer_saves_on_its_signal_and_resumes_to_the_same_parameters() 
         serde_json::from_str(&read(&work.join("runs/digits/checkpoint/state.json")))
             .expect("a checkpoint written on the signal");
     let step = meta["step"].as_u64().unwrap();
-    assert!(step >= 1 && step < 29 * 120, "saved at step {step}");
+    assert!((1..29 * 120).contains(&step), "saved at step {step}");
     d.wait_state(&small, "succeeded");
     let s = d.wait_state(&job, "succeeded");
     assert_eq!(s["attempt"], 2, "{s}");
