@@ -399,3 +399,56 @@ fn a_preempted_trainer_saves_on_its_signal_and_resumes_to_the_same_parameters() 
         "the preempted run ends with the parameters of the run never stopped"
     );
 }
+
+/// `orch run` passes the job's warning signal on (from Slurm's `--signal=B:…`, or a `kill`)
+/// instead of dying of it: the job saves and exits, and orch exits with its status.
+#[test]
+fn orch_run_passes_the_jobs_warning_signal_on() {
+    let state = std::env::temp_dir().join(format!(
+        "orch-signal-run-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&state).unwrap();
+    let marker = state.join("saved");
+    let pid = state.join("pid");
+    let script = format!(
+        "trap 'touch {}; exit 0' USR1; echo $$ > {}; while :; do sleep 0.05; done",
+        marker.display(),
+        pid.display()
+    );
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_orch"))
+        .args([
+            "run", "--gpus", "1", "--signal", "USR1@1m", "--", "sh", "-c",
+        ])
+        .arg(&script)
+        .env("ORCH_DEVICES", lab_sim())
+        .env("ORCH_STATE_DIR", &state)
+        .env_remove("ORCH_SERVER")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    until(Duration::from_secs(20), "the job started", || {
+        alive(&read(&pid))
+    });
+    // SAFETY: kill(2) on the orch process this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
+    let give_up = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > give_up {
+            let _ = child.kill();
+            panic!("orch run did not end after the job's signal");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0), "orch exits with the job's status");
+    assert!(marker.exists(), "the job got SIGUSR1");
+    let _ = std::fs::remove_dir_all(&state);
+}

@@ -146,7 +146,10 @@ pub fn start(spec: &LaunchSpec, mut on_spawn: impl FnMut(u32)) -> Result<Launche
     let master_port = if spec.per_device { free_port()? } else { 0 };
     let groups: Arc<Mutex<BTreeSet<i32>>> = Arc::default();
     let forwarder = if spec.forward_signals {
-        Some(SignalForwarder::start(Arc::clone(&groups))?)
+        Some(SignalForwarder::start(
+            Arc::clone(&groups),
+            spec.warning_signal,
+        )?)
     } else {
         None
     };
@@ -429,9 +432,13 @@ struct SignalForwarder {
 }
 
 impl SignalForwarder {
-    fn start(groups: Arc<Mutex<BTreeSet<i32>>>) -> Result<SignalForwarder, ExecError> {
-        let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP])
-            .map_err(|e| ExecError::Signals(e.to_string()))?;
+    fn start(
+        groups: Arc<Mutex<BTreeSet<i32>>>,
+        warning: Option<i32>,
+    ) -> Result<SignalForwarder, ExecError> {
+        let mut forwarded = vec![SIGINT, SIGTERM, SIGHUP];
+        forwarded.extend(warning.filter(|w| !forwarded.contains(w)));
+        let mut signals = Signals::new(forwarded).map_err(|e| ExecError::Signals(e.to_string()))?;
         let handle = signals.handle();
         let last = Arc::new(AtomicI32::new(0));
         let seen = Arc::clone(&last);

@@ -78,6 +78,7 @@ pub(crate) fn launch_spec(
         cgroup: confinement.cgroup,
         devices: confinement.devices,
         forward_signals: options.forward_signals,
+        warning_signal: job.stopping.signal.map(|s| s.number),
     }
 }
 

@@ -24,6 +24,7 @@ fn spec(script: &str, devices: usize, per_device: bool) -> LaunchSpec {
         cgroup: None,
         devices: None,
         forward_signals: true,
+        warning_signal: None,
     }
 }
 
@@ -175,7 +176,7 @@ fn a_signal_forwarded_while_a_process_starts_reaches_it_when_it_joins() {
     // The forwarder passed SIGTERM on (to no group yet) while the job's process was spawning:
     // the process gets it as it joins the job's groups instead of running on unsignalled.
     let groups: Arc<Mutex<BTreeSet<i32>>> = Arc::default();
-    let forwarder = SignalForwarder::start(Arc::clone(&groups)).unwrap();
+    let forwarder = SignalForwarder::start(Arc::clone(&groups), None).unwrap();
     forwarder.last.store(libc::SIGTERM, Ordering::SeqCst);
     let mut child = Command::new("sleep")
         .arg("30")
