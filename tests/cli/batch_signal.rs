@@ -452,3 +452,74 @@ fn orch_run_passes_the_jobs_warning_signal_on() {
     assert!(marker.exists(), "the job got SIGUSR1");
     let _ = std::fs::remove_dir_all(&state);
 }
+
+/// `orch run` of a `[train]` job, without a daemon: SIGTERM makes it save at the end of its step
+/// and exit 143 with the sentence of how to go on; `orch run --resume` then ends where a run
+/// never stopped ends.
+#[test]
+fn orch_run_of_a_trainer_saves_on_sigterm_and_resume_goes_on() {
+    let state = std::env::temp_dir().join(format!(
+        "orch-signal-train-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    let digits = root().join("examples/digits/data/digits.csv.gz");
+    let train = |dir: &Path| {
+        std::fs::create_dir_all(dir).unwrap();
+        job_file(
+            dir,
+            "train.toml",
+            &format!(
+                "[job]\nname = \"digits\"\n[resources]\ngpus = 2\nmemory_limit = \"256MiB\"\n[train]\nplugin = \"mlp\"\nepochs = 120\nbatch_size = 64\nseed = 3\n[train.config]\nhidden = \"32\"\nlr = 0.1\n[train.data]\nformat = \"csv\"\ntrain = \"{g}\"\ntest = \"{g}\"\nscale = 16\n",
+                g = digits.display()
+            ),
+        )
+    };
+    let sim = lab_sim();
+    let state_s = state.display().to_string();
+    let env = [("ORCH_DEVICES", sim.as_str()), ("ORCH_STATE_DIR", &state_s)];
+    let work = state.join("stopped");
+    let file = train(&work);
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_orch"))
+        .args(["run", &file])
+        .envs(env)
+        .env_remove("ORCH_SERVER")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let metrics = work.join("runs/digits/metrics.jsonl");
+    until(Duration::from_secs(60), "a few steps done", || {
+        read(&metrics).lines().count() >= 3
+    });
+    // SAFETY: kill(2) on the orch process this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(128 + libc::SIGTERM), "{err}");
+    let meta: serde_json::Value =
+        serde_json::from_str(&read(&work.join("runs/digits/checkpoint/state.json"))).unwrap();
+    let step = meta["step"].as_u64().unwrap();
+    assert!(
+        err.contains(&format!(
+            "job digits stopped on SIGTERM after step {step}, with its checkpoint in {}: `orch run --resume {file}` goes on from it",
+            work.join("runs/digits").display()
+        )),
+        "{err}"
+    );
+    let out = orch(&["run", "--resume", &file], &env);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let whole = state.join("whole");
+    let out = orch(&["run", &train(&whole)], &env);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let params =
+        |dir: &Path| std::fs::read(dir.join("runs/digits/checkpoint/model.safetensors")).unwrap();
+    assert!(
+        params(&work) == params(&whole),
+        "stopped on SIGTERM and resumed, the run ends with the parameters of the run never stopped"
+    );
+    let _ = std::fs::remove_dir_all(&state);
+}

@@ -124,10 +124,12 @@ fn run_one(
         .wait
         .then(|| Instant::now() + timeout.unwrap_or(Duration::MAX / 4));
     let nested = args.supervised || std::env::var_os("ORCH_JOB_ID").is_some();
-    // Before the trainer loads: a stop asked for meanwhile still ends in a checkpoint.
+    // A daemon's [train] job: before the trainer loads, so that a stop asked for meanwhile still
+    // ends in a checkpoint. Elsewhere once the devices are held: a signal that comes while
+    // `--wait` waits ends orch at once, as before.
     let stop = match job.work {
-        job::Work::Train(_) => Some(StopSignals::register(&job)?),
-        job::Work::Command(_) => None,
+        job::Work::Train(_) if args.supervised => Some(StopSignals::register(&job)?),
+        _ => None,
     };
     if let Some(daemon) = authority {
         let text = lease_text(args, &job)?;
@@ -226,6 +228,11 @@ fn finish(
     stop: Option<StopSignals>,
     supervised: bool,
 ) -> CmdResult {
+    let stop = match (stop, &prepared) {
+        (Some(stop), _) => Some(stop),
+        (None, orch_runner::Prepared::Train(_)) => Some(StopSignals::register(job)?),
+        (None, orch_runner::Prepared::Command(_)) => None,
+    };
     if let Some(stop) = &stop {
         prepared.stop_when(Arc::clone(&stop.requested));
     }
