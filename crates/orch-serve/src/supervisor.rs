@@ -291,11 +291,18 @@ fn stop_when_due(
         std::thread::spawn(move || {
             std::thread::sleep(w.after_start(limit));
             if !warned.swap(true, Ordering::SeqCst) {
-                note!(
-                    "orch supervisor: {} before the time limit: sending the job {}",
-                    humantime::format_duration(w.before),
-                    w.name()
-                );
+                let before = humantime::format_duration(w.before);
+                if w.before >= limit {
+                    note!(
+                        "orch supervisor: the time limit is no longer than {before}: sending the job {} at its start",
+                        w.name()
+                    );
+                } else {
+                    note!(
+                        "orch supervisor: {before} before the time limit: sending the job {}",
+                        w.name()
+                    );
+                }
                 stopper.signal(w.number);
             }
         });
