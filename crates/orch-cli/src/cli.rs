@@ -373,6 +373,13 @@ pub struct QuickArgs {
     /// Quick form: one process per device, with torchrun variables.
     #[arg(long)]
     pub per_device: bool,
+    /// Quick form: a warning signal that long before the time limit, and at a cancel or a
+    /// preemption (`USR1@300s`; `[job] signal`).
+    #[arg(long, value_name = "SIG@DURATION")]
+    pub signal: Option<String>,
+    /// Quick form: from the stop signal to SIGKILL (`60s`; `[job] grace`; default 10s).
+    #[arg(long, value_name = "DURATION")]
+    pub grace: Option<String>,
 }
 
 /// The quick form's flags, which a job file excludes.
@@ -385,6 +392,8 @@ pub const QUICK_FLAGS: &[&str] = &[
     "exclusive",
     "shared",
     "per_device",
+    "signal",
+    "grace",
 ];
 
 #[derive(Debug, clap::Args)]

@@ -33,6 +33,9 @@ pub struct JobSpec {
     pub preemptible: bool,
     /// `[job] tags`: free words a queue policy may act on ("paper-deadline").
     pub tags: Vec<String>,
+    /// `[job] signal` and `[job] grace`: the warning before the time limit, and the time from the
+    /// stop signal to SIGKILL.
+    pub stopping: Stopping,
     pub resources: Resources,
     /// `[slurm]`: `sbatch` options for `orch submit --slurm`.
     pub slurm: SlurmSpec,
@@ -400,6 +403,8 @@ struct RawJobTable {
     preemptible: bool,
     #[serde(default)]
     tags: Vec<String>,
+    signal: Option<Spanned<String>>,
+    grace: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -531,6 +536,7 @@ impl Checker<'_> {
                 .with_hint("give a positive duration such as \"90m\", \"12h\" or \"3d\"")
             })?),
         };
+        let stopping = self.stopping(&raw.job.signal, &raw.job.grace)?;
         Ok(JobSpec {
             path: self.path.to_path_buf(),
             dir: self.dir(),
@@ -541,12 +547,42 @@ impl Checker<'_> {
             requeue: raw.job.requeue,
             preemptible: raw.job.preemptible,
             tags: raw.job.tags,
+            stopping,
             resources,
             slurm,
             sweep,
             policy: self.policy(raw.policy)?,
             work,
         })
+    }
+
+    /// `[job] signal` and `[job] grace`.
+    fn stopping(
+        &self,
+        signal: &Option<Spanned<String>>,
+        grace: &Option<Spanned<String>>,
+    ) -> Result<Stopping, InputError> {
+        let signal = match signal {
+            None => None,
+            Some(text) => Some(stopping::parse_signal(text.get_ref()).map_err(|why| {
+                self.at(text.span(), format!("signal = {why}")).with_hint(
+                    "signal = \"USR1@300s\" sends SIGUSR1 300 s before the job's max_runtime (and at a cancel or a preemption)",
+                )
+            })?),
+        };
+        let grace = match grace {
+            None => None,
+            Some(text) => Some(crate::duration::parse(text.get_ref()).ok_or_else(|| {
+                self.at(
+                    text.span(),
+                    format!("grace = \"{}\" is not a duration", text.get_ref()),
+                )
+                .with_hint(
+                    "give the time from the stop signal to SIGKILL, such as \"60s\" or \"5m\"",
+                )
+            })?),
+        };
+        Ok(Stopping { signal, grace })
     }
 
     fn resources(&self, raw: Option<Spanned<RawResources>>) -> Result<Resources, InputError> {
@@ -1048,6 +1084,9 @@ impl Checker<'_> {
         })
     }
 }
+
+mod stopping;
+pub use stopping::{DEFAULT_GRACE, Stopping, WarningSignal, parse_signal, signal_name};
 
 #[cfg(test)]
 mod tests;

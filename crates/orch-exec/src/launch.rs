@@ -111,14 +111,28 @@ pub struct Stopper(mpsc::Sender<Event>);
 
 impl Stopper {
     pub fn stop(&self, reason: impl Into<String>) {
-        let _ = self.0.send(Event::Stop(reason.into()));
+        self.stop_with(reason, libc::SIGTERM);
+    }
+
+    /// Stops the job with `signal` instead of SIGTERM (a job's warning signal at a cancel),
+    /// SIGKILL after the grace period.
+    pub fn stop_with(&self, reason: impl Into<String>, signal: i32) {
+        let _ = self.0.send(Event::Stop(reason.into(), signal));
+    }
+
+    /// Sends `signal` to every process group of the job and lets it run on (a warning before
+    /// its time limit).
+    pub fn signal(&self, signal: i32) {
+        let _ = self.0.send(Event::Signal(signal));
     }
 }
 
 #[derive(Debug)]
 enum Event {
     Exited(usize, ExitOutcome),
-    Stop(String),
+    /// Stop with this reason, by this signal first.
+    Stop(String, i32),
+    Signal(i32),
 }
 
 /// Starts the job's processes and returns at once.
@@ -132,7 +146,10 @@ pub fn start(spec: &LaunchSpec, mut on_spawn: impl FnMut(u32)) -> Result<Launche
     let master_port = if spec.per_device { free_port()? } else { 0 };
     let groups: Arc<Mutex<BTreeSet<i32>>> = Arc::default();
     let forwarder = if spec.forward_signals {
-        Some(SignalForwarder::start(Arc::clone(&groups))?)
+        Some(SignalForwarder::start(
+            Arc::clone(&groups),
+            spec.warning_signal,
+        )?)
     } else {
         None
     };
@@ -244,9 +261,9 @@ fn supervise(
     let mut kill_at: Option<Instant> = None;
     let mut remaining = count;
     let mut next_check = monitor.as_ref().map(|m| Instant::now() + m.interval);
-    let stop = |failure: &mut Option<ExitOutcome>, outcome: ExitOutcome| {
+    let stop = |failure: &mut Option<ExitOutcome>, outcome: ExitOutcome, signal: i32| {
         failure.get_or_insert(outcome);
-        stop_all(groups, libc::SIGTERM);
+        stop_all(groups, signal);
     };
     while remaining > 0 {
         let wake = [kill_at, next_check].into_iter().flatten().min();
@@ -263,7 +280,11 @@ fn supervise(
             let roots: Vec<u32> = lock(groups).iter().map(|&g| g as u32).collect();
             if let Verdict::Stop(reason) = (m.check)(&crate::watch::descendants(&roots)) {
                 tracing::warn!("stopping the job: {reason}");
-                stop(&mut first_failure, ExitOutcome::Stopped(reason));
+                stop(
+                    &mut first_failure,
+                    ExitOutcome::Stopped(reason),
+                    libc::SIGTERM,
+                );
                 kill_at = kill_at.or(Some(Instant::now() + grace));
                 next_check = None;
             }
@@ -279,13 +300,17 @@ fn supervise(
                         );
                         kill_at = Some(Instant::now() + grace);
                     }
-                    stop(&mut first_failure, outcome);
+                    stop(&mut first_failure, outcome, libc::SIGTERM);
                 }
             }
-            Ok(Event::Stop(reason)) => {
+            Ok(Event::Stop(reason, signal)) => {
                 tracing::info!("stopping the job: {reason}");
-                stop(&mut first_failure, ExitOutcome::Stopped(reason));
+                stop(&mut first_failure, ExitOutcome::Stopped(reason), signal);
                 kill_at = kill_at.or(Some(Instant::now() + grace));
+            }
+            Ok(Event::Signal(signal)) => {
+                tracing::info!("sending the job signal {signal}");
+                stop_all(groups, signal);
             }
             Err(mpsc::RecvTimeoutError::Timeout)
                 if kill_at.is_some_and(|at| Instant::now() >= at) =>
@@ -407,9 +432,13 @@ struct SignalForwarder {
 }
 
 impl SignalForwarder {
-    fn start(groups: Arc<Mutex<BTreeSet<i32>>>) -> Result<SignalForwarder, ExecError> {
-        let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP])
-            .map_err(|e| ExecError::Signals(e.to_string()))?;
+    fn start(
+        groups: Arc<Mutex<BTreeSet<i32>>>,
+        warning: Option<i32>,
+    ) -> Result<SignalForwarder, ExecError> {
+        let mut forwarded = vec![SIGINT, SIGTERM, SIGHUP];
+        forwarded.extend(warning.filter(|w| !forwarded.contains(w)));
+        let mut signals = Signals::new(forwarded).map_err(|e| ExecError::Signals(e.to_string()))?;
         let handle = signals.handle();
         let last = Arc::new(AtomicI32::new(0));
         let seen = Arc::clone(&last);

@@ -30,6 +30,9 @@ pub struct LaunchSpec {
     pub devices: Option<crate::devices::DeviceJoin>,
     /// Forward SIGINT, SIGTERM and SIGHUP that reach this process to the job (`orch run`).
     pub forward_signals: bool,
+    /// With `forward_signals`, this signal too (the job's `[job] signal`): a warning that
+    /// reaches `orch run` (from Slurm, from a `kill`) reaches the job instead of ending orch.
+    pub warning_signal: Option<i32>,
 }
 
 /// Where a job's processes read and write.

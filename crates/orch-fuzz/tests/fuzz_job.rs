@@ -30,6 +30,8 @@ priority = -3
 max_runtime = "12h"
 requeue = true
 preemptible = true
+signal = "USR1@5m"
+grace = "60s"
 
 [resources]
 gpus = 2
@@ -78,6 +80,8 @@ const SCHEMA: &[(&[&str], &[&str])] = &[
             "max_runtime",
             "requeue",
             "preemptible",
+            "signal",
+            "grace",
         ],
     ),
     (

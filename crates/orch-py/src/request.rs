@@ -108,6 +108,7 @@ impl Request {
             requeue: false,
             preemptible: false,
             tags: Vec::new(),
+            stopping: Default::default(),
             slurm: Default::default(),
             sweep: Default::default(),
             resources: Resources {

@@ -12,8 +12,9 @@ use orch_exec::{
 use orch_leases::Lease;
 use std::time::Duration;
 
-/// Between SIGTERM and SIGKILL when a job's processes are stopped.
-pub const GRACE: Duration = Duration::from_secs(10);
+/// Between SIGTERM and SIGKILL when a job's processes are stopped, unless the job sets its own
+/// (`[job] grace`).
+pub const GRACE: Duration = orch_core::job::DEFAULT_GRACE;
 
 /// How the job's processes run, beyond what the job file says.
 #[derive(Debug, Clone)]
@@ -77,6 +78,7 @@ pub(crate) fn launch_spec(
         cgroup: confinement.cgroup,
         devices: confinement.devices,
         forward_signals: options.forward_signals,
+        warning_signal: job.stopping.signal.map(|s| s.number),
     }
 }
 

@@ -20,6 +20,17 @@ pub enum Prepared<'a> {
     Train(Box<orch_trainer::Prepared<'a>>),
 }
 
+impl Prepared<'_> {
+    /// A `[train]` job stops at the end of the step in which `flag` is set, with a checkpoint
+    /// (`orch run` sets it on SIGTERM and the job's warning signal); a command job has its
+    /// signals itself.
+    pub fn stop_when(&mut self, flag: std::sync::Arc<std::sync::atomic::AtomicBool>) {
+        if let Prepared::Train(prepared) = self {
+            prepared.stop_when(flag);
+        }
+    }
+}
+
 /// Reads what the job needs before any device is leased: a trainer is read, compiled and
 /// checked and its data loaded, so bad input fails at once and leased devices never wait. A
 /// trainer's progress events go to `progress`.

@@ -12,10 +12,13 @@ use crate::core::folders::{
     CANCELLED, ExitRecord, Fence, IDLE, IDLE_SIGNAL, PREEMPT_SIGNAL, PREEMPTED, SuperviseSpec,
     TIME_LIMIT, take_fence, write_exit,
 };
+use orch_core::job;
 use orch_exec::{Credentials, ExitOutcome, StdioMode};
 use orch_leases::Holder;
 use orch_runner::{LeaseGuard, Outcome, Placement, ProcessOptions};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// A line in the supervisor's log (its stderr, `supervisor.log`). Never a panic: on a full disk
@@ -189,6 +192,15 @@ fn run(
         Ok(p) => p,
         Err(e) => return (failed(e.to_string()), None),
     };
+    if let Some(asked) = job.stopping.grace
+        && asked.as_secs_f64() > spec.grace_s
+    {
+        note!(
+            "orch supervisor: the job asks for grace = \"{}\", over max_grace: it gets {} s",
+            humantime::format_duration(asked),
+            spec.grace_s
+        );
+    }
     let id = &sub.identity;
     let options = ProcessOptions {
         stdio: StdioMode::Files {
@@ -219,21 +231,12 @@ fn run(
         Err(e) => return (failed(e.to_string()), None),
     };
     if let Some(stopper) = running.stopper() {
-        if let Some(mut signals) = signals {
-            let stopper = stopper.clone();
-            std::thread::spawn(move || match signals.forever().next() {
-                Some(PREEMPT_SIGNAL) => stopper.stop(PREEMPTED),
-                Some(IDLE_SIGNAL) => stopper.stop(IDLE),
-                Some(_) => stopper.stop(CANCELLED),
-                None => {}
-            });
-        }
-        if let Some(limit) = spec.max_runtime_s {
-            std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_secs_f64(limit));
-                stopper.stop(TIME_LIMIT);
-            });
-        }
+        stop_when_due(
+            stopper,
+            signals,
+            job.stopping.signal,
+            spec.max_runtime_s.map(Duration::from_secs_f64),
+        );
     }
     let (outcome, lease) = running.wait_holding_lease();
     let mut record = match outcome {
@@ -248,6 +251,73 @@ fn run(
         }
     }
     (record, Some(lease))
+}
+
+/// Stops the job when it is due: at a cancel, a preemption or an idle reclaim (the daemon's
+/// signal to this process), and at its time limit; sends its warning signal before that limit.
+///
+/// The warning signal (`[job] signal`) goes once: `before` its time limit, or, when a cancel or
+/// a preemption comes first, as the stop signal then, so a job that saves on it saves before it
+/// is stopped. Every other stop signal is SIGTERM; SIGKILL follows after the grace period.
+fn stop_when_due(
+    stopper: orch_exec::Stopper,
+    signals: Option<signal_hook::iterator::Signals>,
+    warning: Option<job::WarningSignal>,
+    limit: Option<Duration>,
+) {
+    let warned = Arc::new(AtomicBool::new(false));
+    // The signal that stops the job now: its warning signal when it has not had it yet.
+    let stop_signal = {
+        let warned = Arc::clone(&warned);
+        move || match warning {
+            Some(w) if !warned.swap(true, Ordering::SeqCst) => w.number,
+            _ => libc::SIGTERM,
+        }
+    };
+    if let Some(mut signals) = signals {
+        let stopper = stopper.clone();
+        let stop_signal = stop_signal.clone();
+        std::thread::spawn(move || {
+            let reason = match signals.forever().next() {
+                Some(PREEMPT_SIGNAL) => PREEMPTED,
+                Some(IDLE_SIGNAL) => IDLE,
+                Some(_) => CANCELLED,
+                None => return,
+            };
+            let signal = stop_signal();
+            note!("orch supervisor: stopping the job ({reason}) with signal {signal}");
+            stopper.stop_with(reason, signal);
+        });
+    }
+    let Some(limit) = limit else {
+        return;
+    };
+    if let Some(w) = warning {
+        let stopper = stopper.clone();
+        let warned = Arc::clone(&warned);
+        std::thread::spawn(move || {
+            std::thread::sleep(w.after_start(limit));
+            if !warned.swap(true, Ordering::SeqCst) {
+                let before = humantime::format_duration(w.before);
+                if w.before >= limit {
+                    note!(
+                        "orch supervisor: the time limit is no longer than {before}: sending the job {} at its start",
+                        w.name()
+                    );
+                } else {
+                    note!(
+                        "orch supervisor: {before} before the time limit: sending the job {}",
+                        w.name()
+                    );
+                }
+                stopper.signal(w.number);
+            }
+        });
+    }
+    std::thread::spawn(move || {
+        std::thread::sleep(limit);
+        stopper.stop(TIME_LIMIT);
+    });
 }
 
 /// Most bytes of a trainer's error sentence taken as a job's reason.

@@ -94,6 +94,15 @@ pub fn batch_script(input: &ScriptInput<'_>) -> String {
     if let Some(runtime) = job.max_runtime {
         let _ = writeln!(s, "#SBATCH --time={}", minutes(runtime));
     }
+    // The warning goes to the batch shell (`B:`), which passes it on to orch, which passes it on
+    // to the job (a [train] job saves on it); Slurm counts the offset in seconds, at most 65535.
+    let warning = job.stopping.signal.and_then(|w| {
+        let name = orch_core::job::signal_name(w.number)?;
+        Some((name, w.before.as_secs().clamp(1, 65535)))
+    });
+    if let Some((name, seconds)) = warning {
+        let _ = writeln!(s, "#SBATCH --signal=B:{name}@{seconds}");
+    }
     let _ = writeln!(s, "#SBATCH --output={logs_directive}/{name}-{pattern}.out");
     let _ = writeln!(s, "#SBATCH --error={logs_directive}/{name}-{pattern}.err");
     if array {
@@ -126,6 +135,9 @@ pub fn batch_script(input: &ScriptInput<'_>) -> String {
     // a script that ended at once would leave orch to Slurm's SIGKILL and the job's processes
     // running on, holding their devices.
     let _ = writeln!(s, "trap 'kill -TERM \"$child\" 2>/dev/null' TERM INT");
+    if let Some((name, _)) = warning.filter(|(name, _)| !matches!(*name, "TERM" | "INT")) {
+        let _ = writeln!(s, "trap 'kill -{name} \"$child\" 2>/dev/null' {name}");
+    }
     if job.resources.nodes > 1 {
         // One `orch run` per node; each launches its node's processes with torchrun's variables.
         let _ = writeln!(
@@ -189,6 +201,26 @@ mod tests {
             assert!(s.lines().any(|l| l == line), "{line} in\n{s}");
         }
         assert!(!s.contains("srun") && !s.contains("--array"));
+    }
+
+    #[test]
+    fn a_warning_signal_goes_to_the_batch_shell_which_passes_it_on() {
+        let s = script(
+            "[job]\nname = \"w\"\nmax_runtime = \"1h\"\nsignal = \"SIGUSR1@5m\"\n[command]\nargv = [\"true\"]\n",
+        );
+        for line in [
+            "#SBATCH --signal=B:USR1@300",
+            "trap 'kill -USR1 \"$child\" 2>/dev/null' USR1",
+        ] {
+            assert!(s.lines().any(|l| l == line), "{line} in\n{s}");
+        }
+        let term =
+            script("[job]\nname = \"w\"\nsignal = \"TERM@1m\"\n[command]\nargv = [\"true\"]\n");
+        assert!(term.contains("#SBATCH --signal=B:TERM@60\n"), "{term}");
+        assert!(
+            !term.contains("' TERM\n"),
+            "TERM is passed on already: {term}"
+        );
     }
 
     #[test]

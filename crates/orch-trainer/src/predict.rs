@@ -175,6 +175,7 @@ impl Model {
             grads: Collective::new(1),
             broadcast: Collective::new(1),
             checkpoints: Collective::new(1),
+            stops: Collective::new(1),
         });
         let state = ReplicaState::new(PluginState::new(&plugin, &limits), Arc::clone(&shared), 0);
         let mut store = Store::new(engine, state);

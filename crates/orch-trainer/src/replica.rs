@@ -41,6 +41,8 @@ pub(crate) struct Plan {
     pub out: std::path::PathBuf,
     /// Stop (with a checkpoint) once this many steps are done: a simulated interruption.
     pub stop_after: Option<u64>,
+    /// Stop (with a checkpoint) at the end of the step in which this is set (a signal).
+    pub stop_when: Option<Arc<std::sync::atomic::AtomicBool>>,
     pub eval_batch: usize,
     /// `[train] eval_every`: evaluate every this many steps (and at the end) instead of at the
     /// end of every epoch.
@@ -228,7 +230,7 @@ impl Replica<'_> {
             if evaluate || epoch_end {
                 self.evaluate(store, trainer, epoch, done, evaluate, epoch_end)?;
             }
-            let stop = plan.stop_after == Some(done);
+            let stop = plan.stop_after == Some(done) || (!last && self.stop_requested(stage)?);
             if last || stop || self.checkpoint_due(done) {
                 let (next_epoch, next_batch) = schedule.position(done);
                 self.snapshot(store.data(), done, next_epoch, next_batch, stage)?;
@@ -238,6 +240,30 @@ impl Replica<'_> {
             }
         }
         Ok(false)
+    }
+
+    /// Whether the run stops after this step on a request ([`Plan::stop_when`]): with several
+    /// replicas, whether any of them has seen it by now, agreed at a rendezvous so that all stop
+    /// at the same step (a signal lands between two replicas' reads).
+    fn stop_requested(&self, stage: Stage) -> Result<bool, TrainError> {
+        let Some(flag) = &self.plan.stop_when else {
+            return Ok(false);
+        };
+        let seen = flag.load(std::sync::atomic::Ordering::Acquire);
+        if self.shared.replicas < 2 {
+            return Ok(seen);
+        }
+        self.shared
+            .stops
+            .exchange(self.rank, seen, self.shared.exchange_timeout, |seen| {
+                seen.into_iter().any(|s| s)
+            })
+            .map(|any| *any)
+            .map_err(|reason| TrainError::Stopped {
+                plugin: self.plan.plugin.clone(),
+                stage,
+                reason,
+            })
     }
 
     fn checkpoint_due(&self, step: u64) -> bool {

@@ -21,6 +21,7 @@ use orch_tensor::{Device, MemoryPool};
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use wasmtime::Engine;
 use wasmtime::component::{Component, Linker};
 
@@ -74,6 +75,9 @@ pub struct RunOptions {
     pub max_graph_nodes: usize,
     /// Stop after this many steps, with a checkpoint (a deliberate interruption, for tests).
     pub stop_after: Option<u64>,
+    /// Once this is set (by a signal's handler: the job's warning signal, SIGTERM), stop at the
+    /// end of the current step with a checkpoint; every replica stops at the same step.
+    pub stop_when: Option<Arc<AtomicBool>>,
     /// Compiled-component cache (`None`: [`default_cache_dir`]).
     pub cache_dir: Option<PathBuf>,
 }
@@ -86,6 +90,7 @@ impl Default for RunOptions {
             max_tensors: 4096,
             max_graph_nodes: DEFAULT_MAX_GRAPH_NODES,
             stop_after: None,
+            stop_when: None,
             cache_dir: None,
         }
     }
@@ -169,6 +174,12 @@ impl<'a> Prepared<'a> {
             engine,
             pre,
         })
+    }
+
+    /// Stops the run at the end of the step in which `flag` is set, with a checkpoint
+    /// ([`RunOptions::stop_when`]).
+    pub fn stop_when(&mut self, flag: Arc<AtomicBool>) {
+        self.options.stop_when = Some(flag);
     }
 
     /// Runs the job on `devices`, to its end or its failure.
@@ -266,6 +277,7 @@ impl<'a> Prepared<'a> {
             grads: Collective::new(replicas),
             broadcast: Collective::new(replicas),
             checkpoints: Collective::new(replicas),
+            stops: Collective::new(replicas),
         });
         let plan = Plan {
             plugin: plugin.clone(),
@@ -275,6 +287,7 @@ impl<'a> Prepared<'a> {
             checkpoint_every: spec.checkpoint_every,
             out: spec.out.clone(),
             stop_after: options.stop_after,
+            stop_when: options.stop_when.clone(),
             // Text is scored on windows of the training batch's size, as nanoGPT's estimate
             // does; a table on larger batches (fewer calls, the same mean).
             eval_batch: eval_batch_size(spec.batch_size, shared.data.train.is_text()),

@@ -37,6 +37,27 @@ pub fn job(command: &str, args: &QuickArgs, argv: &[String]) -> Result<JobSpec, 
             "--max-utilization is a percent from 0 to 100, found {u}"
         )));
     }
+    let stopping = orch_core::job::Stopping {
+        signal: args
+            .signal
+            .as_deref()
+            .map(|t| {
+                orch_core::job::parse_signal(t)
+                    .map_err(|why| Failure::bad_input_msg(format!("--signal: {why}")))
+            })
+            .transpose()?,
+        grace: args
+            .grace
+            .as_deref()
+            .map(|t| {
+                orch_core::duration::parse(t).ok_or_else(|| {
+                    Failure::bad_input_msg(format!(
+                        "--grace: \"{t}\" is not a duration: give the time from the stop signal to SIGKILL, such as 60s"
+                    ))
+                })
+            })
+            .transpose()?,
+    };
     let gpus = args.gpus.unwrap_or(1);
     if gpus == 0 {
         return Err(Failure::bad_input_msg("--gpus must be at least 1"));
@@ -57,6 +78,7 @@ pub fn job(command: &str, args: &QuickArgs, argv: &[String]) -> Result<JobSpec, 
         requeue: false,
         preemptible: false,
         tags: Vec::new(),
+        stopping,
         slurm: Default::default(),
         sweep: Default::default(),
         resources: Resources {
@@ -103,6 +125,13 @@ pub fn job_text(spec: &JobSpec) -> String {
     if let Some(limit) = spec.max_runtime {
         let limit = humantime::format_duration(limit).to_string();
         text.push_str(&format!("max_runtime = {}\n", quote(&limit)));
+    }
+    if let Some(signal) = &spec.stopping.signal {
+        text.push_str(&format!("signal = {}\n", quote(&signal.to_string())));
+    }
+    if let Some(grace) = spec.stopping.grace {
+        let grace = humantime::format_duration(grace).to_string();
+        text.push_str(&format!("grace = {}\n", quote(&grace)));
     }
     let r = &spec.resources;
     text.push_str(&format!("[resources]\ngpus = {}\n", r.gpus));
@@ -170,6 +199,7 @@ mod tests {
                 "plugins/pack.wasm",
             ][..],
             &["--exclusive", "--policy", "most-free-memory"][..],
+            &["--signal", "SIGUSR2@90s", "--grace", "1m 30s"][..],
         ] {
             let mut spec = job("submit", &quick(flags), &argv).unwrap();
             spec.tenant = Some("vision".into());
@@ -180,6 +210,7 @@ mod tests {
             assert_eq!(parsed.tenant, spec.tenant, "{text}");
             assert_eq!(parsed.policy.plugin, spec.policy.plugin, "{text}");
             assert_eq!(parsed.work, spec.work, "{text}");
+            assert_eq!(parsed.stopping, spec.stopping, "{text}");
             let (a, b) = (&parsed.resources, &spec.resources);
             assert_eq!(
                 (a.gpus, a.nodes, a.min_free_memory, a.max_utilization),
@@ -226,6 +257,11 @@ mod tests {
             message("submit", &["--gpus", "0"], &argv),
             "--gpus must be at least 1"
         );
+        assert!(
+            message("submit", &["--signal", "KILL@5s"], &argv)
+                .starts_with("--signal: SIGKILL cannot be a warning signal"),
+        );
+        assert!(message("run", &["--grace", "soon"], &argv).starts_with("--grace: \"soon\""));
         assert!(
             message("submit", &["--memory-limit", "lots"], &argv).starts_with("--memory-limit: "),
             "{}",

@@ -10,6 +10,8 @@ use orch_leases::default_state_dir;
 use orch_runner::{
     LeaseGuard, Machine, Outcome, PlaceError, Placement, ProcessOptions, RunError, placed_line,
 };
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// Where `--supervised` finds the job file's text.
@@ -122,6 +124,13 @@ fn run_one(
         .wait
         .then(|| Instant::now() + timeout.unwrap_or(Duration::MAX / 4));
     let nested = args.supervised || std::env::var_os("ORCH_JOB_ID").is_some();
+    // A daemon's [train] job: before the trainer loads, so that a stop asked for meanwhile still
+    // ends in a checkpoint. Elsewhere once the devices are held: a signal that comes while
+    // `--wait` waits ends orch at once, as before.
+    let stop = match job.work {
+        job::Work::Train(_) if args.supervised => Some(StopSignals::register(&job)?),
+        _ => None,
+    };
     if let Some(daemon) = authority {
         let text = lease_text(args, &job)?;
         let prepared = orch_runner::prepare(&job, args.resume, Some(crate::progress::sink()))
@@ -146,6 +155,8 @@ fn run_one(
             granted.placement,
             &granted.inventory,
             cluster,
+            stop,
+            args.supervised,
         );
     }
     // Before the inventory is read: the refusal names the daemon, whatever NVML says here.
@@ -158,7 +169,15 @@ fn run_one(
     let prepared = orch_runner::prepare(&job, args.resume, Some(crate::progress::sink()))
         .map_err(run_failure)?;
     let placement = place_here(&job, &inventory, deadline, args.supervised)?;
-    finish(&job, prepared, placement, &inventory, cluster)
+    finish(
+        &job,
+        prepared,
+        placement,
+        &inventory,
+        cluster,
+        stop,
+        args.supervised,
+    )
 }
 
 /// Places `job` on this machine's devices from the lease store, waiting for a fit until
@@ -210,16 +229,35 @@ pub(super) fn place_here(
     })
 }
 
-/// Runs the placed job to its end; the lease goes back as it ends.
+/// Runs the placed job to its end; the lease goes back as it ends. A `[train]` job stops with a
+/// checkpoint on `stop`'s signals.
+#[allow(clippy::too_many_arguments)]
 fn finish(
     job: &JobSpec,
-    prepared: orch_runner::Prepared<'_>,
+    mut prepared: orch_runner::Prepared<'_>,
     placement: Placement,
     inventory: &orch_devices::Inventory,
     cluster: Option<orch_exec::Cluster>,
+    stop: Option<StopSignals>,
+    supervised: bool,
 ) -> CmdResult {
+    let stop = match (stop, &prepared) {
+        (Some(stop), _) => Some(stop),
+        (None, orch_runner::Prepared::Train(_)) => Some(StopSignals::register(job)?),
+        (None, orch_runner::Prepared::Command(_)) => None,
+    };
+    if let Some(stop) = &stop {
+        prepared.stop_when(Arc::clone(&stop.requested));
+    }
     let running = start_job(job, prepared, placement, inventory, cluster)?;
-    conclude(job, running.wait())
+    let ended = running.wait();
+    if let Ok(Outcome::Train(summary)) = &ended
+        && summary.stopped_early
+        && let Some(signal) = stop.and_then(|s| s.received())
+    {
+        return Err(stopped_on(job, summary, signal, supervised));
+    }
+    conclude(job, ended)
 }
 
 /// Starts the placed job in this terminal, with its devices' environment.
@@ -237,6 +275,7 @@ pub(super) fn start_job<'a>(
         inventory,
         &ProcessOptions {
             cluster,
+            grace: job.stopping.grace_or_default(),
             ..ProcessOptions::default()
         },
     )
@@ -251,6 +290,75 @@ pub(super) fn conclude(job: &JobSpec, ended: Result<Outcome, RunError>) -> CmdRe
             error: anyhow::anyhow!("job {} ended with {outcome}", job.name),
         }),
         _ => Ok(()),
+    }
+}
+
+/// A `[train]` job's stop request: SIGTERM or the job's warning signal (`[job] signal`) makes
+/// the trainer stop at the end of its current step with a checkpoint; the same signal again
+/// ends the process at once.
+struct StopSignals {
+    requested: Arc<AtomicBool>,
+    /// The signal that came first (0: none yet).
+    which: Arc<AtomicUsize>,
+}
+
+impl StopSignals {
+    fn register(job: &JobSpec) -> Result<StopSignals, Failure> {
+        let stop = StopSignals {
+            requested: Arc::new(AtomicBool::new(false)),
+            which: Arc::new(AtomicUsize::new(0)),
+        };
+        let mut signals = vec![libc::SIGTERM];
+        signals.extend(job.stopping.signal.map(|s| s.number));
+        signals.dedup();
+        for signal in signals {
+            let registered = signal_hook::flag::register_conditional_default(
+                signal,
+                Arc::clone(&stop.requested),
+            )
+            .and_then(|_| {
+                signal_hook::flag::register_usize(signal, Arc::clone(&stop.which), signal as usize)
+            })
+            .and_then(|_| signal_hook::flag::register(signal, Arc::clone(&stop.requested)));
+            registered
+                .map_err(|e| Failure::failed_msg(format!("cannot handle signal {signal}: {e}")))?;
+        }
+        Ok(stop)
+    }
+
+    fn received(&self) -> Option<i32> {
+        if !self.requested.load(Ordering::Acquire) {
+            return None;
+        }
+        i32::try_from(self.which.load(Ordering::Acquire))
+            .ok()
+            .filter(|&s| s > 0)
+    }
+}
+
+/// A `[train]` run stopped on `signal` with its checkpoint: exit status 128 + N, as a process
+/// that signal ended, and the sentence of how to go on.
+fn stopped_on(
+    job: &JobSpec,
+    summary: &orch_trainer::Summary,
+    signal: i32,
+    supervised: bool,
+) -> Failure {
+    let name = orch_core::job::signal_name(signal)
+        .map_or_else(|| format!("signal {signal}"), |n| format!("SIG{n}"));
+    let again = if supervised {
+        "submitted again, the job goes on from it".to_string()
+    } else {
+        format!("`orch run --resume {}` goes on from it", job.path.display())
+    };
+    Failure {
+        code: u8::try_from(128 + signal).unwrap_or(1),
+        error: anyhow::anyhow!(
+            "job {} stopped on {name} after step {}, with its checkpoint in {}: {again}",
+            job.name,
+            summary.steps,
+            summary.out.display()
+        ),
     }
 }
 

@@ -632,3 +632,44 @@ fn a_job_name_is_printable_and_at_most_128_characters() {
         assert!(parse_str(&text).is_ok(), "{name}");
     }
 }
+
+#[test]
+fn reads_a_warning_signal_and_a_grace_period() {
+    let job = parse_str(
+        "[job]\nname = \"j\"\nmax_runtime = \"1h\"\nsignal = \"SIGUSR1@5m\"\ngrace = \"60s\"\n[command]\nargv = [\"true\"]\n",
+    )
+    .unwrap();
+    let signal = job.stopping.signal.unwrap();
+    assert_eq!(signal.number, libc::SIGUSR1);
+    assert_eq!(signal.before, std::time::Duration::from_secs(300));
+    assert_eq!(job.stopping.grace, Some(std::time::Duration::from_secs(60)));
+    let plain = parse_str("[job]\nname = \"j\"\n[command]\nargv = [\"true\"]\n").unwrap();
+    assert_eq!(plain.stopping, Stopping::default());
+    assert_eq!(plain.stopping.grace_or_default(), DEFAULT_GRACE);
+}
+
+#[test]
+fn a_bad_signal_or_grace_is_one_sentence_at_its_place() {
+    let cmd = "[command]\nargv = [\"true\"]\n";
+    for (line, words) in [
+        (
+            "signal = \"KILL@5s\"",
+            "jobs/j.toml:3:10: signal = SIGKILL cannot be a warning signal",
+        ),
+        (
+            "signal = \"USR1\"",
+            "jobs/j.toml:3:10: signal = \"USR1\" is not NAME@DURATION",
+        ),
+        (
+            "signal = \"FOO@5s\"",
+            "jobs/j.toml:3:10: signal = \"FOO\" is not a signal",
+        ),
+        (
+            "grace = \"soon\"",
+            "jobs/j.toml:3:9: grace = \"soon\" is not a duration",
+        ),
+    ] {
+        let err = parse_str(&format!("[job]\nname = \"j\"\n{line}\n{cmd}")).unwrap_err();
+        assert!(err.starts_with(words), "{err}");
+    }
+}

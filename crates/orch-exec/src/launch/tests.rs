@@ -24,6 +24,7 @@ fn spec(script: &str, devices: usize, per_device: bool) -> LaunchSpec {
         cgroup: None,
         devices: None,
         forward_signals: true,
+        warning_signal: None,
     }
 }
 
@@ -175,7 +176,7 @@ fn a_signal_forwarded_while_a_process_starts_reaches_it_when_it_joins() {
     // The forwarder passed SIGTERM on (to no group yet) while the job's process was spawning:
     // the process gets it as it joins the job's groups instead of running on unsignalled.
     let groups: Arc<Mutex<BTreeSet<i32>>> = Arc::default();
-    let forwarder = SignalForwarder::start(Arc::clone(&groups)).unwrap();
+    let forwarder = SignalForwarder::start(Arc::clone(&groups), None).unwrap();
     forwarder.last.store(libc::SIGTERM, Ordering::SeqCst);
     let mut child = Command::new("sleep")
         .arg("30")
@@ -206,4 +207,45 @@ fn a_signal_forwarded_while_a_process_starts_reaches_it_when_it_joins() {
         .unwrap();
     join_groups(&groups, None, quiet.id() as i32);
     assert!(quiet.wait().unwrap().success());
+}
+
+/// A warning signal reaches the job and leaves it running; a stop with a signal of its own sends
+/// that signal instead of SIGTERM, and SIGKILL only after the grace period.
+#[test]
+fn a_warning_signal_leaves_the_job_running_and_a_stop_may_use_another_signal() {
+    let log = std::env::temp_dir().join(format!("orch-exec-warning-{}", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let script = format!(
+        "trap 'echo usr1 >> {0}' USR1; trap 'echo usr2 >> {0}' USR2; trap '' TERM; \
+         echo started >> {0}; while :; do sleep 0.05; done",
+        log.display()
+    );
+    let mut s = spec(&script, 1, false);
+    s.grace = Duration::from_millis(800);
+    s.forward_signals = false;
+    let launched = start(&s, |_| {}).unwrap();
+    let stopper = launched.stopper();
+    let lines = |log: &std::path::Path| std::fs::read_to_string(log).unwrap_or_default();
+    let waiter = std::thread::spawn(move || launched.wait(None));
+    let until = |what: &str| {
+        let give_up = Instant::now() + Duration::from_secs(10);
+        while !lines(&log).contains(what) && Instant::now() < give_up {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    until("started");
+    stopper.signal(libc::SIGUSR1);
+    until("usr1");
+    assert!(!waiter.is_finished(), "a warning does not stop the job");
+    let stopped = Instant::now();
+    stopper.stop_with("cancelled", libc::SIGUSR2);
+    let outcome = waiter.join().unwrap();
+    let took = stopped.elapsed();
+    assert_eq!(outcome, ExitOutcome::Stopped("cancelled".into()));
+    assert_eq!(lines(&log), "started\nusr1\nusr2\n");
+    assert!(
+        took >= Duration::from_millis(700) && took < Duration::from_secs(10),
+        "SIGKILL after the grace period, not before: {took:?}"
+    );
+    let _ = std::fs::remove_file(&log);
 }

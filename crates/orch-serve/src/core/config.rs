@@ -54,6 +54,9 @@ pub struct Config {
     /// `max_log_size`: most bytes of a job's stdout, and of its stderr, kept on disk; past it
     /// the oldest output is rotated away (`orch logs` says how much).
     pub max_log_size: u64,
+    /// `max_grace`: the longest a job's `[job] grace` may be (the time from its stop signal to
+    /// SIGKILL at a cancel, a preemption or its time limit); a tenant's own `max_grace` wins.
+    pub max_grace: Duration,
     pub tenants: Vec<Tenant>,
 }
 
@@ -186,6 +189,8 @@ pub struct Tenant {
     pub compile: CompileBudget,
     /// What asking the policies it sends may use.
     pub policy: PolicyBudget,
+    /// `max_grace`: the longest `[job] grace` of its jobs, instead of the daemon's `max_grace`.
+    pub max_grace: Option<Duration>,
 }
 
 /// The SHA-256 of a bearer token, as the config stores it (`sha256:` and 64 hex digits).
@@ -209,6 +214,9 @@ impl std::fmt::Display for TokenHash {
         write!(f, "sha256:{}", orch_core::hex::encode(&self.0))
     }
 }
+
+/// The default `max_grace`.
+pub const DEFAULT_MAX_GRACE: Duration = Duration::from_secs(120);
 
 /// The default `idle_utilization`, percent.
 pub const DEFAULT_IDLE_UTILIZATION: u32 = 5;
@@ -239,6 +247,7 @@ struct RawConfig {
     compile: Option<RawCompile>,
     machine_lock: Option<bool>,
     max_log_size: Option<toml::Spanned<String>>,
+    max_grace: Option<toml::Spanned<String>>,
     #[serde(default)]
     tenant: Vec<RawTenant>,
 }
@@ -285,6 +294,7 @@ struct RawTenant {
     policy_memory: Option<toml::Spanned<String>>,
     policy_cpu: Option<toml::Spanned<String>>,
     policy_window: Option<toml::Spanned<String>>,
+    max_grace: Option<toml::Spanned<String>>,
 }
 
 /// The queue policy when the config names none.
@@ -317,6 +327,7 @@ impl Config {
             compile: CompileCaps::default(),
             machine_lock: None,
             max_log_size: DEFAULT_MAX_LOG_SIZE,
+            max_grace: DEFAULT_MAX_GRACE,
             tenants: vec![Tenant {
                 name: user.to_string(),
                 users: vec![user.to_string()],
@@ -332,6 +343,7 @@ impl Config {
                 idle_grace: DEFAULT_IDLE_GRACE,
                 compile: CompileBudget::default(),
                 policy: PolicyBudget::default(),
+                max_grace: None,
             }],
         }
     }
@@ -618,6 +630,7 @@ impl Config {
                             .unwrap_or(defaults.window),
                     }
                 },
+                max_grace: spanned_duration("max_grace", &t.max_grace)?,
             });
         }
         for tenant in &tenants {
@@ -731,6 +744,7 @@ impl Config {
             compile,
             machine_lock: raw.machine_lock,
             max_log_size,
+            max_grace: spanned_duration("max_grace", &raw.max_grace)?.unwrap_or(DEFAULT_MAX_GRACE),
             preempt_after: match raw.preempt_after.as_deref().map(str::trim) {
                 Some("0" | "0s") | None => Duration::ZERO,
                 Some(_) => duration("preempt_after", &raw.preempt_after)?.unwrap_or_default(),
@@ -829,6 +843,27 @@ impl Config {
         self.tenants.iter().find(|t| t.name == name)
     }
 
+    /// The grace period a job of `tenant` gets: its `[job] grace` (10 s when it sets none), at
+    /// most the tenant's `max_grace`, else the daemon's.
+    pub fn grace_of(
+        &self,
+        stopping: &orch_core::job::Stopping,
+        tenant: Option<&Tenant>,
+    ) -> Duration {
+        let cap = tenant.and_then(|t| t.max_grace).unwrap_or(self.max_grace);
+        stopping.grace_or_default().min(cap)
+    }
+
+    /// The longest grace period any job may get: how long a preempted job may take to stop.
+    pub fn longest_grace(&self) -> Duration {
+        self.tenants
+            .iter()
+            .filter_map(|t| t.max_grace)
+            .chain([self.max_grace])
+            .max()
+            .unwrap_or(self.max_grace)
+    }
+
     /// One sentence for each admin, tenant user or tenant group this machine's user or group
     /// database does not know (a typo, or an account not made yet): the daemon logs them as
     /// warnings at start. They are kept: a name may resolve later (LDAP, an account made after).
@@ -881,6 +916,35 @@ mod tests {
 
     fn parse(text: &str) -> Result<Config, String> {
         Config::parse(Path::new("serve.toml"), text).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_jobs_grace_is_capped_by_its_tenants_max_grace_or_the_daemons() {
+        let c = parse(
+            "max_grace = \"90s\"\n[[tenant]]\nname = \"a\"\nusers = [\"alice\"]\nmax_grace = \"10m\"\n[[tenant]]\nname = \"b\"\nusers = [\"bob\"]\n",
+        )
+        .unwrap();
+        let asks = |grace: Option<u64>| orch_core::job::Stopping {
+            signal: None,
+            grace: grace.map(Duration::from_secs),
+        };
+        let (a, b) = (c.tenant("a"), c.tenant("b"));
+        assert_eq!(c.grace_of(&asks(Some(300)), a), Duration::from_secs(300));
+        assert_eq!(c.grace_of(&asks(Some(300)), b), Duration::from_secs(90));
+        assert_eq!(c.grace_of(&asks(None), b), Duration::from_secs(10));
+        assert_eq!(c.longest_grace(), Duration::from_secs(600));
+        let plain = Config::single_user("alice");
+        assert_eq!(plain.max_grace, DEFAULT_MAX_GRACE);
+        assert_eq!(
+            plain.grace_of(&asks(Some(3600)), plain.tenant("alice")),
+            DEFAULT_MAX_GRACE
+        );
+        let err = parse("max_grace = \"forever\"\n[[tenant]]\nname = \"a\"\nusers = [\"alice\"]\n")
+            .unwrap_err();
+        assert!(
+            err.starts_with("serve.toml:1:13: max_grace = \"forever\" is not a duration"),
+            "{err}"
+        );
     }
 
     #[test]

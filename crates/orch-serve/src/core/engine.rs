@@ -101,9 +101,9 @@ impl Engine {
     ) -> Result<Engine, String> {
         let store = LeaseStore::open(&shared.state_dir).map_err(|e| e.to_string())?;
         let mut sched = Scheduler::for_config(&shared.config, policy);
-        // Devices freed by preemption wait for their job while the victims stop (SIGTERM, the
-        // grace period, SIGKILL) and a little longer.
-        sched.reservation_s = orch_runner::GRACE.as_secs_f64() + 30.0;
+        // Devices freed by preemption wait for their job while the victims stop (their stop
+        // signal, their grace period, SIGKILL) and a little longer.
+        sched.reservation_s = shared.config.longest_grace().as_secs_f64() + 30.0;
         for row in shared.db.usage().map_err(|e| e.to_string())? {
             if let Some(i) = sched.tenant_index(&row.tenant) {
                 sched.set_usage(

@@ -76,6 +76,9 @@ pub(crate) struct Shared {
     pub broadcast: Collective<Option<NamedValues>, Option<NamedValues>>,
     /// Where replicas wait for replica 0 to write a checkpoint.
     pub checkpoints: Collective<(), ()>,
+    /// Where replicas agree, at the end of each step, whether any saw a stop request
+    /// ([`crate::RunOptions::stop_when`]), so all stop at the same step.
+    pub stops: Collective<bool, bool>,
 }
 
 impl Shared {
@@ -84,6 +87,7 @@ impl Shared {
         self.grads.poison(why);
         self.broadcast.poison(why);
         self.checkpoints.poison(why);
+        self.stops.poison(why);
     }
 }
 

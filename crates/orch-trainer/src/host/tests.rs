@@ -51,6 +51,7 @@ fn replica(bytes: u64, quota: Option<u64>, max_graph_nodes: usize) -> ReplicaSta
         grads: Collective::new(1),
         broadcast: Collective::new(1),
         checkpoints: Collective::new(1),
+        stops: Collective::new(1),
     });
     ReplicaState::new(PluginState::new("hostile", &Limits::default()), shared, 0)
 }

@@ -131,3 +131,62 @@ fn resume_needs_a_matching_checkpoint() {
         "{err}"
     );
 }
+
+/// A stop request (what `orch run` sets on the job's warning signal or SIGTERM) that lands at any
+/// moment stops both replicas at the same step with a checkpoint; resumed, the run ends where
+/// an uninterrupted one does.
+#[test]
+fn a_stop_request_checkpoints_every_replica_at_one_step_and_resumes_to_the_same_parameters() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let train = "plugin = \"mlp\"\nepochs = 2\nbatch_size = 100\nseed = 5\n[train.config]\nhidden = \"24\"\noptimizer = \"adam\"\nlr = 0.01";
+    let (devices, _pools) = sims(2, 64 << 20);
+
+    let whole_dir = tempfile::tempdir().unwrap();
+    let whole = job(whole_dir.path(), train);
+    assert_eq!(run(&whole, &devices, &options()).unwrap().steps, 36);
+
+    let split_dir = tempfile::tempdir().unwrap();
+    let split = job(split_dir.path(), train);
+    let flag = Arc::new(AtomicBool::new(false));
+    let setter = Arc::clone(&flag);
+    let first = run(
+        &split,
+        &devices,
+        &RunOptions {
+            stop_when: Some(Arc::clone(&flag)),
+            // Set from the coordinator's thread as step 5's report arrives: the replicas are
+            // somewhere in the steps after it.
+            progress: Some(orch_trainer::ProgressSink::new(move |event| {
+                if let orch_trainer::ProgressEvent::Step { step: 5, .. } = event {
+                    setter.store(true, Ordering::Release);
+                }
+            })),
+            ..options()
+        },
+    )
+    .unwrap();
+    assert!(first.stopped_early, "stopped on the request");
+    assert!((5..36).contains(&first.steps), "{}", first.steps);
+    let saved =
+        orch_trainer::checkpoint::Checkpoint::load(&spec(&split).out.join("checkpoint")).unwrap();
+    assert_eq!(
+        saved.meta.step, first.steps,
+        "the checkpoint is of the step it stopped at"
+    );
+    let second = run(
+        &split,
+        &devices,
+        &RunOptions {
+            resume: true,
+            ..options()
+        },
+    )
+    .unwrap();
+    assert_eq!((second.steps, second.stopped_early), (36, false));
+    let diff = max_relative_difference(&final_params(&whole), &final_params(&split));
+    assert!(
+        diff <= 1e-6,
+        "the resumed run ends {diff} away from the uninterrupted one"
+    );
+}

@@ -582,7 +582,14 @@ impl Jobs {
                 self.shared.config.tenant(&job.row.tenant),
             )
             .map(|d| d.as_secs_f64()),
-            grace_s: orch_runner::GRACE.as_secs_f64(),
+            grace_s: self
+                .shared
+                .config
+                .grace_of(
+                    &job.spec.stopping,
+                    self.shared.config.tenant(&job.row.tenant),
+                )
+                .as_secs_f64(),
             max_log_bytes: self.shared.config.max_log_size,
             log_reserve_bytes: folders::log_reserve(&self.shared.state_dir),
         };
