@@ -13,9 +13,10 @@
 #                                    the Rust build runs)
 #
 # The wheel is built with the dev profile into the same target folder as `cargo test`: no release
-# build of the workspace. maturin builds orch-py alone, whose features unify differently from
-# `cargo test --workspace`'s, so wasmtime and cranelift are compiled once more for it (~3 min on
-# 2 cores); the other dependencies are reused. Benches build it with --release
+# build of the workspace. maturin builds orch-py alone; its Cargo.toml names the features the rest
+# of the workspace turns on in shared dependencies, so they resolve as in `cargo test --workspace`
+# and wasmtime, cranelift and the rest are reused, not compiled again
+# (scripts/check-wheel-features.sh checks it). Benches build it with --release
 # (scripts/bench-python.sh).
 #
 # torch: PyPI has no CPU-only torch for x86-64 Linux (the CPU wheels live on PyTorch's own index,
