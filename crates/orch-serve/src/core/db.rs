@@ -554,45 +554,32 @@ impl Db {
 
     /// Running jobs held by a process of their user (`orch run`, `import orch`), per tenant.
     pub fn interactive_counts(&self) -> Result<Vec<(String, u64)>, DbError> {
-        self.read(|c| {
-            let mut stmt = c
-                .prepare_cached(
-                    "SELECT tenant, COUNT(*) FROM jobs WHERE state = 'running'
-                     AND json_extract(submission, '$.holder') IS NOT NULL GROUP BY tenant",
-                )
-                .map_err(db("counting interactive jobs"))?;
-            let rows = stmt
-                .query_map([], |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        u64::try_from(r.get::<_, i64>(1)?).unwrap_or(0),
-                    ))
-                })
-                .map_err(db("counting interactive jobs"))?;
-            rows.collect::<Result<Vec<_>, _>>()
-                .map_err(db("counting interactive jobs"))
-        })
+        self.running_with("$.holder", "counting interactive jobs")
     }
 
     /// Running interactive allocations (`orch alloc`), per tenant.
     pub fn alloc_counts(&self) -> Result<Vec<(String, u64)>, DbError> {
+        self.running_with("$.alloc", "counting allocations")
+    }
+
+    /// Running jobs whose submission has `key` (a JSON path), per tenant.
+    fn running_with(&self, key: &str, op: &'static str) -> Result<Vec<(String, u64)>, DbError> {
         self.read(|c| {
             let mut stmt = c
                 .prepare_cached(
                     "SELECT tenant, COUNT(*) FROM jobs WHERE state = 'running'
-                     AND json_extract(submission, '$.alloc') IS NOT NULL GROUP BY tenant",
+                     AND json_extract(submission, ?1) IS NOT NULL GROUP BY tenant",
                 )
-                .map_err(db("counting allocations"))?;
+                .map_err(db(op))?;
             let rows = stmt
-                .query_map([], |r| {
+                .query_map([key], |r| {
                     Ok((
                         r.get::<_, String>(0)?,
                         u64::try_from(r.get::<_, i64>(1)?).unwrap_or(0),
                     ))
                 })
-                .map_err(db("counting allocations"))?;
-            rows.collect::<Result<Vec<_>, _>>()
-                .map_err(db("counting allocations"))
+                .map_err(db(op))?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(db(op))
         })
     }
 
