@@ -1,6 +1,7 @@
 //! End-to-end tests of the `orch` binary: what a user types, what they read, the exit status.
 
 mod authority;
+mod batch_deps;
 mod browser;
 mod constrain;
 mod devices;

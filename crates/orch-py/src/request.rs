@@ -110,6 +110,7 @@ impl Request {
             tags: Vec::new(),
             slurm: Default::default(),
             sweep: Default::default(),
+            depends: Default::default(),
             resources: Resources {
                 gpus: self.gpus()?,
                 nodes: 1,

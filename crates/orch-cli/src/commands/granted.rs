@@ -49,6 +49,7 @@ pub fn lease(
             cwd: utf8(&cwd, "working folder")?,
             env: super::jobs::utf8_env(),
             key: None,
+            depends: Default::default(),
         },
         wait,
     };

@@ -59,6 +59,7 @@ pub fn job(command: &str, args: &QuickArgs, argv: &[String]) -> Result<JobSpec, 
         tags: Vec::new(),
         slurm: Default::default(),
         sweep: Default::default(),
+        depends: Default::default(),
         resources: Resources {
             gpus,
             nodes: 1,

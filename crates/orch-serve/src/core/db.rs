@@ -452,6 +452,40 @@ impl Db {
         })
     }
 
+    /// What job `id` waits for, as recorded at its submission.
+    pub fn dependencies(&self, id: i64) -> Result<orch_core::job::Dependencies, DbError> {
+        self.read(|c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT kind, on_id FROM dependencies WHERE job_id = ?1 ORDER BY rowid",
+                )
+                .map_err(db("reading a job's dependencies"))?;
+            let rows = stmt
+                .query_map([id], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?))
+                })
+                .map_err(db("reading a job's dependencies"))?;
+            let mut depends = orch_core::job::Dependencies::default();
+            for row in rows {
+                let (kind, on) = row.map_err(db("reading a job's dependencies"))?;
+                match (kind.as_str(), on) {
+                    ("after_ok", Some(on)) => depends.after_ok.push(on),
+                    ("after_any", Some(on)) => depends.after_any.push(on),
+                    ("after_failed", Some(on)) => depends.after_failed.push(on),
+                    ("singleton", _) => depends.singleton = true,
+                    _ => {
+                        return Err(DbError {
+                            op: "reading a job's dependencies",
+                            reason: format!("job {id} has a dependency of unknown kind \"{kind}\""),
+                            code: None,
+                        });
+                    }
+                }
+            }
+            Ok(depends)
+        })
+    }
+
     /// A job's events, oldest first.
     pub fn events(&self, id: i64) -> Result<Vec<Event>, DbError> {
         self.read(|c| {
@@ -724,7 +758,60 @@ fn migrate(conn: &Connection) -> Result<(), DbError> {
         )
         .map_err(db("upgrading the schema"))?;
     }
+    if version < 3 {
+        // Job dependencies: `kind` is after_ok, after_any or after_failed with the job `on_id`
+        // waited on, or singleton (no `on_id`). Made whatever version another block set.
+        conn.execute_batch(&format!(
+            "BEGIN;
+             CREATE TABLE IF NOT EXISTS dependencies (
+                job_id INTEGER NOT NULL, kind TEXT NOT NULL, on_id INTEGER
+             );
+             CREATE INDEX IF NOT EXISTS dependencies_by_job ON dependencies(job_id);
+             PRAGMA user_version = {};
+             COMMIT;",
+            version.max(3)
+        ))
+        .map_err(db("upgrading the schema"))?;
+    }
     Ok(())
+}
+
+/// Records what job `id` waits for (`[job] after_ok` ..., `singleton`, and the submission's
+/// flags), with the job.
+pub fn insert_dependencies(
+    tx: &rusqlite::Transaction<'_>,
+    id: i64,
+    depends: &orch_core::job::Dependencies,
+) -> Result<(), DbError> {
+    for (kind, on) in depends.pairs() {
+        exec(
+            tx,
+            "INSERT INTO dependencies (job_id, kind, on_id) VALUES (?1, ?2, ?3)",
+            params![id, kind, on],
+        )
+        .map_err(db("writing a job's dependencies"))?;
+    }
+    if depends.singleton {
+        exec(
+            tx,
+            "INSERT INTO dependencies (job_id, kind, on_id) VALUES (?1, 'singleton', NULL)",
+            [id],
+        )
+        .map_err(db("writing a job's dependencies"))?;
+    }
+    Ok(())
+}
+
+/// Job `id`'s row, inside a write transaction (or on any connection).
+pub fn job_in(conn: &Connection, id: i64) -> Result<Option<JobRow>, DbError> {
+    query_row(
+        conn,
+        &format!("SELECT {COLUMNS} FROM jobs WHERE id = ?1"),
+        [id],
+        row_to_job,
+    )
+    .optional()
+    .map_err(db("reading a job"))
 }
 
 /// A tenant's decayed usage as recorded: GPU-seconds as of a moment.
@@ -951,6 +1038,12 @@ pub fn purge(tx: &rusqlite::Transaction<'_>, before_ms: u64) -> Result<i64, DbEr
     exec(
         tx,
         "DELETE FROM events WHERE job_id NOT IN (SELECT id FROM jobs)",
+        [],
+    )
+    .map_err(db("purging old jobs"))?;
+    exec(
+        tx,
+        "DELETE FROM dependencies WHERE job_id NOT IN (SELECT id FROM jobs)",
         [],
     )
     .map_err(db("purging old jobs"))?;

@@ -146,6 +146,9 @@ pub(crate) async fn accept(
         holder,
     };
     let tenant = row.tenant.clone();
+    let depends = spec.depends.merged(&request.depends);
+    let place = submission.job_path.clone();
+    let asker = caller.clone();
     // The limit is checked in the same transaction as the insert: concurrent submissions
     // cannot overshoot it.
     let admitted = shared
@@ -159,9 +162,24 @@ pub(crate) async fn accept(
                 && let Err(refusal) =
                     admission::queue(limits, crate::core::db::queued_in(tx, &row.tenant)?)
             {
-                return Ok(Err(refusal));
+                return Ok(Err(refusal.into()));
             }
-            crate::core::db::insert_job(tx, &row, &submission, key.as_deref()).map(Ok)
+            // Every job waited on exists now (so its id is below this job's) and is the
+            // caller's to see; another tenant's is refused as an unknown one is.
+            for (kind, on) in depends.pairs() {
+                let known = crate::core::db::job_in(tx, on)?;
+                if !known.is_some_and(|r| visible_to(&asker, &r)) {
+                    return Ok(Err(err(
+                        StatusCode::NOT_FOUND,
+                        format!(
+                            "{place}: {kind} names job {on}, and there is no job {on} you may see (orch jobs --all lists yours)"
+                        ),
+                    )));
+                }
+            }
+            let id = crate::core::db::insert_job(tx, &row, &submission, key.as_deref())?;
+            crate::core::db::insert_dependencies(tx, id, &depends)?;
+            Ok(Ok(id))
         })
         .await
         .map_err(|e| match e.fault() {

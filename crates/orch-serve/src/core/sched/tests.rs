@@ -381,3 +381,6 @@ fn a_job_whose_end_arrives_late_is_charged_to_its_end_and_no_further() {
     assert!((late - timely).abs() < 1e-9, "{late} against {timely}");
     assert!((late - 8.0).abs() < 0.01, "{late}");
 }
+
+#[path = "deps_tests.rs"]
+mod deps_tests;
