@@ -203,7 +203,7 @@ pub struct UsageArgs {
 
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "The trace is JSON lines: {\"at\": 0.0, \"tenant\": \"vision\", \"gpus\": 1, \"duration\": 3600.0, \"priority\": 0, \"preemptible\": false}\n\nExample:\n  orch simulate --config serve.toml --devices sim:8gpus.toml trace.jsonl --until 604800"
+    after_help = "The trace is JSON lines: {\"at\": 0.0, \"tenant\": \"vision\", \"gpus\": 1, \"duration\": 3600.0, \"priority\": 0, \"preemptible\": false}\nA job may wait on earlier lines' jobs (numbered from 1): \"after_ok\": [1], \"after_any\", \"after_failed\", \"singleton\": true (per tenant and \"name\"); \"exit\": 1 makes it fail at its end.\n\nExample:\n  orch simulate --config serve.toml --devices sim:8gpus.toml trace.jsonl --until 604800"
 )]
 pub struct SimulateArgs {
     /// The daemon's config: tenants, shares, limits, queue policy, usage half-life.
