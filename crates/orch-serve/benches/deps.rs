@@ -62,7 +62,11 @@ fn build(held: bool) -> Scheduler {
     }
     for id in GPUS + 1..=GPUS + QUEUED {
         let after = if held && id.is_multiple_of(2) {
-            let on = if id.is_multiple_of(4) { id - 1 } else { id % GPUS + 1 };
+            let on = if id.is_multiple_of(4) {
+                id - 1
+            } else {
+                id % GPUS + 1
+            };
             vec![(Kind::AfterOk, on)]
         } else {
             Vec::new()

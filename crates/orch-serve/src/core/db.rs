@@ -1232,6 +1232,73 @@ mod tests {
     }
 
     #[test]
+    fn dependencies_are_kept_with_their_job_across_a_reopen_and_go_with_it() {
+        let dir = std::env::temp_dir().join(format!("orch-db-deps-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let db = Db::open(&dir).unwrap();
+        let submission = Submission {
+            job_text: String::new(),
+            job_path: "job.toml".into(),
+            cwd: "/".into(),
+            env: Vec::new(),
+            identity: crate::core::users::Identity {
+                uid: 0,
+                gid: 0,
+                name: "u".into(),
+                groups: Vec::new(),
+            },
+            policy_file: None,
+            holder: None,
+        };
+        let depends = orch_core::job::Dependencies {
+            after_ok: vec![3, 4],
+            after_any: vec![5],
+            after_failed: vec![6],
+            singleton: true,
+        };
+        let (want, sub) = (depends.clone(), submission.clone());
+        let id = db
+            .write_blocking(move |tx| {
+                let row = JobRow {
+                    name: "j".into(),
+                    tenant: "t".into(),
+                    user: "u".into(),
+                    ..JobRow::queued(0)
+                };
+                let id = insert_job(tx, &row, &sub, None)?;
+                insert_dependencies(tx, id, &depends)?;
+                Ok(id)
+            })
+            .unwrap();
+        let plain = db
+            .write_blocking(move |tx| {
+                let row = JobRow {
+                    name: "k".into(),
+                    ..JobRow::queued(0)
+                };
+                insert_job(tx, &row, &submission, None)
+            })
+            .unwrap();
+        db.stop();
+        drop(db);
+        let db = Db::open(&dir).unwrap();
+        assert_eq!(db.dependencies(id).unwrap(), want);
+        assert!(db.dependencies(plain).unwrap().is_empty());
+        // A purged job's dependencies go with it.
+        let change = Change {
+            state: Some(State::Succeeded),
+            ended_at_ms: Some(1),
+            ..Change::default()
+        };
+        db.write_blocking(move |tx| apply(tx, id, &change)).unwrap();
+        db.write_blocking(|tx| purge(tx, 10)).unwrap();
+        assert!(db.dependencies(id).unwrap().is_empty());
+        drop(db);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn a_savepoint_that_cannot_be_ended_fails_the_batch_and_commits_nothing() {
         let dir = std::env::temp_dir().join(format!("orch-db-savepoint-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
