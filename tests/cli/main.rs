@@ -3,6 +3,7 @@
 mod authority;
 mod batch_alloc;
 mod batch_arrays;
+mod batch_deps;
 mod batch_signal;
 mod browser;
 mod constrain;

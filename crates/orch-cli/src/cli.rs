@@ -151,7 +151,7 @@ pub struct ServeArgs {
 
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "Examples:\n  orch submit job.toml\n  orch submit --gpus 2 -- python train.py\n  orch submit --slurm job.toml            # a Slurm batch job (sbatch)\n  orch submit --slurm --dry-run job.toml  # print the batch script"
+    after_help = "Examples:\n  orch submit job.toml\n  orch submit --gpus 2 -- python train.py\n  orch submit --after-ok 12 eval.toml      # once job 12 succeeded\n  orch submit --slurm job.toml            # a Slurm batch job (sbatch)\n  orch submit --slurm --dry-run job.toml  # print the batch script"
 )]
 pub struct SubmitArgs {
     /// Submit to Slurm (sbatch) instead of the machine's daemon.
@@ -171,6 +171,23 @@ pub struct SubmitArgs {
     /// Quick form: the tenant, when you belong to several.
     #[arg(long, value_name = "NAME")]
     pub tenant: Option<String>,
+    /// Start only once these jobs succeeded; cancelled if one fails, is cancelled or is lost
+    /// (ids, comma-separated; repeatable; adds to the file's `after_ok`).
+    #[arg(long, value_name = "IDS", value_delimiter = ',', conflicts_with = "slurm",
+          value_parser = clap::value_parser!(i64).range(1..))]
+    pub after_ok: Vec<i64>,
+    /// Start only once these jobs ended, however they ended (adds to `after_any`).
+    #[arg(long, value_name = "IDS", value_delimiter = ',', conflicts_with = "slurm",
+          value_parser = clap::value_parser!(i64).range(1..))]
+    pub after_any: Vec<i64>,
+    /// Start only once these jobs ended without succeeding; cancelled if one succeeds (adds to
+    /// `after_failed`).
+    #[arg(long, value_name = "IDS", value_delimiter = ',', conflicts_with = "slurm",
+          value_parser = clap::value_parser!(i64).range(1..))]
+    pub after_failed: Vec<i64>,
+    /// Run while no other job of yours with this name runs (later ones wait their turn).
+    #[arg(long, conflicts_with = "slurm")]
+    pub singleton: bool,
     /// Quick form: the command and its arguments.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -202,7 +219,7 @@ pub struct UsageArgs {
 
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "The trace is JSON lines: {\"at\": 0.0, \"tenant\": \"vision\", \"gpus\": 1, \"duration\": 3600.0, \"priority\": 0, \"preemptible\": false}\n\nExample:\n  orch simulate --config serve.toml --devices sim:8gpus.toml trace.jsonl --until 604800"
+    after_help = "The trace is JSON lines: {\"at\": 0.0, \"tenant\": \"vision\", \"gpus\": 1, \"duration\": 3600.0, \"priority\": 0, \"preemptible\": false}\nA job may wait on earlier lines' jobs (numbered from 1): \"after_ok\": [1], \"after_any\", \"after_failed\", \"singleton\": true (per tenant and \"name\"); \"exit\": 1 makes it fail at its end.\n\nExample:\n  orch simulate --config serve.toml --devices sim:8gpus.toml trace.jsonl --until 604800"
 )]
 pub struct SimulateArgs {
     /// The daemon's config: tenants, shares, limits, queue policy, usage half-life.

@@ -43,6 +43,64 @@ pub struct JobSpec {
     pub sweep: Sweep,
     pub policy: PolicySpec,
     pub work: Work,
+    /// `[job] after_ok`, `after_any`, `after_failed`, `singleton`: what the daemon waits for
+    /// before it considers the job.
+    pub depends: Dependencies,
+}
+
+/// What a job waits for before the daemon considers it (as Slurm's `--dependency`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, Deserialize)]
+pub struct Dependencies {
+    /// Jobs that must have succeeded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after_ok: Vec<i64>,
+    /// Jobs that must have ended, however they ended.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after_any: Vec<i64>,
+    /// Jobs that must have ended without succeeding (failed, cancelled, lost).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after_failed: Vec<i64>,
+    /// At most one running job per user and name: this one waits while another runs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub singleton: bool,
+}
+
+impl Dependencies {
+    pub fn is_empty(&self) -> bool {
+        self.after_ok.is_empty()
+            && self.after_any.is_empty()
+            && self.after_failed.is_empty()
+            && !self.singleton
+    }
+
+    /// Every `(key, job)` pair: `after_ok`, `after_any`, `after_failed` in that order.
+    pub fn pairs(&self) -> impl Iterator<Item = (&'static str, i64)> + '_ {
+        self.after_ok
+            .iter()
+            .map(|&id| ("after_ok", id))
+            .chain(self.after_any.iter().map(|&id| ("after_any", id)))
+            .chain(self.after_failed.iter().map(|&id| ("after_failed", id)))
+    }
+
+    /// These and `more` together (a submission's flags add to its file's lists); each list
+    /// keeps one of each id.
+    pub fn merged(&self, more: &Dependencies) -> Dependencies {
+        let join = |a: &[i64], b: &[i64]| {
+            let mut out: Vec<i64> = Vec::with_capacity(a.len() + b.len());
+            for &id in a.iter().chain(b) {
+                if !out.contains(&id) {
+                    out.push(id);
+                }
+            }
+            out
+        };
+        Dependencies {
+            after_ok: join(&self.after_ok, &more.after_ok),
+            after_any: join(&self.after_any, &more.after_any),
+            after_failed: join(&self.after_failed, &more.after_failed),
+            singleton: self.singleton || more.singleton,
+        }
+    }
 }
 
 /// `[resources]`: what placement must find.
@@ -405,6 +463,11 @@ struct RawJobTable {
     tags: Vec<String>,
     signal: Option<Spanned<String>>,
     grace: Option<Spanned<String>>,
+    after_ok: Option<Spanned<Vec<Spanned<i64>>>>,
+    after_any: Option<Spanned<Vec<Spanned<i64>>>>,
+    after_failed: Option<Spanned<Vec<Spanned<i64>>>>,
+    #[serde(default)]
+    singleton: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -537,7 +600,14 @@ impl Checker<'_> {
             })?),
         };
         let stopping = self.stopping(&raw.job.signal, &raw.job.grace)?;
+        let depends = Dependencies {
+            after_ok: self.job_ids("after_ok", raw.job.after_ok)?,
+            after_any: self.job_ids("after_any", raw.job.after_any)?,
+            after_failed: self.job_ids("after_failed", raw.job.after_failed)?,
+            singleton: raw.job.singleton,
+        };
         Ok(JobSpec {
+            depends,
             path: self.path.to_path_buf(),
             dir: self.dir(),
             name: name.into_inner(),
@@ -583,6 +653,29 @@ impl Checker<'_> {
             })?),
         };
         Ok(Stopping { signal, grace })
+    }
+
+    /// A dependency list of `[job]` (`key = [12, 13]`): job ids, each a positive number.
+    fn job_ids(
+        &self,
+        key: &str,
+        raw: Option<Spanned<Vec<Spanned<i64>>>>,
+    ) -> Result<Vec<i64>, InputError> {
+        let mut ids = Vec::new();
+        for id in raw.map(Spanned::into_inner).into_iter().flatten() {
+            if *id.get_ref() < 1 {
+                return Err(self
+                    .at(
+                        id.span(),
+                        format!("{key}: {} is not a job id", id.get_ref()),
+                    )
+                    .with_hint("give the ids `orch submit` printed, such as after_ok = [12]"));
+            }
+            if !ids.contains(id.get_ref()) {
+                ids.push(*id.get_ref());
+            }
+        }
+        Ok(ids)
     }
 
     fn resources(&self, raw: Option<Spanned<RawResources>>) -> Result<Resources, InputError> {

@@ -111,6 +111,7 @@ impl Request {
             stopping: Default::default(),
             slurm: Default::default(),
             sweep: Default::default(),
+            depends: Default::default(),
             resources: Resources {
                 gpus: self.gpus()?,
                 nodes: 1,

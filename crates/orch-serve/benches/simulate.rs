@@ -50,6 +50,11 @@ fn trace(jobs: usize, gpus: u32, days: f64, load: f64, tenants: usize) -> Vec<Tr
                 preemptible: next() < 0.3,
                 name: None,
                 tags: vec![],
+                after_ok: vec![],
+                after_any: vec![],
+                after_failed: vec![],
+                singleton: false,
+                exit: 0,
             }
         })
         .collect();

@@ -11,6 +11,7 @@
 
 use crate::core::admission;
 use crate::core::config::Config;
+use crate::core::sched::deps::{Kind, Standing, Wait};
 use crate::core::sched::{Attempt, QueuePolicy, QueuedJob, Scheduler, TenantConf};
 use orch_core::InputError;
 use orch_queue::Machine;
@@ -38,6 +39,21 @@ pub struct TraceJob {
     pub name: Option<String>,
     #[serde(default)]
     pub tags: Vec<String>,
+    /// Jobs (numbered by their line among the trace's jobs, from 1) that must succeed first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after_ok: Vec<u64>,
+    /// Jobs that must end first, however they end.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after_any: Vec<u64>,
+    /// Jobs that must end without succeeding first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after_failed: Vec<u64>,
+    /// At most one running job of its tenant and name at a time.
+    #[serde(default)]
+    pub singleton: bool,
+    /// Its exit status when it runs to its end: any other than 0 fails it.
+    #[serde(default)]
+    pub exit: i32,
 }
 
 fn one() -> u32 {
@@ -54,7 +70,7 @@ pub fn read_trace(path: &Path) -> Result<Vec<TraceJob>, InputError> {
 }
 
 pub fn parse_trace(path: &Path, text: &str) -> Result<Vec<TraceJob>, InputError> {
-    let mut jobs = Vec::new();
+    let mut jobs: Vec<TraceJob> = Vec::new();
     let mut offset = 0;
     for line in text.split_inclusive('\n') {
         let start = offset;
@@ -83,6 +99,40 @@ pub fn parse_trace(path: &Path, text: &str) -> Result<Vec<TraceJob>, InputError>
         }
         if job.gpus == 0 {
             return Err(bad("gpus = 0: a job asks for at least one device".into()));
+        }
+        let number = jobs.len() as u64 + 1;
+        for (key, list) in [
+            ("after_ok", &job.after_ok),
+            ("after_any", &job.after_any),
+            ("after_failed", &job.after_failed),
+        ] {
+            for &on in list {
+                let earlier = on
+                    .checked_sub(1)
+                    .and_then(|i| jobs.get(i as usize))
+                    .filter(|_| on < number);
+                let Some(earlier) = earlier else {
+                    return Err(InputError::at(
+                        path,
+                        text,
+                        start,
+                        format!("{key} names job {on}, which is not a job before this one (job {number})"),
+                    )
+                    .with_hint("jobs are numbered by their line among the trace's jobs, from 1; a job waits only on one before it"));
+                };
+                if earlier.at > job.at {
+                    return Err(InputError::at(
+                        path,
+                        text,
+                        start,
+                        format!(
+                            "{key} names job {on}, submitted later (at {}) than this one (at {})",
+                            earlier.at, job.at
+                        ),
+                    )
+                    .with_hint("a job waits only on one submitted before it, as the daemon refuses an id it does not know"));
+                }
+            }
         }
         jobs.push(job);
     }
@@ -115,6 +165,9 @@ pub struct TenantReport {
     pub time_limited: u64,
     /// Times its jobs were preempted.
     pub preempted: u64,
+    /// Ended by a dependency that could no longer be met.
+    #[serde(default)]
+    pub cancelled: u64,
 }
 
 /// The simulator's report (`orch simulate --json`).
@@ -150,6 +203,9 @@ pub struct JobReport {
     pub ended: Option<f64>,
     pub preempted: u32,
     pub rejected: bool,
+    /// Why it was cancelled: a dependency that could no longer be met.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancelled: Option<String>,
 }
 
 struct SimJob {
@@ -163,6 +219,9 @@ struct SimJob {
     ended: Option<f64>,
     preempted: u32,
     queued: QueuedJob,
+    /// Its exit status at its end.
+    exit: i32,
+    cancelled: Option<String>,
 }
 
 use crate::core::sched::Secs as T;
@@ -227,6 +286,23 @@ pub fn simulate_with(
     let mut time_limited = vec![0u64; n];
     let mut preempted = vec![0u64; n];
     let mut waits: Vec<Vec<f64>> = vec![Vec::new(); n];
+    let mut cancelled = vec![0u64; n];
+    // How each job that ended did (`ok`, how), for the jobs that wait on it.
+    let mut ended: HashMap<u64, (bool, String)> = HashMap::new();
+    // Ends the jobs a dependency's end cancels (their reasons say which).
+    let mut cancel = |jobs: &mut HashMap<u64, SimJob>,
+                      ended: &mut HashMap<u64, (bool, String)>,
+                      gone: Vec<(u64, String)>,
+                      now: f64| {
+        for (id, reason) in gone {
+            if let Some(job) = jobs.get_mut(&id) {
+                job.cancelled = Some(reason);
+                job.ended = Some(now);
+                cancelled[job.tenant] += 1;
+            }
+            ended.insert(id, (false, "was cancelled".into()));
+        }
+    };
     let mut passes = 0u64;
     let start = order.first().map_or(0.0, |&i| trace[i].at);
     let mut now = start;
@@ -282,11 +358,19 @@ pub fn simulate_with(
             sched.end(id, now);
             let ran = now - job.started.take().unwrap_or(now);
             job.remaining -= ran;
-            if job.remaining > 1e-9 {
+            let how = if job.remaining > 1e-9 {
                 time_limited[job.tenant] += 1;
-            }
+                (false, "failed (time limit)".to_string())
+            } else if job.exit != 0 {
+                (false, format!("failed (exit {})", job.exit))
+            } else {
+                (true, "succeeded".to_string())
+            };
             job.ended = Some(now);
             finished[job.tenant] += 1;
+            ended.insert(id, how.clone());
+            let gone = sched.dependency_ended(id, how.0, how.1);
+            cancel(&mut jobs, &mut ended, gone, now);
         }
         while let Some(&i) = order.get(next) {
             if trace[i].at > now {
@@ -306,11 +390,15 @@ pub fn simulate_with(
             };
             let queued = sched.queued_of(tenant) as u64;
             // The daemon's own admission: what it would refuse is rejected here.
+            let id = i as u64 + 1;
             if admission::admit(limits, &asked, gpus as usize, queued).is_err() {
                 rejected[tenant] += 1;
+                let how = "was rejected at submission".to_string();
+                ended.insert(id, (false, how.clone()));
+                let gone = sched.dependency_ended(id, false, how);
+                cancel(&mut jobs, &mut ended, gone, now);
                 continue;
             }
-            let id = i as u64 + 1;
             let queued = QueuedJob {
                 id,
                 tenant,
@@ -324,10 +412,34 @@ pub fn simulate_with(
                 runtime_s: limits.max_runtime.map(|d| d.as_secs_f64()),
                 preemptible: tj.preemptible,
             };
-            sched.enqueue(queued.clone());
+            let name = queued.name.clone();
+            let wait = Wait {
+                after: [
+                    (Kind::AfterOk, &tj.after_ok),
+                    (Kind::AfterAny, &tj.after_any),
+                    (Kind::AfterFailed, &tj.after_failed),
+                ]
+                .into_iter()
+                .flat_map(|(kind, ids)| ids.iter().map(move |&on| (kind, on)))
+                .collect(),
+                singleton: tj.singleton,
+                group: format!("{}/{name}", tj.tenant),
+            };
+            let mut standing = |on: u64| match ended.get(&on) {
+                Some((ok, how)) => Standing::Ended {
+                    ok: *ok,
+                    how: how.clone(),
+                },
+                None => Standing::Active,
+            };
+            let never = sched
+                .enqueue_after(queued.clone(), wait, &mut standing)
+                .err();
             jobs.insert(
                 id,
                 SimJob {
+                    exit: tj.exit,
+                    cancelled: None,
                     tenant,
                     at: tj.at,
                     remaining: tj.duration,
@@ -340,6 +452,11 @@ pub fn simulate_with(
                     queued,
                 },
             );
+            if let Some(reason) = never {
+                let gone = sched.dependency_ended(id, false, "was cancelled".into());
+                cancel(&mut jobs, &mut ended, vec![(id, reason)], now);
+                cancel(&mut jobs, &mut ended, gone, now);
+            }
         }
         // Passes until nothing more starts or is preempted at this moment.
         for _ in 0..4 {
@@ -411,7 +528,8 @@ pub fn simulate_with(
                 share_while_contended: (contended_total > 0.0)
                     .then(|| contended_used[i] / contended_total),
                 finished: finished[i],
-                unfinished: submitted[i] - rejected[i] - finished[i],
+                unfinished: submitted[i] - rejected[i] - finished[i] - cancelled[i],
+                cancelled: cancelled[i],
                 rejected: rejected[i],
                 time_limited: time_limited[i],
                 preempted: preempted[i],
@@ -431,6 +549,7 @@ pub fn simulate_with(
                     ended: job.and_then(|j| j.ended),
                     preempted: job.map_or(0, |j| j.preempted),
                     rejected: job.is_none(),
+                    cancelled: job.and_then(|j| j.cancelled.clone()),
                 }
             })
             .collect()

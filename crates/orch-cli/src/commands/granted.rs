@@ -55,6 +55,7 @@ pub fn lease(
             // Sent again after a daemon restart lost the answer, the request finds the job it
             // made, instead of queueing a second lease for this process.
             key: Some(super::jobs::submission_key()),
+            depends: Default::default(),
         },
         wait,
         alloc,

@@ -40,6 +40,12 @@ pub fn submit(args: &SubmitArgs) -> CmdResult {
         cwd: text(&cwd, "working folder")?,
         env,
         key: Some(submission_key()),
+        depends: orch_core::job::Dependencies {
+            after_ok: args.after_ok.clone(),
+            after_any: args.after_any.clone(),
+            after_failed: args.after_failed.clone(),
+            singleton: args.singleton,
+        },
     };
     let body = serde_json::to_vec(&request).map_err(Failure::failed)?;
     let (status, answer) = client.call(Method::POST, "/v1/jobs", Some(body))?;

@@ -81,6 +81,7 @@ pub fn job(command: &str, args: &QuickArgs, argv: &[String]) -> Result<JobSpec, 
         stopping,
         slurm: Default::default(),
         sweep: Default::default(),
+        depends: Default::default(),
         resources: Resources {
             gpus,
             nodes: 1,

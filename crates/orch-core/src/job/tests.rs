@@ -673,3 +673,37 @@ fn a_bad_signal_or_grace_is_one_sentence_at_its_place() {
         assert!(err.starts_with(words), "{err}");
     }
 }
+
+#[test]
+fn reads_dependencies_and_singleton_from_the_job_table() {
+    let job = parse_str(
+        "[job]\nname = \"eval\"\nafter_ok = [12, 13, 12]\nafter_any = [4]\nafter_failed = [7]\nsingleton = true\n[command]\nargv = [\"true\"]\n",
+    )
+    .unwrap();
+    assert_eq!(job.depends.after_ok, vec![12, 13]);
+    assert_eq!(job.depends.after_any, vec![4]);
+    assert_eq!(job.depends.after_failed, vec![7]);
+    assert!(job.depends.singleton);
+    let none = parse_str("[job]\nname = \"x\"\n[command]\nargv = [\"true\"]\n").unwrap();
+    assert!(none.depends.is_empty());
+    let more = Dependencies {
+        after_ok: vec![13, 20],
+        ..Dependencies::default()
+    };
+    assert_eq!(job.depends.merged(&more).after_ok, vec![12, 13, 20]);
+}
+
+#[test]
+fn a_dependency_that_is_no_job_id_points_at_it() {
+    let e = parse_str("[job]\nname = \"x\"\nafter_ok = [3, -1]\n[command]\nargv = [\"true\"]\n")
+        .unwrap_err();
+    assert!(e.contains("jobs/j.toml:3:16"), "{e}");
+    assert!(e.contains("after_ok: -1 is not a job id"), "{e}");
+    let e = parse_str("[job]\nname = \"x\"\nafter_any = 3\n[command]\nargv = [\"true\"]\n")
+        .unwrap_err();
+    assert!(e.contains("jobs/j.toml:3:"), "{e}");
+    let e =
+        parse_str("[job]\nname = \"x\"\nafter_failed = [\"a\"]\n[command]\nargv = [\"true\"]\n")
+            .unwrap_err();
+    assert!(e.contains("jobs/j.toml:3:"), "{e}");
+}

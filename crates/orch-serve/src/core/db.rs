@@ -510,6 +510,40 @@ impl Db {
         })
     }
 
+    /// What job `id` waits for, as recorded at its submission.
+    pub fn dependencies(&self, id: i64) -> Result<orch_core::job::Dependencies, DbError> {
+        self.read(|c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT kind, on_id FROM dependencies WHERE job_id = ?1 ORDER BY rowid",
+                )
+                .map_err(db("reading a job's dependencies"))?;
+            let rows = stmt
+                .query_map([id], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?))
+                })
+                .map_err(db("reading a job's dependencies"))?;
+            let mut depends = orch_core::job::Dependencies::default();
+            for row in rows {
+                let (kind, on) = row.map_err(db("reading a job's dependencies"))?;
+                match (kind.as_str(), on) {
+                    ("after_ok", Some(on)) => depends.after_ok.push(on),
+                    ("after_any", Some(on)) => depends.after_any.push(on),
+                    ("after_failed", Some(on)) => depends.after_failed.push(on),
+                    ("singleton", _) => depends.singleton = true,
+                    _ => {
+                        return Err(DbError {
+                            op: "reading a job's dependencies",
+                            reason: format!("job {id} has a dependency of unknown kind \"{kind}\""),
+                            code: None,
+                        });
+                    }
+                }
+            }
+            Ok(depends)
+        })
+    }
+
     /// A job's events, oldest first.
     pub fn events(&self, id: i64) -> Result<Vec<Event>, DbError> {
         self.read(|c| {
@@ -831,6 +865,28 @@ fn migrate(conn: &Connection) -> Result<(), DbError> {
         )
         .map_err(db("upgrading the schema"))?;
     }
+    let has_dependencies: bool = query_row(
+        conn,
+        "SELECT COUNT(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'dependencies'",
+        [],
+        |r| r.get(0),
+    )
+    .map_err(db("reading the schema"))?;
+    if version < 3 || !has_dependencies {
+        // Job dependencies: `kind` is after_ok, after_any or after_failed with the job `on_id`
+        // waited on, or singleton (no `on_id`). Made whatever version another block set.
+        conn.execute_batch(&format!(
+            "BEGIN;
+             CREATE TABLE IF NOT EXISTS dependencies (
+                job_id INTEGER NOT NULL, kind TEXT NOT NULL, on_id INTEGER
+             );
+             CREATE INDEX IF NOT EXISTS dependencies_by_job ON dependencies(job_id);
+             PRAGMA user_version = {};
+             COMMIT;",
+            version.max(3)
+        ))
+        .map_err(db("upgrading the schema"))?;
+    }
     // Job arrays: each task's array (its first task's id), index and `max_parallel`. Looked for
     // by column as well as by version, so that the order the other blocks came in never skips it.
     let has_array: bool = query_row(
@@ -860,6 +916,44 @@ fn migrate(conn: &Connection) -> Result<(), DbError> {
         .map_err(db("upgrading the schema"))?;
     }
     Ok(())
+}
+
+/// Records what job `id` waits for (`[job] after_ok` ..., `singleton`, and the submission's
+/// flags), with the job.
+pub fn insert_dependencies(
+    tx: &rusqlite::Transaction<'_>,
+    id: i64,
+    depends: &orch_core::job::Dependencies,
+) -> Result<(), DbError> {
+    for (kind, on) in depends.pairs() {
+        exec(
+            tx,
+            "INSERT INTO dependencies (job_id, kind, on_id) VALUES (?1, ?2, ?3)",
+            params![id, kind, on],
+        )
+        .map_err(db("writing a job's dependencies"))?;
+    }
+    if depends.singleton {
+        exec(
+            tx,
+            "INSERT INTO dependencies (job_id, kind, on_id) VALUES (?1, 'singleton', NULL)",
+            [id],
+        )
+        .map_err(db("writing a job's dependencies"))?;
+    }
+    Ok(())
+}
+
+/// Job `id`'s row, inside a write transaction (or on any connection).
+pub fn job_in(conn: &Connection, id: i64) -> Result<Option<JobRow>, DbError> {
+    query_row(
+        conn,
+        &format!("SELECT {COLUMNS} FROM jobs WHERE id = ?1"),
+        [id],
+        row_to_job,
+    )
+    .optional()
+    .map_err(db("reading a job"))
 }
 
 /// A tenant's decayed usage as recorded: GPU-seconds as of a moment.
@@ -1114,6 +1208,12 @@ pub fn purge(tx: &rusqlite::Transaction<'_>, before_ms: u64) -> Result<i64, DbEr
     exec(
         tx,
         "DELETE FROM events WHERE job_id NOT IN (SELECT id FROM jobs)",
+        [],
+    )
+    .map_err(db("purging old jobs"))?;
+    exec(
+        tx,
+        "DELETE FROM dependencies WHERE job_id NOT IN (SELECT id FROM jobs)",
         [],
     )
     .map_err(db("purging old jobs"))?;
@@ -1395,6 +1495,75 @@ mod tests {
         // Sent again with its key: the array already taken, nothing more.
         assert_eq!(insert(again, row), vec![ids[0]]);
         assert_eq!(db.jobs(&[], 100).unwrap().len(), 3);
+        drop(db);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn dependencies_are_kept_with_their_job_across_a_reopen_and_go_with_it() {
+        let dir = std::env::temp_dir().join(format!("orch-db-deps-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let db = Db::open(&dir).unwrap();
+        let submission = Submission {
+            job_text: String::new(),
+            job_path: "job.toml".into(),
+            cwd: "/".into(),
+            env: Vec::new(),
+            identity: crate::core::users::Identity {
+                uid: 0,
+                gid: 0,
+                name: "u".into(),
+                groups: Vec::new(),
+            },
+            policy_file: None,
+            holder: None,
+            alloc: None,
+            sweep_task: None,
+        };
+        let depends = orch_core::job::Dependencies {
+            after_ok: vec![3, 4],
+            after_any: vec![5],
+            after_failed: vec![6],
+            singleton: true,
+        };
+        let (want, sub) = (depends.clone(), submission.clone());
+        let id = db
+            .write_blocking(move |tx| {
+                let row = JobRow {
+                    name: "j".into(),
+                    tenant: "t".into(),
+                    user: "u".into(),
+                    ..JobRow::queued(0)
+                };
+                let id = insert_job(tx, &row, &sub, None)?;
+                insert_dependencies(tx, id, &depends)?;
+                Ok(id)
+            })
+            .unwrap();
+        let plain = db
+            .write_blocking(move |tx| {
+                let row = JobRow {
+                    name: "k".into(),
+                    ..JobRow::queued(0)
+                };
+                insert_job(tx, &row, &submission, None)
+            })
+            .unwrap();
+        db.stop();
+        drop(db);
+        let db = Db::open(&dir).unwrap();
+        assert_eq!(db.dependencies(id).unwrap(), want);
+        assert!(db.dependencies(plain).unwrap().is_empty());
+        // A purged job's dependencies go with it.
+        let change = Change {
+            state: Some(State::Succeeded),
+            ended_at_ms: Some(1),
+            ..Change::default()
+        };
+        db.write_blocking(move |tx| apply(tx, id, &change)).unwrap();
+        db.write_blocking(|tx| purge(tx, 10)).unwrap();
+        assert!(db.dependencies(id).unwrap().is_empty());
         drop(db);
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -10,6 +10,7 @@
 use crate::core::db::{Change, Event, JobRow, JobUse, State, Submission, Update, UsageRow};
 use crate::core::folders::{self, ExitRecord, Fence};
 use crate::core::kick::Kick;
+use crate::core::sched::deps::{Kind, Standing, Wait};
 use crate::core::sched::{Attempt, QueuePolicy, QueuedJob, RunningJob, Scheduler, Usage};
 use crate::core::state::{MachineView, Shared, SupervisorEnd};
 use orch_core::JobSpec;
@@ -159,6 +160,7 @@ impl Engine {
         };
         let started_s = row.started_at_ms.map_or_else(now_s, ms_to_s);
         self.set_array(id, row);
+        self.sched.note_group(id as u64, group_of(row));
         self.sched.add_running(RunningJob {
             id: id as u64,
             tenant,
@@ -565,6 +567,12 @@ impl Engine {
                 self.sched.dequeue(id as u64);
                 lock(&self.shared.reasons).remove(&id);
                 lock(&self.shared.places).remove(&id);
+                // Its end decides the jobs that wait on it.
+                if let Ok(Some(row)) = self.shared.db.job(id)
+                    && row.state.is_final()
+                {
+                    self.settled(id, row.state, row.exit_code);
+                }
             }
             Kick::Cancel(id) => {
                 if let Some(job) = self.jobs.running.get_mut(&id) {
@@ -616,7 +624,16 @@ impl Engine {
                     return;
                 };
                 let runtime = running::time_limit(&spec, self.shared.config.tenant(&row.tenant));
-                self.sched.enqueue(QueuedJob {
+                let wait = match self.wait_of(&row) {
+                    Ok(wait) => wait,
+                    Err(e) => {
+                        tracing::error!("job {id}: {e}");
+                        return;
+                    }
+                };
+                let db = &self.shared.db;
+                let mut standing = |on: u64| standing_of(db, on as i64);
+                let queued = QueuedJob {
                     id: id as u64,
                     tenant,
                     name: spec.name.clone(),
@@ -628,7 +645,11 @@ impl Engine {
                     queued_s: now_s(),
                     runtime_s: runtime.map(|d| d.as_secs_f64()),
                     preemptible: spec.preemptible,
-                });
+                };
+                if let Err(reason) = self.sched.enqueue_after(queued, wait, &mut standing) {
+                    self.end_queued(id, State::Cancelled, reason);
+                    return;
+                }
                 self.set_array(id, &row);
                 self.jobs.queue.insert(
                     id,
@@ -640,6 +661,34 @@ impl Engine {
                 );
             }
             Err(e) => self.fail(id, e.to_string()),
+        }
+    }
+
+    /// What queued job `row` waits for, as recorded at its submission.
+    fn wait_of(&self, row: &JobRow) -> Result<Wait, crate::core::db::DbError> {
+        let depends = self.shared.db.dependencies(row.id)?;
+        let after = depends
+            .pairs()
+            .filter_map(|(key, on)| Some((Kind::from_key(key)?, u64::try_from(on).ok()?)))
+            .collect();
+        Ok(Wait {
+            after,
+            singleton: depends.singleton,
+            group: group_of(row),
+        })
+    }
+
+    /// Job `id` ended for good, in `state`: the jobs that wait on it go into the queue, or end
+    /// cancelled when it can no longer be what they wait for (and so on down their chains).
+    fn settled(&mut self, id: i64, state: State, exit_code: Option<i32>) {
+        let ok = state == State::Succeeded;
+        let cancelled = self
+            .sched
+            .dependency_ended(id as u64, ok, ended_how(state, exit_code));
+        for (dependant, reason) in cancelled {
+            let dependant = dependant as i64;
+            self.jobs.queue.remove(&dependant);
+            self.end_queued(dependant, State::Cancelled, reason);
         }
     }
 
@@ -877,7 +926,10 @@ impl Engine {
         for p in report.preempt {
             self.preempt(p.victim as i64, p.reason);
         }
-        self.publish_reasons(report.reasons);
+        let mut reasons = report.reasons;
+        let placed = reasons.len();
+        reasons.extend(self.sched.held_reasons());
+        self.publish_reasons(reasons, placed);
         for id in std::mem::take(&mut self.jobs.no_fit) {
             self.shared.policies.set_undecided(id, false);
         }
@@ -973,10 +1025,13 @@ impl Engine {
 
     /// Why each queued job waits, and its place in the pass's order, for the API. A job queued
     /// again keeps saying why (preempted, its processes vanished) before why it waits now.
-    fn publish_reasons(&mut self, reasons: Vec<(u64, String)>) {
-        let waiting = reasons.len();
+    /// Only the first `placed` reasons are of jobs the pass tried: those held back by their
+    /// dependencies have no place in its order.
+    fn publish_reasons(&mut self, reasons: Vec<(u64, String)>, placed: usize) {
+        let waiting = placed;
         let places: HashMap<i64, (usize, usize)> = reasons
             .iter()
+            .take(placed)
             .enumerate()
             .map(|(i, (id, _))| (*id as i64, (i + 1, waiting)))
             .collect();
@@ -1180,6 +1235,7 @@ impl Engine {
         );
         // After the record: the devices are never free while the job still shows as running.
         self.jobs.release(id, lease_id);
+        self.settled(id, exit.state, exit.exit_code);
     }
 
     /// Nobody can report how job `id` ends any more (`reason` says why): what is left of it is
@@ -1208,6 +1264,7 @@ impl Engine {
                 },
             );
             self.jobs.release(id, lease_id);
+            self.settled(id, State::Lost, None);
         }
     }
 
@@ -1251,6 +1308,40 @@ impl Engine {
                 ..Change::default()
             },
         );
+        self.settled(id, state, None);
+    }
+}
+
+/// The group `singleton` counts a job in: its user and name.
+fn group_of(row: &JobRow) -> String {
+    format!("{}/{}", row.uid, row.name)
+}
+
+/// How a job that ended in `state` ended, as a dependant's reason says it: "failed (exit 1)".
+fn ended_how(state: State, exit_code: Option<i32>) -> String {
+    match (state, exit_code) {
+        (State::Failed, Some(code)) => format!("failed (exit {code})"),
+        (State::Cancelled, _) => "was cancelled".into(),
+        (State::Lost, _) => "was lost".into(),
+        (state, _) => state.as_str().into(),
+    }
+}
+
+/// Where job `on`, named by a dependency, stands in the database now. A job no longer there
+/// (purged after `retention`) is taken as ended without success: nothing says it succeeded.
+fn standing_of(db: &crate::core::db::Db, on: i64) -> Standing {
+    match db.job(on) {
+        Ok(Some(row)) if row.state.is_final() => Standing::Ended {
+            ok: row.state == State::Succeeded,
+            how: ended_how(row.state, row.exit_code),
+        },
+        Ok(Some(_)) => Standing::Active,
+        Ok(None) => Standing::Ended {
+            ok: false,
+            how: "is no longer in the job database".into(),
+        },
+        // Unknown is not ended: it waits, and is looked at again when the job ends.
+        Err(_) => Standing::Active,
     }
 }
 

@@ -271,6 +271,10 @@ pub struct Scheduler {
     /// Compute a reason for every queued job (the daemon shows them); without, a pass may stop
     /// once nothing more can start (the simulator).
     pub keep_reasons: bool,
+    /// Jobs held out of the queue by their dependencies or `singleton` ([`deps`]).
+    deps: deps::Deps,
+    /// The latest time a pass or an end was given: a job let out of [`deps`] is queued from here.
+    clock_s: f64,
     /// The job arrays' tasks, queued or running, and how many of each array run.
     arrays: Arrays,
 }
@@ -358,6 +362,8 @@ impl Scheduler {
             sizes: BTreeMap::new(),
             keep_reasons: true,
             arrays: Arrays::default(),
+            deps: deps::Deps::default(),
+            clock_s: f64::MIN,
         }
     }
 
@@ -475,8 +481,67 @@ impl Scheduler {
         self.queue.insert(job.id, job);
     }
 
+    /// Queues `job`, or holds it out of the queue while what `wait` names is not met (see
+    /// [`deps`]); `standing` says where each job it names stands now. `Err`: a dependency can
+    /// never be met, and the job is to end cancelled with this reason.
+    pub fn enqueue_after(
+        &mut self,
+        job: QueuedJob,
+        wait: deps::Wait,
+        standing: &mut dyn FnMut(u64) -> deps::Standing,
+    ) -> Result<(), String> {
+        self.dequeue(job.id);
+        match self.deps.take(job, wait, standing) {
+            deps::Taken::Ready(job) => {
+                self.enqueue(job);
+                Ok(())
+            }
+            deps::Taken::Held => Ok(()),
+            deps::Taken::Never(reason) => Err(reason),
+        }
+    }
+
+    /// Job `id` ended for good (`ok`: it succeeded; `how`: "failed (exit 1)", "was
+    /// cancelled"): the jobs waiting on it go into the queue, or end. Returns those that end
+    /// cancelled, down the chain, each with its reason.
+    pub fn dependency_ended(&mut self, id: u64, ok: bool, how: String) -> Vec<(u64, String)> {
+        let (ready, cancelled) = self.deps.ended(id, ok, how);
+        self.let_in(ready);
+        cancelled
+    }
+
+    /// Notes the group (user and name) of a job that runs without having been queued here (a
+    /// running job adopted after a restart), for `singleton`.
+    pub fn note_group(&mut self, id: u64, group: String) {
+        self.deps.note_group(id, group);
+    }
+
+    /// Jobs held out of the queue by their dependencies or `singleton`.
+    pub fn held_back(&self) -> usize {
+        self.deps.held()
+    }
+
+    /// Whether job `id` is held out of the queue by its dependencies or `singleton`.
+    pub fn is_held_back(&self, id: u64) -> bool {
+        self.deps.is_held(id)
+    }
+
+    /// Why each job held out of the queue waits: "waiting for job 12 (running)".
+    pub fn held_reasons(&self) -> Vec<(u64, String)> {
+        self.deps.reasons(&|id| self.running.contains_key(&id))
+    }
+
+    /// Jobs let out of [`deps`]: queued from the latest time this scheduler was given.
+    fn let_in(&mut self, ready: Vec<QueuedJob>) {
+        for mut job in ready {
+            job.queued_s = job.queued_s.max(self.clock_s);
+            self.enqueue(job);
+        }
+    }
+
     /// Takes a job out of the queue (cancelled, failed, started elsewhere).
     pub fn dequeue(&mut self, id: u64) -> Option<QueuedJob> {
+        self.deps.forget_held(id);
         let job = self.unqueue(id);
         if !self.running.contains_key(&id) {
             self.arrays.members.remove(&id);
@@ -511,12 +576,14 @@ impl Scheduler {
         }
         self.held[job.tenant] += job.gpus;
         self.arrays.started(job.id);
+        self.deps.started(job.id);
         self.running.insert(job.id, job);
     }
 
     /// Ends a running job at `at_s`: its use is charged up to then, and never beyond: what was
     /// charged past `at_s` (the end reached the daemon late) is taken back. Returns it.
     pub fn end(&mut self, id: u64, at_s: f64) -> Option<RunningJob> {
+        self.clock_s = self.clock_s.max(at_s);
         self.charge_job(id, at_s);
         self.refund_job(id, at_s);
         self.remove_running(id)
@@ -545,6 +612,8 @@ impl Scheduler {
         }
         self.held[job.tenant] = self.held[job.tenant].saturating_sub(job.gpus);
         self.preempting.remove(&id);
+        let ready = self.deps.stopped(id);
+        self.let_in(ready);
         Some(job)
     }
 
@@ -599,6 +668,7 @@ impl Scheduler {
         place: &mut dyn FnMut(&QueuedJob) -> Attempt,
     ) -> PassReport {
         let mut report = PassReport::default();
+        self.clock_s = self.clock_s.max(now_s);
         self.reservations
             .retain(|_, r| r.until_s >= now_s && r.gpus > 0);
         if self.queue.is_empty() {
@@ -1050,6 +1120,8 @@ struct Cursor {
     last_key: Option<Key>,
     per_tenant: Vec<Option<Key>>,
 }
+
+pub mod deps;
 
 #[cfg(test)]
 mod tests;

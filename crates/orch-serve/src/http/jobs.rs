@@ -165,6 +165,9 @@ pub(crate) async fn accept(
     });
     let max_parallel = spec.sweep.max_parallel;
     let tenant = row.tenant.clone();
+    let depends = spec.depends.merged(&request.depends);
+    let place = submission.job_path.clone();
+    let asker = caller.clone();
     // The limit is checked in the same transaction as the insert: concurrent submissions
     // cannot overshoot it.
     let admitted = shared
@@ -181,17 +184,37 @@ pub(crate) async fn accept(
                     Some(tasks) => admission::array_queue(limits, queued, tasks.len() as u64),
                 };
                 if let Err(refusal) = fits {
-                    return Ok(Err(refusal));
+                    return Ok(Err(refusal.into()));
                 }
             }
-            match &array {
-                None => crate::core::db::insert_job(tx, &row, &submission, key.as_deref())
-                    .map(|id| Ok(vec![id])),
-                Some(tasks) => {
-                    crate::core::db::insert_array(tx, &row, tasks, max_parallel, key.as_deref())
-                        .map(Ok)
+            // Every job waited on exists now (so its id is below this job's) and is the
+            // caller's to see; another tenant's is refused as an unknown one is.
+            for (kind, on) in depends.pairs() {
+                let known = crate::core::db::job_in(tx, on)?;
+                if !known.is_some_and(|r| visible_to(&asker, &r)) {
+                    return Ok(Err(err(
+                        StatusCode::NOT_FOUND,
+                        format!(
+                            "{place}: {kind} names job {on}, and there is no job {on} you may see (orch jobs --all lists yours)"
+                        ),
+                    )));
                 }
             }
+            // An array's tasks each wait for what the array waits for.
+            let ids = match &array {
+                None => vec![crate::core::db::insert_job(tx, &row, &submission, key.as_deref())?],
+                Some(tasks) => crate::core::db::insert_array(
+                    tx,
+                    &row,
+                    tasks,
+                    max_parallel,
+                    key.as_deref(),
+                )?,
+            };
+            for &id in &ids {
+                crate::core::db::insert_dependencies(tx, id, &depends)?;
+            }
+            Ok(Ok(ids))
         })
         .await
         .map_err(|e| match e.fault() {

@@ -31,6 +31,13 @@ pub struct SubmitRequest {
     /// with `PUT /v1/plugins/sha256:HEX`, instead of `policy_wasm`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy_digest: Option<String>,
+    /// Dependencies given beside the job file (`orch submit --after-ok 12`): they add to its
+    /// `[job]` lists. Not taken by `POST /v1/leases`.
+    #[serde(
+        default,
+        skip_serializing_if = "orch_core::job::Dependencies::is_empty"
+    )]
+    pub depends: orch_core::job::Dependencies,
 }
 
 /// The fields of a `POST /v1/jobs` body, all of [`SubmitRequest`]'s.
@@ -42,6 +49,7 @@ pub const SUBMIT_FIELDS: &[&str] = &[
     "key",
     "policy_wasm",
     "policy_digest",
+    "depends",
 ];
 
 /// The fields of a `POST /v1/leases` body: a submission's and `wait`.
@@ -388,6 +396,10 @@ mod tests {
             key: Some(String::new()),
             policy_wasm: Some(String::new()),
             policy_digest: Some(String::new()),
+            depends: orch_core::job::Dependencies {
+                singleton: true,
+                ..Default::default()
+            },
         };
         let keys = |v: serde_json::Value| -> Vec<String> {
             let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
@@ -404,7 +416,10 @@ mod tests {
             sorted(SUBMIT_FIELDS)
         );
         let lease = LeaseRequest {
-            submission: submit,
+            submission: SubmitRequest {
+                depends: Default::default(),
+                ..submit
+            },
             wait: true,
             alloc: Some(AllocRequest { idle_s: Some(60.0) }),
         };

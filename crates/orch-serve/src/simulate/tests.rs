@@ -13,6 +13,11 @@ fn tj(at: f64, tenant: &str, gpus: u32, duration: f64, preemptible: bool) -> Tra
         preemptible,
         name: None,
         tags: vec![],
+        after_ok: vec![],
+        after_any: vec![],
+        after_failed: vec![],
+        singleton: false,
+        exit: 0,
     }
 }
 
@@ -191,4 +196,74 @@ fn a_priority_above_max_priority_is_rejected_as_the_daemon_refuses_it() {
     let report = run(&c, 8, &[high, fine], None);
     let a = &report.tenants[0];
     assert_eq!((a.rejected, a.finished), (1, 1), "{}", render(&report));
+}
+
+#[test]
+fn a_trace_honours_dependencies_and_singleton() {
+    let c = two_tenants(1, 1);
+    let trace = parse_trace(
+        Path::new("t.jsonl"),
+        concat!(
+            "{\"at\": 0, \"tenant\": \"a\", \"duration\": 100, \"exit\": 1}\n",
+            "{\"at\": 1, \"tenant\": \"a\", \"duration\": 10, \"after_ok\": [1]}\n",
+            "{\"at\": 1, \"tenant\": \"a\", \"duration\": 10, \"after_any\": [1]}\n",
+            "{\"at\": 2, \"tenant\": \"b\", \"duration\": 10, \"after_ok\": [3]}\n",
+            "{\"at\": 2, \"tenant\": \"b\", \"duration\": 10, \"after_ok\": [2]}\n",
+            "{\"at\": 3, \"tenant\": \"b\", \"duration\": 50, \"name\": \"n\", \"singleton\": true}\n",
+            "{\"at\": 4, \"tenant\": \"b\", \"duration\": 50, \"name\": \"n\", \"singleton\": true}\n",
+        ),
+    )
+    .unwrap();
+    let report = simulate_with(
+        &c,
+        8,
+        &trace,
+        Box::new(NativePolicy::new("fifo").unwrap()),
+        None,
+        true,
+    )
+    .unwrap();
+    let jobs = report.jobs.unwrap();
+    let started = |n: usize| jobs[n - 1].started;
+    assert_eq!(started(1), Some(0.0));
+    assert_eq!(started(2), None);
+    assert_eq!(
+        jobs[1].cancelled.as_deref(),
+        Some("dependency never satisfied: job 1 failed (exit 1)")
+    );
+    assert_eq!(
+        jobs[4].cancelled.as_deref(),
+        Some("dependency never satisfied: job 2 was cancelled")
+    );
+    assert_eq!(started(3), Some(100.0));
+    assert_eq!(started(4), Some(110.0));
+    assert_eq!(started(6), Some(3.0));
+    assert_eq!(started(7), Some(53.0));
+    let b = &report.tenants[1];
+    assert_eq!((b.cancelled, b.unfinished), (1, 0));
+}
+
+#[test]
+fn a_trace_dependency_on_a_later_job_names_the_line() {
+    let e = parse_trace(
+        Path::new("t.jsonl"),
+        "{\"at\": 0, \"tenant\": \"a\", \"duration\": 1, \"after_ok\": [2]}\n{\"at\": 0, \"tenant\": \"a\", \"duration\": 1}\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("t.jsonl:1")
+            && e.contains("after_ok names job 2, which is not a job before this one (job 1)"),
+        "{e}"
+    );
+    let e = parse_trace(
+        Path::new("t.jsonl"),
+        "{\"at\": 5, \"tenant\": \"a\", \"duration\": 1}\n{\"at\": 0, \"tenant\": \"a\", \"duration\": 1, \"after_any\": [1]}\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("t.jsonl:2") && e.contains("submitted later (at 5)"),
+        "{e}"
+    );
 }

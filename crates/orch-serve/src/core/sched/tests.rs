@@ -471,3 +471,6 @@ fn each_task_of_an_array_is_charged_to_its_tenant_like_any_job() {
     assert!((used - 300.0).abs() < 0.1, "{used}");
     assert_eq!(s.usage(1).gpu_s, 0.0);
 }
+
+#[path = "deps_tests.rs"]
+mod deps_tests;
