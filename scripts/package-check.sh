@@ -39,7 +39,7 @@ echo "/usr/bin/orch: $((size / 1024 / 1024)) MiB"
 [[ $(dpkg-query -W -f='${Conffiles}' orch) == *"/etc/orch/serve.toml"* ]] || fail "/etc/orch/serve.toml is not a conffile"
 
 step "the unit: systemd-analyze verify"
-unit=/usr/lib/systemd/system/orch.service
+unit=/lib/systemd/system/orch.service
 verify=$(systemd-analyze verify "$unit" 2>&1 || true)
 echo "${verify:-(no complaints)}"
 # A container without a running systemd cannot load every dependency; the unit's own lines must

@@ -50,7 +50,7 @@ if [[ -n "$build_id" ]]; then
 fi
 
 # The service, its config (a conffile: an upgrade never overwrites an admin's edits).
-install -D -m 0644 "$package/orch.service" "$root/usr/lib/systemd/system/orch.service"
+install -D -m 0644 "$package/orch.service" "$root/lib/systemd/system/orch.service"
 install -D -m 0644 "$package/serve.toml" "$root/etc/orch/serve.toml"
 echo /etc/orch/serve.toml > "$root/DEBIAN/conffiles"
 
