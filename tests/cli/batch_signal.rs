@@ -527,3 +527,64 @@ fn orch_run_of_a_trainer_saves_on_sigterm_and_resume_goes_on() {
     );
     let _ = std::fs::remove_dir_all(&state);
 }
+
+/// A local sweep of `[train]` tasks with a warning signal: the warning and then SIGTERM (as
+/// Slurm sends them, `--signal=B:USR1@T` then the time limit) stop the task at a step with its
+/// checkpoint: the second, different signal does not kill the trainer mid-write, and the
+/// sweep's next task never starts.
+#[test]
+fn a_warning_then_sigterm_stop_a_local_train_sweep_with_a_checkpoint_and_no_next_task() {
+    let state = std::env::temp_dir().join(format!(
+        "orch-signal-sweep-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&state).unwrap();
+    let digits = root().join("examples/digits/data/digits.csv.gz");
+    let file = job_file(
+        &state,
+        "train.toml",
+        &format!(
+            "[job]\nname = \"digits\"\nsignal = \"USR1@1h\"\n[sweep]\nseed = [3, 4]\n[train]\nplugin = \"mlp\"\nepochs = 600\nbatch_size = 64\n[train.config]\nhidden = \"32\"\nlr = 0.1\n[train.data]\nformat = \"csv\"\ntrain = \"{g}\"\ntest = \"{g}\"\nscale = 16\n",
+            g = digits.display()
+        ),
+    );
+    let sim = lab_sim();
+    let state_s = state.display().to_string();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_orch"))
+        .args(["run", &file])
+        .envs([("ORCH_DEVICES", sim.as_str()), ("ORCH_STATE_DIR", &state_s)])
+        .env_remove("ORCH_SERVER")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let task0 = state.join("runs/digits/sweep-0");
+    until(Duration::from_secs(60), "a step done", || {
+        read(&task0.join("metrics.jsonl")).lines().count() >= 1
+    });
+    // SAFETY: kill(2) on the orch process this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
+    std::thread::sleep(Duration::from_millis(20));
+    // SAFETY: as above.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert!(
+        [Some(128 + libc::SIGUSR1), Some(128 + libc::SIGTERM)].contains(&out.status.code()),
+        "ended with {:?}, not as a trainer that saved: {err}",
+        out.status
+    );
+    assert!(err.contains("job digits-0 stopped on SIG"), "{err}");
+    let meta: serde_json::Value =
+        serde_json::from_str(&read(&task0.join("checkpoint/state.json"))).unwrap();
+    assert!(meta["step"].as_u64().unwrap() >= 1, "{meta}");
+    assert!(
+        !state.join("runs/digits/sweep-1").exists(),
+        "the sweep's next task started after the stop: {err}"
+    );
+    let _ = std::fs::remove_dir_all(&state);
+}

@@ -104,6 +104,17 @@ pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
                     eprintln!("orch: sweep task {task}: {}", e.render());
                     first_failure.get_or_insert(e);
                 }
+                // A stop asked of a `[train]` sweep ends it here: the tasks left do not start.
+                if StopSignals::asked() {
+                    if task + 1 < job.sweep.len() {
+                        eprintln!(
+                            "orch: stopped on a signal: sweep tasks {}..{} did not run",
+                            task + 1,
+                            job.sweep.len() - 1
+                        );
+                    }
+                    break;
+                }
             }
             first_failure.map_or(Ok(()), Err)
         }
@@ -294,36 +305,55 @@ pub(super) fn conclude(job: &JobSpec, ended: Result<Outcome, RunError>) -> CmdRe
 }
 
 /// A `[train]` job's stop request: SIGTERM or the job's warning signal (`[job] signal`) makes
-/// the trainer stop at the end of its current step with a checkpoint; the same signal again
-/// ends the process at once.
+/// the trainer stop at the end of its current step with a checkpoint; the same signal a second
+/// time ends the process at once (another one does not: a warning and then SIGTERM at the time
+/// limit leave the trainer its grace period). One request for the whole process: the handlers
+/// are registered once, and a local sweep stops at the task it was in.
 struct StopSignals {
     requested: Arc<AtomicBool>,
-    /// The signal that came first (0: none yet).
+    /// The signal that came last (0: none yet).
     which: Arc<AtomicUsize>,
 }
 
+/// The process's stop request, the signal that came last, and the signals whose handlers set
+/// them.
+type StopState = (
+    Arc<AtomicBool>,
+    Arc<AtomicUsize>,
+    std::sync::Mutex<Vec<i32>>,
+);
+static STOP: std::sync::LazyLock<StopState> = std::sync::LazyLock::new(Default::default);
+
 impl StopSignals {
     fn register(job: &JobSpec) -> Result<StopSignals, Failure> {
-        let stop = StopSignals {
-            requested: Arc::new(AtomicBool::new(false)),
-            which: Arc::new(AtomicUsize::new(0)),
-        };
+        let (requested, which, registered) = &*STOP;
+        let mut registered = orch_core::sync::lock(registered);
         let mut signals = vec![libc::SIGTERM];
         signals.extend(job.stopping.signal.map(|s| s.number));
-        signals.dedup();
         for signal in signals {
-            let registered = signal_hook::flag::register_conditional_default(
-                signal,
-                Arc::clone(&stop.requested),
-            )
-            .and_then(|_| {
-                signal_hook::flag::register_usize(signal, Arc::clone(&stop.which), signal as usize)
-            })
-            .and_then(|_| signal_hook::flag::register(signal, Arc::clone(&stop.requested)));
-            registered
-                .map_err(|e| Failure::failed_msg(format!("cannot handle signal {signal}: {e}")))?;
+            if registered.contains(&signal) {
+                continue;
+            }
+            // Set by this signal alone: it ends the process the second time it comes.
+            let again = Arc::new(AtomicBool::new(false));
+            let done = signal_hook::flag::register_conditional_default(signal, Arc::clone(&again))
+                .and_then(|_| signal_hook::flag::register(signal, again))
+                .and_then(|_| {
+                    signal_hook::flag::register_usize(signal, Arc::clone(which), signal as usize)
+                })
+                .and_then(|_| signal_hook::flag::register(signal, Arc::clone(requested)));
+            done.map_err(|e| Failure::failed_msg(format!("cannot handle signal {signal}: {e}")))?;
+            registered.push(signal);
         }
-        Ok(stop)
+        Ok(StopSignals {
+            requested: Arc::clone(requested),
+            which: Arc::clone(which),
+        })
+    }
+
+    /// Whether this process was asked to stop (by a signal whose handler is registered).
+    fn asked() -> bool {
+        STOP.0.load(Ordering::Acquire)
     }
 
     fn received(&self) -> Option<i32> {

@@ -667,10 +667,17 @@ impl Engine {
     /// What queued job `row` waits for, as recorded at its submission.
     fn wait_of(&self, row: &JobRow) -> Result<Wait, crate::core::db::DbError> {
         let depends = self.shared.db.dependencies(row.id)?;
-        let after = depends
-            .pairs()
-            .filter_map(|(key, on)| Some((Kind::from_key(key)?, u64::try_from(on).ok()?)))
-            .collect();
+        // A job that started before (preempted, or queued again after its processes vanished)
+        // had what it waits for met then: that is not asked again, and the jobs it names may be
+        // purged since. `singleton` holds for every run.
+        let after = if row.attempt > 0 {
+            Vec::new()
+        } else {
+            depends
+                .pairs()
+                .filter_map(|(key, on)| Some((Kind::from_key(key)?, u64::try_from(on).ok()?)))
+                .collect()
+        };
         Ok(Wait {
             after,
             singleton: depends.singleton,
