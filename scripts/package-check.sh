@@ -8,15 +8,25 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 target=$(realpath -m "${CARGO_TARGET_DIR:-target}")
-deb=$(ls "$target"/debian/orch_*.deb 2>/dev/null | head -1)
-[[ -n "$deb" ]] || { echo "no package in $target/debian: run scripts/package-deb.sh first" >&2; exit 2; }
+debs=("$target"/debian/orch_*.deb)
+deb=${debs[0]}
+[[ -e "$deb" ]] || { echo "no package in $target/debian: run scripts/package-deb.sh first" >&2; exit 2; }
 [[ $(id -u) == 0 ]] || { echo "package-check.sh installs a package: run it as root" >&2; exit 2; }
-if [[ -e /run/orch/orch.sock ]]; then
-  echo "/run/orch/orch.sock exists: another orch daemon serves this machine; stop it first" >&2
+# Never on a machine that runs orch: the check starts the machine's daemon and purges the package.
+if dpkg-query -W -f='${Status}' orch 2>/dev/null | grep -q "installed"; then
+  echo "the orch package is installed here: package-check.sh would remove it; run it on a machine without orch" >&2
+  exit 2
+fi
+if [[ -e /run/orch/orch.sock || -e /var/lib/orch/jobs.sqlite3 ]]; then
+  echo "an orch daemon serves (or served) this machine (/run/orch/orch.sock or /var/lib/orch/jobs.sqlite3): package-check.sh would take its place; run it on a machine without orch" >&2
   exit 2
 fi
 
 user=orch-pkg-check
+# What this check makes, so that it removes that and nothing else.
+made_state=$([[ -e /var/lib/orch ]] && echo no || echo yes)
+made_run=$([[ -e /run/orch ]] && echo no || echo yes)
+made_user=no
 daemon_pid=""
 cleanup() {
   if [[ -n "$daemon_pid" ]]; then
@@ -25,7 +35,10 @@ cleanup() {
   fi
   dpkg -P orch orch-dbgsym >/dev/null 2>&1 || true
   rm -rf /run/orch/orch.sock /run/orch/owner.json /var/lib/orch/jobs.sqlite3* /var/lib/orch/jobs
-  userdel -r "$user" >/dev/null 2>&1 || true
+  [[ $made_state == yes ]] && rm -rf /var/lib/orch
+  [[ $made_run == yes ]] && rm -rf /run/orch
+  [[ $made_user == yes ]] && userdel -r "$user" >/dev/null 2>&1
+  true
 }
 trap cleanup EXIT
 fail() { echo "package check: $*" >&2; exit 1; }
@@ -67,7 +80,10 @@ if out=$(orch serve --config /etc/orch/serve.toml --check 2>&1); then
   fail "the shipped config, which has no tenant, was accepted: $out"
 fi
 grep -q "tenant" <<<"$out" || fail "the shipped config's refusal does not mention a tenant: $out"
-id "$user" >/dev/null 2>&1 || useradd --create-home "$user"
+if ! id "$user" >/dev/null 2>&1; then
+  useradd --create-home "$user"
+  made_user=yes
+fi
 cat >> /etc/orch/serve.toml <<TOML
 
 [[tenant]]
