@@ -247,3 +247,42 @@ fn another_tenants_job_is_refused_as_unknown() {
     assert!(d.client(&["cancel", &hers]).status.success());
     d.wait_state(&mine, "cancelled");
 }
+
+/// A job array's id stands for all of its tasks: `--after-ok` waits for every task and is
+/// cancelled when one fails; `--after-any` runs once the last task ended; `--after-failed` on an
+/// array is refused, since its tasks may end some one way and some the other.
+#[test]
+fn a_dependency_on_an_array_waits_for_every_task() {
+    let d = Daemon::start("deps-array");
+    let work = d.state.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let (go, wait) = gate(&d, "go");
+    // Task 1 fails; tasks 0 and 2 succeed; all wait for the gate.
+    let sweep = job_file(
+        &work,
+        "sweep.toml",
+        &format!(
+            "[job]\nname = \"sw\"\n[sweep]\nk = [0, 1, 2]\n[command]\nargv = [\"sh\", \"-c\", \"{}; test {{k}} != 1\"]\n",
+            wait.replace('"', "\\\"")
+        ),
+    );
+    let array = d.submit(&[&sweep]);
+    let ok = d.submit(&["--after-ok", &array, "--", "true"]);
+    let any = d.submit(&["--after-any", &array, "--", "true"]);
+    let refused = d.client(&["submit", "--after-failed", &array, "--", "true"]);
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+    assert!(stderr(&refused).contains("after_failed names job array"), "{}", stderr(&refused));
+    std::fs::write(&go, b"").unwrap();
+    let s = d.wait_state(&ok, "cancelled");
+    let reason = s["reason"].as_str().unwrap_or_default().to_string();
+    assert!(reason.contains("dependency never satisfied"), "{s}");
+    let a = d.wait_state(&any, "succeeded");
+    let tasks: Vec<serde_json::Value> = (0..3)
+        .map(|t| d.status(&format!("{array}[{t}]")))
+        .collect();
+    let last_end = tasks.iter().map(|t| ms(t, "ended_at_ms")).max().unwrap();
+    assert!(
+        ms(&a, "started_at_ms") >= last_end,
+        "the after-any dependant started before the array's last task ended: {a} {tasks:?}"
+    );
+}

@@ -945,6 +945,18 @@ pub fn insert_dependencies(
 }
 
 /// Job `id`'s row, inside a write transaction (or on any connection).
+/// The job ids of job array `array`'s tasks, by task index.
+pub fn array_task_ids(conn: &Connection, array: i64) -> Result<Vec<i64>, DbError> {
+    let mut stmt = conn
+        .prepare_cached("SELECT id FROM jobs WHERE array_id = ?1 ORDER BY array_task")
+        .map_err(db("reading a job array"))?;
+    let ids = stmt
+        .query_map([array], |r| r.get(0))
+        .map_err(db("reading a job array"))?;
+    ids.collect::<Result<Vec<i64>, _>>()
+        .map_err(db("reading a job array"))
+}
+
 pub fn job_in(conn: &Connection, id: i64) -> Result<Option<JobRow>, DbError> {
     query_row(
         conn,

@@ -189,15 +189,42 @@ pub(crate) async fn accept(
             }
             // Every job waited on exists now (so its id is below this job's) and is the
             // caller's to see; another tenant's is refused as an unknown one is.
+            // A job array's id stands for every task of it, as with Slurm's `afterok:ARRAY`.
+            let mut waits = orch_core::job::Dependencies {
+                singleton: depends.singleton,
+                ..Default::default()
+            };
             for (kind, on) in depends.pairs() {
                 let known = crate::core::db::job_in(tx, on)?;
-                if !known.is_some_and(|r| visible_to(&asker, &r)) {
+                let Some(known) = known.filter(|r| visible_to(&asker, r)) else {
                     return Ok(Err(err(
                         StatusCode::NOT_FOUND,
                         format!(
                             "{place}: {kind} names job {on}, and there is no job {on} you may see (orch jobs --all lists yours)"
                         ),
                     )));
+                };
+                let tasks = match known.array {
+                    Some(a) if a.id == on => crate::core::db::array_task_ids(tx, on)?,
+                    _ => vec![on],
+                };
+                if kind == "after_failed" && tasks.len() > 1 {
+                    return Ok(Err(err(
+                        StatusCode::BAD_REQUEST,
+                        format!(
+                            "{place}: after_failed names job array {on}, whose tasks may end some one way and some the other; name the task to wait for ({on}[N] is shown with its job id by orch status), or use after_any"
+                        ),
+                    )));
+                }
+                let list = match kind {
+                    "after_ok" => &mut waits.after_ok,
+                    "after_any" => &mut waits.after_any,
+                    _ => &mut waits.after_failed,
+                };
+                for id in tasks {
+                    if !list.contains(&id) {
+                        list.push(id);
+                    }
                 }
             }
             // An array's tasks each wait for what the array waits for.
@@ -212,7 +239,7 @@ pub(crate) async fn accept(
                 )?,
             };
             for &id in &ids {
-                crate::core::db::insert_dependencies(tx, id, &depends)?;
+                crate::core::db::insert_dependencies(tx, id, &waits)?;
             }
             Ok(Ok(ids))
         })
