@@ -271,15 +271,18 @@ fn a_dependency_on_an_array_waits_for_every_task() {
     let any = d.submit(&["--after-any", &array, "--", "true"]);
     let refused = d.client(&["submit", "--after-failed", &array, "--", "true"]);
     assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
-    assert!(stderr(&refused).contains("after_failed names job array"), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("after_failed names job array"),
+        "{}",
+        stderr(&refused)
+    );
     std::fs::write(&go, b"").unwrap();
     let s = d.wait_state(&ok, "cancelled");
     let reason = s["reason"].as_str().unwrap_or_default().to_string();
     assert!(reason.contains("dependency never satisfied"), "{s}");
     let a = d.wait_state(&any, "succeeded");
-    let tasks: Vec<serde_json::Value> = (0..3)
-        .map(|t| d.status(&format!("{array}[{t}]")))
-        .collect();
+    let tasks: Vec<serde_json::Value> =
+        (0..3).map(|t| d.status(&format!("{array}[{t}]"))).collect();
     let last_end = tasks.iter().map(|t| ms(t, "ended_at_ms")).max().unwrap();
     assert!(
         ms(&a, "started_at_ms") >= last_end,

@@ -1255,6 +1255,26 @@ impl Db {
 mod tests {
     use super::*;
 
+    /// A submission of user `u`'s job.toml, task `sweep_task` of an array when given.
+    fn test_submission(sweep_task: Option<u32>) -> Submission {
+        Submission {
+            job_text: String::new(),
+            job_path: "job.toml".into(),
+            cwd: "/".into(),
+            env: Vec::new(),
+            identity: crate::core::users::Identity {
+                uid: 0,
+                gid: 0,
+                name: "u".into(),
+                groups: Vec::new(),
+            },
+            policy_file: None,
+            holder: None,
+            alloc: None,
+            sweep_task,
+        }
+    }
+
     #[test]
     fn every_state_reads_back_and_an_unknown_one_is_an_error() {
         for state in State::ALL {
@@ -1381,22 +1401,7 @@ mod tests {
             user: "u".into(),
             ..JobRow::queued(0)
         };
-        let submission = Submission {
-            job_text: String::new(),
-            job_path: "job.toml".into(),
-            cwd: "/".into(),
-            env: Vec::new(),
-            identity: crate::core::users::Identity {
-                uid: 0,
-                gid: 0,
-                name: "u".into(),
-                groups: Vec::new(),
-            },
-            policy_file: None,
-            holder: None,
-            alloc: None,
-            sweep_task: None,
-        };
+        let submission = test_submission(None);
         let id = db
             .write_blocking(move |tx| insert_job(tx, &row, &submission, None))
             .unwrap();
@@ -1451,22 +1456,7 @@ mod tests {
             user: "u".into(),
             ..JobRow::queued(0)
         };
-        let submission = |task| Submission {
-            job_text: String::new(),
-            job_path: "job.toml".into(),
-            cwd: "/".into(),
-            env: Vec::new(),
-            identity: crate::core::users::Identity {
-                uid: 0,
-                gid: 0,
-                name: "u".into(),
-                groups: Vec::new(),
-            },
-            policy_file: None,
-            holder: None,
-            alloc: None,
-            sweep_task: Some(task),
-        };
+        let submission = |task| test_submission(Some(task));
         let tasks: Vec<Submission> = (0..3).map(submission).collect();
         let again = tasks.clone();
         let r = row.clone();
@@ -1517,22 +1507,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let db = Db::open(&dir).unwrap();
-        let submission = Submission {
-            job_text: String::new(),
-            job_path: "job.toml".into(),
-            cwd: "/".into(),
-            env: Vec::new(),
-            identity: crate::core::users::Identity {
-                uid: 0,
-                gid: 0,
-                name: "u".into(),
-                groups: Vec::new(),
-            },
-            policy_file: None,
-            holder: None,
-            alloc: None,
-            sweep_task: None,
-        };
+        let submission = test_submission(None);
         let depends = orch_core::job::Dependencies {
             after_ok: vec![3, 4],
             after_any: vec![5],
