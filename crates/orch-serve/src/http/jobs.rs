@@ -436,40 +436,25 @@ async fn cancel_array(
         .filter(|t| t.state == State::Running)
         .map(|t| t.id)
         .collect();
-    let who = caller.identity.name.clone();
-    let ids = queued.clone();
+    let who = &caller.identity.name;
     // The queued tasks in one transaction: none of them starts after the cancel is answered.
-    let cancelled = shared
-        .db
-        .write_value(move |tx| {
-            let mut cancelled = Vec::new();
-            for id in ids {
-                let change = crate::core::db::Change {
-                    state: Some(State::Cancelled),
-                    ended_at_ms: Some(now_ms()),
-                    reason: Update::Set(format!("cancelled by {who} (its array {array})")),
-                    only_if: Some(State::Queued),
-                    event: Some(crate::core::db::Event::now(
-                        "finished",
-                        format!("cancelled by {who} while queued, with its array {array}"),
-                    )),
-                    ..Default::default()
-                };
-                if crate::core::db::apply(tx, id, &change)? == 1 {
-                    cancelled.push(id);
-                }
-            }
-            Ok(cancelled)
-        })
-        .await
-        .map_err(internal)?;
-    for &id in &cancelled {
-        shared.kick(Kick::Dequeued(id));
-    }
+    let cancelled = cancel_queued(shared, queued.clone(), who, array).await?;
     // Those that started meanwhile are stopped with the running ones.
     running.extend(queued.into_iter().filter(|id| !cancelled.contains(id)));
     for &id in &running {
         request_stop(shared, id, caller).await?;
+    }
+    // A running task preempted back to the queue between the read and its stop request is
+    // queued again: it is cancelled as a queued one.
+    let stopped = running.clone();
+    let requeued: Vec<i64> = read(shared, move |db| db.array_tasks(array))
+        .await?
+        .into_iter()
+        .filter(|t| t.state == State::Queued && stopped.contains(&t.id))
+        .map(|t| t.id)
+        .collect();
+    if !requeued.is_empty() {
+        cancel_queued(shared, requeued, who, array).await?;
     }
     let (head, tasks) = read(shared, move |db| {
         Ok((db.job(array)?, db.array_tasks(array)?))
@@ -535,6 +520,45 @@ pub(crate) async fn cancel(
             format!("job {id} has already ended ({})", other.as_str()),
         )),
     }
+}
+
+/// Cancels those of `ids` (tasks of job array `array`) that are still queued, in one
+/// transaction, on `who`'s request; returns them.
+async fn cancel_queued(
+    shared: &Arc<Shared>,
+    ids: Vec<i64>,
+    who: &str,
+    array: i64,
+) -> ApiResult<Vec<i64>> {
+    let who = who.to_string();
+    let cancelled = shared
+        .db
+        .write_value(move |tx| {
+            let mut cancelled = Vec::new();
+            for id in ids {
+                let change = crate::core::db::Change {
+                    state: Some(State::Cancelled),
+                    ended_at_ms: Some(now_ms()),
+                    reason: Update::Set(format!("cancelled by {who} (its array {array})")),
+                    only_if: Some(State::Queued),
+                    event: Some(crate::core::db::Event::now(
+                        "finished",
+                        format!("cancelled by {who} while queued, with its array {array}"),
+                    )),
+                    ..Default::default()
+                };
+                if crate::core::db::apply(tx, id, &change)? == 1 {
+                    cancelled.push(id);
+                }
+            }
+            Ok(cancelled)
+        })
+        .await
+        .map_err(internal)?;
+    for &id in &cancelled {
+        shared.kick(Kick::Dequeued(id));
+    }
+    Ok(cancelled)
 }
 
 /// Commits the cancel of a running job before it is carried out, so that a daemon restarted in
