@@ -408,15 +408,7 @@ fn a_preempted_trainer_saves_on_its_signal_and_resumes_to_the_same_parameters() 
 /// instead of dying of it: the job saves and exits, and orch exits with its status.
 #[test]
 fn orch_run_passes_the_jobs_warning_signal_on() {
-    let state = std::env::temp_dir().join(format!(
-        "orch-signal-run-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&state).unwrap();
+    let state = scratch_dir("signal-run");
     let marker = state.join("saved");
     let pid = state.join("pid");
     let script = format!(
@@ -462,14 +454,7 @@ fn orch_run_passes_the_jobs_warning_signal_on() {
 /// never stopped ends.
 #[test]
 fn orch_run_of_a_trainer_saves_on_sigterm_and_resume_goes_on() {
-    let state = std::env::temp_dir().join(format!(
-        "orch-signal-train-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
+    let state = scratch_dir("signal-train");
     let digits = root().join("examples/digits/data/digits.csv.gz");
     let train = |dir: &Path| {
         std::fs::create_dir_all(dir).unwrap();
@@ -534,15 +519,7 @@ fn orch_run_of_a_trainer_saves_on_sigterm_and_resume_goes_on() {
 /// sweep's next task never starts.
 #[test]
 fn a_warning_then_sigterm_stop_a_local_train_sweep_with_a_checkpoint_and_no_next_task() {
-    let state = std::env::temp_dir().join(format!(
-        "orch-signal-sweep-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&state).unwrap();
+    let state = scratch_dir("signal-sweep");
     let digits = root().join("examples/digits/data/digits.csv.gz");
     let file = job_file(
         &state,

@@ -88,6 +88,17 @@ pub fn has_nvml() -> bool {
     orch_devices::nvml::read().is_ok()
 }
 
+/// A new folder of this test's own under the temporary folder, `orch-TAG-PID-NANOS`.
+pub fn scratch_dir(tag: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let dir = std::env::temp_dir().join(format!("orch-{tag}-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// A port nobody listens on now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

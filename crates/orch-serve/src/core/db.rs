@@ -832,6 +832,11 @@ fn row_to_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<JobRow> {
     })
 }
 
+/// Whether the schema has what `exists` (a `SELECT COUNT(*) > 0 ...`) looks for.
+fn schema_has(conn: &Connection, exists: &str) -> Result<bool, DbError> {
+    query_row(conn, exists, [], |r| r.get(0)).map_err(db("reading the schema"))
+}
+
 /// Brings a database of an earlier orch up to this one's schema (`PRAGMA user_version`).
 fn migrate(conn: &Connection) -> Result<(), DbError> {
     let version: i64 = conn
@@ -865,13 +870,10 @@ fn migrate(conn: &Connection) -> Result<(), DbError> {
         )
         .map_err(db("upgrading the schema"))?;
     }
-    let has_dependencies: bool = query_row(
+    let has_dependencies = schema_has(
         conn,
         "SELECT COUNT(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'dependencies'",
-        [],
-        |r| r.get(0),
-    )
-    .map_err(db("reading the schema"))?;
+    )?;
     if version < 3 || !has_dependencies {
         // Job dependencies: `kind` is after_ok, after_any or after_failed with the job `on_id`
         // waited on, or singleton (no `on_id`). Made whatever version another block set.
@@ -889,13 +891,10 @@ fn migrate(conn: &Connection) -> Result<(), DbError> {
     }
     // Job arrays: each task's array (its first task's id), index and `max_parallel`. Looked for
     // by column as well as by version, so that the order the other blocks came in never skips it.
-    let has_array: bool = query_row(
+    let has_array = schema_has(
         conn,
         "SELECT COUNT(*) > 0 FROM pragma_table_info('jobs') WHERE name = 'array_id'",
-        [],
-        |r| r.get(0),
-    )
-    .map_err(db("reading the schema"))?;
+    )?;
     if version < 4 || !has_array {
         let add = if has_array {
             ""
