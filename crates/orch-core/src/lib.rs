@@ -6,6 +6,7 @@
 //! can depend on it and it never drags a heavy dependency along.
 
 pub mod checkpoint;
+pub mod cpulist;
 pub mod duration;
 pub mod fsutil;
 pub mod hex;
@@ -20,6 +21,7 @@ pub mod sync;
 pub mod text;
 pub mod time;
 
+pub use cpulist::CpuList;
 pub use job::{JobSpec, PluginRef};
 pub use lease::DeviceLease;
 pub use limits::{Bounds, LimitSettings, MachineLimits};

@@ -29,6 +29,9 @@ pub fn read() -> Result<Device, DeviceError> {
         processes: None,
         mig_devices: Vec::new(),
         minor_number: None,
+        numa_node: None,
+        cpus: None,
+        links: Vec::new(),
     })
 }
 

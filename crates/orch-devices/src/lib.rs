@@ -21,6 +21,6 @@ pub mod visibility;
 
 pub use error::DeviceError;
 pub use inventory::{Inventory, InventorySpec};
-pub use model::{Backend, Device, GpuProcess, MigDevice};
+pub use model::{Backend, Device, GpuProcess, MigDevice, PcieLevel, PeerLink};
 pub use orch_core::process::{MAX_GPU_MINOR, NVIDIA_MAJOR};
 pub use visibility::{Visibility, VisibilityEnv, VisibleDevice};

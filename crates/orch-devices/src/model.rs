@@ -1,5 +1,6 @@
 //! One model for every inventory. A field a backend cannot read is `None`, never a default.
 
+use orch_core::CpuList;
 use serde::{Deserialize, Serialize};
 
 /// Which inventory a device came from.
@@ -62,9 +63,76 @@ pub struct Device {
     /// starts as root may open only the nodes of their granted GPUs (docs/DEVICES.md).
     #[serde(default)]
     pub minor_number: Option<u32>,
+    /// The NUMA node the GPU is attached to (NVML's, or a sim file's `numa_node`); `None` when
+    /// unknown or when the machine has one node and says so.
+    #[serde(default)]
+    pub numa_node: Option<u32>,
+    /// The CPUs close to the GPU (NVML's CPU affinity, or a sim file's `cpus`).
+    #[serde(default)]
+    pub cpus: Option<CpuList>,
+    /// How this GPU reaches each other GPU it knows a path to, by the peer's index: NVLinks and
+    /// the PCIe level. Empty when nothing is known.
+    #[serde(default)]
+    pub links: Vec<PeerLink>,
+}
+
+/// The PCIe path between two GPUs, closest first, named as `nvidia-smi topo -m` names it
+/// (NVML's `nvmlGpuTopologyLevel_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum PcieLevel {
+    /// At most one PCIe bridge (one switch).
+    Pix,
+    /// Several PCIe bridges, without the host bridge.
+    Pxb,
+    /// Through a PCIe host bridge (the CPU).
+    Phb,
+    /// Through the interconnect between host bridges within one NUMA node.
+    Node,
+    /// Through the interconnect between NUMA nodes (the sockets' link).
+    Sys,
+}
+
+impl PcieLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PcieLevel::Pix => "PIX",
+            PcieLevel::Pxb => "PXB",
+            PcieLevel::Phb => "PHB",
+            PcieLevel::Node => "NODE",
+            PcieLevel::Sys => "SYS",
+        }
+    }
+}
+
+/// How a GPU reaches one peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PeerLink {
+    /// The peer's index ([`Device::index`]).
+    pub peer: u32,
+    /// Active NVLinks between the two; 0 when none.
+    pub nvlinks: u32,
+    /// The PCIe path, when known.
+    pub pcie: Option<PcieLevel>,
+}
+
+impl PeerLink {
+    /// What `nvidia-smi topo -m` prints for the pair: `NV18`, `PIX`, …; `?` when nothing is known.
+    pub fn label(&self) -> String {
+        match (self.nvlinks, self.pcie) {
+            (n, _) if n > 0 => format!("NV{n}"),
+            (_, Some(level)) => level.as_str().to_string(),
+            (_, None) => "?".to_string(),
+        }
+    }
 }
 
 impl Device {
+    /// How this GPU reaches the GPU of index `peer`, when known.
+    pub fn link_to(&self, peer: u32) -> Option<&PeerLink> {
+        self.links.iter().find(|l| l.peer == peer)
+    }
+
     /// Compute capability as `(major, minor)` for ordering, when known and well formed.
     pub fn compute_capability_pair(&self) -> Option<(u32, u32)> {
         let cc = self.compute_capability.as_deref()?;

@@ -82,6 +82,9 @@ fn read_device(nvml: &Nvml, index: u32) -> Result<Device, DeviceError> {
         mig_devices: read_mig_devices(&device),
         // The N of /dev/nvidiaN (Linux only); unknown when the driver does not say.
         minor_number: device.minor_number().ok(),
+        numa_node: None,
+        cpus: None,
+        links: Vec::new(),
     })
 }
 

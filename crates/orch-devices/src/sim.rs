@@ -36,7 +36,31 @@ struct SimGpu {
     process: Vec<SimProcess>,
     #[serde(default)]
     mig: Vec<SimMig>,
+    /// The NUMA node the GPU hangs off.
+    numa_node: Option<Spanned<u32>>,
+    /// The CPUs close to the GPU, a Linux CPU list (`0-47,96-143`).
+    cpus: Option<Spanned<String>>,
+    /// GPUs with the same value sit under one PCIe switch.
+    pcie_switch: Option<u32>,
+    #[serde(default)]
+    nvlink: Vec<SimNvlink>,
 }
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SimNvlink {
+    /// The peer's position among the file's GPUs, from 0.
+    peer: Spanned<u32>,
+    /// How many NVLinks join the two.
+    links: Spanned<u32>,
+}
+
+/// The most NVLinks two GPUs have (NVSwitch boxes of today: 18 per GPU).
+const MAX_NVLINKS: u32 = 64;
+/// The most GPUs of one file whose links are worked out (every pair is a link).
+const MAX_TOPOLOGY_GPUS: usize = 256;
+/// The highest NUMA node number Linux numbers (`MAX_NUMNODES` is 1024).
+const MAX_NUMA_NODE: u32 = 1023;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -70,6 +94,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<Device>, DeviceError> {
             .with_hint("add at least one [[gpu]] table with name and memory_total")
             .into());
     }
+    let topology = read_topology(path, text, &file.gpu)?;
     let mut devices: Vec<Device> = Vec::with_capacity(file.gpu.len());
     let minor_spans: Vec<Option<usize>> = file
         .gpu
@@ -77,7 +102,8 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<Device>, DeviceError> {
         .map(|g| g.minor_number.as_ref().map(|m| m.span().start))
         .collect();
     for (position, gpu) in file.gpu.into_iter().enumerate() {
-        let device = to_device(path, text, position, gpu)?;
+        let mut device = to_device(path, text, position, gpu)?;
+        device.links = topology.links[position].clone();
         devices.push(device);
     }
     check_unique_uuids(path, text, &devices)?;
@@ -173,6 +199,30 @@ fn to_device(path: &Path, text: &str, position: usize, gpu: SimGpu) -> Result<De
             ),
         ));
     }
+    if let Some(node) = &gpu.numa_node
+        && *node.get_ref() > MAX_NUMA_NODE
+    {
+        return Err(at(
+            node.span(),
+            format!(
+                "numa_node is a NUMA node number from 0 to {MAX_NUMA_NODE}, found {}",
+                node.get_ref()
+            ),
+        ));
+    }
+    let cpus = match &gpu.cpus {
+        Some(list) => match list.get_ref().parse::<orch_core::CpuList>() {
+            Ok(cpus) if cpus.is_empty() => {
+                return Err(at(
+                    list.span(),
+                    "cpus names no CPU; leave it out when the GPU has no CPUs of its own".into(),
+                ));
+            }
+            Ok(cpus) => Some(cpus),
+            Err(e) => return Err(at(list.span(), e.to_string())),
+        },
+        None => None,
+    };
     let mut mig_devices = Vec::with_capacity(gpu.mig.len());
     for mig in gpu.mig {
         if !mig.uuid.get_ref().starts_with("MIG-") {
@@ -215,7 +265,116 @@ fn to_device(path: &Path, text: &str, position: usize, gpu: SimGpu) -> Result<De
         ),
         mig_devices,
         minor_number: gpu.minor_number.map(Spanned::into_inner),
+        numa_node: gpu.numa_node.map(Spanned::into_inner),
+        cpus,
+        links: Vec::new(),
     })
+}
+
+/// The links between every pair of the file's GPUs, by position.
+struct Topology {
+    links: Vec<Vec<crate::PeerLink>>,
+}
+
+/// NVLinks from the `[[gpu.nvlink]]` tables (either side may name the pair; both sides must then
+/// agree), the PCIe level from `pcie_switch` and `numa_node`: under one switch `PIX`, on one NUMA
+/// node `NODE`, across nodes `SYS`; unknown otherwise.
+fn read_topology(path: &Path, text: &str, gpus: &[SimGpu]) -> Result<Topology, InputError> {
+    let n = gpus.len();
+    let described = gpus
+        .iter()
+        .any(|g| g.numa_node.is_some() || g.pcie_switch.is_some() || !g.nvlink.is_empty());
+    if !described {
+        return Ok(Topology {
+            links: vec![Vec::new(); n],
+        });
+    }
+    if n > MAX_TOPOLOGY_GPUS {
+        return Err(InputError::at(
+            path,
+            text,
+            0,
+            format!(
+                "the file describes {n} GPUs with links between them; topology keys (numa_node, pcie_switch, nvlink) are read for at most {MAX_TOPOLOGY_GPUS} GPUs, one machine's"
+            ),
+        )
+        .with_hint("describe one machine per file, or leave the topology keys out"));
+    }
+    let mut nvlinks: Vec<Vec<Option<u32>>> = vec![vec![None; n]; n];
+    let mut given = std::collections::HashSet::new();
+    for (a, gpu) in gpus.iter().enumerate() {
+        for link in &gpu.nvlink {
+            let b = *link.peer.get_ref() as usize;
+            let count = *link.links.get_ref();
+            let at = |span: std::ops::Range<usize>, message: String| {
+                InputError::at(path, text, span.start, message)
+            };
+            if b >= n {
+                return Err(at(
+                    link.peer.span(),
+                    format!(
+                        "peer is a GPU's position in this file, 0 to {}, found {b}",
+                        n - 1
+                    ),
+                ));
+            }
+            if b == a {
+                return Err(at(
+                    link.peer.span(),
+                    format!("GPU {a} names itself as its NVLink peer"),
+                ));
+            }
+            if count == 0 || count > MAX_NVLINKS {
+                return Err(at(
+                    link.links.span(),
+                    format!("links is the number of NVLinks, 1 to {MAX_NVLINKS}, found {count}"),
+                ));
+            }
+            if !given.insert((a, b)) {
+                return Err(at(
+                    link.peer.span(),
+                    format!("GPU {a} lists its NVLinks to GPU {b} twice"),
+                ));
+            }
+            if let Some(other) = nvlinks[b][a]
+                && other != count
+            {
+                return Err(at(
+                    link.links.span(),
+                    format!(
+                        "GPU {a} has {count} NVLinks to GPU {b}, but GPU {b} says {other}; give the pair once, or the same count on both sides"
+                    ),
+                ));
+            }
+            nvlinks[a][b] = Some(count);
+            nvlinks[b][a] = Some(count);
+        }
+    }
+    let numa = |g: &SimGpu| g.numa_node.as_ref().map(|n| *n.get_ref());
+    let links = (0..n)
+        .map(|a| {
+            (0..n)
+                .filter(|&b| b != a)
+                .filter_map(|b| {
+                    let pcie = match (gpus[a].pcie_switch, gpus[b].pcie_switch) {
+                        (Some(x), Some(y)) if x == y => Some(crate::PcieLevel::Pix),
+                        _ => match (numa(&gpus[a]), numa(&gpus[b])) {
+                            (Some(x), Some(y)) if x == y => Some(crate::PcieLevel::Node),
+                            (Some(_), Some(_)) => Some(crate::PcieLevel::Sys),
+                            _ => None,
+                        },
+                    };
+                    let count = nvlinks[a][b].unwrap_or(0);
+                    (count > 0 || pcie.is_some()).then_some(crate::PeerLink {
+                        peer: b as u32,
+                        nvlinks: count,
+                        pcie,
+                    })
+                })
+                .collect()
+        })
+        .collect();
+    Ok(Topology { links })
 }
 
 /// A stable uuid from the GPU's position in the file, in NVML's format.
@@ -404,5 +563,131 @@ memory_total = 1024
         ))
         .unwrap();
         assert_eq!(devices[0].memory_used_bytes, Some(1 << 30));
+    }
+
+    /// Two NUMA nodes of two GPUs each: 0-1 under one switch and NVLinked, 2-3 NVLinked, and
+    /// one NVLink across the sockets between 1 and 2.
+    const TOPOLOGY: &str = r#"
+[[gpu]]
+name = "a"
+memory_total = "80GiB"
+numa_node = 0
+cpus = "0-15,64-79"
+pcie_switch = 1
+[[gpu.nvlink]]
+peer = 1
+links = 18
+[[gpu]]
+name = "b"
+memory_total = "80GiB"
+numa_node = 0
+cpus = "0-15,64-79"
+pcie_switch = 1
+[[gpu.nvlink]]
+peer = 2
+links = 1
+[[gpu]]
+name = "c"
+memory_total = "80GiB"
+numa_node = 1
+cpus = "16-31"
+[[gpu.nvlink]]
+peer = 3
+links = 12
+[[gpu]]
+name = "d"
+memory_total = "80GiB"
+numa_node = 1
+cpus = "16-31"
+[[gpu.nvlink]]
+peer = 2
+links = 12
+"#;
+
+    #[test]
+    fn reads_numa_nodes_cpus_and_links() {
+        let devices = parse_str(TOPOLOGY).unwrap();
+        let label = |a: usize, b: u32| devices[a].link_to(b).map(|l| l.label());
+        assert_eq!(devices[0].numa_node, Some(0));
+        assert_eq!(
+            devices[0].cpus.as_ref().map(ToString::to_string).as_deref(),
+            Some("0-15,64-79")
+        );
+        assert_eq!(label(0, 1).as_deref(), Some("NV18"));
+        assert_eq!(label(1, 0).as_deref(), Some("NV18"), "links go both ways");
+        assert_eq!(label(1, 2).as_deref(), Some("NV1"));
+        assert_eq!(
+            label(2, 3).as_deref(),
+            Some("NV12"),
+            "both sides may name a pair"
+        );
+        assert_eq!(label(0, 2).as_deref(), Some("SYS"));
+        assert_eq!(label(0, 0), None, "no link to itself");
+        let plain = parse_str(
+            "[[gpu]]\nname = \"a\"\nmemory_total = 1\n[[gpu]]\nname = \"b\"\nmemory_total = 1\n",
+        )
+        .unwrap();
+        assert!(
+            plain
+                .iter()
+                .all(|d| d.links.is_empty() && d.numa_node.is_none())
+        );
+        let same_node = parse_str("[[gpu]]\nname = \"a\"\nmemory_total = 1\nnuma_node = 3\n[[gpu]]\nname = \"b\"\nmemory_total = 1\nnuma_node = 3\n").unwrap();
+        assert_eq!(
+            same_node[0].link_to(1).map(|l| l.label()).as_deref(),
+            Some("NODE")
+        );
+    }
+
+    #[test]
+    fn topology_errors_point_at_the_value() {
+        let gpu = "[[gpu]]\nname = \"a\"\nmemory_total = 1\n";
+        let cases = [
+            (format!("{gpu}cpus = \"0-x\"\n"), "lab.toml:4:8", "CPU list"),
+            (
+                format!("{gpu}cpus = \"\"\n"),
+                "lab.toml:4:8",
+                "names no CPU",
+            ),
+            (
+                format!("{gpu}numa_node = 5000\n"),
+                "lab.toml:4:13",
+                "0 to 1023",
+            ),
+            (
+                format!("{gpu}[[gpu.nvlink]]\npeer = 1\nlinks = 2\n"),
+                "lab.toml:5:8",
+                "0 to 0",
+            ),
+            (
+                format!("{gpu}[[gpu.nvlink]]\npeer = 0\nlinks = 2\n"),
+                "lab.toml:5:8",
+                "itself",
+            ),
+            (
+                format!("{gpu}[[gpu.nvlink]]\npeer = 1\nlinks = 0\n{gpu}"),
+                "lab.toml:6:9",
+                "1 to 64",
+            ),
+            (
+                format!(
+                    "{gpu}[[gpu.nvlink]]\npeer = 1\nlinks = 4\n{gpu}[[gpu.nvlink]]\npeer = 0\nlinks = 2\n"
+                ),
+                "lab.toml:12:9",
+                "says 4",
+            ),
+            (
+                format!(
+                    "{gpu}[[gpu.nvlink]]\npeer = 1\nlinks = 4\n[[gpu.nvlink]]\npeer = 1\nlinks = 4\n{gpu}"
+                ),
+                "lab.toml:8:8",
+                "twice",
+            ),
+        ];
+        for (text, location, words) in cases {
+            let err = parse_str(&text).unwrap_err();
+            assert!(err.contains(location), "{err:?} should point at {location}");
+            assert!(err.contains(words), "{err:?} should say {words}");
+        }
     }
 }

@@ -81,6 +81,9 @@ fn inventory() -> impl Strategy<Value = Vec<Device>> {
                     })
                     .collect(),
                 minor_number: None,
+                numa_node: None,
+                cpus: None,
+                links: Vec::new(),
             })
             .collect()
     })

@@ -21,6 +21,9 @@ fn gpu(index: u32, uuid: &str, cc: &str, gib: u64) -> Device {
         processes: Some(Vec::new()),
         mig_devices: Vec::new(),
         minor_number: None,
+        numa_node: None,
+        cpus: None,
+        links: Vec::new(),
     }
 }
 
