@@ -289,3 +289,31 @@ fn a_dependency_on_an_array_waits_for_every_task() {
         "the after-any dependant started before the array's last task ended: {a} {tasks:?}"
     );
 }
+
+/// `orch run` keeps no dependencies (the daemon and Slurm do): it says so and runs the job now.
+#[test]
+fn orch_run_says_it_does_not_wait_for_dependencies() {
+    let dir = scratch_dir("deps-run");
+    let sim = dir.join("sim.toml");
+    std::fs::write(&sim, "[[gpu]]\nname = \"a\"\nmemory_total = \"8GiB\"\n").unwrap();
+    let job = dir.join("job.toml");
+    std::fs::write(
+        &job,
+        "[job]\nname = \"eval\"\nafter_ok = [12]\n[command]\nargv = [\"echo\", \"ran now\"]\n",
+    )
+    .unwrap();
+    let sim = format!("sim:{}", sim.display());
+    let state = dir.join("state").display().to_string();
+    let out = orch(
+        &["run", &job.display().to_string()],
+        &[("ORCH_DEVICES", &sim), ("ORCH_STATE_DIR", &state)],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("ran now"), "{}", stdout(&out));
+    assert!(
+        stderr(&out)
+            .contains("after_ok, after_any, after_failed and singleton are kept by `orch submit`"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -209,6 +209,42 @@ fn orch_on_a_real_slurm() {
     );
     let id = env.submit(&failing);
     assert_eq!(env.orch(&["wait", "--slurm", &id]).status.code(), Some(3));
+
+    // Dependencies go to Slurm with Slurm's ids: on a job that fails, `after_ok` (a flag here)
+    // is never met and ends the job unrun; `after_failed` (a key here) runs once it failed.
+    let first = env.job(
+        "first",
+        "[job]\nname = \"first\"\n[command]\nargv = [\"sh\", \"-c\", \"sleep 2; exit 4\"]\n",
+    );
+    let first = env.submit(&first);
+    let never = env.job(
+        "never",
+        "[job]\nname = \"never\"\n[command]\nargv = [\"echo\", \"ran anyway\"]\n",
+    );
+    let out = env.orch(&["submit", "--slurm", "--after-ok", &first, &never]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let never = stdout(&out).trim().to_string();
+    let cleanup = env.job(
+        "cleanup",
+        &format!(
+            "[job]\nname = \"cleanup\"\nafter_failed = [{first}]\n[command]\nargv = [\"sh\", \"-c\", \"echo cleaned after $(cat {})\"]\n",
+            dir.join(format!("orch-slurm/first-{first}.exit")).display()
+        ),
+    );
+    let cleanup = env.submit(&cleanup);
+    let out = env.orch(&["wait", "--slurm", &cleanup]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let logs = stdout(&env.orch(&["logs", "--slurm", &cleanup]));
+    assert!(
+        logs.contains("cleaned after {\"exit_code\": 4}"),
+        "after_failed ran only once its job had failed: {logs}"
+    );
+    let out = env.orch(&["wait", "--slurm", &never]);
+    assert_ne!(out.status.code(), Some(0), "{}", stdout(&out));
+    assert!(
+        !dir.join(format!("orch-slurm/never-{never}.out")).exists(),
+        "a job whose after_ok failed never runs"
+    );
     let slow = env.job(
         "slow",
         "[job]\nname = \"slow\"\n[command]\nargv = [\"sleep\", \"300\"]\n",

@@ -172,21 +172,22 @@ pub struct SubmitArgs {
     #[arg(long, value_name = "NAME")]
     pub tenant: Option<String>,
     /// Start only once these jobs succeeded; cancelled if one fails, is cancelled or is lost
-    /// (ids, comma-separated; repeatable; adds to the file's `after_ok`).
-    #[arg(long, value_name = "IDS", value_delimiter = ',', conflicts_with = "slurm",
+    /// (ids, comma-separated; repeatable; adds to the file's `after_ok`; with --slurm, Slurm's
+    /// job ids).
+    #[arg(long, value_name = "IDS", value_delimiter = ',',
           value_parser = clap::value_parser!(i64).range(1..))]
     pub after_ok: Vec<i64>,
     /// Start only once these jobs ended, however they ended (adds to `after_any`).
-    #[arg(long, value_name = "IDS", value_delimiter = ',', conflicts_with = "slurm",
+    #[arg(long, value_name = "IDS", value_delimiter = ',',
           value_parser = clap::value_parser!(i64).range(1..))]
     pub after_any: Vec<i64>,
     /// Start only once these jobs ended without succeeding; cancelled if one succeeds (adds to
     /// `after_failed`).
-    #[arg(long, value_name = "IDS", value_delimiter = ',', conflicts_with = "slurm",
+    #[arg(long, value_name = "IDS", value_delimiter = ',',
           value_parser = clap::value_parser!(i64).range(1..))]
     pub after_failed: Vec<i64>,
     /// Run while no other job of yours with this name runs (later ones wait their turn).
-    #[arg(long, conflicts_with = "slurm")]
+    #[arg(long)]
     pub singleton: bool,
     /// Quick form: the command and its arguments.
     #[arg(last = true, value_name = "CMD")]

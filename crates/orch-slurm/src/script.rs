@@ -67,6 +67,28 @@ fn directive_path(path: &Path) -> String {
     path.display().to_string().replace('%', "%%")
 }
 
+/// `[job] after_ok`, `after_any`, `after_failed` and `singleton` as `sbatch --dependency`; on
+/// Slurm the ids are Slurm's job ids (what `orch submit --slurm` printed), and every condition
+/// must hold (`,`), as on orch's daemon.
+pub fn dependency(depends: &orch_core::job::Dependencies) -> Option<String> {
+    let mut parts: Vec<String> = [
+        ("afterok", &depends.after_ok),
+        ("afterany", &depends.after_any),
+        ("afternotok", &depends.after_failed),
+    ]
+    .into_iter()
+    .filter(|(_, ids)| !ids.is_empty())
+    .map(|(kind, ids)| {
+        let ids: Vec<String> = ids.iter().map(i64::to_string).collect();
+        format!("{kind}:{}", ids.join(":"))
+    })
+    .collect();
+    if depends.singleton {
+        parts.push("singleton".into());
+    }
+    (!parts.is_empty()).then(|| parts.join(","))
+}
+
 /// The batch script (the caller checks the paths with [`unfit_path`] first).
 pub fn batch_script(input: &ScriptInput<'_>) -> String {
     let job = input.job;
@@ -102,6 +124,12 @@ pub fn batch_script(input: &ScriptInput<'_>) -> String {
     });
     if let Some((name, seconds)) = warning {
         let _ = writeln!(s, "#SBATCH --signal=B:{name}@{seconds}");
+    }
+    if let Some(dependency) = dependency(&job.depends) {
+        let _ = writeln!(s, "#SBATCH --dependency={dependency}");
+        // As on orch's daemon: a dependency that can no longer be met ends the job instead of
+        // leaving it pending for ever.
+        let _ = writeln!(s, "#SBATCH --kill-on-invalid-dep=yes");
     }
     let _ = writeln!(s, "#SBATCH --output={logs_directive}/{name}-{pattern}.out");
     let _ = writeln!(s, "#SBATCH --error={logs_directive}/{name}-{pattern}.err");
@@ -268,5 +296,20 @@ mod tests {
     fn paths_with_quotes_stay_one_word() {
         assert_eq!(quote("/a b/it's"), "'/a b/it'\\''s'");
         assert_eq!(safe_name("x/../y z"), "x_.._y_z");
+    }
+
+    #[test]
+    fn dependencies_become_slurms_and_an_unmeetable_one_ends_the_job() {
+        let s = script(
+            "[job]\nname = \"eval\"\nafter_ok = [101, 102]\nafter_any = [7]\nafter_failed = [9]\nsingleton = true\n[command]\nargv = [\"true\"]\n",
+        );
+        assert!(
+            s.contains("#SBATCH --dependency=afterok:101:102,afterany:7,afternotok:9,singleton\n"),
+            "{s}"
+        );
+        assert!(s.contains("#SBATCH --kill-on-invalid-dep=yes\n"), "{s}");
+        let none = script("[job]\nname = \"x\"\n[command]\nargv = [\"true\"]\n");
+        assert!(!none.contains("--dependency"), "{none}");
+        assert!(!none.contains("--kill-on-invalid-dep"), "{none}");
     }
 }

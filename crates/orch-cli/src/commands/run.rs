@@ -28,6 +28,14 @@ pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
         Some(path) => job::read(path).map_err(Failure::bad_input)?,
         None => super::quick::job("run", &args.quick, &args.command)?,
     };
+    // Dependencies are kept by whoever queues the job (the daemon, Slurm): inside their runs
+    // they were met already; a run typed at a shell starts now, and says so.
+    if !job.depends.is_empty() && !args.supervised && std::env::var_os("SLURM_JOB_ID").is_none() {
+        eprintln!(
+            "orch: note: {}: after_ok, after_any, after_failed and singleton are kept by `orch submit` (the daemon, or Slurm with --slurm); `orch run` starts the job now",
+            job.path.display()
+        );
+    }
     // A job across machines runs as one `orch run` per node inside a Slurm allocation.
     let cluster = if job.resources.nodes > 1 {
         let var = |name: &str| std::env::var(name).ok();

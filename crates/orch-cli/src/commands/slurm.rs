@@ -51,7 +51,13 @@ pub fn submit(args: &SubmitArgs) -> CmdResult {
     let mut jobs = Vec::new();
     for path in std::iter::once(first).chain(&args.more) {
         let job_path = std::path::absolute(path).map_err(Failure::failed)?;
-        let job = job::read(&job_path).map_err(Failure::bad_input)?;
+        let mut job = job::read(&job_path).map_err(Failure::bad_input)?;
+        job.depends = job.depends.merged(&orch_core::job::Dependencies {
+            after_ok: args.after_ok.clone(),
+            after_any: args.after_any.clone(),
+            after_failed: args.after_failed.clone(),
+            singleton: args.singleton,
+        });
         jobs.push((job_path, job));
     }
     for (job_path, job) in jobs {
