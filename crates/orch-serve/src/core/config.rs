@@ -1236,7 +1236,7 @@ groups = ["nlp-lab"]
             ),
             (
                 "timeline_interval = \"1s\"\ntimeline_span = \"7d\"",
-                "more than the 20000",
+                "more than the 43200",
             ),
             ("timeline_span = \"2s\"", "shorter than timeline_interval"),
             (

@@ -8,7 +8,8 @@
 //!   byte, memory used in MiB in four, a count in four) and is allocated at its full length when
 //!   it starts, so a sample costs 8 bytes (its time), 5 per GPU and 8 per tenant, and the whole
 //!   costs `samples × (8 + 5 × GPUs + 8 × tenants)` bytes whatever happens: 4,320 × 61 ≈ 264 KB
-//!   for 8 GPUs and 2 tenants. At most [`MAX_DEVICES`] GPUs are recorded, and a GPU that no
+//!   for 8 GPUs and 2 tenants. At most [`MAX_DEVICES`] GPUs and [`MAX_SAMPLES`] samples are
+//!   kept (14 MB at most for the devices whatever the config and the machine), and a GPU that no
 //!   reading showed for the whole span leaves the ring.
 //! - A sample sums up its interval: the device watcher's readings (every second) are averaged
 //!   for utilization and their highest kept for memory; the engine's counts (at most every
@@ -32,9 +33,9 @@ pub const DEFAULT_SPAN: Duration = Duration::from_secs(6 * 3600);
 /// The shortest `timeline_interval`: the devices are read every second.
 pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// Most samples the ring holds (`timeline_span` / `timeline_interval`).
-pub const MAX_SAMPLES: u64 = 20_000;
+pub const MAX_SAMPLES: u64 = 43_200;
 /// Most GPUs recorded; past it, the GPUs of the highest indices are not charted.
-pub const MAX_DEVICES: usize = 256;
+pub const MAX_DEVICES: usize = 64;
 /// The engine's counts are taken at most this often.
 const JOBS_EVERY_MS: u64 = 1000;
 
@@ -218,6 +219,9 @@ impl Timeline {
             let o = &mut open.devices[at];
             o.index = d.index;
             o.memory_total_bytes = d.memory_total_bytes;
+            if o.name != d.name {
+                o.name.clone_from(&d.name);
+            }
             if let Some(u) = d.utilization_gpu_percent {
                 o.utilization_sum += u64::from(u.min(100));
                 o.utilization_n += 1;

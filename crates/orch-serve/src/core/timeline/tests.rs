@@ -193,7 +193,7 @@ fn settings_say_what_is_wrong() {
         span: Duration::from_secs(86_400),
     };
     assert!(
-        long.problem().unwrap().contains("20000"),
+        long.problem().unwrap().contains("43200"),
         "{:?}",
         long.problem()
     );
