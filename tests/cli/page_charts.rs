@@ -399,3 +399,91 @@ fn finished_jobs_show_their_accounting_and_hostile_names_stay_text() {
         browser.errors
     );
 }
+
+/// Makes the screenshot docs/OPERATIONS.md shows (about two minutes): four GPUs whose readings
+/// follow the jobs on them, jobs that run, wait, succeed and fail, then the page as an admin sees
+/// it. Run it when the page changes: `cargo test -p orch-cli --test cli
+/// page_charts::docs_screenshot -- --ignored`.
+#[test]
+#[ignore = "makes docs/images/page-charts.png in about two minutes"]
+fn docs_screenshot() {
+    let Some(binary) = chromium("docs_screenshot") else {
+        return;
+    };
+    let (d, port, sim) = daemon("charts-docs", &busy(4), "timeline_interval = \"2s\"", "");
+    let wave = |t: f64, period: f64| (t / period).sin();
+    let reading = |t: u32| -> Vec<(u32, u64)> {
+        let f = f64::from(t);
+        let busy = |on: bool, level: f64, swing: f64, period: f64| -> u32 {
+            if on {
+                (level + swing * wave(f, period)).clamp(0.0, 100.0) as u32
+            } else {
+                0
+            }
+        };
+        vec![
+            (busy(t >= 2, 88.0, 6.0, 5.0), if t >= 2 { 61 } else { 0 }),
+            (
+                busy(t >= 12, 70.0, 20.0, 7.0),
+                if t >= 12 { 38 + u64::from(t % 6) } else { 0 },
+            ),
+            (
+                busy(t >= 12, 66.0, 24.0, 9.0),
+                if t >= 12 { 38 + u64::from(t % 5) } else { 0 },
+            ),
+            (
+                busy(
+                    (22..37).contains(&t) || (42..62).contains(&t) || (82..96).contains(&t),
+                    55.0,
+                    35.0,
+                    3.0,
+                ),
+                if (42..62).contains(&t) {
+                    22
+                } else if (22..37).contains(&t) || (82..96).contains(&t) {
+                    9
+                } else {
+                    0
+                },
+            ),
+        ]
+    };
+    let plan: Vec<(u32, &str, &str, u32, &str)> = vec![
+        (0, "resnet50-train", "a", 1, "[\"sleep\", \"600\"]"),
+        (10, "llm-finetune", "b", 2, "[\"sleep\", \"600\"]"),
+        (20, "prep-data", "a", 1, "[\"sleep\", \"15\"]"),
+        (
+            40,
+            "eval-sweep",
+            "a",
+            1,
+            "[\"sh\", \"-c\", \"sleep 20; exit 3\"]",
+        ),
+        (50, "llm-finetune-2", "b", 2, "[\"sleep\", \"600\"]"),
+        (64, "smoke-test", "a", 1, "[\"true\"]"),
+        (80, "tokenize", "a", 1, "[\"sleep\", \"14\"]"),
+    ];
+    let started = Instant::now();
+    for t in 0..110u32 {
+        write_sim(&sim, &reading(t));
+        for (at, name, tenant, gpus, argv) in &plan {
+            if *at == t {
+                submit_named(&d, name, tenant, *gpus, argv);
+            }
+        }
+        let next = started + Duration::from_secs(u64::from(t) + 1);
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+    }
+    let out = output_dir("page-charts-docs");
+    let mut browser = Browser::start(&binary, &out.join("profile"));
+    browser.call(
+        "Emulation.setDeviceMetricsOverride",
+        serde_json::json!({"width": 1100, "height": 900, "deviceScaleFactor": 1, "mobile": false}),
+    );
+    log_in(&mut browser, &format!("http://127.0.0.1:{port}/"), ADMIN);
+    let path = crate::root().join("docs/images/page-charts.png");
+    browser.screenshot(&path);
+    let size = std::fs::metadata(&path).unwrap().len();
+    assert!(size < 300_000, "{} is {size} bytes", path.display());
+    eprintln!("{} ({size} bytes)", path.display());
+}

@@ -7,7 +7,7 @@
 //! - A ring of fixed size, in columns: each series holds small numbers (a utilization in one
 //!   byte, memory used in MiB in four, a count in four) and is allocated at its full length when
 //!   it starts, so a sample costs 8 bytes (its time), 5 per GPU and 8 per tenant, and the whole
-//!   costs `samples × (8 + 5 × GPUs + 8 × tenants)` bytes whatever happens: 4,320 × 61 ≈ 264 KB
+//!   costs `samples × (8 + 5 × GPUs + 8 × tenants)` bytes whatever happens: 4,320 × 64 ≈ 276 KB
 //!   for 8 GPUs and 2 tenants. At most [`MAX_DEVICES`] GPUs and [`MAX_SAMPLES`] samples are
 //!   kept (14 MB at most for the devices whatever the config and the machine), and a GPU that no
 //!   reading showed for the whole span leaves the ring.
