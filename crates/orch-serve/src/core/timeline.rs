@@ -23,7 +23,7 @@
 use orch_core::sync::lock;
 use serde::Serialize;
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Mutex, TryLockError};
 use std::time::Duration;
 
 /// One sample every this long, by default.
@@ -233,14 +233,19 @@ impl Timeline {
     }
 
     /// The engine's jobs now: the tenant of each queued one and of each running one. Counted at
-    /// most once a second (the iterators are not read otherwise).
+    /// most once a second (the iterators are not read otherwise), and never waited for: while a
+    /// caller reads the timeline, the engine goes on and counts at its next turn.
     pub fn note_jobs<'a>(
         &self,
         now_ms: u64,
         queued: impl Iterator<Item = &'a str>,
         running: impl Iterator<Item = &'a str>,
     ) {
-        let mut inner = lock(&self.inner);
+        let mut inner = match self.inner.try_lock() {
+            Ok(inner) => inner,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
         if inner
             .jobs_at_ms
             .is_some_and(|at| now_ms.saturating_sub(at) < JOBS_EVERY_MS)
@@ -286,15 +291,20 @@ impl Timeline {
     /// The interval open at `now_ms`: the one before is closed into a sample once it ended.
     fn roll<'a>(&self, inner: &'a mut Inner, now_ms: u64) -> &'a mut Open {
         let interval_ms = u64::try_from(self.settings.interval.as_millis()).unwrap_or(u64::MAX);
-        let due = inner
-            .open
-            .as_ref()
-            .is_some_and(|o| now_ms >= o.started_ms.saturating_add(interval_ms));
+        let due = inner.open.as_ref().is_some_and(|o| {
+            now_ms >= o.started_ms.saturating_add(interval_ms) || now_ms < o.started_ms
+        });
         if due && let Some(open) = inner.open.take() {
-            let end = open.started_ms.saturating_add(interval_ms);
+            // A clock set back closes the interval now, by the new clock: sampling goes on.
+            let back = now_ms < open.started_ms;
+            let end = if back {
+                now_ms
+            } else {
+                open.started_ms.saturating_add(interval_ms)
+            };
             self.push(inner, end, open);
             // A pause longer than an interval (a suspended machine) starts afresh from now.
-            let next = if now_ms >= end.saturating_add(interval_ms) {
+            let next = if back || now_ms >= end.saturating_add(interval_ms) {
                 now_ms
             } else {
                 end

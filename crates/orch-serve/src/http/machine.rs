@@ -130,7 +130,13 @@ pub(crate) async fn timeline(
             "points=0 asks for no samples: give a positive number of points, or leave it out for every sample",
         ));
     }
-    Ok(Json(shared.timeline.view(q.since, q.points, |tenant| {
-        caller.admin || caller.tenants.iter().any(|t| t == tenant)
-    })))
+    // Off the async workers: a long span of many GPUs is a few MB to copy.
+    let view = tokio::task::spawn_blocking(move || {
+        shared.timeline.view(q.since, q.points, |tenant| {
+            caller.admin || caller.tenants.iter().any(|t| t == tenant)
+        })
+    })
+    .await
+    .map_err(crate::http::error::internal)?;
+    Ok(Json(view))
 }

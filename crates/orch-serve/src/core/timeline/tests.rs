@@ -180,6 +180,34 @@ fn a_pause_longer_than_an_interval_starts_afresh() {
 }
 
 #[test]
+fn a_clock_set_back_does_not_stop_the_sampling() {
+    let t = every(5, 3600);
+    t.note_devices(100_000, &[gpu(0, Some(50), None)]);
+    t.note_devices(105_000, &[gpu(0, Some(50), None)]);
+    // An hour back: the interval open then closes now, and the next follows the new clock.
+    t.note_devices(40_000, &[gpu(0, Some(20), None)]);
+    t.note_devices(45_000, &[gpu(0, Some(30), None)]);
+    let v = t.view(0, None, all);
+    assert_eq!(v.times_ms, vec![105_000, 40_000, 45_000]);
+    assert_eq!(
+        v.devices[0].utilization_percent,
+        vec![Some(50), Some(50), Some(20)]
+    );
+}
+
+#[test]
+fn the_engine_never_waits_for_a_reader() {
+    let t = every(1, 60);
+    let reader = lock(&t.inner);
+    // Held elsewhere: the engine's call returns at once, counting nothing.
+    t.note_jobs(0, ["a"].into_iter(), std::iter::empty());
+    drop(reader);
+    assert!(lock(&t.inner).jobs_now.is_empty());
+    t.note_jobs(0, ["a"].into_iter(), std::iter::empty());
+    assert_eq!(lock(&t.inner).jobs_now, vec![("a".to_string(), 1, 0)]);
+}
+
+#[test]
 fn settings_say_what_is_wrong() {
     assert_eq!(Settings::default().samples(), 4320);
     assert!(Settings::default().problem().is_none());
