@@ -15,6 +15,7 @@ mod held_leases;
 mod languages;
 mod manual;
 mod operate;
+mod page_charts;
 mod plan;
 mod policy_budget;
 mod run;

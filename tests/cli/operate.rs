@@ -16,13 +16,13 @@ fn hashed(token: &str) -> String {
     format!("sha256:{hex}")
 }
 
-const ADMIN: &str = "admin-token-for-tests";
-const TOKEN_A: &str = "token-of-tenant-a";
-const TOKEN_B: &str = "token-of-tenant-b";
+pub(crate) const ADMIN: &str = "admin-token-for-tests";
+pub(crate) const TOKEN_A: &str = "token-of-tenant-a";
+pub(crate) const TOKEN_B: &str = "token-of-tenant-b";
 
 /// One GPU of a sim file: utilization and the pids of processes on it.
 #[derive(Clone)]
-struct SimGpu {
+pub(crate) struct SimGpu {
     utilization: u32,
     processes: Vec<u32>,
 }
@@ -55,7 +55,12 @@ fn write_sim(path: &Path, gpus: &[SimGpu]) {
 
 /// A daemon on its own sim file and a TCP port, with `extra` config lines and two tenants `a`
 /// and `b` (this user in both; tokens TOKEN_A and TOKEN_B), `tenant_extra` in each.
-fn daemon(tag: &str, gpus: &[SimGpu], extra: &str, tenant_extra: &str) -> (Daemon, u16, PathBuf) {
+pub(crate) fn daemon(
+    tag: &str,
+    gpus: &[SimGpu],
+    extra: &str,
+    tenant_extra: &str,
+) -> (Daemon, u16, PathBuf) {
     let mut d = Daemon::prepare(tag);
     let sim = d.state.join("sim.toml");
     write_sim(&sim, gpus);
@@ -80,7 +85,7 @@ fn daemon(tag: &str, gpus: &[SimGpu], extra: &str, tenant_extra: &str) -> (Daemo
     (d, port, sim)
 }
 
-fn busy(n: usize) -> Vec<SimGpu> {
+pub(crate) fn busy(n: usize) -> Vec<SimGpu> {
     vec![
         SimGpu {
             utilization: 60,
@@ -90,12 +95,12 @@ fn busy(n: usize) -> Vec<SimGpu> {
     ]
 }
 
-fn bearer(token: &str) -> String {
+pub(crate) fn bearer(token: &str) -> String {
     format!("Bearer {token}")
 }
 
 /// Where a test leaves what a person may want to look at (screenshots).
-fn output_dir(test: &str) -> PathBuf {
+pub(crate) fn output_dir(test: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join("orch-cli")
         .join(test);

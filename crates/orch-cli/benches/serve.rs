@@ -269,6 +269,7 @@ fn scheduling_pass(queued: usize, free: usize) -> f64 {
         metrics: Default::default(),
         health: orch_serve::core::health::StateHealth::new(&dir),
         supervisor_exits: Default::default(),
+        timeline: Default::default(),
     });
     // The default queue policy, the built-in fair-share component, as the daemon runs it.
     let policy = orch_serve::core::queue_policy::for_daemon(&shared.config).unwrap();

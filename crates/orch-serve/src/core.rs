@@ -3,7 +3,8 @@
 //! places and watches jobs ([`engine`]) with the scheduler ([`sched`]) and the queue policy
 //! ([`queue_policy`]), the compiles of tenants' policies ([`compile`]) and the workers that ask them
 //! ([`policy_worker`]), the config, the users,
-//! the read model the API shows ([`view`]) and the metrics registry ([`metrics`]).
+//! the read model the API shows ([`view`]), the metrics registry ([`metrics`]) and the last hours
+//! of devices and queue the page charts ([`timeline`]).
 //!
 //! Nothing here imports axum or hyper: [`crate::http`] and [`crate::web`] call into this layer,
 //! never the other way round.
@@ -23,5 +24,6 @@ pub mod policy_worker;
 pub mod queue_policy;
 pub mod sched;
 pub mod state;
+pub mod timeline;
 pub mod users;
 pub mod view;

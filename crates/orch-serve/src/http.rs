@@ -42,6 +42,7 @@ pub fn routes() -> Router<Arc<Shared>> {
         .route("/v1/devices", get(machine::devices))
         .route("/v1/tenants", get(machine::tenants))
         .route("/v1/whoami", get(machine::whoami))
+        .route("/v1/timeline", get(machine::timeline))
         .route("/metrics", get(machine::metrics))
 }
 

@@ -197,6 +197,7 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         metrics: crate::core::metrics::Counters::default(),
         health: crate::core::health::StateHealth::new(&options.state_dir),
         supervisor_exits: Mutex::default(),
+        timeline: crate::core::timeline::Timeline::new(options.config.timeline),
     });
     let mut engine = Engine::new(
         Arc::clone(&shared),

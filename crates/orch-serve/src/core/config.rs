@@ -57,6 +57,9 @@ pub struct Config {
     /// `max_grace`: the longest a job's `[job] grace` may be (the time from its stop signal to
     /// SIGKILL at a cancel, a preemption or its time limit); a tenant's own `max_grace` wins.
     pub max_grace: Duration,
+    /// `timeline_interval` and `timeline_span`: how often the page's charts get a sample, and
+    /// how far back they go.
+    pub timeline: crate::core::timeline::Settings,
     pub tenants: Vec<Tenant>,
 }
 
@@ -246,6 +249,8 @@ struct RawConfig {
     tls_key: Option<toml::Spanned<String>>,
     compile: Option<RawCompile>,
     machine_lock: Option<bool>,
+    timeline_interval: Option<toml::Spanned<String>>,
+    timeline_span: Option<toml::Spanned<String>>,
     max_log_size: Option<toml::Spanned<String>>,
     max_grace: Option<toml::Spanned<String>>,
     #[serde(default)]
@@ -328,6 +333,7 @@ impl Config {
             machine_lock: None,
             max_log_size: DEFAULT_MAX_LOG_SIZE,
             max_grace: DEFAULT_MAX_GRACE,
+            timeline: crate::core::timeline::Settings::default(),
             tenants: vec![Tenant {
                 name: user.to_string(),
                 users: vec![user.to_string()],
@@ -722,6 +728,7 @@ impl Config {
             "give the most output kept per job and stream, such as \"64MiB\"",
         )?
         .unwrap_or(DEFAULT_MAX_LOG_SIZE);
+        let timeline = Self::timeline(&raw, spanned_duration, spanned)?;
         Ok(Config {
             path: Some(path.to_path_buf()),
             admins: raw.admins,
@@ -745,6 +752,7 @@ impl Config {
             machine_lock: raw.machine_lock,
             max_log_size,
             max_grace: spanned_duration("max_grace", &raw.max_grace)?.unwrap_or(DEFAULT_MAX_GRACE),
+            timeline,
             preempt_after: match raw.preempt_after.as_deref().map(str::trim) {
                 Some("0" | "0s") | None => Duration::ZERO,
                 Some(_) => duration("preempt_after", &raw.preempt_after)?.unwrap_or_default(),
@@ -787,6 +795,36 @@ impl Config {
             return TokenRights::Unknown;
         }
         TokenRights::Tenants { tenants, admin }
+    }
+
+    /// `timeline_interval` and `timeline_span`, checked together (at least a second, at most
+    /// [`crate::core::timeline::MAX_SAMPLES`] samples).
+    fn timeline(
+        raw: &RawConfig,
+        duration: impl Fn(&str, &Option<toml::Spanned<String>>) -> Result<Option<Duration>, InputError>,
+        spanned: impl Fn(std::ops::Range<usize>, String, &str) -> InputError,
+    ) -> Result<crate::core::timeline::Settings, InputError> {
+        let default = crate::core::timeline::Settings::default();
+        let settings = crate::core::timeline::Settings {
+            interval: duration("timeline_interval", &raw.timeline_interval)?
+                .unwrap_or(default.interval),
+            span: duration("timeline_span", &raw.timeline_span)?.unwrap_or(default.span),
+        };
+        match settings.problem() {
+            None => Ok(settings),
+            Some(problem) => {
+                let place = raw
+                    .timeline_interval
+                    .as_ref()
+                    .or(raw.timeline_span.as_ref())
+                    .map_or(0..0, toml::Spanned::span);
+                Err(spanned(
+                    place,
+                    problem,
+                    "the defaults are timeline_interval = \"5s\" and timeline_span = \"6h\"",
+                ))
+            }
+        }
     }
 
     /// `tls_cert` and `tls_key`: both or neither, and only with `listen` (the Unix socket stays
@@ -1174,6 +1212,41 @@ groups = ["nlp-lab"]
             let text = parse(&format!("max_log_size = {bad}\n{tenant}")).unwrap_err();
             assert!(
                 text.contains("serve.toml:1:16") && text.contains("is not a size of 4KiB or more"),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_timeline_keeps_six_hours_of_five_second_samples_unless_told_otherwise() {
+        let tenant = "[[tenant]]\nname = \"a\"\nusers = [\"x\"]\n";
+        let c = parse(tenant).unwrap();
+        assert_eq!(c.timeline.interval, Duration::from_secs(5));
+        assert_eq!(c.timeline.span, Duration::from_secs(6 * 3600));
+        assert_eq!(Config::single_user("x").timeline, c.timeline);
+        let c = parse(&format!(
+            "timeline_interval = \"10s\"\ntimeline_span = \"24h\"\n{tenant}"
+        ))
+        .unwrap();
+        assert_eq!(c.timeline.samples(), 8640);
+        for (bad, says) in [
+            (
+                "timeline_interval = \"200ms\"",
+                "shorter than the device readings",
+            ),
+            (
+                "timeline_interval = \"1s\"\ntimeline_span = \"7d\"",
+                "more than the 43200",
+            ),
+            ("timeline_span = \"2s\"", "shorter than timeline_interval"),
+            (
+                "timeline_span = \"soon\"",
+                "timeline_span = \"soon\" is not a duration",
+            ),
+        ] {
+            let text = parse(&format!("{bad}\n{tenant}")).unwrap_err();
+            assert!(
+                text.starts_with("serve.toml:1:") && text.contains(says),
                 "{text}"
             );
         }

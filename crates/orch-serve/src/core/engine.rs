@@ -513,6 +513,11 @@ impl Engine {
             }
             changed |= self.jobs.catch_up();
             changed |= self.check_running();
+            self.shared.timeline.note_jobs(
+                now_ms(),
+                self.jobs.queue.values().map(|q| q.row.tenant.as_str()),
+                self.jobs.running.values().map(|r| r.tenant.as_str()),
+            );
             self.check_idle();
             self.check_alloc_time();
             if self.last_usage_save.elapsed() >= USAGE_SAMPLE {
@@ -1096,6 +1101,7 @@ impl Engine {
                         }
                     };
                     let foreign = Arc::new(orch_runner::foreign_processes(&inventory, &leases));
+                    if stale.is_none() { shared.timeline.note_devices(now_ms(), &inventory.devices); }
                     *lock(&shared.machine) = MachineView {
                         inventory,
                         leases,

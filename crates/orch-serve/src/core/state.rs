@@ -45,6 +45,9 @@ pub struct Shared {
     /// How each supervisor this daemon started ended, by (job, attempt): the wait on the child
     /// knows it for certain, with no `/proc` reading that could fail.
     pub supervisor_exits: Mutex<HashMap<(i64, u32), SupervisorEnd>>,
+    /// The last hours of device readings and queue length (`GET /v1/timeline`, the page's
+    /// charts).
+    pub timeline: crate::core::timeline::Timeline,
 }
 
 /// How a supervisor process this daemon started ended.

@@ -1,5 +1,5 @@
-//! The machine and its tenants over the API: `/v1/devices`, `/v1/tenants`, `/v1/whoami` and
-//! `/metrics`.
+//! The machine and its tenants over the API: `/v1/devices`, `/v1/tenants`, `/v1/whoami`,
+//! `/v1/timeline` and `/metrics`.
 
 use crate::core::caller::Caller;
 use crate::core::db::{JobRow, State};
@@ -104,4 +104,39 @@ pub(crate) async fn tenants(
             })
             .collect(),
     ))
+}
+
+#[derive(Debug, serde::Deserialize)]
+pub(crate) struct TimelineQuery {
+    /// Only the samples after this time (ms since the epoch).
+    #[serde(default)]
+    since: u64,
+    /// At most this many samples, neighbours merged.
+    points: Option<usize>,
+}
+
+/// The last hours of the devices and the queue (`crate::core::timeline`). Every caller sees the
+/// devices' series, as `/v1/devices` shows every device's reading; the queue's counts are those
+/// of the caller's tenants, everyone's for an admin, as `/v1/tenants` shows them.
+pub(crate) async fn timeline(
+    AxState(shared): AxState<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    axum::extract::Query(q): axum::extract::Query<TimelineQuery>,
+) -> ApiResult<Json<crate::core::timeline::View>> {
+    admitted(&caller)?;
+    if q.points == Some(0) {
+        return Err(err(
+            StatusCode::BAD_REQUEST,
+            "points=0 asks for no samples: give a positive number of points, or leave it out for every sample",
+        ));
+    }
+    // Off the async workers: a long span of many GPUs is a few MB to copy.
+    let view = tokio::task::spawn_blocking(move || {
+        shared.timeline.view(q.since, q.points, |tenant| {
+            caller.admin || caller.tenants.iter().any(|t| t == tenant)
+        })
+    })
+    .await
+    .map_err(crate::http::error::internal)?;
+    Ok(Json(view))
 }
