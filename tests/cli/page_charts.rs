@@ -376,7 +376,7 @@ fn finished_jobs_show_their_accounting_and_hostile_names_stay_text() {
               for (const j of jobs) if (j.ended_at_ms != null) j.accounting = {
                 devices: j.devices, gpu_seconds: 3.0, wall_s: 1.5, queue_wait_s: 0.25,
                 cpu_seconds: 1.0, peak_rss_bytes: 1048576,
-                peak_gpu_memory_bytes: 1610612736, mean_gpu_utilization: 0.42};
+                peak_gpu_memory_bytes: 1610612736, mean_gpu_utilization: 42.0};
               return new Response(JSON.stringify(jobs), {status: r.status, headers: r.headers});
             };
         "#}),

@@ -143,7 +143,7 @@
       const peak = a && a.peak_gpu_memory_bytes;
       cell(tr, "Peak GPU memory", peak == null ? "" : gib(peak)).className = "acct";
       const mean = a && a.mean_gpu_utilization;
-      cell(tr, "Mean GPU util.", mean == null ? "" : Math.round(mean * 100) + "%").className = "acct";
+      cell(tr, "Mean GPU util.", mean == null ? "" : Math.round(mean) + "%").className = "acct";
       return tr;
     });
     document.getElementById("finished").className = anyAccounting ? "" : "noacct";
