@@ -62,23 +62,26 @@ fn init() -> Result<Nvml, NvmlError> {
 }
 
 fn describe_init_error(err: &NvmlError) -> String {
-    let reason = match err {
-        NvmlError::LibloadingError(e) if library_override().is_some() => {
-            format!("cannot load the library ({e})")
-        }
-        NvmlError::LibloadingError(e) => {
-            format!("no NVIDIA driver found ({e})")
-        }
+    let path = library_override();
+    let path = path.as_deref().map(|p| std::path::Path::new(p).display());
+    match (err, path) {
+        (NvmlError::LibloadingError(e), Some(path)) => format!(
+            "cannot load {path}, the library {LIBRARY_ENV} names ({e}); unset {LIBRARY_ENV} to use the system's"
+        ),
+        (NvmlError::LibloadingError(e), None) => format!("no NVIDIA driver found ({e})"),
+        (other, Some(path)) => format!(
+            "{} (in {path}, the library {LIBRARY_ENV} names)",
+            describe_driver_error(other)
+        ),
+        (other, None) => describe_driver_error(other),
+    }
+}
+
+fn describe_driver_error(err: &NvmlError) -> String {
+    match err {
         NvmlError::DriverNotLoaded => "the NVIDIA kernel driver is not loaded".to_string(),
         NvmlError::NoPermission => "no permission to talk to the NVIDIA driver".to_string(),
         other => other.to_string(),
-    };
-    match library_override() {
-        Some(path) => format!(
-            "{reason} (the library {} that {LIBRARY_ENV} names; unset it to use the system's)",
-            std::path::Path::new(&path).display()
-        ),
-        None => reason,
     }
 }
 
