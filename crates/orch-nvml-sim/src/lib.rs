@@ -17,8 +17,8 @@
 //!   the needed count for the process list);
 //! - any call before `nvmlInit` (or after the last `nvmlShutdown`) is `NVML_ERROR_UNINITIALIZED`.
 //!
-//! The file is read again when it changes (size, time or inode), as the `sim:` backend does, so a
-//! test or demo changes telemetry by writing the file; a file that fails to parse leaves the last
+//! The file is read again when it changes (size, time or inode; looked at no more often than every
+//! 10 ms), as the `sim:` backend does, so a test or demo changes telemetry by writing the file; a file that fails to parse leaves the last
 //! good reading (and says so once on stderr). A GPU whose handle outlives a shorter file is
 //! `NVML_ERROR_GPU_IS_LOST`.
 //!
@@ -46,7 +46,7 @@ use std::os::unix::fs::MetadataExt;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 /// The environment variable naming the sim file the library serves.
 pub const SIM_ENV: &str = "ORCH_NVML_SIM";
@@ -72,6 +72,9 @@ pub const MAX_LINKS: usize = sys::NVML_NVLINK_MAX_LINKS as usize;
 const VALUE_NOT_AVAILABLE: u64 = u64::MAX;
 /// The GPU/compute instance id of a process on a GPU without MIG (NVML's `0xFFFFFFFF`).
 const NO_INSTANCE: c_uint = c_uint::MAX;
+/// How often, at most, the file is looked at again (one NVML reading of a box is hundreds of
+/// calls: one look serves them all).
+pub const RECHECK: Duration = Duration::from_millis(10);
 /// `nvmlMemory_v2` as `NVML_STRUCT_VERSION(Memory, 2)` spells it.
 const MEMORY_V2: c_uint = (std::mem::size_of::<sys::nvmlMemory_v2_t>() | (2 << 24)) as c_uint;
 
@@ -220,6 +223,8 @@ struct Library {
     inits: u32,
     path: PathBuf,
     stamp: Option<Stamp>,
+    /// When the file was last looked at.
+    checked: Instant,
     machine: Arc<Machine>,
     /// Handles handed out, by address; each a leaked `Box<Target>` freed at the last shutdown.
     handles: BTreeMap<usize, Target>,
@@ -227,8 +232,13 @@ struct Library {
 }
 
 impl Library {
-    /// The machine, read again first when the file changed since the last reading.
+    /// The machine, read again first when the file changed since the last reading (looked at
+    /// no more often than every [`RECHECK`]).
     fn refresh(&mut self) -> Arc<Machine> {
+        if self.checked.elapsed() < RECHECK {
+            return Arc::clone(&self.machine);
+        }
+        self.checked = Instant::now();
         let now = stamp(&self.path);
         if now.is_some() && now != self.stamp {
             self.stamp = now;
@@ -456,6 +466,7 @@ pub fn init_from(path: Option<PathBuf>) -> Ret {
             inits: 1,
             path,
             stamp: before,
+            checked: Instant::now(),
             machine: Arc::new(machine),
             handles: BTreeMap::new(),
             by_target: BTreeMap::new(),

@@ -31,6 +31,8 @@ impl Session {
         let next = self.path.with_extension("new");
         std::fs::write(&next, text).unwrap();
         std::fs::rename(&next, &self.path).unwrap();
+        // The library looks at the file again after RECHECK.
+        std::thread::sleep(RECHECK * 2);
     }
 }
 
