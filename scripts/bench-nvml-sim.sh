@@ -4,8 +4,8 @@
 #
 # 1. in one process: `nvml::read()` against `sim::read()`, medians of READS reads each in four
 #    alternating rounds (crates/orch-devices/examples/bench_nvml_sim.rs, release);
-# 2. the command, end to end: RUNS runs of each `orch devices --json` in four alternating rounds,
-#    the median of each and their ratio.
+# 2. the command, end to end: RUNS runs of each `orch devices --json`, one of each in turn, the
+#    median of each and their ratio.
 #
 #   scripts/bench-nvml-sim.sh [RUNS [READS]]   (default 100 and 400; builds the release orch,
 #                                               the library and the example first)
@@ -38,23 +38,22 @@ diff <("$orch" --devices nvml devices --json | grep -v '"backend"') \
   <("$orch" --devices "sim:$file" devices --json | grep -v '"backend"') >/dev/null \
   || { echo "bench-nvml-sim: the two backends print different boxes" >&2; exit 1; }
 now() { date +%s%N; }
-# One line per run: its nanoseconds.
-time_runs() {
-  local n=$1; shift
-  for _ in $(seq "$n"); do
-    local t0; t0=$(now)
-    "$@" >/dev/null
-    echo $(( $(now) - t0 ))
-  done
+# Nanoseconds of one run of "$@", appended to the file $1.
+time_run() {
+  local out=$1; shift
+  local t0; t0=$(now)
+  "$@" >/dev/null
+  echo $(( $(now) - t0 )) >>"$out"
 }
+# One of each in turn, so a busy spell of the machine falls on both alike.
 : >"$work/nvml"; : >"$work/sim"
-for _round in 1 2 3 4; do
-  time_runs $(( runs / 4 )) "$orch" --devices nvml devices --json >>"$work/nvml"
-  time_runs $(( runs / 4 )) "$orch" --devices "sim:$file" devices --json >>"$work/sim"
+for _ in $(seq "$runs"); do
+  time_run "$work/nvml" "$orch" --devices nvml devices --json
+  time_run "$work/sim" "$orch" --devices "sim:$file" devices --json
 done
 median_ms() { sort -n "$1" | awk '{ v[NR] = $1 } END { printf "%.2f", v[int((NR + 1) / 2)] / 1e6 }'; }
 nvml_ms=$(median_ms "$work/nvml")
 sim_ms=$(median_ms "$work/sim")
 echo "orch --devices nvml devices --json (simulated NVML library): $nvml_ms ms (median)"
 echo "orch --devices sim:FILE devices --json:                      $sim_ms ms (median)"
-echo "ratio nvml/sim: $(echo "scale=2; $nvml_ms / $sim_ms" | bc)"
+echo "ratio nvml/sim: $(awk -v a="$nvml_ms" -v b="$sim_ms" 'BEGIN { printf "%.2f", a / b }')"
