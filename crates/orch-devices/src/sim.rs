@@ -572,6 +572,32 @@ memory_total = 1024
     }
 
     #[test]
+    fn pci_bus_ids_read_in_nvmls_spelling() {
+        for (given, nvml) in [
+            ("00000000:18:00.0", "00000000:18:00.0"),
+            ("0000:3b:00.1", "00000000:3B:00.1"),
+            ("1:5:1f.7", "00000001:05:1F.7"),
+        ] {
+            assert_eq!(
+                normalize_pci_bus_id(given).as_deref(),
+                Some(nvml),
+                "{given}"
+            );
+        }
+        for bad in [
+            "18:00.0",
+            "0000:18:00",
+            "0000:118:00.0",
+            "0000:18:20.0",
+            "0000:18:00.8",
+            "x:18:00.0",
+            "",
+        ] {
+            assert_eq!(normalize_pci_bus_id(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
     fn errors_point_at_the_value() {
         let cases = [
             (
