@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# For a machine with an NVIDIA GPU: builds orch, lists the GPUs through NVML, creates a CUDA context
+# For a machine with an NVIDIA GPU: builds orch, lists the GPUs through NVML, reads their topology
+# (`orch devices --topo`, compared pair by pair with `nvidia-smi topo -m`), creates a CUDA context
 # on every GPU, runs the CUDA tests with ORCH_REQUIRE_GPU=1 (a skipped CUDA test fails there), the
 # GPU benchmarks and MNIST on the GPU, and prints a short table last. Exits non-zero on any failure.
 set -uo pipefail
@@ -13,11 +14,32 @@ step() { # step NAME COMMAND...
   names+=("$name")
 }
 
+# The GPU-by-GPU part of a topology matrix (rows GPUn, the GPU columns only), from either tool;
+# nvidia-smi's colours and its NIC and affinity columns are left out.
+gpu_matrix() {
+  sed 's/\x1b\[[0-9;]*m//g' | awk '/^GPU[0-9]+[ \t]/ { rows[++n] = $0 }
+    END { for (i = 1; i <= n; i++) { split(rows[i], f, /[ \t]+/); line = f[1];
+          for (j = 2; j <= n + 1; j++) line = line " " f[j]; print line } }'
+}
+topo_matches() {
+  if ! command -v nvidia-smi >/dev/null; then
+    echo "nvidia-smi is not installed: nothing to compare with"
+    return 1
+  fi
+  local ours theirs
+  ours=$("$orch" --devices nvml devices --topo | gpu_matrix)
+  theirs=$(nvidia-smi topo -m | gpu_matrix)
+  printf 'orch:\n%s\nnvidia-smi topo -m:\n%s\n' "$ours" "$theirs"
+  [ -n "$ours" ] && [ "$ours" = "$theirs" ]
+}
+
 ./scripts/setup.sh
 step "build (release)" cargo build --release -p orch-cli
 orch=target/release/orch
 step "orch devices (nvml)" "$orch" --devices nvml devices
 step "orch devices --json (nvml)" "$orch" --devices nvml devices --json
+step "orch devices --topo (nvml)" "$orch" --devices nvml devices --topo
+step "topology as nvidia-smi topo -m has it" topo_matches
 step "CUDA context on every GPU" "$orch" devices --check-cuda
 step "device tests (ORCH_REQUIRE_GPU=1)" cargo test --release -p orch-devices
 step "tensor tests on cuda (ORCH_REQUIRE_GPU=1)" cargo test --release -p orch-tensor

@@ -9,8 +9,8 @@ use orch_exec::devices::{Choice, Mechanism, Unconstrained};
 use std::path::PathBuf;
 
 /// The folder of nodes, the probe script and the sim file.
-struct Lab {
-    dir: PathBuf,
+pub(crate) struct Lab {
+    pub(crate) dir: PathBuf,
     sim: String,
 }
 
@@ -22,7 +22,7 @@ impl Drop for Lab {
 
 /// Root with a way to confine jobs, else `None` (a skip; a failure under
 /// `ORCH_REQUIRE_DEVICE_CONSTRAINT`).
-fn lab(tag: &str) -> Option<Lab> {
+pub(crate) fn lab(tag: &str) -> Option<Lab> {
     let required = std::env::var_os("ORCH_REQUIRE_DEVICE_CONSTRAINT").is_some();
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } != 0 {
@@ -95,7 +95,7 @@ fn lab(tag: &str) -> Option<Lab> {
 impl Lab {
     /// The job's command: its grant, then the probe as the job, without `CUDA_VISIBLE_DEVICES`,
     /// with every GPU in it, and from a grandchild.
-    fn script(&self) -> String {
+    pub(crate) fn script(&self) -> String {
         let probe = self.dir.join("probe.sh").display().to_string();
         format!(
             "echo \"granted $CUDA_VISIBLE_DEVICES\"; sh {probe} job; \
@@ -107,7 +107,7 @@ impl Lab {
 }
 
 /// What the probe prints for a job granted GPU `granted` (`None`: nothing refused).
-fn expected(granted: Option<u32>) -> String {
+pub(crate) fn expected(granted: Option<u32>) -> String {
     let mut out = String::new();
     for label in ["job", "unset", "all", "grandchild"] {
         for minor in 0..4 {
@@ -123,7 +123,7 @@ fn expected(granted: Option<u32>) -> String {
 }
 
 /// The granted GPU's minor (its uuid's last digit, by the sim file) and the probe's lines.
-fn granted_and_lines(output: &str) -> (u32, String) {
+pub(crate) fn granted_and_lines(output: &str) -> (u32, String) {
     let (first, rest) = output.split_once('\n').expect("the job printed its grant");
     let uuid = first.strip_prefix("granted ").expect("a grant line");
     assert!(

@@ -82,6 +82,9 @@ fn json_has_exactly_the_documented_fields() {
         "pci_bus_id",
         "processes",
         "foreign_processes",
+        "numa_node",
+        "cpus",
+        "links",
     ];
     expected.sort_unstable();
     assert_eq!(keys, expected);

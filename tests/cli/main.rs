@@ -14,6 +14,7 @@ mod faults;
 mod held_leases;
 mod languages;
 mod manual;
+mod nvml_sim;
 mod operate;
 mod page_charts;
 mod plan;

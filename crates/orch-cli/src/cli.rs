@@ -317,6 +317,10 @@ pub struct DevicesArgs {
     /// Create a CUDA context on every CUDA device and report each; exit 1 if any fails.
     #[arg(long, conflicts_with_all = ["json", "watch"])]
     pub check_cuda: bool,
+    /// Print how the devices are connected, as `nvidia-smi topo -m` does: the link between every
+    /// pair (X, NV#, PIX, PXB, PHB, NODE, SYS), each device's CPU and NUMA affinity, a legend.
+    #[arg(long, conflicts_with_all = ["json", "check_cuda"])]
+    pub topo: bool,
 }
 
 #[derive(Debug, clap::Args)]

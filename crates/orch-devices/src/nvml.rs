@@ -2,35 +2,83 @@
 //!
 //! A missing library or driver is [`DeviceError::NvmlUnavailable`]; a telemetry field the GPU does
 //! not support (power on some boards, temperature in some VMs) is `None`, never a made-up value.
+//! So is a topology field (NUMA node, CPU affinity, PCIe level, NVLinks): a query NVML does not
+//! support leaves it unknown and never fails the device.
+//!
+//! `ORCH_NVML_LIBRARY=PATH` loads that library instead of the system's `libnvidia-ml.so`: the
+//! simulated NVML library (`crates/orch-nvml-sim`) is how this code runs without a GPU.
 
-use crate::{Backend, Device, DeviceError, GpuProcess, MigDevice};
+use crate::{Backend, Device, DeviceError, GpuProcess, MigDevice, PcieLevel, PeerLink};
 use nvml_wrapper::Nvml;
-use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
+use nvml_wrapper::enum_wrappers::device::{TemperatureSensor, TopologyLevel};
 use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
+use std::collections::{BTreeMap, HashMap};
 
-/// Every GPU NVML reports, in NVML order (PCI bus order).
+/// The environment variable naming the NVML library to load instead of the system's.
+pub const LIBRARY_ENV: &str = "ORCH_NVML_LIBRARY";
+
+/// NVLinks a GPU may have (`NVML_NVLINK_MAX_LINKS` of nvml.h: 18 since Hopper).
+const MAX_NVLINKS: u32 = 18;
+/// CPU affinity is asked for CPUs 0..8192 (Linux's largest `NR_CPUS`), 64 to a word.
+const CPU_SET_WORDS: usize = (orch_core::cpulist::MAX_CPU as usize + 1) / 64;
+/// Memory affinity is asked for NUMA nodes 0..1024 (Linux's `MAX_NUMNODES`).
+const NODE_SET_WORDS: usize = 1024 / 64;
+/// `NVML_AFFINITY_SCOPE_NODE`: memory affinity by NUMA node.
+const AFFINITY_SCOPE_NODE: u32 = 0;
+
+/// Every GPU NVML reports, in NVML order (PCI bus order), with the links between them.
 pub fn read() -> Result<Vec<Device>, DeviceError> {
-    let nvml = Nvml::init().map_err(|e| DeviceError::NvmlUnavailable(describe_init_error(&e)))?;
+    let nvml = init().map_err(|e| DeviceError::NvmlUnavailable(describe_init_error(&e)))?;
     let count = nvml
         .device_count()
         .map_err(|e| DeviceError::NvmlUnavailable(e.to_string()))?;
     if count == 0 {
         return Err(DeviceError::NoGpu);
     }
-    (0..count).map(|index| read_device(&nvml, index)).collect()
+    let mut devices = (0..count)
+        .map(|index| read_device(&nvml, index))
+        .collect::<Result<Vec<_>, _>>()?;
+    read_links(&nvml, &mut devices);
+    Ok(devices)
 }
 
 /// The driver version NVML reports, when NVML loads.
 pub fn driver_version() -> Option<String> {
-    Nvml::init().ok()?.sys_driver_version().ok()
+    init().ok()?.sys_driver_version().ok()
 }
 
-fn describe_init_error(err: &nvml_wrapper::error::NvmlError) -> String {
-    use nvml_wrapper::error::NvmlError;
+/// The library `ORCH_NVML_LIBRARY` names, when set and not empty.
+fn library_override() -> Option<std::ffi::OsString> {
+    std::env::var_os(LIBRARY_ENV).filter(|p| !p.is_empty())
+}
+
+/// NVML from the library `ORCH_NVML_LIBRARY` names, else the system's.
+fn init() -> Result<Nvml, NvmlError> {
+    match library_override() {
+        Some(path) => Nvml::builder().lib_path(&path).init(),
+        None => Nvml::init(),
+    }
+}
+
+fn describe_init_error(err: &NvmlError) -> String {
+    let path = library_override();
+    let path = path.as_deref().map(|p| std::path::Path::new(p).display());
+    match (err, path) {
+        (NvmlError::LibloadingError(e), Some(path)) => format!(
+            "cannot load {path}, the library {LIBRARY_ENV} names ({e}); unset {LIBRARY_ENV} to use the system's"
+        ),
+        (NvmlError::LibloadingError(e), None) => format!("no NVIDIA driver found ({e})"),
+        (other, Some(path)) => format!(
+            "{} (in {path}, the library {LIBRARY_ENV} names)",
+            describe_driver_error(other)
+        ),
+        (other, None) => describe_driver_error(other),
+    }
+}
+
+fn describe_driver_error(err: &NvmlError) -> String {
     match err {
-        NvmlError::LibloadingError(e) => {
-            format!("no NVIDIA driver found ({e})")
-        }
         NvmlError::DriverNotLoaded => "the NVIDIA kernel driver is not loaded".to_string(),
         NvmlError::NoPermission => "no permission to talk to the NVIDIA driver".to_string(),
         other => other.to_string(),
@@ -82,10 +130,143 @@ fn read_device(nvml: &Nvml, index: u32) -> Result<Device, DeviceError> {
         mig_devices: read_mig_devices(&device),
         // The N of /dev/nvidiaN (Linux only); unknown when the driver does not say.
         minor_number: device.minor_number().ok(),
-        numa_node: None,
-        cpus: None,
+        numa_node: read_numa_node(&device),
+        cpus: read_cpus(&device),
         links: Vec::new(),
     })
+}
+
+/// The GPU's NUMA node: NVML's NUMA node id where the library has it, else the one node of its
+/// memory affinity. Unknown when neither says (or the affinity names several nodes).
+fn read_numa_node(device: &nvml_wrapper::Device<'_>) -> Option<u32> {
+    const MAX_NODE: u32 = 1023;
+    match device.numa_node_id() {
+        Ok(node) => return (node <= MAX_NODE).then_some(node),
+        Err(NvmlError::FailedToLoadSymbol(_) | NvmlError::NotSupported) => {}
+        Err(_) => return None,
+    }
+    let words = device
+        .memory_affinity(NODE_SET_WORDS, AFFINITY_SCOPE_NODE)
+        .ok()?;
+    let mut nodes = set_bits(&words);
+    let node = nodes.next()?;
+    nodes.next().is_none().then_some(node)
+}
+
+/// The CPUs close to the GPU (NVML's CPU affinity); unknown when NVML does not say or names none.
+fn read_cpus(device: &nvml_wrapper::Device<'_>) -> Option<orch_core::CpuList> {
+    let words = device.cpu_affinity(CPU_SET_WORDS).ok()?;
+    let cpus = orch_core::CpuList::from_cpus(set_bits(&words));
+    (!cpus.is_empty()).then_some(cpus)
+}
+
+/// The numbers of the set bits of an NVML bit mask (bit `i` of word `w` is `64 * w + i`).
+fn set_bits(words: &[std::ffi::c_ulong]) -> impl Iterator<Item = u32> + '_ {
+    let width = std::ffi::c_ulong::BITS;
+    words.iter().enumerate().flat_map(move |(w, &word)| {
+        (0..width)
+            .filter(move |bit| word & (1 << bit) != 0)
+            .map(move |bit| w as u32 * width + bit)
+    })
+}
+
+/// The PCIe level NVML's common ancestor names, as `nvidia-smi topo -m` prints it.
+fn pcie_level(level: TopologyLevel) -> PcieLevel {
+    match level {
+        TopologyLevel::Internal | TopologyLevel::Single => PcieLevel::Pix,
+        TopologyLevel::Multiple => PcieLevel::Pxb,
+        TopologyLevel::HostBridge => PcieLevel::Phb,
+        TopologyLevel::Node => PcieLevel::Node,
+        TopologyLevel::System => PcieLevel::Sys,
+    }
+}
+
+/// Where one GPU's active NVLinks lead: to other GPUs (by index) or to NVSwitches (by bus id).
+#[derive(Debug, Default)]
+struct NvlinkEnds {
+    gpus: BTreeMap<u32, u32>,
+    switches: BTreeMap<String, u32>,
+}
+
+/// Each GPU's active NVLinks, by the PCI bus id at their far end.
+fn read_nvlinks(
+    device: &nvml_wrapper::Device<'_>,
+    index: u32,
+    by_bus_id: &HashMap<String, u32>,
+) -> NvlinkEnds {
+    let mut ends = NvlinkEnds::default();
+    for link in 0..MAX_NVLINKS {
+        let wrapper = device.link_wrapper_for(link);
+        match wrapper.is_active() {
+            Ok(true) => {}
+            Ok(false) => continue,
+            // No NVLink at all (or no such function in this library): stop asking.
+            Err(NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_)) => break,
+            Err(_) => continue,
+        }
+        let Some(remote) = wrapper
+            .remote_pci_info()
+            .ok()
+            .and_then(|pci| crate::sim::normalize_pci_bus_id(&pci.bus_id))
+        else {
+            continue;
+        };
+        match by_bus_id.get(&remote) {
+            Some(&peer) if peer != index => *ends.gpus.entry(peer).or_default() += 1,
+            Some(_) => {}
+            None => *ends.switches.entry(remote).or_default() += 1,
+        }
+    }
+    ends
+}
+
+/// The link between every pair: NVLinks (direct, or through NVSwitches both GPUs reach: the
+/// fewer of the two GPUs' links into each shared switch, summed, as an HGX box's 18) and the
+/// PCIe common ancestor. A pair NVML tells nothing about gets no entry.
+fn read_links(nvml: &Nvml, devices: &mut [Device]) {
+    let by_bus_id: HashMap<String, u32> = devices
+        .iter()
+        .filter_map(|d| {
+            let id = crate::sim::normalize_pci_bus_id(d.pci_bus_id.as_deref()?)?;
+            Some((id, d.index))
+        })
+        .collect();
+    let ends: Vec<NvlinkEnds> = devices
+        .iter()
+        .map(|d| match nvml.device_by_index(d.index) {
+            Ok(handle) => read_nvlinks(&handle, d.index, &by_bus_id),
+            Err(_) => NvlinkEnds::default(),
+        })
+        .collect();
+    let indices: Vec<u32> = devices.iter().map(|d| d.index).collect();
+    for (a, device) in devices.iter_mut().enumerate() {
+        let Ok(handle) = nvml.device_by_index(indices[a]) else {
+            continue;
+        };
+        for (b, &peer) in indices.iter().enumerate() {
+            if a == b {
+                continue;
+            }
+            let through_switches: u32 = ends[a]
+                .switches
+                .iter()
+                .filter_map(|(switch, &mine)| Some(mine.min(*ends[b].switches.get(switch)?)))
+                .sum();
+            let nvlinks = ends[a].gpus.get(&peer).copied().unwrap_or(0) + through_switches;
+            let pcie = nvml
+                .device_by_index(peer)
+                .ok()
+                .and_then(|other| handle.topology_common_ancestor(other).ok())
+                .map(pcie_level);
+            if nvlinks > 0 || pcie.is_some() {
+                device.links.push(PeerLink {
+                    peer,
+                    nvlinks,
+                    pcie,
+                });
+            }
+        }
+    }
 }
 
 /// MIG instances, when MIG mode is on. Slots without an instance are skipped.

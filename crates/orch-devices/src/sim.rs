@@ -26,7 +26,8 @@ struct SimGpu {
     utilization: Option<Spanned<u32>>,
     memory_utilization: Option<Spanned<u32>>,
     uuid: Option<Spanned<String>>,
-    pci_bus_id: Option<String>,
+    /// `DOMAIN:BUS:DEVICE.FUNCTION` in hex, as NVML prints it; derived from the position if absent.
+    pci_bus_id: Option<Spanned<String>>,
     compute_capability: Option<Spanned<String>>,
     temperature: Option<u32>,
     power_draw_w: Option<f64>,
@@ -101,12 +102,18 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<Device>, DeviceError> {
         .iter()
         .map(|g| g.minor_number.as_ref().map(|m| m.span().start))
         .collect();
+    let bus_spans: Vec<Option<usize>> = file
+        .gpu
+        .iter()
+        .map(|g| g.pci_bus_id.as_ref().map(|m| m.span().start))
+        .collect();
     for (position, gpu) in file.gpu.into_iter().enumerate() {
         let mut device = to_device(path, text, position, gpu)?;
         device.links = topology.links[position].clone();
         devices.push(device);
     }
     check_unique_uuids(path, text, &devices)?;
+    check_unique_bus_ids(path, text, &bus_spans, &devices)?;
     check_unique_minors(path, text, &minor_spans, &devices)?;
     Ok(devices)
 }
@@ -223,6 +230,21 @@ fn to_device(path: &Path, text: &str, position: usize, gpu: SimGpu) -> Result<De
         },
         None => None,
     };
+    let pci_bus_id = match &gpu.pci_bus_id {
+        Some(id) => match normalize_pci_bus_id(id.get_ref()) {
+            Some(normalized) => normalized,
+            None => {
+                return Err(at(
+                    id.span(),
+                    format!(
+                        "pci_bus_id is DOMAIN:BUS:DEVICE.FUNCTION in hex such as \"00000000:18:00.0\", found \"{}\"",
+                        id.get_ref()
+                    ),
+                ));
+            }
+        },
+        None => derived_pci_bus_id(position),
+    };
     let mut mig_devices = Vec::with_capacity(gpu.mig.len());
     for mig in gpu.mig {
         if !mig.uuid.get_ref().starts_with("MIG-") {
@@ -249,11 +271,12 @@ fn to_device(path: &Path, text: &str, position: usize, gpu: SimGpu) -> Result<De
         memory_used_bytes: Some(used),
         memory_free_bytes: Some(total - used),
         utilization_gpu_percent: Some(gpu.utilization.map_or(0, Spanned::into_inner)),
-        utilization_memory_percent: gpu.memory_utilization.map(Spanned::into_inner),
+        // NVML reports both utilizations or neither: the default is 0, as for `utilization`.
+        utilization_memory_percent: Some(gpu.memory_utilization.map_or(0, Spanned::into_inner)),
         temperature_c: gpu.temperature,
         power_draw_w: gpu.power_draw_w,
         compute_capability: gpu.compute_capability.map(Spanned::into_inner),
-        pci_bus_id: gpu.pci_bus_id,
+        pci_bus_id: Some(pci_bus_id),
         processes: Some(
             gpu.process
                 .into_iter()
@@ -382,6 +405,37 @@ fn derived_uuid(position: usize) -> String {
     format!("GPU-5130{position:04x}-0000-4000-8000-{position:012x}")
 }
 
+/// A stable PCI bus id from the GPU's position in the file, in NVML's format (domain `5130`,
+/// which no real host bridge uses, so it cannot clash with an id the file gives).
+fn derived_pci_bus_id(position: usize) -> String {
+    format!(
+        "5130{:04X}:{:02X}:00.0",
+        (position >> 8) & 0xffff,
+        position & 0xff
+    )
+}
+
+/// A PCI bus id (`DOMAIN:BUS:DEVICE.FUNCTION`, hex, the domain up to 8 digits, NVML's form or
+/// lspci's) in one spelling, NVML's: `00000000:18:00.0`. `None` when it is not one.
+pub fn normalize_pci_bus_id(id: &str) -> Option<String> {
+    let (domain, rest) = id.trim().split_once(':')?;
+    let (bus, rest) = rest.split_once(':')?;
+    let (device, function) = rest.split_once('.')?;
+    let hex = |s: &str, max: usize| {
+        (!s.is_empty() && s.len() <= max && s.bytes().all(|c| c.is_ascii_hexdigit()))
+            .then(|| u32::from_str_radix(s, 16).ok())
+            .flatten()
+    };
+    let (domain, bus, device, function) = (
+        hex(domain, 8)?,
+        hex(bus, 2)?,
+        hex(device, 2)?,
+        hex(function, 1)?,
+    );
+    (device < 32 && function < 8)
+        .then(|| format!("{domain:08X}:{bus:02X}:{device:02X}.{function:X}"))
+}
+
 /// Two GPUs cannot share a device node. `spans` holds each GPU's `minor_number` offset, if any.
 fn check_unique_minors(
     path: &Path,
@@ -403,6 +457,32 @@ fn check_unique_minors(
             .with_hint(
                 "every GPU has a device node of its own: /dev/nvidiaN, N its minor number",
             ));
+        }
+    }
+    Ok(())
+}
+
+/// Two GPUs cannot sit in one PCI slot (NVML finds NVLink peers by their bus id). `spans` holds
+/// each GPU's `pci_bus_id` offset, if given (derived ids cannot clash).
+fn check_unique_bus_ids(
+    path: &Path,
+    text: &str,
+    spans: &[Option<usize>],
+    devices: &[Device],
+) -> Result<(), InputError> {
+    let mut seen = std::collections::HashSet::new();
+    for (device, span) in devices.iter().zip(spans) {
+        let (Some(id), Some(offset)) = (device.pci_bus_id.as_deref(), span) else {
+            continue;
+        };
+        if !seen.insert(id) {
+            return Err(InputError::at(
+                path,
+                text,
+                *offset,
+                format!("pci_bus_id {id} appears twice"),
+            )
+            .with_hint("every GPU sits in a PCI slot of its own"));
         }
     }
     Ok(())
@@ -468,7 +548,17 @@ memory_total = 1024
         assert_eq!(d.memory_total_bytes, Some(80 << 30));
         assert_eq!(d.memory_free_bytes, Some(77 << 30));
         assert_eq!(d.utilization_gpu_percent, Some(35));
-        assert_eq!(d.utilization_memory_percent, None);
+        assert_eq!(
+            d.utilization_memory_percent,
+            Some(0),
+            "NVML reports both or neither"
+        );
+        assert_eq!(d.pci_bus_id.as_deref(), Some("00000000:18:00.0"));
+        assert_eq!(
+            devices[1].pci_bus_id.as_deref(),
+            Some("51300000:01:00.0"),
+            "derived from the position"
+        );
         assert_eq!(d.compute_capability.as_deref(), Some("9.0"));
         assert_eq!(
             d.processes.as_ref().unwrap()[0].used_memory_bytes,
@@ -479,6 +569,32 @@ memory_total = 1024
         assert_eq!(devices[1].temperature_c, None, "absent, not invented");
         assert_eq!(devices[0].minor_number, Some(7));
         assert_eq!(devices[1].minor_number, None, "no node is assumed");
+    }
+
+    #[test]
+    fn pci_bus_ids_read_in_nvmls_spelling() {
+        for (given, nvml) in [
+            ("00000000:18:00.0", "00000000:18:00.0"),
+            ("0000:3b:00.1", "00000000:3B:00.1"),
+            ("1:5:1f.7", "00000001:05:1F.7"),
+        ] {
+            assert_eq!(
+                normalize_pci_bus_id(given).as_deref(),
+                Some(nvml),
+                "{given}"
+            );
+        }
+        for bad in [
+            "18:00.0",
+            "0000:18:00",
+            "0000:118:00.0",
+            "0000:18:20.0",
+            "0000:18:00.8",
+            "x:18:00.0",
+            "",
+        ] {
+            assert_eq!(normalize_pci_bus_id(bad), None, "{bad}");
+        }
     }
 
     #[test]
@@ -514,6 +630,16 @@ memory_total = 1024
                 "[[gpu]]\nname = \"a\"\nmemory_total = 1\ncompute_capability = \"nine\"\n",
                 "lab.toml:4:22",
                 "MAJOR.MINOR",
+            ),
+            (
+                "[[gpu]]\nname = \"a\"\nmemory_total = 1\npci_bus_id = \"18:00.0\"\n",
+                "lab.toml:4:14",
+                "DOMAIN:BUS:DEVICE.FUNCTION",
+            ),
+            (
+                "[[gpu]]\nname = \"a\"\nmemory_total = 1\npci_bus_id = \"0000:18:00.0\"\n[[gpu]]\nname = \"b\"\nmemory_total = 1\npci_bus_id = \"00000000:18:00.0\"\n",
+                "lab.toml:8:14",
+                "appears twice",
             ),
             (
                 "[[gpu]]\nname = \"a\"\nmemory_total = 1\nminor_number = 254\n",

@@ -1,4 +1,4 @@
-//! `orch devices [--json] [--watch SECS]`.
+//! `orch devices [--json | --topo] [--watch SECS]`.
 
 use super::load_inventory;
 use crate::cli::DevicesArgs;
@@ -31,6 +31,20 @@ struct DeviceRow<'a> {
     processes: Option<&'a [orch_devices::GpuProcess]>,
     /// Its processes that no lease on it covers (nobody scheduled them through orch).
     foreign_processes: &'a [orch_devices::GpuProcess],
+    numa_node: Option<u32>,
+    /// A Linux CPU list (`0-47,96-143`).
+    cpus: Option<&'a orch_core::CpuList>,
+    /// How it reaches each other device the inventory knows a path to.
+    links: Vec<LinkRow>,
+}
+
+/// One pair's link in `--json`: the label `--topo` prints, and what it is made of.
+#[derive(Debug, Serialize)]
+struct LinkRow {
+    peer: u32,
+    link: String,
+    nvlinks: u32,
+    pcie: Option<&'static str>,
 }
 
 type Foreign = BTreeMap<String, Vec<orch_devices::GpuProcess>>;
@@ -58,7 +72,7 @@ pub fn run(spec: &InventorySpec, args: &DevicesArgs) -> CmdResult {
     }
     let Some(secs) = args.watch else {
         let inventory = load_inventory(spec)?;
-        print!("{}", render(&inventory, args.json));
+        print!("{}", render(&inventory, args));
         return Ok(());
     };
     if !(secs.is_finite() && secs > 0.0) {
@@ -69,7 +83,7 @@ pub fn run(spec: &InventorySpec, args: &DevicesArgs) -> CmdResult {
     let terminal = std::io::stdout().is_terminal();
     loop {
         let inventory = load_inventory(spec)?;
-        let text = render(&inventory, args.json);
+        let text = render(&inventory, args);
         let mut out = std::io::stdout().lock();
         let written = if terminal {
             // Home the cursor and clear the screen: refresh in place.
@@ -85,7 +99,11 @@ pub fn run(spec: &InventorySpec, args: &DevicesArgs) -> CmdResult {
     }
 }
 
-fn render(inventory: &Inventory, json: bool) -> String {
+fn render(inventory: &Inventory, args: &DevicesArgs) -> String {
+    if args.topo {
+        return topo_matrix(inventory);
+    }
+    let json = args.json;
     let visibility = Visibility::resolve(&inventory.devices, &VisibilityEnv::from_process());
     for note in &visibility.notes {
         tracing::warn!("{note}");
@@ -131,7 +149,77 @@ fn json_row<'a>(
         pci_bus_id: d.pci_bus_id.as_deref(),
         processes: d.processes.as_deref(),
         foreign_processes: foreign.get(&d.uuid).map_or(&[], Vec::as_slice),
+        numa_node: d.numa_node,
+        cpus: d.cpus.as_ref(),
+        links: d
+            .links
+            .iter()
+            .map(|l| LinkRow {
+                peer: l.peer,
+                link: l.label(),
+                nvlinks: l.nvlinks,
+                pcie: l.pcie.map(orch_devices::PcieLevel::as_str),
+            })
+            .collect(),
     }
+}
+
+/// What each label of the matrix means (`nvidia-smi topo -m`'s legend, plus `?`).
+const TOPO_LEGEND: &str = "Legend:
+
+  X    = Self
+  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)
+  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node
+  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)
+  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)
+  PIX  = Connection traversing at most a single PCIe bridge
+  NV#  = Connection traversing a bonded set of # NVLinks
+  ?    = Not known: the inventory does not say how the two are connected
+";
+
+/// The matrix `orch devices --topo` prints: a row and a column per device, the link of every
+/// pair, then each device's CPU and NUMA affinity (`N/A` where unknown), then the legend.
+fn topo_matrix(inventory: &Inventory) -> String {
+    let prefix = if inventory.backend == Backend::Cpu {
+        "CPU"
+    } else {
+        "GPU"
+    };
+    let names: Vec<String> = inventory
+        .devices
+        .iter()
+        .map(|d| format!("{prefix}{}", d.index))
+        .collect();
+    let mut header: Vec<&str> = vec![""];
+    header.extend(names.iter().map(String::as_str));
+    header.extend(["CPU Affinity", "NUMA Affinity"]);
+    let rows: Vec<Vec<String>> = inventory
+        .devices
+        .iter()
+        .zip(&names)
+        .map(|(d, name)| {
+            let mut row = vec![name.clone()];
+            row.extend(inventory.devices.iter().map(|peer| {
+                if peer.index == d.index {
+                    "X".to_string()
+                } else {
+                    d.link_to(peer.index)
+                        .map_or_else(|| "?".to_string(), orch_devices::PeerLink::label)
+                }
+            }));
+            row.push(
+                d.cpus
+                    .as_ref()
+                    .map_or_else(|| "N/A".into(), ToString::to_string),
+            );
+            row.push(d.numa_node.map_or_else(|| "N/A".into(), |n| n.to_string()));
+            row
+        })
+        .collect();
+    let mut text = table::render(&header, &rows);
+    text.push('\n');
+    text.push_str(TOPO_LEGEND);
+    text
 }
 
 fn human_table(inventory: &Inventory, visibility: &Visibility, foreign: &Foreign) -> String {
