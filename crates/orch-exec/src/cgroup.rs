@@ -41,6 +41,40 @@ impl JobCgroup {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// What the job's processes used, as the cgroup counted it (read before it is removed).
+    pub fn usage(&self) -> CgroupUsage {
+        usage_of(&self.path)
+    }
+}
+
+/// What the processes of a cgroup used: CPU time (`cpu.stat`'s `usage_usec`, always there on
+/// v2) and the peak of their memory (`memory.peak`, where the memory controller runs there;
+/// Linux 5.19 and later). `None` for what the cgroup does not tell.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CgroupUsage {
+    pub cpu_seconds: Option<f64>,
+    pub peak_memory_bytes: Option<u64>,
+}
+
+/// [`CgroupUsage`] of the cgroup at `dir`.
+pub fn usage_of(dir: &Path) -> CgroupUsage {
+    let cpu_seconds = std::fs::read_to_string(dir.join("cpu.stat"))
+        .ok()
+        .and_then(|text| {
+            text.lines().find_map(|line| {
+                let micros = line.strip_prefix("usage_usec ")?;
+                micros.trim().parse::<u64>().ok()
+            })
+        })
+        .map(|micros| micros as f64 / 1e6);
+    let peak_memory_bytes = std::fs::read_to_string(dir.join("memory.peak"))
+        .ok()
+        .and_then(|text| text.trim().parse::<u64>().ok());
+    CgroupUsage {
+        cpu_seconds,
+        peak_memory_bytes,
+    }
 }
 
 impl Drop for JobCgroup {

@@ -7,6 +7,7 @@
 //! how a run ends; [`running`] is a running job as a state machine (what to do, decided without
 //! touching anything); [`jobs`] holds what placement needs and places, releases and writes.
 
+use crate::core::accounting::{self, Measured, Record};
 use crate::core::db::{Change, Event, JobRow, JobUse, State, Submission, Update, UsageRow};
 use crate::core::folders::{self, ExitRecord, Fence};
 use crate::core::kick::Kick;
@@ -81,6 +82,8 @@ impl std::fmt::Debug for Engine {
 /// How often the engine looks at running jobs and the queue without being woken.
 const TICK: Duration = Duration::from_millis(100);
 const INVENTORY_MAX_AGE: Duration = Duration::from_secs(1);
+/// The background vacuum's pause between two steps, in which waiting writes go first.
+const VACUUM_PAUSE: Duration = Duration::from_millis(5);
 /// How often usage is written to the database: a crash loses at most this much of it.
 pub const USAGE_SAMPLE: Duration = Duration::from_secs(10);
 
@@ -389,7 +392,12 @@ impl Engine {
             .map_or_else(now_s, ms_to_s);
         if let Ok(Some(exit)) = folders::read_exit(&dir) {
             let prior = row.gpu_seconds;
-            self.finish_at(id, &row.lease_id, exit, prior);
+            // It ended while no daemon watched: its accounting has what its supervisor recorded.
+            let measured = Measured {
+                process: accounting::read_use(&dir),
+                ..Measured::default()
+            };
+            self.finish_at(id, &row.lease_id, exit, prior, measured);
             return;
         }
         // The daemon may have stopped before it even made the job's folder.
@@ -443,7 +451,13 @@ impl Engine {
             Recovery::HeldEnded(pid) => {
                 // The process that held the lease ended while no daemon watched.
                 let prior = row.gpu_seconds;
-                self.finish_at(id, &row.lease_id, running::held_ended(pid, now_ms()), prior);
+                self.finish_at(
+                    id,
+                    &row.lease_id,
+                    running::held_ended(pid, now_ms()),
+                    prior,
+                    Measured::default(),
+                );
             }
             Recovery::QueueAgain => {
                 // It never ran: nothing to charge.
@@ -478,6 +492,7 @@ impl Engine {
                     &row.lease_id,
                     row.requeue && !row.cancel_requested,
                     VANISHED_UNWATCHED.into(),
+                    Measured::default(),
                 );
             }
         }
@@ -525,11 +540,26 @@ impl Engine {
         }
     }
 
-    /// Deletes the finished jobs older than `retention`, their logs and folders.
+    /// Deletes the finished jobs older than `retention`, their logs and folders, and the
+    /// accounting records older than `accounting_retention`; then gives the freed pages back in
+    /// the background.
     fn purge(&mut self) {
-        let retention_ms =
-            u64::try_from(self.shared.config.retention.as_millis()).unwrap_or(u64::MAX);
-        let before = now_ms().saturating_sub(retention_ms);
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let accounting_before =
+            now_ms().saturating_sub(ms(self.shared.config.accounting_retention));
+        let records = self
+            .shared
+            .db
+            .write_blocking(move |tx| accounting::purge(tx, accounting_before));
+        match records {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::info!("purged {n} accounting record(s) older than accounting_retention");
+                self.vacuum();
+            }
+            Err(e) => tracing::warn!("could not purge old accounting records: {e}"),
+        }
+        let before = now_ms().saturating_sub(ms(self.shared.config.retention));
         let old = match self.shared.db.finished_before(before) {
             Ok(old) if !old.is_empty() => old,
             Ok(_) => return,
@@ -556,6 +586,36 @@ impl Engine {
             old.len(),
             self.shared.config.retention
         );
+        self.vacuum();
+    }
+
+    /// Gives the job database's free pages back to the file system on a thread of its own, in
+    /// small steps that the engine's writes pass between (one such thread at a time).
+    fn vacuum(&self) {
+        static RUNNING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        use std::sync::atomic::Ordering;
+        if RUNNING.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let shared = Arc::clone(&self.shared);
+        let started = std::thread::Builder::new()
+            .name("orch-vacuum".into())
+            .spawn(move || {
+                let began = Instant::now();
+                match accounting::vacuum_in_steps(&shared.db, VACUUM_PAUSE) {
+                    Ok(0) => {}
+                    Ok(pages) => tracing::info!(
+                        "gave {pages} free page(s) of the job database back in {:.1?}",
+                        began.elapsed()
+                    ),
+                    Err(e) => tracing::warn!("could not vacuum the job database: {e}"),
+                }
+                RUNNING.store(false, Ordering::Release);
+            });
+        if let Err(e) = started {
+            RUNNING.store(false, Ordering::Release);
+            tracing::warn!("could not start the job database's vacuum: {e}");
+        }
     }
 
     fn handle(&mut self, kick: Kick) -> bool {
@@ -760,7 +820,11 @@ impl Engine {
                 self.shared.metrics.idle_stopped();
             }
             self.jobs.unknown_logged.remove(&id);
-            self.finish_at(id, &Some(job.lease_id), exit, job.prior_gpu_s);
+            let measured = Measured {
+                process: accounting::read_use(&dir),
+                gpu: job.gpu.clone(),
+            };
+            self.finish_at(id, &Some(job.lease_id), exit, job.prior_gpu_s, measured);
             return true;
         }
         if job.supervisor.is_none() {
@@ -833,6 +897,10 @@ impl Engine {
         job.untrack_holder();
         let lease = Some(job.lease_id.clone());
         let prior = job.prior_gpu_s;
+        let measured = Measured {
+            process: accounting::read_use(&dir),
+            gpu: job.gpu.clone(),
+        };
         match job.died(ended.map(|e| e.words()), now_ms()) {
             Death::Finish(record) => {
                 // For a restarted daemon; the database, written next, is what counts.
@@ -841,7 +909,7 @@ impl Engine {
                         "job {id}: could not write its exit record ({e}); the job database has it"
                     );
                 }
-                self.finish_at(id, &lease, record, prior);
+                self.finish_at(id, &lease, record, prior, measured);
             }
             // A supervisor that ended before it took the fence never started the job: fenced
             // now, the job goes back to the queue (it never ran; nothing is charged).
@@ -868,7 +936,7 @@ impl Engine {
             }
             Death::Vanished { requeue, reason } => {
                 self.untrack_running(id, now_s(), prior);
-                self.vanished(id, &lease, requeue, reason);
+                self.vanished(id, &lease, requeue, reason, measured);
             }
         }
         true
@@ -1125,6 +1193,13 @@ impl Engine {
         let now = Instant::now();
         let mut notes: Vec<(i64, &'static str, String)> = Vec::new();
         let inventory = &self.jobs.inventory;
+        // The memory each job's processes hold on its devices, for its accounting.
+        let memory = if self.jobs.running.is_empty() {
+            HashMap::new()
+        } else {
+            let leases = Arc::clone(&lock(&self.shared.machine).leases);
+            orch_runner::lease_gpu_memory(inventory, &leases)
+        };
         for (id, job) in &mut self.jobs.running {
             let Some(tenant) = self.shared.config.tenant(&job.tenant) else {
                 continue;
@@ -1140,6 +1215,11 @@ impl Engine {
                         .and_then(|d| d.utilization_gpu_percent)
                 })
                 .collect();
+            let held: Vec<u64> = memory
+                .get(&job.lease_id)
+                .map(|devices| devices.values().copied().collect())
+                .unwrap_or_default();
+            job.gpu.look(&utilization, &held);
             for note in job.look_idle(tenant, &utilization, now) {
                 notes.push((*id, note.kind, note.message));
             }
@@ -1192,6 +1272,7 @@ impl Engine {
         lease_id: &Option<String>,
         exit: ExitRecord,
         prior_gpu_s: f64,
+        measured: Measured,
     ) {
         self.untrack_running(id, ms_to_s(exit.ended_at_ms), prior_gpu_s);
         if exit.state == State::Queued {
@@ -1224,6 +1305,14 @@ impl Engine {
             Some(reason) => format!("{}: {reason}", exit.state.as_str()),
             _ => exit.state.as_str().to_string(),
         };
+        let accounting = self.accounting(
+            id,
+            exit.state,
+            exit.ended_at_ms,
+            exit.exit_code,
+            reason.clone(),
+            &measured,
+        );
         self.jobs.write(
             id,
             Change {
@@ -1237,6 +1326,7 @@ impl Engine {
                     kind: "finished".into(),
                     message,
                 }),
+                accounting,
                 ..Change::default()
             },
         );
@@ -1245,9 +1335,41 @@ impl Engine {
         self.settled(id, exit.state, exit.exit_code);
     }
 
+    /// Job `id`'s accounting record as it ends in `state` (its row read now, before the end is
+    /// written: its devices, times and GPU-seconds), counted in the metrics; `None` when the row
+    /// cannot be read (the end is still written, without a record).
+    fn accounting(
+        &self,
+        id: i64,
+        state: State,
+        ended_at_ms: u64,
+        exit_code: Option<i32>,
+        reason: Option<String>,
+        measured: &Measured,
+    ) -> Option<Box<Record>> {
+        let row = match self.shared.db.job(id) {
+            Ok(Some(row)) => row,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::warn!("job {id}: its accounting is not recorded: {e}");
+                return None;
+            }
+        };
+        let record = Record::of(&row, state, ended_at_ms, exit_code, reason, measured);
+        self.shared.metrics.job_finished(&record);
+        Some(Box::new(record))
+    }
+
     /// Nobody can report how job `id` ends any more (`reason` says why): what is left of it is
     /// ended, then it is lost, or queued again with `requeue`.
-    fn vanished(&mut self, id: i64, lease_id: &Option<String>, requeue: bool, reason: String) {
+    fn vanished(
+        &mut self,
+        id: i64,
+        lease_id: &Option<String>,
+        requeue: bool,
+        reason: String,
+        measured: Measured,
+    ) {
         // End what is left of it, so that a job queued again never runs beside its own remains,
         // and its devices come back.
         self.jobs.end_remains(lease_id);
@@ -1259,14 +1381,18 @@ impl Engine {
             );
         } else {
             tracing::warn!("job {id}: lost: {reason}");
+            let at = now_ms();
+            let accounting =
+                self.accounting(id, State::Lost, at, None, Some(reason.clone()), &measured);
             self.jobs.write(
                 id,
                 Change {
                     state: Some(State::Lost),
-                    ended_at_ms: Some(now_ms()),
+                    ended_at_ms: Some(at),
                     reason: Update::Set(reason.clone()),
                     only_if: Some(State::Running),
                     event: Some(Event::now("lost", reason)),
+                    accounting,
                     ..Change::default()
                 },
             );
@@ -1304,14 +1430,24 @@ impl Engine {
         self.shared.policies.forget(id);
         let word = state.as_str();
         tracing::info!("job {id}: {word}: {reason}");
+        let at = now_ms();
+        let accounting = self.accounting(
+            id,
+            state,
+            at,
+            None,
+            Some(reason.clone()),
+            &Measured::default(),
+        );
         self.jobs.write(
             id,
             Change {
                 state: Some(state),
-                ended_at_ms: Some(now_ms()),
+                ended_at_ms: Some(at),
                 event: Some(Event::now("finished", format!("{word}: {reason}"))),
                 reason: Update::Set(reason),
                 only_if: Some(State::Queued),
+                accounting,
                 ..Change::default()
             },
         );

@@ -78,6 +78,12 @@ struct Inner {
     decisions: BTreeMap<&'static str, Histogram>,
     preemptions: u64,
     idle_stops: u64,
+    /// Per tenant, the GPU-seconds of the jobs that ended (`orch_job_gpu_seconds_total`).
+    job_gpu_seconds: BTreeMap<String, f64>,
+    /// Per (tenant, state), the jobs that ended.
+    finished: BTreeMap<(String, &'static str), u64>,
+    /// Per tenant, the queue waits of the jobs that ended.
+    job_waits: BTreeMap<String, Histogram>,
 }
 
 /// What the daemon counts as it works.
@@ -96,6 +102,9 @@ impl Default for Counters {
                 decisions: BTreeMap::new(),
                 preemptions: 0,
                 idle_stops: 0,
+                job_gpu_seconds: BTreeMap::new(),
+                finished: BTreeMap::new(),
+                job_waits: BTreeMap::new(),
             }),
         }
     }
@@ -138,6 +147,24 @@ impl Counters {
 
     pub fn idle_stopped(&self) {
         self.lock().idle_stops += 1;
+    }
+
+    /// A job ended with this accounting record.
+    pub fn job_finished(&self, record: &crate::core::accounting::Record) {
+        let mut inner = self.lock();
+        *inner
+            .job_gpu_seconds
+            .entry(record.tenant.clone())
+            .or_default() += record.gpu_seconds;
+        *inner
+            .finished
+            .entry((record.tenant.clone(), record.state.as_str()))
+            .or_default() += 1;
+        inner
+            .job_waits
+            .entry(record.tenant.clone())
+            .or_insert_with(|| Histogram::new(WAIT_BUCKETS))
+            .observe(record.queue_wait_s);
     }
 }
 
@@ -436,6 +463,45 @@ pub fn render(snapshot: &Snapshot, counters: &Counters) -> String {
         h.render(
             &mut out,
             "orch_queue_wait_seconds",
+            &format!("tenant=\"{}\"", esc(tenant)),
+        );
+    }
+    header(
+        &mut out,
+        "orch_job_gpu_seconds_total",
+        "counter",
+        "GPU-seconds (devices x wall time) of the jobs that ended since the daemon started, per tenant.",
+    );
+    for (tenant, seconds) in &inner.job_gpu_seconds {
+        let _ = writeln!(
+            out,
+            "orch_job_gpu_seconds_total{{tenant=\"{}\"}} {seconds}",
+            esc(tenant)
+        );
+    }
+    header(
+        &mut out,
+        "orch_jobs_finished_total",
+        "counter",
+        "Jobs that ended since the daemon started, per tenant and final state.",
+    );
+    for ((tenant, state), n) in &inner.finished {
+        let _ = writeln!(
+            out,
+            "orch_jobs_finished_total{{tenant=\"{}\",state=\"{state}\"}} {n}",
+            esc(tenant)
+        );
+    }
+    header(
+        &mut out,
+        "orch_job_queue_wait_seconds",
+        "histogram",
+        "Time from submission to the last start of the jobs that ended (to their end for those that never started), per tenant.",
+    );
+    for (tenant, h) in &inner.job_waits {
+        h.render(
+            &mut out,
+            "orch_job_queue_wait_seconds",
             &format!("tenant=\"{}\"", esc(tenant)),
         );
     }
