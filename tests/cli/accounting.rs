@@ -324,3 +324,32 @@ fn a_user_sees_the_history_of_their_own_tenant_and_the_admin_everyones() {
     let all = history(&d, &[]);
     assert_eq!(all.as_array().unwrap().len(), 2, "{all}");
 }
+
+#[test]
+fn a_job_that_ends_while_the_daemon_is_down_still_gets_its_record() {
+    let (mut d, _) = daemon("acct-restart", "");
+    let id = d.submit(&["--gpus", "1", "--", "sh", "-c", "sleep 1; exit 4"]);
+    d.wait_state(&id, "running");
+    d.kill9();
+    // It ends while no daemon watches; its supervisor records how, and what it used.
+    std::thread::sleep(Duration::from_millis(2000));
+    d.restart();
+    let status = d.wait_state(&id, "failed");
+    let a = &status["accounting"];
+    assert_eq!(status["exit_code"], 4, "{status}");
+    assert!(
+        a["cpu_seconds"].is_number(),
+        "its supervisor's count: {status}"
+    );
+    let gpu_s = f64_of(&a["gpu_seconds"]);
+    assert!((0.9..2.0).contains(&gpu_s), "{gpu_s}: {status}");
+    // No daemon looked at its devices meanwhile: those readings are unknown, not zero.
+    assert!(a["mean_gpu_utilization"].is_null(), "{status}");
+    assert_eq!(
+        history(&d, &["--state", "failed"])
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+}

@@ -248,12 +248,13 @@ pub fn insert(tx: &Connection, r: &Record) -> Result<(), DbError> {
     Ok(())
 }
 
-/// Deletes the records of jobs that ended before `before_ms`; returns how many.
-pub fn purge(tx: &Connection, before_ms: u64) -> Result<i64, DbError> {
+/// Deletes at most `limit` records of jobs that ended before `before_ms`; returns how many.
+pub fn purge(tx: &Connection, before_ms: u64, limit: u32) -> Result<i64, DbError> {
     exec(
         tx,
-        "DELETE FROM accounting WHERE ended_at_ms < ?1",
-        [before_ms as i64],
+        "DELETE FROM accounting WHERE job_id IN
+            (SELECT job_id FROM accounting WHERE ended_at_ms < ?1 LIMIT ?2)",
+        params![before_ms.min(i64::MAX as u64) as i64, limit],
     )
     .map(|n| n as i64)
     .map_err(db("purging old accounting"))

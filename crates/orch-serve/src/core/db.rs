@@ -1245,27 +1245,25 @@ pub fn apply(tx: &rusqlite::Transaction<'_>, id: i64, c: &Change) -> Result<i64,
     Ok(n as i64)
 }
 
-/// Deletes finished jobs that ended before `before_ms`; returns how many.
-pub fn purge(tx: &rusqlite::Transaction<'_>, before_ms: u64) -> Result<i64, DbError> {
-    let n = exec(
-        tx,
-        "DELETE FROM jobs WHERE state NOT IN ('queued', 'running') AND ended_at_ms < ?1",
-        [before_ms as i64],
-    )
-    .map_err(db("purging old jobs"))?;
-    exec(
-        tx,
-        "DELETE FROM events WHERE job_id NOT IN (SELECT id FROM jobs)",
-        [],
-    )
-    .map_err(db("purging old jobs"))?;
-    exec(
-        tx,
-        "DELETE FROM dependencies WHERE job_id NOT IN (SELECT id FROM jobs)",
-        [],
-    )
-    .map_err(db("purging old jobs"))?;
-    Ok(n as i64)
+/// Deletes the finished jobs among `ids` with their events and dependencies; returns how many.
+pub fn purge_jobs(tx: &rusqlite::Transaction<'_>, ids: &[i64]) -> Result<i64, DbError> {
+    let mut n = 0;
+    for id in ids {
+        let gone = exec(
+            tx,
+            "DELETE FROM jobs WHERE id = ?1 AND state NOT IN ('queued', 'running')",
+            [id],
+        )
+        .map_err(db("purging old jobs"))?;
+        if gone == 0 {
+            continue;
+        }
+        n += gone as i64;
+        exec(tx, "DELETE FROM events WHERE job_id = ?1", [id]).map_err(db("purging old jobs"))?;
+        exec(tx, "DELETE FROM dependencies WHERE job_id = ?1", [id])
+            .map_err(db("purging old jobs"))?;
+    }
+    Ok(n)
 }
 
 impl Db {
@@ -1621,7 +1619,7 @@ mod tests {
             ..Change::default()
         };
         db.write_blocking(move |tx| apply(tx, id, &change)).unwrap();
-        db.write_blocking(|tx| purge(tx, 10)).unwrap();
+        db.write_blocking(move |tx| purge_jobs(tx, &[id])).unwrap();
         assert!(db.dependencies(id).unwrap().is_empty());
         drop(db);
         std::fs::remove_dir_all(&dir).unwrap();

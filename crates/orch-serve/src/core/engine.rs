@@ -68,6 +68,8 @@ pub struct Engine {
     /// The last queue-policy failure logged, and when: logged again only when it changes or a
     /// minute passed.
     policy_failure: Option<(String, Instant)>,
+    /// A purge (and the vacuum after it) runs on its thread.
+    housekeeping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -153,6 +155,7 @@ impl Engine {
             last_idle_check: Instant::now(),
             last_usage_save: Instant::now(),
             policy_failure: None,
+            housekeeping: Arc::default(),
         })
     }
 
@@ -541,80 +544,25 @@ impl Engine {
     }
 
     /// Deletes the finished jobs older than `retention`, their logs and folders, and the
-    /// accounting records older than `accounting_retention`; then gives the freed pages back in
-    /// the background.
+    /// accounting records older than `accounting_retention`; then gives the freed pages back.
+    /// All of it on a thread of its own (one at a time), in writes of [`PURGE_BATCH`] jobs that
+    /// the engine's own writes pass between: a purge of a year's jobs never holds up a pass.
     fn purge(&mut self) {
-        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        let accounting_before =
-            now_ms().saturating_sub(ms(self.shared.config.accounting_retention));
-        let records = self
-            .shared
-            .db
-            .write_blocking(move |tx| accounting::purge(tx, accounting_before));
-        match records {
-            Ok(0) => {}
-            Ok(n) => {
-                tracing::info!("purged {n} accounting record(s) older than accounting_retention");
-                self.vacuum();
-            }
-            Err(e) => tracing::warn!("could not purge old accounting records: {e}"),
-        }
-        let before = now_ms().saturating_sub(ms(self.shared.config.retention));
-        let old = match self.shared.db.finished_before(before) {
-            Ok(old) if !old.is_empty() => old,
-            Ok(_) => return,
-            Err(e) => {
-                tracing::warn!("could not look for old jobs: {e}");
-                return;
-            }
-        };
-        if let Err(e) = self
-            .shared
-            .db
-            .write_blocking(move |tx| crate::core::db::purge(tx, before))
-        {
-            tracing::warn!("could not purge old jobs: {e}");
-            return;
-        }
-        for (id, attempts) in &old {
-            for attempt in 0..=*attempts {
-                let _ = std::fs::remove_dir_all(self.shared.job_dir(*id, attempt));
-            }
-        }
-        tracing::info!(
-            "purged {} job(s) that ended over {:?} ago",
-            old.len(),
-            self.shared.config.retention
-        );
-        self.vacuum();
-    }
-
-    /// Gives the job database's free pages back to the file system on a thread of its own, in
-    /// small steps that the engine's writes pass between (one such thread at a time).
-    fn vacuum(&self) {
-        static RUNNING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         use std::sync::atomic::Ordering;
-        if RUNNING.swap(true, Ordering::AcqRel) {
+        if self.housekeeping.swap(true, Ordering::AcqRel) {
             return;
         }
         let shared = Arc::clone(&self.shared);
+        let busy = Arc::clone(&self.housekeeping);
         let started = std::thread::Builder::new()
-            .name("orch-vacuum".into())
+            .name("orch-purge".into())
             .spawn(move || {
-                let began = Instant::now();
-                match accounting::vacuum_in_steps(&shared.db, VACUUM_PAUSE) {
-                    Ok(0) => {}
-                    Ok(pages) => tracing::info!(
-                        "gave {pages} free page(s) of the job database back in {:.1?}",
-                        began.elapsed()
-                    ),
-                    Err(e) => tracing::warn!("could not vacuum the job database: {e}"),
-                }
-                RUNNING.store(false, Ordering::Release);
+                purge_and_vacuum(&shared);
+                busy.store(false, Ordering::Release);
             });
         if let Err(e) = started {
-            RUNNING.store(false, Ordering::Release);
-            tracing::warn!("could not start the job database's vacuum: {e}");
+            self.housekeeping.store(false, Ordering::Release);
+            tracing::warn!("could not start the purge of old jobs: {e}");
         }
     }
 
@@ -1452,6 +1400,79 @@ impl Engine {
             },
         );
         self.settled(id, state, None);
+    }
+}
+
+/// How many jobs (or accounting records) one write of a purge deletes.
+const PURGE_BATCH: usize = 500;
+
+/// The purge (see [`Engine::purge`]), on the thread it runs on.
+fn purge_and_vacuum(shared: &Shared) {
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let mut freed = false;
+    let accounting_before = now_ms().saturating_sub(ms(shared.config.accounting_retention));
+    let mut records = 0;
+    // Bounded: each round deletes a batch or ends it.
+    for _ in 0..1_000_000 {
+        match shared
+            .db
+            .write_blocking(move |tx| accounting::purge(tx, accounting_before, PURGE_BATCH as u32))
+        {
+            Ok(0) => break,
+            Ok(n) => records += n,
+            Err(e) => {
+                tracing::warn!("could not purge old accounting records: {e}");
+                break;
+            }
+        }
+    }
+    if records > 0 {
+        tracing::info!("purged {records} accounting record(s) older than accounting_retention");
+        freed = true;
+    }
+    let before = now_ms().saturating_sub(ms(shared.config.retention));
+    let old = match shared.db.finished_before(before) {
+        Ok(old) => old,
+        Err(e) => {
+            tracing::warn!("could not look for old jobs: {e}");
+            Vec::new()
+        }
+    };
+    let mut purged = 0;
+    for batch in old.chunks(PURGE_BATCH) {
+        let ids: Vec<i64> = batch.iter().map(|(id, _)| *id).collect();
+        if let Err(e) = shared
+            .db
+            .write_blocking(move |tx| crate::core::db::purge_jobs(tx, &ids))
+        {
+            tracing::warn!("could not purge old jobs: {e}");
+            break;
+        }
+        for (id, attempts) in batch {
+            for attempt in 0..=*attempts {
+                let _ = std::fs::remove_dir_all(shared.job_dir(*id, attempt));
+            }
+        }
+        purged += batch.len();
+    }
+    if purged > 0 {
+        tracing::info!(
+            "purged {purged} job(s) that ended over {:?} ago",
+            shared.config.retention
+        );
+        freed = true;
+    }
+    if !freed {
+        return;
+    }
+    let began = Instant::now();
+    match accounting::vacuum_in_steps(&shared.db, VACUUM_PAUSE) {
+        Ok(0) => {}
+        Ok(pages) => tracing::info!(
+            "gave {pages} free page(s) of the job database back in {:.1?}",
+            began.elapsed()
+        ),
+        Err(e) => tracing::warn!("could not vacuum the job database: {e}"),
     }
 }
 

@@ -216,11 +216,18 @@ fn records_outlive_their_jobs_purge_and_go_after_their_own_retention() {
         let id = queued(&db, "lab", "ann", 500);
         end(&db, id, State::Queued, record(&db, id, ended, 1.0, None));
     }
-    db.write_blocking(|tx| crate::core::db::purge(tx, i64::MAX as u64))
+    let ids: Vec<i64> = db
+        .finished_before(i64::MAX as u64)
+        .unwrap()
+        .iter()
+        .map(|(id, _)| *id)
+        .collect();
+    db.write_blocking(move |tx| crate::core::db::purge_jobs(tx, &ids))
         .unwrap();
     assert!(db.jobs(&[], 100).unwrap().is_empty(), "the job rows went");
     assert_eq!(db.history(&Filter::default(), 100).unwrap().len(), 3);
-    assert_eq!(db.write_blocking(|tx| purge(tx, 2_500)).unwrap(), 2);
+    assert_eq!(db.write_blocking(|tx| purge(tx, 2_500, 1)).unwrap(), 1);
+    assert_eq!(db.write_blocking(|tx| purge(tx, 2_500, 100)).unwrap(), 1);
     let left = db.history(&Filter::default(), 100).unwrap();
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].ended_at_ms, 3_000);
@@ -291,7 +298,8 @@ fn an_older_database_gets_the_table_and_gives_pages_back_in_steps_after_a_purge(
             [],
         )
         .map_err(super::db("test"))?;
-        crate::core::db::purge(tx, 2)
+        let ids: Vec<i64> = (1..=400).collect();
+        crate::core::db::purge_jobs(tx, &ids)
     })
     .unwrap();
     let free = db.free_pages().unwrap();
