@@ -570,6 +570,45 @@ mod tests {
         assert!(text.contains("orch_state_size_bytes 1073741824\n"));
     }
 
+    #[test]
+    fn each_ended_job_adds_its_gpu_seconds_state_and_queue_wait_to_its_tenants_counters() {
+        let counters = Counters::default();
+        let record =
+            |tenant: &str, state, gpu_seconds, queue_wait_s| crate::core::accounting::Record {
+                job_id: 1,
+                name: "j".into(),
+                tenant: tenant.into(),
+                user: "u".into(),
+                state,
+                submitted_at_ms: 0,
+                started_at_ms: None,
+                ended_at_ms: 0,
+                attempt: 1,
+                devices: Vec::new(),
+                gpu_seconds,
+                wall_s: 0.0,
+                queue_wait_s,
+                cpu_seconds: None,
+                peak_rss_bytes: None,
+                peak_gpu_memory_bytes: None,
+                mean_gpu_utilization: None,
+                exit_code: None,
+                signal: None,
+                reason: None,
+            };
+        use crate::core::db::State;
+        counters.job_finished(&record("nlp", State::Succeeded, 3.0, 2.0));
+        counters.job_finished(&record("nlp", State::Failed, 1.5, 400.0));
+        counters.job_finished(&record("cv", State::Succeeded, 0.0, 0.5));
+        let text = render(&Snapshot::default(), &counters);
+        assert!(text.contains("# TYPE orch_job_gpu_seconds_total counter"));
+        assert!(text.contains("orch_job_gpu_seconds_total{tenant=\"nlp\"} 4.5\n"));
+        assert!(text.contains("orch_jobs_finished_total{tenant=\"nlp\",state=\"failed\"} 1\n"));
+        assert!(text.contains("orch_jobs_finished_total{tenant=\"nlp\",state=\"succeeded\"} 1\n"));
+        assert!(text.contains("orch_job_queue_wait_seconds_bucket{tenant=\"nlp\",le=\"5\"} 1\n"));
+        assert!(text.contains("orch_job_queue_wait_seconds_count{tenant=\"cv\"} 1\n"));
+    }
+
     /// The alert rules and the dashboard the package installs name only metrics this page has.
     #[test]
     fn the_packaged_alerts_and_dashboard_name_metrics_that_exist() {
