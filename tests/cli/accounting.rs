@@ -353,3 +353,48 @@ fn a_job_that_ends_while_the_daemon_is_down_still_gets_its_record() {
         1
     );
 }
+
+#[test]
+fn an_interactive_allocation_and_each_task_of_an_array_get_a_record_too() {
+    let (d, _) = daemon("acct-kinds", "");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_orch"))
+        .args(["alloc", "--gpus", "1", "--", "sleep", "1.2"])
+        .env("ORCH_SERVER", d.socket())
+        .env_remove("ORCH_STATE_DIR")
+        .env_remove("ORCH_DEVICES")
+        .env_remove("ORCH_JOB_ID")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let work = d.state.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let file = job_file(
+        &work,
+        "sweep.toml",
+        "[job]\nname = \"sw\"\n[sweep]\nseed = [1, 2]\n[command]\nargv = [\"true\"]\n",
+    );
+    let array = stdout(&d.client(&["submit", &file])).trim().to_string();
+    assert!(d.client(&["wait", &array]).status.success());
+    // The allocation's end is recorded once its process released it.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let rows = loop {
+        let rows = history(&d, &[]);
+        if rows.as_array().unwrap().len() == 3 {
+            break rows;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not every job was recorded: {rows}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let rows = rows.as_array().unwrap();
+    let alloc = rows.iter().find(|r| r["name"] != "sw").unwrap();
+    assert_eq!(alloc["state"], "succeeded", "{alloc}");
+    assert_eq!(alloc["gpus"], 1, "{alloc}");
+    let gpu_s = f64_of(&alloc["gpu_seconds"]);
+    assert!((1.0..3.0).contains(&gpu_s), "{alloc}");
+    assert_eq!(rows.iter().filter(|r| r["name"] == "sw").count(), 2);
+}
