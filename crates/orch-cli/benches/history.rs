@@ -167,9 +167,11 @@ fn fill(dir: &Path) {
         let states = ["succeeded", "succeeded", "succeeded", "failed", "cancelled"];
         for i in 0..JOBS {
             let id = i as i64 + 1;
-            // The oldest first; the last RECENT within the last day.
+            // The oldest first; the last RECENT within the last day (from 10 minutes inside it).
             let ended = if i >= JOBS - RECENT {
-                now - DAY_MS + (DAY_MS - 60_000) * (i - (JOBS - RECENT)) as i64 / RECENT as i64
+                now - DAY_MS
+                    + 600_000
+                    + (DAY_MS - 1_200_000) * (i - (JOBS - RECENT)) as i64 / RECENT as i64
             } else {
                 now - 300 * DAY_MS + (298 * DAY_MS) * i as i64 / (JOBS - RECENT) as i64
             };

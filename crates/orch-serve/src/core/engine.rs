@@ -1404,7 +1404,7 @@ impl Engine {
 }
 
 /// How many jobs (or accounting records) one write of a purge deletes.
-const PURGE_BATCH: usize = 500;
+const PURGE_BATCH: usize = 100;
 
 /// The purge (see [`Engine::purge`]), on the thread it runs on.
 fn purge_and_vacuum(shared: &Shared) {
