@@ -145,6 +145,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_cgroups_usage_is_its_cpu_time_and_memory_peak_where_it_tells_them() {
+        let dir = std::env::temp_dir().join(format!("orch-cgroup-usage-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(usage_of(&dir), CgroupUsage::default());
+        std::fs::write(
+            dir.join("cpu.stat"),
+            "usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n",
+        )
+        .unwrap();
+        assert_eq!(
+            usage_of(&dir),
+            CgroupUsage {
+                cpu_seconds: Some(2.5),
+                peak_memory_bytes: None
+            }
+        );
+        std::fs::write(dir.join("memory.peak"), "1048576\n").unwrap();
+        assert_eq!(usage_of(&dir).peak_memory_bytes, Some(1 << 20));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn a_job_cgroup_holds_its_processes_until_they_end() {
         let Some(cgroup) = JobCgroup::create(&format!("test-{}", std::process::id())) else {
             // Not root, or no cgroup2 mount: the process-group fallback is tested elsewhere.

@@ -152,4 +152,35 @@ mod tests {
         let _ = child.kill();
         let _ = child.wait();
     }
+
+    #[test]
+    fn a_leases_gpu_memory_is_its_own_processes_on_each_listed_device() {
+        let me = std::process::id();
+        let text = format!(
+            "[[gpu]]\nname = \"a\"\nmemory_total = \"80GiB\"\nuuid = \"GPU-aaaaaaaa\"\n[[gpu.process]]\npid = {me}\nused_memory = \"3GiB\"\n[[gpu.process]]\npid = {}\nused_memory = \"9GiB\"\n[[gpu]]\nname = \"b\"\nmemory_total = \"80GiB\"\nuuid = \"GPU-bbbbbbbb\"\n",
+            u32::MAX - 7
+        );
+        let inventory = Inventory {
+            backend: orch_devices::Backend::Sim,
+            devices: orch_devices::sim::parse(Path::new("t.toml"), &text).unwrap(),
+            fallback_reason: None,
+        };
+        let lease = Lease {
+            id: "L1".into(),
+            job_name: "j".into(),
+            devices: vec!["GPU-aaaaaaaa".into(), "GPU-bbbbbbbb".into()],
+            exclusive: true,
+            memory_reserved_bytes: 0,
+            holders: vec![Holder::current()],
+            created_at_ms: 0,
+        };
+        let memory = lease_gpu_memory(&inventory, std::slice::from_ref(&lease));
+        let want: BTreeMap<String, u64> = [
+            ("GPU-aaaaaaaa".to_string(), 3 << 30),
+            ("GPU-bbbbbbbb".to_string(), 0),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(memory["L1"], want);
+    }
 }
