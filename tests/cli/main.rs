@@ -1,5 +1,6 @@
 //! End-to-end tests of the `orch` binary: what a user types, what they read, the exit status.
 
+mod accounting;
 mod authority;
 mod batch_alloc;
 mod batch_arrays;

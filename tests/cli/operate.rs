@@ -312,6 +312,20 @@ fn metrics_pass_promtool_and_match_the_devices_and_the_job_table() {
     );
     assert!(text.contains("orch_queue_wait_seconds_count{tenant=\"a\"} 1"));
     assert!(text.contains("orch_policy_decision_duration_seconds_count{kind=\"placement\"}"));
+    // Job-level counters, added at each job's end: `b`'s finished job, not `a`'s running one.
+    assert_eq!(
+        sample(
+            &text,
+            "orch_jobs_finished_total{tenant=\"b\",state=\"succeeded\"}"
+        ),
+        Some(1.0)
+    );
+    assert!(sample(&text, "orch_job_gpu_seconds_total{tenant=\"b\"}").is_some_and(|s| s >= 0.0));
+    assert_eq!(
+        sample(&text, "orch_job_gpu_seconds_total{tenant=\"a\"}"),
+        None
+    );
+    assert!(text.contains("orch_job_queue_wait_seconds_count{tenant=\"b\"} 1"));
 }
 
 /// Tenant `a` logs in with its token in a real browser: it sees every GPU, its own job's name on

@@ -61,6 +61,9 @@ pub enum Command {
     Wait(JobIdArgs),
     /// Fair share per tenant: share, decayed usage, fair-share factor, GPUs held, jobs.
     Usage(UsageArgs),
+    /// Finished jobs and what each used: GPU-seconds, wall time, queue wait, CPU, memory, GPU
+    /// memory and utilization (--by tenant: the sums per tenant).
+    History(HistoryArgs),
     /// Replay a trace of submissions through the daemon's scheduler in virtual time.
     Simulate(SimulateArgs),
     /// Print a shell's completion script (bash, zsh, fish, elvish, powershell).
@@ -209,6 +212,40 @@ pub struct JobsArgs {
     /// `17[2-5]`.
     #[arg(long)]
     pub expand: bool,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "TIME is a duration back from now (30d, 12h, 90m) or a moment: a date (2026-11-01, UTC midnight) or RFC 3339 (2026-11-01T08:00:00Z).\n\nExamples:\n  orch history --since 1d\n  orch history --by tenant --since 30d\n  orch history --user alice --state failed --csv > failed.csv"
+)]
+pub struct HistoryArgs {
+    /// Jobs that ended at or after TIME (default: all that are kept, accounting_retention).
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<String>,
+    /// Jobs that ended before TIME.
+    #[arg(long, value_name = "TIME")]
+    pub until: Option<String>,
+    /// Only this user's jobs.
+    #[arg(long, value_name = "NAME")]
+    pub user: Option<String>,
+    /// Only this tenant's jobs.
+    #[arg(long, value_name = "NAME")]
+    pub tenant: Option<String>,
+    /// Only jobs that ended so: succeeded, failed, cancelled, lost (repeat or comma-separate).
+    #[arg(long, value_name = "STATE", value_delimiter = ',')]
+    pub state: Vec<String>,
+    /// Sums per tenant or per user instead of jobs: GPU-hours, jobs, mean utilization.
+    #[arg(long, value_name = "tenant|user", value_parser = ["tenant", "user"])]
+    pub by: Option<String>,
+    /// At most this many of the newest jobs.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<u32>,
+    /// Print JSON instead of a table.
+    #[arg(long, conflicts_with = "csv")]
+    pub json: bool,
+    /// Print CSV: a header line, then one job (or group) a line.
+    #[arg(long)]
+    pub csv: bool,
 }
 
 #[derive(Debug, clap::Args)]

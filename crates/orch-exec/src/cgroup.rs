@@ -41,6 +41,40 @@ impl JobCgroup {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// What the job's processes used, as the cgroup counted it (read before it is removed).
+    pub fn usage(&self) -> CgroupUsage {
+        usage_of(&self.path)
+    }
+}
+
+/// What the processes of a cgroup used: CPU time (`cpu.stat`'s `usage_usec`, always there on
+/// v2) and the peak of their memory (`memory.peak`, where the memory controller runs there;
+/// Linux 5.19 and later). `None` for what the cgroup does not tell.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CgroupUsage {
+    pub cpu_seconds: Option<f64>,
+    pub peak_memory_bytes: Option<u64>,
+}
+
+/// [`CgroupUsage`] of the cgroup at `dir`.
+pub fn usage_of(dir: &Path) -> CgroupUsage {
+    let cpu_seconds = std::fs::read_to_string(dir.join("cpu.stat"))
+        .ok()
+        .and_then(|text| {
+            text.lines().find_map(|line| {
+                let micros = line.strip_prefix("usage_usec ")?;
+                micros.trim().parse::<u64>().ok()
+            })
+        })
+        .map(|micros| micros as f64 / 1e6);
+    let peak_memory_bytes = std::fs::read_to_string(dir.join("memory.peak"))
+        .ok()
+        .and_then(|text| text.trim().parse::<u64>().ok());
+    CgroupUsage {
+        cpu_seconds,
+        peak_memory_bytes,
+    }
 }
 
 impl Drop for JobCgroup {
@@ -109,6 +143,28 @@ pub fn signal_all(dir: &Path, signal: i32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cgroups_usage_is_its_cpu_time_and_memory_peak_where_it_tells_them() {
+        let dir = std::env::temp_dir().join(format!("orch-cgroup-usage-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(usage_of(&dir), CgroupUsage::default());
+        std::fs::write(
+            dir.join("cpu.stat"),
+            "usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n",
+        )
+        .unwrap();
+        assert_eq!(
+            usage_of(&dir),
+            CgroupUsage {
+                cpu_seconds: Some(2.5),
+                peak_memory_bytes: None
+            }
+        );
+        std::fs::write(dir.join("memory.peak"), "1048576\n").unwrap();
+        assert_eq!(usage_of(&dir).peak_memory_bytes, Some(1 << 20));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn a_job_cgroup_holds_its_processes_until_they_end() {

@@ -26,8 +26,8 @@ mod terminal;
 mod watch;
 
 pub use cgroup::{
-    JobCgroup, disabled as cgroups_disabled, kill as kill_cgroup,
-    prime_migration as prime_cgroup_migration,
+    CgroupUsage, JobCgroup, disabled as cgroups_disabled, kill as kill_cgroup,
+    prime_migration as prime_cgroup_migration, usage_of as cgroup_usage,
 };
 pub use env::{AssignedDevice, Cluster, JobEnv, process_env};
 pub use launch::{ExitOutcome, Launched, Monitor, Stopper, launch, start};

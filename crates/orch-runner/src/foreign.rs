@@ -49,6 +49,56 @@ pub fn foreign_processes(
     out
 }
 
+/// The other side of [`foreign_processes`]: per lease id, per device of that lease whose
+/// processes can be listed, the memory its holders' processes hold there (0 when none of them
+/// is on it). Devices that list no processes (`None`: the backend cannot tell) are left out.
+pub fn lease_gpu_memory(
+    inventory: &Inventory,
+    leases: &[Lease],
+) -> HashMap<String, BTreeMap<String, u64>> {
+    let mut out: HashMap<String, BTreeMap<String, u64>> = HashMap::new();
+    let listed = |uuid: &str| {
+        inventory
+            .devices
+            .iter()
+            .find(|d| d.uuid == uuid)
+            .and_then(|d| d.processes.as_ref())
+    };
+    let any = inventory
+        .devices
+        .iter()
+        .any(|d| d.processes.as_ref().is_some_and(|p| !p.is_empty()));
+    let (procs, mount) = if any {
+        (
+            process::all()
+                .into_iter()
+                .collect::<HashMap<u32, ProcStat>>(),
+            process::cgroup_v2_mount(),
+        )
+    } else {
+        (HashMap::new(), None)
+    };
+    for lease in leases {
+        let mut devices = BTreeMap::new();
+        for uuid in &lease.devices {
+            let Some(list) = listed(uuid) else { continue };
+            let held: u64 = list
+                .iter()
+                .filter(|p| {
+                    lease
+                        .holders
+                        .iter()
+                        .any(|h| covers(h, p.pid, &procs, mount.as_deref()))
+                })
+                .filter_map(|p| p.used_memory_bytes)
+                .sum();
+            devices.insert(uuid.clone(), held);
+        }
+        out.insert(lease.id.clone(), devices);
+    }
+    out
+}
+
 /// Whether process `pid` belongs to `holder`'s job: in its cgroup, its process group, or below
 /// its pid. A pid this machine does not know (another PID namespace, a simulated one) is not.
 fn covers(holder: &Holder, pid: u32, procs: &HashMap<u32, ProcStat>, mount: Option<&Path>) -> bool {
@@ -101,5 +151,36 @@ mod tests {
         let mut child = child;
         let _ = child.kill();
         let _ = child.wait();
+    }
+
+    #[test]
+    fn a_leases_gpu_memory_is_its_own_processes_on_each_listed_device() {
+        let me = std::process::id();
+        let text = format!(
+            "[[gpu]]\nname = \"a\"\nmemory_total = \"80GiB\"\nuuid = \"GPU-aaaaaaaa\"\n[[gpu.process]]\npid = {me}\nused_memory = \"3GiB\"\n[[gpu.process]]\npid = {}\nused_memory = \"9GiB\"\n[[gpu]]\nname = \"b\"\nmemory_total = \"80GiB\"\nuuid = \"GPU-bbbbbbbb\"\n",
+            u32::MAX - 7
+        );
+        let inventory = Inventory {
+            backend: orch_devices::Backend::Sim,
+            devices: orch_devices::sim::parse(Path::new("t.toml"), &text).unwrap(),
+            fallback_reason: None,
+        };
+        let lease = Lease {
+            id: "L1".into(),
+            job_name: "j".into(),
+            devices: vec!["GPU-aaaaaaaa".into(), "GPU-bbbbbbbb".into()],
+            exclusive: true,
+            memory_reserved_bytes: 0,
+            holders: vec![Holder::current()],
+            created_at_ms: 0,
+        };
+        let memory = lease_gpu_memory(&inventory, std::slice::from_ref(&lease));
+        let want: BTreeMap<String, u64> = [
+            ("GPU-aaaaaaaa".to_string(), 3 << 30),
+            ("GPU-bbbbbbbb".to_string(), 0),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(memory["L1"], want);
     }
 }

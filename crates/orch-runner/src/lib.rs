@@ -20,7 +20,7 @@ mod train;
 
 pub use command::{GRACE, ProcessOptions, check_enforcement, device_rule, lease_env, placed_line};
 pub use error::RunError;
-pub use foreign::foreign_processes;
+pub use foreign::{foreign_processes, lease_gpu_memory};
 pub use place::{
     GiveBack, LeaseGuard, Machine, PlaceError, claim, claim_proposed, claim_until, place_in_parent,
 };

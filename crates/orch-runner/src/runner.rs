@@ -9,7 +9,7 @@ use crate::plan::Plan;
 use orch_core::job::{CommandSpec, JobSpec, Work};
 use orch_devices::Inventory;
 use orch_exec::devices::DeviceConstraint;
-use orch_exec::{ExitOutcome, JobCgroup, Launched, Monitor, Stopper};
+use orch_exec::{CgroupUsage, ExitOutcome, JobCgroup, Launched, Monitor, Stopper};
 use orch_leases::Holder;
 use orch_trainer::{GrantedDevice, Summary};
 
@@ -208,7 +208,15 @@ impl RunningJob<'_> {
     /// the outcome durably first (the daemon's supervisor) releases it afterwards, so that no
     /// moment exists in which the devices are free and the outcome unknown.
     pub fn wait_holding_lease(self) -> (Result<Outcome, RunError>, LeaseGuard) {
+        let (outcome, lease, _) = self.wait_measured();
+        (outcome, lease)
+    }
+
+    /// [`RunningJob::wait_holding_lease`], with what the job's cgroup counted of its processes
+    /// (read once they are gone, before the cgroup is removed; empty without a cgroup).
+    pub fn wait_measured(self) -> (Result<Outcome, RunError>, LeaseGuard, CgroupUsage) {
         let RunningJob { placement, work } = self;
+        let mut usage = CgroupUsage::default();
         let outcome = match work {
             Running::Command {
                 launched,
@@ -217,6 +225,9 @@ impl RunningJob<'_> {
                 cgroup,
             } => {
                 let exit = launched.wait(monitor);
+                if let Some(cgroup) = &cgroup {
+                    usage = cgroup.usage();
+                }
                 drop(devices);
                 drop(cgroup);
                 Ok(Outcome::Command(exit))
@@ -226,6 +237,6 @@ impl RunningJob<'_> {
                 .map(Outcome::Train)
                 .map_err(RunError::from),
         };
-        (outcome, placement.lease)
+        (outcome, placement.lease, usage)
     }
 }

@@ -1,5 +1,5 @@
 //! The daemon's domain, which knows no HTTP: its state ([`state`]), the job database ([`db`]),
-//! the job folders and their files ([`folders`]), admission ([`admission`]), the engine that
+//! per-job accounting ([`accounting`]), the job folders and their files ([`folders`]), admission ([`admission`]), the engine that
 //! places and watches jobs ([`engine`]) with the scheduler ([`sched`]) and the queue policy
 //! ([`queue_policy`]), the compiles of tenants' policies ([`compile`]) and the workers that ask them
 //! ([`policy_worker`]), the config, the users,
@@ -9,6 +9,7 @@
 //! Nothing here imports axum or hyper: [`crate::http`] and [`crate::web`] call into this layer,
 //! never the other way round.
 
+pub mod accounting;
 pub mod admission;
 pub mod caller;
 pub mod compile;

@@ -8,6 +8,7 @@
 pub mod access;
 pub mod conns;
 pub mod error;
+pub mod history;
 pub mod jobs;
 pub mod leases;
 pub mod logs;
@@ -30,6 +31,7 @@ pub fn routes() -> Router<Arc<Shared>> {
     Router::new()
         .route("/v1/jobs", post(jobs::submit).get(jobs::list))
         .route("/v1/jobs/{id}", get(jobs::status))
+        .route("/v1/history", get(history::history))
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route("/v1/jobs/{id}/logs", get(jobs::logs))
         .route(

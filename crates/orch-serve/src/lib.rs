@@ -24,6 +24,9 @@ pub mod web;
 
 pub use crate::core::config::Config;
 pub use crate::core::db::{JobRow, State};
-pub use http::wire::{ArraySummary, ErrorBody, Job, SubmitRequest, SubmitResponse, TenantRow};
+pub use http::wire::{
+    Accounting, ArraySummary, ErrorBody, HistoryJob, HistorySummary, Job, SubmitRequest,
+    SubmitResponse, TenantRow,
+};
 pub use server::{ServeError, ServeOptions, default_socket, serve};
 pub use supervisor::supervise;

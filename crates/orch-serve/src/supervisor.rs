@@ -238,7 +238,25 @@ fn run(
             spec.max_runtime_s.map(Duration::from_secs_f64),
         );
     }
-    let (outcome, lease) = running.wait_holding_lease();
+    let (outcome, lease, counted) = running.wait_measured();
+    // What the job's processes used, for its accounting: its cgroup's count where orch made one,
+    // else the rusage of what this process waited for. Written before exit.json, which the
+    // daemon reads it after; a failed write costs the record those figures, nothing else.
+    let children = crate::core::accounting::children_use();
+    let used = crate::core::accounting::ProcessUse {
+        cpu_seconds: counted.cpu_seconds.or(children.cpu_seconds),
+        peak_rss_bytes: counted.peak_memory_bytes.or(children.peak_rss_bytes),
+        signal: match &outcome {
+            Ok(Outcome::Command(ExitOutcome::Signaled(signal))) => Some(*signal),
+            _ => None,
+        },
+    };
+    if let Err(e) = crate::core::accounting::write_use(dir, &used) {
+        note!(
+            "orch supervisor: cannot write {}/usage.json ({e}); the job's accounting goes without its CPU and memory",
+            dir.display()
+        );
+    }
     let mut record = match outcome {
         Ok(outcome) => record_of(&outcome),
         Err(e) => failed(e.to_string()),

@@ -472,6 +472,27 @@ pub fn status(args: &JobIdArgs) -> CmdResult {
         };
         lines.push(("gpu time", used));
     }
+    if let Some(a) = &job.accounting {
+        let secs = |s: f64| humantime::format_duration(Duration::from_secs(s.round() as u64));
+        lines.push(("wall time", secs(a.wall_s).to_string()));
+        lines.push(("queue wait", secs(a.queue_wait_s).to_string()));
+        if a.gpu_seconds > 0.0 && job.gpu_seconds <= 0.0 {
+            lines.push(("gpu time", format!("{:.0} GPU-seconds", a.gpu_seconds)));
+        }
+        if let Some(cpu) = a.cpu_seconds {
+            lines.push(("cpu time", format!("{cpu:.1} s")));
+        }
+        let size = |n: u64| orch_core::ByteSize(n).to_string();
+        if let Some(rss) = a.peak_rss_bytes {
+            lines.push(("peak memory", size(rss)));
+        }
+        if let Some(mem) = a.peak_gpu_memory_bytes {
+            lines.push(("peak gpu mem", size(mem)));
+        }
+        if let Some(util) = a.mean_gpu_utilization {
+            lines.push(("gpu util", format!("{util:.0}% (mean while it ran)")));
+        }
+    }
     for (key, value) in lines {
         println!("{key:<12} {value}");
     }

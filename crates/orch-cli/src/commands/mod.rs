@@ -3,6 +3,7 @@
 mod alloc;
 mod devices;
 mod granted;
+mod history;
 mod jobs;
 mod leases;
 mod manual;
@@ -44,6 +45,7 @@ pub fn dispatch(cli: Cli) -> CmdResult {
         Command::Wait(args) if args.slurm => slurm::wait(&args),
         Command::Wait(args) => jobs::wait(&args),
         Command::Usage(args) => jobs::usage(&args),
+        Command::History(args) => history::run(&args),
         Command::Simulate(args) => simulate::run(&spec, &args),
         Command::Completions(args) => manual::completions(&args),
         Command::Man(args) => manual::man(&args),

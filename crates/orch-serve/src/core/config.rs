@@ -24,6 +24,9 @@ pub struct Config {
     pub usage_half_life: Duration,
     /// How long finished jobs and their logs are kept.
     pub retention: Duration,
+    /// How long finished jobs' accounting records (`orch history`) are kept, after their rows
+    /// and folders are gone.
+    pub accounting_retention: Duration,
     /// A queued job that waited this long and still does not fit holds back free devices until
     /// it does (backfill stops starving it).
     pub starvation_limit: Duration,
@@ -236,6 +239,7 @@ struct RawConfig {
     queue: Option<RawQueue>,
     usage_half_life: Option<String>,
     retention: Option<String>,
+    accounting_retention: Option<String>,
     starvation_limit: Option<String>,
     preempt_after: Option<String>,
     #[serde(default)]
@@ -309,6 +313,9 @@ const DEFAULT_STARVATION_LIMIT: Duration = Duration::from_secs(2 * 3600);
 
 const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 86400);
 
+/// Over a year, so that a year's history (`orch history --by tenant --since 365d`) still answers.
+const DEFAULT_ACCOUNTING_RETENTION: Duration = Duration::from_secs(400 * 86400);
+
 impl Config {
     /// One tenant, `user`, with no limits: `orch serve` with no config.
     pub fn single_user(user: &str) -> Config {
@@ -320,6 +327,7 @@ impl Config {
             queue_limits: orch_core::LimitSettings::default(),
             usage_half_life: Duration::from_secs(7 * 86400),
             retention: DEFAULT_RETENTION,
+            accounting_retention: DEFAULT_ACCOUNTING_RETENTION,
             starvation_limit: DEFAULT_STARVATION_LIMIT,
             preempt_after: Duration::ZERO,
             listen: None,
@@ -738,6 +746,8 @@ impl Config {
             usage_half_life: duration("usage_half_life", &raw.usage_half_life)?
                 .unwrap_or(Duration::from_secs(7 * 86400)),
             retention: duration("retention", &raw.retention)?.unwrap_or(DEFAULT_RETENTION),
+            accounting_retention: duration("accounting_retention", &raw.accounting_retention)?
+                .unwrap_or(DEFAULT_ACCOUNTING_RETENTION),
             starvation_limit: duration("starvation_limit", &raw.starvation_limit)?
                 .unwrap_or(DEFAULT_STARVATION_LIMIT),
             // "0s" (preempt at once) is a fine value here.

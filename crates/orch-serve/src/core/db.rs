@@ -328,6 +328,11 @@ impl Db {
             Ok(conn)
         };
         let writer_conn = open(())?;
+        // A new database gives pages back in steps (`accounting::vacuum_in_steps`); this only
+        // takes on a file with no tables yet (an older one is switched by its upgrade).
+        writer_conn
+            .pragma_update(None, "auto_vacuum", "INCREMENTAL")
+            .map_err(db("opening"))?;
         writer_conn
             .execute_batch(
                 "CREATE TABLE IF NOT EXISTS jobs (
@@ -914,6 +919,31 @@ fn migrate(conn: &Connection) -> Result<(), DbError> {
         ))
         .map_err(db("upgrading the schema"))?;
     }
+    let has_accounting = schema_has(
+        conn,
+        "SELECT COUNT(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'accounting'",
+    )?;
+    if version < 5 || !has_accounting {
+        // Per-job accounting, kept after the job's row (`accounting_retention`); and pages given
+        // back in the background after a purge, which an older file must be rewritten once for
+        // (VACUUM, outside any transaction).
+        conn.execute_batch(&format!(
+            "BEGIN;
+             {}
+             PRAGMA user_version = {};
+             COMMIT;",
+            crate::core::accounting::SCHEMA,
+            version.max(5)
+        ))
+        .map_err(db("upgrading the schema"))?;
+        let auto_vacuum: i64 = conn
+            .pragma_query_value(None, "auto_vacuum", |r| r.get(0))
+            .map_err(db("upgrading the schema"))?;
+        if auto_vacuum != 2 {
+            conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL; VACUUM;")
+                .map_err(db("upgrading the schema"))?;
+        }
+    }
     Ok(())
 }
 
@@ -1155,6 +1185,8 @@ pub struct Change {
     pub event: Option<Event>,
     /// Its use is counted up to here (set when a run starts).
     pub charged_ms: Option<u64>,
+    /// The job's accounting, recorded with the change (when it applies): set on its end.
+    pub accounting: Option<Box<crate::core::accounting::Record>>,
 }
 
 pub fn apply(tx: &rusqlite::Transaction<'_>, id: i64, c: &Change) -> Result<i64, DbError> {
@@ -1205,33 +1237,72 @@ pub fn apply(tx: &rusqlite::Transaction<'_>, id: i64, c: &Change) -> Result<i64,
     {
         add_event(tx, id, event)?;
     }
+    if n > 0
+        && let Some(record) = &c.accounting
+    {
+        crate::core::accounting::insert(tx, record)?;
+    }
     Ok(n as i64)
 }
 
-/// Deletes finished jobs that ended before `before_ms`; returns how many.
-pub fn purge(tx: &rusqlite::Transaction<'_>, before_ms: u64) -> Result<i64, DbError> {
-    let n = exec(
-        tx,
-        "DELETE FROM jobs WHERE state NOT IN ('queued', 'running') AND ended_at_ms < ?1",
-        [before_ms as i64],
-    )
-    .map_err(db("purging old jobs"))?;
-    exec(
-        tx,
-        "DELETE FROM events WHERE job_id NOT IN (SELECT id FROM jobs)",
-        [],
-    )
-    .map_err(db("purging old jobs"))?;
-    exec(
-        tx,
-        "DELETE FROM dependencies WHERE job_id NOT IN (SELECT id FROM jobs)",
-        [],
-    )
-    .map_err(db("purging old jobs"))?;
-    Ok(n as i64)
+/// Deletes the finished jobs among `ids` with their events and dependencies; returns how many.
+pub fn purge_jobs(tx: &rusqlite::Transaction<'_>, ids: &[i64]) -> Result<i64, DbError> {
+    let mut n = 0;
+    for id in ids {
+        let gone = exec(
+            tx,
+            "DELETE FROM jobs WHERE id = ?1 AND state NOT IN ('queued', 'running')",
+            [id],
+        )
+        .map_err(db("purging old jobs"))?;
+        if gone == 0 {
+            continue;
+        }
+        n += gone as i64;
+        exec(tx, "DELETE FROM events WHERE job_id = ?1", [id]).map_err(db("purging old jobs"))?;
+        exec(tx, "DELETE FROM dependencies WHERE job_id = ?1", [id])
+            .map_err(db("purging old jobs"))?;
+    }
+    Ok(n)
 }
 
 impl Db {
+    /// Pages of the database file that hold nothing (`PRAGMA freelist_count`).
+    pub fn free_pages(&self) -> Result<u64, DbError> {
+        self.read(|c| {
+            query_row(c, "PRAGMA freelist_count", [], |r| r.get::<_, i64>(0))
+                .map(|n| u64::try_from(n).unwrap_or(0))
+                .map_err(db("counting free pages"))
+        })
+    }
+
+    /// Finished jobs' accounting records (`orch history`).
+    pub fn history(
+        &self,
+        filter: &crate::core::accounting::Filter,
+        limit: u32,
+    ) -> Result<Vec<crate::core::accounting::Record>, DbError> {
+        self.read(|c| crate::core::accounting::records(c, filter, limit))
+    }
+
+    /// Finished jobs' accounting summed per tenant or user (`orch history --by tenant`).
+    pub fn history_summary(
+        &self,
+        filter: &crate::core::accounting::Filter,
+        by: crate::core::accounting::By,
+    ) -> Result<Vec<crate::core::accounting::Summary>, DbError> {
+        self.read(|c| crate::core::accounting::summary(c, filter, by))
+    }
+
+    /// The accounting records of the jobs numbered `low` to `high`.
+    pub fn accounting_between(
+        &self,
+        low: i64,
+        high: i64,
+    ) -> Result<Vec<crate::core::accounting::Record>, DbError> {
+        self.read(|c| crate::core::accounting::records_between(c, low, high))
+    }
+
     /// `(id, attempt)` of the finished jobs that ended before `before_ms`.
     pub fn finished_before(&self, before_ms: u64) -> Result<Vec<(i64, u32)>, DbError> {
         self.read(|c| {
@@ -1548,7 +1619,7 @@ mod tests {
             ..Change::default()
         };
         db.write_blocking(move |tx| apply(tx, id, &change)).unwrap();
-        db.write_blocking(|tx| purge(tx, 10)).unwrap();
+        db.write_blocking(move |tx| purge_jobs(tx, &[id])).unwrap();
         assert!(db.dependencies(id).unwrap().is_empty());
         drop(db);
         std::fs::remove_dir_all(&dir).unwrap();

@@ -7,6 +7,7 @@
 //! how a run ends; [`running`] is a running job as a state machine (what to do, decided without
 //! touching anything); [`jobs`] holds what placement needs and places, releases and writes.
 
+use crate::core::accounting::{self, Measured, Record};
 use crate::core::db::{Change, Event, JobRow, JobUse, State, Submission, Update, UsageRow};
 use crate::core::folders::{self, ExitRecord, Fence};
 use crate::core::kick::Kick;
@@ -67,6 +68,8 @@ pub struct Engine {
     /// The last queue-policy failure logged, and when: logged again only when it changes or a
     /// minute passed.
     policy_failure: Option<(String, Instant)>,
+    /// A purge (and the vacuum after it) runs on its thread.
+    housekeeping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -81,6 +84,8 @@ impl std::fmt::Debug for Engine {
 /// How often the engine looks at running jobs and the queue without being woken.
 const TICK: Duration = Duration::from_millis(100);
 const INVENTORY_MAX_AGE: Duration = Duration::from_secs(1);
+/// The background vacuum's pause between two steps, in which waiting writes go first.
+const VACUUM_PAUSE: Duration = Duration::from_millis(5);
 /// How often usage is written to the database: a crash loses at most this much of it.
 pub const USAGE_SAMPLE: Duration = Duration::from_secs(10);
 
@@ -150,6 +155,7 @@ impl Engine {
             last_idle_check: Instant::now(),
             last_usage_save: Instant::now(),
             policy_failure: None,
+            housekeeping: Arc::default(),
         })
     }
 
@@ -389,7 +395,12 @@ impl Engine {
             .map_or_else(now_s, ms_to_s);
         if let Ok(Some(exit)) = folders::read_exit(&dir) {
             let prior = row.gpu_seconds;
-            self.finish_at(id, &row.lease_id, exit, prior);
+            // It ended while no daemon watched: its accounting has what its supervisor recorded.
+            let measured = Measured {
+                process: accounting::read_use(&dir),
+                ..Measured::default()
+            };
+            self.finish_at(id, &row.lease_id, exit, prior, measured);
             return;
         }
         // The daemon may have stopped before it even made the job's folder.
@@ -443,7 +454,13 @@ impl Engine {
             Recovery::HeldEnded(pid) => {
                 // The process that held the lease ended while no daemon watched.
                 let prior = row.gpu_seconds;
-                self.finish_at(id, &row.lease_id, running::held_ended(pid, now_ms()), prior);
+                self.finish_at(
+                    id,
+                    &row.lease_id,
+                    running::held_ended(pid, now_ms()),
+                    prior,
+                    Measured::default(),
+                );
             }
             Recovery::QueueAgain => {
                 // It never ran: nothing to charge.
@@ -478,6 +495,7 @@ impl Engine {
                     &row.lease_id,
                     row.requeue && !row.cancel_requested,
                     VANISHED_UNWATCHED.into(),
+                    Measured::default(),
                 );
             }
         }
@@ -530,37 +548,27 @@ impl Engine {
         }
     }
 
-    /// Deletes the finished jobs older than `retention`, their logs and folders.
+    /// Deletes the finished jobs older than `retention`, their logs and folders, and the
+    /// accounting records older than `accounting_retention`; then gives the freed pages back.
+    /// All of it on a thread of its own (one at a time), in writes of [`PURGE_BATCH`] jobs that
+    /// the engine's own writes pass between: a purge of a year's jobs never holds up a pass.
     fn purge(&mut self) {
-        let retention_ms =
-            u64::try_from(self.shared.config.retention.as_millis()).unwrap_or(u64::MAX);
-        let before = now_ms().saturating_sub(retention_ms);
-        let old = match self.shared.db.finished_before(before) {
-            Ok(old) if !old.is_empty() => old,
-            Ok(_) => return,
-            Err(e) => {
-                tracing::warn!("could not look for old jobs: {e}");
-                return;
-            }
-        };
-        if let Err(e) = self
-            .shared
-            .db
-            .write_blocking(move |tx| crate::core::db::purge(tx, before))
-        {
-            tracing::warn!("could not purge old jobs: {e}");
+        use std::sync::atomic::Ordering;
+        if self.housekeeping.swap(true, Ordering::AcqRel) {
             return;
         }
-        for (id, attempts) in &old {
-            for attempt in 0..=*attempts {
-                let _ = std::fs::remove_dir_all(self.shared.job_dir(*id, attempt));
-            }
+        let shared = Arc::clone(&self.shared);
+        let busy = Arc::clone(&self.housekeeping);
+        let started = std::thread::Builder::new()
+            .name("orch-purge".into())
+            .spawn(move || {
+                purge_and_vacuum(&shared);
+                busy.store(false, Ordering::Release);
+            });
+        if let Err(e) = started {
+            self.housekeeping.store(false, Ordering::Release);
+            tracing::warn!("could not start the purge of old jobs: {e}");
         }
-        tracing::info!(
-            "purged {} job(s) that ended over {:?} ago",
-            old.len(),
-            self.shared.config.retention
-        );
     }
 
     fn handle(&mut self, kick: Kick) -> bool {
@@ -765,7 +773,11 @@ impl Engine {
                 self.shared.metrics.idle_stopped();
             }
             self.jobs.unknown_logged.remove(&id);
-            self.finish_at(id, &Some(job.lease_id), exit, job.prior_gpu_s);
+            let measured = Measured {
+                process: accounting::read_use(&dir),
+                gpu: job.gpu.clone(),
+            };
+            self.finish_at(id, &Some(job.lease_id), exit, job.prior_gpu_s, measured);
             return true;
         }
         if job.supervisor.is_none() {
@@ -838,6 +850,10 @@ impl Engine {
         job.untrack_holder();
         let lease = Some(job.lease_id.clone());
         let prior = job.prior_gpu_s;
+        let measured = Measured {
+            process: accounting::read_use(&dir),
+            gpu: job.gpu.clone(),
+        };
         match job.died(ended.map(|e| e.words()), now_ms()) {
             Death::Finish(record) => {
                 // For a restarted daemon; the database, written next, is what counts.
@@ -846,7 +862,7 @@ impl Engine {
                         "job {id}: could not write its exit record ({e}); the job database has it"
                     );
                 }
-                self.finish_at(id, &lease, record, prior);
+                self.finish_at(id, &lease, record, prior, measured);
             }
             // A supervisor that ended before it took the fence never started the job: fenced
             // now, the job goes back to the queue (it never ran; nothing is charged).
@@ -873,7 +889,7 @@ impl Engine {
             }
             Death::Vanished { requeue, reason } => {
                 self.untrack_running(id, now_s(), prior);
-                self.vanished(id, &lease, requeue, reason);
+                self.vanished(id, &lease, requeue, reason, measured);
             }
         }
         true
@@ -1131,6 +1147,13 @@ impl Engine {
         let now = Instant::now();
         let mut notes: Vec<(i64, &'static str, String)> = Vec::new();
         let inventory = &self.jobs.inventory;
+        // The memory each job's processes hold on its devices, for its accounting.
+        let memory = if self.jobs.running.is_empty() {
+            HashMap::new()
+        } else {
+            let leases = Arc::clone(&lock(&self.shared.machine).leases);
+            orch_runner::lease_gpu_memory(inventory, &leases)
+        };
         for (id, job) in &mut self.jobs.running {
             let Some(tenant) = self.shared.config.tenant(&job.tenant) else {
                 continue;
@@ -1146,6 +1169,11 @@ impl Engine {
                         .and_then(|d| d.utilization_gpu_percent)
                 })
                 .collect();
+            let held: Vec<u64> = memory
+                .get(&job.lease_id)
+                .map(|devices| devices.values().copied().collect())
+                .unwrap_or_default();
+            job.gpu.look(&utilization, &held);
             for note in job.look_idle(tenant, &utilization, now) {
                 notes.push((*id, note.kind, note.message));
             }
@@ -1198,6 +1226,7 @@ impl Engine {
         lease_id: &Option<String>,
         exit: ExitRecord,
         prior_gpu_s: f64,
+        measured: Measured,
     ) {
         self.untrack_running(id, ms_to_s(exit.ended_at_ms), prior_gpu_s);
         if exit.state == State::Queued {
@@ -1230,6 +1259,14 @@ impl Engine {
             Some(reason) => format!("{}: {reason}", exit.state.as_str()),
             _ => exit.state.as_str().to_string(),
         };
+        let accounting = self.accounting(
+            id,
+            exit.state,
+            exit.ended_at_ms,
+            exit.exit_code,
+            reason.clone(),
+            &measured,
+        );
         self.jobs.write(
             id,
             Change {
@@ -1243,6 +1280,7 @@ impl Engine {
                     kind: "finished".into(),
                     message,
                 }),
+                accounting,
                 ..Change::default()
             },
         );
@@ -1251,9 +1289,41 @@ impl Engine {
         self.settled(id, exit.state, exit.exit_code);
     }
 
+    /// Job `id`'s accounting record as it ends in `state` (its row read now, before the end is
+    /// written: its devices, times and GPU-seconds), counted in the metrics; `None` when the row
+    /// cannot be read (the end is still written, without a record).
+    fn accounting(
+        &self,
+        id: i64,
+        state: State,
+        ended_at_ms: u64,
+        exit_code: Option<i32>,
+        reason: Option<String>,
+        measured: &Measured,
+    ) -> Option<Box<Record>> {
+        let row = match self.shared.db.job(id) {
+            Ok(Some(row)) => row,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::warn!("job {id}: its accounting is not recorded: {e}");
+                return None;
+            }
+        };
+        let record = Record::of(&row, state, ended_at_ms, exit_code, reason, measured);
+        self.shared.metrics.job_finished(&record);
+        Some(Box::new(record))
+    }
+
     /// Nobody can report how job `id` ends any more (`reason` says why): what is left of it is
     /// ended, then it is lost, or queued again with `requeue`.
-    fn vanished(&mut self, id: i64, lease_id: &Option<String>, requeue: bool, reason: String) {
+    fn vanished(
+        &mut self,
+        id: i64,
+        lease_id: &Option<String>,
+        requeue: bool,
+        reason: String,
+        measured: Measured,
+    ) {
         // End what is left of it, so that a job queued again never runs beside its own remains,
         // and its devices come back.
         self.jobs.end_remains(lease_id);
@@ -1265,14 +1335,18 @@ impl Engine {
             );
         } else {
             tracing::warn!("job {id}: lost: {reason}");
+            let at = now_ms();
+            let accounting =
+                self.accounting(id, State::Lost, at, None, Some(reason.clone()), &measured);
             self.jobs.write(
                 id,
                 Change {
                     state: Some(State::Lost),
-                    ended_at_ms: Some(now_ms()),
+                    ended_at_ms: Some(at),
                     reason: Update::Set(reason.clone()),
                     only_if: Some(State::Running),
                     event: Some(Event::now("lost", reason)),
+                    accounting,
                     ..Change::default()
                 },
             );
@@ -1310,18 +1384,101 @@ impl Engine {
         self.shared.policies.forget(id);
         let word = state.as_str();
         tracing::info!("job {id}: {word}: {reason}");
+        let at = now_ms();
+        let accounting = self.accounting(
+            id,
+            state,
+            at,
+            None,
+            Some(reason.clone()),
+            &Measured::default(),
+        );
         self.jobs.write(
             id,
             Change {
                 state: Some(state),
-                ended_at_ms: Some(now_ms()),
+                ended_at_ms: Some(at),
                 event: Some(Event::now("finished", format!("{word}: {reason}"))),
                 reason: Update::Set(reason),
                 only_if: Some(State::Queued),
+                accounting,
                 ..Change::default()
             },
         );
         self.settled(id, state, None);
+    }
+}
+
+/// How many jobs (or accounting records) one write of a purge deletes.
+const PURGE_BATCH: usize = 100;
+
+/// The purge (see [`Engine::purge`]), on the thread it runs on.
+fn purge_and_vacuum(shared: &Shared) {
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let mut freed = false;
+    let accounting_before = now_ms().saturating_sub(ms(shared.config.accounting_retention));
+    let mut records = 0;
+    // Bounded: each round deletes a batch or ends it.
+    for _ in 0..1_000_000 {
+        match shared
+            .db
+            .write_blocking(move |tx| accounting::purge(tx, accounting_before, PURGE_BATCH as u32))
+        {
+            Ok(0) => break,
+            Ok(n) => records += n,
+            Err(e) => {
+                tracing::warn!("could not purge old accounting records: {e}");
+                break;
+            }
+        }
+    }
+    if records > 0 {
+        tracing::info!("purged {records} accounting record(s) older than accounting_retention");
+        freed = true;
+    }
+    let before = now_ms().saturating_sub(ms(shared.config.retention));
+    let old = match shared.db.finished_before(before) {
+        Ok(old) => old,
+        Err(e) => {
+            tracing::warn!("could not look for old jobs: {e}");
+            Vec::new()
+        }
+    };
+    let mut purged = 0;
+    for batch in old.chunks(PURGE_BATCH) {
+        let ids: Vec<i64> = batch.iter().map(|(id, _)| *id).collect();
+        if let Err(e) = shared
+            .db
+            .write_blocking(move |tx| crate::core::db::purge_jobs(tx, &ids))
+        {
+            tracing::warn!("could not purge old jobs: {e}");
+            break;
+        }
+        for (id, attempts) in batch {
+            for attempt in 0..=*attempts {
+                let _ = std::fs::remove_dir_all(shared.job_dir(*id, attempt));
+            }
+        }
+        purged += batch.len();
+    }
+    if purged > 0 {
+        tracing::info!(
+            "purged {purged} job(s) that ended over {:?} ago",
+            shared.config.retention
+        );
+        freed = true;
+    }
+    if !freed {
+        return;
+    }
+    let began = Instant::now();
+    match accounting::vacuum_in_steps(&shared.db, VACUUM_PAUSE) {
+        Ok(0) => {}
+        Ok(pages) => tracing::info!(
+            "gave {pages} free page(s) of the job database back in {:.1?}",
+            began.elapsed()
+        ),
+        Err(e) => tracing::warn!("could not vacuum the job database: {e}"),
     }
 }
 

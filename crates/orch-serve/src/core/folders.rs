@@ -7,6 +7,8 @@
 //! - `stdout`, `stderr`: the job's output, copied there by its supervisor under `max_log_size`
 //!   (`stdout.1`, `stderr.1`: the older rotated piece; `stdout.dropped`, `stderr.dropped`: how
 //!   many bytes went, see [`orch_exec::logs`]); `supervisor.log`: its supervisor's;
+//! - `usage.json`: what the job's processes used (CPU, peak memory, the signal that ended it),
+//!   written by its supervisor just before `exit.json` ([`crate::core::accounting::ProcessUse`]);
 //! - `exit.json`: how it ended ([`ExitRecord`]), written atomically once every process of the job
 //!   is gone and its lease released;
 //! - `lease.json`: a held lease's placement ([`Placed`]), read by `GET /v1/leases/ID`.

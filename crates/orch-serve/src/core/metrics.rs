@@ -78,6 +78,12 @@ struct Inner {
     decisions: BTreeMap<&'static str, Histogram>,
     preemptions: u64,
     idle_stops: u64,
+    /// Per tenant, the GPU-seconds of the jobs that ended (`orch_job_gpu_seconds_total`).
+    job_gpu_seconds: BTreeMap<String, f64>,
+    /// Per (tenant, state), the jobs that ended.
+    finished: BTreeMap<(String, &'static str), u64>,
+    /// Per tenant, the queue waits of the jobs that ended.
+    job_waits: BTreeMap<String, Histogram>,
 }
 
 /// What the daemon counts as it works.
@@ -96,6 +102,9 @@ impl Default for Counters {
                 decisions: BTreeMap::new(),
                 preemptions: 0,
                 idle_stops: 0,
+                job_gpu_seconds: BTreeMap::new(),
+                finished: BTreeMap::new(),
+                job_waits: BTreeMap::new(),
             }),
         }
     }
@@ -138,6 +147,24 @@ impl Counters {
 
     pub fn idle_stopped(&self) {
         self.lock().idle_stops += 1;
+    }
+
+    /// A job ended with this accounting record.
+    pub fn job_finished(&self, record: &crate::core::accounting::Record) {
+        let mut inner = self.lock();
+        *inner
+            .job_gpu_seconds
+            .entry(record.tenant.clone())
+            .or_default() += record.gpu_seconds;
+        *inner
+            .finished
+            .entry((record.tenant.clone(), record.state.as_str()))
+            .or_default() += 1;
+        inner
+            .job_waits
+            .entry(record.tenant.clone())
+            .or_insert_with(|| Histogram::new(WAIT_BUCKETS))
+            .observe(record.queue_wait_s);
     }
 }
 
@@ -441,6 +468,45 @@ pub fn render(snapshot: &Snapshot, counters: &Counters) -> String {
     }
     header(
         &mut out,
+        "orch_job_gpu_seconds_total",
+        "counter",
+        "GPU-seconds (devices x wall time) of the jobs that ended since the daemon started, per tenant.",
+    );
+    for (tenant, seconds) in &inner.job_gpu_seconds {
+        let _ = writeln!(
+            out,
+            "orch_job_gpu_seconds_total{{tenant=\"{}\"}} {seconds}",
+            esc(tenant)
+        );
+    }
+    header(
+        &mut out,
+        "orch_jobs_finished_total",
+        "counter",
+        "Jobs that ended since the daemon started, per tenant and final state.",
+    );
+    for ((tenant, state), n) in &inner.finished {
+        let _ = writeln!(
+            out,
+            "orch_jobs_finished_total{{tenant=\"{}\",state=\"{state}\"}} {n}",
+            esc(tenant)
+        );
+    }
+    header(
+        &mut out,
+        "orch_job_queue_wait_seconds",
+        "histogram",
+        "Time from submission to the last start of the jobs that ended (to their end for those that never started), per tenant.",
+    );
+    for (tenant, h) in &inner.job_waits {
+        h.render(
+            &mut out,
+            "orch_job_queue_wait_seconds",
+            &format!("tenant=\"{}\"", esc(tenant)),
+        );
+    }
+    header(
+        &mut out,
         "orch_scheduling_pass_duration_seconds",
         "histogram",
         "One scheduling pass: order, limits, placement, preemption.",
@@ -502,6 +568,45 @@ mod tests {
         assert!(text.contains("orch_scheduling_pass_duration_seconds_count 1"));
         assert!(text.contains("orch_state_free_bytes 10485760\n"));
         assert!(text.contains("orch_state_size_bytes 1073741824\n"));
+    }
+
+    #[test]
+    fn each_ended_job_adds_its_gpu_seconds_state_and_queue_wait_to_its_tenants_counters() {
+        let counters = Counters::default();
+        let record =
+            |tenant: &str, state, gpu_seconds, queue_wait_s| crate::core::accounting::Record {
+                job_id: 1,
+                name: "j".into(),
+                tenant: tenant.into(),
+                user: "u".into(),
+                state,
+                submitted_at_ms: 0,
+                started_at_ms: None,
+                ended_at_ms: 0,
+                attempt: 1,
+                devices: Vec::new(),
+                gpu_seconds,
+                wall_s: 0.0,
+                queue_wait_s,
+                cpu_seconds: None,
+                peak_rss_bytes: None,
+                peak_gpu_memory_bytes: None,
+                mean_gpu_utilization: None,
+                exit_code: None,
+                signal: None,
+                reason: None,
+            };
+        use crate::core::db::State;
+        counters.job_finished(&record("nlp", State::Succeeded, 3.0, 2.0));
+        counters.job_finished(&record("nlp", State::Failed, 1.5, 400.0));
+        counters.job_finished(&record("cv", State::Succeeded, 0.0, 0.5));
+        let text = render(&Snapshot::default(), &counters);
+        assert!(text.contains("# TYPE orch_job_gpu_seconds_total counter"));
+        assert!(text.contains("orch_job_gpu_seconds_total{tenant=\"nlp\"} 4.5\n"));
+        assert!(text.contains("orch_jobs_finished_total{tenant=\"nlp\",state=\"failed\"} 1\n"));
+        assert!(text.contains("orch_jobs_finished_total{tenant=\"nlp\",state=\"succeeded\"} 1\n"));
+        assert!(text.contains("orch_job_queue_wait_seconds_bucket{tenant=\"nlp\",le=\"5\"} 1\n"));
+        assert!(text.contains("orch_job_queue_wait_seconds_count{tenant=\"cv\"} 1\n"));
     }
 
     /// The alert rules and the dashboard the package installs name only metrics this page has.

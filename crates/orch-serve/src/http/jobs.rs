@@ -7,7 +7,7 @@ use crate::core::kick::Kick;
 use crate::core::state::Shared;
 use crate::http::access::{admitted, find, names_array, read, tenant_for, visible_to};
 use crate::http::error::{ApiResult, err, internal};
-use crate::http::wire::{ArraySummary, Job, SubmitRequest, SubmitResponse};
+use crate::http::wire::{Accounting, ArraySummary, Job, SubmitRequest, SubmitResponse};
 use axum::Json;
 use axum::extract::{Extension, Path, Query, State as AxState};
 use axum::http::StatusCode;
@@ -365,6 +365,7 @@ pub(crate) async fn list(
     if rows.len() > limit as usize {
         rows.drain(..rows.len() - limit as usize);
     }
+    rows = with_accounting(&shared, rows).await?;
     if q.events {
         rows = read(&shared, move |db| {
             // Events for the newest jobs only: one listing must not hold the database for long.
@@ -377,6 +378,25 @@ pub(crate) async fn list(
         .await?;
     }
     Ok(Json(rows))
+}
+
+/// The ended jobs among `rows` with their accounting records (one read over their ids' range).
+async fn with_accounting(shared: &Arc<Shared>, mut rows: Vec<Job>) -> ApiResult<Vec<Job>> {
+    let ended = rows.iter().filter(|r| r.state.is_final()).map(|r| r.id);
+    let (Some(low), Some(high)) = (ended.clone().min(), ended.max()) else {
+        return Ok(rows);
+    };
+    let records = read(shared, move |db| db.accounting_between(low, high)).await?;
+    let by_id: std::collections::HashMap<i64, &crate::core::accounting::Record> =
+        records.iter().map(|r| (r.job_id, r)).collect();
+    for row in &mut rows {
+        if row.state.is_final()
+            && let Some(record) = by_id.get(&row.id)
+        {
+            row.accounting = Some(Accounting::from(*record));
+        }
+    }
+    Ok(rows)
 }
 
 /// A queued job says why it waits, as the last scheduling pass found.
@@ -403,6 +423,10 @@ pub(crate) async fn status(
         let tasks = read(&shared, move |db| db.array_tasks(n)).await?;
         row.array = Some(ArraySummary::of(&tasks));
     }
+    let row = with_accounting(&shared, vec![row])
+        .await?
+        .pop()
+        .ok_or_else(|| internal("a job went missing while its accounting was read"))?;
     let reasons = lock(&shared.reasons).clone();
     Ok(Json(with_reason(row, &reasons)))
 }

@@ -252,7 +252,100 @@ pub struct Job {
     /// `GET /v1/jobs/ARRAY` of an array's id: the whole array, task by task.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub array: Option<ArraySummary>,
+    /// What it used, once it has ended (absent before, and for a job that ended before this
+    /// daemon kept accounting).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accounting: Option<Accounting>,
 }
+
+/// What an ended job used (`accounting` of a job; every row of `GET /v1/history`). A figure
+/// that could not be read is `null`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Accounting {
+    /// The devices of its last run (uuids); their count is its GPUs.
+    pub devices: Vec<String>,
+    /// Devices x wall time, over all its runs.
+    pub gpu_seconds: f64,
+    /// Its last run's wall time, seconds (0 when it never started).
+    pub wall_s: f64,
+    /// From its submission to its last start, seconds (to its end when it never started).
+    pub queue_wait_s: f64,
+    /// CPU time (user + system) of its processes.
+    #[serde(default)]
+    pub cpu_seconds: Option<f64>,
+    /// The most memory its processes held (its cgroup's peak, else the largest process's).
+    #[serde(default)]
+    pub peak_rss_bytes: Option<u64>,
+    /// The most GPU memory its processes held on any one of its devices.
+    #[serde(default)]
+    pub peak_gpu_memory_bytes: Option<u64>,
+    /// Its devices' mean utilization while it ran, percent (0-100).
+    #[serde(default)]
+    pub mean_gpu_utilization: Option<f64>,
+}
+
+impl From<&crate::core::accounting::Record> for Accounting {
+    fn from(r: &crate::core::accounting::Record) -> Accounting {
+        Accounting {
+            devices: r.devices.clone(),
+            gpu_seconds: r.gpu_seconds,
+            wall_s: r.wall_s,
+            queue_wait_s: r.queue_wait_s,
+            cpu_seconds: r.cpu_seconds,
+            peak_rss_bytes: r.peak_rss_bytes,
+            peak_gpu_memory_bytes: r.peak_gpu_memory_bytes,
+            mean_gpu_utilization: r.mean_gpu_utilization,
+        }
+    }
+}
+
+/// A finished job as `GET /v1/history` (`orch history`) shows it: who, when, how it ended, and
+/// its [`Accounting`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HistoryJob {
+    #[serde(with = "id_text")]
+    pub id: i64,
+    pub name: String,
+    pub tenant: String,
+    pub user: String,
+    pub state: State,
+    pub submitted_at_ms: u64,
+    pub started_at_ms: Option<u64>,
+    pub ended_at_ms: u64,
+    /// Its runs (more than 1 after preemptions or requeues).
+    pub attempt: u32,
+    pub gpus: u32,
+    pub exit_code: Option<i32>,
+    /// The signal that ended its process, when one did.
+    pub signal: Option<i32>,
+    pub reason: Option<String>,
+    #[serde(flatten)]
+    pub accounting: Accounting,
+}
+
+impl From<&crate::core::accounting::Record> for HistoryJob {
+    fn from(r: &crate::core::accounting::Record) -> HistoryJob {
+        HistoryJob {
+            id: r.job_id,
+            name: r.name.clone(),
+            tenant: r.tenant.clone(),
+            user: r.user.clone(),
+            state: r.state,
+            submitted_at_ms: r.submitted_at_ms,
+            started_at_ms: r.started_at_ms,
+            ended_at_ms: r.ended_at_ms,
+            attempt: r.attempt,
+            gpus: r.devices.len() as u32,
+            exit_code: r.exit_code,
+            signal: r.signal,
+            reason: r.reason.clone(),
+            accounting: Accounting::from(r),
+        }
+    }
+}
+
+/// A group of `GET /v1/history?by=tenant` (or `by=user`).
+pub use crate::core::accounting::Summary as HistorySummary;
 
 /// A job array as `GET /v1/jobs/ARRAY` shows it beside its first task: its size, its bound, and
 /// how many of its tasks are in each state.
@@ -336,6 +429,7 @@ impl From<JobRow> for Job {
             array_id: row.array.map(|a| a.id),
             array_task: row.array.map(|a| a.task),
             array: None,
+            accounting: None,
         }
     }
 }

@@ -123,6 +123,9 @@ pub struct Running {
     watched_since: Instant,
     /// An interactive allocation's limits.
     alloc: Option<AllocLimits>,
+    /// Its devices' utilization and its processes' memory on them, looked at while it runs
+    /// (since it was watched: a restart starts over), for its accounting.
+    pub gpu: crate::core::accounting::GpuWatch,
 }
 
 /// Which signal is due, and what it carries out.
@@ -233,6 +236,7 @@ impl Running {
             idle_warned: false,
             watched_since: now,
             alloc: None,
+            gpu: Default::default(),
         }
     }
 

@@ -1,0 +1,330 @@
+//! `orch history`: finished jobs and what each used (the daemon's `GET /v1/history`), as a
+//! table, JSON or CSV; `--by tenant` sums them per tenant.
+
+use crate::cli::HistoryArgs;
+use crate::client::{Client, answer_failure};
+use crate::failure::{CmdResult, Failure};
+use crate::table;
+use hyper::{Method, StatusCode};
+use orch_serve::{HistoryJob, HistorySummary};
+use std::time::{Duration, UNIX_EPOCH};
+
+pub fn run(args: &HistoryArgs) -> CmdResult {
+    let now_ms = orch_core::time::now_ms();
+    let mut query = Vec::new();
+    if let Some(since) = &args.since {
+        query.push(format!("since_ms={}", moment("--since", since, now_ms)?));
+    }
+    if let Some(until) = &args.until {
+        query.push(format!("until_ms={}", moment("--until", until, now_ms)?));
+    }
+    for (key, value) in [("user", &args.user), ("tenant", &args.tenant)] {
+        if let Some(value) = value {
+            query.push(format!("{key}={}", percent_encode(value)));
+        }
+    }
+    for state in &args.state {
+        if !matches!(
+            state.as_str(),
+            "succeeded" | "failed" | "cancelled" | "lost"
+        ) {
+            return Err(Failure::bad_input_msg(format!(
+                "--state {} is not a state a finished job has: give succeeded, failed, cancelled or lost",
+                table::escape(state)
+            )));
+        }
+    }
+    if !args.state.is_empty() {
+        query.push(format!("state={}", args.state.join(",")));
+    }
+    if let Some(by) = &args.by {
+        query.push(format!("by={by}"));
+    }
+    if let Some(limit) = args.limit {
+        query.push(format!("limit={limit}"));
+    }
+    let path = if query.is_empty() {
+        "/v1/history".to_string()
+    } else {
+        format!("/v1/history?{}", query.join("&"))
+    };
+    let client = Client::from_env()?;
+    let (status, body) = client.call(Method::GET, &path, None)?;
+    if status != StatusCode::OK {
+        return Err(answer_failure(status, &body));
+    }
+    if args.json {
+        println!("{}", String::from_utf8_lossy(&body));
+        return Ok(());
+    }
+    let out = if args.by.is_some() {
+        let groups: Vec<HistorySummary> = serde_json::from_slice(&body).map_err(Failure::failed)?;
+        let key = args.by.as_deref().unwrap_or("tenant");
+        if args.csv {
+            summary_csv(key, &groups)
+        } else {
+            summary_table(key, &groups)
+        }
+    } else {
+        let jobs: Vec<HistoryJob> = serde_json::from_slice(&body).map_err(Failure::failed)?;
+        if args.csv {
+            jobs_csv(&jobs)
+        } else {
+            jobs_table(&jobs)
+        }
+    };
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    // A closed pipe (`orch history | head`) ends the output quietly.
+    let _ = stdout.write_all(out.as_bytes());
+    Ok(())
+}
+
+/// A `--since`/`--until` value as ms since the Unix epoch: a duration back from `now_ms` (`30d`),
+/// a date (`2026-11-01`, UTC midnight) or an RFC 3339 moment.
+fn moment(flag: &str, text: &str, now_ms: u64) -> Result<u64, Failure> {
+    let t = text.trim();
+    if let Some(back) = orch_core::duration::parse(t) {
+        let back = u64::try_from(back.as_millis()).unwrap_or(u64::MAX);
+        return Ok(now_ms.saturating_sub(back));
+    }
+    let full = if t.len() == 10 {
+        format!("{t}T00:00:00Z")
+    } else {
+        t.to_string()
+    };
+    match humantime::parse_rfc3339_weak(&full) {
+        Ok(at) => Ok(at
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))),
+        Err(_) => Err(Failure::bad_input_msg(format!(
+            "{flag} \"{}\" is neither a duration back from now (30d, 12h) nor a date or time (2026-11-01, 2026-11-01T08:00:00Z)",
+            table::escape(text)
+        ))),
+    }
+}
+
+/// `text` for a query string: what is not a letter, digit, `-`, `_` or `.` as `%XX`.
+fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn clock(ms: u64) -> String {
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+/// Seconds as a table shows them: `42s`, `3m05s`, `2h10m`.
+fn span(seconds: f64) -> String {
+    let s = seconds.max(0.0).round() as u64;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+    }
+}
+
+fn bytes(n: Option<u64>) -> String {
+    match n {
+        None => "-".into(),
+        Some(n) if n >= 1 << 30 => format!("{:.1}G", n as f64 / f64::from(1u32 << 30)),
+        Some(n) => format!("{:.0}M", n as f64 / f64::from(1u32 << 20)),
+    }
+}
+
+fn jobs_table(jobs: &[HistoryJob]) -> String {
+    let rows: Vec<Vec<String>> = jobs
+        .iter()
+        .map(|j| {
+            let a = &j.accounting;
+            vec![
+                j.id.to_string(),
+                j.user.clone(),
+                j.tenant.clone(),
+                j.name.clone(),
+                j.state.as_str().to_string(),
+                match (j.exit_code, j.signal) {
+                    (_, Some(signal)) => format!("sig {signal}"),
+                    (Some(code), None) => code.to_string(),
+                    (None, None) => "-".into(),
+                },
+                clock(j.ended_at_ms),
+                span(a.queue_wait_s),
+                span(a.wall_s),
+                j.gpus.to_string(),
+                format!("{:.1}", a.gpu_seconds),
+                a.cpu_seconds.map_or("-".into(), |s| format!("{s:.1}")),
+                bytes(a.peak_rss_bytes),
+                bytes(a.peak_gpu_memory_bytes),
+                a.mean_gpu_utilization
+                    .map_or("-".into(), |u| format!("{u:.0}%")),
+            ]
+        })
+        .collect();
+    table::render(
+        &[
+            "ID", "USER", "TENANT", "NAME", "STATE", "EXIT", "ENDED", "WAIT", "WALL", "GPUS",
+            "GPU-S", "CPU-S", "RSS", "GPU-MEM", "GPU-UTIL",
+        ],
+        &rows,
+    )
+}
+
+fn summary_table(key: &str, groups: &[HistorySummary]) -> String {
+    let rows: Vec<Vec<String>> = groups
+        .iter()
+        .map(|g| {
+            vec![
+                g.key.clone(),
+                g.jobs.to_string(),
+                format!("{:.2}", g.gpu_hours),
+                g.mean_gpu_utilization
+                    .map_or("-".into(), |u| format!("{u:.0}%")),
+            ]
+        })
+        .collect();
+    let key = key.to_uppercase();
+    table::render(&[&key, "JOBS", "GPU-HOURS", "MEAN-GPU-UTIL"], &rows)
+}
+
+/// One CSV field: quoted when it holds a comma, a quote or a line break (quotes doubled).
+fn field(text: &str) -> String {
+    if text.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", text.replace('"', "\"\""))
+    } else {
+        text.to_string()
+    }
+}
+
+fn line(fields: &[String]) -> String {
+    let mut text = fields
+        .iter()
+        .map(|f| field(f))
+        .collect::<Vec<_>>()
+        .join(",");
+    text.push('\n');
+    text
+}
+
+fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map_or(String::new(), |v| v.to_string())
+}
+
+const JOB_COLUMNS: &[&str] = &[
+    "id",
+    "name",
+    "tenant",
+    "user",
+    "state",
+    "submitted_at",
+    "started_at",
+    "ended_at",
+    "attempt",
+    "gpus",
+    "devices",
+    "gpu_seconds",
+    "wall_s",
+    "queue_wait_s",
+    "cpu_seconds",
+    "peak_rss_bytes",
+    "peak_gpu_memory_bytes",
+    "mean_gpu_utilization",
+    "exit_code",
+    "signal",
+    "reason",
+];
+
+fn jobs_csv(jobs: &[HistoryJob]) -> String {
+    let header: Vec<String> = JOB_COLUMNS.iter().map(|c| c.to_string()).collect();
+    let mut out = line(&header);
+    for j in jobs {
+        let a = &j.accounting;
+        out.push_str(&line(&[
+            j.id.to_string(),
+            j.name.clone(),
+            j.tenant.clone(),
+            j.user.clone(),
+            j.state.as_str().to_string(),
+            clock(j.submitted_at_ms),
+            opt(j.started_at_ms.map(clock)),
+            clock(j.ended_at_ms),
+            j.attempt.to_string(),
+            j.gpus.to_string(),
+            a.devices.join(" "),
+            a.gpu_seconds.to_string(),
+            a.wall_s.to_string(),
+            a.queue_wait_s.to_string(),
+            opt(a.cpu_seconds),
+            opt(a.peak_rss_bytes),
+            opt(a.peak_gpu_memory_bytes),
+            opt(a.mean_gpu_utilization),
+            opt(j.exit_code),
+            opt(j.signal),
+            j.reason.clone().unwrap_or_default(),
+        ]));
+    }
+    out
+}
+
+fn summary_csv(key: &str, groups: &[HistorySummary]) -> String {
+    let mut out = line(&[
+        key.to_string(),
+        "jobs".into(),
+        "gpu_hours".into(),
+        "gpu_seconds".into(),
+        "mean_gpu_utilization".into(),
+    ]);
+    for g in groups {
+        out.push_str(&line(&[
+            g.key.clone(),
+            g.jobs.to_string(),
+            g.gpu_hours.to_string(),
+            g.gpu_seconds.to_string(),
+            opt(g.mean_gpu_utilization),
+        ]));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_field_with_a_comma_quote_or_line_break_is_quoted() {
+        assert_eq!(field("plain"), "plain");
+        assert_eq!(field("a,b"), "\"a,b\"");
+        assert_eq!(field("say \"hi\""), "\"say \"\"hi\"\"\"");
+        assert_eq!(field("two\nlines"), "\"two\nlines\"");
+        assert_eq!(
+            line(&["a".into(), "b,c".into(), String::new()]),
+            "a,\"b,c\",\n"
+        );
+    }
+
+    #[test]
+    fn a_moment_is_a_duration_back_a_date_or_a_time_and_anything_else_one_sentence() {
+        let now = 1_800_000_000_000;
+        assert_eq!(moment("--since", "1d", now).unwrap(), now - 86_400_000);
+        assert_eq!(
+            moment("--since", "2026-11-01", now).unwrap(),
+            1_793_491_200_000
+        );
+        assert_eq!(
+            moment("--until", "2026-11-01T08:00:00Z", now).unwrap(),
+            1_793_491_200_000 + 8 * 3_600_000
+        );
+        let why = moment("--since", "yesterday-ish", now)
+            .unwrap_err()
+            .render();
+        assert!(
+            why.contains("--since \"yesterday-ish\" is neither"),
+            "{why}"
+        );
+        assert_eq!(why.trim().lines().count(), 1, "{why}");
+    }
+}
