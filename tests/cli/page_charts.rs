@@ -312,7 +312,7 @@ fn the_page_charts_each_gpu_and_the_queue_over_time() {
 
 /// A job name written into the database before names were checked stays text in the list of
 /// ended jobs and in a chart's title; the accounting the daemon attaches to an ended job fills
-/// its columns, which stay hidden while no job has any.
+/// its columns (hidden while no job has any), first as recorded, then with set values.
 #[test]
 fn finished_jobs_show_their_accounting_and_hostile_names_stay_text() {
     let Some(binary) = chromium("finished_jobs_show_their_accounting_and_hostile_names_stay_text")
@@ -359,12 +359,19 @@ fn finished_jobs_show_their_accounting_and_hostile_names_stay_text() {
     assert_eq!(shown["cells"]["Exit"], "7", "{shown}");
     assert_eq!(shown["imgs"], 0, "{shown}");
     assert_eq!(shown["pwned"], Value::Null, "{shown}");
-    assert_eq!(
-        shown["hidden"], true,
-        "no accounting, no columns for it: {shown}"
+    // The daemon recorded the job's accounting: its columns show, with what it measured.
+    assert_eq!(shown["hidden"], false, "{shown}");
+    let wall = shown["cells"]["Wall"].as_str().unwrap_or_default();
+    assert!(wall.ends_with('s') && wall != "s", "{shown}");
+    assert!(
+        !shown["cells"]["GPU-hours"]
+            .as_str()
+            .unwrap_or_default()
+            .is_empty(),
+        "{shown}"
     );
 
-    // The accounting object the daemon adds to a job that ended, as the page reads it.
+    // Set values in the accounting object, to check how the page writes each one.
     browser.call(
         "Page.addScriptToEvaluateOnNewDocument",
         serde_json::json!({"source": r#"
