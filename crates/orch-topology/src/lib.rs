@@ -2,7 +2,8 @@
 //! built-in Wasm policies: of the sets of `count` devices that fit, the one on the fewest NUMA
 //! nodes (one, where the set fits on one), then with the most NVLinks between its members, then
 //! with the closest PCIe paths (the worst pair first, then all pairs together), and among sets
-//! equal by all three, the one the policy's own ranking prefers. This is the order Slurm (one
+//! equal by all three, the one the policy's own ranking prefers (the lowest sum of its members'
+//! ranks, then the set holding the better-ranked devices). This is the order Slurm (one
 //! socket first) and Kubernetes' go-gpuallocator (NVLinks, then PCIe levels) use.
 //!
 //! Design decision: the rule is a total order on sets ([`Score`], then the policy's ranking), and
@@ -268,13 +269,14 @@ fn sets(n: u64, k: u64) -> u64 {
 }
 
 /// Every `count`-subset of `0..ranked.len()` in lexicographic order; the first with the best
-/// score wins, which among equal scores is the one the policy ranks best.
+/// score and the lowest rank sum wins, which among those is the one holding the policy's
+/// better-ranked devices.
 fn exact(shape: &Shape, ranked: &[usize], count: usize) -> Vec<usize> {
     let m = ranked.len();
     let mut ranks: Vec<usize> = (0..count).collect();
     let mut set: Vec<usize> = ranks.iter().map(|&r| ranked[r]).collect();
     let mut best = ranks.clone();
-    let mut best_score = shape.score(&set);
+    let mut best_score = (shape.score(&set), ranks.iter().sum::<usize>());
     loop {
         // The next subset: bump the last position that can move, reset the ones after it.
         let Some(i) = (0..count).rev().find(|&i| ranks[i] < m - count + i) else {
@@ -287,7 +289,7 @@ fn exact(shape: &Shape, ranked: &[usize], count: usize) -> Vec<usize> {
         for (slot, &r) in set.iter_mut().zip(&ranks) {
             *slot = ranked[r];
         }
-        let score = shape.score(&set);
+        let score = (shape.score(&set), ranks.iter().sum::<usize>());
         if score < best_score {
             best_score = score;
             best.copy_from_slice(&ranks);
@@ -309,7 +311,7 @@ fn greedy(shape: &Shape, ranked: &[usize], count: usize) -> Vec<usize> {
             node => ranked.iter().filter(|&&b| shape.numa(b) == node).count(),
         })
         .collect();
-    let mut best: Option<(Score, Vec<usize>)> = None;
+    let mut best: Option<((Score, usize), Vec<usize>)> = None;
     let mut set: Vec<usize> = Vec::with_capacity(count);
     let mut ranks: Vec<usize> = Vec::with_capacity(count);
     for seed in 0..m {
@@ -342,7 +344,7 @@ fn greedy(shape: &Shape, ranked: &[usize], count: usize) -> Vec<usize> {
         }
         let mut sorted = ranks.clone();
         sorted.sort_unstable();
-        let score = shape.score(&set);
+        let score = (shape.score(&set), sorted.iter().sum::<usize>());
         let better = match &best {
             None => true,
             Some((s, b)) => score.cmp(s).then_with(|| sorted.cmp(b)) == Ordering::Less,
