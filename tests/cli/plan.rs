@@ -396,7 +396,7 @@ fn plugin_inspect_names_the_world_or_refuses() {
     let cases = [
         (
             fixture("hostile-other-world.wasm"),
-            "is not a policy orch can load: it exports `wasi:cli/run@0.2.0` (an instance), and orch expected orch:plugin/policy@0.3.0",
+            "is not a policy orch can load: it exports `wasi:cli/run@0.2.0` (an instance), and orch expected orch:plugin/policy@0.4.0",
         ),
         (
             root().join("Cargo.toml").display().to_string(),

@@ -87,7 +87,7 @@ impl Found {
 pub enum Identity {
     /// A world of a version orch loads.
     Known(Found),
-    /// An `orch:plugin` interface of a version orch does not know (`orch:plugin/placement@0.3.0`).
+    /// An `orch:plugin` interface of a version orch does not know (`orch:plugin/placement@0.5.0`).
     UnknownVersion { export: String },
     /// Nothing of orch's: the exports, described (`` `wasi:cli/run@0.2.0` (an instance) ``).
     Other { exports: Vec<String> },

@@ -1,7 +1,8 @@
 //! The built-in `mlp` trainer, built against contract `orch:plugin@0.3.0`
 //! (crates/orch-wit/compat/0.3.0): its model is plugins/trainer-mlp's, with the `training`
-//! export and the imports of 0.3.0. A test fixture: the host must keep loading and running
-//! trainers built for 0.3.0, to the very parameters the current built-in reaches.
+//! and `inference` exports and the imports of 0.3.0 (world `predicting-trainer`). A test
+//! fixture: the host must keep loading, running and asking trainers built for 0.3.0, to the very
+//! parameters and logits the current built-in reaches.
 
 #[path = "../../../trainer-mlp/src/config.rs"]
 mod config;
@@ -15,7 +16,7 @@ use bindings::exports::orch::plugin::training::{EvalReport, Guest, RunInfo, Step
 mod bindings {
     wit_bindgen::generate!({
         path: "../../../crates/orch-wit/compat/0.3.0",
-        world: "trainer",
+        world: "predicting-trainer",
     });
 }
 
@@ -32,6 +33,14 @@ impl Guest for Mlp {
 
     fn eval_step(step: StepInfo) -> Result<EvalReport, String> {
         model::eval_step(step)
+    }
+}
+
+impl bindings::exports::orch::plugin::inference::Guest for Mlp {
+    fn predict(
+        features: bindings::orch::plugin::tensors::Tensor,
+    ) -> Result<bindings::orch::plugin::tensors::Tensor, String> {
+        model::predict(features)
     }
 }
 
