@@ -15,7 +15,6 @@
 //! of one check. No dependencies: the guest kit (`plugins/kit`) compiles this same source.
 
 use std::cmp::Ordering;
-use std::fmt::Write;
 
 /// The PCIe path between two GPUs, closest first, as `nvidia-smi topo -m` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -268,31 +267,101 @@ fn sets(n: u64, k: u64) -> u64 {
     total
 }
 
-/// Every `count`-subset of `0..ranked.len()` in lexicographic order; the first with the best
-/// score and the lowest rank sum wins, which among those is the one holding the policy's
-/// better-ranked devices.
+/// Every `count`-subset of `0..ranked.len()` in lexicographic order, depth first with each
+/// set's score built up member by member, skipping every set on more NUMA nodes than the fewest
+/// possible; the first with the best score and the lowest rank sum wins, which among those is
+/// the one holding the policy's better-ranked devices.
 fn exact(shape: &Shape, ranked: &[usize], count: usize) -> Vec<usize> {
-    let m = ranked.len();
-    let mut ranks: Vec<usize> = (0..count).collect();
-    let mut set: Vec<usize> = ranks.iter().map(|&r| ranked[r]).collect();
-    let mut best = ranks.clone();
-    let mut best_score = (shape.score(&set), ranks.iter().sum::<usize>());
-    loop {
-        // The next subset: bump the last position that can move, reset the ones after it.
-        let Some(i) = (0..count).rev().find(|&i| ranks[i] < m - count + i) else {
-            return best;
-        };
-        ranks[i] += 1;
-        for j in i + 1..count {
-            ranks[j] = ranks[j - 1] + 1;
+    let mut search = Search {
+        shape,
+        ranked,
+        count,
+        most_nodes: fewest_nodes(shape, ranked, count),
+        ranks: Vec::with_capacity(count),
+        best: None,
+    };
+    let empty = Score {
+        numa_nodes: 0,
+        nvlinks: 0,
+        worst: 0,
+        distance: 0,
+    };
+    search.extend(0, empty, 0);
+    search.best.map(|(_, ranks)| ranks).unwrap_or_default()
+}
+
+/// The fewest NUMA nodes `count` of `ranked` can span: the fullest nodes first (a device of
+/// unknown node is a node of its own).
+fn fewest_nodes(shape: &Shape, ranked: &[usize], count: usize) -> u32 {
+    let mut nodes: Vec<Option<u32>> = ranked.iter().map(|&p| shape.numa(p)).collect();
+    nodes.sort_unstable();
+    let mut sizes: Vec<usize> = Vec::with_capacity(nodes.len());
+    for (i, node) in nodes.iter().enumerate() {
+        match node {
+            Some(_) if i > 0 && nodes[i - 1] == *node => {
+                if let Some(last) = sizes.last_mut() {
+                    *last += 1;
+                }
+            }
+            _ => sizes.push(1),
         }
-        for (slot, &r) in set.iter_mut().zip(&ranks) {
-            *slot = ranked[r];
+    }
+    sizes.sort_unstable_by(|a, b| b.cmp(a));
+    let mut taken = 0;
+    for (used, size) in sizes.iter().enumerate() {
+        taken += size;
+        if taken >= count {
+            return used as u32 + 1;
         }
-        let score = (shape.score(&set), ranks.iter().sum::<usize>());
-        if score < best_score {
-            best_score = score;
-            best.copy_from_slice(&ranks);
+    }
+    u32::MAX
+}
+
+/// The depth-first search of [`exact`].
+struct Search<'a> {
+    shape: &'a Shape,
+    ranked: &'a [usize],
+    count: usize,
+    /// No set on more nodes than this can be best.
+    most_nodes: u32,
+    /// The ranks chosen so far.
+    ranks: Vec<usize>,
+    best: Option<((Score, usize), Vec<usize>)>,
+}
+
+impl Search<'_> {
+    /// Adds each rank from `from` on to the set so far (scoring `score`, rank sum `sum`).
+    fn extend(&mut self, from: usize, score: Score, sum: usize) {
+        let depth = self.ranks.len();
+        let last = self.ranked.len() - (self.count - depth);
+        for r in from..=last {
+            let a = self.ranked[r];
+            let mut next = score;
+            let node = self.shape.numa(a);
+            let shared = node.is_some()
+                && self
+                    .ranks
+                    .iter()
+                    .any(|&q| self.shape.numa(self.ranked[q]) == node);
+            if !shared {
+                next.numa_nodes += 1;
+                if next.numa_nodes > self.most_nodes {
+                    continue;
+                }
+            }
+            for &q in &self.ranks {
+                next.add_pair(self.shape.link(a, self.ranked[q]));
+            }
+            self.ranks.push(r);
+            if depth + 1 == self.count {
+                let key = (next, sum + r);
+                if self.best.as_ref().is_none_or(|(best, _)| key < *best) {
+                    self.best = Some((key, self.ranks.clone()));
+                }
+            } else {
+                self.extend(r + 1, next, sum + r);
+            }
+            self.ranks.pop();
         }
     }
 }
@@ -359,71 +428,71 @@ fn greedy(shape: &Shape, ranked: &[usize], count: usize) -> Vec<usize> {
 /// Why the set was chosen, in words, such as `GPUs 2,3: one NUMA node (1), NV18 (the NUMA node
 /// decided)`. `label` gives the number a person knows each position by.
 pub fn explain(shape: &Shape, choice: &Choice, label: impl Fn(usize) -> u32) -> String {
+    // Integers are written by hand, not with `format!`: in a Wasm guest the formatting
+    // machinery costs more than the rule itself.
     let set = &choice.set;
     let mut numbers: Vec<u32> = set.iter().map(|&p| label(p)).collect();
     numbers.sort_unstable();
-    let mut out = String::with_capacity(96);
+    let mut out = String::with_capacity(112);
     out.push_str("GPUs ");
-    for (i, n) in numbers.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        let _ = write!(out, "{n}");
-    }
+    push_list(&mut out, &numbers);
     out.push(':');
     let mut parts = 0;
     let mut part = |out: &mut String| {
         out.push_str(if parts == 0 { " " } else { ", " });
         parts += 1;
     };
-    let mut nodes: Vec<u32> = set.iter().filter_map(|&p| shape.numa(p)).collect();
-    nodes.sort_unstable();
-    nodes.dedup();
-    let all_placed = set.iter().all(|&p| shape.numa(p).is_some());
-    if all_placed && nodes.len() == 1 {
+    if set.iter().all(|&p| shape.numa(p).is_some()) {
+        // Reuse the labels' buffer for the nodes.
+        numbers.clear();
+        numbers.extend(set.iter().filter_map(|&p| shape.numa(p)));
+        numbers.sort_unstable();
+        numbers.dedup();
         part(&mut out);
-        let _ = write!(out, "one NUMA node ({})", nodes[0]);
-    } else if all_placed {
-        part(&mut out);
-        let _ = write!(out, "no NUMA node fits {} GPUs; NUMA nodes ", set.len());
-        for (i, n) in nodes.iter().enumerate() {
-            let _ = write!(out, "{}{n}", if i > 0 { "," } else { "" });
+        if let [node] = numbers[..] {
+            out.push_str("one NUMA node (");
+            push_u32(&mut out, node);
+            out.push(')');
+        } else {
+            out.push_str("no NUMA node fits ");
+            push_u32(&mut out, set.len() as u32);
+            out.push_str(" GPUs; NUMA nodes ");
+            push_list(&mut out, &numbers);
         }
     }
-    let pairs: Vec<Link> = set
-        .iter()
-        .enumerate()
-        .flat_map(|(i, &a)| set[..i].iter().map(move |&b| shape.link(a, b)))
-        .collect();
-    let least = pairs.iter().map(|l| l.nvlinks).min().unwrap_or(0);
+    let pairs = || {
+        set.iter()
+            .enumerate()
+            .flat_map(|(i, &a)| set[..i].iter().map(move |&b| shape.link(a, b)))
+    };
+    let count = set.len() * set.len().saturating_sub(1) / 2;
+    let least = pairs().map(|l| l.nvlinks).min().unwrap_or(0);
     if least > 0 {
         part(&mut out);
-        let most = pairs.iter().map(|l| l.nvlinks).max().unwrap_or(0);
-        match (pairs.len(), least == most) {
-            (1, _) => {
-                let _ = write!(out, "NV{least}");
-            }
-            (_, true) => {
-                let _ = write!(out, "NV{least} between every pair");
-            }
-            (_, false) => {
-                let _ = write!(out, "NV{least} to NV{most} between every pair");
-            }
+        let most = pairs().map(|l| l.nvlinks).max().unwrap_or(0);
+        out.push_str("NV");
+        push_u32(&mut out, least);
+        if least != most {
+            out.push_str(" to NV");
+            push_u32(&mut out, most);
+        }
+        if count > 1 {
+            out.push_str(" between every pair");
         }
     } else {
         if choice.score.nvlinks > 0 {
             part(&mut out);
-            let _ = write!(out, "{} NVLinks in all", choice.score.nvlinks);
+            push_u32(&mut out, choice.score.nvlinks);
+            out.push_str(" NVLinks in all");
         }
-        let worst = pairs
-            .iter()
+        let worst = pairs()
             .filter(|l| l.nvlinks == 0)
             .filter_map(|l| l.pcie)
             .max();
         if let Some(level) = worst {
             part(&mut out);
             out.push_str(level.as_str());
-            if pairs.len() > 1 {
+            if count > 1 {
                 out.push_str(" at worst");
             }
         }
@@ -438,6 +507,33 @@ pub fn explain(shape: &Shape, choice: &Choice, label: impl Fn(usize) -> u32) -> 
         Decider::Order => " (topology ties; the policy's order decided)",
     });
     out
+}
+
+/// `n` in decimal.
+fn push_u32(out: &mut String, mut n: u32) {
+    let mut digits = [0u8; 10];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[at..] {
+        out.push(char::from(d));
+    }
+}
+
+/// `0,1,2`.
+fn push_list(out: &mut String, numbers: &[u32]) {
+    for (i, &n) in numbers.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        push_u32(out, n);
+    }
 }
 
 #[cfg(test)]
