@@ -279,6 +279,7 @@ fn exact(shape: &Shape, ranked: &[usize], count: usize) -> Vec<usize> {
         most_nodes: fewest_nodes(shape, ranked, count),
         ranks: Vec::with_capacity(count),
         best: None,
+        best_ranks: Vec::with_capacity(count),
     };
     let empty = Score {
         numa_nodes: 0,
@@ -287,7 +288,7 @@ fn exact(shape: &Shape, ranked: &[usize], count: usize) -> Vec<usize> {
         distance: 0,
     };
     search.extend(0, empty, 0);
-    search.best.map(|(_, ranks)| ranks).unwrap_or_default()
+    search.best_ranks
 }
 
 /// The fewest NUMA nodes `count` of `ranked` can span: the fullest nodes first (a device of
@@ -326,7 +327,9 @@ struct Search<'a> {
     most_nodes: u32,
     /// The ranks chosen so far.
     ranks: Vec<usize>,
-    best: Option<((Score, usize), Vec<usize>)>,
+    /// The best set's score and rank sum, and its ranks (copied, never reallocated).
+    best: Option<(Score, usize)>,
+    best_ranks: Vec<usize>,
 }
 
 impl Search<'_> {
@@ -355,8 +358,10 @@ impl Search<'_> {
             self.ranks.push(r);
             if depth + 1 == self.count {
                 let key = (next, sum + r);
-                if self.best.as_ref().is_none_or(|(best, _)| key < *best) {
-                    self.best = Some((key, self.ranks.clone()));
+                if self.best.is_none_or(|best| key < best) {
+                    self.best = Some(key);
+                    self.best_ranks.clear();
+                    self.best_ranks.extend_from_slice(&self.ranks);
                 }
             } else {
                 self.extend(r + 1, next, sum + r);
