@@ -34,9 +34,12 @@ fn main() {
     }
     println!("cargo:rerun-if-changed={}", root.join("wit").display());
     // The built-in queue policies are wrappers around orch-queue: its source is theirs.
-    for watched in ["Cargo.toml", "src"] {
-        let path = root.join("crates/orch-queue").join(watched);
-        println!("cargo:rerun-if-changed={}", path.display());
+    // So are orch-topology's (the set rule) for the built-in placement policies.
+    for krate in ["orch-queue", "orch-topology"] {
+        for watched in ["Cargo.toml", "src"] {
+            let path = root.join("crates").join(krate).join(watched);
+            println!("cargo:rerun-if-changed={}", path.display());
+        }
     }
 
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("set by cargo"));

@@ -27,6 +27,7 @@ mod slurm;
 mod submit;
 mod tenants;
 mod tls;
+mod topology_place;
 mod train;
 mod trust_daemon;
 mod trust_output;

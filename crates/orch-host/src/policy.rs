@@ -7,10 +7,10 @@ use crate::error::{PluginKind, PolicyError};
 use crate::limits::Limits;
 use crate::runtime::{Host, World};
 use crate::sandbox::PluginState;
-use crate::types::{Decision, Device, Lease, Refusal, Request};
+use crate::types::{Decision, Device, Lease, Refusal, Request, Topology};
 use crate::validate::{check_decision, clean_text};
 pub use orch_core::PluginRef;
-use orch_wit::{Policy, PolicyPre, Version, v0_1, v0_2};
+use orch_wit::{Policy, PolicyPre, Version, v0_1, v0_2, v0_3};
 use std::path::PathBuf;
 use wasmtime::component::{Component, InstancePre, Linker};
 use wasmtime::{Engine, Store};
@@ -38,24 +38,28 @@ pub(crate) struct PolicyWorld;
 pub(crate) enum AnyPolicyPre {
     V0_1(v0_1::policy::PolicyPre<PluginState>),
     V0_2(v0_2::policy::PolicyPre<PluginState>),
-    V0_3(PolicyPre<PluginState>),
+    V0_3(v0_3::policy::PolicyPre<PluginState>),
+    V0_4(PolicyPre<PluginState>),
 }
 
 /// A policy instance's exports, by version.
 pub(crate) enum AnyPolicy {
     V0_1(v0_1::policy::Policy),
     V0_2(v0_2::policy::Policy),
-    V0_3(Policy),
+    V0_3(v0_3::policy::Policy),
+    V0_4(Policy),
 }
 
 impl AnyPolicy {
-    /// `placement.select-devices` (0.2.0, 0.3.0) or `select` (0.1.0): the same call.
+    /// `placement.select-devices` (0.2.0 and later) or `select` (0.1.0): the same call, with
+    /// the topology for plugins of 0.4.0 and later.
     fn select(
         &self,
         store: &mut Store<PluginState>,
         request: &Request,
         candidates: &[Device],
         leases: &[Lease],
+        topology: &Topology,
     ) -> wasmtime::Result<Result<Decision, Refusal>> {
         match self {
             AnyPolicy::V0_1(policy) => policy.call_select(store, request, candidates, leases),
@@ -65,6 +69,9 @@ impl AnyPolicy {
             AnyPolicy::V0_3(policy) => policy
                 .orch_plugin_placement()
                 .call_select_devices(store, request, candidates, leases),
+            AnyPolicy::V0_4(policy) => policy
+                .orch_plugin_placement()
+                .call_select_devices(store, request, candidates, leases, topology),
         }
     }
 }
@@ -80,7 +87,8 @@ impl World for PolicyWorld {
         Ok(match version {
             Version::V0_1 => AnyPolicyPre::V0_1(v0_1::policy::PolicyPre::new(pre)?),
             Version::V0_2 => AnyPolicyPre::V0_2(v0_2::policy::PolicyPre::new(pre)?),
-            Version::V0_3 => AnyPolicyPre::V0_3(PolicyPre::new(pre)?),
+            Version::V0_3 => AnyPolicyPre::V0_3(v0_3::policy::PolicyPre::new(pre)?),
+            Version::V0_4 => AnyPolicyPre::V0_4(PolicyPre::new(pre)?),
         })
     }
 
@@ -92,6 +100,7 @@ impl World for PolicyWorld {
             AnyPolicyPre::V0_1(pre) => AnyPolicy::V0_1(pre.instantiate(store)?),
             AnyPolicyPre::V0_2(pre) => AnyPolicy::V0_2(pre.instantiate(store)?),
             AnyPolicyPre::V0_3(pre) => AnyPolicy::V0_3(pre.instantiate(store)?),
+            AnyPolicyPre::V0_4(pre) => AnyPolicy::V0_4(pre.instantiate(store)?),
         })
     }
 }
@@ -201,8 +210,9 @@ impl PolicyHost {
     }
 
     /// Asks plugin `id` to choose among `candidates` (with the `leases` on them) for
-    /// `request`, within the limits, and checks the answer. A plugin that traps, overruns or
-    /// answers wrongly loses its instance.
+    /// `request`, within the limits, and checks the answer; the candidates' topology is
+    /// unknown ([`PolicyHost::decide_on`] gives it). A plugin that traps, overruns or answers
+    /// wrongly loses its instance.
     pub fn decide(
         &mut self,
         id: PluginId,
@@ -210,8 +220,25 @@ impl PolicyHost {
         candidates: &[Device],
         leases: &[Lease],
     ) -> Result<Decision, PolicyError> {
+        let unknown = Topology {
+            numa_nodes: Vec::new(),
+            links: Vec::new(),
+        };
+        self.decide_on(id, request, candidates, leases, &unknown)
+    }
+
+    /// [`PolicyHost::decide`] with the candidates' `topology` (NUMA nodes in candidate order,
+    /// links by logical index), which plugins of contract 0.4.0 and later see.
+    pub fn decide_on(
+        &mut self,
+        id: PluginId,
+        request: &Request,
+        candidates: &[Device],
+        leases: &[Lease],
+        topology: &Topology,
+    ) -> Result<Decision, PolicyError> {
         let (answer, warm) = self.host.call(id.0, |policy, store| {
-            policy.select(store, request, candidates, leases)
+            policy.select(store, request, candidates, leases, topology)
         })?;
         let plugin = || self.host.name(id.0).to_string();
         let result = match answer {

@@ -16,7 +16,7 @@ use crate::validate::clean_text;
 use orch_core::PluginRef;
 use orch_queue::{Job, Machine, Ranked, Tenant, check_order, clean_reason_owned};
 use orch_wit::queue_types as wit;
-use orch_wit::{Queue, QueuePre, Version, v0_1, v0_2};
+use orch_wit::{Queue, QueuePre, Version, v0_1, v0_2, v0_3};
 use std::path::PathBuf;
 use wasmtime::Store;
 use wasmtime::component::InstancePre;
@@ -44,18 +44,20 @@ pub(crate) struct QueueWorld;
 pub(crate) enum AnyQueuePre {
     V0_1(v0_1::queue::QueuePre<PluginState>),
     V0_2(v0_2::queue::QueuePre<PluginState>),
-    V0_3(QueuePre<PluginState>),
+    V0_3(v0_3::queue::QueuePre<PluginState>),
+    V0_4(QueuePre<PluginState>),
 }
 
 /// A queue policy instance's exports, by version.
 pub(crate) enum AnyQueue {
     V0_1(v0_1::queue::Queue),
     V0_2(v0_2::queue::Queue),
-    V0_3(Queue),
+    V0_3(v0_3::queue::Queue),
+    V0_4(Queue),
 }
 
 impl AnyQueue {
-    /// `queue-order.order-jobs` (0.2.0, 0.3.0) or `order` (0.1.0): the same call.
+    /// `queue-order.order-jobs` (0.2.0 and later) or `order` (0.1.0): the same call.
     fn order(
         &self,
         store: &mut Store<PluginState>,
@@ -69,6 +71,9 @@ impl AnyQueue {
                 .orch_plugin_queue_order()
                 .call_order_jobs(store, jobs, tenants, machine),
             AnyQueue::V0_3(queue) => queue
+                .orch_plugin_queue_order()
+                .call_order_jobs(store, jobs, tenants, machine),
+            AnyQueue::V0_4(queue) => queue
                 .orch_plugin_queue_order()
                 .call_order_jobs(store, jobs, tenants, machine),
         }
@@ -86,7 +91,8 @@ impl World for QueueWorld {
         Ok(match version {
             Version::V0_1 => AnyQueuePre::V0_1(v0_1::queue::QueuePre::new(pre)?),
             Version::V0_2 => AnyQueuePre::V0_2(v0_2::queue::QueuePre::new(pre)?),
-            Version::V0_3 => AnyQueuePre::V0_3(QueuePre::new(pre)?),
+            Version::V0_3 => AnyQueuePre::V0_3(v0_3::queue::QueuePre::new(pre)?),
+            Version::V0_4 => AnyQueuePre::V0_4(QueuePre::new(pre)?),
         })
     }
 
@@ -98,6 +104,7 @@ impl World for QueueWorld {
             AnyQueuePre::V0_1(pre) => AnyQueue::V0_1(pre.instantiate(store)?),
             AnyQueuePre::V0_2(pre) => AnyQueue::V0_2(pre.instantiate(store)?),
             AnyQueuePre::V0_3(pre) => AnyQueue::V0_3(pre.instantiate(store)?),
+            AnyQueuePre::V0_4(pre) => AnyQueue::V0_4(pre.instantiate(store)?),
         })
     }
 }

@@ -10,7 +10,7 @@ use orch_core::MachineLimits;
 use orch_core::limits::PluginKind as LimitKind;
 use orch_core::{DeviceLease, InputError, JobSpec};
 use orch_devices::{Device, Visibility};
-use orch_host::types::{Device as WitDevice, Lease, Request};
+use orch_host::types::{Device as WitDevice, Lease, Link, PcieLevel, Request, Topology};
 use orch_host::{PolicyError, PolicyHost, misfit};
 
 /// What a plan is made from.
@@ -134,7 +134,8 @@ pub fn plan(
         .filter(|l| offered.iter().any(|d| d.index == l.device))
         .cloned()
         .collect();
-    let decision = host.decide(policy, &request, &offered, &offered_leases)?;
+    let topology = topology(&offered, &visible);
+    let decision = host.decide_on(policy, &request, &offered, &offered_leases, &topology)?;
     let name = host.name(policy).to_string();
     let chosen = decision
         .devices
@@ -359,6 +360,53 @@ fn wit_device(index: u32, device: &Device, mig: Option<&str>, leases: &[DeviceLe
         compute_capability: device.compute_capability_pair(),
         process_count: device.processes.as_ref().map(|p| p.len() as u32),
     }
+}
+
+/// Where the `offered` candidates sit: each one's NUMA node (in candidate order; an empty list
+/// when no node is known) and the link between every pair the inventory knows, by logical
+/// index. A MIG instance sits where its GPU does; two instances of one GPU have no link.
+fn topology(offered: &[WitDevice], visible: &[(u32, &Device, Option<String>)]) -> Topology {
+    let placed: Vec<Option<&Device>> = offered
+        .iter()
+        .map(|w| {
+            visible
+                .iter()
+                .find(|(index, _, _)| *index == w.index)
+                .map(|(_, device, _)| *device)
+        })
+        .collect();
+    let mut numa_nodes: Vec<Option<u32>> =
+        placed.iter().map(|d| d.and_then(|d| d.numa_node)).collect();
+    if numa_nodes.iter().all(Option::is_none) {
+        numa_nodes.clear();
+    }
+    let mut links = Vec::new();
+    for (i, (a, device_a)) in offered.iter().zip(&placed).enumerate() {
+        for (b, device_b) in offered.iter().zip(&placed).skip(i + 1) {
+            let (Some(device_a), Some(device_b)) = (device_a, device_b) else {
+                continue;
+            };
+            let Some(link) = device_a.link_to(device_b.index) else {
+                continue;
+            };
+            if device_a.index == device_b.index {
+                continue;
+            }
+            links.push(Link {
+                a: a.index.min(b.index),
+                b: a.index.max(b.index),
+                nvlinks: link.nvlinks,
+                pcie: link.pcie.map(|level| match level {
+                    orch_devices::PcieLevel::Pix => PcieLevel::Pix,
+                    orch_devices::PcieLevel::Pxb => PcieLevel::Pxb,
+                    orch_devices::PcieLevel::Phb => PcieLevel::Phb,
+                    orch_devices::PcieLevel::Node => PcieLevel::Node,
+                    orch_devices::PcieLevel::Sys => PcieLevel::Sys,
+                }),
+            });
+        }
+    }
+    Topology { numa_nodes, links }
 }
 
 /// The leases on the device `uuid`, numbered by its logical `index`.

@@ -29,7 +29,10 @@ use orch_wit::Version;
 use orch_wit::predicting::exports::orch::plugin::inference::{Guest, GuestIndices};
 use orch_wit::trainer::Trainer;
 use orch_wit::trainer::exports::orch::plugin::training::StepInfo;
+use orch_wit::trainer::orch::plugin::tensors::Tensor as WitTensor;
+use orch_wit::v0_3::predicting::exports::orch::plugin::inference as v0_3_inference;
 use std::sync::Arc;
+use wasmtime::component::Resource;
 use wasmtime::{Engine, Store};
 
 /// Most values [`Model::predict`] copies out of the trainer's output (1 GiB of `f32`): a guest
@@ -76,11 +79,30 @@ pub struct Sample {
     pub next_logits: Vec<f32>,
 }
 
+/// A trainer's `inference` export, by the version of the contract (the same function).
+enum Inference {
+    V0_3(v0_3_inference::Guest),
+    V0_4(Guest),
+}
+
+impl Inference {
+    fn call_predict(
+        &self,
+        store: &mut Store<ReplicaState>,
+        features: Resource<WitTensor>,
+    ) -> wasmtime::Result<Result<Resource<WitTensor>, String>> {
+        match self {
+            Inference::V0_3(guest) => guest.call_predict(store, features),
+            Inference::V0_4(guest) => guest.call_predict(store, features),
+        }
+    }
+}
+
 /// The job's trainer with its checkpoint loaded, ready to evaluate, predict and sample.
 pub struct Model {
     store: Store<ReplicaState>,
     trainer: AnyTrainer,
-    inference: Option<Guest>,
+    inference: Option<Inference>,
     plugin: String,
     version: Version,
     limits: Limits,
@@ -187,14 +209,31 @@ impl Model {
         store.data_mut().phase = Phase::Init;
         let version = pre.version();
         let (trainer, inference) = match pre {
-            AnyTrainerPre::V0_3(pre) => {
+            AnyTrainerPre::V0_4(pre) => {
                 let instance = pre
                     .instance_pre()
                     .instantiate(&mut store)
                     .map_err(engine_error)?;
                 let trainer = Trainer::new(&mut store, &instance).map_err(engine_error)?;
                 let inference = match GuestIndices::new(pre.instance_pre()) {
-                    Ok(indices) => Some(indices.load(&mut store, &instance).map_err(engine_error)?),
+                    Ok(indices) => Some(Inference::V0_4(
+                        indices.load(&mut store, &instance).map_err(engine_error)?,
+                    )),
+                    Err(_) => None,
+                };
+                (AnyTrainer::V0_4(trainer), inference)
+            }
+            AnyTrainerPre::V0_3(pre) => {
+                let instance = pre
+                    .instance_pre()
+                    .instantiate(&mut store)
+                    .map_err(engine_error)?;
+                let trainer = orch_wit::v0_3::trainer::Trainer::new(&mut store, &instance)
+                    .map_err(engine_error)?;
+                let inference = match v0_3_inference::GuestIndices::new(pre.instance_pre()) {
+                    Ok(indices) => Some(Inference::V0_3(
+                        indices.load(&mut store, &instance).map_err(engine_error)?,
+                    )),
                     Err(_) => None,
                 };
                 (AnyTrainer::V0_3(trainer), inference)

@@ -1,8 +1,8 @@
-//! The trainer world, in the three versions of the contract orch loads: 0.3.0 (`wit/`), 0.2.0
-//! (the same `training` export, fewer imports) and 0.1.0 (bare `init`, `train-step`,
-//! `eval-step`). Every version's imports are subsets of 0.3.0's with the same types, so an older
-//! trainer gets the very same host functions, linked under its version's names; it simply
-//! does not import what 0.3.0 added.
+//! The trainer world, in the four versions of the contract orch loads: 0.4.0 (`wit/`), 0.3.0
+//! (the same world under the older version), 0.2.0 (the same `training` export, fewer imports)
+//! and 0.1.0 (bare `init`, `train-step`, `eval-step`). Every version's imports are subsets of
+//! 0.4.0's with the same types, so an older trainer gets the very same host functions, linked
+//! under its version's names; it simply does not import what 0.3.0 added.
 
 use crate::host::ReplicaState;
 use orch_host::{Identity, WorldKind};
@@ -11,11 +11,12 @@ use orch_wit::trainer::exports::orch::plugin::training::{
 };
 use orch_wit::trainer::orch::plugin as imports;
 use orch_wit::trainer::{Trainer, TrainerPre};
-use orch_wit::{Version, v0_1, v0_2};
+use orch_wit::{Version, v0_1, v0_2, v0_3};
 use wasmtime::Store;
 use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
 
 use v0_2::trainer::exports::orch::plugin::training as v0_2_training;
+use v0_3::trainer::exports::orch::plugin::training as v0_3_training;
 
 /// `run-info` of another version: the same fields.
 macro_rules! same_record {
@@ -53,14 +54,16 @@ macro_rules! same_step {
 pub(crate) enum AnyTrainerPre {
     V0_1(v0_1::trainer::TrainerPre<ReplicaState>),
     V0_2(v0_2::trainer::TrainerPre<ReplicaState>),
-    V0_3(TrainerPre<ReplicaState>),
+    V0_3(v0_3::trainer::TrainerPre<ReplicaState>),
+    V0_4(TrainerPre<ReplicaState>),
 }
 
 /// A trainer instance's exports, by version.
 pub(crate) enum AnyTrainer {
     V0_1(v0_1::trainer::Trainer),
     V0_2(v0_2::trainer::Trainer),
-    V0_3(Trainer),
+    V0_3(v0_3::trainer::Trainer),
+    V0_4(Trainer),
 }
 
 /// What a component is as a trainer: the version it implements, or why it is none.
@@ -90,7 +93,7 @@ pub(crate) fn add_imports(linker: &mut Linker<ReplicaState>) -> wasmtime::Result
             )?;
         )*};
     }
-    for version in [Version::V0_1, Version::V0_2] {
+    for version in [Version::V0_1, Version::V0_2, Version::V0_3] {
         link_as!(version; tensors, autograd, params, optim, data, devices, metrics);
     }
     Ok(())
@@ -103,6 +106,7 @@ impl AnyTrainerPre {
             AnyTrainerPre::V0_1(_) => Version::V0_1,
             AnyTrainerPre::V0_2(_) => Version::V0_2,
             AnyTrainerPre::V0_3(_) => Version::V0_3,
+            AnyTrainerPre::V0_4(_) => Version::V0_4,
         }
     }
 
@@ -113,7 +117,8 @@ impl AnyTrainerPre {
         Ok(match version {
             Version::V0_1 => AnyTrainerPre::V0_1(v0_1::trainer::TrainerPre::new(pre)?),
             Version::V0_2 => AnyTrainerPre::V0_2(v0_2::trainer::TrainerPre::new(pre)?),
-            Version::V0_3 => AnyTrainerPre::V0_3(TrainerPre::new(pre)?),
+            Version::V0_3 => AnyTrainerPre::V0_3(v0_3::trainer::TrainerPre::new(pre)?),
+            Version::V0_4 => AnyTrainerPre::V0_4(TrainerPre::new(pre)?),
         })
     }
 
@@ -125,6 +130,7 @@ impl AnyTrainerPre {
             AnyTrainerPre::V0_1(pre) => AnyTrainer::V0_1(pre.instantiate(store)?),
             AnyTrainerPre::V0_2(pre) => AnyTrainer::V0_2(pre.instantiate(store)?),
             AnyTrainerPre::V0_3(pre) => AnyTrainer::V0_3(pre.instantiate(store)?),
+            AnyTrainerPre::V0_4(pre) => AnyTrainer::V0_4(pre.instantiate(store)?),
         })
     }
 }
@@ -138,9 +144,29 @@ impl AnyTrainer {
         info: RunInfo,
     ) -> wasmtime::Result<Result<(), String>> {
         match self {
-            AnyTrainer::V0_3(t) => t
+            AnyTrainer::V0_4(t) => t
                 .orch_plugin_training()
                 .call_init_replica(store, config, &info),
+            AnyTrainer::V0_3(t) => {
+                // 0.3.0's `run-info` is 0.4.0's, field for field.
+                let info = v0_3_training::RunInfo {
+                    replica: info.replica,
+                    replicas: info.replicas,
+                    epochs: info.epochs,
+                    batch_size: info.batch_size,
+                    steps_per_epoch: info.steps_per_epoch,
+                    features: info.features,
+                    classes: info.classes,
+                    train_samples: info.train_samples,
+                    eval_samples: info.eval_samples,
+                    seed: info.seed,
+                    sample_shape: info.sample_shape,
+                    label_shape: info.label_shape,
+                    total_steps: info.total_steps,
+                };
+                t.orch_plugin_training()
+                    .call_init_replica(store, config, &info)
+            }
             AnyTrainer::V0_2(t) => t.orch_plugin_training().call_init_replica(
                 store,
                 config,
@@ -158,7 +184,11 @@ impl AnyTrainer {
         info: StepInfo,
     ) -> wasmtime::Result<Result<StepReport, String>> {
         match self {
-            AnyTrainer::V0_3(t) => t.orch_plugin_training().call_train_step(store, info),
+            AnyTrainer::V0_4(t) => t.orch_plugin_training().call_train_step(store, info),
+            AnyTrainer::V0_3(t) => Ok(t
+                .orch_plugin_training()
+                .call_train_step(store, same_step!(info => v0_3_training::StepInfo))?
+                .map(|r| StepReport { loss: r.loss })),
             AnyTrainer::V0_2(t) => Ok(t
                 .orch_plugin_training()
                 .call_train_step(store, same_step!(info => v0_2_training::StepInfo))?
@@ -180,7 +210,11 @@ impl AnyTrainer {
             rows,
         };
         match self {
-            AnyTrainer::V0_3(t) => t.orch_plugin_training().call_eval_step(store, info),
+            AnyTrainer::V0_4(t) => t.orch_plugin_training().call_eval_step(store, info),
+            AnyTrainer::V0_3(t) => Ok(t
+                .orch_plugin_training()
+                .call_eval_step(store, same_step!(info => v0_3_training::StepInfo))?
+                .map(|r| report(r.loss, r.correct, r.rows))),
             AnyTrainer::V0_2(t) => Ok(t
                 .orch_plugin_training()
                 .call_eval_step(store, same_step!(info => v0_2_training::StepInfo))?

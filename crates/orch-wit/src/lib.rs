@@ -1,6 +1,6 @@
-//! The plugin contract, `orch:plugin@0.3.0` in `wit/`, bound for the host, and the contracts
-//! it replaced, `orch:plugin@0.2.0` and `@0.1.0` (kept in `compat/`), so plugins built for them
-//! keep loading.
+//! The plugin contract, `orch:plugin@0.4.0` in `wit/`, bound for the host, and the contracts
+//! it replaced, `orch:plugin@0.3.0`, `@0.2.0` and `@0.1.0` (kept in `compat/`), so plugins built
+//! for them keep loading.
 //!
 //! Design decision: this is the only crate that runs `wasmtime::component::bindgen!`; every
 //! other crate uses the types it generates, so the contract has one Rust face (as Spin's
@@ -19,6 +19,12 @@
 //! export (world `predicting-trainer`), and nothing in the policy and queue worlds but the
 //! version. So a 0.2.0 component is bound with [`v0_2`], whose imports are the 0.3.0 host
 //! functions linked under the 0.2.0 names (a 0.2.0 component imports a subset of them).
+//!
+//! 0.4.0 only added to the policy world: `select-devices` takes a fourth argument, the
+//! candidates' `topology` (NUMA nodes, links), whose types are new in `types`; every type 0.3.0
+//! had is unchanged, and the queue and trainer worlds differ only in the version. So the 0.3.0
+//! bindings ([`v0_3`]) reuse the 0.4.0 types and host functions, and a 0.3.0 policy is asked
+//! without the topology.
 
 /// The `policy` world: selection policies export `placement.select-devices`.
 pub mod policy {
@@ -69,6 +75,65 @@ pub mod predicting {
             "orch:plugin/metrics": crate::trainer::orch::plugin::metrics,
         },
     });
+}
+
+/// The worlds of `orch:plugin@0.3.0`, over the 0.4.0 types and interfaces (the same ones).
+pub mod v0_3 {
+    /// `placement.select-devices`, without the topology.
+    pub mod policy {
+        wasmtime::component::bindgen!({
+            path: "compat/0.3.0",
+            world: "policy",
+            with: { "orch:plugin/types": crate::types },
+        });
+    }
+
+    /// `queue-order.order-jobs`.
+    pub mod queue {
+        wasmtime::component::bindgen!({
+            path: "compat/0.3.0",
+            world: "queue",
+            with: { "orch:plugin/queue-types": crate::queue_types },
+        });
+    }
+
+    /// `training`: the imports are the 0.4.0 interfaces'; link them under the 0.3.0 names.
+    pub mod trainer {
+        wasmtime::component::bindgen!({
+            path: "compat/0.3.0",
+            world: "trainer",
+            imports: { default: trappable },
+            with: {
+                "orch:plugin/types": crate::types,
+                "orch:plugin/tensors": crate::trainer::orch::plugin::tensors,
+                "orch:plugin/autograd": crate::trainer::orch::plugin::autograd,
+                "orch:plugin/params": crate::trainer::orch::plugin::params,
+                "orch:plugin/optim": crate::trainer::orch::plugin::optim,
+                "orch:plugin/data": crate::trainer::orch::plugin::data,
+                "orch:plugin/devices": crate::trainer::orch::plugin::devices,
+                "orch:plugin/metrics": crate::trainer::orch::plugin::metrics,
+            },
+        });
+    }
+
+    /// `predicting-trainer` of 0.3.0: only the `inference` export is bound here.
+    pub mod predicting {
+        wasmtime::component::bindgen!({
+            path: "compat/0.3.0",
+            world: "predicting-trainer",
+            imports: { default: trappable },
+            with: {
+                "orch:plugin/types": crate::types,
+                "orch:plugin/tensors": crate::trainer::orch::plugin::tensors,
+                "orch:plugin/autograd": crate::trainer::orch::plugin::autograd,
+                "orch:plugin/params": crate::trainer::orch::plugin::params,
+                "orch:plugin/optim": crate::trainer::orch::plugin::optim,
+                "orch:plugin/data": crate::trainer::orch::plugin::data,
+                "orch:plugin/devices": crate::trainer::orch::plugin::devices,
+                "orch:plugin/metrics": crate::trainer::orch::plugin::metrics,
+            },
+        });
+    }
 }
 
 /// The worlds of `orch:plugin@0.2.0`, over the 0.3.0 types (the same ones).
@@ -168,20 +233,24 @@ pub enum Version {
     /// `orch:plugin@0.2.0`: every export in a named interface. Still loaded.
     V0_2,
     /// `orch:plugin@0.3.0`: 0.2.0 and the ops CNNs and transformers need, parameter groups,
-    /// clipping, buffers, `predict`. What `wit/` holds.
+    /// clipping, buffers, `predict`. Still loaded.
     V0_3,
+    /// `orch:plugin@0.4.0`: 0.3.0 and the candidates' topology (NUMA nodes, links) for a
+    /// policy. What `wit/` holds.
+    V0_4,
 }
 
 impl Version {
     /// The contract of `wit/`.
-    pub const CURRENT: Version = Version::V0_3;
+    pub const CURRENT: Version = Version::V0_4;
 
-    /// `0.3.0`.
+    /// `0.4.0`.
     pub fn as_str(self) -> &'static str {
         match self {
             Version::V0_1 => "0.1.0",
             Version::V0_2 => "0.2.0",
             Version::V0_3 => "0.3.0",
+            Version::V0_4 => "0.4.0",
         }
     }
 }
@@ -193,10 +262,10 @@ impl std::fmt::Display for Version {
 }
 
 /// The world a policy component implements (the current contract).
-pub const POLICY_WORLD: &str = "orch:plugin/policy@0.3.0";
+pub const POLICY_WORLD: &str = "orch:plugin/policy@0.4.0";
 
 /// The world a queue-policy component implements.
-pub const QUEUE_WORLD: &str = "orch:plugin/queue@0.3.0";
+pub const QUEUE_WORLD: &str = "orch:plugin/queue@0.4.0";
 
 /// The package every orch world belongs to.
-pub const PACKAGE: &str = "orch:plugin@0.3.0";
+pub const PACKAGE: &str = "orch:plugin@0.4.0";

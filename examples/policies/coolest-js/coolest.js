@@ -15,7 +15,8 @@
 const U32_MAX = 2 ** 32 - 1;
 
 export const placement = {
-  selectDevices(request, candidates, leases) {
+  // (`topology`, the fourth argument, is not needed for a thermal choice.)
+  selectDevices(request, candidates, leases, _topology) {
     const fitting = candidates.filter((d) => fits(request, d, leases));
     if (fitting.length < request.count) {
       throw {

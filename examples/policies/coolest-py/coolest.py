@@ -15,6 +15,7 @@ from wit_world.imports.types import (
     Lease,
     Refusal_NoFit,
     Request,
+    Topology,
 )
 
 # What the Rust policy's `unwrap_or(u32::MAX)` and `unwrap_or(f64::MAX)` put in place of a
@@ -25,7 +26,11 @@ F64_MAX = 1.7976931348623157e308
 
 class Placement(exports.Placement):
     def select_devices(
-        self, request: Request, candidates: list[Device], leases: list[Lease]
+        self,
+        request: Request,
+        candidates: list[Device],
+        leases: list[Lease],
+        topology: Topology,
     ) -> Decision:
         fitting = [d for d in candidates if fits(request, d, leases)]
         if len(fitting) < request.count:

@@ -4,7 +4,9 @@
 //!
 //! Design decision: a policy is a ranking. [`choose_ranked`] filters the candidates that fit the
 //! request, sorts them with the policy's comparison (ties keep logical-index order, so a
-//! decision is deterministic) and takes `count`; a shortfall becomes a typed `no-fit` refusal
+//! decision is deterministic) and takes `count`, or, for several devices on a machine whose
+//! topology is known, the set the shared rule of `orch-topology` prefers (one NUMA node, most
+//! NVLinks, closest PCIe path, then this ranking); a shortfall becomes a typed `no-fit` refusal
 //! that names every candidate that did not fit and why. The host checks all of it again. The
 //! fit check allocates nothing and sizes are formatted with integers: in wasm, formatting is
 //! what a decision spends most on after the host's copying of its arguments.
@@ -29,7 +31,9 @@ pub mod bindings {
 
 pub use bindings::export_policy;
 pub use bindings::exports::orch::plugin::placement::Guest;
-pub use bindings::orch::plugin::types::{Decision, Device, Lease, Refusal, Request};
+pub use bindings::orch::plugin::types::{
+    Decision, Device, Lease, Link, PcieLevel, Refusal, Request, Topology,
+};
 pub use wit_bindgen;
 
 mod lists;
@@ -46,15 +50,50 @@ pub struct Input {
     pub request: Request,
     pub candidates: Vec<Device>,
     pub leases: Vec<Lease>,
+    pub topology: Topology,
 }
 
 impl Input {
-    pub fn new(request: Request, candidates: Vec<Device>, leases: Vec<Lease>) -> Input {
+    pub fn new(
+        request: Request,
+        candidates: Vec<Device>,
+        leases: Vec<Lease>,
+        topology: Topology,
+    ) -> Input {
         Input {
             request,
             candidates,
             leases,
+            topology,
         }
+    }
+
+    /// The candidates' shape for the set rule (positions are indices into `candidates`), or
+    /// `None` when the host knows nothing of it.
+    pub fn shape(&self) -> Option<orch_topology::Shape> {
+        let topology = &self.topology;
+        if topology.links.is_empty() && topology.numa_nodes.iter().all(Option::is_none) {
+            return None;
+        }
+        let numa = (0..self.candidates.len())
+            .map(|p| topology.numa_nodes.get(p).copied().flatten())
+            .collect();
+        let mut shape = orch_topology::Shape::new(numa);
+        let position = |index: u32| self.candidates.iter().position(|d| d.index == index);
+        for link in &topology.links {
+            if let (Some(a), Some(b)) = (position(link.a), position(link.b)) {
+                let pcie = link.pcie.map(|level| match level {
+                    PcieLevel::Pix => orch_topology::Pcie::Pix,
+                    PcieLevel::Pxb => orch_topology::Pcie::Pxb,
+                    PcieLevel::Phb => orch_topology::Pcie::Phb,
+                    PcieLevel::Node => orch_topology::Pcie::Node,
+                    PcieLevel::Sys => orch_topology::Pcie::Sys,
+                });
+                let nvlinks = link.nvlinks;
+                shape.set_link(a, b, orch_topology::Link { nvlinks, pcie });
+            }
+        }
+        shape.is_known().then_some(shape)
     }
 
     /// The value of `[policy.config]` key `key`, when given.
@@ -162,25 +201,52 @@ pub fn free(device: &Device) -> u64 {
 }
 
 /// Filters the candidates that fit, ranks them with `order` (best first; ties keep
-/// logical-index order) and takes `request.count`. `rule` says the ranking in words.
+/// logical-index order) and takes `request.count`; for two or more devices on a machine whose
+/// topology is known, takes the set the shared rule prefers instead (`orch_topology::choose`:
+/// one NUMA node where the set fits, most NVLinks, closest PCIe path, then this ranking), and
+/// the reason starts with why. `rule` says the ranking in words.
 pub fn choose_ranked(
     input: &Input,
     rule: &str,
     order: impl Fn(&Device, &Device) -> Ordering,
 ) -> Result<Decision, Refusal> {
-    let mut fitting: Vec<&Device> = input.candidates.iter().filter(|d| input.fits(d)).collect();
+    let candidates = &input.candidates;
+    let mut fitting: Vec<usize> = (0..candidates.len())
+        .filter(|&p| input.fits(&candidates[p]))
+        .collect();
     let count = input.request.count as usize;
     if fitting.len() < count {
         return Err(input.no_fit(fitting.len()));
     }
-    fitting.sort_by(|a, b| order(a, b).then(a.index.cmp(&b.index)));
-    fitting.truncate(count);
-    Ok(decision(rule, &fitting))
+    fitting.sort_by(|&a, &b| {
+        let (a, b) = (&candidates[a], &candidates[b]);
+        order(a, b).then(a.index.cmp(&b.index))
+    });
+    if count >= 2
+        && let Some(shape) = input.shape()
+        && let Some(choice) = orch_topology::choose(&shape, &fitting, count)
+    {
+        let words = orch_topology::explain(&shape, &choice, |p| candidates[p].physical_index);
+        let chosen: Vec<&Device> = choice.set.iter().map(|&p| &candidates[p]).collect();
+        return Ok(decision_why(Some(&words), rule, &chosen));
+    }
+    let chosen: Vec<&Device> = fitting[..count].iter().map(|&p| &candidates[p]).collect();
+    Ok(decision(rule, &chosen))
 }
 
 /// A decision for `chosen` (already ranked), its reason the rule and a summary of each.
 pub fn decision(rule: &str, chosen: &[&Device]) -> Decision {
-    let mut reason = String::with_capacity(rule.len() + 40 * chosen.len() + 2);
+    decision_why(None, rule, chosen)
+}
+
+/// [`decision`], its reason led by `topology` (why this set) when given.
+pub fn decision_why(topology: Option<&str>, rule: &str, chosen: &[&Device]) -> Decision {
+    let lead = topology.map_or(0, |t| t.len() + 2);
+    let mut reason = String::with_capacity(lead + rule.len() + 40 * chosen.len() + 2);
+    if let Some(topology) = topology {
+        reason.push_str(topology);
+        reason.push_str("; ");
+    }
     reason.push_str(rule);
     reason.push(':');
     for (i, d) in chosen.iter().enumerate() {

@@ -1,7 +1,7 @@
 //! What the policy benches share: the candidates (a spread of loads, temperatures and power
 //! draws) and the request (2 devices, at least 10 GiB free, at most 90% busy).
 
-use orch_host::types::{Device, Request};
+use orch_host::types::{Device, Link, PcieLevel, Request, Topology};
 
 pub const GIB: u64 = 1 << 30;
 
@@ -38,5 +38,57 @@ pub fn request() -> Request {
         memory_limit: None,
         config: vec![],
         env: vec![],
+    }
+}
+
+/// An 8-GPU HGX box: GPUs 0-3 on NUMA node 0, 4-7 on node 1, every pair NVLinked (NV18), the
+/// PCIe path `NODE` within a socket and `SYS` across. (The policy bench's; the languages bench
+/// has no use for it.)
+#[allow(dead_code)]
+pub fn hgx8() -> Topology {
+    topology8(|a, b| {
+        let level = if a / 4 == b / 4 {
+            PcieLevel::Node
+        } else {
+            PcieLevel::Sys
+        };
+        (18, level)
+    })
+}
+
+/// An 8-GPU PCIe box without NVLink, two switches per socket: GPUs 0-1, 2-3 (node 0), 4-5, 6-7
+/// (node 1); `PIX` under one switch, `NODE` within a socket, `SYS` across.
+#[allow(dead_code)]
+pub fn pcie8() -> Topology {
+    topology8(|a, b| {
+        let level = if a / 2 == b / 2 {
+            PcieLevel::Pix
+        } else if a / 4 == b / 4 {
+            PcieLevel::Node
+        } else {
+            PcieLevel::Sys
+        };
+        (0, level)
+    })
+}
+
+/// Eight GPUs, 0-3 on NUMA node 0 and 4-7 on node 1, each pair linked as `link` says.
+#[allow(dead_code)]
+fn topology8(link: impl Fn(u32, u32) -> (u32, PcieLevel)) -> Topology {
+    let mut links = Vec::new();
+    for a in 0..8 {
+        for b in a + 1..8 {
+            let (nvlinks, level) = link(a, b);
+            links.push(Link {
+                a,
+                b,
+                nvlinks,
+                pcie: Some(level),
+            });
+        }
+    }
+    Topology {
+        numa_nodes: (0..8).map(|i| Some(i / 4)).collect(),
+        links,
     }
 }

@@ -6,3 +6,4 @@ mod common;
 mod compat;
 mod hostile;
 mod queue;
+mod topology;

@@ -257,3 +257,30 @@ fn predict_gives_the_mlp_logits_from_its_checkpoint() {
         "{err}"
     );
 }
+
+/// A trainer built for contract 0.3.0 that exports `predict` is asked through the 0.3.0
+/// bindings, and gives the very logits of the 0.4.0 built-in trained alike.
+#[test]
+fn predict_asks_a_trainer_built_for_0_3_0() {
+    let logits = |plugin: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let job = super::common::job(
+            dir.path(),
+            &format!(
+                "plugin = \"{plugin}\"\nepochs = 1\nbatch_size = 64\nseed = 3\n[train.config]\nhidden = \"16\"\nlr = 0.1"
+            ),
+        );
+        run(&job, &cpu(), &options()).unwrap();
+        let train_job = TrainJob {
+            name: &job.name,
+            spec: spec(&job),
+            memory_limit: None,
+        };
+        orch_trainer::predict(&train_job, &cpu(), &options(), vec![0.5; 64], &[1, 64])
+            .unwrap()
+            .values
+    };
+    let old =
+        std::path::Path::new(orch_trainer::TRAINER_WASM_DIR).join("compat_trainer_mlp_0_3.wasm");
+    assert_eq!(logits(&old.display().to_string()), logits("mlp"));
+}

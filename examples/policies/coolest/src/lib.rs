@@ -11,7 +11,7 @@ wit_bindgen::generate!({
 });
 
 use exports::orch::plugin::placement::Guest;
-use orch::plugin::types::{Decision, Device, Lease, Refusal, Request};
+use orch::plugin::types::{Decision, Device, Lease, Refusal, Request, Topology};
 
 struct Coolest;
 
@@ -20,6 +20,8 @@ impl Guest for Coolest {
         request: Request,
         candidates: Vec<Device>,
         leases: Vec<Lease>,
+        // A thermal choice needs no topology (see ../numa-pack for one that does).
+        _topology: Topology,
     ) -> Result<Decision, Refusal> {
         let mut fitting: Vec<&Device> = candidates
             .iter()

@@ -13,8 +13,9 @@ impl Guest for FromEnv {
         request: Request,
         candidates: Vec<Device>,
         leases: Vec<Lease>,
+        topology: orch_policy_kit::Topology,
     ) -> Result<Decision, Refusal> {
-        let input = Input::new(request, candidates, leases);
+        let input = Input::new(request, candidates, leases, topology);
         let var = input.config("var").unwrap_or("CLOUD_GPU_ID");
         let Some(list) = input.env(var) else {
             return Err(Refusal::BadConfig(format!(

@@ -12,8 +12,9 @@ impl Guest for Explicit {
         request: Request,
         candidates: Vec<Device>,
         leases: Vec<Lease>,
+        topology: orch_policy_kit::Topology,
     ) -> Result<Decision, Refusal> {
-        let input = Input::new(request, candidates, leases);
+        let input = Input::new(request, candidates, leases, topology);
         let Some(list) = input.config("devices") else {
             return Err(Refusal::BadConfig(
                 "explicit needs [policy.config] devices, such as devices = \"0,2\" or a GPU- uuid"

@@ -12,8 +12,9 @@ impl Guest for LeastLoaded {
         request: Request,
         candidates: Vec<Device>,
         leases: Vec<Lease>,
+        topology: orch_policy_kit::Topology,
     ) -> Result<Decision, Refusal> {
-        let input = Input::new(request, candidates, leases);
+        let input = Input::new(request, candidates, leases, topology);
         choose_ranked(
             &input,
             "least loaded (lowest utilization, then most free memory)",

@@ -13,8 +13,9 @@ impl Guest for Pack {
         request: Request,
         candidates: Vec<Device>,
         leases: Vec<Lease>,
+        topology: orch_policy_kit::Topology,
     ) -> Result<Decision, Refusal> {
-        let input = Input::new(request, candidates, leases);
+        let input = Input::new(request, candidates, leases, topology);
         choose_ranked(&input, "packed (fullest device that fits first)", |a, b| {
             free(a).cmp(&free(b)).then(busy(b).cmp(&busy(a)))
         })

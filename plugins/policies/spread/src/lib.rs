@@ -14,8 +14,9 @@ impl Guest for Spread {
         request: Request,
         candidates: Vec<Device>,
         leases: Vec<Lease>,
+        topology: orch_policy_kit::Topology,
     ) -> Result<Decision, Refusal> {
-        let input = Input::new(request, candidates, leases);
+        let input = Input::new(request, candidates, leases, topology);
         let occupants = |d: &Device| {
             // Jobs on the device: orch's leases plus compute processes (unknown: none).
             input.leases_on(d).count() + d.process_count.unwrap_or(0) as usize
