@@ -10,6 +10,7 @@
 //! daemon (`orch serve` and its per-job supervisors) share one path and the CLI only parses and
 //! prints.
 
+pub mod bind;
 pub mod command;
 mod error;
 pub mod foreign;

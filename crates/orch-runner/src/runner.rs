@@ -141,6 +141,7 @@ pub fn start<'a>(
                     .lease
                     .add_holder(Holder::current().with_cgroup(cgroup_path.clone()));
             }
+            let join = devices.as_ref().and_then(DeviceConstraint::join);
             let spec = launch_spec(
                 job,
                 &command,
@@ -150,9 +151,14 @@ pub fn start<'a>(
                 options,
                 Confinement {
                     cgroup: cgroup_path.clone(),
-                    devices: devices.as_ref().and_then(DeviceConstraint::join),
+                    rule: join
+                        .is_some()
+                        .then(|| crate::command::device_rule(&placement.plan, inventory))
+                        .flatten(),
+                    devices: join,
                 },
-            );
+            )
+            .map_err(RunError::BadInput)?;
             let launched = orch_exec::start(&spec, |pid| {
                 if let Some(holder) = Holder::of_group_leader(pid) {
                     placement

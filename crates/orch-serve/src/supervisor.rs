@@ -179,6 +179,7 @@ fn run(
                 argv,
                 env: Default::default(),
                 launch: orch_core::job::Launch::Single,
+                device_ids: None,
             });
             let extra = vec![
                 ("ORCH_JOB_TEXT".to_string(), sub.job_text.clone()),
@@ -221,6 +222,7 @@ fn run(
         forward_signals: false,
         grace: Duration::from_secs_f64(spec.grace_s),
         cluster: None,
+        device_ids: spec.device_ids,
     };
     let placement = Placement {
         lease,

@@ -191,6 +191,9 @@ pub struct Tenant {
     pub policy: PolicyBudget,
     /// `max_grace`: the longest `[job] grace` of its jobs, instead of the daemon's `max_grace`.
     pub max_grace: Option<Duration>,
+    /// `device_ids`: how its jobs' `CUDA_VISIBLE_DEVICES` names their GPUs when a job does not
+    /// say (`[command] device_ids`); `None`: UUIDs.
+    pub device_ids: Option<orch_core::job::DeviceIds>,
 }
 
 /// The SHA-256 of a bearer token, as the config stores it (`sha256:` and 64 hex digits).
@@ -295,6 +298,7 @@ struct RawTenant {
     policy_cpu: Option<toml::Spanned<String>>,
     policy_window: Option<toml::Spanned<String>>,
     max_grace: Option<toml::Spanned<String>>,
+    device_ids: Option<toml::Spanned<String>>,
 }
 
 /// The queue policy when the config names none.
@@ -344,6 +348,7 @@ impl Config {
                 compile: CompileBudget::default(),
                 policy: PolicyBudget::default(),
                 max_grace: None,
+                device_ids: None,
             }],
         }
     }
@@ -631,6 +636,22 @@ impl Config {
                     }
                 },
                 max_grace: spanned_duration("max_grace", &t.max_grace)?,
+                device_ids: match &t.device_ids {
+                    None => None,
+                    Some(v) => Some(orch_core::job::DeviceIds::parse(v.get_ref()).ok_or_else(
+                        || {
+                            spanned(
+                                v.span(),
+                                format!(
+                                    "tenant \"{}\": device_ids = {:?} is not known",
+                                    t.name,
+                                    v.get_ref()
+                                ),
+                                &format!("give {}", orch_core::job::DeviceIds::VALUES),
+                            )
+                        },
+                    )?),
+                },
             });
         }
         for tenant in &tenants {

@@ -592,6 +592,11 @@ impl Jobs {
                 .as_secs_f64(),
             max_log_bytes: self.shared.config.max_log_size,
             log_reserve_bytes: folders::log_reserve(&self.shared.state_dir),
+            device_ids: self
+                .shared
+                .config
+                .tenant(&job.row.tenant)
+                .and_then(|t| t.device_ids),
         };
         let Err(e) = folders::prepare(dir, &spec) else {
             return Ok(());
