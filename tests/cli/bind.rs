@@ -337,3 +337,88 @@ fn a_daemon_job_is_bound_and_gets_its_tenants_index_default() {
     assert_eq!(allowed(&logs), own, "{logs}");
     let _ = std::fs::remove_dir_all(&d.state);
 }
+
+#[test]
+fn an_alloc_shell_is_bound_and_named_by_index_too() {
+    if !has_cpus_0_and_1("an_alloc_shell_is_bound") {
+        return;
+    }
+    let b = two_nodes("alloc");
+    let state = b.dir.join("state").display().to_string();
+    let out = orch(
+        &[
+            "--devices",
+            &b.sim,
+            "alloc",
+            "--gpus",
+            "2",
+            "--min-free-memory",
+            "40GiB",
+            "--device-ids",
+            "index",
+            "--",
+            "sh",
+            "-c",
+            "echo $CUDA_VISIBLE_DEVICES; grep Cpus_allowed_list /proc/self/status",
+        ],
+        &[
+            ("ORCH_STATE_DIR", &state),
+            ("ORCH_DEVICE_CONSTRAINT", "off"),
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert_eq!(allowed(&text), "1", "{text}");
+    assert_eq!(indices(text.lines().next().unwrap()), ["2", "3"], "{text}");
+}
+
+/// A user's `orch run` through a root daemon: the daemon confines the user's process, so the
+/// indices are the daemon's (job-relative), with the tenant's default `index`.
+#[test]
+fn a_users_orch_run_through_the_daemon_gets_the_daemons_indices() {
+    if !has_cpus_0_and_1("a_users_orch_run") || !crate::serve::root_or_skip("bind held") {
+        return;
+    }
+    let b = two_nodes("held");
+    let user = crate::serve::test_user("orchtestc");
+    let public = b.dir.join("public");
+    crate::serve::world_dir(&public);
+    let mut d = Daemon::prepare("bind-held");
+    let config = d.state.join("serve.toml");
+    std::fs::write(
+        &config,
+        "[[tenant]]\nname = \"c\"\nusers = [\"orchtestc\"]\ndevice_ids = \"index\"\n",
+    )
+    .unwrap();
+    d.config = Some(config);
+    d.devices = Some(b.sim.clone());
+    d.socket = Some(public.join("orch.sock"));
+    d.restart();
+    let out = crate::serve::as_user(
+        user,
+        &d.socket(),
+        &public,
+        &[
+            "run",
+            "--gpus",
+            "2",
+            "--min-free-memory",
+            "40GiB",
+            "--",
+            "sh",
+            "-c",
+            "echo $CUDA_VISIBLE_DEVICES; grep Cpus_allowed_list /proc/self/status",
+        ],
+    );
+    assert!(out.status.success(), "{}\n{}", stderr(&out), d.log());
+    let text = stdout(&out);
+    assert_eq!(allowed(&text), "1", "{text}");
+    let expected = if confines() { ["0", "1"] } else { ["2", "3"] };
+    assert_eq!(
+        indices(text.lines().next().unwrap()),
+        expected,
+        "{text}\n{}",
+        stderr(&out)
+    );
+    let _ = std::fs::remove_dir_all(&d.state);
+}

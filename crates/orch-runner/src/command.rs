@@ -57,6 +57,8 @@ pub(crate) struct Confinement {
     pub(crate) devices: Option<orch_exec::devices::DeviceJoin>,
     /// The device rule the processes are held to (they see only the GPUs it does not deny).
     pub(crate) rule: Option<DeviceRule>,
+    /// The names the daemon that granted the lease gave the devices ([`crate::Placement`]).
+    pub(crate) granted_names: Option<Vec<String>>,
 }
 
 /// The launch of `command` on `plan`; `Err` (bad input) when its `device_ids` cannot name a
@@ -78,10 +80,24 @@ pub(crate) fn launch_spec(
         .device_ids
         .or(options.device_ids)
         .unwrap_or(DeviceIds::Uuid);
-    if ids == DeviceIds::Index && inventory.backend != Backend::Cpu {
-        let names = crate::bind::cuda_ids(ids, plan, inventory, confinement.rule.as_ref())
-            .map_err(|e| format!("{}: {e}", job.path.display()))?;
-        for (device, name) in env.devices.iter_mut().zip(names) {
+    if inventory.backend != Backend::Cpu {
+        let here = match ids {
+            DeviceIds::Index => Some(
+                crate::bind::cuda_ids(ids, plan, inventory, confinement.rule.as_ref())
+                    .map_err(|e| format!("{}: {e}", job.path.display()))?,
+            ),
+            DeviceIds::Uuid => None,
+        };
+        // The daemon that granted the lease confined this process itself, unseen here, and
+        // applied its tenant's default: its names are the ones CUDA will go by.
+        let granted = confinement
+            .granted_names
+            .filter(|names| names.len() == env.devices.len());
+        for (device, name) in env
+            .devices
+            .iter_mut()
+            .zip(granted.or(here).unwrap_or_default())
+        {
             device.cuda_id = name;
         }
     }
@@ -207,6 +223,27 @@ pub fn lease_env(
 ) -> std::collections::BTreeMap<String, String> {
     let env = job_env(job, &Default::default(), lease, plan, inventory);
     orch_exec::process_env(&env, None, 0)
+}
+
+/// [`lease_env`] with the GPUs named as `ids` says, for a holder held to `rule` (the device
+/// rule the daemon put on it, if any): `Err` when `ids` cannot name a granted device (a MIG
+/// slice by index).
+pub fn lease_env_named(
+    job: &JobSpec,
+    lease: &Lease,
+    plan: &Plan,
+    inventory: &Inventory,
+    ids: DeviceIds,
+    rule: Option<&DeviceRule>,
+) -> Result<std::collections::BTreeMap<String, String>, String> {
+    let mut env = job_env(job, &Default::default(), lease, plan, inventory);
+    if inventory.backend != Backend::Cpu {
+        let names = crate::bind::cuda_ids(ids, plan, inventory, rule)?;
+        for (device, name) in env.devices.iter_mut().zip(names) {
+            device.cuda_id = name;
+        }
+    }
+    Ok(orch_exec::process_env(&env, None, 0))
 }
 
 /// On real GPUs with a `memory_limit`, watches the job's processes' memory (NVML's per-process

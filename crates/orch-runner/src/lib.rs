@@ -19,7 +19,9 @@ pub mod plan;
 mod runner;
 mod train;
 
-pub use command::{GRACE, ProcessOptions, check_enforcement, device_rule, lease_env, placed_line};
+pub use command::{
+    GRACE, ProcessOptions, check_enforcement, device_rule, lease_env, lease_env_named, placed_line,
+};
 pub use error::RunError;
 pub use foreign::foreign_processes;
 pub use place::{

@@ -56,6 +56,10 @@ pub fn prepare(
 pub struct Placement {
     pub lease: LeaseGuard,
     pub plan: Plan,
+    /// What `CUDA_VISIBLE_DEVICES` names the devices by, as the daemon that granted the lease
+    /// says (it confined this process to them, so its CUDA indices are the ones that hold);
+    /// `None`: decided here.
+    pub granted_names: Option<Vec<String>>,
 }
 
 /// How a job ended.
@@ -156,6 +160,7 @@ pub fn start<'a>(
                         .then(|| crate::command::device_rule(&placement.plan, inventory))
                         .flatten(),
                     devices: join,
+                    granted_names: placement.granted_names.clone(),
                 },
             )
             .map_err(RunError::BadInput)?;

@@ -227,6 +227,7 @@ fn run(
     let placement = Placement {
         lease,
         plan: spec.plan.clone(),
+        granted_names: None,
     };
     let running = match orch_runner::start(&job, prepared, placement, inventory, &options) {
         Ok(r) => r,

@@ -220,6 +220,7 @@ pub(super) fn place_here(
         Placement {
             lease: LeaseGuard::held_by_parent(lease),
             plan,
+            granted_names: None,
         }
     } else {
         let mut store = open_store()?;
@@ -236,6 +237,7 @@ pub(super) fn place_here(
         Placement {
             lease: LeaseGuard::new(default_state_dir(), lease),
             plan,
+            granted_names: None,
         }
     })
 }
