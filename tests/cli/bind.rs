@@ -422,3 +422,72 @@ fn a_users_orch_run_through_the_daemon_gets_the_daemons_indices() {
     );
     let _ = std::fs::remove_dir_all(&d.state);
 }
+
+/// Whether orch, as root here, can fence CPUs with a cpuset (v1 hierarchy, or v2 with the
+/// controller).
+fn cpusets() -> bool {
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let v2 = orch_core::process::cgroup_v2_dir(std::process::id()).is_some_and(|d| {
+        std::fs::read_to_string(d.join("cgroup.controllers"))
+            .is_ok_and(|c| c.split_whitespace().any(|w| w == "cpuset"))
+    });
+    root && (v2 || orch_core::process::cgroup_v1_dir(std::process::id(), "cpuset").is_some())
+}
+
+#[test]
+fn where_orch_makes_a_cpuset_a_bound_job_cannot_widen_its_cpus() {
+    if !has_cpus_0_and_1("a_bound_job_cannot_widen") {
+        return;
+    }
+    if !cpusets() {
+        eprintln!("a_bound_job_cannot_widen: skipped (not root, or no cpuset controller)");
+        return;
+    }
+    let b = two_nodes("fence");
+    let out = run(
+        &b,
+        &[
+            "--gpus",
+            "2",
+            "--min-free-memory",
+            "40GiB",
+            "--",
+            "sh",
+            "-c",
+            "taskset -pc 0-1 $$ >/dev/null 2>&1; grep Cpus_allowed_list /proc/self/status",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(allowed(&stdout(&out)), "1", "{}", stderr(&out));
+    // Unbound, the same command widens (so the fence above is the cpuset's, not taskset's).
+    let out = run(
+        &b,
+        &[
+            "--gpus",
+            "2",
+            "--min-free-memory",
+            "40GiB",
+            "--cpu-bind",
+            "none",
+            "--",
+            "sh",
+            "-c",
+            "taskset -pc 1 $$ >/dev/null; taskset -pc 0-1 $$ >/dev/null; grep Cpus_allowed_list /proc/self/status",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(allowed(&stdout(&out)), "0-1");
+    // The cpuset went with the job.
+    let v1 = orch_core::process::cgroup_v1_dir(std::process::id(), "cpuset");
+    if let Some(dir) = v1 {
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("orch-sh-"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+}

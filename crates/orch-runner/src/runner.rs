@@ -12,6 +12,7 @@ use orch_exec::devices::DeviceConstraint;
 use orch_exec::{ExitOutcome, JobCgroup, Launched, Monitor, Stopper};
 use orch_leases::Holder;
 use orch_trainer::{GrantedDevice, Summary};
+use std::path::Path;
 
 /// What a job runs once it holds its lease, made ready before the lease is taken.
 #[derive(Debug)]
@@ -102,6 +103,7 @@ enum Running<'a> {
         monitor: Option<Monitor>,
         // Kept until the job's processes are gone; removed on drop, the device rule first.
         devices: Option<DeviceConstraint>,
+        cpuset: Option<orch_exec::JobCpuset>,
         cgroup: Option<JobCgroup>,
     },
     Train {
@@ -164,6 +166,18 @@ pub fn start<'a>(
                 },
             )
             .map_err(RunError::BadInput)?;
+            // Where orch may make one, a cpuset fences the bound CPUs (all ranks' together;
+            // each rank's affinity is its own within it).
+            let bound = spec
+                .cpu_binding
+                .iter()
+                .flatten()
+                .fold(orch_core::CpuList::default(), |all, b| all.union(&b.cpus));
+            let cpuset = orch_exec::JobCpuset::create(&lease.id, cgroup_path.as_deref(), &bound);
+            let mut spec = spec;
+            spec.cpuset = cpuset
+                .as_ref()
+                .and_then(|c| c.join().map(Path::to_path_buf));
             let launched = orch_exec::start(&spec, |pid| {
                 if let Some(holder) = Holder::of_group_leader(pid) {
                     placement
@@ -175,6 +189,7 @@ pub fn start<'a>(
                 launched,
                 monitor: memory_monitor(job, &placement.plan, inventory.backend),
                 devices,
+                cpuset,
                 cgroup,
             }
         }
@@ -225,10 +240,12 @@ impl RunningJob<'_> {
                 launched,
                 monitor,
                 devices,
+                cpuset,
                 cgroup,
             } => {
                 let exit = launched.wait(monitor);
                 drop(devices);
+                drop(cpuset);
                 drop(cgroup);
                 Ok(Outcome::Command(exit))
             }
