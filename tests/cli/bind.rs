@@ -491,3 +491,57 @@ fn where_orch_makes_a_cpuset_a_bound_job_cannot_widen_its_cpus() {
         assert!(left.is_empty(), "{left:?}");
     }
 }
+
+#[test]
+fn orch_plan_says_the_binding() {
+    let b = two_nodes("plan");
+    let state = b.dir.join("state").display().to_string();
+    let plan = |text: &str, json: bool| {
+        let job = b.dir.join("job.toml");
+        std::fs::write(&job, text).unwrap();
+        let mut args = vec!["--devices", b.sim.as_str(), "plan", job.to_str().unwrap()];
+        if json {
+            args.push("--json");
+        }
+        let out = orch(
+            &args,
+            &[
+                ("ORCH_STATE_DIR", state.as_str()),
+                ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
+            ],
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        stdout(&out)
+    };
+    let own = allowed(&std::fs::read_to_string("/proc/self/status").unwrap());
+    let own: orch_core::CpuList = own.parse().unwrap();
+    let job = "[job]\nname = \"p\"\n[resources]\ngpus = 2\nmin_free_memory = \"40GiB\"\n[command]\nargv = [\"true\"]\n";
+    let text = plan(job, false);
+    if own.contains(1) {
+        assert!(
+            text.contains("cpu binding: CPUs 1, memory of NUMA node"),
+            "{text}"
+        );
+        let json: serde_json::Value = serde_json::from_str(&plan(job, true)).unwrap();
+        assert_eq!(json["cpu_binding"][0]["cpus"], "1", "{json}");
+    } else {
+        assert!(
+            text.contains("cpu binding: not bound (none of the GPUs' CPUs"),
+            "{text}"
+        );
+    }
+    let per_rank = plan(
+        &job.replace(
+            "argv = [\"true\"]",
+            "argv = [\"true\"]\nlaunch = \"per-device\"",
+        ),
+        false,
+    );
+    assert!(per_rank.contains("cpu binding of rank 0: "), "{per_rank}");
+    assert!(per_rank.contains("cpu binding of rank 1: "), "{per_rank}");
+    let none = plan(
+        &job.replace("gpus = 2", "gpus = 2\ncpu_bind = \"none\""),
+        false,
+    );
+    assert!(!none.contains("cpu binding"), "{none}");
+}

@@ -11,20 +11,18 @@ use orch_exec::{CpuBinding, HostCpus};
 
 /// Each process's binding, by slot (rank of a per-device launch, else the one process): the
 /// union of its GPUs' CPUs (a GPU's `cpus`, else its NUMA node's CPUs on this machine), within
-/// the CPUs orch may use. Empty when the job is not bound: `cpu_bind = "none"`, the CPU
-/// inventory, or a GPU whose place is unknown (said at warning level when the job asked for
-/// `numa`, at debug level for the default). Each binding is said at info level (`orch run -v`).
-pub fn cpu_bindings(
+/// the CPUs orch may use, or why that process is not bound (a GPU whose place is unknown, no CPU
+/// left). Empty when the job is not to be bound at all: `cpu_bind = "none"`, the CPU inventory.
+pub fn bindings(
     job: &JobSpec,
     launch: Launch,
     plan: &Plan,
     inventory: &Inventory,
-) -> Vec<Option<CpuBinding>> {
+    host: &HostCpus,
+) -> Vec<Result<CpuBinding, Unbound>> {
     if inventory.backend == Backend::Cpu || job.resources.cpu_bind == Some(CpuBind::None) {
         return Vec::new();
     }
-    let asked = job.resources.cpu_bind == Some(CpuBind::Numa);
-    let host = HostCpus::read();
     let devices: Vec<(u32, Option<&Device>)> = plan
         .chosen
         .iter()
@@ -34,46 +32,80 @@ pub fn cpu_bindings(
         Launch::PerDevice => devices.into_iter().map(|d| vec![d]).collect(),
         Launch::Single => vec![devices],
     };
-    let per_rank = launch == Launch::PerDevice;
-    let mut out = Vec::with_capacity(groups.len());
-    for (slot, group) in groups.iter().enumerate() {
-        let who = if per_rank {
-            format!("job {} rank {slot}", job.name)
-        } else {
-            format!("job {}", job.name)
-        };
-        let near = group
-            .iter()
-            .try_fold(CpuList::default(), |acc, (index, d)| {
-                near_cpus(*d, &host)
-                    .map(|cpus| acc.union(&cpus))
-                    .ok_or(*index)
-            });
-        let binding = match near {
-            Err(index) => {
-                let why = format!(
-                    "{who}: not bound to CPUs: the NUMA node and CPUs of GPU {index} are not known"
-                );
-                if asked {
-                    tracing::warn!("{why}");
-                } else {
-                    tracing::debug!("{why}");
-                }
-                None
+    groups
+        .iter()
+        .map(|group| {
+            let near = group
+                .iter()
+                .try_fold(CpuList::default(), |acc, (index, d)| {
+                    near_cpus(*d, host)
+                        .map(|cpus| acc.union(&cpus))
+                        .ok_or(*index)
+                })
+                .map_err(Unbound::Unknown)?;
+            host.binding(&near).map_err(Unbound::NoCpu)
+        })
+        .collect()
+}
+
+/// Why a process is not bound.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unbound {
+    /// Neither the CPUs nor the NUMA node of the GPU of this index is known.
+    Unknown(u32),
+    /// None of the GPUs' CPUs is one orch may use ([`HostCpus::binding`]'s sentence).
+    NoCpu(String),
+}
+
+impl std::fmt::Display for Unbound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unbound::Unknown(index) => {
+                write!(f, "the NUMA node and CPUs of GPU {index} are not known")
             }
-            Ok(near) => match host.binding(&near) {
+            Unbound::NoCpu(why) => f.write_str(why),
+        }
+    }
+}
+
+/// [`bindings`] on this machine, as the launch takes them (`None`: that process unbound; an
+/// empty list: none bound), each said: a binding at info level (`orch run` shows it), why a
+/// process is not bound at warning level when the job asked for `numa` or no CPU is left, at
+/// debug level when the GPUs' places are simply unknown.
+pub fn cpu_bindings(
+    job: &JobSpec,
+    launch: Launch,
+    plan: &Plan,
+    inventory: &Inventory,
+) -> Vec<Option<CpuBinding>> {
+    let planned = bindings(job, launch, plan, inventory, &HostCpus::read());
+    let asked = job.resources.cpu_bind == Some(CpuBind::Numa);
+    let per_rank = launch == Launch::PerDevice;
+    let out: Vec<Option<CpuBinding>> = planned
+        .into_iter()
+        .enumerate()
+        .map(|(slot, planned)| {
+            let who = if per_rank {
+                format!("job {} rank {slot}", job.name)
+            } else {
+                format!("job {}", job.name)
+            };
+            match planned {
                 Ok(binding) => {
                     tracing::info!("{who}: bound to {binding}");
                     Some(binding)
                 }
-                Err(why) => {
+                Err(why) if asked || matches!(why, Unbound::NoCpu(_)) => {
                     tracing::warn!("{who}: not bound to CPUs: {why}");
                     None
                 }
-            },
-        };
-        out.push(binding);
-    }
+                Err(why) => {
+                    tracing::debug!("{who}: not bound to CPUs: {why}");
+                    None
+                }
+            }
+        })
+        .collect();
     if out.iter().all(Option::is_none) {
         return Vec::new();
     }
