@@ -148,7 +148,7 @@ pub fn start<'a>(
                     .add_holder(Holder::current().with_cgroup(cgroup_path.clone()));
             }
             let join = devices.as_ref().and_then(DeviceConstraint::join);
-            let spec = launch_spec(
+            let mut spec = launch_spec(
                 job,
                 &command,
                 lease,
@@ -174,7 +174,6 @@ pub fn start<'a>(
                 .flatten()
                 .fold(orch_core::CpuList::default(), |all, b| all.union(&b.cpus));
             let cpuset = orch_exec::JobCpuset::create(&lease.id, cgroup_path.as_deref(), &bound);
-            let mut spec = spec;
             spec.cpuset = cpuset
                 .as_ref()
                 .and_then(|c| c.join().map(Path::to_path_buf));
