@@ -486,7 +486,7 @@ fn where_orch_makes_a_cpuset_a_bound_job_cannot_widen_its_cpus() {
         let left: Vec<_> = std::fs::read_dir(&dir)
             .unwrap()
             .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with("orch-sh-"))
+            .filter(|e| e.file_name().to_string_lossy().starts_with("orch-job-sh-"))
             .collect();
         assert!(left.is_empty(), "{left:?}");
     }

@@ -4,7 +4,8 @@
 //! Where: the job's own v2 cgroup ([`crate::JobCgroup`]) when the cpuset controller is there
 //! (orch enables it for its children: cpuset is a threaded controller, which a cgroup holding
 //! processes may pass on); else a child `orch-NAME` of this process's cgroup in a v1 cpuset
-//! hierarchy (v1 and hybrid systems), which the job's processes join between fork and exec.
+//! hierarchy (v1 and hybrid systems; `orch-job-LEASE`, as the job's devices cgroup), which the
+//! job's processes join between fork and exec.
 //! Neither (not root, no controller): the affinity alone binds, nothing fails.
 //!
 //! Only the CPUs are fenced. The cpuset's memory nodes stay orch's own (`cpuset.mems` is a hard
@@ -71,6 +72,19 @@ impl Drop for JobCpuset {
                 return;
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+}
+
+/// Removes the v1 cpuset `orch-NAME` a job left (its supervisor died before it could), once
+/// it is empty; nothing to do where there is none.
+pub fn remove_leftover(name: &str) {
+    if let Some(parent) = orch_core::process::cgroup_v1_dir(std::process::id(), "cpuset") {
+        let dir = parent.join(format!("orch-{}", crate::cgroup::safe_name(name)));
+        if let Err(e) = std::fs::remove_dir(&dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::debug!("the cpuset {} stays: {e}", dir.display());
         }
     }
 }

@@ -18,7 +18,7 @@
 
 mod bind;
 mod cgroup;
-mod cpuset;
+pub mod cpuset;
 pub mod devices;
 mod env;
 mod launch;

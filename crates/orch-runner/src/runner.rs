@@ -173,7 +173,11 @@ pub fn start<'a>(
                 .iter()
                 .flatten()
                 .fold(orch_core::CpuList::default(), |all, b| all.union(&b.cpus));
-            let cpuset = orch_exec::JobCpuset::create(&lease.id, cgroup_path.as_deref(), &bound);
+            let cpuset = orch_exec::JobCpuset::create(
+                &orch_exec::devices::job_name(&lease.id),
+                cgroup_path.as_deref(),
+                &bound,
+            );
             spec.cpuset = cpuset
                 .as_ref()
                 .and_then(|c| c.join().map(Path::to_path_buf));

@@ -222,7 +222,9 @@ fn run(
         forward_signals: false,
         grace: Duration::from_secs_f64(spec.grace_s),
         cluster: None,
-        device_ids: spec.device_ids,
+        // A `[train]` job's process is orch itself, which reads its devices from
+        // CUDA_VISIBLE_DEVICES as UUIDs: the tenant's default is for the programs of command jobs.
+        device_ids: if train { None } else { spec.device_ids },
     };
     let placement = Placement {
         lease,
