@@ -940,6 +940,27 @@ mod tests {
     }
 
     #[test]
+    fn a_tenants_device_ids_default_is_read_and_a_bad_one_is_one_sentence() {
+        let c = parse(
+            "[[tenant]]\nname = \"a\"\nusers = [\"alice\"]\ndevice_ids = \"index\"\n[[tenant]]\nname = \"b\"\nusers = [\"bob\"]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.tenant("a").and_then(|t| t.device_ids),
+            Some(orch_core::job::DeviceIds::Index)
+        );
+        assert_eq!(c.tenant("b").and_then(|t| t.device_ids), None);
+        let err =
+            parse("[[tenant]]\nname = \"a\"\nusers = [\"alice\"]\ndevice_ids = \"ordinal\"\n")
+                .unwrap_err();
+        assert!(
+            err.starts_with("serve.toml:4:14: tenant \"a\": device_ids = \"ordinal\" is not known"),
+            "{err}"
+        );
+        assert!(!err.contains('\n'), "{err}");
+    }
+
+    #[test]
     fn a_jobs_grace_is_capped_by_its_tenants_max_grace_or_the_daemons() {
         let c = parse(
             "max_grace = \"90s\"\n[[tenant]]\nname = \"a\"\nusers = [\"alice\"]\nmax_grace = \"10m\"\n[[tenant]]\nname = \"b\"\nusers = [\"bob\"]\n",
