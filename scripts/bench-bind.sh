@@ -48,8 +48,9 @@ once() {
 }
 
 # The binding must take, or the numbers compare nothing.
-"$orch" --devices "sim:$work/sim.toml" run --gpus 1 -- true 2>&1 | grep -q "bound to CPUs" \
-  || { echo "bench-bind: the job was not bound (see orch run's lines)" >&2; exit 1; }
+said=$("$orch" --devices "sim:$work/sim.toml" run --gpus 1 -- true 2>&1)
+grep -q "bound to CPUs" <<<"$said" \
+  || { echo "bench-bind: the job was not bound: $said" >&2; exit 1; }
 
 for _ in 1 2 3 4 5; do once >/dev/null; once --cpu-bind none >/dev/null; done   # warm up
 : > "$work/bound"
