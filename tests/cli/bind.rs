@@ -480,15 +480,16 @@ fn where_orch_makes_a_cpuset_a_bound_job_cannot_widen_its_cpus() {
     );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(allowed(&stdout(&out)), "0-1");
-    // The cpuset went with the job.
-    let v1 = orch_core::process::cgroup_v1_dir(std::process::id(), "cpuset");
-    if let Some(dir) = v1 {
-        let left: Vec<_> = std::fs::read_dir(&dir)
-            .unwrap()
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with("orch-job-sh-"))
-            .collect();
-        assert!(left.is_empty(), "{left:?}");
+    // On v1, the cpuset is named by its CPUs and stays for the next job on them, empty.
+    if let Some(dir) = orch_core::process::cgroup_v1_dir(std::process::id(), "cpuset") {
+        let set = dir.join("orch-cpus-1");
+        assert_eq!(
+            std::fs::read_to_string(set.join("cpuset.cpus"))
+                .unwrap()
+                .trim(),
+            "1"
+        );
+        assert!(orch_core::process::cgroup_procs(&set).is_empty());
     }
 }
 

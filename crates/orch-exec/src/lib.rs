@@ -18,7 +18,7 @@
 
 mod bind;
 mod cgroup;
-pub mod cpuset;
+mod cpuset;
 pub mod devices;
 mod env;
 mod launch;

@@ -926,7 +926,6 @@ impl Jobs {
         if let Err(e) = orch_exec::devices::remove_leftover(&orch_exec::devices::job_name(id)) {
             tracing::warn!("lease {id}: {e}");
         }
-        orch_exec::cpuset::remove_leftover(&orch_exec::devices::job_name(id));
     }
 
     /// Gives up the daemon's hold on a lease. A process of the job that is still alive (one that
