@@ -423,8 +423,8 @@ fn a_users_orch_run_through_the_daemon_gets_the_daemons_indices() {
     let _ = std::fs::remove_dir_all(&d.state);
 }
 
-/// Whether orch, as root here, can fence CPUs with a cpuset (v1 hierarchy, or v2 with the
-/// controller).
+/// Whether orch, as root here, can fence CPUs with a cpuset: its cgroup (where a job's cgroup
+/// is made) has the v2 cpuset controller.
 fn cpusets() -> bool {
     // SAFETY: geteuid cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
@@ -432,7 +432,7 @@ fn cpusets() -> bool {
         std::fs::read_to_string(d.join("cgroup.controllers"))
             .is_ok_and(|c| c.split_whitespace().any(|w| w == "cpuset"))
     });
-    root && (v2 || orch_core::process::cgroup_v1_dir(std::process::id(), "cpuset").is_some())
+    root && v2
 }
 
 #[test]
@@ -441,7 +441,9 @@ fn where_orch_makes_a_cpuset_a_bound_job_cannot_widen_its_cpus() {
         return;
     }
     if !cpusets() {
-        eprintln!("a_bound_job_cannot_widen: skipped (not root, or no cpuset controller)");
+        eprintln!(
+            "a_bound_job_cannot_widen: skipped (not root, or no v2 cpuset controller for job cgroups)"
+        );
         return;
     }
     let b = two_nodes("fence");
@@ -480,17 +482,6 @@ fn where_orch_makes_a_cpuset_a_bound_job_cannot_widen_its_cpus() {
     );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(allowed(&stdout(&out)), "0-1");
-    // On v1, the cpuset is named by its CPUs and stays for the next job on them, empty.
-    if let Some(dir) = orch_core::process::cgroup_v1_dir(std::process::id(), "cpuset") {
-        let set = dir.join("orch-cpus-1");
-        assert_eq!(
-            std::fs::read_to_string(set.join("cpuset.cpus"))
-                .unwrap()
-                .trim(),
-            "1"
-        );
-        assert!(orch_core::process::cgroup_procs(&set).is_empty());
-    }
 }
 
 #[test]

@@ -5,7 +5,8 @@
 //! (its CPUs) and `set_mempolicy` (its memory), both inherited by everything it starts and kept
 //! across exec. They need no privilege and no cgroup, cost a system call each, and bind each rank
 //! of a per-device launch to its own GPU's node, which one cgroup for the whole job could not.
-//! Where orch may make a cpuset, it fences the same CPUs as well ([`crate::JobCpuset`]).
+//! Where the job's own cgroup has the cpuset controller, it fences the same CPUs as well
+//! ([`crate::cpuset`]).
 //!
 //! Memory is *preferred* from the nodes (`MPOL_PREFERRED_MANY`, Linux 5.15; `MPOL_PREFERRED` of
 //! the first node before it), not bound (`MPOL_BIND`): a GPU job's host memory is mostly pinned

@@ -18,7 +18,7 @@
 
 mod bind;
 mod cgroup;
-mod cpuset;
+pub mod cpuset;
 pub mod devices;
 mod env;
 mod launch;
@@ -33,7 +33,6 @@ pub use cgroup::{
     JobCgroup, disabled as cgroups_disabled, kill as kill_cgroup,
     prime_migration as prime_cgroup_migration,
 };
-pub use cpuset::JobCpuset;
 pub use env::{AssignedDevice, Cluster, JobEnv, process_env};
 pub use launch::{ExitOutcome, Launched, Monitor, Stopper, launch, start};
 pub use logs::LogCap;

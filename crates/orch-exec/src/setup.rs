@@ -16,8 +16,6 @@ pub(crate) struct ChildSetup {
     cgroup_required: bool,
     /// The v1 devices cgroup's `cgroup.procs`, which every process must join.
     devices_procs: Option<CString>,
-    /// The v1 cpuset's `cgroup.procs`, which every process joins where it can.
-    cpuset_procs: Option<CString>,
     credentials: Option<Credentials>,
     cwd: Option<CString>,
     foreground: bool,
@@ -68,10 +66,6 @@ impl ChildSetup {
             }
             _ => None,
         };
-        let cpuset_procs = match &spec.cpuset {
-            Some(dir) => Some(c_path(&dir.join("cgroup.procs"), "cpuset")?),
-            None => None,
-        };
         // The folder is entered in the child, after becoming the job's user when there is one,
         // so a job cannot start in a folder its user may not enter.
         let cwd = match &spec.cwd {
@@ -112,7 +106,6 @@ impl ChildSetup {
             cgroup_procs,
             cgroup_required,
             devices_procs,
-            cpuset_procs,
             credentials: spec.credentials.clone(),
             cwd,
             foreground,
@@ -203,7 +196,6 @@ impl ChildSetup {
         let cgroup_procs = self.cgroup_procs.clone();
         let cgroup_required = self.cgroup_required;
         let devices_procs = self.devices_procs.clone();
-        let cpuset_procs = self.cpuset_procs.clone();
         let credentials = self.credentials.clone();
         let cwd = self.cwd.clone();
         let failed_step = self.failed_step.as_ref().map(SharedFlag::address);
@@ -233,11 +225,6 @@ impl ChildSetup {
                     && let Err(e) = join_cgroup(procs)
                 {
                     return fail(Step::DevicesCgroup, e);
-                }
-                // The cpuset before the affinity, which must lie within it. A process that
-                // cannot join is bound by its affinity alone.
-                if let Some(procs) = &cpuset_procs {
-                    let _ = join_cgroup(procs);
                 }
                 if let Some(binding) = &binding
                     && let Err(e) = binding.apply()

@@ -31,9 +31,6 @@ pub struct LaunchSpec {
     /// The CPUs and memory nodes of each process, by its slot (the rank of a per-device launch,
     /// 0 for a single one); an empty list or a `None` leaves that process unbound.
     pub cpu_binding: Vec<Option<crate::CpuBinding>>,
-    /// A v1 cpuset every process joins ([`crate::JobCpuset::join`]), fencing the CPUs of
-    /// `cpu_binding`; a process that cannot join is still bound by its affinity.
-    pub cpuset: Option<PathBuf>,
     /// Forward SIGINT, SIGTERM and SIGHUP that reach this process to the job (`orch run`).
     pub forward_signals: bool,
     /// With `forward_signals`, this signal too (the job's `[job] signal`): a warning that

@@ -103,7 +103,6 @@ pub(crate) fn launch_spec(
     }
     Ok(LaunchSpec {
         cpu_binding: crate::bind::cpu_bindings(job, command.launch, plan, inventory),
-        cpuset: None,
         argv: command.argv.clone(),
         // A job file's command runs in the job's folder, where its relative paths resolve.
         cwd: Some(options.cwd.clone().unwrap_or_else(|| job.dir.clone())),

@@ -12,7 +12,6 @@ use orch_exec::devices::DeviceConstraint;
 use orch_exec::{ExitOutcome, JobCgroup, Launched, Monitor, Stopper};
 use orch_leases::Holder;
 use orch_trainer::{GrantedDevice, Summary};
-use std::path::Path;
 
 /// What a job runs once it holds its lease, made ready before the lease is taken.
 #[derive(Debug)]
@@ -103,7 +102,6 @@ enum Running<'a> {
         monitor: Option<Monitor>,
         // Kept until the job's processes are gone; removed on drop, the device rule first.
         devices: Option<DeviceConstraint>,
-        cpuset: Option<orch_exec::JobCpuset>,
         cgroup: Option<JobCgroup>,
     },
     Train {
@@ -148,7 +146,7 @@ pub fn start<'a>(
                     .add_holder(Holder::current().with_cgroup(cgroup_path.clone()));
             }
             let join = devices.as_ref().and_then(DeviceConstraint::join);
-            let mut spec = launch_spec(
+            let spec = launch_spec(
                 job,
                 &command,
                 lease,
@@ -166,21 +164,16 @@ pub fn start<'a>(
                 },
             )
             .map_err(RunError::BadInput)?;
-            // Where orch may make one, a cpuset fences the bound CPUs (all ranks' together;
-            // each rank's affinity is its own within it).
-            let bound = spec
-                .cpu_binding
-                .iter()
-                .flatten()
-                .fold(orch_core::CpuList::default(), |all, b| all.union(&b.cpus));
-            let cpuset = orch_exec::JobCpuset::create(
-                &orch_exec::devices::job_name(&lease.id),
-                cgroup_path.as_deref(),
-                &bound,
-            );
-            spec.cpuset = cpuset
-                .as_ref()
-                .and_then(|c| c.join().map(Path::to_path_buf));
+            // Where the job's cgroup has the cpuset controller, it fences the bound CPUs too
+            // (all ranks' together; each rank's affinity is its own within them).
+            if let Some(dir) = &cgroup_path {
+                let bound = spec
+                    .cpu_binding
+                    .iter()
+                    .flatten()
+                    .fold(orch_core::CpuList::default(), |all, b| all.union(&b.cpus));
+                orch_exec::cpuset::fence(dir, &bound);
+            }
             let launched = orch_exec::start(&spec, |pid| {
                 if let Some(holder) = Holder::of_group_leader(pid) {
                     placement
@@ -192,7 +185,6 @@ pub fn start<'a>(
                 launched,
                 monitor: memory_monitor(job, &placement.plan, inventory.backend),
                 devices,
-                cpuset,
                 cgroup,
             }
         }
@@ -243,12 +235,10 @@ impl RunningJob<'_> {
                 launched,
                 monitor,
                 devices,
-                cpuset,
                 cgroup,
             } => {
                 let exit = launched.wait(monitor);
                 drop(devices);
-                drop(cpuset);
                 drop(cgroup);
                 Ok(Outcome::Command(exit))
             }

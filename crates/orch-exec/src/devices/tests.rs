@@ -127,7 +127,6 @@ fn launch_probe(dir: &Path, cgroup: Option<&JobCgroup>, join: Option<DeviceJoin>
         cgroup: cgroup.map(|c| c.path().to_path_buf()),
         devices: join,
         cpu_binding: Vec::new(),
-        cpuset: None,
         forward_signals: false,
         warning_signal: None,
     };

@@ -24,7 +24,6 @@ fn spec(script: &str, devices: usize, per_device: bool) -> LaunchSpec {
         cgroup: None,
         devices: None,
         cpu_binding: Vec::new(),
-        cpuset: None,
         forward_signals: true,
         warning_signal: None,
     }
