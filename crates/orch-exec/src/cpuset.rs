@@ -8,9 +8,9 @@
 //! the v2 hierarchy) the affinity alone binds, and nothing fails.
 //!
 //! Design decision: no v1 cpuset on v1 and hybrid systems. Joining one is a second cgroup
-//! migration of every process, on top of the job's own cgroup: measured here, it added about
-//! 10 ms to each `orch run` on a busy machine (the migration waits for an RCU grace period), ten
-//! times the 1 ms a binding may cost; the affinity and memory policy cost 0.2 ms.
+//! migration of every process, on top of the job's own cgroup: measured here
+//! (`scripts/bench-bind.sh`, three runs), it added 1.3 to 3 ms to each `orch run`, over the 1 ms
+//! a binding may cost; the affinity and memory policy cost well under that.
 //!
 //! Only the CPUs are fenced: `cpuset.mems` stays as inherited (it is a hard bind, and a full
 //! node would then mean the OOM killer for the job while the other node has memory free); the
