@@ -165,3 +165,75 @@ pub fn cuda_ids(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::PlannedDevice;
+    use orch_exec::devices::DeviceRule;
+
+    fn uuid(i: u32) -> String {
+        format!("GPU-0000000{i}-0000-4000-8000-000000000000")
+    }
+
+    /// Four sim GPUs; GPU 2 has no known device node.
+    fn box4() -> Inventory {
+        let mut text = String::new();
+        for i in 0..4 {
+            text.push_str(&format!(
+                "[[gpu]]\nname = \"sim\"\nmemory_total = \"16GiB\"\nuuid = \"{}\"\n",
+                uuid(i)
+            ));
+            if i != 2 {
+                text.push_str(&format!("minor_number = {i}\n"));
+            }
+        }
+        Inventory {
+            backend: Backend::Sim,
+            devices: orch_devices::sim::parse(std::path::Path::new("box.toml"), &text).unwrap(),
+            fallback_reason: None,
+        }
+    }
+
+    fn plan(physical: &[u32]) -> Plan {
+        Plan {
+            job: "j".into(),
+            policy: "p".into(),
+            chosen: physical
+                .iter()
+                .map(|&i| PlannedDevice {
+                    index: i,
+                    physical_index: i,
+                    uuid: uuid(i),
+                    name: "sim".into(),
+                    memory_free: None,
+                    utilization_gpu: None,
+                })
+                .collect(),
+            reason: String::new(),
+            rejected: Vec::new(),
+            hidden: 0,
+        }
+    }
+
+    #[test]
+    fn indices_count_the_gpus_the_job_can_open_in_pci_order() {
+        let inventory = box4();
+        let ids = |chosen: &[u32], rule: Option<&DeviceRule>| {
+            cuda_ids(DeviceIds::Index, &plan(chosen), &inventory, rule).unwrap()
+        };
+        // Unconfined: the machine's numbering, in the plan's order.
+        assert_eq!(ids(&[3, 1], None), ["3", "1"]);
+        // Confined to GPUs 1 and 3: CUDA sees those two, and GPU 2, whose node is not known
+        // and so cannot be denied; GPU 0 is gone.
+        let rule = DeviceRule::granting(&[1, 3]);
+        assert_eq!(ids(&[3, 1], Some(&rule)), ["2", "0"]);
+        // GPU 2's node is unknown, so only the other GPUs' known nodes are denied: CUDA sees
+        // GPUs 1 and 2 (2 could not be shut out), and numbers them 0 and 1.
+        let rule = DeviceRule::for_grant(&[Some(1), None], &[0, 1, 3]).unwrap();
+        assert_eq!(ids(&[1, 2], Some(&rule)), ["0", "1"]);
+        // UUIDs stay UUIDs.
+        let uuids = cuda_ids(DeviceIds::Uuid, &plan(&[2]), &inventory, None).unwrap();
+        assert_eq!(uuids, [uuid(2)]);
+    }
+}
