@@ -6,6 +6,7 @@ mod batch_alloc;
 mod batch_arrays;
 mod batch_deps;
 mod batch_signal;
+mod bind;
 mod browser;
 mod constrain;
 mod devices;

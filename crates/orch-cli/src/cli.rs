@@ -439,6 +439,15 @@ pub struct QuickArgs {
     /// Quick form: from the stop signal to SIGKILL (`60s`; `[job] grace`; default 10s).
     #[arg(long, value_name = "DURATION")]
     pub grace: Option<String>,
+    /// Quick form: how CUDA_VISIBLE_DEVICES names the GPUs: `uuid` (the default) or `index`,
+    /// CUDA's numbers inside the job, for programs that refuse UUIDs (`[command] device_ids`).
+    #[arg(long, value_name = "FORM", value_parser = ["uuid", "index"])]
+    pub device_ids: Option<String>,
+    /// Quick form: `numa` runs the job on its GPUs' NUMA nodes' CPUs and memory (the default
+    /// where the devices' nodes are known), `none` leaves it where orch runs
+    /// (`[resources] cpu_bind`).
+    #[arg(long, value_name = "HOW", value_parser = ["numa", "none"])]
+    pub cpu_bind: Option<String>,
 }
 
 /// The quick form's flags, which a job file excludes.
@@ -453,6 +462,8 @@ pub const QUICK_FLAGS: &[&str] = &[
     "per_device",
     "signal",
     "grace",
+    "device_ids",
+    "cpu_bind",
 ];
 
 #[derive(Debug, clap::Args)]

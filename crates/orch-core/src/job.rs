@@ -120,6 +120,71 @@ pub struct Resources {
     /// Stop a command job whose processes exceed `memory_limit` on a real GPU (default false:
     /// the excess is reported).
     pub enforce_memory_limit: bool,
+    /// `cpu_bind`: where the job's processes run and allocate memory; `None` (not said) binds to
+    /// the GPUs' NUMA nodes where the inventory knows them ([`CpuBind::Numa`]).
+    pub cpu_bind: Option<CpuBind>,
+}
+
+/// `[resources] cpu_bind`: which CPUs and memory a job's processes use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CpuBind {
+    /// The CPUs of the granted GPUs' NUMA nodes, memory from those nodes; each rank of a
+    /// per-device launch its own GPU's.
+    Numa,
+    /// Wherever orch itself may run.
+    None,
+}
+
+impl CpuBind {
+    pub const VALUES: &'static str =
+        "\"numa\" (the CPUs and memory of the GPUs' NUMA nodes, the default) or \"none\"";
+
+    pub fn parse(text: &str) -> Option<CpuBind> {
+        match text {
+            "numa" => Some(CpuBind::Numa),
+            "none" => Some(CpuBind::None),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CpuBind::Numa => "numa",
+            CpuBind::None => "none",
+        }
+    }
+}
+
+/// `[command] device_ids`: how `CUDA_VISIBLE_DEVICES` names the granted GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeviceIds {
+    /// `GPU-…`/`MIG-…` UUIDs: the same in every process (the default).
+    Uuid,
+    /// The indices CUDA numbers the granted GPUs by inside the job, for programs that refuse
+    /// UUIDs.
+    Index,
+}
+
+impl DeviceIds {
+    pub const VALUES: &'static str =
+        "\"uuid\" (the default) or \"index\" (for programs that refuse UUIDs)";
+
+    pub fn parse(text: &str) -> Option<DeviceIds> {
+        match text {
+            "uuid" => Some(DeviceIds::Uuid),
+            "index" => Some(DeviceIds::Index),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceIds::Uuid => "uuid",
+            DeviceIds::Index => "index",
+        }
+    }
 }
 
 /// `[slurm]`: the `sbatch` options a job file may set. Values reach a batch script's `#SBATCH`
@@ -303,6 +368,8 @@ pub struct CommandSpec {
     pub argv: Vec<String>,
     pub env: BTreeMap<String, String>,
     pub launch: Launch,
+    /// `device_ids`: `None` when the job does not say (a tenant's default, else UUIDs).
+    pub device_ids: Option<DeviceIds>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -480,6 +547,7 @@ struct RawResources {
     memory_limit: Option<Spanned<ByteSize>>,
     exclusive: Option<bool>,
     enforce_memory_limit: Option<Spanned<bool>>,
+    cpu_bind: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -498,6 +566,7 @@ struct RawCommand {
     #[serde(default)]
     env: BTreeMap<String, String>,
     launch: Option<Launch>,
+    device_ids: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -689,6 +758,7 @@ impl Checker<'_> {
                 memory_limit: None,
                 exclusive: true,
                 enforce_memory_limit: false,
+                cpu_bind: None,
             });
         };
         let table_span = raw.span();
@@ -743,7 +813,18 @@ impl Checker<'_> {
                 )
                 .with_hint("add memory_limit = \"16GiB\" (per device) to [resources]"));
         }
+        let cpu_bind = match &raw.cpu_bind {
+            None => None,
+            Some(text) => Some(CpuBind::parse(text.get_ref()).ok_or_else(|| {
+                self.at(
+                    text.span(),
+                    format!("cpu_bind = {:?} is not known", text.get_ref()),
+                )
+                .with_hint(format!("give {}", CpuBind::VALUES))
+            })?),
+        };
         Ok(Resources {
+            cpu_bind,
             gpus,
             nodes,
             gpus_at: Location::from_offset(self.path, self.text, gpus_at.start),
@@ -950,10 +1031,21 @@ impl Checker<'_> {
                     "give the program and its arguments, such as argv = [\"python\", \"train.py\"]",
                 ));
         }
+        let device_ids = match &raw.device_ids {
+            None => None,
+            Some(text) => Some(DeviceIds::parse(text.get_ref()).ok_or_else(|| {
+                self.at(
+                    text.span(),
+                    format!("device_ids = {:?} is not known", text.get_ref()),
+                )
+                .with_hint(format!("give {}", DeviceIds::VALUES))
+            })?),
+        };
         Ok(CommandSpec {
             argv: raw.argv.into_inner(),
             env: raw.env,
             launch: raw.launch.unwrap_or(Launch::Single),
+            device_ids,
         })
     }
 

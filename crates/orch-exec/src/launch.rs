@@ -171,17 +171,17 @@ pub fn start(spec: &LaunchSpec, mut on_spawn: impl FnMut(u32)) -> Result<Launche
         command.envs(process_env(&spec.job, *rank, master_port));
         let reads_input = slot == 0;
         setup.stdio(&mut command, reads_input)?;
-        setup.install(&mut command, reads_input);
+        setup.install(&mut command, slot, reads_input);
         let child = match command.spawn() {
             Ok(child) => child,
             Err(e) => {
                 stop_all(&groups, libc::SIGKILL);
-                return Err(setup
-                    .step_failure(spec, &e)
-                    .unwrap_or_else(|| ExecError::Spawn {
+                return Err(setup.step_failure(spec, slot, &e).unwrap_or_else(|| {
+                    ExecError::Spawn {
                         program: program.clone(),
                         reason: spawn_reason(&e),
-                    }));
+                    }
+                }));
             }
         };
         let pid = child.id();

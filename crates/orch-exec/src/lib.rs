@@ -13,9 +13,12 @@
 //! while it runs (it reads the keyboard and gets Ctrl-C itself). Where orch may, each job also
 //! gets a cgroup of its own, which no process of the job can leave; when the main process ends,
 //! whatever it left in its groups or cgroup is ended too. Started as root, a job may open only its
-//! granted GPUs' device nodes ([`devices`]).
+//! granted GPUs' device nodes ([`devices`]). Where asked, each process runs on its GPUs' NUMA
+//! nodes' CPUs and takes its memory there ([`CpuBinding`]).
 
+mod bind;
 mod cgroup;
+pub mod cpuset;
 pub mod devices;
 mod env;
 mod launch;
@@ -25,6 +28,7 @@ mod spec;
 mod terminal;
 mod watch;
 
+pub use bind::{CpuBinding, HostCpus};
 pub use cgroup::{
     CgroupUsage, JobCgroup, disabled as cgroups_disabled, kill as kill_cgroup,
     prime_migration as prime_cgroup_migration, usage_of as cgroup_usage,

@@ -26,6 +26,8 @@ pub(crate) struct ChildSetup {
     /// Which step a child failed at ([`Step`]): the parent's only way to tell that failure from
     /// the program's own (both come back as an errno).
     failed_step: Option<SharedFlag>,
+    /// Each slot's CPU binding, made ready for the child.
+    bindings: Vec<Option<crate::bind::PreparedBinding>>,
 }
 
 /// The steps of the child that can fail before exec, as [`SharedFlag`] values.
@@ -35,6 +37,7 @@ enum Step {
     Cgroup = 1,
     DevicesCgroup = 2,
     Folder = 3,
+    Bind = 4,
 }
 
 impl ChildSetup {
@@ -69,7 +72,13 @@ impl ChildSetup {
             Some(cwd) => Some(c_path(cwd, "working folder")?),
             None => None,
         };
-        let failed_step = (cwd.is_some() || cgroup_required || devices_procs.is_some())
+        let bindings: Vec<Option<crate::bind::PreparedBinding>> = spec
+            .cpu_binding
+            .iter()
+            .map(|b| b.as_ref().map(crate::bind::PreparedBinding::new))
+            .collect();
+        let bound = bindings.iter().any(Option::is_some);
+        let failed_step = (cwd.is_some() || cgroup_required || devices_procs.is_some() || bound)
             .then(SharedFlag::new)
             .flatten();
         let mut streams = Vec::new();
@@ -103,6 +112,7 @@ impl ChildSetup {
             files,
             streams,
             failed_step,
+            bindings,
         })
     }
 
@@ -112,9 +122,17 @@ impl ChildSetup {
     pub(crate) fn step_failure(
         &self,
         spec: &LaunchSpec,
+        slot: usize,
         error: &std::io::Error,
     ) -> Option<ExecError> {
         let step = self.failed_step.as_ref().map_or(0, SharedFlag::get);
+        if step == Step::Bind as u8 {
+            let binding = spec.cpu_binding.get(slot).cloned().flatten();
+            return Some(ExecError::Bind {
+                binding: binding.map_or_else(|| "its CPUs".to_string(), |b| b.to_string()),
+                reason: error.to_string(),
+            });
+        }
         let confine = |cgroup: Option<&std::path::PathBuf>| ExecError::Confine {
             cgroup: cgroup.cloned().unwrap_or_default(),
             reason: error.to_string(),
@@ -172,8 +190,9 @@ impl ChildSetup {
         Ok(())
     }
 
-    /// Installs the between-fork-and-exec steps on `command`.
-    pub(crate) fn install(&self, command: &mut Command, reads_input: bool) {
+    /// Installs the between-fork-and-exec steps on `command`, the process of `slot`.
+    pub(crate) fn install(&self, command: &mut Command, slot: usize, reads_input: bool) {
+        let binding = self.bindings.get(slot).cloned().flatten();
         let cgroup_procs = self.cgroup_procs.clone();
         let cgroup_required = self.cgroup_required;
         let devices_procs = self.devices_procs.clone();
@@ -206,6 +225,11 @@ impl ChildSetup {
                     && let Err(e) = join_cgroup(procs)
                 {
                     return fail(Step::DevicesCgroup, e);
+                }
+                if let Some(binding) = &binding
+                    && let Err(e) = binding.apply()
+                {
+                    return fail(Step::Bind, e);
                 }
                 if let Some(c) = &credentials {
                     become_user(c)?;

@@ -28,6 +28,9 @@ pub struct LaunchSpec {
     /// The rule of which GPU nodes the processes may open, as they take it on before exec
     /// ([`crate::devices::DeviceConstraint::join`]); a process that cannot is not started.
     pub devices: Option<crate::devices::DeviceJoin>,
+    /// The CPUs and memory nodes of each process, by its slot (the rank of a per-device launch,
+    /// 0 for a single one); an empty list or a `None` leaves that process unbound.
+    pub cpu_binding: Vec<Option<crate::CpuBinding>>,
     /// Forward SIGINT, SIGTERM and SIGHUP that reach this process to the job (`orch run`).
     pub forward_signals: bool,
     /// With `forward_signals`, this signal too (the job's `[job] signal`): a warning that
@@ -83,6 +86,11 @@ pub enum ExecError {
         cgroup.display()
     )]
     Confine { cgroup: PathBuf, reason: String },
+    /// A process could not bind itself to its CPUs.
+    #[error(
+        "cannot bind the job to {binding} ({reason}); cpu_bind = \"none\" (--cpu-bind none) runs it unbound"
+    )]
+    Bind { binding: String, reason: String },
     #[error("cannot find a free port for MASTER_PORT: {0}")]
     NoPort(String),
     #[error("cannot install the signal handlers: {0}")]

@@ -121,6 +121,7 @@ impl Request {
                 memory_limit: Request::size("memory_limit", &self.memory_limit)?,
                 exclusive: self.exclusive,
                 enforce_memory_limit: false,
+                cpu_bind: None,
             },
             policy: PolicySpec {
                 plugin: PluginRef::parse(&self.policy, &here_dir),
@@ -132,6 +133,7 @@ impl Request {
                 argv,
                 env: Default::default(),
                 launch: Launch::Single,
+                device_ids: None,
             }),
         })
     }

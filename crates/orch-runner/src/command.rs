@@ -3,7 +3,7 @@
 
 use crate::plan::Plan;
 use orch_core::ByteSize;
-use orch_core::job::{CommandSpec, JobSpec, Launch};
+use orch_core::job::{CommandSpec, DeviceIds, JobSpec, Launch};
 use orch_devices::{Backend, Inventory};
 use orch_exec::devices::{DeviceConstraint, DeviceRule, Mechanism};
 use orch_exec::{
@@ -30,6 +30,9 @@ pub struct ProcessOptions {
     pub grace: Duration,
     /// This node's place when the job spans several machines (Slurm).
     pub cluster: Option<orch_exec::Cluster>,
+    /// How `CUDA_VISIBLE_DEVICES` names the GPUs when the job does not say (a tenant's
+    /// default); `None`: UUIDs.
+    pub device_ids: Option<DeviceIds>,
 }
 
 impl Default for ProcessOptions {
@@ -42,6 +45,7 @@ impl Default for ProcessOptions {
             forward_signals: true,
             grace: GRACE,
             cluster: None,
+            device_ids: None,
         }
     }
 }
@@ -51,8 +55,14 @@ impl Default for ProcessOptions {
 pub(crate) struct Confinement {
     pub(crate) cgroup: Option<std::path::PathBuf>,
     pub(crate) devices: Option<orch_exec::devices::DeviceJoin>,
+    /// The device rule the processes are held to (they see only the GPUs it does not deny).
+    pub(crate) rule: Option<DeviceRule>,
+    /// The names the daemon that granted the lease gave the devices ([`crate::Placement`]).
+    pub(crate) granted_names: Option<Vec<String>>,
 }
 
+/// The launch of `command` on `plan`; `Err` (bad input) when its `device_ids` cannot name a
+/// granted device.
 pub(crate) fn launch_spec(
     job: &JobSpec,
     command: &CommandSpec,
@@ -61,15 +71,42 @@ pub(crate) fn launch_spec(
     inventory: &Inventory,
     options: &ProcessOptions,
     confinement: Confinement,
-) -> LaunchSpec {
-    LaunchSpec {
+) -> Result<LaunchSpec, String> {
+    let mut env = JobEnv {
+        cluster: options.cluster.clone(),
+        ..job_env(job, &command.env, lease, plan, inventory)
+    };
+    let ids = command
+        .device_ids
+        .or(options.device_ids)
+        .unwrap_or(DeviceIds::Uuid);
+    if inventory.backend != Backend::Cpu {
+        let here = match ids {
+            DeviceIds::Index => Some(
+                crate::bind::cuda_ids(ids, plan, inventory, confinement.rule.as_ref())
+                    .map_err(|e| format!("{}: {e}", job.path.display()))?,
+            ),
+            DeviceIds::Uuid => None,
+        };
+        // The daemon that granted the lease confined this process itself, unseen here, and
+        // applied its tenant's default: its names are the ones CUDA will go by.
+        let granted = confinement
+            .granted_names
+            .filter(|names| names.len() == env.devices.len());
+        for (device, name) in env
+            .devices
+            .iter_mut()
+            .zip(granted.or(here).unwrap_or_default())
+        {
+            device.cuda_id = name;
+        }
+    }
+    Ok(LaunchSpec {
+        cpu_binding: crate::bind::cpu_bindings(job, command.launch, plan, inventory),
         argv: command.argv.clone(),
         // A job file's command runs in the job's folder, where its relative paths resolve.
         cwd: Some(options.cwd.clone().unwrap_or_else(|| job.dir.clone())),
-        job: JobEnv {
-            cluster: options.cluster.clone(),
-            ..job_env(job, &command.env, lease, plan, inventory)
-        },
+        job: env,
         per_device: command.launch == Launch::PerDevice,
         grace: options.grace,
         stdio: options.stdio.clone(),
@@ -79,7 +116,7 @@ pub(crate) fn launch_spec(
         devices: confinement.devices,
         forward_signals: options.forward_signals,
         warning_signal: job.stopping.signal.map(|s| s.number),
-    }
+    })
 }
 
 /// The GPU nodes a job on `plan` may not open: those of every GPU it was not granted (by minor
@@ -186,6 +223,27 @@ pub fn lease_env(
 ) -> std::collections::BTreeMap<String, String> {
     let env = job_env(job, &Default::default(), lease, plan, inventory);
     orch_exec::process_env(&env, None, 0)
+}
+
+/// [`lease_env`] with the GPUs named as `ids` says, for a holder held to `rule` (the device
+/// rule the daemon put on it, if any): `Err` when `ids` cannot name a granted device (a MIG
+/// slice by index).
+pub fn lease_env_named(
+    job: &JobSpec,
+    lease: &Lease,
+    plan: &Plan,
+    inventory: &Inventory,
+    ids: DeviceIds,
+    rule: Option<&DeviceRule>,
+) -> Result<std::collections::BTreeMap<String, String>, String> {
+    let mut env = job_env(job, &Default::default(), lease, plan, inventory);
+    if inventory.backend != Backend::Cpu {
+        let names = crate::bind::cuda_ids(ids, plan, inventory, rule)?;
+        for (device, name) in env.devices.iter_mut().zip(names) {
+            device.cuda_id = name;
+        }
+    }
+    Ok(orch_exec::process_env(&env, None, 0))
 }
 
 /// On real GPUs with a `memory_limit`, watches the job's processes' memory (NVML's per-process

@@ -10,6 +10,7 @@
 //! daemon (`orch serve` and its per-job supervisors) share one path and the CLI only parses and
 //! prints.
 
+pub mod bind;
 pub mod command;
 mod error;
 pub mod foreign;
@@ -18,7 +19,9 @@ pub mod plan;
 mod runner;
 mod train;
 
-pub use command::{GRACE, ProcessOptions, check_enforcement, device_rule, lease_env, placed_line};
+pub use command::{
+    GRACE, ProcessOptions, check_enforcement, device_rule, lease_env, lease_env_named, placed_line,
+};
 pub use error::RunError;
 pub use foreign::{foreign_processes, lease_gpu_memory};
 pub use place::{

@@ -56,6 +56,10 @@ pub fn prepare(
 pub struct Placement {
     pub lease: LeaseGuard,
     pub plan: Plan,
+    /// What `CUDA_VISIBLE_DEVICES` names the devices by, as the daemon that granted the lease
+    /// says (it confined this process to them, so its CUDA indices are the ones that hold);
+    /// `None`: decided here.
+    pub granted_names: Option<Vec<String>>,
 }
 
 /// How a job ended.
@@ -141,6 +145,7 @@ pub fn start<'a>(
                     .lease
                     .add_holder(Holder::current().with_cgroup(cgroup_path.clone()));
             }
+            let join = devices.as_ref().and_then(DeviceConstraint::join);
             let spec = launch_spec(
                 job,
                 &command,
@@ -150,9 +155,25 @@ pub fn start<'a>(
                 options,
                 Confinement {
                     cgroup: cgroup_path.clone(),
-                    devices: devices.as_ref().and_then(DeviceConstraint::join),
+                    rule: join
+                        .is_some()
+                        .then(|| crate::command::device_rule(&placement.plan, inventory))
+                        .flatten(),
+                    devices: join,
+                    granted_names: placement.granted_names.clone(),
                 },
-            );
+            )
+            .map_err(RunError::BadInput)?;
+            // Where the job's cgroup has the cpuset controller, it fences the bound CPUs too
+            // (all ranks' together; each rank's affinity is its own within them).
+            if let Some(dir) = &cgroup_path {
+                let bound = spec
+                    .cpu_binding
+                    .iter()
+                    .flatten()
+                    .fold(orch_core::CpuList::default(), |all, b| all.union(&b.cpus));
+                orch_exec::cpuset::fence(dir, &bound);
+            }
             let launched = orch_exec::start(&spec, |pid| {
                 if let Some(holder) = Holder::of_group_leader(pid) {
                     placement

@@ -179,6 +179,7 @@ fn run(
                 argv,
                 env: Default::default(),
                 launch: orch_core::job::Launch::Single,
+                device_ids: None,
             });
             let extra = vec![
                 ("ORCH_JOB_TEXT".to_string(), sub.job_text.clone()),
@@ -221,10 +222,14 @@ fn run(
         forward_signals: false,
         grace: Duration::from_secs_f64(spec.grace_s),
         cluster: None,
+        // A `[train]` job's process is orch itself, which reads its devices from
+        // CUDA_VISIBLE_DEVICES as UUIDs: the tenant's default is for the programs of command jobs.
+        device_ids: if train { None } else { spec.device_ids },
     };
     let placement = Placement {
         lease,
         plan: spec.plan.clone(),
+        granted_names: None,
     };
     let running = match orch_runner::start(&job, prepared, placement, inventory, &options) {
         Ok(r) => r,

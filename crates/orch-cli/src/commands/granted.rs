@@ -137,8 +137,19 @@ pub fn lease(
     let (inventory, lease, plan) = granted?;
     let job_id = view.job_id.clone();
     let guard = LeaseGuard::granted(lease, GiveBack(Box::new(move |_| give_back())));
+    // The daemon names the devices as the job's processes will see them (it confined this
+    // process, so only it knows the CUDA indices that hold).
+    let granted_names = view
+        .env
+        .get("CUDA_VISIBLE_DEVICES")
+        .filter(|v| !v.is_empty())
+        .map(|v| v.split(',').map(str::to_string).collect());
     Ok(Granted {
-        placement: Placement { lease: guard, plan },
+        placement: Placement {
+            lease: guard,
+            plan,
+            granted_names,
+        },
         inventory,
         job_id,
     })

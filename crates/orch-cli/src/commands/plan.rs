@@ -18,6 +18,23 @@ struct PlanJson<'a> {
     devices: Vec<DeviceJson<'a>>,
     reason: &'a str,
     rejected: Vec<RejectedJson<'a>>,
+    /// Each process's CPU binding (one, or one per rank), or why it is not bound; absent when
+    /// the job is not bound (`cpu_bind = "none"`, the CPU device).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    cpu_binding: Vec<BindingJson>,
+}
+
+#[derive(Debug, Serialize)]
+struct BindingJson {
+    /// The CPUs, as a Linux CPU list; absent when not bound.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cpus: Option<String>,
+    /// The NUMA nodes memory is preferred from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mems: Option<String>,
+    /// Why it is not bound.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unbound: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -58,12 +75,56 @@ pub fn run(spec: &InventorySpec, args: &PlanArgs) -> CmdResult {
             e => Failure::failed_msg(e),
         },
     )?;
+    let launch = match &job.work {
+        orch_core::job::Work::Command(command) => command.launch,
+        orch_core::job::Work::Train(_) => orch_core::job::Launch::Single,
+    };
+    let bindings = match &job.work {
+        orch_core::job::Work::Command(_) => orch_runner::bind::bindings(
+            &job,
+            launch,
+            &plan,
+            &inventory,
+            &orch_exec::HostCpus::read(),
+        ),
+        // A trainer runs in orch's own process: nothing is bound.
+        orch_core::job::Work::Train(_) => Vec::new(),
+    };
+    // GPUs whose place nobody knows are not bound by default, and not worth a line then.
+    let unknown = |b: &Result<_, _>| matches!(b, Err(orch_runner::bind::Unbound::Unknown(_)));
+    let bindings = if bindings.iter().all(unknown)
+        && job.resources.cpu_bind != Some(orch_core::job::CpuBind::Numa)
+    {
+        Vec::new()
+    } else {
+        bindings
+    };
     if args.json {
-        println!("{}", json(&plan));
+        println!("{}", json(&plan, &bindings));
     } else {
         print!("{}", human(&plan));
+        print!("{}", binding_lines(&bindings));
     }
     Ok(())
+}
+
+type Bindings = [Result<orch_exec::CpuBinding, orch_runner::bind::Unbound>];
+
+/// `cpu binding: CPUs 0-23, memory of NUMA node 0`, one line per rank when there are several.
+fn binding_lines(bindings: &Bindings) -> String {
+    let line = |b: &Result<orch_exec::CpuBinding, orch_runner::bind::Unbound>| match b {
+        Ok(b) => b.to_string(),
+        Err(why) => format!("not bound ({why})"),
+    };
+    match bindings {
+        [] => String::new(),
+        [one] => format!("cpu binding: {}\n", line(one)),
+        ranks => ranks
+            .iter()
+            .enumerate()
+            .map(|(rank, b)| format!("cpu binding of rank {rank}: {}\n", line(b)))
+            .collect(),
+    }
 }
 
 /// The policy host `orch` uses: the default limits, which a job's `[policy] deadline` and
@@ -72,7 +133,7 @@ pub fn policy_host() -> Result<PolicyHost, Failure> {
     PolicyHost::new(Limits::default()).map_err(Failure::failed_msg)
 }
 
-fn json(plan: &Plan) -> String {
+fn json(plan: &Plan, bindings: &Bindings) -> String {
     let value = PlanJson {
         job: &plan.job,
         policy: &plan.policy,
@@ -91,6 +152,21 @@ fn json(plan: &Plan) -> String {
             .map(|r| RejectedJson {
                 index: r.index,
                 why: &r.why,
+            })
+            .collect(),
+        cpu_binding: bindings
+            .iter()
+            .map(|b| match b {
+                Ok(b) => BindingJson {
+                    cpus: Some(b.cpus.to_string()),
+                    mems: Some(b.mems.to_string()),
+                    unbound: None,
+                },
+                Err(why) => BindingJson {
+                    cpus: None,
+                    mems: None,
+                    unbound: Some(why.to_string()),
+                },
             })
             .collect(),
     };

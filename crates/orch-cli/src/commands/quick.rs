@@ -4,7 +4,9 @@
 
 use crate::cli::QuickArgs;
 use crate::failure::Failure;
-use orch_core::job::{CommandSpec, JobSpec, Launch, PluginRef, PolicySpec, Resources, Work};
+use orch_core::job::{
+    CommandSpec, CpuBind, DeviceIds, JobSpec, Launch, PluginRef, PolicySpec, Resources, Work,
+};
 use orch_core::{ByteSize, Location};
 
 pub const DEFAULT_POLICY: &str = "least-loaded";
@@ -91,6 +93,7 @@ pub fn job(command: &str, args: &QuickArgs, argv: &[String]) -> Result<JobSpec, 
             memory_limit: size("--memory-limit", &args.memory_limit)?,
             exclusive: !args.shared,
             enforce_memory_limit: false,
+            cpu_bind: args.cpu_bind.as_deref().and_then(CpuBind::parse),
         },
         policy: PolicySpec {
             plugin: PluginRef::parse(args.policy.as_deref().unwrap_or(DEFAULT_POLICY), &here),
@@ -106,6 +109,7 @@ pub fn job(command: &str, args: &QuickArgs, argv: &[String]) -> Result<JobSpec, 
             } else {
                 Launch::Single
             },
+            device_ids: args.device_ids.as_deref().and_then(DeviceIds::parse),
         }),
     })
 }
@@ -146,6 +150,9 @@ pub fn job_text(spec: &JobSpec) -> String {
         text.push_str(&format!("memory_limit = {}\n", size(m)));
     }
     text.push_str(&format!("exclusive = {}\n", r.exclusive));
+    if let Some(bind) = r.cpu_bind {
+        text.push_str(&format!("cpu_bind = \"{}\"\n", bind.as_str()));
+    }
     text.push_str(&format!(
         "[policy]\nplugin = {}\n",
         quote(&spec.policy.plugin.to_string())
@@ -160,6 +167,9 @@ pub fn job_text(spec: &JobSpec) -> String {
             "[command]\nargv = [{}]\nlaunch = \"{launch}\"\n",
             argv.join(", ")
         ));
+        if let Some(ids) = command.device_ids {
+            text.push_str(&format!("device_ids = \"{}\"\n", ids.as_str()));
+        }
     }
     text
 }
@@ -201,6 +211,7 @@ mod tests {
             ][..],
             &["--exclusive", "--policy", "most-free-memory"][..],
             &["--signal", "SIGUSR2@90s", "--grace", "1m 30s"][..],
+            &["--device-ids", "index", "--cpu-bind", "none"][..],
         ] {
             let mut spec = job("submit", &quick(flags), &argv).unwrap();
             spec.tenant = Some("vision".into());
@@ -223,6 +234,7 @@ mod tests {
                 (b.memory_limit, b.exclusive, b.enforce_memory_limit),
                 "{text}"
             );
+            assert_eq!(a.cpu_bind, b.cpu_bind, "{text}");
         }
     }
 

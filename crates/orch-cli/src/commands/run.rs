@@ -228,6 +228,7 @@ pub(super) fn place_here(
         Placement {
             lease: LeaseGuard::held_by_parent(lease),
             plan,
+            granted_names: None,
         }
     } else {
         let mut store = open_store()?;
@@ -244,6 +245,7 @@ pub(super) fn place_here(
         Placement {
             lease: LeaseGuard::new(default_state_dir(), lease),
             plan,
+            granted_names: None,
         }
     })
 }

@@ -707,3 +707,47 @@ fn a_dependency_that_is_no_job_id_points_at_it() {
             .unwrap_err();
     assert!(e.contains("jobs/j.toml:3:"), "{e}");
 }
+
+#[test]
+fn reads_cpu_bind_and_device_ids() {
+    let job = parse_str(
+        "[job]\nname = \"j\"\n[resources]\ncpu_bind = \"none\"\n[command]\nargv = [\"true\"]\ndevice_ids = \"index\"\n",
+    )
+    .unwrap();
+    assert_eq!(job.resources.cpu_bind, Some(CpuBind::None));
+    let Work::Command(command) = &job.work else {
+        panic!("a command job")
+    };
+    assert_eq!(command.device_ids, Some(DeviceIds::Index));
+    // Unsaid: the defaults decide later (the inventory, a tenant's default).
+    let job =
+        parse_str("[job]\nname = \"j\"\n[resources]\ngpus = 1\n[command]\nargv = [\"true\"]\n")
+            .unwrap();
+    assert_eq!(job.resources.cpu_bind, None);
+    let Work::Command(command) = &job.work else {
+        panic!("a command job")
+    };
+    assert_eq!(command.device_ids, None);
+}
+
+#[test]
+fn a_bad_cpu_bind_or_device_ids_is_one_sentence_at_its_place() {
+    let err = parse_str(
+        "[job]\nname = \"j\"\n[resources]\ncpu_bind = \"socket\"\n[command]\nargv = [\"true\"]\n",
+    )
+    .unwrap_err();
+    assert!(
+        err.starts_with("jobs/j.toml:4:12: cpu_bind = \"socket\" is not known"),
+        "{err}"
+    );
+    assert!(err.contains("\"numa\""), "{err}");
+    let err =
+        parse_str("[job]\nname = \"j\"\n[command]\nargv = [\"true\"]\ndevice_ids = \"ordinal\"\n")
+            .unwrap_err();
+    assert!(
+        err.starts_with("jobs/j.toml:5:14: device_ids = \"ordinal\" is not known"),
+        "{err}"
+    );
+    assert!(err.contains("\"index\""), "{err}");
+    assert!(!err.contains('\n'), "{err}");
+}

@@ -126,6 +126,7 @@ fn launch_probe(dir: &Path, cgroup: Option<&JobCgroup>, join: Option<DeviceJoin>
         base_env: None,
         cgroup: cgroup.map(|c| c.path().to_path_buf()),
         devices: join,
+        cpu_binding: Vec::new(),
         forward_signals: false,
         warning_signal: None,
     };

@@ -23,6 +23,7 @@ fn spec(script: &str, devices: usize, per_device: bool) -> LaunchSpec {
         base_env: None,
         cgroup: None,
         devices: None,
+        cpu_binding: Vec::new(),
         forward_signals: true,
         warning_signal: None,
     }

@@ -197,6 +197,9 @@ pub struct Tenant {
     pub policy: PolicyBudget,
     /// `max_grace`: the longest `[job] grace` of its jobs, instead of the daemon's `max_grace`.
     pub max_grace: Option<Duration>,
+    /// `device_ids`: how its jobs' `CUDA_VISIBLE_DEVICES` names their GPUs when a job does not
+    /// say (`[command] device_ids`); `None`: UUIDs.
+    pub device_ids: Option<orch_core::job::DeviceIds>,
 }
 
 /// The SHA-256 of a bearer token, as the config stores it (`sha256:` and 64 hex digits).
@@ -304,6 +307,7 @@ struct RawTenant {
     policy_cpu: Option<toml::Spanned<String>>,
     policy_window: Option<toml::Spanned<String>>,
     max_grace: Option<toml::Spanned<String>>,
+    device_ids: Option<toml::Spanned<String>>,
 }
 
 /// The queue policy when the config names none.
@@ -358,6 +362,7 @@ impl Config {
                 compile: CompileBudget::default(),
                 policy: PolicyBudget::default(),
                 max_grace: None,
+                device_ids: None,
             }],
         }
     }
@@ -645,6 +650,22 @@ impl Config {
                     }
                 },
                 max_grace: spanned_duration("max_grace", &t.max_grace)?,
+                device_ids: match &t.device_ids {
+                    None => None,
+                    Some(v) => Some(orch_core::job::DeviceIds::parse(v.get_ref()).ok_or_else(
+                        || {
+                            spanned(
+                                v.span(),
+                                format!(
+                                    "tenant \"{}\": device_ids = {:?} is not known",
+                                    t.name,
+                                    v.get_ref()
+                                ),
+                                &format!("give {}", orch_core::job::DeviceIds::VALUES),
+                            )
+                        },
+                    )?),
+                },
             });
         }
         for tenant in &tenants {
@@ -964,6 +985,27 @@ mod tests {
 
     fn parse(text: &str) -> Result<Config, String> {
         Config::parse(Path::new("serve.toml"), text).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_tenants_device_ids_default_is_read_and_a_bad_one_is_one_sentence() {
+        let c = parse(
+            "[[tenant]]\nname = \"a\"\nusers = [\"alice\"]\ndevice_ids = \"index\"\n[[tenant]]\nname = \"b\"\nusers = [\"bob\"]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.tenant("a").and_then(|t| t.device_ids),
+            Some(orch_core::job::DeviceIds::Index)
+        );
+        assert_eq!(c.tenant("b").and_then(|t| t.device_ids), None);
+        let err =
+            parse("[[tenant]]\nname = \"a\"\nusers = [\"alice\"]\ndevice_ids = \"ordinal\"\n")
+                .unwrap_err();
+        assert!(
+            err.starts_with("serve.toml:4:14: tenant \"a\": device_ids = \"ordinal\" is not known"),
+            "{err}"
+        );
+        assert!(!err.contains('\n'), "{err}");
     }
 
     #[test]

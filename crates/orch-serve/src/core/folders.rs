@@ -47,6 +47,9 @@ pub struct SuperviseSpec {
     /// The free space the job's output leaves on the state folder's file system ([`log_reserve`]).
     #[serde(default = "default_log_reserve")]
     pub log_reserve_bytes: u64,
+    /// The tenant's `device_ids`, for a job that does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_ids: Option<orch_core::job::DeviceIds>,
 }
 
 fn default_max_log() -> u64 {

@@ -531,6 +531,41 @@ impl Jobs {
         }
     }
 
+    /// The device variables of held lease job `id`'s process: its GPUs named as the job (or
+    /// its tenant's `device_ids`) asks, by the numbers CUDA gives them under the device rule
+    /// the daemon put on that process. Indices that cannot name a device (a MIG slice) leave
+    /// UUIDs here; the job's own `orch run` refuses it with the reason.
+    fn held_env(
+        &self,
+        id: i64,
+        job: &Queued,
+        lease: &orch_leases::Lease,
+        plan: &orch_runner::Plan,
+    ) -> std::collections::BTreeMap<String, String> {
+        let asked = match &job.spec.work {
+            orch_core::job::Work::Command(command) => command.device_ids,
+            orch_core::job::Work::Train(_) => None,
+        };
+        let ids = asked
+            .or_else(|| {
+                self.shared
+                    .config
+                    .tenant(&job.row.tenant)
+                    .and_then(|t| t.device_ids)
+            })
+            .unwrap_or(orch_core::job::DeviceIds::Uuid);
+        let rule = self
+            .confined
+            .contains_key(&id)
+            .then(|| orch_runner::device_rule(plan, &self.inventory))
+            .flatten();
+        orch_runner::lease_env_named(&job.spec, lease, plan, &self.inventory, ids, rule.as_ref())
+            .unwrap_or_else(|e| {
+                tracing::debug!("job {id}: {e}");
+                orch_runner::lease_env(&job.spec, lease, plan, &self.inventory)
+            })
+    }
+
     /// A held lease's placement and fence in its folder; on failure its devices go back.
     pub(super) fn write_lease_folder(
         &mut self,
@@ -541,7 +576,7 @@ impl Jobs {
         plan: &orch_runner::Plan,
         holder: &Holder,
     ) -> Result<(), Placed> {
-        let Err(e) = folders::write_placed(dir, &self.placed(job, lease, plan), holder) else {
+        let Err(e) = folders::write_placed(dir, &self.placed(id, job, lease, plan), holder) else {
             return Ok(());
         };
         self.release_now(id, &lease.id);
@@ -592,6 +627,11 @@ impl Jobs {
                 .as_secs_f64(),
             max_log_bytes: self.shared.config.max_log_size,
             log_reserve_bytes: folders::log_reserve(&self.shared.state_dir),
+            device_ids: self
+                .shared
+                .config
+                .tenant(&job.row.tenant)
+                .and_then(|t| t.device_ids),
         };
         let Err(e) = folders::prepare(dir, &spec) else {
             return Ok(());
@@ -681,11 +721,12 @@ impl Jobs {
     /// the policy's reason, and the variables its process sets for itself.
     pub(super) fn placed(
         &self,
+        id: i64,
         job: &Queued,
         lease: &orch_leases::Lease,
         plan: &orch_runner::Plan,
     ) -> folders::Placed {
-        let env = orch_runner::lease_env(&job.spec, lease, plan, &self.inventory);
+        let env = self.held_env(id, job, lease, plan);
         let devices = plan
             .chosen
             .iter()
