@@ -136,15 +136,13 @@ fn read_device(nvml: &Nvml, index: u32) -> Result<Device, DeviceError> {
     })
 }
 
-/// The GPU's NUMA node: NVML's NUMA node id where the library has it, else the one node of its
-/// memory affinity. Unknown when neither says (or the affinity names several nodes).
+/// The GPU's NUMA node as `nvidia-smi topo -m` prints it under "NUMA Affinity": the one node of
+/// its memory affinity (node scope). Unknown when NVML does not say (or names several nodes).
+///
+/// Not `nvmlDeviceGetNumaNodeId`: that is the GPU's own memory as a NUMA node where GPUs are
+/// nodes (GH200, GB200: an HBM node without CPUs, not the node the GPU hangs off) and is not
+/// supported elsewhere (x86 PCIe boxes).
 fn read_numa_node(device: &nvml_wrapper::Device<'_>) -> Option<u32> {
-    const MAX_NODE: u32 = 1023;
-    match device.numa_node_id() {
-        Ok(node) => return (node <= MAX_NODE).then_some(node),
-        Err(NvmlError::FailedToLoadSymbol(_) | NvmlError::NotSupported) => {}
-        Err(_) => return None,
-    }
     let words = device
         .memory_affinity(NODE_SET_WORDS, AFFINITY_SCOPE_NODE)
         .ok()?;
