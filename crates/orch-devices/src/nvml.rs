@@ -186,8 +186,30 @@ struct NvlinkEnds {
     switches: BTreeMap<String, u32>,
 }
 
-/// Each GPU's active NVLinks, by the PCI bus id at their far end.
+/// Whether NVML says the far end of a GPU's link is an NVSwitch
+/// (`nvmlDeviceGetNvLinkRemoteDeviceType` is `NVML_NVLINK_DEVICE_TYPE_SWITCH`); `false` for any
+/// other type (a GPU, an IBM NPU, unknown) and when NVML cannot say.
+///
+/// Called through the library nvml-wrapper loaded: nvml-wrapper 0.13's `remote_device_type`
+/// passes NVML a copy of its answer and returns `Unknown` whatever NVML writes.
+fn remote_is_switch(nvml: &Nvml, device: &nvml_wrapper::Device<'_>, link: u32) -> bool {
+    use nvml_wrapper_sys::bindings as sys;
+    let Ok(get_type) = nvml.lib().nvmlDeviceGetNvLinkRemoteDeviceType.as_ref() else {
+        return false;
+    };
+    let mut kind = sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_UNKNOWN;
+    // SAFETY: the handle comes from this `Nvml`, which is alive for the call; `kind` is a valid
+    // place for the one value NVML writes.
+    let ret = unsafe { get_type(device.handle(), link, &mut kind) };
+    ret == sys::nvmlReturn_enum_NVML_SUCCESS
+        && kind == sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_SWITCH
+}
+
+/// Each GPU's active NVLinks, by the PCI bus id at their far end: another GPU's, or an NVSwitch's
+/// (a link NVML reports as ending at a switch). Links to anything else (an IBM NPU: a POWER9
+/// board's CPU) and links whose far end NVML cannot name are left out.
 fn read_nvlinks(
+    nvml: &Nvml,
     device: &nvml_wrapper::Device<'_>,
     index: u32,
     by_bus_id: &HashMap<String, u32>,
@@ -212,7 +234,10 @@ fn read_nvlinks(
         match by_bus_id.get(&remote) {
             Some(&peer) if peer != index => *ends.gpus.entry(peer).or_default() += 1,
             Some(_) => {}
-            None => *ends.switches.entry(remote).or_default() += 1,
+            None if remote_is_switch(nvml, device, link) => {
+                *ends.switches.entry(remote).or_default() += 1
+            }
+            None => {}
         }
     }
     ends
@@ -232,7 +257,7 @@ fn read_links(nvml: &Nvml, devices: &mut [Device]) {
     let ends: Vec<NvlinkEnds> = devices
         .iter()
         .map(|d| match nvml.device_by_index(d.index) {
-            Ok(handle) => read_nvlinks(&handle, d.index, &by_bus_id),
+            Ok(handle) => read_nvlinks(nvml, &handle, d.index, &by_bus_id),
             Err(_) => NvlinkEnds::default(),
         })
         .collect();

@@ -370,7 +370,22 @@ fn topology_is_served_from_the_file() {
                 "51300000:01:00.0",
                 "GPU 1's derived id"
             );
+            let mut kind = sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_UNKNOWN;
+            assert_eq!(
+                nvmlDeviceGetNvLinkRemoteDeviceType(a, link, &mut kind),
+                SUCCESS
+            );
+            assert_eq!(
+                kind,
+                sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_GPU
+            );
         }
+        let mut kind = 0;
+        assert_eq!(
+            nvmlDeviceGetNvLinkRemoteDeviceType(a, 4, &mut kind),
+            INVALID_ARGUMENT,
+            "a link that is down has no far end"
+        );
         assert_eq!(nvmlDeviceGetNvLinkState(a, 4, &mut state), SUCCESS);
         assert_eq!(state, sys::nvmlEnableState_enum_NVML_FEATURE_DISABLED);
     }
