@@ -295,9 +295,12 @@ impl Timeline {
             now_ms >= o.started_ms.saturating_add(interval_ms) || now_ms < o.started_ms
         });
         if due && let Some(open) = inner.open.take() {
-            // A clock set back closes the interval now, by the new clock: sampling goes on.
+            // A clock set back closes the interval now, by the new clock: sampling goes on. The
+            // samples at or after the new time are dropped first, so times stay increasing (what
+            // `view`'s `since_ms` search needs).
             let back = now_ms < open.started_ms;
             let end = if back {
+                Self::drop_from(inner, now_ms);
                 now_ms
             } else {
                 open.started_ms.saturating_add(interval_ms)
@@ -317,6 +320,25 @@ impl Timeline {
             devices: Vec::new(),
             jobs: jobs_now.clone(),
         })
+    }
+
+    /// Drops the samples whose time is `from_ms` or later (all series alike).
+    fn drop_from(inner: &mut Inner, from_ms: u64) {
+        let keep = inner.times.partition_point(|&t| t < from_ms);
+        let dropped = inner.times.len() - keep;
+        if dropped == 0 {
+            return;
+        }
+        inner.times.truncate(keep);
+        for d in &mut inner.devices {
+            d.utilization.truncate(keep);
+            d.memory_mib.truncate(keep);
+            d.missing = d.missing.saturating_sub(dropped);
+        }
+        for t in &mut inner.tenants {
+            t.queued.truncate(keep);
+            t.running.truncate(keep);
+        }
     }
 
     fn opening(inner: &Inner, started_ms: u64) -> Open {
