@@ -169,6 +169,30 @@ fn since_and_points_thin_what_is_sent() {
 }
 
 #[test]
+fn points_default_to_a_thousand_and_are_capped() {
+    // 5,000 one-second samples.
+    let t = every(1, 5000);
+    for s in 0..=5000u64 {
+        t.note_devices(s * 1000, &[gpu(0, Some(50), Some(GIB))]);
+    }
+    let newest = 5_000_000;
+    let default = t.view(0, None, all);
+    assert_eq!(default.times_ms.len(), DEFAULT_POINTS, "groups of 5");
+    assert_eq!(default.times_ms.last(), Some(&newest));
+    assert_eq!(default.devices[0].utilization_percent.len(), DEFAULT_POINTS);
+    assert_eq!(default.queued.len(), DEFAULT_POINTS);
+    let capped = t.view(0, Some(1_000_000), all);
+    assert_eq!(capped.times_ms.len(), 1667, "groups of 3: within the cap");
+    assert!(capped.times_ms.len() <= MAX_POINTS);
+    assert_eq!(capped.times_ms.last(), Some(&newest));
+    assert_eq!(t.view(0, Some(MAX_POINTS), all), capped);
+    // A slice within the cap is every sample.
+    let recent = t.view(newest - 10_000, None, all);
+    assert_eq!(recent.times_ms.len(), 10);
+    assert_eq!(recent.devices[0].memory_used_bytes, vec![Some(GIB); 10]);
+}
+
+#[test]
 fn a_pause_longer_than_an_interval_starts_afresh() {
     let t = every(5, 3600);
     t.note_devices(0, &[gpu(0, Some(50), None)]);
