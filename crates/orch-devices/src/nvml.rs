@@ -231,16 +231,31 @@ fn read_nvlinks(
         else {
             continue;
         };
+        ends.count(remote, index, by_bus_id, || {
+            remote_is_switch(nvml, device, link)
+        });
+    }
+    ends
+}
+
+impl NvlinkEnds {
+    /// Counts one active link of GPU `index` whose far end has PCI bus id `remote`: for the GPU
+    /// of that id, else for the switch of that id when `is_switch` says the far end is one (asked
+    /// only then); a link to anything else counts for nothing.
+    fn count(
+        &mut self,
+        remote: String,
+        index: u32,
+        by_bus_id: &HashMap<String, u32>,
+        is_switch: impl FnOnce() -> bool,
+    ) {
         match by_bus_id.get(&remote) {
-            Some(&peer) if peer != index => *ends.gpus.entry(peer).or_default() += 1,
+            Some(&peer) if peer != index => *self.gpus.entry(peer).or_default() += 1,
             Some(_) => {}
-            None if remote_is_switch(nvml, device, link) => {
-                *ends.switches.entry(remote).or_default() += 1
-            }
+            None if is_switch() => *self.switches.entry(remote).or_default() += 1,
             None => {}
         }
     }
-    ends
 }
 
 /// The link between every pair: NVLinks (direct, or through NVSwitches both GPUs reach: the
@@ -313,6 +328,33 @@ fn read_mig_devices(device: &nvml_wrapper::Device<'_>) -> Vec<MigDevice> {
 
 #[cfg(test)]
 mod tests {
+    use super::NvlinkEnds;
+    use std::collections::HashMap;
+
+    #[test]
+    fn only_ends_nvml_calls_switches_count_as_switches() {
+        // A POWER9-style board: GPU 0 has 2 links to GPU 1, 3 to an NVSwitch and 3 to the CPU's
+        // NPU (neither a GPU nor a switch).
+        let by_bus_id: HashMap<String, u32> = [
+            ("00000000:04:00.0".to_string(), 0),
+            ("00000000:05:00.0".to_string(), 1),
+        ]
+        .into();
+        let mut ends = NvlinkEnds::default();
+        let links = [("00000000:05:00.0", false); 2]
+            .into_iter()
+            .chain([("00000000:C0:00.0", true); 3])
+            .chain([("00000000:D0:00.0", false); 3]);
+        for (remote, is_switch) in links {
+            ends.count(remote.to_string(), 0, &by_bus_id, || is_switch);
+        }
+        assert_eq!(ends.gpus, [(1, 2)].into());
+        assert_eq!(ends.switches, [("00000000:C0:00.0".to_string(), 3)].into());
+        // A link to itself counts for nothing.
+        ends.count("00000000:04:00.0".to_string(), 0, &by_bus_id, || true);
+        assert_eq!(ends.gpus, [(1, 2)].into());
+    }
+
     #[test]
     fn absence_is_an_error_value_not_a_panic() {
         // On a machine without the NVIDIA driver this is the reason users read; with one it lists GPUs.
