@@ -136,15 +136,13 @@ fn read_device(nvml: &Nvml, index: u32) -> Result<Device, DeviceError> {
     })
 }
 
-/// The GPU's NUMA node: NVML's NUMA node id where the library has it, else the one node of its
-/// memory affinity. Unknown when neither says (or the affinity names several nodes).
+/// The GPU's NUMA node as `nvidia-smi topo -m` prints it under "NUMA Affinity": the one node of
+/// its memory affinity (node scope). Unknown when NVML does not say (or names several nodes).
+///
+/// Not `nvmlDeviceGetNumaNodeId`: that is the GPU's own memory as a NUMA node where GPUs are
+/// nodes (GH200, GB200: an HBM node without CPUs, not the node the GPU hangs off) and is not
+/// supported elsewhere (x86 PCIe boxes).
 fn read_numa_node(device: &nvml_wrapper::Device<'_>) -> Option<u32> {
-    const MAX_NODE: u32 = 1023;
-    match device.numa_node_id() {
-        Ok(node) => return (node <= MAX_NODE).then_some(node),
-        Err(NvmlError::FailedToLoadSymbol(_) | NvmlError::NotSupported) => {}
-        Err(_) => return None,
-    }
     let words = device
         .memory_affinity(NODE_SET_WORDS, AFFINITY_SCOPE_NODE)
         .ok()?;
@@ -188,8 +186,30 @@ struct NvlinkEnds {
     switches: BTreeMap<String, u32>,
 }
 
-/// Each GPU's active NVLinks, by the PCI bus id at their far end.
+/// Whether NVML says the far end of a GPU's link is an NVSwitch
+/// (`nvmlDeviceGetNvLinkRemoteDeviceType` is `NVML_NVLINK_DEVICE_TYPE_SWITCH`); `false` for any
+/// other type (a GPU, an IBM NPU, unknown) and when NVML cannot say.
+///
+/// Called through the library nvml-wrapper loaded: nvml-wrapper 0.13's `remote_device_type`
+/// passes NVML a copy of its answer and returns `Unknown` whatever NVML writes.
+fn remote_is_switch(nvml: &Nvml, device: &nvml_wrapper::Device<'_>, link: u32) -> bool {
+    use nvml_wrapper_sys::bindings as sys;
+    let Ok(get_type) = nvml.lib().nvmlDeviceGetNvLinkRemoteDeviceType.as_ref() else {
+        return false;
+    };
+    let mut kind = sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_UNKNOWN;
+    // SAFETY: the handle comes from this `Nvml`, which is alive for the call; `kind` is a valid
+    // place for the one value NVML writes.
+    let ret = unsafe { get_type(device.handle(), link, &mut kind) };
+    ret == sys::nvmlReturn_enum_NVML_SUCCESS
+        && kind == sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_SWITCH
+}
+
+/// Each GPU's active NVLinks, by the PCI bus id at their far end: another GPU's, or an NVSwitch's
+/// (a link NVML reports as ending at a switch). Links to anything else (an IBM NPU: a POWER9
+/// board's CPU) and links whose far end NVML cannot name are left out.
 fn read_nvlinks(
+    nvml: &Nvml,
     device: &nvml_wrapper::Device<'_>,
     index: u32,
     by_bus_id: &HashMap<String, u32>,
@@ -211,13 +231,31 @@ fn read_nvlinks(
         else {
             continue;
         };
-        match by_bus_id.get(&remote) {
-            Some(&peer) if peer != index => *ends.gpus.entry(peer).or_default() += 1,
-            Some(_) => {}
-            None => *ends.switches.entry(remote).or_default() += 1,
-        }
+        ends.count(remote, index, by_bus_id, || {
+            remote_is_switch(nvml, device, link)
+        });
     }
     ends
+}
+
+impl NvlinkEnds {
+    /// Counts one active link of GPU `index` whose far end has PCI bus id `remote`: for the GPU
+    /// of that id, else for the switch of that id when `is_switch` says the far end is one (asked
+    /// only then); a link to anything else counts for nothing.
+    fn count(
+        &mut self,
+        remote: String,
+        index: u32,
+        by_bus_id: &HashMap<String, u32>,
+        is_switch: impl FnOnce() -> bool,
+    ) {
+        match by_bus_id.get(&remote) {
+            Some(&peer) if peer != index => *self.gpus.entry(peer).or_default() += 1,
+            Some(_) => {}
+            None if is_switch() => *self.switches.entry(remote).or_default() += 1,
+            None => {}
+        }
+    }
 }
 
 /// The link between every pair: NVLinks (direct, or through NVSwitches both GPUs reach: the
@@ -234,7 +272,7 @@ fn read_links(nvml: &Nvml, devices: &mut [Device]) {
     let ends: Vec<NvlinkEnds> = devices
         .iter()
         .map(|d| match nvml.device_by_index(d.index) {
-            Ok(handle) => read_nvlinks(&handle, d.index, &by_bus_id),
+            Ok(handle) => read_nvlinks(nvml, &handle, d.index, &by_bus_id),
             Err(_) => NvlinkEnds::default(),
         })
         .collect();
@@ -290,6 +328,33 @@ fn read_mig_devices(device: &nvml_wrapper::Device<'_>) -> Vec<MigDevice> {
 
 #[cfg(test)]
 mod tests {
+    use super::NvlinkEnds;
+    use std::collections::HashMap;
+
+    #[test]
+    fn only_ends_nvml_calls_switches_count_as_switches() {
+        // A POWER9-style board: GPU 0 has 2 links to GPU 1, 3 to an NVSwitch and 3 to the CPU's
+        // NPU (neither a GPU nor a switch).
+        let by_bus_id: HashMap<String, u32> = [
+            ("00000000:04:00.0".to_string(), 0),
+            ("00000000:05:00.0".to_string(), 1),
+        ]
+        .into();
+        let mut ends = NvlinkEnds::default();
+        let links = [("00000000:05:00.0", false); 2]
+            .into_iter()
+            .chain([("00000000:C0:00.0", true); 3])
+            .chain([("00000000:D0:00.0", false); 3]);
+        for (remote, is_switch) in links {
+            ends.count(remote.to_string(), 0, &by_bus_id, || is_switch);
+        }
+        assert_eq!(ends.gpus, [(1, 2)].into());
+        assert_eq!(ends.switches, [("00000000:C0:00.0".to_string(), 3)].into());
+        // A link to itself counts for nothing.
+        ends.count("00000000:04:00.0".to_string(), 0, &by_bus_id, || true);
+        assert_eq!(ends.gpus, [(1, 2)].into());
+    }
+
     #[test]
     fn absence_is_an_error_value_not_a_panic() {
         // On a machine without the NVIDIA driver this is the reason users read; with one it lists GPUs.

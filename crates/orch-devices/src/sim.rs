@@ -232,6 +232,15 @@ fn to_device(path: &Path, text: &str, position: usize, gpu: SimGpu) -> Result<De
     };
     let pci_bus_id = match &gpu.pci_bus_id {
         Some(id) => match normalize_pci_bus_id(id.get_ref()) {
+            Some(normalized) if is_reserved_pci_bus_id(&normalized) => {
+                return Err(at(
+                    id.span(),
+                    format!(
+                        "pci_bus_id \"{}\" is in domain 5130xxxx or 5131xxxx, which orch keeps for the ids it derives (GPUs without one, simulated NVSwitches); give another domain",
+                        id.get_ref()
+                    ),
+                ));
+            }
             Some(normalized) => normalized,
             None => {
                 return Err(at(
@@ -406,13 +415,20 @@ fn derived_uuid(position: usize) -> String {
 }
 
 /// A stable PCI bus id from the GPU's position in the file, in NVML's format (domain `5130`,
-/// which no real host bridge uses, so it cannot clash with an id the file gives).
+/// which a file may not give, so it cannot clash with an id the file gives).
 fn derived_pci_bus_id(position: usize) -> String {
     format!(
         "5130{:04X}:{:02X}:00.0",
         (position >> 8) & 0xffff,
         position & 0xff
     )
+}
+
+/// Whether a PCI bus id (NVML's spelling, 8-digit domain) is in a domain kept for derived ids:
+/// `5130xxxx` for the GPUs a file gives no id, `5131xxxx` for the simulated NVML library's
+/// NVSwitches. A file may not give one, so a derived id never clashes with a given one.
+fn is_reserved_pci_bus_id(normalized: &str) -> bool {
+    normalized.starts_with("5130") || normalized.starts_with("5131")
 }
 
 /// A PCI bus id (`DOMAIN:BUS:DEVICE.FUNCTION`, hex, the domain up to 8 digits, NVML's form or
@@ -594,6 +610,23 @@ memory_total = 1024
             "",
         ] {
             assert_eq!(normalize_pci_bus_id(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn pci_bus_ids_in_the_derived_domains_are_refused() {
+        for given in ["51300000:01:00.0", "51310000:00:00.0", "5131ABCD:00:00.0"] {
+            let text =
+                format!("[[gpu]]\nname = \"a\"\nmemory_total = 1\npci_bus_id = \"{given}\"\n");
+            let err = parse_str(&text).unwrap_err();
+            assert!(err.contains("lab.toml:4:14"), "{err}");
+            assert!(err.contains("5130xxxx or 5131xxxx"), "{err}");
+        }
+        // Domains that only share a prefix with the reserved ones are not refused.
+        for given in ["00005130:01:00.0", "5131:01:00.0", "51320000:01:00.0"] {
+            let text =
+                format!("[[gpu]]\nname = \"a\"\nmemory_total = 1\npci_bus_id = \"{given}\"\n");
+            assert!(parse_str(&text).is_ok(), "{given}");
         }
     }
 

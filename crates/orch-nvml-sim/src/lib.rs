@@ -9,6 +9,8 @@
 //! What it answers, as NVML documents per function:
 //! - a field the file leaves out (`power_draw_w`, `temperature`, `minor_number`, `numa_node`,
 //!   `cpus`, `compute_capability`) is `NVML_ERROR_NOT_SUPPORTED`, as on a board without it;
+//!   `numa_node` is the memory affinity's node, and `nvmlDeviceGetNumaNodeId` is
+//!   `NVML_ERROR_NOT_SUPPORTED` for every GPU, as on an x86 PCIe box;
 //! - a MIG device handle answers its uuid, name, memory and parent; telemetry, topology and
 //!   processes are `NVML_ERROR_NOT_SUPPORTED` (the file has no per-instance readings), and the MIG
 //!   hierarchy functions that take a GPU are `NVML_ERROR_INVALID_ARGUMENT`;
@@ -980,15 +982,18 @@ pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
 
 // ---- topology ----------------------------------------------------------------------------------
 
+/// `NVML_ERROR_NOT_SUPPORTED` for every GPU, as on an x86 PCIe box: the id is the GPU's own
+/// memory as a NUMA node, which only coherent platforms (GH200, GB200) have. The node a GPU hangs
+/// off (the file's `numa_node`) is its memory affinity.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetNumaNodeId(
     device: sys::nvmlDevice_t,
     node: *mut c_uint,
 ) -> Ret {
-    guard(|| unsafe {
+    guard(|| {
         non_null(node)?;
-        let (machine, gpu) = gpu(device)?;
-        put(node, machine.devices[gpu].numa_node.ok_or(NOT_SUPPORTED)?)
+        gpu(device)?;
+        Err(NOT_SUPPORTED)
     })
 }
 

@@ -36,6 +36,10 @@ pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
 pub const MAX_SAMPLES: u64 = 43_200;
 /// Most GPUs recorded; past it, the GPUs of the highest indices are not charted.
 pub const MAX_DEVICES: usize = 64;
+/// Points `view` answers when the caller names no number (`GET /v1/timeline` without `points`).
+pub const DEFAULT_POINTS: usize = 1000;
+/// Most points `view` answers: a larger `points` is answered with this many.
+pub const MAX_POINTS: usize = 2000;
 /// The engine's counts are taken at most this often.
 const JOBS_EVERY_MS: u64 = 1000;
 
@@ -295,9 +299,12 @@ impl Timeline {
             now_ms >= o.started_ms.saturating_add(interval_ms) || now_ms < o.started_ms
         });
         if due && let Some(open) = inner.open.take() {
-            // A clock set back closes the interval now, by the new clock: sampling goes on.
+            // A clock set back closes the interval now, by the new clock: sampling goes on. The
+            // samples at or after the new time are dropped first, so times stay increasing (what
+            // `view`'s `since_ms` search needs).
             let back = now_ms < open.started_ms;
             let end = if back {
+                Self::drop_from(inner, now_ms);
                 now_ms
             } else {
                 open.started_ms.saturating_add(interval_ms)
@@ -317,6 +324,25 @@ impl Timeline {
             devices: Vec::new(),
             jobs: jobs_now.clone(),
         })
+    }
+
+    /// Drops the samples whose time is `from_ms` or later (all series alike).
+    fn drop_from(inner: &mut Inner, from_ms: u64) {
+        let keep = inner.times.partition_point(|&t| t < from_ms);
+        let dropped = inner.times.len() - keep;
+        if dropped == 0 {
+            return;
+        }
+        inner.times.truncate(keep);
+        for d in &mut inner.devices {
+            d.utilization.truncate(keep);
+            d.memory_mib.truncate(keep);
+            d.missing = d.missing.saturating_sub(dropped);
+        }
+        for t in &mut inner.tenants {
+            t.queued.truncate(keep);
+            t.running.truncate(keep);
+        }
     }
 
     fn opening(inner: &Inner, started_ms: u64) -> Open {
@@ -411,77 +437,103 @@ impl Timeline {
         }
     }
 
-    /// The samples after `since_ms`, at most `points` of them (neighbours merged: utilization
-    /// averaged, memory and counts their highest), with the job counts of the tenants
-    /// `tenant_visible` lets the caller see.
+    /// The samples after `since_ms`, at most `points` of them ([`DEFAULT_POINTS`] when `None`,
+    /// never more than [`MAX_POINTS`]; neighbours merged: utilization averaged, memory and counts
+    /// their highest), with the job counts of the tenants `tenant_visible` lets the caller see.
+    ///
+    /// Only the samples after `since_ms` are copied while the ring is locked (a plain copy: the
+    /// device watcher waits on the same lock); they are merged after it is released.
     pub fn view(
         &self,
         since_ms: u64,
         points: Option<usize>,
         tenant_visible: impl Fn(&str) -> bool,
     ) -> View {
-        let inner = lock(&self.inner);
-        let first = inner.times.partition_point(|&t| t <= since_ms);
-        let n = inner.times.len() - first;
-        let group = match points {
-            Some(p) if p > 0 && n > p => n.div_ceil(p),
-            _ => 1,
+        let points = points.unwrap_or(DEFAULT_POINTS).clamp(1, MAX_POINTS);
+        let (times, devices, queued, running) = {
+            let inner = lock(&self.inner);
+            let first = inner.times.partition_point(|&t| t <= since_ms);
+            let times: Vec<u64> = inner.times.range(first..).copied().collect();
+            let devices: Vec<(DeviceView, Vec<u8>, Vec<u32>)> = inner
+                .devices
+                .iter()
+                .map(|d| {
+                    let head = DeviceView {
+                        uuid: d.uuid.clone(),
+                        index: d.index,
+                        name: d.name.clone(),
+                        memory_total_bytes: d.memory_total_bytes,
+                        utilization_percent: Vec::new(),
+                        memory_used_bytes: Vec::new(),
+                    };
+                    let utilization = d.utilization.range(first..).copied().collect();
+                    let memory = d.memory_mib.range(first..).copied().collect();
+                    (head, utilization, memory)
+                })
+                .collect();
+            let visible: Vec<&TenantSeries> = inner
+                .tenants
+                .iter()
+                .filter(|t| tenant_visible(&t.name))
+                .collect();
+            let queued: Vec<Vec<u32>> = visible
+                .iter()
+                .map(|t| t.queued.range(first..).copied().collect())
+                .collect();
+            let running: Vec<Vec<u32>> = visible
+                .iter()
+                .map(|t| t.running.range(first..).copied().collect())
+                .collect();
+            (times, devices, queued, running)
         };
+        let n = times.len();
+        let group = if n > points { n.div_ceil(points) } else { 1 };
         // Groups end at the newest sample, so the newest value is always a sample of its own
         // length or a full group.
         let starts: Vec<(usize, usize)> = {
             let mut out = Vec::new();
-            let mut end = inner.times.len();
-            while end > first {
-                let start = end.saturating_sub(group).max(first);
+            let mut end = n;
+            while end > 0 {
+                let start = end.saturating_sub(group);
                 out.push((start, end));
                 end = start;
             }
             out.reverse();
             out
         };
-        let times_ms = starts.iter().map(|&(_, e)| inner.times[e - 1]).collect();
-        let devices = inner
-            .devices
-            .iter()
-            .map(|d| DeviceView {
-                uuid: d.uuid.clone(),
-                index: d.index,
-                name: d.name.clone(),
-                memory_total_bytes: d.memory_total_bytes,
+        let times_ms = starts.iter().map(|&(_, e)| times[e - 1]).collect();
+        let devices = devices
+            .into_iter()
+            .map(|(head, utilization, memory)| DeviceView {
                 utilization_percent: starts
                     .iter()
                     .map(|&(s, e)| {
-                        let (sum, n) = (s..e)
-                            .map(|i| d.utilization[i])
-                            .filter(|&u| u != NO_UTIL)
-                            .fold((0u64, 0u64), |(sum, n), u| (sum + u64::from(u), n + 1));
+                        let (sum, n) = utilization[s..e]
+                            .iter()
+                            .filter(|&&u| u != NO_UTIL)
+                            .fold((0u64, 0u64), |(sum, n), &u| (sum + u64::from(u), n + 1));
                         mean(sum, n)
                     })
                     .collect(),
                 memory_used_bytes: starts
                     .iter()
                     .map(|&(s, e)| {
-                        (s..e)
-                            .map(|i| d.memory_mib[i])
-                            .filter(|&m| m != NO_MEM)
+                        memory[s..e]
+                            .iter()
+                            .filter(|&&m| m != NO_MEM)
                             .max()
-                            .map(|m| u64::from(m) * MIB)
+                            .map(|&m| u64::from(m) * MIB)
                     })
                     .collect(),
+                ..head
             })
             .collect();
-        let visible: Vec<&TenantSeries> = inner
-            .tenants
-            .iter()
-            .filter(|t| tenant_visible(&t.name))
-            .collect();
-        let count = |pick: fn(&TenantSeries) -> &VecDeque<u32>| -> Vec<u32> {
+        let count = |tenants: &[Vec<u32>]| -> Vec<u32> {
             starts
                 .iter()
                 .map(|&(s, e)| {
                     (s..e)
-                        .map(|i| visible.iter().map(|t| pick(t)[i]).sum::<u32>())
+                        .map(|i| tenants.iter().map(|t| t[i]).sum::<u32>())
                         .max()
                         .unwrap_or(0)
                 })
@@ -492,8 +544,8 @@ impl Timeline {
             span_s: self.settings.span.as_secs_f64(),
             times_ms,
             devices,
-            queued: count(|t| &t.queued),
-            running: count(|t| &t.running),
+            queued: count(&queued),
+            running: count(&running),
         }
     }
 }

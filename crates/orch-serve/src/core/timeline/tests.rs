@@ -169,6 +169,30 @@ fn since_and_points_thin_what_is_sent() {
 }
 
 #[test]
+fn points_default_to_a_thousand_and_are_capped() {
+    // 5,000 one-second samples.
+    let t = every(1, 5000);
+    for s in 0..=5000u64 {
+        t.note_devices(s * 1000, &[gpu(0, Some(50), Some(GIB))]);
+    }
+    let newest = 5_000_000;
+    let default = t.view(0, None, all);
+    assert_eq!(default.times_ms.len(), DEFAULT_POINTS, "groups of 5");
+    assert_eq!(default.times_ms.last(), Some(&newest));
+    assert_eq!(default.devices[0].utilization_percent.len(), DEFAULT_POINTS);
+    assert_eq!(default.queued.len(), DEFAULT_POINTS);
+    let capped = t.view(0, Some(1_000_000), all);
+    assert_eq!(capped.times_ms.len(), 1667, "groups of 3: within the cap");
+    assert!(capped.times_ms.len() <= MAX_POINTS);
+    assert_eq!(capped.times_ms.last(), Some(&newest));
+    assert_eq!(t.view(0, Some(MAX_POINTS), all), capped);
+    // A slice within the cap is every sample.
+    let recent = t.view(newest - 10_000, None, all);
+    assert_eq!(recent.times_ms.len(), 10);
+    assert_eq!(recent.devices[0].memory_used_bytes, vec![Some(GIB); 10]);
+}
+
+#[test]
 fn a_pause_longer_than_an_interval_starts_afresh() {
     let t = every(5, 3600);
     t.note_devices(0, &[gpu(0, Some(50), None)]);
@@ -184,14 +208,43 @@ fn a_clock_set_back_does_not_stop_the_sampling() {
     let t = every(5, 3600);
     t.note_devices(100_000, &[gpu(0, Some(50), None)]);
     t.note_devices(105_000, &[gpu(0, Some(50), None)]);
-    // An hour back: the interval open then closes now, and the next follows the new clock.
+    // Back to before every sample: the samples newer than the new time are dropped, the
+    // interval open then closes now, and the next follows the new clock.
     t.note_devices(40_000, &[gpu(0, Some(20), None)]);
     t.note_devices(45_000, &[gpu(0, Some(30), None)]);
     let v = t.view(0, None, all);
-    assert_eq!(v.times_ms, vec![105_000, 40_000, 45_000]);
+    assert_eq!(v.times_ms, vec![40_000, 45_000]);
+    assert_eq!(v.devices[0].utilization_percent, vec![Some(50), Some(20)]);
+    assert_eq!(v.queued.len(), 2);
+    assert_eq!(t.view(40_000, None, all).times_ms, vec![45_000]);
+}
+
+#[test]
+fn a_clock_set_back_keeps_the_times_increasing_for_since() {
+    let t = every(1, 3600);
+    t.note_jobs(0, ["a"].into_iter(), std::iter::empty());
+    for s in 0..=10u64 {
+        t.note_devices(s * 1000, &[gpu(0, Some(s as u32), None)]);
+    }
+    // Samples at 1..10 s; the clock goes back to 6.5 s.
+    t.note_devices(6_500, &[gpu(0, Some(99), None)]);
+    t.note_devices(7_500, &[gpu(0, Some(99), None)]);
+    let v = t.view(0, None, all);
+    assert!(
+        v.times_ms.windows(2).all(|w| w[0] < w[1]),
+        "{:?}",
+        v.times_ms
+    );
     assert_eq!(
-        v.devices[0].utilization_percent,
-        vec![Some(50), Some(50), Some(20)]
+        v.times_ms,
+        vec![1000, 2000, 3000, 4000, 5000, 6000, 6_500, 7_500]
+    );
+    assert_eq!(v.devices[0].utilization_percent.len(), 8);
+    assert_eq!(v.queued, vec![1; 8]);
+    assert_eq!(
+        t.view(5_000, None, all).times_ms,
+        vec![6000, 6_500, 7_500],
+        "since finds its place"
     );
 }
 
