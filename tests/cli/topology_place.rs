@@ -193,3 +193,59 @@ fn the_numa_pack_example_fills_one_node_before_the_next() {
     assert_eq!(three, vec![2, 3, 0], "{reason}");
     assert!(reason.contains("no NUMA node fits 3 GPUs"), "{reason}");
 }
+
+/// MIG instances have no NVLink or peer-to-peer: their GPUs' links do not pull a job of two
+/// instances onto two GPUs; the policy's own order (first fit: both on GPU 0) stands.
+#[test]
+fn two_mig_instances_stay_where_the_policy_puts_them() {
+    let dir = scratch_dir("topo-mig");
+    let mut sim = String::new();
+    let mut visible = Vec::new();
+    for g in 0..2 {
+        sim.push_str(&format!(
+            "[[gpu]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory_total = \"80GiB\"\nuuid = \"GPU-0000000{g}-1111-4000-8000-000000000000\"\nnuma_node = 0\n[[gpu.nvlink]]\npeer = {}\nlinks = 18\n",
+            1 - g
+        ));
+        for m in 0..2 {
+            let uuid = format!("MIG-0000000{g}-000{m}-4000-8000-000000000000");
+            sim.push_str(&format!(
+                "[[gpu.mig]]\nuuid = \"{uuid}\"\nname = \"3g.40gb\"\nmemory_total = \"40GiB\"\n"
+            ));
+            visible.push(uuid);
+        }
+    }
+    std::fs::write(dir.join("mig.toml"), sim).unwrap();
+    std::fs::write(
+        dir.join("job.toml"),
+        "[job]\nname = \"two-slices\"\n[resources]\ngpus = 2\n[policy]\nplugin = \"first-fit\"\n[command]\nargv = [\"true\"]\n",
+    )
+    .unwrap();
+    let sim = format!("sim:{}", dir.join("mig.toml").display());
+    let state = dir.join("state").display().to_string();
+    let job = dir.join("job.toml").display().to_string();
+    let visible = visible.join(",");
+    let out = orch(
+        &["plan", &job, "--json"],
+        &[
+            ("ORCH_DEVICES", &sim),
+            ("ORCH_STATE_DIR", &state),
+            ("CUDA_VISIBLE_DEVICES", &visible),
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let plan: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let uuids: Vec<&str> = plan["devices"]
+        .as_array()
+        .expect("devices")
+        .iter()
+        .map(|d| d["uuid"].as_str().expect("uuid"))
+        .collect();
+    assert_eq!(
+        uuids,
+        vec![
+            "MIG-00000000-0000-4000-8000-000000000000",
+            "MIG-00000000-0001-4000-8000-000000000000"
+        ],
+        "{plan}"
+    );
+}

@@ -364,7 +364,9 @@ fn wit_device(index: u32, device: &Device, mig: Option<&str>, leases: &[DeviceLe
 
 /// Where the `offered` candidates sit: each one's NUMA node (in candidate order; an empty list
 /// when no node is known) and the link between every pair the inventory knows, by logical
-/// index. A MIG instance sits where its GPU does; two instances of one GPU have no link.
+/// index. A MIG instance sits on its GPU's NUMA node but has no link to anything: MIG has
+/// neither NVLink nor peer-to-peer, so its parent's links would only spread a job of several
+/// instances across GPUs; the NUMA node and then the policy's own order decide for them.
 fn topology(offered: &[WitDevice], visible: &[(u32, &Device, Option<String>)]) -> Topology {
     let placed: Vec<Option<&Device>> = offered
         .iter()
@@ -375,6 +377,14 @@ fn topology(offered: &[WitDevice], visible: &[(u32, &Device, Option<String>)]) -
                 .map(|(_, device, _)| *device)
         })
         .collect();
+    let is_mig: Vec<bool> = offered
+        .iter()
+        .map(|w| {
+            visible
+                .iter()
+                .any(|(index, _, mig)| *index == w.index && mig.is_some())
+        })
+        .collect();
     let mut numa_nodes: Vec<Option<u32>> =
         placed.iter().map(|d| d.and_then(|d| d.numa_node)).collect();
     if numa_nodes.iter().all(Option::is_none) {
@@ -382,10 +392,13 @@ fn topology(offered: &[WitDevice], visible: &[(u32, &Device, Option<String>)]) -
     }
     let mut links = Vec::new();
     for (i, (a, device_a)) in offered.iter().zip(&placed).enumerate() {
-        for (b, device_b) in offered.iter().zip(&placed).skip(i + 1) {
+        for (j, (b, device_b)) in offered.iter().zip(&placed).enumerate().skip(i + 1) {
             let (Some(device_a), Some(device_b)) = (device_a, device_b) else {
                 continue;
             };
+            if is_mig[i] || is_mig[j] {
+                continue;
+            }
             let Some(link) = device_a.link_to(device_b.index) else {
                 continue;
             };
