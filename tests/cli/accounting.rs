@@ -398,3 +398,39 @@ fn an_interactive_allocation_and_each_task_of_an_array_get_a_record_too() {
     assert!((1.0..3.0).contains(&gpu_s), "{alloc}");
     assert_eq!(rows.iter().filter(|r| r["name"] == "sw").count(), 2);
 }
+
+#[test]
+fn a_job_cancelled_while_queued_is_recorded_with_its_wait_and_counted() {
+    let me = stdout(
+        &std::process::Command::new("id")
+            .arg("-un")
+            .output()
+            .unwrap(),
+    )
+    .trim()
+    .to_string();
+    // An admin, to read the metrics.
+    let (d, _) = daemon("acct-cancel-queued", &format!("admins = [\"{me}\"]"));
+    let blocker = d.submit(&["--gpus", "2", "--", "sleep", "30"]);
+    d.wait_state(&blocker, "running");
+    let queued = d.submit(&["--gpus", "2", "--", "true"]);
+    d.wait_state(&queued, "queued");
+    std::thread::sleep(Duration::from_millis(600));
+    let out = d.client(&["cancel", &queued]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows = history(&d, &["--state", "cancelled"]);
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["id"], queued.as_str(), "{rows:?}");
+    let wait = f64_of(&rows[0]["queue_wait_s"]);
+    assert!((0.5..30.0).contains(&wait), "{rows:?}");
+    assert_eq!(f64_of(&rows[0]["wall_s"]), 0.0, "{rows:?}");
+    let (status, metrics) = crate::held_leases::http_text(&d, "GET", "/metrics", "");
+    assert_eq!(status, 200, "{metrics}");
+    assert!(
+        metrics.contains("orch_jobs_finished_total{tenant=\"lab\",state=\"cancelled\"} 1\n"),
+        "{metrics}"
+    );
+    let out = d.client(&["cancel", &blocker]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}

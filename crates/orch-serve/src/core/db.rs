@@ -1245,6 +1245,48 @@ pub fn apply(tx: &rusqlite::Transaction<'_>, id: i64, c: &Change) -> Result<i64,
     Ok(n as i64)
 }
 
+/// Ends job `id` while it is queued, as `change` says (its `state`, `ended_at_ms` and `reason`;
+/// `only_if` is set to queued here), with its accounting record built from its row as this
+/// transaction reads it; the record when the change applied (count it in the metrics then),
+/// `None` when the job was no longer queued.
+pub fn end_queued(
+    tx: &rusqlite::Transaction<'_>,
+    id: i64,
+    mut change: Change,
+    measured: &crate::core::accounting::Measured,
+) -> Result<Option<crate::core::accounting::Record>, DbError> {
+    let row = query_row(
+        tx,
+        &format!("SELECT {COLUMNS} FROM jobs WHERE id = ?1"),
+        [id],
+        row_to_job,
+    )
+    .optional()
+    .map_err(db("reading a job"))?;
+    let Some(row) = row.filter(|row| row.state == State::Queued) else {
+        return Ok(None);
+    };
+    let state = change.state.unwrap_or(State::Cancelled);
+    let ended_at_ms = change.ended_at_ms.unwrap_or_else(now_ms);
+    let reason = match &change.reason {
+        Update::Set(reason) => Some(reason.clone()),
+        Update::Keep | Update::Clear => None,
+    };
+    let record = crate::core::accounting::Record::of(
+        &row,
+        state,
+        ended_at_ms,
+        change.exit_code,
+        reason,
+        measured,
+    );
+    change.state = Some(state);
+    change.ended_at_ms = Some(ended_at_ms);
+    change.only_if = Some(State::Queued);
+    change.accounting = Some(Box::new(record.clone()));
+    Ok((apply(tx, id, &change)? > 0).then_some(record))
+}
+
 /// Deletes the finished jobs among `ids` with their events and dependencies; returns how many.
 pub fn purge_jobs(tx: &rusqlite::Transaction<'_>, ids: &[i64]) -> Result<i64, DbError> {
     let mut n = 0;

@@ -1,5 +1,6 @@
 //! Jobs over the API: submit (`POST /v1/jobs`), list, status, cancel, and their logs.
 
+use crate::core::accounting::Measured;
 use crate::core::admission::{self, Refusal};
 use crate::core::caller::Caller;
 use crate::core::db::{JobRow, State, Submission, Update};
@@ -521,12 +522,15 @@ pub(crate) async fn cancel(
                 )),
                 ..Default::default()
             };
-            let changed = shared
+            let ended = shared
                 .db
-                .write(move |tx| crate::core::db::apply(tx, n, &change))
+                .write_value(move |tx| {
+                    crate::core::db::end_queued(tx, n, change, &Measured::default())
+                })
                 .await
                 .map_err(internal)?;
-            if changed == 1 {
+            if let Some(record) = ended {
+                shared.metrics.job_finished(&record);
                 shared.kick(Kick::Dequeued(n));
                 let row = read(&shared, move |db| db.job(n)).await?.unwrap_or(row);
                 return Ok((StatusCode::OK, Json(row.into())));
@@ -571,18 +575,23 @@ async fn cancel_queued(
                     )),
                     ..Default::default()
                 };
-                if crate::core::db::apply(tx, id, &change)? == 1 {
-                    cancelled.push(id);
+                if let Some(record) =
+                    crate::core::db::end_queued(tx, id, change, &Measured::default())?
+                {
+                    cancelled.push(record);
                 }
             }
             Ok(cancelled)
         })
         .await
         .map_err(internal)?;
-    for &id in &cancelled {
-        shared.kick(Kick::Dequeued(id));
+    let mut ids = Vec::with_capacity(cancelled.len());
+    for record in &cancelled {
+        shared.metrics.job_finished(record);
+        shared.kick(Kick::Dequeued(record.job_id));
+        ids.push(record.job_id);
     }
-    Ok(cancelled)
+    Ok(ids)
 }
 
 /// Commits the cancel of a running job before it is carried out, so that a daemon restarted in
