@@ -449,11 +449,18 @@ pub const VACUUM_STEP_PAGES: u32 = 64;
 
 /// Gives the free pages of the job database back in steps of [`VACUUM_STEP_PAGES`], each a
 /// write of its own, with a pause between them so that the engine's writes go first. Returns the
-/// pages freed. Bounded: at most the free pages counted at the start, plus one step.
+/// pages freed. Bounded: at most the free pages counted at the start, plus one step. Nothing
+/// (0) on a database without incremental vacuum, whose steps would free nothing.
 pub fn vacuum_in_steps(
     jobs: &crate::core::db::Db,
     pause: std::time::Duration,
 ) -> Result<u64, DbError> {
+    if !jobs.incremental_vacuum()? {
+        tracing::info!(
+            "the job database has no incremental vacuum (the next start turns it on): its free pages stay in the file"
+        );
+        return Ok(0);
+    }
     let free = jobs.free_pages()?;
     let steps = free / u64::from(VACUUM_STEP_PAGES) + 1;
     let mut freed = 0;

@@ -329,7 +329,7 @@ impl Db {
         };
         let writer_conn = open(())?;
         // A new database gives pages back in steps (`accounting::vacuum_in_steps`); this only
-        // takes on a file with no tables yet (an older one is switched by its upgrade).
+        // takes on a file with no tables yet (an older one is rewritten by `incremental_vacuum`).
         writer_conn
             .pragma_update(None, "auto_vacuum", "INCREMENTAL")
             .map_err(db("opening"))?;
@@ -924,9 +924,7 @@ fn migrate(conn: &Connection) -> Result<(), DbError> {
         "SELECT COUNT(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'accounting'",
     )?;
     if version < 5 || !has_accounting {
-        // Per-job accounting, kept after the job's row (`accounting_retention`); and pages given
-        // back in the background after a purge, which an older file must be rewritten once for
-        // (VACUUM, outside any transaction).
+        // Per-job accounting, kept after the job's row (`accounting_retention`).
         conn.execute_batch(&format!(
             "BEGIN;
              {}
@@ -936,15 +934,34 @@ fn migrate(conn: &Connection) -> Result<(), DbError> {
             version.max(5)
         ))
         .map_err(db("upgrading the schema"))?;
-        let auto_vacuum: i64 = conn
-            .pragma_query_value(None, "auto_vacuum", |r| r.get(0))
-            .map_err(db("upgrading the schema"))?;
-        if auto_vacuum != 2 {
-            conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL; VACUUM;")
-                .map_err(db("upgrading the schema"))?;
-        }
+    }
+    incremental_vacuum(conn)
+}
+
+/// Pages are given back in the background after a purge (`accounting::vacuum_in_steps`), which a
+/// file without incremental vacuum (of an earlier orch, or whose conversion was cut short) is
+/// rewritten once for (VACUUM, outside any transaction). Checked on every open, apart from the
+/// schema's version: a conversion that fails (a full disk) is logged and tried again at the next
+/// start, and the database opens as it is.
+fn incremental_vacuum(conn: &Connection) -> Result<(), DbError> {
+    if auto_vacuum(conn)? == 2 {
+        return Ok(());
+    }
+    tracing::info!(
+        "rewriting the job database once to turn incremental vacuum on (VACUUM): a moment on a large database"
+    );
+    if let Err(e) = conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL; VACUUM;") {
+        tracing::warn!(
+            "could not turn incremental vacuum on ({e}): purged jobs' pages stay in the file until the next start tries again"
+        );
     }
     Ok(())
+}
+
+/// The database's `auto_vacuum` mode: 0 none, 1 full, 2 incremental.
+fn auto_vacuum(conn: &Connection) -> Result<i64, DbError> {
+    conn.pragma_query_value(None, "auto_vacuum", |r| r.get(0))
+        .map_err(db("reading auto_vacuum"))
 }
 
 /// Records what job `id` waits for (`[job] after_ok` ..., `singleton`, and the submission's
@@ -1310,6 +1327,11 @@ pub fn purge_jobs(tx: &rusqlite::Transaction<'_>, ids: &[i64]) -> Result<i64, Db
 
 impl Db {
     /// Pages of the database file that hold nothing (`PRAGMA freelist_count`).
+    /// Whether the database gives free pages back in steps (`auto_vacuum` is incremental).
+    pub fn incremental_vacuum(&self) -> Result<bool, DbError> {
+        self.read(|c| auto_vacuum(c).map(|mode| mode == 2))
+    }
+
     pub fn free_pages(&self) -> Result<u64, DbError> {
         self.read(|c| {
             query_row(c, "PRAGMA freelist_count", [], |r| r.get::<_, i64>(0))

@@ -339,3 +339,25 @@ fn an_older_database_gets_the_table_and_gives_pages_back_in_steps_after_a_purge(
     drop(db);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_database_at_version_5_without_incremental_vacuum_is_converted_on_open() {
+    let dir = scratch("vacuum-off");
+    drop(Db::open(&dir).unwrap());
+    let read = |pragma: &str| -> i64 {
+        let conn = Connection::open(dir.join("jobs.sqlite3")).unwrap();
+        conn.pragma_query_value(None, pragma, |r| r.get(0)).unwrap()
+    };
+    // As a conversion cut short leaves it: the schema's version, no auto_vacuum.
+    {
+        let conn = Connection::open(dir.join("jobs.sqlite3")).unwrap();
+        conn.execute_batch("PRAGMA auto_vacuum = NONE; VACUUM;")
+            .unwrap();
+    }
+    assert_eq!((read("user_version"), read("auto_vacuum")), (5, 0));
+    let db = Db::open(&dir).unwrap();
+    assert!(db.incremental_vacuum().unwrap());
+    assert_eq!(read("auto_vacuum"), 2);
+    drop(db);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
