@@ -612,8 +612,9 @@ impl Engine {
         let started = std::thread::Builder::new()
             .name("orch-purge".into())
             .spawn(move || {
+                // Cleared however the purge ends, a panic included: the next purge runs.
+                let _done = Cleared(busy);
                 purge_and_vacuum(&shared);
-                busy.store(false, Ordering::Release);
             });
         if let Err(e) = started {
             self.housekeeping.store(false, Ordering::Release);
@@ -1459,6 +1460,15 @@ impl Engine {
     }
 }
 
+/// Clears its flag when dropped (the purge's "running" flag, whichever way its thread ends).
+struct Cleared(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Cleared {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::Release);
+    }
+}
+
 /// How many jobs (or accounting records) one write of a purge deletes.
 const PURGE_BATCH: usize = 100;
 
@@ -1572,4 +1582,24 @@ const VANISHED_UNWATCHED: &str = "its processes vanished while no daemon watched
 /// start time: never a reused pid. True when it was delivered.
 fn signal(pid: u32, signal: i32) -> bool {
     orch_core::process::signal(pid, signal)
+}
+
+#[cfg(test)]
+mod purge_flag_tests {
+    use super::Cleared;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    #[test]
+    fn a_purge_that_panics_still_clears_its_running_flag() {
+        let busy = Arc::new(AtomicBool::new(true));
+        let flag = Arc::clone(&busy);
+        let ended = std::thread::spawn(move || {
+            let _done = Cleared(flag);
+            panic!("a purge that fails");
+        })
+        .join();
+        assert!(ended.is_err());
+        assert!(!busy.load(Ordering::Acquire));
+    }
 }
