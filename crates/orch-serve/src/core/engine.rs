@@ -554,8 +554,8 @@ impl Engine {
     /// The engine's loop; returns when every sender is gone.
     pub fn run(mut self) {
         let mut last_pass = Instant::now();
-        // Finished jobs and their folders go after `retention`; looked at on start and every
-        // tenth of it (at most every ten minutes).
+        // Finished jobs and their folders go after `retention`; looked at on start, then every
+        // ten minutes, or every tenth of `retention` when that is shorter.
         let purge_every = (self.shared.config.retention / 10).min(Duration::from_secs(600));
         self.purge();
         let mut last_purge = Instant::now();
