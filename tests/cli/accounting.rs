@@ -434,3 +434,20 @@ fn a_job_cancelled_while_queued_is_recorded_with_its_wait_and_counted() {
     let out = d.client(&["cancel", &blocker]);
     assert!(out.status.success(), "{}", stderr(&out));
 }
+
+#[test]
+fn a_history_moment_past_the_largest_is_refused_with_a_sentence() {
+    let (d, _) = daemon("acct-ms-range", "");
+    for query in [
+        "since_ms=18446744073709551615",
+        "until_ms=9223372036854775808",
+    ] {
+        let (status, body) =
+            crate::held_leases::http_text(&d, "GET", &format!("/v1/history?{query}"), "");
+        assert_eq!(status, 400, "{query}: {body}");
+        assert!(body.contains("milliseconds since the Unix epoch"), "{body}");
+    }
+    let (status, body) =
+        crate::held_leases::http_text(&d, "GET", "/v1/history?until_ms=9223372036854775807", "");
+    assert_eq!(status, 200, "{body}");
+}

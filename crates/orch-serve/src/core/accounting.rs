@@ -283,10 +283,16 @@ impl Filter {
             terms.push(term.replace('?', &format!("?{}", values.len())));
         };
         if let Some(since) = self.since_ms {
-            add("ended_at_ms >= ?", Value::Integer(since as i64));
+            add(
+                "ended_at_ms >= ?",
+                Value::Integer(since.min(i64::MAX as u64) as i64),
+            );
         }
         if let Some(until) = self.until_ms {
-            add("ended_at_ms < ?", Value::Integer(until as i64));
+            add(
+                "ended_at_ms < ?",
+                Value::Integer(until.min(i64::MAX as u64) as i64),
+            );
         }
         if let Some(user) = &self.user {
             add("user = ?", Value::Text(user.clone()));
