@@ -375,18 +375,29 @@ pub fn records(c: &Connection, filter: &Filter, limit: u32) -> Result<Vec<Record
         .map_err(db("reading the history"))
 }
 
-/// The records of the jobs with ids from `low` to `high`, by id (for a listing of jobs).
-pub fn records_between(c: &Connection, low: i64, high: i64) -> Result<Vec<Record>, DbError> {
-    let mut stmt = c
-        .prepare_cached(&format!(
-            "SELECT {RECORD_COLUMNS} FROM accounting WHERE job_id BETWEEN ?1 AND ?2"
-        ))
-        .map_err(db("reading accounting"))?;
-    let rows = stmt
-        .query_map([low, high], row_to_record)
-        .map_err(db("reading accounting"))?;
-    rows.collect::<Result<Vec<_>, _>>()
-        .map_err(db("reading accounting"))
+/// How many ids one query of [`records_of`] binds.
+const IDS_PER_QUERY: usize = 500;
+
+/// The records of the jobs numbered `ids` (for a listing of jobs): those ids alone, looked up
+/// by their primary key, in queries of at most [`IDS_PER_QUERY`] ids.
+pub fn records_of(c: &Connection, ids: &[i64]) -> Result<Vec<Record>, DbError> {
+    let mut records = Vec::new();
+    for chunk in ids.chunks(IDS_PER_QUERY) {
+        let marks: Vec<String> = (1..=chunk.len()).map(|i| format!("?{i}")).collect();
+        let mut stmt = c
+            .prepare(&format!(
+                "SELECT {RECORD_COLUMNS} FROM accounting WHERE job_id IN ({})",
+                marks.join(",")
+            ))
+            .map_err(db("reading accounting"))?;
+        let rows = stmt
+            .query_map(rusqlite::params_from_iter(chunk), row_to_record)
+            .map_err(db("reading accounting"))?;
+        for row in rows {
+            records.push(row.map_err(db("reading accounting"))?);
+        }
+    }
+    Ok(records)
 }
 
 /// What a summary groups by.

@@ -1358,13 +1358,12 @@ impl Db {
         self.read(|c| crate::core::accounting::summary(c, filter, by))
     }
 
-    /// The accounting records of the jobs numbered `low` to `high`.
-    pub fn accounting_between(
+    /// The accounting records of the jobs numbered `ids` (those that have one).
+    pub fn accounting_of(
         &self,
-        low: i64,
-        high: i64,
+        ids: &[i64],
     ) -> Result<Vec<crate::core::accounting::Record>, DbError> {
-        self.read(|c| crate::core::accounting::records_between(c, low, high))
+        self.read(|c| crate::core::accounting::records_of(c, ids))
     }
 
     /// `(id, attempt)` of the finished jobs that ended before `before_ms`.

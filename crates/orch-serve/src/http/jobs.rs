@@ -383,11 +383,15 @@ pub(crate) async fn list(
 
 /// The ended jobs among `rows` with their accounting records (one read over their ids' range).
 async fn with_accounting(shared: &Arc<Shared>, mut rows: Vec<Job>) -> ApiResult<Vec<Job>> {
-    let ended = rows.iter().filter(|r| r.state.is_final()).map(|r| r.id);
-    let (Some(low), Some(high)) = (ended.clone().min(), ended.max()) else {
+    let ended: Vec<i64> = rows
+        .iter()
+        .filter(|r| r.state.is_final())
+        .map(|r| r.id)
+        .collect();
+    if ended.is_empty() {
         return Ok(rows);
-    };
-    let records = read(shared, move |db| db.accounting_between(low, high)).await?;
+    }
+    let records = read(shared, move |db| db.accounting_of(&ended)).await?;
     let by_id: std::collections::HashMap<i64, &crate::core::accounting::Record> =
         records.iter().map(|r| (r.job_id, r)).collect();
     for row in &mut rows {
