@@ -451,3 +451,37 @@ fn a_history_moment_past_the_largest_is_refused_with_a_sentence() {
         crate::held_leases::http_text(&d, "GET", "/v1/history?until_ms=9223372036854775807", "");
     assert_eq!(status, 200, "{body}");
 }
+
+#[test]
+fn history_shows_the_newest_thousand_by_default_and_says_when_more_matched() {
+    let (d, _) = daemon("acct-limit", "");
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let id = d.submit(&["--", "true"]);
+        d.wait_state(&id, "succeeded");
+        ids.push(id);
+    }
+    let out = d.client(&["history", "--json", "--limit", "2"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let shown: Vec<&str> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(shown, [ids[1].as_str(), ids[2].as_str()]);
+    let text = stderr(&out);
+    assert!(text.contains("--limit N"), "{text}");
+    assert!(text.contains("--since"), "{text}");
+    for args in [vec!["history"], vec!["history", "--limit", "0"]] {
+        let out = d.client(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(stderr(&out), "", "{args:?}");
+        let table = stdout(&out);
+        assert_eq!(table.lines().count(), 4, "{table}");
+    }
+    let out = d.client(&["history", "--by", "user", "--limit", "1", "--json"]);
+    let groups: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(groups[0]["jobs"], 3, "{groups}");
+}

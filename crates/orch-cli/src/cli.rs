@@ -237,9 +237,10 @@ pub struct HistoryArgs {
     /// Sums per tenant or per user instead of jobs: GPU-hours, jobs, mean utilization.
     #[arg(long, value_name = "tenant|user", value_parser = ["tenant", "user"])]
     pub by: Option<String>,
-    /// At most this many of the newest jobs.
-    #[arg(long, value_name = "N")]
-    pub limit: Option<u32>,
+    /// At most this many of the newest jobs (0: as many as the daemon answers, 100,000); a line
+    /// on stderr says when more matched. Not for --by, which sums every job.
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub limit: u32,
     /// Print JSON instead of a table.
     #[arg(long, conflicts_with = "csv")]
     pub json: bool,

@@ -40,8 +40,11 @@ pub fn run(args: &HistoryArgs) -> CmdResult {
     if let Some(by) = &args.by {
         query.push(format!("by={by}"));
     }
-    if let Some(limit) = args.limit {
-        query.push(format!("limit={limit}"));
+    // One more than asked for tells whether more matched.
+    let cap = orch_serve::http::history::HISTORY_LIMIT;
+    let limit = if args.limit == 0 { cap } else { args.limit };
+    if args.by.is_none() {
+        query.push(format!("limit={}", limit.saturating_add(1).min(cap)));
     }
     let path = if query.is_empty() {
         "/v1/history".to_string()
@@ -53,6 +56,11 @@ pub fn run(args: &HistoryArgs) -> CmdResult {
     if status != StatusCode::OK {
         return Err(answer_failure(status, &body));
     }
+    let body = if args.by.is_none() {
+        within(&body, limit, cap)?
+    } else {
+        body.to_vec()
+    };
     if args.json {
         println!("{}", String::from_utf8_lossy(&body));
         return Ok(());
@@ -78,6 +86,31 @@ pub fn run(args: &HistoryArgs) -> CmdResult {
     // A closed pipe (`orch history | head`) ends the output quietly.
     let _ = stdout.write_all(out.as_bytes());
     Ok(())
+}
+
+/// The daemon's list of jobs (`body`, oldest first) cut to its newest `limit`, with a line on
+/// stderr when more matched (or when the daemon's `cap` may have cut it).
+fn within(body: &[u8], limit: u32, cap: u32) -> Result<Vec<u8>, Failure> {
+    // Counted without building the jobs; built only to cut them.
+    let count = serde_json::from_slice::<Vec<serde::de::IgnoredAny>>(body)
+        .map_err(Failure::failed)?
+        .len();
+    let limit = limit as usize;
+    if count > limit {
+        let mut jobs: Vec<serde_json::Value> =
+            serde_json::from_slice(body).map_err(Failure::failed)?;
+        eprintln!(
+            "orch history: more jobs matched than the newest {limit} shown: give --limit N for more (--limit 0 for up to {cap}), or a narrower --since"
+        );
+        jobs.drain(..jobs.len() - limit);
+        return serde_json::to_vec(&jobs).map_err(Failure::failed);
+    }
+    if count >= cap as usize {
+        eprintln!(
+            "orch history: one answer holds at most {cap} jobs, the newest: give a narrower --since or --until for older ones"
+        );
+    }
+    Ok(body.to_vec())
 }
 
 /// A `--since`/`--until` value as ms since the Unix epoch: a duration back from `now_ms` (`30d`),
