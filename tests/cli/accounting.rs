@@ -431,6 +431,25 @@ fn a_job_cancelled_while_queued_is_recorded_with_its_wait_and_counted() {
         metrics.contains("orch_jobs_finished_total{tenant=\"lab\",state=\"cancelled\"} 1\n"),
         "{metrics}"
     );
+    // An array's queued tasks, cancelled with their array, likewise.
+    let work = d.state.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let file = job_file(
+        &work,
+        "wait.toml",
+        "[job]\nname = \"wait\"\n[resources]\ngpus = 2\n[sweep]\nk = [0, 1]\n[command]\nargv = [\"true\"]\n",
+    );
+    let array = d.submit(&[&file]);
+    d.wait_state(&format!("{array}[1]"), "queued");
+    let out = d.client(&["cancel", &array]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows = history(&d, &["--state", "cancelled"]);
+    assert_eq!(rows.as_array().unwrap().len(), 3, "{rows}");
+    let (_, metrics) = crate::held_leases::http_text(&d, "GET", "/metrics", "");
+    assert!(
+        metrics.contains("orch_jobs_finished_total{tenant=\"lab\",state=\"cancelled\"} 3\n"),
+        "{metrics}"
+    );
     let out = d.client(&["cancel", &blocker]);
     assert!(out.status.success(), "{}", stderr(&out));
 }
