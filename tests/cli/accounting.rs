@@ -215,8 +215,9 @@ fn csv_has_a_header_and_one_job_a_line_and_parses_back_to_the_json() {
         "[job]\nname = \"a, \\\"quoted\\\" name\"\n[command]\nargv = [\"true\"]\n",
     );
     let odd = stdout(&d.client(&["submit", &file])).trim().to_string();
-    let plain = d.submit(&["--", "sh", "-c", "exit 2"]);
+    // One after the other: the rows below come in the order they ended.
     d.wait_state(&odd, "succeeded");
+    let plain = d.submit(&["--", "sh", "-c", "exit 2"]);
     d.wait_state(&plain, "failed");
     let out = d.client(&["history", "--csv"]);
     assert!(out.status.success(), "{}", stderr(&out));
