@@ -215,8 +215,9 @@ fn csv_has_a_header_and_one_job_a_line_and_parses_back_to_the_json() {
         "[job]\nname = \"a, \\\"quoted\\\" name\"\n[command]\nargv = [\"true\"]\n",
     );
     let odd = stdout(&d.client(&["submit", &file])).trim().to_string();
-    let plain = d.submit(&["--", "sh", "-c", "exit 2"]);
+    // One after the other: the rows below come in the order they ended.
     d.wait_state(&odd, "succeeded");
+    let plain = d.submit(&["--", "sh", "-c", "exit 2"]);
     d.wait_state(&plain, "failed");
     let out = d.client(&["history", "--csv"]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -397,4 +398,110 @@ fn an_interactive_allocation_and_each_task_of_an_array_get_a_record_too() {
     let gpu_s = f64_of(&alloc["gpu_seconds"]);
     assert!((1.0..3.0).contains(&gpu_s), "{alloc}");
     assert_eq!(rows.iter().filter(|r| r["name"] == "sw").count(), 2);
+}
+
+#[test]
+fn a_job_cancelled_while_queued_is_recorded_with_its_wait_and_counted() {
+    let me = stdout(
+        &std::process::Command::new("id")
+            .arg("-un")
+            .output()
+            .unwrap(),
+    )
+    .trim()
+    .to_string();
+    // An admin, to read the metrics.
+    let (d, _) = daemon("acct-cancel-queued", &format!("admins = [\"{me}\"]"));
+    let blocker = d.submit(&["--gpus", "2", "--", "sleep", "30"]);
+    d.wait_state(&blocker, "running");
+    let queued = d.submit(&["--gpus", "2", "--", "true"]);
+    d.wait_state(&queued, "queued");
+    std::thread::sleep(Duration::from_millis(600));
+    let out = d.client(&["cancel", &queued]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows = history(&d, &["--state", "cancelled"]);
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["id"], queued.as_str(), "{rows:?}");
+    let wait = f64_of(&rows[0]["queue_wait_s"]);
+    assert!((0.5..30.0).contains(&wait), "{rows:?}");
+    assert_eq!(f64_of(&rows[0]["wall_s"]), 0.0, "{rows:?}");
+    let (status, metrics) = crate::held_leases::http_text(&d, "GET", "/metrics", "");
+    assert_eq!(status, 200, "{metrics}");
+    assert!(
+        metrics.contains("orch_jobs_finished_total{tenant=\"lab\",state=\"cancelled\"} 1\n"),
+        "{metrics}"
+    );
+    // An array's queued tasks, cancelled with their array, likewise.
+    let work = d.state.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let file = job_file(
+        &work,
+        "wait.toml",
+        "[job]\nname = \"wait\"\n[resources]\ngpus = 2\n[sweep]\nk = [0, 1]\n[command]\nargv = [\"true\"]\n",
+    );
+    let array = d.submit(&[&file]);
+    d.wait_state(&format!("{array}[1]"), "queued");
+    let out = d.client(&["cancel", &array]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows = history(&d, &["--state", "cancelled"]);
+    assert_eq!(rows.as_array().unwrap().len(), 3, "{rows}");
+    let (_, metrics) = crate::held_leases::http_text(&d, "GET", "/metrics", "");
+    assert!(
+        metrics.contains("orch_jobs_finished_total{tenant=\"lab\",state=\"cancelled\"} 3\n"),
+        "{metrics}"
+    );
+    let out = d.client(&["cancel", &blocker]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn a_history_moment_past_the_largest_is_refused_with_a_sentence() {
+    let (d, _) = daemon("acct-ms-range", "");
+    for query in [
+        "since_ms=18446744073709551615",
+        "until_ms=9223372036854775808",
+    ] {
+        let (status, body) =
+            crate::held_leases::http_text(&d, "GET", &format!("/v1/history?{query}"), "");
+        assert_eq!(status, 400, "{query}: {body}");
+        assert!(body.contains("milliseconds since the Unix epoch"), "{body}");
+    }
+    let (status, body) =
+        crate::held_leases::http_text(&d, "GET", "/v1/history?until_ms=9223372036854775807", "");
+    assert_eq!(status, 200, "{body}");
+}
+
+#[test]
+fn history_shows_the_newest_thousand_by_default_and_says_when_more_matched() {
+    let (d, _) = daemon("acct-limit", "");
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let id = d.submit(&["--", "true"]);
+        d.wait_state(&id, "succeeded");
+        ids.push(id);
+    }
+    let out = d.client(&["history", "--json", "--limit", "2"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let shown: Vec<&str> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(shown, [ids[1].as_str(), ids[2].as_str()]);
+    let text = stderr(&out);
+    assert!(text.contains("--limit N"), "{text}");
+    assert!(text.contains("--since"), "{text}");
+    for args in [vec!["history"], vec!["history", "--limit", "0"]] {
+        let out = d.client(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(stderr(&out), "", "{args:?}");
+        let table = stdout(&out);
+        assert_eq!(table.lines().count(), 4, "{table}");
+    }
+    let out = d.client(&["history", "--by", "user", "--limit", "1", "--json"]);
+    let groups: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(groups[0]["jobs"], 3, "{groups}");
 }

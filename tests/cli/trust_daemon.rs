@@ -339,6 +339,8 @@ fn a_restored_backup_never_reuses_a_job_id() {
         "{s}"
     );
     assert_eq!(stdout(&d.client(&["logs", &waiting])), "ran once\n");
+    // Its end there is accounted for, as any end.
+    assert!(s["accounting"].is_object(), "{s}");
     let id: i64 = d.submit(&["--", "echo", "mine"]).parse().unwrap();
     let highest = *later.iter().max().unwrap();
     assert!(id > highest, "job {id} reuses an id at or below {highest}");

@@ -311,7 +311,11 @@ fn main() {
 
     let d = Daemon::start(&state, &sim, "400d");
     std::thread::sleep(Duration::from_millis(1500));
-    let (times, out) = client(&d.socket, &["history", "--since", "1d", "--json"], 10);
+    let (times, out) = client(
+        &d.socket,
+        &["history", "--since", "1d", "--limit", "0", "--json"],
+        10,
+    );
     let rows: serde_json::Value = serde_json::from_str(&out).unwrap();
     let n = rows.as_array().map_or(0, Vec::len);
     assert_eq!(n, RECENT, "the last day's jobs");

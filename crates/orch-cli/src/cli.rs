@@ -219,10 +219,12 @@ pub struct JobsArgs {
     after_help = "TIME is a duration back from now (30d, 12h, 90m) or a moment: a date (2026-11-01, UTC midnight) or RFC 3339 (2026-11-01T08:00:00Z).\n\nExamples:\n  orch history --since 1d\n  orch history --by tenant --since 30d\n  orch history --user alice --state failed --csv > failed.csv"
 )]
 pub struct HistoryArgs {
-    /// Jobs that ended at or after TIME (default: all that are kept, accounting_retention).
+    /// Jobs that ended at or after TIME (default: all that are kept, accounting_retention). TIME:
+    /// a duration back from now (30d, 12h), a date (2026-11-01, midnight UTC) or a time with Z
+    /// or an offset (2026-11-01T09:00:00+01:00), or without a zone for UTC.
     #[arg(long, value_name = "TIME")]
     pub since: Option<String>,
-    /// Jobs that ended before TIME.
+    /// Jobs that ended before TIME (as for --since).
     #[arg(long, value_name = "TIME")]
     pub until: Option<String>,
     /// Only this user's jobs.
@@ -237,9 +239,10 @@ pub struct HistoryArgs {
     /// Sums per tenant or per user instead of jobs: GPU-hours, jobs, mean utilization.
     #[arg(long, value_name = "tenant|user", value_parser = ["tenant", "user"])]
     pub by: Option<String>,
-    /// At most this many of the newest jobs.
-    #[arg(long, value_name = "N")]
-    pub limit: Option<u32>,
+    /// At most this many of the newest jobs (0: as many as the daemon answers, 100,000); a line
+    /// on stderr says when more matched. Not for --by, which sums every job.
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub limit: u32,
     /// Print JSON instead of a table.
     #[arg(long, conflicts_with = "csv")]
     pub json: bool,

@@ -40,8 +40,11 @@ pub fn run(args: &HistoryArgs) -> CmdResult {
     if let Some(by) = &args.by {
         query.push(format!("by={by}"));
     }
-    if let Some(limit) = args.limit {
-        query.push(format!("limit={limit}"));
+    // One more than asked for tells whether more matched.
+    let cap = orch_serve::http::history::HISTORY_LIMIT;
+    let limit = if args.limit == 0 { cap } else { args.limit };
+    if args.by.is_none() {
+        query.push(format!("limit={}", limit.saturating_add(1).min(cap)));
     }
     let path = if query.is_empty() {
         "/v1/history".to_string()
@@ -53,6 +56,11 @@ pub fn run(args: &HistoryArgs) -> CmdResult {
     if status != StatusCode::OK {
         return Err(answer_failure(status, &body));
     }
+    let body = if args.by.is_none() {
+        within(&body, limit, cap)?
+    } else {
+        body.to_vec()
+    };
     if args.json {
         println!("{}", String::from_utf8_lossy(&body));
         return Ok(());
@@ -80,28 +88,131 @@ pub fn run(args: &HistoryArgs) -> CmdResult {
     Ok(())
 }
 
+/// The daemon's list of jobs (`body`, oldest first) cut to its newest `limit`, with a line on
+/// stderr when more matched (or when the daemon's `cap` may have cut it).
+fn within(body: &[u8], limit: u32, cap: u32) -> Result<Vec<u8>, Failure> {
+    // Counted without building the jobs; built only to cut them.
+    let count = serde_json::from_slice::<Vec<serde::de::IgnoredAny>>(body)
+        .map_err(Failure::failed)?
+        .len();
+    let limit = limit as usize;
+    if count > limit {
+        let mut jobs: Vec<serde_json::Value> =
+            serde_json::from_slice(body).map_err(Failure::failed)?;
+        eprintln!(
+            "orch history: more jobs matched than the newest {limit} shown: give --limit N for more (--limit 0 for up to {cap}), or a narrower --since"
+        );
+        jobs.drain(..jobs.len() - limit);
+        return serde_json::to_vec(&jobs).map_err(Failure::failed);
+    }
+    if count >= cap as usize {
+        eprintln!(
+            "orch history: one answer holds at most {cap} jobs, the newest: give a narrower --since or --until for older ones"
+        );
+    }
+    Ok(body.to_vec())
+}
+
 /// A `--since`/`--until` value as ms since the Unix epoch: a duration back from `now_ms` (`30d`),
-/// a date (`2026-11-01`, UTC midnight) or an RFC 3339 moment.
+/// a date (`2026-11-01`, midnight UTC) or a time `YYYY-MM-DDTHH:MM[:SS[.frac]]` with `Z` or an
+/// offset `+HH:MM`/`-HH:MM` (RFC 3339), or without one for UTC; a moment before the epoch is 0.
 fn moment(flag: &str, text: &str, now_ms: u64) -> Result<u64, Failure> {
     let t = text.trim();
     if let Some(back) = orch_core::duration::parse(t) {
         let back = u64::try_from(back.as_millis()).unwrap_or(u64::MAX);
         return Ok(now_ms.saturating_sub(back));
     }
-    let full = if t.len() == 10 {
-        format!("{t}T00:00:00Z")
-    } else {
-        t.to_string()
-    };
-    match humantime::parse_rfc3339_weak(&full) {
-        Ok(at) => Ok(at
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))),
-        Err(_) => Err(Failure::bad_input_msg(format!(
-            "{flag} \"{}\" is neither a duration back from now (30d, 12h) nor a date or time (2026-11-01, 2026-11-01T08:00:00Z)",
+    match utc_ms(t) {
+        Some(ms) => Ok(u64::try_from(ms).unwrap_or(0)),
+        None => Err(Failure::bad_input_msg(format!(
+            "{flag} \"{}\" is neither a duration back from now (30d, 12h) nor a date or time (2026-11-01, 2026-11-01T08:00:00Z, 2026-11-01T09:00:00+01:00; without a zone, UTC)",
             table::escape(text)
         ))),
     }
+}
+
+/// `YYYY-MM-DD[(T| )HH:MM[:SS[.frac]][Z|(+|-)HH:MM]]` as ms since the Unix epoch (negative
+/// before it); `None` when it is not such a moment.
+fn utc_ms(t: &str) -> Option<i64> {
+    fn digits(s: &str, n: usize) -> Option<i64> {
+        (s.len() == n && s.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| s.parse().ok())
+            .flatten()
+    }
+    let (date, time) = match t.find(['T', 't', ' ']) {
+        Some(at) => (&t[..at], Some(&t[at + 1..])),
+        None => (t, None),
+    };
+    let mut parts = date.split('-');
+    let year = digits(parts.next()?, 4)?;
+    let month = digits(parts.next()?, 2)?;
+    let day = digits(parts.next()?, 2)?;
+    if parts.next().is_some() || !(1..=12).contains(&month) {
+        return None;
+    }
+    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    let month_days = match month {
+        2 if leap => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    };
+    if !(1..=month_days).contains(&day) {
+        return None;
+    }
+    // Days from 1970-01-01 to the date (the proleptic Gregorian calendar).
+    let (y, m) = if month <= 2 {
+        (year - 1, month + 9)
+    } else {
+        (year, month - 3)
+    };
+    let era = y.div_euclid(400);
+    let of_era = y - era * 400;
+    let of_year = (153 * m + 2) / 5 + day - 1;
+    let of_cycle = of_era * 365 + of_era / 4 - of_era / 100 + of_year;
+    let days = era * 146_097 + of_cycle - 719_468;
+    let Some(time) = time else {
+        return Some(days * 86_400_000);
+    };
+    // The zone: `Z`, an offset, or none (UTC).
+    let (clock, offset_min) = if let Some(clock) = time.strip_suffix(['Z', 'z']) {
+        (clock, 0)
+    } else if let Some(at) = time.rfind(['+', '-']) {
+        let (clock, zone) = time.split_at(at);
+        let sign = if zone.starts_with('-') { -1 } else { 1 };
+        let (h, m) = zone[1..].split_once(':')?;
+        let (h, m) = (digits(h, 2)?, digits(m, 2)?);
+        if h > 23 || m > 59 {
+            return None;
+        }
+        (clock, sign * (h * 60 + m))
+    } else {
+        (time, 0)
+    };
+    let (clock, frac_ms) = match clock.split_once('.') {
+        Some((clock, frac)) => {
+            if frac.is_empty() || !frac.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            let first: String = frac.chars().chain("000".chars()).take(3).collect();
+            (clock, Some(first.parse::<i64>().ok()?))
+        }
+        None => (clock, None),
+    };
+    let mut fields = clock.split(':');
+    let hour = digits(fields.next()?, 2)?;
+    let minute = digits(fields.next()?, 2)?;
+    let second = match fields.next() {
+        Some(s) => digits(s, 2)?,
+        // A fraction belongs to the seconds.
+        None if frac_ms.is_none() => 0,
+        None => return None,
+    };
+    if fields.next().is_some() || hour > 23 || minute > 59 || second > 59 {
+        return None;
+    }
+    let seconds = days * 86_400 + hour * 3_600 + minute * 60 + second - offset_min * 60;
+    Some(seconds * 1_000 + frac_ms.unwrap_or(0))
 }
 
 /// `text` for a query string: what is not a letter, digit, `-`, `_` or `.` as `%XX`.
@@ -318,6 +429,43 @@ mod tests {
             moment("--until", "2026-11-01T08:00:00Z", now).unwrap(),
             1_793_491_200_000 + 8 * 3_600_000
         );
+        // An offset is taken as RFC 3339 says: 09:00 at +01:00 is 08:00 UTC.
+        for same in [
+            "2026-11-01T09:00:00+01:00",
+            "2026-11-01T03:30:00-04:30",
+            "2026-11-01T08:00:00.000Z",
+            "2026-11-01t08:00:00z",
+            "2026-11-01T08:00",
+            "2026-11-01 08:00:00",
+        ] {
+            assert_eq!(
+                moment("--until", same, now).unwrap(),
+                1_793_491_200_000 + 8 * 3_600_000,
+                "{same}"
+            );
+        }
+        assert_eq!(
+            moment("--since", "2026-11-01T08:00:00.25+00:00", now).unwrap(),
+            1_793_491_200_000 + 8 * 3_600_000 + 250
+        );
+        assert_eq!(
+            moment("--since", "2024-02-29", now).unwrap(),
+            1_709_164_800_000
+        );
+        assert_eq!(moment("--since", "1969-12-31T23:00:00Z", now).unwrap(), 0);
+        for bad in [
+            "2026-13-01",
+            "2025-02-29",
+            "2026-11-01T24:00:00Z",
+            "2026-11-01T08:00:00+1:00",
+            "2026-11-01T08:00:00+01:60",
+            "2026-11-01T08:00:00.Z",
+            "2026-11-01T08",
+            "2026-11-01T08:00.5Z",
+            "2026-1-01",
+        ] {
+            assert!(moment("--since", bad, now).is_err(), "{bad}");
+        }
         let why = moment("--since", "yesterday-ish", now)
             .unwrap_err()
             .render();

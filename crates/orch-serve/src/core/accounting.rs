@@ -283,10 +283,16 @@ impl Filter {
             terms.push(term.replace('?', &format!("?{}", values.len())));
         };
         if let Some(since) = self.since_ms {
-            add("ended_at_ms >= ?", Value::Integer(since as i64));
+            add(
+                "ended_at_ms >= ?",
+                Value::Integer(since.min(i64::MAX as u64) as i64),
+            );
         }
         if let Some(until) = self.until_ms {
-            add("ended_at_ms < ?", Value::Integer(until as i64));
+            add(
+                "ended_at_ms < ?",
+                Value::Integer(until.min(i64::MAX as u64) as i64),
+            );
         }
         if let Some(user) = &self.user {
             add("user = ?", Value::Text(user.clone()));
@@ -369,18 +375,29 @@ pub fn records(c: &Connection, filter: &Filter, limit: u32) -> Result<Vec<Record
         .map_err(db("reading the history"))
 }
 
-/// The records of the jobs with ids from `low` to `high`, by id (for a listing of jobs).
-pub fn records_between(c: &Connection, low: i64, high: i64) -> Result<Vec<Record>, DbError> {
-    let mut stmt = c
-        .prepare_cached(&format!(
-            "SELECT {RECORD_COLUMNS} FROM accounting WHERE job_id BETWEEN ?1 AND ?2"
-        ))
-        .map_err(db("reading accounting"))?;
-    let rows = stmt
-        .query_map([low, high], row_to_record)
-        .map_err(db("reading accounting"))?;
-    rows.collect::<Result<Vec<_>, _>>()
-        .map_err(db("reading accounting"))
+/// How many ids one query of [`records_of`] binds.
+const IDS_PER_QUERY: usize = 500;
+
+/// The records of the jobs numbered `ids` (for a listing of jobs): those ids alone, looked up
+/// by their primary key, in queries of at most [`IDS_PER_QUERY`] ids.
+pub fn records_of(c: &Connection, ids: &[i64]) -> Result<Vec<Record>, DbError> {
+    let mut records = Vec::new();
+    for chunk in ids.chunks(IDS_PER_QUERY) {
+        let marks: Vec<String> = (1..=chunk.len()).map(|i| format!("?{i}")).collect();
+        let mut stmt = c
+            .prepare(&format!(
+                "SELECT {RECORD_COLUMNS} FROM accounting WHERE job_id IN ({})",
+                marks.join(",")
+            ))
+            .map_err(db("reading accounting"))?;
+        let rows = stmt
+            .query_map(rusqlite::params_from_iter(chunk), row_to_record)
+            .map_err(db("reading accounting"))?;
+        for row in rows {
+            records.push(row.map_err(db("reading accounting"))?);
+        }
+    }
+    Ok(records)
 }
 
 /// What a summary groups by.
@@ -449,11 +466,18 @@ pub const VACUUM_STEP_PAGES: u32 = 64;
 
 /// Gives the free pages of the job database back in steps of [`VACUUM_STEP_PAGES`], each a
 /// write of its own, with a pause between them so that the engine's writes go first. Returns the
-/// pages freed. Bounded: at most the free pages counted at the start, plus one step.
+/// pages freed. Bounded: at most the free pages counted at the start, plus one step. Nothing
+/// (0) on a database without incremental vacuum, whose steps would free nothing.
 pub fn vacuum_in_steps(
     jobs: &crate::core::db::Db,
     pause: std::time::Duration,
 ) -> Result<u64, DbError> {
+    if !jobs.incremental_vacuum()? {
+        tracing::info!(
+            "the job database has no incremental vacuum (the next start turns it on): its free pages stay in the file"
+        );
+        return Ok(0);
+    }
     let free = jobs.free_pages()?;
     let steps = free / u64::from(VACUUM_STEP_PAGES) + 1;
     let mut freed = 0;

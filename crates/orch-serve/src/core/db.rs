@@ -329,7 +329,7 @@ impl Db {
         };
         let writer_conn = open(())?;
         // A new database gives pages back in steps (`accounting::vacuum_in_steps`); this only
-        // takes on a file with no tables yet (an older one is switched by its upgrade).
+        // takes on a file with no tables yet (an older one is rewritten by `incremental_vacuum`).
         writer_conn
             .pragma_update(None, "auto_vacuum", "INCREMENTAL")
             .map_err(db("opening"))?;
@@ -924,9 +924,7 @@ fn migrate(conn: &Connection) -> Result<(), DbError> {
         "SELECT COUNT(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'accounting'",
     )?;
     if version < 5 || !has_accounting {
-        // Per-job accounting, kept after the job's row (`accounting_retention`); and pages given
-        // back in the background after a purge, which an older file must be rewritten once for
-        // (VACUUM, outside any transaction).
+        // Per-job accounting, kept after the job's row (`accounting_retention`).
         conn.execute_batch(&format!(
             "BEGIN;
              {}
@@ -936,15 +934,34 @@ fn migrate(conn: &Connection) -> Result<(), DbError> {
             version.max(5)
         ))
         .map_err(db("upgrading the schema"))?;
-        let auto_vacuum: i64 = conn
-            .pragma_query_value(None, "auto_vacuum", |r| r.get(0))
-            .map_err(db("upgrading the schema"))?;
-        if auto_vacuum != 2 {
-            conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL; VACUUM;")
-                .map_err(db("upgrading the schema"))?;
-        }
+    }
+    incremental_vacuum(conn)
+}
+
+/// Pages are given back in the background after a purge (`accounting::vacuum_in_steps`), which a
+/// file without incremental vacuum (of an earlier orch, or whose conversion was cut short) is
+/// rewritten once for (VACUUM, outside any transaction). Checked on every open, apart from the
+/// schema's version: a conversion that fails (a full disk) is logged and tried again at the next
+/// start, and the database opens as it is.
+fn incremental_vacuum(conn: &Connection) -> Result<(), DbError> {
+    if auto_vacuum(conn)? == 2 {
+        return Ok(());
+    }
+    tracing::info!(
+        "rewriting the job database once to turn incremental vacuum on (VACUUM): a moment on a large database"
+    );
+    if let Err(e) = conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL; VACUUM;") {
+        tracing::warn!(
+            "could not turn incremental vacuum on ({e}): purged jobs' pages stay in the file until the next start tries again"
+        );
     }
     Ok(())
+}
+
+/// The database's `auto_vacuum` mode: 0 none, 1 full, 2 incremental.
+fn auto_vacuum(conn: &Connection) -> Result<i64, DbError> {
+    conn.pragma_query_value(None, "auto_vacuum", |r| r.get(0))
+        .map_err(db("reading auto_vacuum"))
 }
 
 /// Records what job `id` waits for (`[job] after_ok` ..., `singleton`, and the submission's
@@ -1245,6 +1262,48 @@ pub fn apply(tx: &rusqlite::Transaction<'_>, id: i64, c: &Change) -> Result<i64,
     Ok(n as i64)
 }
 
+/// Ends job `id` while it is queued, as `change` says (its `state`, `ended_at_ms` and `reason`;
+/// `only_if` is set to queued here), with its accounting record built from its row as this
+/// transaction reads it; the record when the change applied (count it in the metrics then),
+/// `None` when the job was no longer queued.
+pub fn end_queued(
+    tx: &rusqlite::Transaction<'_>,
+    id: i64,
+    mut change: Change,
+    measured: &crate::core::accounting::Measured,
+) -> Result<Option<crate::core::accounting::Record>, DbError> {
+    let row = query_row(
+        tx,
+        &format!("SELECT {COLUMNS} FROM jobs WHERE id = ?1"),
+        [id],
+        row_to_job,
+    )
+    .optional()
+    .map_err(db("reading a job"))?;
+    let Some(row) = row.filter(|row| row.state == State::Queued) else {
+        return Ok(None);
+    };
+    let state = change.state.unwrap_or(State::Cancelled);
+    let ended_at_ms = change.ended_at_ms.unwrap_or_else(now_ms);
+    let reason = match &change.reason {
+        Update::Set(reason) => Some(reason.clone()),
+        Update::Keep | Update::Clear => None,
+    };
+    let record = crate::core::accounting::Record::of(
+        &row,
+        state,
+        ended_at_ms,
+        change.exit_code,
+        reason,
+        measured,
+    );
+    change.state = Some(state);
+    change.ended_at_ms = Some(ended_at_ms);
+    change.only_if = Some(State::Queued);
+    change.accounting = Some(Box::new(record.clone()));
+    Ok((apply(tx, id, &change)? > 0).then_some(record))
+}
+
 /// Deletes the finished jobs among `ids` with their events and dependencies; returns how many.
 pub fn purge_jobs(tx: &rusqlite::Transaction<'_>, ids: &[i64]) -> Result<i64, DbError> {
     let mut n = 0;
@@ -1268,6 +1327,11 @@ pub fn purge_jobs(tx: &rusqlite::Transaction<'_>, ids: &[i64]) -> Result<i64, Db
 
 impl Db {
     /// Pages of the database file that hold nothing (`PRAGMA freelist_count`).
+    /// Whether the database gives free pages back in steps (`auto_vacuum` is incremental).
+    pub fn incremental_vacuum(&self) -> Result<bool, DbError> {
+        self.read(|c| auto_vacuum(c).map(|mode| mode == 2))
+    }
+
     pub fn free_pages(&self) -> Result<u64, DbError> {
         self.read(|c| {
             query_row(c, "PRAGMA freelist_count", [], |r| r.get::<_, i64>(0))
@@ -1294,13 +1358,12 @@ impl Db {
         self.read(|c| crate::core::accounting::summary(c, filter, by))
     }
 
-    /// The accounting records of the jobs numbered `low` to `high`.
-    pub fn accounting_between(
+    /// The accounting records of the jobs numbered `ids` (those that have one).
+    pub fn accounting_of(
         &self,
-        low: i64,
-        high: i64,
+        ids: &[i64],
     ) -> Result<Vec<crate::core::accounting::Record>, DbError> {
-        self.read(|c| crate::core::accounting::records_between(c, low, high))
+        self.read(|c| crate::core::accounting::records_of(c, ids))
     }
 
     /// `(id, attempt)` of the finished jobs that ended before `before_ms`.

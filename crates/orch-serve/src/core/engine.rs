@@ -309,14 +309,14 @@ impl Engine {
                 .flatten()
                 .is_some_and(|fence| fence.supervisor.is_some())
         });
-        let change = match ended {
+        let (change, measured) = match ended {
             Some((attempt, exit)) => {
                 tracing::warn!("job {id}: {note}; recorded as it ended there");
                 let reason = match exit.reason.filter(|r| !r.is_empty()) {
                     Some(reason) => format!("{reason}; {note}"),
                     None => note,
                 };
-                Change {
+                let change = Change {
                     state: Some(exit.state),
                     ended_at_ms: Some(exit.ended_at_ms),
                     exit_code: exit.exit_code,
@@ -329,12 +329,18 @@ impl Engine {
                         message: format!("{}: {reason}", exit.state.as_str()),
                     }),
                     ..Change::default()
-                }
+                };
+                // What its supervisor recorded of that run; no device readings.
+                let measured = Measured {
+                    process: accounting::read_use(&self.shared.job_dir(id, attempt)),
+                    ..Measured::default()
+                };
+                (change, measured)
             }
             None if ran => {
                 let reason = format!("{note}, and how it ended is not recorded; not run again");
                 tracing::warn!("job {id}: {reason}");
-                Change {
+                let change = Change {
                     state: Some(State::Lost),
                     ended_at_ms: Some(now_ms()),
                     attempt: Some(newest),
@@ -342,7 +348,8 @@ impl Engine {
                     only_if: Some(State::Queued),
                     event: Some(Event::now("lost", reason)),
                     ..Change::default()
-                }
+                };
+                (change, Measured::default())
             }
             None => {
                 // Never started in those folders: its next attempt gets a folder of its own.
@@ -362,8 +369,51 @@ impl Engine {
                 return false;
             }
         };
-        self.jobs.write(id, change);
+        self.end_restored(row, change, measured);
         true
+    }
+
+    /// Ends queued job `row` as `change` says, with its accounting record (built from its row
+    /// in the same write, so that it is recorded only when the change applies), counted in the
+    /// metrics once written. A write that fails is kept and made again (see `Jobs::write`),
+    /// with the record built from `row`.
+    fn end_restored(&mut self, row: &JobRow, change: Change, measured: Measured) {
+        let id = row.id;
+        let attempt = change.clone();
+        let (send, answer) = mpsc::channel();
+        let written = self.shared.db.write_blocking(move |tx| {
+            let record = crate::core::db::end_queued(tx, id, attempt, &measured)?;
+            let applied = i64::from(record.is_some());
+            let _ = send.send(record);
+            Ok(applied)
+        });
+        match written {
+            Ok(_) => {
+                if let Ok(Some(record)) = answer.try_recv() {
+                    self.shared.metrics.job_finished(&record);
+                }
+            }
+            Err(e) => {
+                tracing::warn!("job {id}: {e}; its end is written again");
+                let reason = match &change.reason {
+                    Update::Set(reason) => Some(reason.clone()),
+                    Update::Keep | Update::Clear => None,
+                };
+                let record = Record::of(
+                    row,
+                    change.state.unwrap_or(State::Lost),
+                    change.ended_at_ms.unwrap_or_else(now_ms),
+                    change.exit_code,
+                    reason,
+                    &Measured::default(),
+                );
+                let change = Change {
+                    accounting: Some(Box::new(record)),
+                    ..change
+                };
+                self.jobs.write(id, change);
+            }
+        }
     }
 
     /// Recovery of one job its database shows running (see [`Engine::recover`]).
@@ -504,8 +554,8 @@ impl Engine {
     /// The engine's loop; returns when every sender is gone.
     pub fn run(mut self) {
         let mut last_pass = Instant::now();
-        // Finished jobs and their folders go after `retention`; looked at on start and every
-        // tenth of it (at most every ten minutes).
+        // Finished jobs and their folders go after `retention`; looked at on start, then every
+        // ten minutes, or every tenth of `retention` when that is shorter.
         let purge_every = (self.shared.config.retention / 10).min(Duration::from_secs(600));
         self.purge();
         let mut last_purge = Instant::now();
@@ -562,8 +612,9 @@ impl Engine {
         let started = std::thread::Builder::new()
             .name("orch-purge".into())
             .spawn(move || {
+                // Cleared however the purge ends, a panic included: the next purge runs.
+                let _done = Cleared(busy);
                 purge_and_vacuum(&shared);
-                busy.store(false, Ordering::Release);
             });
         if let Err(e) = started {
             self.housekeeping.store(false, Ordering::Release);
@@ -1409,6 +1460,15 @@ impl Engine {
     }
 }
 
+/// Clears its flag when dropped (the purge's "running" flag, whichever way its thread ends).
+struct Cleared(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Cleared {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::Release);
+    }
+}
+
 /// How many jobs (or accounting records) one write of a purge deletes.
 const PURGE_BATCH: usize = 100;
 
@@ -1522,4 +1582,24 @@ const VANISHED_UNWATCHED: &str = "its processes vanished while no daemon watched
 /// start time: never a reused pid. True when it was delivered.
 fn signal(pid: u32, signal: i32) -> bool {
     orch_core::process::signal(pid, signal)
+}
+
+#[cfg(test)]
+mod purge_flag_tests {
+    use super::Cleared;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    #[test]
+    fn a_purge_that_panics_still_clears_its_running_flag() {
+        let busy = Arc::new(AtomicBool::new(true));
+        let flag = Arc::clone(&busy);
+        let ended = std::thread::spawn(move || {
+            let _done = Cleared(flag);
+            panic!("a purge that fails");
+        })
+        .join();
+        assert!(ended.is_err());
+        assert!(!busy.load(Ordering::Acquire));
+    }
 }

@@ -66,6 +66,16 @@ pub(crate) async fn history(
             )));
         }
     };
+    for (name, ms) in [("since_ms", q.since_ms), ("until_ms", q.until_ms)] {
+        if let Some(ms) = ms
+            && ms > i64::MAX as u64
+        {
+            return Err(bad(format!(
+                "{name} is {ms}: give a moment in milliseconds since the Unix epoch, at most {}",
+                i64::MAX
+            )));
+        }
+    }
     if let (Some(since), Some(until)) = (q.since_ms, q.until_ms)
         && since > until
     {

@@ -1,5 +1,6 @@
 //! Jobs over the API: submit (`POST /v1/jobs`), list, status, cancel, and their logs.
 
+use crate::core::accounting::Measured;
 use crate::core::admission::{self, Refusal};
 use crate::core::caller::Caller;
 use crate::core::db::{JobRow, State, Submission, Update};
@@ -382,11 +383,15 @@ pub(crate) async fn list(
 
 /// The ended jobs among `rows` with their accounting records (one read over their ids' range).
 async fn with_accounting(shared: &Arc<Shared>, mut rows: Vec<Job>) -> ApiResult<Vec<Job>> {
-    let ended = rows.iter().filter(|r| r.state.is_final()).map(|r| r.id);
-    let (Some(low), Some(high)) = (ended.clone().min(), ended.max()) else {
+    let ended: Vec<i64> = rows
+        .iter()
+        .filter(|r| r.state.is_final())
+        .map(|r| r.id)
+        .collect();
+    if ended.is_empty() {
         return Ok(rows);
-    };
-    let records = read(shared, move |db| db.accounting_between(low, high)).await?;
+    }
+    let records = read(shared, move |db| db.accounting_of(&ended)).await?;
     let by_id: std::collections::HashMap<i64, &crate::core::accounting::Record> =
         records.iter().map(|r| (r.job_id, r)).collect();
     for row in &mut rows {
@@ -521,12 +526,15 @@ pub(crate) async fn cancel(
                 )),
                 ..Default::default()
             };
-            let changed = shared
+            let ended = shared
                 .db
-                .write(move |tx| crate::core::db::apply(tx, n, &change))
+                .write_value(move |tx| {
+                    crate::core::db::end_queued(tx, n, change, &Measured::default())
+                })
                 .await
                 .map_err(internal)?;
-            if changed == 1 {
+            if let Some(record) = ended {
+                shared.metrics.job_finished(&record);
                 shared.kick(Kick::Dequeued(n));
                 let row = read(&shared, move |db| db.job(n)).await?.unwrap_or(row);
                 return Ok((StatusCode::OK, Json(row.into())));
@@ -571,18 +579,23 @@ async fn cancel_queued(
                     )),
                     ..Default::default()
                 };
-                if crate::core::db::apply(tx, id, &change)? == 1 {
-                    cancelled.push(id);
+                if let Some(record) =
+                    crate::core::db::end_queued(tx, id, change, &Measured::default())?
+                {
+                    cancelled.push(record);
                 }
             }
             Ok(cancelled)
         })
         .await
         .map_err(internal)?;
-    for &id in &cancelled {
-        shared.kick(Kick::Dequeued(id));
+    let mut ids = Vec::with_capacity(cancelled.len());
+    for record in &cancelled {
+        shared.metrics.job_finished(record);
+        shared.kick(Kick::Dequeued(record.job_id));
+        ids.push(record.job_id);
     }
-    Ok(cancelled)
+    Ok(ids)
 }
 
 /// Commits the cancel of a running job before it is carried out, so that a daemon restarted in

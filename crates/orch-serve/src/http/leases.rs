@@ -166,15 +166,24 @@ async fn leave_queue(shared: &Arc<Shared>, id: i64, reason: String) -> ApiResult
         only_if: Some(State::Queued),
         ..Default::default()
     };
-    let changed = shared
+    let ended = shared
         .db
-        .write(move |tx| crate::core::db::apply(tx, id, &change))
+        .write_value(move |tx| {
+            crate::core::db::end_queued(
+                tx,
+                id,
+                change,
+                &crate::core::accounting::Measured::default(),
+            )
+        })
         .await
         .map_err(|e| err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    if changed == 1 {
-        shared.kick(Kick::Dequeued(id));
-    }
-    Ok(changed == 1)
+    let Some(record) = ended else {
+        return Ok(false);
+    };
+    shared.metrics.job_finished(&record);
+    shared.kick(Kick::Dequeued(id));
+    Ok(true)
 }
 
 /// `GET /v1/leases`: every lease on the machine's devices now (what `orch leases` lists):

@@ -339,3 +339,68 @@ fn an_older_database_gets_the_table_and_gives_pages_back_in_steps_after_a_purge(
     drop(db);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_database_at_version_5_without_incremental_vacuum_is_converted_on_open() {
+    let dir = scratch("vacuum-off");
+    drop(Db::open(&dir).unwrap());
+    let read = |pragma: &str| -> i64 {
+        let conn = Connection::open(dir.join("jobs.sqlite3")).unwrap();
+        conn.pragma_query_value(None, pragma, |r| r.get(0)).unwrap()
+    };
+    // As a conversion cut short leaves it: the schema's version, no auto_vacuum.
+    {
+        let conn = Connection::open(dir.join("jobs.sqlite3")).unwrap();
+        conn.execute_batch("PRAGMA auto_vacuum = NONE; VACUUM;")
+            .unwrap();
+    }
+    assert_eq!((read("user_version"), read("auto_vacuum")), (5, 0));
+    let db = Db::open(&dir).unwrap();
+    assert!(db.incremental_vacuum().unwrap());
+    assert_eq!(read("auto_vacuum"), 2);
+    drop(db);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_listings_lookup_reads_the_records_of_its_ids_alone_in_chunks() {
+    let dir = scratch("records-of");
+    let db = Db::open(&dir).unwrap();
+    let mut ids = Vec::new();
+    for ended in 0..600u64 {
+        let id = queued(&db, "lab", "ann", 500);
+        end(
+            &db,
+            id,
+            State::Queued,
+            record(&db, id, 1_000 + ended, 1.0, None),
+        );
+        ids.push(id);
+    }
+    let first_and_last = [ids[0], ids[599]];
+    let got: Vec<i64> = db
+        .accounting_of(&first_and_last)
+        .unwrap()
+        .iter()
+        .map(|r| r.job_id)
+        .collect();
+    assert_eq!(got, first_and_last);
+    // More ids than one query binds; one without a record is left out.
+    let mut asked: Vec<i64> = ids.iter().copied().step_by(2).collect();
+    asked.extend_from_slice(&ids[1..550]);
+    asked.push(999_999);
+    let mut got: Vec<i64> = db
+        .accounting_of(&asked)
+        .unwrap()
+        .iter()
+        .map(|r| r.job_id)
+        .collect();
+    got.sort_unstable();
+    asked.pop();
+    asked.sort_unstable();
+    asked.dedup();
+    got.dedup();
+    assert_eq!(got, asked);
+    drop(db);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
