@@ -93,7 +93,7 @@ fn a_job_on_gpus_2_and_3_runs_on_node_1s_cpu_and_none_leaves_it_unbound() {
     assert_eq!(allowed(&stdout(&out)), "1", "{}", stderr(&out));
     // Said with the placement (the default log level shows orch_runner's lines).
     assert!(
-        stderr(&out).contains("bound to CPUs 1, memory of NUMA node 0"),
+        stderr(&out).contains("bound to CPUs 1, memory preferred on NUMA node 0"),
         "{}",
         stderr(&out)
     );
@@ -511,7 +511,7 @@ fn orch_plan_says_the_binding() {
     let text = plan(job, false);
     if own.contains(1) {
         assert!(
-            text.contains("cpu binding: CPUs 1, memory of NUMA node"),
+            text.contains("cpu binding: CPUs 1, memory preferred on NUMA node"),
             "{text}"
         );
         let json: serde_json::Value = serde_json::from_str(&plan(job, true)).unwrap();

@@ -35,13 +35,13 @@ pub struct CpuBinding {
 }
 
 impl std::fmt::Display for CpuBinding {
-    /// `CPUs 0-23, memory of NUMA node 0`.
+    /// `CPUs 0-23, memory preferred on NUMA node 0`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "CPUs {}", self.cpus)?;
         match self.mems.len() {
             0 => Ok(()),
-            1 => write!(f, ", memory of NUMA node {}", self.mems),
-            _ => write!(f, ", memory of NUMA nodes {}", self.mems),
+            1 => write!(f, ", memory preferred on NUMA node {}", self.mems),
+            _ => write!(f, ", memory preferred on NUMA nodes {}", self.mems),
         }
     }
 }
@@ -256,7 +256,7 @@ mod tests {
         assert_eq!(b.cpus.to_string(), "2-5");
         // Node 1 has no memory: only node 0's is preferred.
         assert_eq!(b.mems.to_string(), "0");
-        assert_eq!(b.to_string(), "CPUs 2-5, memory of NUMA node 0");
+        assert_eq!(b.to_string(), "CPUs 2-5, memory preferred on NUMA node 0");
         // orch itself may use CPUs 0-4 only (its cpuset): never more.
         let host = HostCpus::read_from(&dir, &"0-4".parse().unwrap(), &"0".parse().unwrap());
         assert_eq!(

@@ -82,10 +82,22 @@ pub(crate) fn launch_spec(
         .unwrap_or(DeviceIds::Uuid);
     if inventory.backend != Backend::Cpu {
         let here = match ids {
-            DeviceIds::Index => Some(
-                crate::bind::cuda_ids(ids, plan, inventory, confinement.rule.as_ref())
-                    .map_err(|e| format!("{}: {e}", job.path.display()))?,
-            ),
+            DeviceIds::Index => {
+                match crate::bind::cuda_ids(ids, plan, inventory, confinement.rule.as_ref()) {
+                    Ok(names) => Some(names),
+                    // A default (the tenant's) is a preference: where indices cannot name the
+                    // devices (MIG instances), the job keeps UUIDs. Only the job's own
+                    // `device_ids = "index"` is refused.
+                    Err(e) if command.device_ids.is_none() => {
+                        tracing::info!(
+                            "{}: named by UUID, not by the default's CUDA index: {e}",
+                            job.path.display()
+                        );
+                        None
+                    }
+                    Err(e) => return Err(format!("{}: {e}", job.path.display())),
+                }
+            }
             DeviceIds::Uuid => None,
         };
         // The daemon that granted the lease confined this process itself, unseen here, and

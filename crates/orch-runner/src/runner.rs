@@ -165,8 +165,12 @@ pub fn start<'a>(
             )
             .map_err(RunError::BadInput)?;
             // Where the job's cgroup has the cpuset controller, it fences the bound CPUs too
-            // (all ranks' together; each rank's affinity is its own within them).
-            if let Some(dir) = &cgroup_path {
+            // (all ranks' together; each rank's affinity is its own within them). A rank left
+            // unbound runs unbound: then nothing is fenced.
+            if let Some(dir) = &cgroup_path
+                && !spec.cpu_binding.is_empty()
+                && spec.cpu_binding.iter().all(Option::is_some)
+            {
                 let bound = spec
                     .cpu_binding
                     .iter()

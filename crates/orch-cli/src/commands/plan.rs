@@ -110,7 +110,7 @@ pub fn run(spec: &InventorySpec, args: &PlanArgs) -> CmdResult {
 
 type Bindings = [Result<orch_exec::CpuBinding, orch_runner::bind::Unbound>];
 
-/// `cpu binding: CPUs 0-23, memory of NUMA node 0`, one line per rank when there are several.
+/// `cpu binding: CPUs 0-23, memory preferred on NUMA node 0`, one line per rank when there are several.
 fn binding_lines(bindings: &Bindings) -> String {
     let line = |b: &Result<orch_exec::CpuBinding, orch_runner::bind::Unbound>| match b {
         Ok(b) => b.to_string(),
