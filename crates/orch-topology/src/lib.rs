@@ -388,22 +388,33 @@ fn greedy(shape: &Shape, ranked: &[usize], count: usize) -> Vec<usize> {
     let mut best: Option<((Score, usize), Vec<usize>)> = None;
     let mut set: Vec<usize> = Vec::with_capacity(count);
     let mut ranks: Vec<usize> = Vec::with_capacity(count);
+    let mut in_set = vec![false; m];
     for seed in 0..m {
         ranks.clear();
         ranks.push(seed);
         set.clear();
         set.push(ranked[seed]);
+        in_set.iter_mut().for_each(|b| *b = false);
+        in_set[seed] = true;
+        // The growing set's score, kept up to date: a trial adds one device's pairs to it
+        // (O(count)) instead of scoring the whole set again (O(count²)).
+        let mut current = shape.score(&set);
         while ranks.len() < count {
             let mut pick: Option<((u32, usize, Score), usize)> = None;
-            for r in (0..m).filter(|r| !ranks.contains(r)) {
-                let node = shape.numa(ranked[r]);
-                let taken = match node {
-                    None => 0,
-                    node => set.iter().filter(|&&b| shape.numa(b) == node).count(),
-                };
-                set.push(ranked[r]);
-                let score = shape.score(&set);
-                set.pop();
+            for r in (0..m).filter(|&r| !in_set[r]) {
+                let a = ranked[r];
+                let node = shape.numa(a);
+                let mut score = current;
+                let mut taken = 0;
+                for &b in &set {
+                    if node.is_some() && shape.numa(b) == node {
+                        taken += 1;
+                    }
+                    score.add_pair(shape.link(a, b));
+                }
+                if taken == 0 {
+                    score.numa_nodes += 1;
+                }
                 // Opening a node: the fuller the node, the better; within the set's nodes, no
                 // matter.
                 let left = if taken == 0 { usize::MAX - group[r] } else { 0 };
@@ -412,9 +423,14 @@ fn greedy(shape: &Shape, ranked: &[usize], count: usize) -> Vec<usize> {
                     pick = Some((key, r));
                 }
             }
-            let Some((_, r)) = pick else { break };
+            let Some(((_, _, score), r)) = pick else {
+                break;
+            };
+            current = score;
             ranks.push(r);
+            in_set[r] = true;
             set.push(ranked[r]);
+            debug_assert_eq!(current, shape.score(&set));
         }
         let mut sorted = ranks.clone();
         sorted.sort_unstable();

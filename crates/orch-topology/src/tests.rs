@@ -166,6 +166,31 @@ fn large_boxes_are_chosen_greedily_and_still_keep_to_one_node() {
     assert_eq!(choice.set, vec![63, 62, 61, 60, 59, 58, 57, 56]);
 }
 
+/// Half of a 64-device box with links between every pair: the greedy search keeps each trial
+/// to the new device's pairs, so this many devices stay cheap, and the set fills two nodes.
+#[test]
+fn half_of_a_large_linked_box_spans_the_fewest_nodes() {
+    let mut shape = Shape::new((0..64).map(|i| Some(i / 16)).collect());
+    for a in 0..64 {
+        for b in (a + 1)..64 {
+            let same = a / 16 == b / 16;
+            shape.set_link(
+                a,
+                b,
+                Link {
+                    nvlinks: if same { 4 } else { 0 },
+                    pcie: None,
+                },
+            );
+        }
+    }
+    let ranked: Vec<usize> = (0..64).collect();
+    let choice = choose(&shape, &ranked, 32).unwrap();
+    assert_eq!(choice.set.len(), 32);
+    assert_eq!(choice.score.numa_nodes, 2);
+    assert_eq!(choice.score, shape.score(&choice.set));
+}
+
 #[test]
 fn out_of_range_links_are_ignored() {
     let mut shape = Shape::new(vec![None, None]);
