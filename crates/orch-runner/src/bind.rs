@@ -152,9 +152,16 @@ pub fn cuda_ids(
                     chosen.uuid
                 ));
             }
-            visible
-                .iter()
-                .position(|d| d.uuid == chosen.uuid)
+            let place = visible.iter().position(|d| d.uuid == chosen.uuid);
+            // A GPU in MIG mode is not one CUDA device but its slices, so the numbers of the
+            // GPUs after it are not known here: UUIDs are.
+            if let Some(mig) = place.and_then(|i| visible[..i].iter().find(|d| !d.mig_devices.is_empty())) {
+                return Err(format!(
+                    "device_ids = \"index\": GPU {} is in MIG mode and comes before GPU {} ({}), so CUDA's number for it is not known; use device_ids = \"uuid\"",
+                    mig.index, chosen.physical_index, chosen.uuid
+                ));
+            }
+            place
                 .map(|i| i.to_string())
                 .ok_or_else(|| {
                     format!(
@@ -235,5 +242,29 @@ mod tests {
         // UUIDs stay UUIDs.
         let uuids = cuda_ids(DeviceIds::Uuid, &plan(&[2]), &inventory, None).unwrap();
         assert_eq!(uuids, [uuid(2)]);
+    }
+
+    #[test]
+    fn a_gpu_in_mig_mode_before_the_granted_one_leaves_its_number_unknown() {
+        let mut inventory = box4();
+        inventory.devices[1]
+            .mig_devices
+            .push(orch_devices::MigDevice {
+                uuid: "MIG-00000001-0000-4000-8000-000000000000".into(),
+                name: Some("1g.10gb".into()),
+                memory_total_bytes: None,
+            });
+        let err = cuda_ids(DeviceIds::Index, &plan(&[3]), &inventory, None).unwrap_err();
+        assert!(err.contains("GPU 1 is in MIG mode"), "{err}");
+        // Before it, the numbers stand; confined away from it, too.
+        assert_eq!(
+            cuda_ids(DeviceIds::Index, &plan(&[0]), &inventory, None).unwrap(),
+            ["0"]
+        );
+        let rule = DeviceRule::granting(&[3]);
+        assert_eq!(
+            cuda_ids(DeviceIds::Index, &plan(&[3]), &inventory, Some(&rule)).unwrap(),
+            ["1"]
+        );
     }
 }
