@@ -918,7 +918,17 @@ impl Engine {
             // A supervisor that ended before it took the fence never started the job: fenced
             // now, the job goes back to the queue (it never ran; nothing is charged).
             Death::NeverStarted(reason) => {
-                match folders::take_fence(&dir, &Fence { supervisor: None }) {
+                let taken = match folders::take_fence(&dir, &Fence { supervisor: None }) {
+                    // A fence without a supervisor is this daemon's own, from an earlier try
+                    // whose last step failed (a full disk at the folder's sync): taken.
+                    Ok(false) => match folders::read_fence(&dir) {
+                        Ok(Some(fence)) if fence.supervisor.is_none() => Ok(true),
+                        Ok(_) => Ok(false),
+                        Err(e) => Err(e),
+                    },
+                    other => other,
+                };
+                match taken {
                     Ok(true) => {
                         let at = self
                             .sched
