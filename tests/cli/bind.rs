@@ -536,4 +536,14 @@ fn orch_plan_says_the_binding() {
         false,
     );
     assert!(!none.contains("cpu binding"), "{none}");
+    // A trainer is bound when the daemon runs it, and the plan says so.
+    let train = plan(
+        &format!(
+            "[job]\nname = \"t\"\n[resources]\ngpus = 2\nmin_free_memory = \"40GiB\"\n[train]\nplugin = \"mlp\"\nbatch_size = 64\nepochs = 1\n[train.data]\nformat = \"mnist-idx\"\ntrain = \"{}\"\n",
+            root().join("examples/mnist/data").display()
+        ),
+        false,
+    );
+    assert!(train.contains("cpu binding: "), "{train}");
+    assert!(train.contains("when the daemon runs it"), "{train}");
 }

@@ -79,17 +79,16 @@ pub fn run(spec: &InventorySpec, args: &PlanArgs) -> CmdResult {
         orch_core::job::Work::Command(command) => command.launch,
         orch_core::job::Work::Train(_) => orch_core::job::Launch::Single,
     };
-    let bindings = match &job.work {
-        orch_core::job::Work::Command(_) => orch_runner::bind::bindings(
-            &job,
-            launch,
-            &plan,
-            &inventory,
-            &orch_exec::HostCpus::read(),
-        ),
-        // A trainer runs in orch's own process: nothing is bound.
-        orch_core::job::Work::Train(_) => Vec::new(),
-    };
+    // A trainer is bound as one process, when the daemon runs it; `orch run` trains in its own
+    // process, which is not bound (said below the binding).
+    let train = matches!(job.work, orch_core::job::Work::Train(_));
+    let bindings = orch_runner::bind::bindings(
+        &job,
+        launch,
+        &plan,
+        &inventory,
+        &orch_exec::HostCpus::read(),
+    );
     // GPUs whose place nobody knows are not bound by default, and not worth a line then.
     let unknown = |b: &Result<_, _>| matches!(b, Err(orch_runner::bind::Unbound::Unknown(_)));
     let bindings = if bindings.iter().all(unknown)
@@ -104,6 +103,11 @@ pub fn run(spec: &InventorySpec, args: &PlanArgs) -> CmdResult {
     } else {
         print!("{}", human(&plan));
         print!("{}", binding_lines(&bindings));
+        if train && !bindings.is_empty() {
+            println!(
+                "  (a [train] job is bound so when the daemon runs it; `orch run` trains in its own process, unbound)"
+            );
+        }
     }
     Ok(())
 }
