@@ -55,6 +55,10 @@ fn has_cpus_0_and_1(test: &str) -> bool {
     if allowed.contains(0) && allowed.contains(1) {
         return true;
     }
+    assert!(
+        std::env::var_os("ORCH_REQUIRE_CPU_BIND").is_none(),
+        "{test} needs CPUs 0 and 1 (has {allowed}) and ORCH_REQUIRE_CPU_BIND is set"
+    );
     eprintln!("{test}: skipped (needs CPUs 0 and 1, has {allowed})");
     false
 }
@@ -241,6 +245,10 @@ fn index_ids_are_the_job_relative_numbers_when_confined_and_physical_when_not() 
     );
     assert!(stdout(&out).starts_with("GPU-"), "{}", stdout(&out));
     if !confines() {
+        assert!(
+            std::env::var_os("ORCH_REQUIRE_DEVICE_CONSTRAINT").is_none(),
+            "index_ids…: the confined half needs root and a device constraint, and ORCH_REQUIRE_DEVICE_CONSTRAINT is set"
+        );
         eprintln!("index_ids…: the confined half skipped (not root, or no device constraint here)");
         return;
     }
@@ -441,6 +449,10 @@ fn where_orch_makes_a_cpuset_a_bound_job_cannot_widen_its_cpus() {
         return;
     }
     if !cpusets() {
+        assert!(
+            std::env::var_os("ORCH_REQUIRE_CPUSET").is_none(),
+            "a_bound_job_cannot_widen needs root and the v2 cpuset controller, and ORCH_REQUIRE_CPUSET is set"
+        );
         eprintln!(
             "a_bound_job_cannot_widen: skipped (not root, or no v2 cpuset controller for job cgroups)"
         );
