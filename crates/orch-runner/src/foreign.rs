@@ -9,61 +9,21 @@ use orch_leases::{Holder, Lease};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-/// Per device uuid, its processes that no lease on it covers (devices with none are left out).
-pub fn foreign_processes(
-    inventory: &Inventory,
-    leases: &[Lease],
-) -> BTreeMap<String, Vec<GpuProcess>> {
-    let mut out = BTreeMap::new();
-    let any = inventory
-        .devices
-        .iter()
-        .any(|d| d.processes.as_ref().is_some_and(|p| !p.is_empty()));
-    if !any {
-        return out;
-    }
-    let procs: HashMap<u32, ProcStat> = process::all().into_iter().collect();
-    let mount = process::cgroup_v2_mount();
-    for device in &inventory.devices {
-        let Some(list) = &device.processes else {
-            continue;
-        };
-        let holders: Vec<&Holder> = leases
-            .iter()
-            .filter(|l| l.devices.iter().any(|u| u == &device.uuid))
-            .flat_map(|l| l.holders.iter())
-            .collect();
-        let foreign: Vec<GpuProcess> = list
-            .iter()
-            .filter(|p| {
-                !holders
-                    .iter()
-                    .any(|h| covers(h, p.pid, &procs, mount.as_deref()))
-            })
-            .cloned()
-            .collect();
-        if !foreign.is_empty() {
-            out.insert(device.uuid.clone(), foreign);
-        }
-    }
-    out
+/// What the devices' process lists say of the leases, from one reading of `/proc`.
+#[derive(Debug, Clone, Default)]
+pub struct Holdings {
+    /// Per device uuid, its processes that no lease on it covers (devices with none are left
+    /// out).
+    pub foreign: BTreeMap<String, Vec<GpuProcess>>,
+    /// Per lease id, per device of that lease whose processes can be listed, the memory its
+    /// holders' processes hold there (0 when none of them is on it). Devices that list no
+    /// processes (`None`: the backend cannot tell) are left out.
+    pub lease_memory: HashMap<String, BTreeMap<String, u64>>,
 }
 
-/// The other side of [`foreign_processes`]: per lease id, per device of that lease whose
-/// processes can be listed, the memory its holders' processes hold there (0 when none of them
-/// is on it). Devices that list no processes (`None`: the backend cannot tell) are left out.
-pub fn lease_gpu_memory(
-    inventory: &Inventory,
-    leases: &[Lease],
-) -> HashMap<String, BTreeMap<String, u64>> {
-    let mut out: HashMap<String, BTreeMap<String, u64>> = HashMap::new();
-    let listed = |uuid: &str| {
-        inventory
-            .devices
-            .iter()
-            .find(|d| d.uuid == uuid)
-            .and_then(|d| d.processes.as_ref())
-    };
+/// Sets each device's processes against the process trees of the holders of the leases on it.
+pub fn holdings(inventory: &Inventory, leases: &[Lease]) -> Holdings {
+    let mut out = Holdings::default();
     let any = inventory
         .devices
         .iter()
@@ -78,25 +38,55 @@ pub fn lease_gpu_memory(
     } else {
         (HashMap::new(), None)
     };
+    let covered = |h: &Holder, pid: u32| covers(h, pid, &procs, mount.as_deref());
+    for device in &inventory.devices {
+        let Some(list) = &device.processes else {
+            continue;
+        };
+        let foreign: Vec<GpuProcess> = list
+            .iter()
+            .filter(|p| {
+                !leases
+                    .iter()
+                    .filter(|l| l.devices.iter().any(|u| u == &device.uuid))
+                    .flat_map(|l| l.holders.iter())
+                    .any(|h| covered(h, p.pid))
+            })
+            .cloned()
+            .collect();
+        if !foreign.is_empty() {
+            out.foreign.insert(device.uuid.clone(), foreign);
+        }
+    }
     for lease in leases {
         let mut devices = BTreeMap::new();
         for uuid in &lease.devices {
-            let Some(list) = listed(uuid) else { continue };
+            let Some(list) = inventory
+                .devices
+                .iter()
+                .find(|d| &d.uuid == uuid)
+                .and_then(|d| d.processes.as_ref())
+            else {
+                continue;
+            };
             let held: u64 = list
                 .iter()
-                .filter(|p| {
-                    lease
-                        .holders
-                        .iter()
-                        .any(|h| covers(h, p.pid, &procs, mount.as_deref()))
-                })
+                .filter(|p| lease.holders.iter().any(|h| covered(h, p.pid)))
                 .filter_map(|p| p.used_memory_bytes)
                 .sum();
             devices.insert(uuid.clone(), held);
         }
-        out.insert(lease.id.clone(), devices);
+        out.lease_memory.insert(lease.id.clone(), devices);
     }
     out
+}
+
+/// Per device uuid, its processes that no lease on it covers (devices with none are left out).
+pub fn foreign_processes(
+    inventory: &Inventory,
+    leases: &[Lease],
+) -> BTreeMap<String, Vec<GpuProcess>> {
+    holdings(inventory, leases).foreign
 }
 
 /// Whether process `pid` belongs to `holder`'s job: in its cgroup, its process group, or below
@@ -174,7 +164,7 @@ mod tests {
             holders: vec![Holder::current()],
             created_at_ms: 0,
         };
-        let memory = lease_gpu_memory(&inventory, std::slice::from_ref(&lease));
+        let memory = holdings(&inventory, std::slice::from_ref(&lease)).lease_memory;
         let want: BTreeMap<String, u64> = [
             ("GPU-aaaaaaaa".to_string(), 3 << 30),
             ("GPU-bbbbbbbb".to_string(), 0),

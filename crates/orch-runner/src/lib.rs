@@ -23,7 +23,7 @@ pub use command::{
     GRACE, ProcessOptions, check_enforcement, device_rule, lease_env, lease_env_named, placed_line,
 };
 pub use error::RunError;
-pub use foreign::{foreign_processes, lease_gpu_memory};
+pub use foreign::{Holdings, foreign_processes, holdings};
 pub use place::{
     GiveBack, LeaseGuard, Machine, PlaceError, claim, claim_proposed, claim_until, place_in_parent,
 };

@@ -1177,12 +1177,15 @@ impl Engine {
                             Arc::clone(&lock(&shared.machine).leases)
                         }
                     };
-                    let foreign = Arc::new(orch_runner::foreign_processes(&inventory, &leases));
+                    let held = orch_runner::holdings(&inventory, &leases);
+                    let (foreign, lease_memory) =
+                        (Arc::new(held.foreign), Arc::new(held.lease_memory));
                     if stale.is_none() { shared.timeline.note_devices(now_ms(), &inventory.devices); }
                     *lock(&shared.machine) = MachineView {
                         inventory,
                         leases,
                         foreign,
+                        lease_memory,
                         stale,
                     };
                 }
@@ -1208,13 +1211,9 @@ impl Engine {
         let now = Instant::now();
         let mut notes: Vec<(i64, &'static str, String)> = Vec::new();
         let inventory = &self.jobs.inventory;
-        // The memory each job's processes hold on its devices, for its accounting.
-        let memory = if self.jobs.running.is_empty() {
-            HashMap::new()
-        } else {
-            let leases = Arc::clone(&lock(&self.shared.machine).leases);
-            orch_runner::lease_gpu_memory(inventory, &leases)
-        };
+        // The memory each job's processes hold on its devices, for its accounting: the device
+        // watcher's reading, made with the foreign processes' (no second look at /proc here).
+        let memory = Arc::clone(&lock(&self.shared.machine).lease_memory);
         for (id, job) in &mut self.jobs.running {
             let Some(tenant) = self.shared.config.tenant(&job.tenant) else {
                 continue;

@@ -92,6 +92,10 @@ pub struct MachineView {
     pub leases: Arc<Vec<orch_leases::Lease>>,
     /// Per device uuid, the processes no lease on it covers.
     pub foreign: Arc<std::collections::BTreeMap<String, Vec<orch_devices::GpuProcess>>>,
+    /// Per lease id, per device, the memory its holders' processes hold there (the same reading
+    /// as `foreign`): a running job's accounting.
+    pub lease_memory:
+        Arc<std::collections::HashMap<String, std::collections::BTreeMap<String, u64>>>,
     /// Why this reading is not fresh (the devices could not be read again, or the thread that
     /// reads them could not start); `/v1/devices` says so.
     pub stale: Option<String>,
@@ -103,6 +107,7 @@ impl MachineView {
             inventory: Arc::new(inventory),
             leases: Arc::default(),
             foreign: Arc::default(),
+            lease_memory: Arc::default(),
             stale: None,
         }
     }
