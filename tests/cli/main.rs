@@ -104,6 +104,38 @@ pub fn scratch_dir(tag: &str) -> PathBuf {
     dir
 }
 
+/// Builds `examples/policies/NAME` with cargo alone, as a user would (release, wasm32-wasip2),
+/// in one target folder all such tests share (wit-bindgen is built once); the component's path.
+pub fn build_example_policy(name: &str) -> PathBuf {
+    let example = root().join("examples/policies").join(name);
+    let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("coolest-target");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let built = Command::new(cargo)
+        .args([
+            "build",
+            "--release",
+            "--target",
+            "wasm32-wasip2",
+            "--target-dir",
+        ])
+        .arg(&target)
+        .current_dir(&example)
+        .env_remove("CARGO_TARGET_DIR")
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .output()
+        .expect("cargo runs");
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    target.join(format!(
+        "wasm32-wasip2/release/{}.wasm",
+        name.replace('-', "_")
+    ))
+}
+
 /// A port nobody listens on now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

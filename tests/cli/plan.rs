@@ -414,30 +414,7 @@ fn plugin_inspect_names_the_world_or_refuses() {
 /// Builds examples/policies/coolest with cargo alone, as a user would, and plans with it by path.
 #[test]
 fn a_users_policy_builds_with_cargo_and_loads_by_path() {
-    let example = root().join("examples/policies/coolest");
-    let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("coolest-target");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    let built = std::process::Command::new(cargo)
-        .args([
-            "build",
-            "--release",
-            "--target",
-            "wasm32-wasip2",
-            "--target-dir",
-        ])
-        .arg(&target)
-        .current_dir(&example)
-        .env_remove("CARGO_TARGET_DIR")
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .output()
-        .expect("cargo runs");
-    assert!(
-        built.status.success(),
-        "{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    let wasm = target.join("wasm32-wasip2/release/coolest.wasm");
+    let wasm = build_example_policy("coolest");
 
     let cache = cache_dir();
     let out = orch(

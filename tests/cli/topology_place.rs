@@ -128,31 +128,7 @@ fn run_hands_the_job_the_pair_on_one_node() {
 /// NUMA node that takes the job, and spills over as few nodes as it can.
 #[test]
 fn the_numa_pack_example_fills_one_node_before_the_next() {
-    let example = root().join("examples/policies/numa-pack");
-    // The target folder examples/policies/coolest's test builds in: wit-bindgen is built once.
-    let target = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("coolest-target");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    let built = std::process::Command::new(cargo)
-        .args([
-            "build",
-            "--release",
-            "--target",
-            "wasm32-wasip2",
-            "--target-dir",
-        ])
-        .arg(&target)
-        .current_dir(&example)
-        .env_remove("CARGO_TARGET_DIR")
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .output()
-        .expect("cargo runs");
-    assert!(
-        built.status.success(),
-        "{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    let wasm = target.join("wasm32-wasip2/release/numa_pack.wasm");
+    let wasm = build_example_policy("numa-pack");
     let state = scratch_dir("topo-numa-pack");
     let plan = |gpus: u32| {
         let job = state.join(format!("job-{gpus}.toml"));

@@ -1385,11 +1385,11 @@ impl Db {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A submission of user `u`'s job.toml, task `sweep_task` of an array when given.
-    fn test_submission(sweep_task: Option<u32>) -> Submission {
+    pub(crate) fn test_submission(sweep_task: Option<u32>) -> Submission {
         Submission {
             job_text: String::new(),
             job_path: "job.toml".into(),

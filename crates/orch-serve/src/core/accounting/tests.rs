@@ -1,4 +1,5 @@
 use super::*;
+use crate::core::db::tests::test_submission;
 use crate::core::db::{Change, Db, JobRow, Submission, apply, insert_job};
 
 fn scratch(tag: &str) -> std::path::PathBuf {
@@ -6,25 +7,6 @@ fn scratch(tag: &str) -> std::path::PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-fn submission() -> Submission {
-    Submission {
-        job_text: String::new(),
-        job_path: "job.toml".into(),
-        cwd: "/".into(),
-        env: Vec::new(),
-        identity: crate::core::users::Identity {
-            uid: 0,
-            gid: 0,
-            name: "u".into(),
-            groups: Vec::new(),
-        },
-        policy_file: None,
-        holder: None,
-        alloc: None,
-        sweep_task: None,
-    }
 }
 
 /// A job of `user` in `tenant`, queued at `at`; its id.
@@ -36,7 +18,7 @@ fn queued(db: &Db, tenant: &str, user: &str, at: u64) -> i64 {
         gpus: 2,
         ..JobRow::queued(at)
     };
-    db.write_blocking(move |tx| insert_job(tx, &row, &submission(), None))
+    db.write_blocking(move |tx| insert_job(tx, &row, &test_submission(None), None))
         .unwrap()
 }
 
@@ -286,7 +268,7 @@ fn an_older_database_gets_the_table_and_gives_pages_back_in_steps_after_a_purge(
         };
         let sub = Submission {
             job_text: text.clone(),
-            ..submission()
+            ..test_submission(None)
         };
         db.write_blocking(move |tx| insert_job(tx, &row, &sub, None))
             .unwrap();
