@@ -10,7 +10,9 @@
 //!
 //! `cargo bench -p orch-cli --bench history` (release).
 
-use std::io::{Read, Write};
+mod common;
+
+use common::http;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -67,13 +69,7 @@ impl Daemon {
     }
 
     fn rss_mib(&self) -> f64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let kib: f64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap();
-        kib / 1024.0
+        common::rss_mib(self.child.id())
     }
 
     fn stop(mut self) {
@@ -88,24 +84,6 @@ impl Drop for Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn http(socket: &Path, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut s = UnixStream::connect(socket).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: orch\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).unwrap();
-    let status = answer[9..12].parse().unwrap();
-    let body = answer
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_string();
-    (status, body)
 }
 
 fn now_ms() -> i64 {
