@@ -423,7 +423,10 @@ fn a_soak_of_kills_floods_and_full_disks_loses_and_doubles_nothing() {
     let seconds = soak_seconds();
     let flooder = test_user("orchflood");
     let mut d = Daemon::prepare("soak");
-    let fs = Tmpfs::mount(&d.state, "size=24m");
+    // Room for the database and the folders of the ~500 jobs a 3-minute soak accepts (each with
+    // its spec, fence, logs, exit record and usage record: ~24 KiB on tmpfs), beside the spells
+    // in which the test fills it to the last byte.
+    let fs = Tmpfs::mount(&d.state, "size=48m");
     let world = std::env::temp_dir().join(format!("orch-soak-{}", std::process::id()));
     crate::serve::world_dir(&world);
     d.socket = Some(world.join("orch.sock"));
