@@ -1,5 +1,5 @@
 //! The daemon's domain, which knows no HTTP: its state ([`state`]), the job database ([`db`]),
-//! per-job accounting ([`accounting`]), the job folders and their files ([`folders`]), admission ([`admission`]), the engine that
+//! per-job accounting ([`accounting`]), the job folders and their files ([`folders`]), admission ([`admission`]) and submission ([`submit`]), the engine that
 //! places and watches jobs ([`engine`]) with the scheduler ([`sched`]) and the queue policy
 //! ([`queue_policy`]), the compiles of tenants' policies ([`compile`]) and the workers that ask them
 //! ([`policy_worker`]), the config, the users,
@@ -25,6 +25,7 @@ pub mod policy_worker;
 pub mod queue_policy;
 pub mod sched;
 pub mod state;
+pub mod submit;
 pub mod timeline;
 pub mod users;
 pub mod view;

@@ -4,8 +4,8 @@
 //!
 //! What it models: jobs arrive at their time, wait in the queue, run for their duration on as
 //! many devices as they ask, and end; the tenants' limits (`max_gpus`, `max_queued`,
-//! `max_priority`, `max_runtime`) apply as in the daemon, whose admission rules
-//! ([`crate::core::admission`]) refuse the same jobs here; a preempted job goes back to the queue and
+//! `max_priority`, `max_runtime`) apply as in the daemon, whose admission steps
+//! ([`crate::core::submit::Ticket`]) refuse the same jobs here; a preempted job goes back to the queue and
 //! later runs what it had left (it resumes from a checkpoint). Placement is by device count:
 //! every device of the inventory is alike here.
 
@@ -13,6 +13,7 @@ use crate::core::admission;
 use crate::core::config::Config;
 use crate::core::sched::deps::{Kind, Standing, Wait};
 use crate::core::sched::{Attempt, QueuePolicy, QueuedJob, Scheduler, TenantConf};
+use crate::core::submit;
 use orch_core::InputError;
 use orch_queue::Machine;
 use serde::{Deserialize, Serialize};
@@ -382,16 +383,19 @@ pub fn simulate_with(
             submitted[tenant] += 1;
             let limits = &config.tenants[tenant];
             let place = format!("trace job {}", i + 1);
-            let asked = admission::Asked {
-                place: &place,
-                gpus_at: &place,
-                gpus: tj.gpus,
-                priority: tj.priority,
+            let ticket = submit::Ticket {
+                asked: admission::Asked {
+                    place: &place,
+                    gpus_at: &place,
+                    gpus: tj.gpus,
+                    priority: tj.priority,
+                },
+                tasks: None,
             };
             let queued = sched.queued_of(tenant) as u64;
             // The daemon's own admission: what it would refuse is rejected here.
             let id = i as u64 + 1;
-            if admission::admit(limits, &asked, gpus as usize, queued).is_err() {
+            if ticket.admit(limits, gpus as usize, queued).is_err() {
                 rejected[tenant] += 1;
                 let how = "was rejected at submission".to_string();
                 ended.insert(id, (false, how.clone()));

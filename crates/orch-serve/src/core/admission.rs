@@ -24,6 +24,10 @@ pub enum Refusal {
     /// The daemon cannot record a job now (its state folder is full or read-only).
     #[error("{0}")]
     Unavailable(String),
+    /// It names a job (one to wait for) that does not exist or is not the caller's to see:
+    /// refused alike, so that another tenant's jobs are not revealed.
+    #[error("{0}")]
+    NotFound(String),
 }
 
 /// A job as admission sees it.

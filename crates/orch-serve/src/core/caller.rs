@@ -20,3 +20,43 @@ pub struct Caller {
     /// The process on the other end of the Unix socket (its peer credentials), when known.
     pub pid: Option<u32>,
 }
+
+impl Caller {
+    /// The tenant a request of this caller counts against: the one it names (which the caller
+    /// must be in, or an admin may name), else the caller's first. `place` (the job file) leads
+    /// the refusal.
+    pub fn tenant_for(
+        &self,
+        config: &crate::core::config::Config,
+        wanted: Option<&str>,
+        place: Option<&str>,
+    ) -> Result<String, crate::core::admission::Refusal> {
+        use crate::core::admission::Refusal;
+        match wanted {
+            Some(t)
+                if self.tenants.iter().any(|c| c == t)
+                    || (self.admin && config.tenant(t).is_some()) =>
+            {
+                Ok(t.to_string())
+            }
+            Some(t) => {
+                let place = place.map_or(String::new(), |p| format!("{p}: "));
+                Err(Refusal::Forbidden(format!(
+                    "{place}user {} is not in tenant \"{t}\"",
+                    self.identity.name
+                )))
+            }
+            None => self.tenants.first().cloned().ok_or_else(|| {
+                Refusal::Forbidden(format!(
+                    "user {} is in no tenant of this daemon; ask its admin to add them",
+                    self.identity.name
+                ))
+            }),
+        }
+    }
+
+    /// Whether this caller may see job `row`: an admin, or one of the job's tenant.
+    pub fn sees(&self, row: &crate::core::db::JobRow) -> bool {
+        self.admin || self.tenants.contains(&row.tenant)
+    }
+}

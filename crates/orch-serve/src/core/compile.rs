@@ -852,6 +852,13 @@ pub fn store_policy(state_dir: &Path, base64_text: &str) -> Result<String, Strin
     Ok(hash)
 }
 
+/// The sentence for a component digest `hex` the daemon does not have.
+pub fn no_such(hex: &str) -> String {
+    format!(
+        "the daemon has no policy component sha256:{hex}: upload it first with PUT /v1/plugins/sha256:{hex} (`orch submit` does)"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,41 +24,15 @@ pub(crate) fn admitted(caller: &Caller) -> ApiResult<()> {
     }
 }
 
-/// The tenant a request of `caller` counts against: the one it names (which the caller must be
-/// in, or an admin may name), else the caller's first. `place` (the job file) leads the refusal.
+/// The tenant a request of `caller` counts against ([`Caller::tenant_for`]); its refusal is a
+/// 403.
 pub(crate) fn tenant_for(
     shared: &Shared,
     caller: &Caller,
     wanted: Option<&str>,
     place: Option<&str>,
 ) -> ApiResult<String> {
-    match wanted {
-        Some(t)
-            if caller.tenants.iter().any(|c| c == t)
-                || (caller.admin && shared.config.tenant(t).is_some()) =>
-        {
-            Ok(t.to_string())
-        }
-        Some(t) => {
-            let place = place.map_or(String::new(), |p| format!("{p}: "));
-            Err(err(
-                StatusCode::FORBIDDEN,
-                format!(
-                    "{place}user {} is not in tenant \"{t}\"",
-                    caller.identity.name
-                ),
-            ))
-        }
-        None => caller.tenants.first().cloned().ok_or_else(|| {
-            err(
-                StatusCode::FORBIDDEN,
-                format!(
-                    "user {} is in no tenant of this daemon; ask its admin to add them",
-                    caller.identity.name
-                ),
-            )
-        }),
-    }
+    Ok(caller.tenant_for(&shared.config, wanted, place)?)
 }
 
 /// A database read, on the blocking pool: a slow read never holds up the runtime's workers.
@@ -83,7 +57,7 @@ pub(crate) async fn read_model<T: Send + 'static>(
 }
 
 pub(crate) fn visible_to(caller: &Caller, row: &JobRow) -> bool {
-    caller.admin || caller.tenants.contains(&row.tenant)
+    caller.sees(row)
 }
 
 /// The job, if it exists and the caller may see it; 404 alike otherwise, so that another

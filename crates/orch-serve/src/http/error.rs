@@ -1,5 +1,5 @@
 //! Error answers: `{"error": "one sentence"}` with the status that fits, and the status of each
-//! admission [`Refusal`].
+//! admission [`Refusal`] (a submission's too, [`crate::core::submit::Error`]).
 
 use crate::core::admission::Refusal;
 use crate::http::wire::ErrorBody;
@@ -18,8 +18,19 @@ impl From<Refusal> for ApiError {
             Refusal::Forbidden(_) => StatusCode::FORBIDDEN,
             Refusal::OverLimit(_) => StatusCode::TOO_MANY_REQUESTS,
             Refusal::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::NotFound(_) => StatusCode::NOT_FOUND,
         };
         ApiError(status, refusal.to_string())
+    }
+}
+
+/// A submission not taken: a refusal with its status, or the daemon's own failure (500).
+impl From<crate::core::submit::Error> for ApiError {
+    fn from(e: crate::core::submit::Error) -> ApiError {
+        match e {
+            crate::core::submit::Error::Refused(refusal) => refusal.into(),
+            crate::core::submit::Error::Failed(why) => internal(why),
+        }
     }
 }
 
@@ -62,5 +73,23 @@ mod tests {
             let ApiError(got, message) = refusal.into();
             assert_eq!((got, message), (status, sentence));
         }
+    }
+
+    #[test]
+    fn a_submission_refused_or_failed_answers_404_for_an_unknown_job_and_500_for_the_daemon() {
+        let ApiError(status, message) = crate::core::submit::Error::Refused(Refusal::NotFound(
+            "job.toml: after_ok names job 9".into(),
+        ))
+        .into();
+        assert_eq!(
+            (status, message.as_str()),
+            (StatusCode::NOT_FOUND, "job.toml: after_ok names job 9")
+        );
+        let ApiError(status, message) =
+            crate::core::submit::Error::Failed("the disk broke".into()).into();
+        assert_eq!(
+            (status, message.as_str()),
+            (StatusCode::INTERNAL_SERVER_ERROR, "the disk broke")
+        );
     }
 }

@@ -1,12 +1,12 @@
 //! Jobs over the API: submit (`POST /v1/jobs`), list, status, cancel, and their logs.
 
 use crate::core::accounting::Measured;
-use crate::core::admission::{self, Refusal};
 use crate::core::caller::Caller;
-use crate::core::db::{JobRow, State, Submission, Update};
+use crate::core::db::{State, Update};
 use crate::core::kick::Kick;
 use crate::core::state::Shared;
-use crate::http::access::{admitted, find, names_array, read, tenant_for, visible_to};
+use crate::core::submit;
+use crate::http::access::{admitted, find, names_array, read, visible_to};
 use crate::http::error::{ApiResult, err, internal};
 use crate::http::wire::{Accounting, ArraySummary, Job, SubmitRequest, SubmitResponse};
 use axum::Json;
@@ -33,265 +33,35 @@ pub(crate) async fn submit(
     let request: SubmitRequest =
         crate::http::wire::parse_body(&body, "a job submission", crate::http::wire::SUBMIT_FIELDS)
             .map_err(|why| err(StatusCode::BAD_REQUEST, why))?;
-    let id = accept(&shared, &caller, request, None, None).await?;
+    let accepted = submit::submit(&shared, &caller, submission(request, None, None)).await?;
     Ok((
         StatusCode::CREATED,
-        Json(SubmitResponse { id: id.to_string() }),
+        Json(SubmitResponse {
+            id: accepted.id.to_string(),
+        }),
     ))
 }
 
-/// Checks a submission (the job file, the tenant and its limits), commits it to the queue and
-/// wakes the engine; returns the job's id. `holder`: the process that holds the lease itself (a
-/// lease taken from a Python program, `POST /v1/leases`): nothing is started for such a job.
-/// `alloc`: that lease is an interactive allocation (`orch alloc`).
-pub(crate) async fn accept(
-    shared: &Arc<Shared>,
-    caller: &Caller,
+/// A request's body as [`submit::submit`] takes it. `holder`: the process that holds the lease
+/// itself (a lease taken from a Python program, `POST /v1/leases`): nothing is started for such
+/// a job. `alloc`: that lease is an interactive allocation (`orch alloc`).
+pub(crate) fn submission(
     request: SubmitRequest,
     holder: Option<orch_leases::Holder>,
     alloc: Option<crate::core::db::Alloc>,
-) -> ApiResult<i64> {
-    // A job the daemon cannot record is not accepted: 503 with the sentence, never a 201 for
-    // a job that would then be lost.
-    if let Some(refusal) = shared.health.refusal() {
-        return Err(Refusal::Unavailable(refusal).into());
-    }
-    let spec = orch_core::job::parse(std::path::Path::new(&request.job_path), &request.job_text)
-        .map_err(|e| err(StatusCode::BAD_REQUEST, e.to_string()))?;
-    orch_runner::check_enforcement(&spec, shared.backend)
-        .map_err(|e| err(StatusCode::BAD_REQUEST, e))?;
-    if !spec.sweep.is_empty() {
-        let each = request.job_text.len()
-            + request.job_path.len()
-            + request.cwd.len()
-            + request
-                .env
-                .iter()
-                .map(|(k, v)| k.len() + v.len() + 8)
-                .sum::<usize>();
-        admission::array_size(&request.job_path, spec.sweep.len() as u64, each as u64)?;
-    }
-    // A `[sweep]` is a job array: one job per combination, each checked as it will run.
-    let tasks: Vec<orch_core::JobSpec> = if spec.sweep.is_empty() {
-        vec![spec.clone()]
-    } else {
-        (0..spec.sweep.len())
-            .map_while(|task| spec.sweep_task(task))
-            .collect()
-    };
-    for (task, one) in tasks.iter().enumerate() {
-        let sweep_task = (!spec.sweep.is_empty()).then_some(task);
-        exec_parts(&request, one, sweep_task)?;
-    }
-    let gpus_at = spec.resources.gpus_at.to_string();
-    let asked = admission::Asked {
-        place: &request.job_path,
-        gpus_at: &gpus_at,
-        gpus: spec.resources.gpus,
-        priority: spec.priority,
-    };
-    admission::devices(&asked, shared.visible_devices)?;
-    let tenant = tenant_for(
-        shared,
-        caller,
-        spec.tenant.as_deref(),
-        Some(&request.job_path),
-    )?;
-    if spec.resources.nodes > 1 {
-        return Err(err(
-            StatusCode::BAD_REQUEST,
-            format!(
-                "{}: nodes = {} is for Slurm: this daemon serves one machine; submit it with `orch submit --slurm`",
-                request.job_path, spec.resources.nodes
-            ),
-        ));
-    }
-    if !spec.sweep.is_empty() && holder.is_some() {
-        return Err(err(
-            StatusCode::BAD_REQUEST,
-            format!(
-                "{}: a lease is one job, not a [sweep]: leave out [sweep], or submit the sweep with `orch submit`",
-                request.job_path
-            ),
-        ));
-    }
-    let limits = shared.config.tenant(&tenant).cloned();
-    if let Some(limits) = &limits {
-        admission::priority(limits, &asked)?;
-    }
-    let row = JobRow {
-        name: spec.name.clone(),
-        tenant,
-        user: caller.identity.name.clone(),
-        uid: caller.identity.uid,
-        gpus: spec.resources.gpus,
-        priority: spec.priority,
-        requeue: spec.requeue,
-        ..JobRow::queued(now_ms())
-    };
-    let key = request.key.filter(|k| !k.is_empty() && k.len() <= 128);
-    let policy_file = match &spec.policy.plugin {
-        orch_core::PluginRef::Builtin(_) => None,
-        orch_core::PluginRef::Path(path) => Some(
-            crate::http::plugins::submitted(
-                shared,
-                &row.tenant,
-                &spec.policy.plugin_at.to_string(),
-                path,
-                request.policy_wasm.as_deref(),
-                request.policy_digest.as_deref(),
-            )
-            .await?,
-        ),
-    };
-    let submission = Submission {
+) -> submit::Request {
+    submit::Request {
         job_text: request.job_text,
         job_path: request.job_path,
         cwd: request.cwd,
         env: request.env,
-        identity: caller.identity.clone(),
-        policy_file,
+        key: request.key,
+        policy_wasm: request.policy_wasm,
+        policy_digest: request.policy_digest,
+        depends: request.depends,
         holder,
         alloc,
-        sweep_task: None,
-    };
-    // An array's tasks: the same submission, each naming its combination of the `[sweep]`.
-    let array: Option<Vec<Submission>> = (!spec.sweep.is_empty()).then(|| {
-        (0..tasks.len() as u32)
-            .map(|task| Submission {
-                sweep_task: Some(task),
-                ..submission.clone()
-            })
-            .collect()
-    });
-    let max_parallel = spec.sweep.max_parallel;
-    let tenant = row.tenant.clone();
-    let depends = spec.depends.merged(&request.depends);
-    let place = submission.job_path.clone();
-    let asker = caller.clone();
-    // The limit is checked in the same transaction as the insert: concurrent submissions
-    // cannot overshoot it.
-    let admitted = shared
-        .db
-        .write_value(move |tx| {
-            // A submission sent again (its answer lost in a restart) is the job already taken.
-            if let Some(id) = crate::core::db::job_with_key(tx, key.as_deref())? {
-                return Ok(Ok(vec![id]));
-            }
-            if let Some(limits) = &limits {
-                let queued = crate::core::db::queued_in(tx, &row.tenant)?;
-                let fits = match &array {
-                    None => admission::queue(limits, queued),
-                    Some(tasks) => admission::array_queue(limits, queued, tasks.len() as u64),
-                };
-                if let Err(refusal) = fits {
-                    return Ok(Err(refusal.into()));
-                }
-            }
-            // Every job waited on exists now (so its id is below this job's) and is the
-            // caller's to see; another tenant's is refused as an unknown one is.
-            // A job array's id stands for every task of it, as with Slurm's `afterok:ARRAY`.
-            let mut waits = orch_core::job::Dependencies {
-                singleton: depends.singleton,
-                ..Default::default()
-            };
-            for (kind, on) in depends.pairs() {
-                let known = crate::core::db::job_in(tx, on)?;
-                let Some(known) = known.filter(|r| visible_to(&asker, r)) else {
-                    return Ok(Err(err(
-                        StatusCode::NOT_FOUND,
-                        format!(
-                            "{place}: {kind} names job {on}, and there is no job {on} you may see (orch jobs --all lists yours)"
-                        ),
-                    )));
-                };
-                let tasks = match known.array {
-                    Some(a) if a.id == on => crate::core::db::array_task_ids(tx, on)?,
-                    _ => vec![on],
-                };
-                if kind == "after_failed" && tasks.len() > 1 {
-                    return Ok(Err(err(
-                        StatusCode::BAD_REQUEST,
-                        format!(
-                            "{place}: after_failed names job array {on}, whose tasks may end some one way and some the other; name the task to wait for ({on}[N] is shown with its job id by orch status), or use after_any"
-                        ),
-                    )));
-                }
-                let list = match kind {
-                    "after_ok" => &mut waits.after_ok,
-                    "after_any" => &mut waits.after_any,
-                    _ => &mut waits.after_failed,
-                };
-                for id in tasks {
-                    if !list.contains(&id) {
-                        list.push(id);
-                    }
-                }
-            }
-            // An array's tasks each wait for what the array waits for.
-            let ids = match &array {
-                None => vec![crate::core::db::insert_job(tx, &row, &submission, key.as_deref())?],
-                Some(tasks) => crate::core::db::insert_array(
-                    tx,
-                    &row,
-                    tasks,
-                    max_parallel,
-                    key.as_deref(),
-                )?,
-            };
-            for &id in &ids {
-                crate::core::db::insert_dependencies(tx, id, &waits)?;
-            }
-            Ok(Ok(ids))
-        })
-        .await
-        .map_err(|e| match e.fault() {
-            Some(fault) => {
-                shared.health.report(fault, e.to_string());
-                let refusal = shared.health.refusal().unwrap_or_else(|| e.to_string());
-                err(StatusCode::SERVICE_UNAVAILABLE, refusal)
-            }
-            None => internal(e),
-        })?;
-    let ids = admitted?;
-    for &id in &ids {
-        shared.metrics.submitted(&tenant);
-        shared.kick(Kick::Submitted(id));
     }
-    Ok(ids[0])
-}
-
-/// Checks the program, arguments and environment one job (or one task of an array,
-/// `sweep_task`) will be started with against what `execve` takes.
-fn exec_parts(
-    request: &SubmitRequest,
-    spec: &orch_core::JobSpec,
-    sweep_task: Option<usize>,
-) -> Result<(), Refusal> {
-    let no_env = std::collections::BTreeMap::new();
-    // A [train] job's trainer runs as `orch run --supervised [--sweep-task N] --resume JOB_PATH`,
-    // the job's text in ORCH_JOB_TEXT (see supervisor.rs).
-    let mut train_argv: Vec<String> = ["orch", "run", "--supervised"].map(String::from).into();
-    if let Some(task) = sweep_task {
-        train_argv.extend(["--sweep-task".to_string(), task.to_string()]);
-    }
-    train_argv.extend(["--resume".to_string(), request.job_path.clone()]);
-    let (argv, job_env, extra): (&[String], _, Vec<(&str, &str)>) = match &spec.work {
-        orch_core::job::Work::Command(c) => (&c.argv, &c.env, Vec::new()),
-        orch_core::job::Work::Train(_) => (
-            &train_argv,
-            &no_env,
-            vec![("ORCH_JOB_TEXT", request.job_text.as_str())],
-        ),
-    };
-    admission::exec_parts(&admission::ExecParts {
-        place: &request.job_path,
-        argv,
-        job_env,
-        client_env: &request.env,
-        cwd: &request.cwd,
-        extra: &extra,
-    })
 }
 
 #[derive(Debug, Deserialize)]

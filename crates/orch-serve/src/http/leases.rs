@@ -9,9 +9,10 @@ use crate::core::db::{Change, Event, JobRow, State, Update};
 use crate::core::folders;
 use crate::core::kick::Kick;
 use crate::core::state::Shared;
+use crate::core::submit;
 use crate::http::access::{admitted, find, read};
 use crate::http::error::{ApiError, ApiResult, err};
-use crate::http::jobs::accept;
+use crate::http::jobs::submission;
 use crate::http::wire::{LeaseRequest, LeaseView};
 use axum::Json;
 use axum::extract::{Extension, Path, State as AxState};
@@ -58,7 +59,8 @@ pub async fn take(
         orch_exec::prime_cgroup_migration();
     }
     let alloc = request.alloc.as_ref().map(alloc_of).transpose()?;
-    let id = accept(&shared, &caller, request.submission, Some(holder), alloc).await?;
+    let submission = submission(request.submission, Some(holder), alloc);
+    let id = submit::submit(&shared, &caller, submission).await?.id;
     let deadline = Instant::now() + VERDICT_PATIENCE;
     let mut delay = Duration::from_millis(2);
     loop {

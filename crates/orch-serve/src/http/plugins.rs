@@ -1,12 +1,12 @@
-//! Policy components over the API: `GET` and `PUT /v1/plugins/sha256:HEX`, and the file policy
-//! a submission names or carries. Kept in the state folder and compiled by
-//! [`crate::core::compile`].
+//! Policy components over the API: `GET` and `PUT /v1/plugins/sha256:HEX`. Kept in the state
+//! folder and compiled by [`crate::core::compile`]; the file policy a submission names or
+//! carries is kept by [`crate::core::submit`].
 
 use crate::core::caller::Caller;
-use crate::core::compile::{UPLOAD_LIMIT, parse_digest, store_policy, unique};
+use crate::core::compile::{UPLOAD_LIMIT, no_such, parse_digest, unique};
 use crate::core::state::Shared;
 use crate::http::access::{admitted, tenant_for};
-use crate::http::error::{ApiError, ApiResult, err, internal};
+use crate::http::error::{ApiError, ApiResult, err};
 use crate::http::wire::PluginAnswer;
 use axum::Json;
 use axum::extract::{Extension, Path as UrlPath, Query, State as AxState};
@@ -25,12 +25,6 @@ fn local(caller: &Caller) -> ApiResult<()> {
         ));
     }
     Ok(())
-}
-
-fn no_such(hex: &str) -> String {
-    format!(
-        "the daemon has no policy component sha256:{hex}: upload it first with PUT /v1/plugins/sha256:{hex} (`orch submit` does)"
-    )
 }
 
 /// `GET` (and `HEAD`) `/v1/plugins/sha256:HEX`: whether the daemon has the component, and
@@ -208,64 +202,4 @@ async fn receive(
             Err(e)
         }
     }
-}
-
-/// A submission's file policy: the digest it names (`policy_digest`, uploaded before) or the
-/// bytes it carries (`policy_wasm`, base64, within the old limit), kept; then compiled for
-/// `tenant` within its budget (429 past it). Returns the digest (hex). `at` is where the job
-/// file names the policy.
-pub(crate) async fn submitted(
-    shared: &Arc<Shared>,
-    tenant: &str,
-    at: &str,
-    plugin: &Path,
-    wasm: Option<&str>,
-    digest: Option<&str>,
-) -> ApiResult<String> {
-    let hex = match (digest, wasm) {
-        (Some(digest), _) => {
-            let hex = parse_digest(digest)
-                .map_err(|e| err(StatusCode::BAD_REQUEST, format!("{at}: policy_digest {e}")))?;
-            if tokio::fs::metadata(shared.compiler.source(&hex))
-                .await
-                .is_err()
-            {
-                return Err(err(
-                    StatusCode::BAD_REQUEST,
-                    format!("{at}: {}", no_such(&hex)),
-                ));
-            }
-            hex
-        }
-        (None, Some(text)) => {
-            let state_dir = shared.state_dir.clone();
-            let text = text.to_string();
-            tokio::task::spawn_blocking(move || store_policy(&state_dir, &text))
-                .await
-                .map_err(internal)?
-                .map_err(|e| err(StatusCode::BAD_REQUEST, format!("{at}: {e}")))?
-        }
-        (None, None) => {
-            return Err(err(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "{at}: the policy {} came without its bytes; submit with `orch submit` (which sends them)",
-                    plugin.display()
-                ),
-            ));
-        }
-    };
-    let bytes = tokio::fs::metadata(shared.compiler.source(&hex))
-        .await
-        .map_or(0, |m| m.len());
-    let budget = shared
-        .config
-        .tenant(tenant)
-        .map(|t| t.compile)
-        .unwrap_or_default();
-    shared
-        .compiler
-        .request(&hex, tenant, Some(&budget), bytes)
-        .map_err(|e| err(StatusCode::TOO_MANY_REQUESTS, e))?;
-    Ok(hex)
 }
