@@ -182,6 +182,21 @@ fn each_rule_before_the_queue_refuses_with_its_kind_and_sentence() {
         why.starts_with("/work/job.toml: the working folder") && why.contains("NUL"),
         "{why}"
     );
+    // A lease (`orch alloc`'s too) is one job, its holder and allocation kept for the engine.
+    let alloc = Request {
+        holder: orch_leases::Holder::of_pid(std::process::id()),
+        alloc: Some(Alloc {
+            idle_ms: Some(60_000),
+        }),
+        ..request(&command(""))
+    };
+    let lease = admitted(&u, alloc);
+    assert_eq!(lease.tasks, None);
+    assert_eq!(
+        lease.submission.holder.map(|h| h.pid),
+        Some(std::process::id())
+    );
+    assert_eq!(lease.submission.alloc.and_then(|a| a.idle_ms), Some(60_000));
     // A job of the tenant's own, within its limits, passes; its tenant is the caller's first.
     let ok = admitted(&u, request(&command("priority = 5")));
     assert_eq!(
