@@ -172,7 +172,11 @@ impl Admitted {
 
 /// Checks a submission (the job file, the tenant and its limits), commits it to the queue and
 /// wakes the engine: steps 1 to 5 of this module, then the submission counted in `/metrics`.
-pub async fn submit(shared: &Shared, caller: &Caller, request: Request) -> Result<Accepted, Error> {
+pub async fn submit(
+    shared: &Shared,
+    caller: &Caller,
+    mut request: Request,
+) -> Result<Accepted, Error> {
     // A job the daemon cannot record is not accepted: 503 with the sentence, never a 201 for
     // a job that would then be lost.
     if let Some(refusal) = shared.health.refusal() {
@@ -183,14 +187,15 @@ pub async fn submit(shared: &Shared, caller: &Caller, request: Request) -> Resul
         placeable: shared.visible_devices,
         backend: shared.backend,
     };
-    let policy = (request.policy_wasm.clone(), request.policy_digest.clone());
+    // The policy's bytes (up to 16 MiB) are kept as a file, not in the job's row.
+    let (wasm, digest) = (request.policy_wasm.take(), request.policy_digest.take());
     let mut admitted = admit(&terms, caller, request)?;
     admitted.submission.policy_file = policy_file(
         shared,
         &admitted.row.tenant,
         &admitted.spec,
-        policy.0.as_deref(),
-        policy.1.as_deref(),
+        wasm.as_deref(),
+        digest.as_deref(),
     )
     .await?;
     let tenant = admitted.row.tenant.clone();
