@@ -194,15 +194,21 @@ pub async fn submit(
         shared,
         &admitted.row.tenant,
         &admitted.spec,
-        wasm.as_deref(),
+        wasm,
         digest.as_deref(),
     )
     .await?;
     let tenant = admitted.row.tenant.clone();
     let asker = caller.clone();
+    // An array's copies (up to 64 MiB of text and environment) are made here, not on the
+    // database's writer thread, which every write of the daemon waits behind.
+    let tasks = match admitted.tasks {
+        Some(_) => admitted.submissions(),
+        None => Vec::new(),
+    };
     let ids = shared
         .db
-        .write_value(move |tx| enqueue(tx, &admitted, &asker))
+        .write_value(move |tx| enqueue(tx, &admitted, &tasks, &asker))
         .await
         .map_err(|e| match e.fault() {
             Some(fault) => {
@@ -357,7 +363,7 @@ async fn policy_file(
     shared: &Shared,
     tenant: &str,
     spec: &orch_core::JobSpec,
-    wasm: Option<&str>,
+    wasm: Option<String>,
     digest: Option<&str>,
 ) -> Result<Option<String>, Error> {
     let orch_core::PluginRef::Path(plugin) = &spec.policy.plugin else {
@@ -382,7 +388,6 @@ async fn policy_file(
         }
         (None, Some(text)) => {
             let state_dir = shared.state_dir.clone();
-            let text = text.to_string();
             tokio::task::spawn_blocking(move || {
                 crate::core::compile::store_policy(&state_dir, &text)
             })
@@ -415,10 +420,12 @@ async fn policy_file(
 /// Step 5, inside the write transaction `tx`: the job, or every task of the array, inserted with
 /// what it waits on, or a refusal and nothing written. The limit is checked in the same
 /// transaction as the insert, so concurrent submissions cannot overshoot it. `caller`: who
-/// submits (which jobs it may wait on).
+/// submits (which jobs it may wait on); `submissions`: an array's tasks
+/// ([`Admitted::submissions`]), made before the transaction, empty for one job.
 pub fn enqueue(
     tx: &rusqlite::Transaction<'_>,
     admitted: &Admitted,
+    submissions: &[Submission],
     caller: &Caller,
 ) -> Result<Result<Vec<i64>, Refusal>, DbError> {
     let key = admitted.key.as_deref();
@@ -442,13 +449,7 @@ pub fn enqueue(
     // An array's tasks each wait for what the array waits for.
     let ids = match admitted.tasks {
         None => vec![db::insert_job(tx, row, &admitted.submission, key)?],
-        Some(_) => db::insert_array(
-            tx,
-            row,
-            &admitted.submissions(),
-            admitted.spec.sweep.max_parallel,
-            key,
-        )?,
+        Some(_) => db::insert_array(tx, row, submissions, admitted.spec.sweep.max_parallel, key)?,
     };
     for &id in &ids {
         db::insert_dependencies(tx, id, &waits)?;

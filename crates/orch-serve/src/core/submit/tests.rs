@@ -96,9 +96,13 @@ impl TempDb {
     fn enqueue(&self, admitted: &Admitted, who: &Caller) -> Result<Vec<i64>, Refusal> {
         let (answer, got) = std::sync::mpsc::channel();
         let (admitted, who) = (admitted.clone(), who.clone());
+        let tasks = match admitted.tasks {
+            Some(_) => admitted.submissions(),
+            None => Vec::new(),
+        };
         self.db()
             .write_blocking(move |tx| {
-                answer.send(enqueue(tx, &admitted, &who)?).unwrap();
+                answer.send(enqueue(tx, &admitted, &tasks, &who)?).unwrap();
                 Ok(0)
             })
             .unwrap();
