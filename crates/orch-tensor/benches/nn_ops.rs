@@ -3,6 +3,9 @@
 //! prints the ratios. Outputs, gradients and workspaces are allocated once and reused (the
 //! kernels overwrite them; PyTorch's allocator hands back freed blocks without zeroing them, so
 //! zero-filled fresh vectors per call would time a memset PyTorch does not do). `NN_BREAKDOWN=1` also times conv2d's two backward halves alone.
+//! The `layer/` keys time the same layer ops through the `Tensor` API, forward and backward as a
+//! trainer runs them (workspace and outputs reserved in a pool, the autograd node, the gradients),
+//! so the glue around the kernels is timed too; `scripts/bench-nn.sh` leaves them out of its table.
 //! Run: `cargo bench -p orch-tensor --bench nn_ops [-- THREADS]`.
 
 #[path = "support/common.rs"]
@@ -193,6 +196,62 @@ fn embedding() -> orch_tensor::Result<()> {
     Ok(())
 }
 
+/// `loss = sum(op(inputs) * g)` and its backward through the `Tensor` API, the inputs' gradients
+/// cleared before each call.
+fn tensor_fwdbwd(
+    key: &str,
+    inputs: &[&orch_tensor::Tensor],
+    op: impl Fn() -> orch_tensor::Result<orch_tensor::Tensor>,
+) -> orch_tensor::Result<()> {
+    let out = op()?;
+    let g = orch_tensor::Tensor::from_vec(data(out.numel(), 17), out.shape(), out.pool())?;
+    time(key, || {
+        inputs.iter().for_each(|t| t.zero_grad());
+        op().and_then(|o| o.mul(&g))
+            .and_then(|o| o.sum_all())
+            .and_then(|l| l.backward())
+            .expect("layer op forward and backward");
+    });
+    Ok(())
+}
+
+/// The layer ops above through the `Tensor` API (`layer/<op>/fwdbwd`), at the same shapes.
+fn tensor_layers() -> orch_tensor::Result<()> {
+    use orch_tensor::{MemoryPool, Tensor};
+    let pool = MemoryPool::cpu();
+    let param = |shape: &[usize], seed: u32| -> orch_tensor::Result<Tensor> {
+        let n = shape.iter().product();
+        Ok(Tensor::from_vec(data(n, seed), shape, &pool)?.with_requires_grad())
+    };
+    let x = param(&[128, 16, 14, 14], 1)?;
+    let (w, b) = (param(&[32, 16, 5, 5], 2)?, param(&[32], 3)?);
+    tensor_fwdbwd("layer/conv2d/fwdbwd", &[&x, &w, &b], || {
+        x.conv2d(&w, Some(&b), [1, 1], [2, 2], [1, 1], 1)
+    })?;
+    let p = param(&[128, 16, 28, 28], 15)?;
+    tensor_fwdbwd("layer/max_pool2d/fwdbwd", &[&p], || {
+        p.max_pool2d([2, 2], [2, 2], [0, 0])
+    })?;
+    let (q, k, v) = (
+        param(&[12, 4, 64, 32], 5)?,
+        param(&[12, 4, 64, 32], 6)?,
+        param(&[12, 4, 64, 32], 7)?,
+    );
+    tensor_fwdbwd("layer/sdpa_causal/fwdbwd", &[&q, &k, &v], || {
+        Tensor::scaled_dot_product_attention(&q, &k, &v, true, None, None)
+    })?;
+    let h = param(&[12, 64, 128], 9)?;
+    let (lw, lb) = (param(&[128], 10)?, param(&[128], 11)?);
+    tensor_fwdbwd("layer/layer_norm/fwdbwd", &[&h, &lw, &lb], || {
+        h.layer_norm(1, Some(&lw), Some(&lb), 1e-5)
+    })?;
+    let (bw, bb) = (param(&[16], 12)?, param(&[16], 13)?);
+    let (rm, rv) = (Tensor::zeros(&[16], &pool)?, Tensor::ones(&[16], &pool)?);
+    tensor_fwdbwd("layer/batch_norm/fwdbwd", &[&x, &bw, &bb], || {
+        x.batch_norm(&rm, &rv, Some(&bw), Some(&bb), true, 0.1, 1e-5)
+    })
+}
+
 fn main() -> orch_tensor::Result<()> {
     let threads = std::env::args()
         .skip(1)
@@ -206,6 +265,7 @@ fn main() -> orch_tensor::Result<()> {
         max_pool()?;
         attention()?;
         layer_norm()?;
-        embedding()
+        embedding()?;
+        tensor_layers()
     })
 }

@@ -32,6 +32,7 @@ mod cpu;
 pub mod cuda;
 mod device;
 mod error;
+mod layers;
 mod layout;
 mod memory;
 pub mod nn_kernels;

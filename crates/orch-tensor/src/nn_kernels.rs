@@ -2,8 +2,8 @@
 //! layer and batch normalisation, and fused scaled-dot-product attention, each with its backward.
 //!
 //! The differentiable [`crate::Tensor`] ops (`conv2d`, `max_pool2d`, `avg_pool2d`, `layer_norm`,
-//! `batch_norm`, `scaled_dot_product_attention`, in `tensor/layers.rs`) run these kernels on cpu
-//! and sim devices. Here each op is a **spec** validated from the caller's shapes and arguments
+//! `batch_norm`, `scaled_dot_product_attention`, one file each in `layers/`) run these kernels on
+//! cpu and sim devices. Here each op is a **spec** validated from the caller's shapes and arguments
 //! (bad arguments are [`TensorError`] values, never a panic or an out-of-bounds read) plus `forward` / `backward` functions over dense row-major `f32` slices the
 //! caller owns. A spec states the output shape and `workspace_elems()`, the f32 temporaries its
 //! kernels need, so a caller reserves output and workspace against the job's

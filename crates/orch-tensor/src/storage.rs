@@ -6,16 +6,16 @@
 //! the bytes in the job's [`MemoryPool`] before anything is allocated.
 
 use crate::cpu::{self, CpuStorage};
-use crate::cuda::CudaStorage;
+use crate::cuda::{CudaDevice, CudaStorage};
 use crate::error::{Result, TensorError};
+use crate::layers::Inputs;
 use crate::layout::{self, Layout};
 use crate::memory::{MemoryPool, Reservation};
 use crate::ops::{BinaryOp, DropoutMask, IndexOp, ReduceOp, UnaryOp, UpdateOp};
 use crate::work::{self, Kind};
+use cudarc::driver::CudaView;
 use std::ops::Range;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
-
-pub(crate) mod nn;
 
 pub(crate) enum Storage {
     Cpu(CpuStorage),
@@ -453,4 +453,83 @@ fn cuda_state<'a>(
         Some(Storage::Cuda(v)) => Ok(Some(v)),
         Some(Storage::Cpu(_)) => Err(internal("optimizer step", pool)),
     }
+}
+
+/// A dense input of a layer op's kernel: its buffer and (contiguous) layout.
+pub(crate) type Dense<'a> = (&'a Buffer, &'a Layout);
+
+/// Runs a layer op's kernel (see `layers`): `host` over the host slices of the dense `inputs`
+/// on a host device, or `gpu` over device views of them on CUDA, each buffer read-locked once
+/// however many inputs share it; the `state` buffers (fresh, shared with no input) are
+/// write-locked and passed for the kernel to update in place.
+pub(crate) fn layer_kernel<T>(
+    pool: &MemoryPool,
+    op: &'static str,
+    inputs: &[Option<Dense<'_>>],
+    state: &[&Buffer],
+    host: impl FnOnce(Inputs<&[f32]>, Vec<&mut [f32]>) -> Result<T>,
+    gpu: impl FnOnce(&CudaDevice, Inputs<CudaView<'_, f32>>, Vec<&mut CudaStorage>) -> Result<T>,
+) -> Result<T> {
+    let mut buffers: Vec<&Buffer> = Vec::new();
+    let mut guards = Vec::new();
+    let mut which = Vec::with_capacity(inputs.len());
+    for input in inputs {
+        which.push(input.map(|(buffer, _)| {
+            match buffers.iter().position(|b| std::ptr::eq(*b, buffer)) {
+                Some(i) => i,
+                None => {
+                    buffers.push(buffer);
+                    guards.push(buffer.read());
+                    guards.len() - 1
+                }
+            }
+        }));
+    }
+    let mixed = || TensorError::Internal {
+        op,
+        reason: format!("storage of another kind in a pool on {}", pool.device()),
+    };
+    if pool.device().is_host() {
+        let mut slices = Vec::with_capacity(inputs.len());
+        for (input, i) in inputs.iter().zip(&which) {
+            let (Some((_, layout)), Some(i)) = (input, i) else {
+                slices.push(None);
+                continue;
+            };
+            match &*guards[*i] {
+                Storage::Cpu(v) => slices.push(Some(&v[range_of(layout)])),
+                Storage::Cuda(_) => return Err(mixed()),
+            }
+        }
+        let mut state_guards: Vec<_> = state.iter().map(|b| b.write()).collect();
+        let mut state_slices = Vec::with_capacity(state.len());
+        for guard in &mut state_guards {
+            match &mut **guard {
+                Storage::Cpu(v) => state_slices.push(v.as_mut_slice()),
+                Storage::Cuda(_) => return Err(mixed()),
+            }
+        }
+        return host(Inputs::new(op, slices), state_slices);
+    }
+    let dev = pool.cuda(op)?;
+    let mut views = Vec::with_capacity(inputs.len());
+    for (input, i) in inputs.iter().zip(&which) {
+        let (Some((_, layout)), Some(i)) = (input, i) else {
+            views.push(None);
+            continue;
+        };
+        match &*guards[*i] {
+            Storage::Cuda(v) => views.push(Some(v.slice(range_of(layout)))),
+            Storage::Cpu(_) => return Err(mixed()),
+        }
+    }
+    let mut state_guards: Vec<_> = state.iter().map(|b| b.write()).collect();
+    let mut state_buffers = Vec::with_capacity(state.len());
+    for guard in &mut state_guards {
+        match &mut **guard {
+            Storage::Cuda(v) => state_buffers.push(v),
+            Storage::Cpu(_) => return Err(mixed()),
+        }
+    }
+    gpu(dev, Inputs::new(op, views), state_buffers)
 }

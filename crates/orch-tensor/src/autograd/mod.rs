@@ -16,7 +16,7 @@
 mod rules;
 
 use crate::error::{Result, TensorError};
-use crate::nn_kernels::{AttentionSpec, BatchNormSpec, Conv2dSpec, LayerNormSpec, Pool2dSpec};
+use crate::layers::{LayerOp, Saved};
 use crate::ops::{BinaryOp, DropoutMask, UnaryOp};
 use crate::tensor::Tensor;
 use std::cell::{Cell, RefCell};
@@ -130,52 +130,9 @@ pub(crate) enum Op {
     Broadcast(Tensor),
     Contiguous(Tensor),
     ToDevice(Tensor),
-    /// `conv2d` of dense `x` by dense `weight` (+ `bias`).
-    Conv2d {
-        x: Tensor,
-        weight: Tensor,
-        bias: Option<Tensor>,
-        spec: Box<Conv2dSpec>,
-    },
-    /// Max pooling of dense `x`; `indices` holds each window's argmax as u32 bits.
-    MaxPool2d {
-        x: Tensor,
-        indices: Tensor,
-        spec: Box<Pool2dSpec>,
-    },
-    AvgPool2d {
-        x: Tensor,
-        spec: Box<Pool2dSpec>,
-    },
-    /// Layer norm of dense `x` with each row's `mean` and `rstd`.
-    LayerNorm {
-        x: Tensor,
-        weight: Option<Tensor>,
-        bias: Option<Tensor>,
-        mean: Tensor,
-        rstd: Tensor,
-        spec: Box<LayerNormSpec>,
-    },
-    /// Batch norm of dense `x` with the per-channel `mean` and `rstd` it used (batch or
-    /// running statistics, as `spec`'s mode says).
-    BatchNorm {
-        x: Tensor,
-        weight: Option<Tensor>,
-        bias: Option<Tensor>,
-        mean: Tensor,
-        rstd: Tensor,
-        spec: Box<BatchNormSpec>,
-    },
-    /// Attention of dense `q`, `k`, `v` (the additive `mask` gets no gradient); with the
-    /// output (the node) and `lse`, all backward needs.
-    Attention {
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        mask: Option<Tensor>,
-        lse: Tensor,
-        spec: Box<AttentionSpec>,
-    },
+    /// A layer op (conv2d, pooling, the norms, attention; see `layers`) with what it keeps
+    /// for backward.
+    Layer(Arc<dyn LayerOp>, Box<Saved>),
 }
 
 impl Op {
@@ -207,39 +164,7 @@ impl Op {
             | Op::Broadcast(x)
             | Op::Contiguous(x)
             | Op::ToDevice(x) => vec![x],
-            Op::Conv2d {
-                x, weight, bias, ..
-            } => [Some(x), Some(weight), bias]
-                .into_iter()
-                .flatten()
-                .collect(),
-            Op::MaxPool2d { x, indices, .. } => vec![x, indices],
-            Op::AvgPool2d { x, .. } => vec![x],
-            Op::LayerNorm {
-                x,
-                weight,
-                bias,
-                mean,
-                rstd,
-                ..
-            }
-            | Op::BatchNorm {
-                x,
-                weight,
-                bias,
-                mean,
-                rstd,
-                ..
-            } => [Some(x), weight, bias, Some(mean), Some(rstd)]
-                .into_iter()
-                .flatten()
-                .collect(),
-            Op::Attention {
-                q, k, v, mask, lse, ..
-            } => [Some(q), Some(k), Some(v), mask, Some(lse)]
-                .into_iter()
-                .flatten()
-                .collect(),
+            Op::Layer(_, saved) => (*saved).into_tensors(),
         }
     }
 
@@ -263,24 +188,7 @@ impl Op {
             | Op::Broadcast(x)
             | Op::Contiguous(x)
             | Op::ToDevice(x) => vec![x],
-            Op::Conv2d {
-                x, weight, bias, ..
-            } => [Some(x), Some(weight), bias.as_ref()]
-                .into_iter()
-                .flatten()
-                .collect(),
-            Op::MaxPool2d { x, .. } | Op::AvgPool2d { x, .. } => vec![x],
-            Op::LayerNorm {
-                x, weight, bias, ..
-            }
-            | Op::BatchNorm {
-                x, weight, bias, ..
-            } => [Some(x), weight.as_ref(), bias.as_ref()]
-                .into_iter()
-                .flatten()
-                .collect(),
-            // The mask is not differentiated.
-            Op::Attention { q, k, v, .. } => vec![q, k, v],
+            Op::Layer(_, saved) => saved.differentiable(),
         }
     }
 }

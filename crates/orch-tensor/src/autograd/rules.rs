@@ -4,6 +4,7 @@
 
 use super::Op;
 use crate::error::Result;
+use crate::layers;
 use crate::ops::{BinaryOp, IndexOp};
 use crate::tensor::Tensor;
 
@@ -103,57 +104,7 @@ pub(super) fn input_grads(op: &Op, out: &Tensor, g: &Tensor) -> Result<Vec<(Tens
         Op::Broadcast(x) => push(&mut grads, x, || g.sum_to(x.shape()))?,
         Op::Contiguous(x) => push(&mut grads, x, || Ok(g.clone()))?,
         Op::ToDevice(x) => push(&mut grads, x, || g.to(x.pool()))?,
-        Op::Conv2d {
-            x,
-            weight,
-            bias,
-            spec,
-        } => grads.extend(Tensor::conv2d_grads(g, (x, weight, bias.as_ref()), spec)?),
-        Op::MaxPool2d { x, indices, spec } => {
-            grads.extend(Tensor::pool2d_grads(g, x, Some(indices), spec)?)
-        }
-        Op::AvgPool2d { x, spec } => grads.extend(Tensor::pool2d_grads(g, x, None, spec)?),
-        Op::LayerNorm {
-            x,
-            weight,
-            bias,
-            mean,
-            rstd,
-            spec,
-        } => grads.extend(Tensor::layer_norm_grads(
-            g,
-            (x, weight.as_ref(), bias.as_ref()),
-            (mean, rstd),
-            spec,
-        )?),
-        Op::BatchNorm {
-            x,
-            weight,
-            bias,
-            mean,
-            rstd,
-            spec,
-        } => grads.extend(Tensor::batch_norm_grads(
-            g,
-            (x, weight.as_ref(), bias.as_ref()),
-            (mean, rstd),
-            spec,
-        )?),
-        // The additive mask has no gradient: only q, k and v get one.
-        Op::Attention {
-            q,
-            k,
-            v,
-            mask,
-            lse,
-            spec,
-        } => grads.extend(Tensor::attention_grads(
-            g,
-            out,
-            (q, k, v, mask.as_ref()),
-            lse,
-            spec,
-        )?),
+        Op::Layer(layer, saved) => grads.extend(layers::grads(layer.as_ref(), saved, out, g)?),
     }
     Ok(grads)
 }

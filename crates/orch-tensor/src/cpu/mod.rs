@@ -10,13 +10,13 @@ mod dropout;
 mod elementwise;
 mod index;
 mod matmul;
-mod nn;
 pub(crate) mod norm;
 mod optim;
 pub(crate) mod pool;
 mod reduce;
 pub(crate) mod simd;
 mod slice_gemm;
+mod softmax;
 mod strided;
 
 pub(crate) use dropout::dropout;
@@ -25,9 +25,9 @@ pub(crate) use index::{
     check_indices, gather as gather_axis, index_add, index_select, scatter_add,
 };
 pub(crate) use matmul::matmul;
-pub(crate) use nn::{cross_entropy, cross_entropy_grad, label_index, softmax_last};
 pub(crate) use optim::update;
 pub(crate) use reduce::{argmax, reduce};
+pub(crate) use softmax::{cross_entropy, cross_entropy_grad, label_index, softmax_last};
 pub(crate) use strided::{gather, scatter, zip_map};
 
 use std::mem::MaybeUninit;

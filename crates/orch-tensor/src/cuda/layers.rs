@@ -1,4 +1,5 @@
-//! Kernel launches for the layer ops (storage/nn.rs dispatches here on a CUDA pool): conv2d as
+//! Kernel launches for the layer ops (each op's `cuda_forward` and `cuda_backward` in `layers/`
+//! call them on a CUDA pool): conv2d as
 //! im2col + one cuBLAS gemm per sample (the groups are the gemm's batch), col2im for the input
 //! gradient; pooling and the norms as one-thread-per-element and one-block-per-row kernels;
 //! attention composed from batched cuBLAS products and a masked row softmax. The specs are the

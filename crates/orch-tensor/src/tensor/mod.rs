@@ -3,15 +3,15 @@
 
 mod dropout;
 mod elementwise;
-mod layers;
 mod lookup;
+mod loss;
 mod matmul;
-mod nn;
 mod reduce;
 mod shape;
 mod view;
 
 pub use dropout::Dropout;
+pub(crate) use elementwise::same_device;
 
 use crate::autograd::{self, NodeToken, Op, Recorded};
 use crate::device::Device;

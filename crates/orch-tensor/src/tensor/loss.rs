@@ -1,4 +1,5 @@
-//! Neural-network ops: softmax, log-softmax, fused softmax cross-entropy, MSE, accuracy.
+//! Softmax and what is computed from it: log-softmax, the fused softmax cross-entropy loss, and
+//! accuracy; and the mean squared error.
 
 use super::Tensor;
 use super::elementwise::same_device;
