@@ -42,9 +42,10 @@ impl Prepared<'_> {
         let schedule = schedule_of(spec, &self.data, replicas)?;
         let slots = DeviceSlot::of_devices(devices, self.job.memory_limit)?;
         create_output_folder(spec)?;
-        let resume = match self.options.resume {
-            true => Some(resume_from(&self.job, &self.sha, &schedule)?),
-            false => None,
+        let resume = if self.options.resume {
+            Some(resume_from(&self.job, &self.sha, &schedule)?)
+        } else {
+            None
         };
         let start = resume.as_ref().map_or_else(Start::default, start_of);
         if start.step >= schedule.total_steps() {
