@@ -1,6 +1,8 @@
-//! Builds the guest workspace `plugins/` (built-in policies, queue policies and test fixtures) for
-//! `wasm32-wasip2` with cargo alone, and tells the crate where the components are
-//! (`ORCH_PLUGIN_WASM_DIR`), so the built-ins are embedded with `include_bytes!`.
+//! Builds the guest workspace `plugins/` (built-in policies, queue policies and trainers, and the
+//! test fixtures of every world) for `wasm32-wasip2` with cargo alone, and tells the crate where
+//! the components are (`ORCH_PLUGIN_WASM_DIR`), so the built-ins are embedded with
+//! `include_bytes!`. The one build script of every guest: orch-trainer finds its fixtures
+//! through this crate (`PLUGIN_WASM_DIR`).
 //!
 //! The guests get their own target folder beside the host's (`<target>/orch-plugins`): a
 //! separate folder means a separate cargo lock, so the nested build never waits on the outer one,

@@ -20,6 +20,7 @@ mod nvml_sim;
 mod operate;
 mod page_charts;
 mod plan;
+mod plugin_host;
 mod policy_budget;
 mod run;
 mod serve;

@@ -327,7 +327,7 @@ pub struct PluginArgs {
 pub enum PluginAction {
     /// Which world a component implements, its imports and exports, its size.
     Inspect {
-        /// A .wasm component, or the name of a built-in policy.
+        /// A .wasm component, or the name of a built-in policy, queue policy or trainer.
         #[arg(value_name = "FILE.wasm")]
         file: std::path::PathBuf,
         /// Print JSON instead of text.

@@ -90,10 +90,22 @@ impl ComponentCache {
     /// The component for `wasm` (plugin `name`, as `orch plugin cache` lists it), compiled at
     /// most once per process and, with a disk cache, once per machine.
     pub fn get(&mut self, engine: &Engine, name: &str, wasm: &[u8]) -> wasmtime::Result<Component> {
+        self.get_digested(engine, name, wasm)
+            .map(|(component, _)| component)
+    }
+
+    /// [`ComponentCache::get`], with the SHA-256 of `wasm` it is kept by (what a trainer's
+    /// checkpoint records of the build that wrote it).
+    pub fn get_digested(
+        &mut self,
+        engine: &Engine,
+        name: &str,
+        wasm: &[u8],
+    ) -> wasmtime::Result<(Component, [u8; 32])> {
         let digest = Sha256::digest(wasm);
         let key: [u8; 32] = digest.into();
         if let Some(component) = self.memory.get(&key) {
-            return Ok(component.clone());
+            return Ok((component.clone(), key));
         }
         let file = self
             .dir
@@ -111,7 +123,7 @@ impl ComponentCache {
             }
         };
         self.memory.insert(key, component.clone());
-        Ok(component)
+        Ok((component, key))
     }
 }
 

@@ -1,7 +1,7 @@
 //! `orch plugin inspect`: which world a component implements, what it imports and exports.
 
 use crate::contract::{self, Identity, WorldKind};
-use crate::error::{PluginKind, PolicyError};
+use crate::error::{PluginError, PluginKind};
 use crate::policy::PolicyHost;
 use crate::policy::PolicyWorld;
 use crate::queue::QueueWorld;
@@ -40,7 +40,7 @@ impl Inspection {
 /// Inspects `wasm` (named `name` in errors): it must be a component of the policy or the queue
 /// world (of a version orch loads) whose imports orch provides, or a trainer; anything else is
 /// an error saying what it is instead and what orch expected.
-pub fn inspect(host: &mut PolicyHost, name: &str, wasm: &[u8]) -> Result<Inspection, PolicyError> {
+pub fn inspect(host: &mut PolicyHost, name: &str, wasm: &[u8]) -> Result<Inspection, PluginError> {
     let component = host.compile(name, wasm)?;
     let engine = host.engine().clone();
     let ty = component.component_type();
@@ -49,7 +49,7 @@ pub fn inspect(host: &mut PolicyHost, name: &str, wasm: &[u8]) -> Result<Inspect
     let found = match contract::identify(&engine, &component) {
         Identity::Known(found) => found,
         identity => {
-            return Err(PolicyError::WrongWorld {
+            return Err(PluginError::WrongWorld {
                 kind: PluginKind::Placement,
                 plugin: name.to_string(),
                 detail: format!(

@@ -79,9 +79,14 @@ impl AnyPolicy {
 impl World for PolicyWorld {
     const KIND: PluginKind = PluginKind::Placement;
     const WORLD: WorldKind = WorldKind::Policy;
+    type State = PluginState;
     type Pre = AnyPolicyPre;
     type Exports = AnyPolicy;
     type Extra = &'static [(&'static str, &'static str)];
+
+    fn builtin(name: &str) -> Option<(&'static [u8], Self::Extra)> {
+        builtin(name).map(|b| (b.wasm, b.default_config))
+    }
 
     fn pre(pre: InstancePre<PluginState>, version: Version) -> wasmtime::Result<AnyPolicyPre> {
         Ok(match version {
@@ -174,8 +179,7 @@ impl PolicyHost {
         plugin: &PluginRef,
         limits: &Limits,
     ) -> Result<PluginId, PolicyError> {
-        let found = |name: &str| builtin(name).map(|b| (b.wasm, b.default_config));
-        self.host.load(plugin, limits, found).map(PluginId)
+        self.host.load(plugin, limits).map(PluginId)
     }
 
     /// Loads a component from bytes under `name` (the name every error uses).

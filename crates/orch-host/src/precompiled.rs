@@ -11,7 +11,7 @@
 //! [`PolicyHost::provide`]: crate::PolicyHost::provide
 
 use crate::engine::new_engine;
-use crate::error::{PluginKind, PolicyError};
+use crate::error::{PluginError, PluginKind};
 use crate::limits::Limits;
 use std::hash::{Hash, Hasher};
 use std::path::Path;
@@ -34,15 +34,15 @@ impl std::fmt::Debug for Precompiler {
 }
 
 impl Precompiler {
-    pub fn new(limits: &Limits) -> Result<Precompiler, PolicyError> {
-        let engine = new_engine(limits).map_err(|e| PolicyError::Engine(e.to_string()))?;
+    pub fn new(limits: &Limits) -> Result<Precompiler, PluginError> {
+        let engine = new_engine(limits).map_err(|e| PluginError::Engine(e.to_string()))?;
         Ok(Precompiler { engine })
     }
 
     /// `wasm` (named `name` in errors) compiled, as the bytes [`ComponentLoader::load`] reads.
-    pub fn compile(&self, name: &str, wasm: &[u8]) -> Result<Vec<u8>, PolicyError> {
+    pub fn compile(&self, name: &str, wasm: &[u8]) -> Result<Vec<u8>, PluginError> {
         crate::runtime::check_component_header(PluginKind::Placement, name, wasm)?;
-        let not = |detail: String| PolicyError::NotComponent {
+        let not = |detail: String| PluginError::NotComponent {
             kind: PluginKind::Placement,
             plugin: name.to_string(),
             detail,
@@ -51,7 +51,7 @@ impl Precompiler {
             .map_err(|e| not(format!("it does not validate: {e}")))?;
         component
             .serialize()
-            .map_err(|e| PolicyError::Engine(format!("cannot serialize `{name}`: {e}")))
+            .map_err(|e| PluginError::Engine(format!("cannot serialize `{name}`: {e}")))
     }
 }
 

@@ -8,7 +8,7 @@
 
 use crate::builtin::queue_wasm as builtin_wasm;
 use crate::contract::WorldKind;
-use crate::error::{PluginKind, PolicyError};
+use crate::error::{PluginError, PluginKind};
 use crate::limits::Limits;
 use crate::runtime::{Host, World};
 use crate::sandbox::PluginState;
@@ -83,9 +83,14 @@ impl AnyQueue {
 impl World for QueueWorld {
     const KIND: PluginKind = PluginKind::Queue;
     const WORLD: WorldKind = WorldKind::Queue;
+    type State = PluginState;
     type Pre = AnyQueuePre;
     type Exports = AnyQueue;
     type Extra = ();
+
+    fn builtin(name: &str) -> Option<(&'static [u8], ())> {
+        builtin_wasm(name).map(|wasm| (wasm, ()))
+    }
 
     fn pre(pre: InstancePre<PluginState>, version: Version) -> wasmtime::Result<AnyQueuePre> {
         Ok(match version {
@@ -114,7 +119,7 @@ impl QueueHost {
     /// compiled components under [`default_cache_dir`].
     ///
     /// [`default_cache_dir`]: crate::default_cache_dir
-    pub fn new(limits: Limits) -> Result<QueueHost, PolicyError> {
+    pub fn new(limits: Limits) -> Result<QueueHost, PluginError> {
         QueueHost::with_cache_dir(limits, crate::default_cache_dir())
     }
 
@@ -122,7 +127,7 @@ impl QueueHost {
     pub fn with_cache_dir(
         limits: Limits,
         cache_dir: Option<PathBuf>,
-    ) -> Result<QueueHost, PolicyError> {
+    ) -> Result<QueueHost, PluginError> {
         let host = Host::new(limits, cache_dir)?;
         Ok(QueueHost { host })
     }
@@ -133,14 +138,13 @@ impl QueueHost {
 
     /// Loads a built-in by name (`fair-share`, `fifo`, `priority`) or a component from a file,
     /// once: later calls return the same plugin.
-    pub fn load(&mut self, plugin: &PluginRef) -> Result<QueuePluginId, PolicyError> {
+    pub fn load(&mut self, plugin: &PluginRef) -> Result<QueuePluginId, PluginError> {
         let limits = *self.host.limits();
-        let found = |name: &str| builtin_wasm(name).map(|wasm| (wasm, ()));
-        self.host.load(plugin, &limits, found).map(QueuePluginId)
+        self.host.load(plugin, &limits).map(QueuePluginId)
     }
 
     /// Loads a component from bytes under `name` (the name every error uses).
-    pub fn load_bytes(&mut self, name: &str, wasm: &[u8]) -> Result<QueuePluginId, PolicyError> {
+    pub fn load_bytes(&mut self, name: &str, wasm: &[u8]) -> Result<QueuePluginId, PluginError> {
         let limits = *self.host.limits();
         self.host.load_bytes(name, wasm, &limits).map(QueuePluginId)
     }
@@ -165,14 +169,14 @@ impl QueueHost {
     /// each at most once) and its reasons cleaned ([`orch_queue::clean_reason`]). A plugin that traps,
     /// overruns or answers wrongly loses its instance, and the error is one sentence naming it
     /// and the fault; one that answers with an error value keeps it
-    /// ([`PolicyError::QueueRefused`]).
+    /// ([`PluginError::QueueRefused`]).
     pub fn order(
         &mut self,
         id: QueuePluginId,
         jobs: &[Job],
         tenants: &[Tenant],
         machine: &Machine,
-    ) -> Result<Vec<Ranked>, PolicyError> {
+    ) -> Result<Vec<Ranked>, PluginError> {
         let offered: Vec<wit::QueuedJob> = jobs.iter().map(wit_job).collect();
         let tenants: Vec<wit::Tenant> = tenants.iter().map(wit_tenant).collect();
         let machine = wit::Machine {
@@ -185,7 +189,7 @@ impl QueueHost {
         let plugin = || self.host.name(id.0).to_string();
         let ranked: Vec<Ranked> = match answer {
             Err(message) => {
-                let error = PolicyError::QueueRefused {
+                let error = PluginError::QueueRefused {
                     plugin: plugin(),
                     message: clean_text(&message),
                 };
@@ -200,7 +204,7 @@ impl QueueHost {
                 })
                 .collect(),
         };
-        check_order(jobs, &ranked).map_err(|problem| PolicyError::WrongAnswer {
+        check_order(jobs, &ranked).map_err(|problem| PluginError::WrongAnswer {
             kind: PluginKind::Queue,
             plugin: plugin(),
             problem,

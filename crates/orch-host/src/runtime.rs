@@ -1,18 +1,24 @@
-//! What every plugin host of this crate shares, whatever the world ([`Host`]): the engine, its
-//! epoch ticker, the deny-all WASI linker and the compile cache; loading a component and
-//! checking it is of the right world; one warm instance per plugin, called under the limits, and
-//! thrown away when it fails.
+//! What every plugin host shares, whatever the world ([`Host`]): the engine, its epoch ticker,
+//! the deny-all WASI linker and the compile cache, the limits, the built-in table; loading a
+//! component (built in, from a file or from bytes) and checking it is of the right world; one
+//! warm instance per plugin, called under the limits, and thrown away when it fails.
 //!
-//! The policy host ([`crate::PolicyHost`]) and the queue host ([`crate::QueueHost`]) differ only
-//! in the world ([`World`]) and in how they check an answer.
+//! Design decision: one runtime, one [`World`] per capability, as Spin hosts one factor per
+//! capability on one runtime. A world says what its store holds ([`World::State`]: the sandbox,
+//! and for the trainer the job's tensors), what it adds to the linker beyond WASI
+//! ([`World::add_imports`]), how its bindings are made and which built-ins it has; the rest is
+//! this file's. The policy host ([`crate::PolicyHost`]) and the queue host
+//! ([`crate::QueueHost`]) differ only in the world and in how they check an answer; the trainer
+//! host (crates/orch-trainer) is the third world: it loads its trainer here and makes one store
+//! per replica itself, driving the calls on its replicas' threads.
 
 use crate::cache::ComponentCache;
 use crate::contract::{self, Identity, WorldKind};
 use crate::engine::{CallClock, Ticker, deadline_ticks, new_engine};
-use crate::error::{PluginKind, PolicyError};
+use crate::error::{PluginError, PluginKind};
 use crate::failure::{self, CallFailure};
 use crate::limits::Limits;
-use crate::sandbox::{PluginState, add_wasi};
+use crate::sandbox::{HasPluginState, PluginState, add_wasi};
 use orch_core::PluginRef;
 use orch_wit::Version;
 use std::collections::HashMap;
@@ -23,9 +29,9 @@ use wasmtime::{Engine, Store};
 /// A host of plugins of world `W`: the engine, its ticker, the linker, the limits and the
 /// compile cache, and the loaded plugins, each compiled, linked and with at most one warm
 /// instance.
-pub(crate) struct Host<W: World> {
+pub struct Host<W: World> {
     engine: Engine,
-    linker: Linker<PluginState>,
+    linker: Linker<W::State>,
     limits: Limits,
     cache: ComponentCache,
     slots: Vec<Slot<W>>,
@@ -37,31 +43,52 @@ pub(crate) struct Host<W: World> {
     provided: HashMap<PathBuf, Component>,
     /// Plugin files load from `provided` only: nothing is compiled for them on this host.
     files_precompiled_only: bool,
-    _ticker: Ticker,
+    /// `None` on a host whose world drives its calls itself ([`Host::without_ticker`]).
+    _ticker: Option<Ticker>,
 }
 
 /// A world of `orch:plugin`, as its bindings (in orch-wit) present it to a host.
-pub(crate) trait World {
+pub trait World {
     const KIND: PluginKind;
     const WORLD: WorldKind;
-    /// The world's bindings, ready to instantiate (`PolicyPre`, `QueuePre`).
+    /// A store's data: the sandbox ([`PluginState`]) and whatever the world's imports work on.
+    type State: HasPluginState;
+    /// The world's bindings, ready to instantiate (`PolicyPre`, `QueuePre`, `TrainerPre`).
     type Pre;
-    /// An instance's exports (`Policy`, `Queue`).
+    /// An instance's exports (`Policy`, `Queue`, `Trainer`).
     type Exports;
     /// What the host keeps beside each plugin (a built-in's defaults); `Default` for a plugin
     /// that is not built in.
     type Extra: Default;
+    /// The built-in called `name` (from the one table, `builtin.rs`), and what the host keeps
+    /// beside it.
+    fn builtin(name: &str) -> Option<(&'static [u8], Self::Extra)>;
+    /// Adds what the world's plugins import beyond deny-all WASI (nothing but types for a
+    /// policy or a queue policy; tensors for a trainer).
+    fn add_imports(linker: &mut Linker<Self::State>) -> wasmtime::Result<()> {
+        let _ = linker;
+        Ok(())
+    }
+    /// The name errors use for the plugin in file `path` (`my_policy.wasm`).
+    fn file_plugin_name(path: &Path) -> String {
+        path.file_name().map_or_else(
+            || path.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        )
+    }
     /// The bindings of `version` of the world over `pre`.
-    fn pre(pre: InstancePre<PluginState>, version: Version) -> wasmtime::Result<Self::Pre>;
+    fn pre(pre: InstancePre<Self::State>, version: Version) -> wasmtime::Result<Self::Pre>;
     fn instantiate(
         pre: &Self::Pre,
-        store: &mut Store<PluginState>,
+        store: &mut Store<Self::State>,
     ) -> wasmtime::Result<Self::Exports>;
 }
 
 struct Slot<W: World> {
     name: String,
     extra: W::Extra,
+    /// The SHA-256 of the component's bytes (`None`: compiled elsewhere, [`Host::provide`]).
+    sha256: Option<[u8; 32]>,
     /// The version of the contract the component implements.
     version: Version,
     /// What each call of this plugin may spend (the host's defaults, or the job's settings).
@@ -79,21 +106,44 @@ struct Slot<W: World> {
 const MAX_WARM: usize = 32;
 
 /// An instance that has answered well and can answer again.
-pub(crate) struct Warm<W: World> {
-    store: Store<PluginState>,
+pub struct Warm<W: World> {
+    store: Store<W::State>,
     exports: W::Exports,
+}
+
+impl<W: World> std::fmt::Debug for Host<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.debug(f, "Host")
+    }
+}
+
+impl<W: World> std::fmt::Debug for Warm<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Warm").finish_non_exhaustive()
+    }
 }
 
 impl<W: World> Host<W> {
     /// An engine for `limits`, its ticker started, caching compiled components under
     /// `cache_dir` (`None`: in memory only); no plugin loaded yet.
-    pub(crate) fn new(limits: Limits, cache_dir: Option<PathBuf>) -> Result<Host<W>, PolicyError> {
-        let engine_error = |e: wasmtime::Error| PolicyError::Engine(e.to_string());
+    pub fn new(limits: Limits, cache_dir: Option<PathBuf>) -> Result<Host<W>, PluginError> {
+        let mut host = Host::without_ticker(limits, cache_dir)?;
+        host._ticker = Some(host.start_ticker()?);
+        Ok(host)
+    }
+
+    /// [`Host::new`] without the ticker: for a world that calls its plugins itself, which
+    /// holds a [`Host::start_ticker`] while its calls run (a trainer's, from the start of the
+    /// run, not while the job waits for its devices).
+    pub fn without_ticker(
+        limits: Limits,
+        cache_dir: Option<PathBuf>,
+    ) -> Result<Host<W>, PluginError> {
+        let engine_error = |e: wasmtime::Error| PluginError::Engine(e.to_string());
         let engine = new_engine(&limits).map_err(engine_error)?;
         let mut linker = Linker::new(&engine);
         add_wasi(&mut linker).map_err(engine_error)?;
-        let ticker = Ticker::start(&engine)
-            .map_err(|e| PolicyError::Engine(format!("cannot start the epoch ticker: {e}")))?;
+        W::add_imports(&mut linker).map_err(engine_error)?;
         Ok(Host {
             cache: ComponentCache::new(&engine, cache_dir),
             engine,
@@ -104,12 +154,19 @@ impl<W: World> Host<W> {
             calls: 0,
             provided: HashMap::new(),
             files_precompiled_only: false,
-            _ticker: ticker,
+            _ticker: None,
         })
     }
 
+    /// A ticker that makes this host's deadlines work until it is dropped. One at a time: two
+    /// would halve every deadline.
+    pub fn start_ticker(&self) -> Result<Ticker, PluginError> {
+        Ticker::start(&self.engine)
+            .map_err(|e| PluginError::Engine(format!("cannot start the epoch ticker: {e}")))
+    }
+
     /// `Debug` for the public host that wraps this one, called `name`.
-    pub(crate) fn debug(&self, f: &mut std::fmt::Formatter<'_>, name: &str) -> std::fmt::Result {
+    pub fn debug(&self, f: &mut std::fmt::Formatter<'_>, name: &str) -> std::fmt::Result {
         let plugins: Vec<&str> = self.slots.iter().map(|s| s.name.as_str()).collect();
         f.debug_struct(name)
             .field("limits", &self.limits)
@@ -117,44 +174,51 @@ impl<W: World> Host<W> {
             .finish_non_exhaustive()
     }
 
-    pub(crate) fn limits(&self) -> &Limits {
+    /// The limits plugins get unless loaded with their own.
+    pub fn limits(&self) -> &Limits {
         &self.limits
     }
 
-    pub(crate) fn engine(&self) -> &Engine {
+    pub fn engine(&self) -> &Engine {
         &self.engine
     }
 
-    pub(crate) fn linker(&self) -> &Linker<PluginState> {
+    pub fn linker(&self) -> &Linker<W::State> {
         &self.linker
     }
 
     /// `wasm` compiled (or found compiled), after checking it is a component at all.
-    pub(crate) fn compile(&mut self, name: &str, wasm: &[u8]) -> Result<Component, PolicyError> {
+    pub fn compile(&mut self, name: &str, wasm: &[u8]) -> Result<Component, PluginError> {
+        self.compile_digested(name, wasm)
+            .map(|(component, _)| component)
+    }
+
+    /// [`Host::compile`], with the SHA-256 of `wasm` (the cache's key).
+    fn compile_digested(
+        &mut self,
+        name: &str,
+        wasm: &[u8],
+    ) -> Result<(Component, [u8; 32]), PluginError> {
         check_component_header(W::KIND, name, wasm)?;
         self.cache
-            .get(&self.engine, name, wasm)
-            .map_err(|e| PolicyError::NotComponent {
+            .get_digested(&self.engine, name, wasm)
+            .map_err(|e| PluginError::NotComponent {
                 kind: W::KIND,
                 plugin: name.to_string(),
                 detail: format!("it does not validate: {e}"),
             })
     }
 
-    /// Loads a built-in by name (`builtin` finds its component and extra) or a component from
-    /// a file, once per plugin and limits: later calls return the same plugin.
-    pub(crate) fn load(
-        &mut self,
-        plugin: &PluginRef,
-        limits: &Limits,
-        builtin: impl FnOnce(&str) -> Option<(&'static [u8], W::Extra)>,
-    ) -> Result<usize, PolicyError> {
+    /// Loads a built-in by name (the world's, [`World::builtin`]) or a component from a file,
+    /// once per plugin and limits: later calls return the same plugin.
+    pub fn load(&mut self, plugin: &PluginRef, limits: &Limits) -> Result<usize, PluginError> {
         match plugin {
             PluginRef::Builtin(name) => {
-                let (wasm, extra) = builtin(name).ok_or_else(|| PolicyError::UnknownBuiltin {
-                    kind: W::KIND,
-                    name: name.clone(),
-                })?;
+                let (wasm, extra) =
+                    W::builtin(name).ok_or_else(|| PluginError::UnknownBuiltin {
+                        kind: W::KIND,
+                        name: name.clone(),
+                    })?;
                 self.load_named(format!("builtin:{name}"), name, wasm, extra, limits)
             }
             PluginRef::Path(path) => {
@@ -163,27 +227,27 @@ impl<W: World> Host<W> {
                     let key = slot_key(&source, limits);
                     return self.add_slot(
                         key,
-                        &plugin_name(path),
-                        component,
+                        &W::file_plugin_name(path),
+                        (component, None),
                         W::Extra::default(),
                         limits,
                     );
                 }
                 if self.files_precompiled_only {
-                    return Err(PolicyError::Load {
+                    return Err(PluginError::Load {
                         kind: W::KIND,
-                        plugin: plugin_name(path),
+                        plugin: W::file_plugin_name(path),
                         detail: "it has not been compiled yet, and this host compiles no plugin file itself".into(),
                     });
                 }
-                let wasm = std::fs::read(path).map_err(|source| PolicyError::Read {
+                let wasm = std::fs::read(path).map_err(|source| PluginError::Read {
                     kind: W::KIND,
                     path: path.clone(),
                     source,
                 })?;
                 self.load_named(
                     source,
-                    &plugin_name(path),
+                    &W::file_plugin_name(path),
                     &wasm,
                     W::Extra::default(),
                     limits,
@@ -193,26 +257,26 @@ impl<W: World> Host<W> {
     }
 
     /// Makes `component` what plugin file `path` loads as: nothing is read or compiled for it.
-    pub(crate) fn provide(&mut self, path: &Path, component: Component) {
+    pub fn provide(&mut self, path: &Path, component: Component) {
         self.provided.insert(path.to_path_buf(), component);
     }
 
-    pub(crate) fn is_provided(&self, path: &Path) -> bool {
+    pub fn is_provided(&self, path: &Path) -> bool {
         self.provided.contains_key(path)
     }
 
     /// From now on, a plugin file loads only as [`Host::provide`] gave it.
-    pub(crate) fn files_precompiled_only(&mut self) {
+    pub fn files_precompiled_only(&mut self) {
         self.files_precompiled_only = true;
     }
 
     /// Loads a component from bytes under `name` (the name every error uses).
-    pub(crate) fn load_bytes(
+    pub fn load_bytes(
         &mut self,
         name: &str,
         wasm: &[u8],
         limits: &Limits,
-    ) -> Result<usize, PolicyError> {
+    ) -> Result<usize, PluginError> {
         self.load_named(
             format!("bytes:{name}"),
             name,
@@ -229,13 +293,13 @@ impl<W: World> Host<W> {
         wasm: &[u8],
         extra: W::Extra,
         limits: &Limits,
-    ) -> Result<usize, PolicyError> {
+    ) -> Result<usize, PluginError> {
         let key = slot_key(&source, limits);
         if let Some(&index) = self.by_source.get(&key) {
             return Ok(index);
         }
-        let component = self.compile(name, wasm)?;
-        self.add_slot(key, name, component, extra, limits)
+        let (component, sha256) = self.compile_digested(name, wasm)?;
+        self.add_slot(key, name, (component, Some(sha256)), extra, limits)
     }
 
     /// The plugin of slot `key`, made from `component` (linked and bound) unless loaded already.
@@ -243,10 +307,10 @@ impl<W: World> Host<W> {
         &mut self,
         key: String,
         name: &str,
-        component: Component,
+        (component, sha256): (Component, Option<[u8; 32]>),
         extra: W::Extra,
         limits: &Limits,
-    ) -> Result<usize, PolicyError> {
+    ) -> Result<usize, PluginError> {
         if let Some(&index) = self.by_source.get(&key) {
             return Ok(index);
         }
@@ -255,6 +319,7 @@ impl<W: World> Host<W> {
         self.slots.push(Slot {
             name: name.to_string(),
             extra,
+            sha256,
             version,
             limits: *limits,
             pre,
@@ -266,26 +331,44 @@ impl<W: World> Host<W> {
     }
 
     /// The version of the contract plugin `index` implements.
-    pub(crate) fn version(&self, index: usize) -> Version {
+    pub fn version(&self, index: usize) -> Version {
         self.slots[index].version
     }
 
     /// The limits plugin `index` runs under.
-    pub(crate) fn plugin_limits(&self, index: usize) -> &Limits {
+    pub fn plugin_limits(&self, index: usize) -> &Limits {
         &self.slots[index].limits
     }
 
     /// The name errors use for plugin `index`.
-    pub(crate) fn name(&self, index: usize) -> &str {
+    pub fn name(&self, index: usize) -> &str {
         &self.slots[index].name
     }
 
-    pub(crate) fn extra(&self, index: usize) -> &W::Extra {
+    pub fn extra(&self, index: usize) -> &W::Extra {
         &self.slots[index].extra
     }
 
+    /// Plugin `index`'s bindings, for a world that makes its stores itself (a trainer's
+    /// replicas, each on its own thread).
+    pub fn pre(&self, index: usize) -> &W::Pre {
+        &self.slots[index].pre
+    }
+
+    /// The SHA-256 of plugin `index`'s component, in lowercase hex (`None`: compiled elsewhere
+    /// and given to this host, [`Host::provide`]).
+    pub fn sha256(&self, index: usize) -> Option<String> {
+        self.slots[index]
+            .sha256
+            .map(|digest| digest.iter().map(|b| format!("{b:02x}")).collect())
+    }
+}
+
+/// Warm instances, for the worlds whose store is the sandbox alone (the policy and the queue
+/// worlds): the host makes the store, calls, and keeps the instance that answered well.
+impl<W: World<State = PluginState>> Host<W> {
     /// Drops the plugin's warm instance: the next call instantiates afresh.
-    pub(crate) fn discard(&mut self, index: usize) {
+    pub fn discard(&mut self, index: usize) {
         self.slots[index].warm = None;
     }
 
@@ -294,11 +377,11 @@ impl<W: World> Host<W> {
     /// instance and comes back as the error naming the plugin and the fault. Otherwise the
     /// value comes back with the instance: hand it back with [`Host::keep`] once the answer
     /// is found good; dropping it discards the instance.
-    pub(crate) fn call<R>(
+    pub fn call<R>(
         &mut self,
         index: usize,
         call: impl FnOnce(&W::Exports, &mut Store<PluginState>) -> wasmtime::Result<R>,
-    ) -> Result<(R, Warm<W>), PolicyError> {
+    ) -> Result<(R, Warm<W>), PluginError> {
         let slot = &mut self.slots[index];
         let limits = slot.limits;
         let ticks = deadline_ticks(limits.deadline);
@@ -327,7 +410,7 @@ impl<W: World> Host<W> {
     }
 
     /// Keeps `warm` as plugin `index`'s instance for the next call.
-    pub(crate) fn keep(&mut self, index: usize, warm: Warm<W>) {
+    pub fn keep(&mut self, index: usize, warm: Warm<W>) {
         self.calls += 1;
         let slot = &mut self.slots[index];
         slot.last_used = self.calls;
@@ -354,14 +437,14 @@ impl<W: World> Host<W> {
 /// and binds it: what loading a plugin and `orch plugin inspect` both check.
 pub(crate) fn bind<W: World>(
     engine: &Engine,
-    linker: &Linker<PluginState>,
+    linker: &Linker<W::State>,
     name: &str,
     component: &Component,
-) -> Result<(Version, W::Pre), PolicyError> {
+) -> Result<(Version, W::Pre), PluginError> {
     let found = match contract::identify(engine, component) {
         Identity::Known(found) if found.world == W::WORLD => found,
         identity => {
-            return Err(PolicyError::WrongWorld {
+            return Err(PluginError::WrongWorld {
                 kind: W::KIND,
                 plugin: name.to_string(),
                 detail: contract::mismatch(&identity, W::WORLD).unwrap_or_default(),
@@ -370,16 +453,8 @@ pub(crate) fn bind<W: World>(
     };
     let pre = linker
         .instantiate_pre(component)
-        .map_err(|e| PolicyError::Load {
-            kind: W::KIND,
-            plugin: name.to_string(),
-            detail: format!(
-                "it implements {} but imports what orch does not provide ({e:#}); plugins \
-                 get the contract's types and WASI with nothing behind it, and no other import",
-                found.id()
-            ),
-        })?;
-    let pre = W::pre(pre, found.version).map_err(|e| PolicyError::WrongWorld {
+        .map_err(|e| PluginError::foreign_import(W::KIND, name, &found.id(), &format!("{e:#}")))?;
+    let pre = W::pre(pre, found.version).map_err(|e| PluginError::WrongWorld {
         kind: W::KIND,
         plugin: name.to_string(),
         detail: format!(
@@ -393,11 +468,11 @@ pub(crate) fn bind<W: World>(
 }
 
 /// A fresh store and instance for `slot`, under the deadline and the limits.
-fn instantiate<W: World>(
+fn instantiate<W: World<State = PluginState>>(
     engine: &Engine,
     slot: &Slot<W>,
     ticks: u64,
-) -> Result<Warm<W>, PolicyError> {
+) -> Result<Warm<W>, PluginError> {
     let limits = &slot.limits;
     let mut store = Store::new(engine, PluginState::new(&slot.name, limits));
     store.limiter(|state| &mut state.limiter);
@@ -430,21 +505,21 @@ fn classify(
     state: &PluginState,
     error: &wasmtime::Error,
     output: Vec<String>,
-) -> PolicyError {
+) -> PluginError {
     let plugin = plugin.to_string();
     match failure::classify(state, error) {
-        CallFailure::MemoryLimit => PolicyError::MemoryLimit {
+        CallFailure::MemoryLimit => PluginError::MemoryLimit {
             kind,
             plugin,
             limit: limits.memory_bytes,
         },
-        CallFailure::Denied(what) => PolicyError::Denied { kind, plugin, what },
-        CallFailure::Timeout => PolicyError::Timeout {
+        CallFailure::Denied(what) => PluginError::Denied { kind, plugin, what },
+        CallFailure::Timeout => PluginError::Timeout {
             kind,
             plugin,
             deadline: limits.deadline,
         },
-        CallFailure::Crashed(trap) => PolicyError::Crashed {
+        CallFailure::Crashed(trap) => PluginError::Crashed {
             kind,
             plugin,
             trap,
@@ -458,8 +533,8 @@ pub(crate) fn check_component_header(
     kind: PluginKind,
     name: &str,
     wasm: &[u8],
-) -> Result<(), PolicyError> {
-    let not = |detail: &str| PolicyError::NotComponent {
+) -> Result<(), PluginError> {
+    let not = |detail: &str| PluginError::NotComponent {
         kind,
         plugin: name.to_string(),
         detail: detail.to_string(),
@@ -480,13 +555,5 @@ fn slot_key(source: &str, limits: &Limits) -> String {
         "{source}#{}ms#{}b",
         limits.deadline.as_millis(),
         limits.memory_bytes
-    )
-}
-
-/// A plugin file's name, as errors show it (`my_policy.wasm`).
-fn plugin_name(path: &Path) -> String {
-    path.file_name().map_or_else(
-        || path.display().to_string(),
-        |n| n.to_string_lossy().into_owned(),
     )
 }

@@ -7,11 +7,11 @@
 use crate::checkpoint;
 use crate::error::TrainError;
 use crate::host::Shared;
+use crate::job::Summary;
 use crate::plot::write_plot;
 use crate::progress::{ProgressEvent, Reporter};
 use crate::replica::{EvalDone, Event};
 use crate::report::{Metrics, Record};
-use crate::run::Summary;
 use orch_wit::trainer::orch::plugin::metrics::Level;
 use std::collections::BTreeMap;
 use std::path::PathBuf;

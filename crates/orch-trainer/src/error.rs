@@ -1,5 +1,8 @@
-//! How a training job can fail. Every variant about the plugin names it, and where the run was.
+//! How a training job can fail. Loading its trainer fails as any plugin does, with orch-host's
+//! [`PluginError`] (kind `trainer`); every other variant about the plugin names it, and where
+//! the run was (a call's fault, read by orch-host's `classify` as a policy's is, plus the step).
 
+use orch_host::PluginError;
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -31,22 +34,10 @@ impl fmt::Display for Stage {
 /// A training job that could not start, or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
-    #[error(
-        "unknown built-in trainer `{name}`: the built-ins are {}; or give a path to a .wasm component",
-        crate::builtin::names().join(", ")
-    )]
-    UnknownBuiltin { name: String },
-    #[error("cannot read trainer plugin {}: {source}", path.display())]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error(
-        "`{plugin}` is not a trainer component: {detail}; build one against orch's wit/ (world `trainer`), as docs/TRAINERS.md shows"
-    )]
-    NotTrainer { plugin: String, detail: String },
-    #[error("trainer `{plugin}` cannot be loaded: {detail}")]
-    Load { plugin: String, detail: String },
+    /// The trainer could not be loaded: an unknown built-in, an unreadable file, not a trainer
+    /// component, an import orch does not provide; or the engine failed.
+    #[error(transparent)]
+    Plugin(#[from] PluginError),
     #[error("training data: {0}")]
     Data(String),
     #[error("{0}")]
@@ -164,15 +155,12 @@ impl TrainError {
     /// True when the user's input is at fault (a name, a file, the data, a resume without a
     /// checkpoint), so the CLI exits 2; false for a job that ran and failed (exit 1).
     pub fn is_bad_input(&self) -> bool {
-        matches!(
-            self,
-            TrainError::UnknownBuiltin { .. }
-                | TrainError::Read { .. }
-                | TrainError::NotTrainer { .. }
-                | TrainError::Load { .. }
-                | TrainError::Data(_)
-                | TrainError::Setup(_)
-                | TrainError::Resume(_)
-        )
+        match self {
+            TrainError::Plugin(e) => e.is_bad_input(),
+            other => matches!(
+                other,
+                TrainError::Data(_) | TrainError::Setup(_) | TrainError::Resume(_)
+            ),
+        }
     }
 }

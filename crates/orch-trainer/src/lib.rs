@@ -13,7 +13,8 @@
 //! rounding, and a run resumed from a checkpoint reproduces the uninterrupted one.
 //!
 //! ```text
-//! Prepared::new() ── reads + compiles the plugin, loads the data (before any device is leased)
+//! Prepared::new() ── loads the plugin on orch-host's generic host (world `TrainerWorld`), loads
+//!                    the data (before any device is leased)
 //! Prepared::run()  ── makes device pools, spawns replicas, coordinates   (train() = both)
 //!   ├─ replica 0 thread: Store<ReplicaState> → init → [train-step]* → eval-step* → snapshot
 //!   ├─ replica 1 thread: …                 (meets the others at broadcast / all-reduce)
@@ -21,16 +22,17 @@
 //!                   checkpoint/, plot.svg
 //! ```
 
-mod builtin;
 pub mod checkpoint;
 mod collective;
 mod coordinator;
 mod data;
 mod error;
 mod host;
+mod job;
 mod plot;
 mod pool;
 mod predict;
+mod prepare;
 mod progress;
 mod replica;
 pub mod report;
@@ -39,13 +41,17 @@ pub mod safetensors;
 mod state;
 mod world;
 
-pub use builtin::{BUILTIN_TRAINERS, BuiltinTrainer, TRAINER_WASM_DIR, load_plugin};
 pub use error::{Stage, TrainError};
+pub use job::{DEFAULT_MAX_GRAPH_NODES, GrantedDevice, RunOptions, Summary, TrainJob};
 pub use predict::{
     DEFAULT_SAMPLE_TOKENS, Evaluation, Model, Prediction, SAMPLE_TEMPERATURE, Sample,
     SampleOptions, predict,
 };
+pub use prepare::Prepared;
 pub use progress::{ProgressEvent, ProgressSink};
-pub use run::{
-    DEFAULT_MAX_GRAPH_NODES, GrantedDevice, Prepared, RunOptions, Summary, TrainJob, train,
-};
+pub use run::train;
+
+/// Where the build (orch-host's build script, which builds every guest plugin) put the guest
+/// components, the trainer test fixtures among them.
+#[doc(hidden)]
+pub const TRAINER_WASM_DIR: &str = orch_host::PLUGIN_WASM_DIR;

@@ -17,9 +17,10 @@ use crate::collective::Collective;
 use crate::data::Data;
 use crate::data::{Schedule, eval_batches};
 use crate::error::{Stage, TrainError, plugin_message};
-use crate::host::{BatchSlot, Phase, ReplicaState, Shared};
+use crate::host::{BatchSlot, DeviceSlot, Phase, ReplicaState, Shared};
+use crate::job::{GrantedDevice, RunOptions, TrainJob, eval_batch_size};
+use crate::prepare::Prepared;
 use crate::progress::{ProgressEvent, ProgressSink};
-use crate::run::{GrantedDevice, Prepared, RunOptions, TrainJob, device_slots};
 use crate::state::load;
 use crate::world::{AnyTrainer, AnyTrainerPre};
 use orch_data::{SplitMix64, Vocab};
@@ -141,14 +142,13 @@ impl Model {
         options: &RunOptions,
     ) -> Result<Model, TrainError> {
         let prepared = Prepared::new(job, options)?;
-        let ticker = Ticker::start(&prepared.engine)
-            .map_err(|e| TrainError::Engine(format!("cannot start the epoch ticker: {e}")))?;
+        let ticker = prepared.start_ticker()?;
         let parts = Parts {
             plugin: prepared.plugin.clone(),
             data: prepared.data.clone(),
             limits: prepared.limits,
-            engine: &prepared.engine,
-            pre: &prepared.pre,
+            engine: prepared.engine(),
+            pre: prepared.pre(),
         };
         Model::with_parts(job, device, options, parts, Some(ticker))
     }
@@ -184,10 +184,10 @@ impl Model {
             steps: spec.steps,
             windows: data.train.is_text(),
         };
-        let eval_batch = crate::run::eval_batch_size(spec.batch_size, data.train.is_text());
+        let eval_batch = eval_batch_size(spec.batch_size, data.train.is_text());
         let data_vocab = data.vocab.clone();
         let shared = Arc::new(Shared {
-            devices: device_slots(std::slice::from_ref(device), job.memory_limit)?,
+            devices: DeviceSlot::of_devices(std::slice::from_ref(device), job.memory_limit)?,
             data,
             replicas: 1,
             seed: spec.seed,

@@ -3,17 +3,23 @@
 //! and 0.1.0 (bare `init`, `train-step`, `eval-step`). Every version's imports are subsets of
 //! 0.4.0's with the same types, so an older trainer gets the very same host functions, linked
 //! under its version's names; it simply does not import what 0.3.0 added.
+//!
+//! [`TrainerWorld`] is the trainer world as orch-host's generic host sees it: the host compiles,
+//! caches, checks and links a trainer as it does a policy, under the same limits and with the
+//! same errors; what is the trainer's own is the store (a replica's tensors, [`ReplicaState`])
+//! and the imports that work on it ([`add_imports`]).
 
 use crate::host::ReplicaState;
-use orch_host::{Identity, WorldKind};
+use orch_host::{PluginKind, WorldKind};
 use orch_wit::trainer::exports::orch::plugin::training::{
     EvalReport, RunInfo, StepInfo, StepReport,
 };
 use orch_wit::trainer::orch::plugin as imports;
 use orch_wit::trainer::{Trainer, TrainerPre};
 use orch_wit::{Version, v0_1, v0_2, v0_3};
+use std::path::Path;
 use wasmtime::Store;
-use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
+use wasmtime::component::{HasSelf, InstancePre, Linker};
 
 use v0_2::trainer::exports::orch::plugin::training as v0_2_training;
 use v0_3::trainer::exports::orch::plugin::training as v0_3_training;
@@ -66,19 +72,47 @@ pub(crate) enum AnyTrainer {
     V0_4(Trainer),
 }
 
-/// What a component is as a trainer: the version it implements, or why it is none.
-pub(crate) fn trainer_version(
-    engine: &wasmtime::Engine,
-    component: &Component,
-) -> Result<Version, String> {
-    match orch_host::identify(engine, component) {
-        Identity::Known(found) if found.world == WorldKind::Trainer => Ok(found.version),
-        identity => Err(orch_host::mismatch(&identity, WorldKind::Trainer).unwrap_or_default()),
+/// The `trainer` world, the third world of orch-host's generic host.
+pub(crate) struct TrainerWorld;
+
+impl orch_host::World for TrainerWorld {
+    const KIND: PluginKind = PluginKind::Trainer;
+    const WORLD: WorldKind = WorldKind::Trainer;
+    type State = ReplicaState;
+    type Pre = AnyTrainerPre;
+    type Exports = AnyTrainer;
+    type Extra = ();
+
+    fn builtin(name: &str) -> Option<(&'static [u8], ())> {
+        orch_host::trainer_builtin(name).map(|b| (b.wasm, ()))
+    }
+
+    fn add_imports(linker: &mut Linker<ReplicaState>) -> wasmtime::Result<()> {
+        add_imports(linker)
+    }
+
+    /// A trainer file is named by its stem (`trainer_fixture`), as its checkpoints record it.
+    fn file_plugin_name(path: &Path) -> String {
+        path.file_stem().map_or_else(
+            || path.display().to_string(),
+            |s| s.to_string_lossy().into_owned(),
+        )
+    }
+
+    fn pre(pre: InstancePre<ReplicaState>, version: Version) -> wasmtime::Result<AnyTrainerPre> {
+        AnyTrainerPre::new(pre, version)
+    }
+
+    fn instantiate(
+        pre: &AnyTrainerPre,
+        store: &mut Store<ReplicaState>,
+    ) -> wasmtime::Result<AnyTrainer> {
+        pre.instantiate(store)
     }
 }
 
 /// Adds the trainer world's imports to `linker`, under the names of every version.
-pub(crate) fn add_imports(linker: &mut Linker<ReplicaState>) -> wasmtime::Result<()> {
+fn add_imports(linker: &mut Linker<ReplicaState>) -> wasmtime::Result<()> {
     Trainer::add_to_linker::<ReplicaState, HasSelf<ReplicaState>>(linker, |s| s)?;
     // The older names of the same interfaces: `orch:plugin/tensors@0.1.0`, `…@0.2.0`, ...
     macro_rules! link_as {

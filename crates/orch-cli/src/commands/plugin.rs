@@ -1,11 +1,11 @@
-//! `orch plugin inspect FILE.wasm [--json]`: the world a component implements and the version
-//! of the contract, its imports and exports, its size; what is not a plugin orch loads is
+//! `orch plugin inspect FILE.wasm [--json]` (or a built-in's name): the world a component
+//! implements and the version of the contract, its imports and exports, its size; what is not a plugin orch loads is
 //! rejected in one sentence (exit 2). `orch plugin cache [--json] [--clear]`: the compile cache.
 
 use super::plan::policy_host;
 use crate::cli::{PluginAction, PluginArgs};
 use crate::failure::{CmdResult, Failure};
-use orch_host::{CacheEntry, Inspection, builtin};
+use orch_host::{CacheEntry, Inspection, builtin_plugin};
 use serde::Serialize;
 use std::path::Path;
 
@@ -32,11 +32,12 @@ fn inspect(file: &Path, json: bool) -> CmdResult {
     let shown = file.display().to_string();
     let (name, wasm) = match std::fs::read(file) {
         Ok(wasm) => (plugin_name(file), wasm),
-        Err(e) => match builtin(&shown) {
-            Some(b) if !file.exists() => (b.name.to_string(), b.wasm.to_vec()),
+        // A built-in of any world (a policy, a queue policy, a trainer) by its name.
+        Err(e) => match builtin_plugin(&shown) {
+            Some((_, wasm)) if !file.exists() => (shown.clone(), wasm.to_vec()),
             _ => {
                 return Err(Failure::bad_input_msg(format!(
-                    "cannot read {shown}: {e} (give a .wasm component, or a built-in policy's name)"
+                    "cannot read {shown}: {e} (give a .wasm component, or the name of a built-in policy, queue policy or trainer)"
                 )));
             }
         },

@@ -7,6 +7,8 @@ use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+mod read;
+
 /// The daemon's configuration, validated.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -380,398 +382,37 @@ impl Config {
         Config::parse(path, &text)
     }
 
+    /// Reads `text` (the file `path`) in named steps ([`read::Reader`]), in the order a reader
+    /// of the file meets its mistakes: the first one found is reported.
     pub fn parse(path: &Path, text: &str) -> Result<Config, InputError> {
         let raw: RawConfig =
             toml::from_str(text).map_err(|e| InputError::from_toml(path, text, &e))?;
-        let at = |needle: &str, message: String, hint: &str| {
-            let offset = text.find(needle).unwrap_or(0);
-            InputError::at(path, text, offset, message).with_hint(hint)
-        };
-        let duration =
-            |key: &str, value: &Option<String>| -> Result<Option<Duration>, InputError> {
-                match value {
-                    None => Ok(None),
-                    Some(v) => orch_core::duration::parse(v).map(Some).ok_or_else(|| {
-                        at(
-                            key,
-                            format!("{key} = \"{v}\" is not a duration"),
-                            "give a positive duration such as \"90m\", \"12h\" or \"7d\"",
-                        )
-                    }),
-                }
-            };
-        let listen = match raw.listen.as_deref() {
-            None => None,
-            Some(text) => Some(text.parse::<std::net::SocketAddr>().map_err(|_| {
-                at(
-                    "listen",
-                    format!("listen = \"{text}\" is not an address and port"),
-                    "give an address such as \"127.0.0.1:7878\" (or \"0.0.0.0:7878\" for every interface)",
-                )
-            })?),
-        };
-        let tokens = |list: &[String]| -> Result<Vec<TokenHash>, InputError> {
-            list.iter()
-                .map(|t| {
-                    TokenHash::parse(t).ok_or_else(|| {
-                        at(
-                            t,
-                            format!("\"{t}\" is not a token hash"),
-                            "store tokens hashed: sha256: and the 64 hex digits of `printf %s TOKEN | sha256sum`",
-                        )
-                    })
-                })
-                .collect()
-        };
-        let tls = Config::tls_files(path, text, &raw)?;
-        let metrics_tokens = tokens(&raw.metrics_tokens)?;
-        let admin_tokens = tokens(&raw.admin_tokens)?;
-        if let Some(both) = metrics_tokens.iter().find(|t| admin_tokens.contains(t)) {
-            return Err(at(
-                &both.to_string(),
-                format!("{both} is in both metrics_tokens and admin_tokens"),
-                "give the scraper a token of its own: a metrics token reads /metrics and nothing else, an admin token reads /metrics too",
-            ));
-        }
-        let avoid_foreign = match raw.foreign.as_deref() {
-            None | Some("allow") => false,
-            Some("avoid") => true,
-            Some(other) => {
-                return Err(at(
-                    "foreign",
-                    format!("foreign = \"{other}\" is neither \"avoid\" nor \"allow\""),
-                    "\"avoid\" keeps new jobs off devices with processes no lease covers; \"allow\" (the default) counts their memory as used",
-                ));
-            }
-        };
-        // A key whose place is known exactly (a `Spanned` value): errors point at it.
-        let spanned = |span: std::ops::Range<usize>, message: String, hint: &str| {
-            InputError::at(path, text, span.start, message).with_hint(hint)
-        };
-        let spanned_duration = |key: &str, value: &Option<toml::Spanned<String>>| {
-            value
-                .as_ref()
-                .map(|v| {
-                    orch_core::duration::parse(v.get_ref()).ok_or_else(|| {
-                        spanned(
-                            v.span(),
-                            format!("{key} = \"{}\" is not a duration", v.get_ref()),
-                            "give a positive duration such as \"90s\", \"10m\" or \"1h\"",
-                        )
-                    })
-                })
-                .transpose()
-        };
-        // A size of at least `min` (`min_text`), as `what = "..."` says it.
-        let spanned_size = |what: &str,
-                            value: &Option<toml::Spanned<String>>,
-                            min: u64,
-                            min_text: &str,
-                            hint: &str| {
-            value
-                .as_ref()
-                .map(|v| match v.get_ref().parse::<orch_core::ByteSize>() {
-                    Ok(size) if size.bytes() >= min => Ok(size.bytes()),
-                    _ => Err(spanned(
-                        v.span(),
-                        format!(
-                            "{what} = \"{}\" is not a size of {min_text} or more",
-                            v.get_ref()
-                        ),
-                        hint,
-                    )),
-                })
-                .transpose()
-        };
-        // A whole number within `range`, as `what = N` says it.
-        let spanned_within = |what: &str,
-                              value: &Option<toml::Spanned<i64>>,
-                              range: std::ops::RangeInclusive<i64>,
-                              hint: &str| {
-            value
-                .as_ref()
-                .map(|v| {
-                    let n = *v.get_ref();
-                    if range.contains(&n) {
-                        Ok(n)
-                    } else {
-                        Err(spanned(
-                            v.span(),
-                            format!(
-                                "{what} = {n} is not from {} to {}",
-                                range.start(),
-                                range.end()
-                            ),
-                            hint,
-                        ))
-                    }
-                })
-                .transpose()
-        };
-        let compile = match &raw.compile {
-            None => CompileCaps::default(),
-            Some(c) => {
-                let defaults = CompileCaps::default();
-                let cpu = match spanned_duration("[compile] cpu", &c.cpu)? {
-                    // RLIMIT_CPU counts whole seconds.
-                    Some(d) if d < Duration::from_secs(1) => {
-                        return Err(spanned(
-                            c.cpu.as_ref().map_or(0..0, |v| v.span()),
-                            "[compile] cpu is under a second".into(),
-                            "the kernel caps CPU time in whole seconds: give \"1s\" or more",
-                        ));
-                    }
-                    Some(d) => Duration::from_secs(d.as_secs_f64().ceil() as u64),
-                    None => defaults.cpu,
-                };
-                let memory = spanned_size(
-                    "[compile] memory",
-                    &c.memory,
-                    1 << 20,
-                    "1MiB",
-                    "give a size such as \"2GiB\" or \"512MiB\"",
-                )?
-                .unwrap_or(defaults.memory);
-                let workers = spanned_within(
-                    "[compile] workers",
-                    &c.workers,
-                    1..=256,
-                    "give how many compiles may run at once, such as workers = 2",
-                )?
-                .map_or(defaults.workers, |n| n as usize);
-                CompileCaps {
-                    cpu,
-                    memory,
-                    workers,
-                }
-            }
-        };
-        let mut tenants = Vec::new();
-        for t in &raw.tenant {
-            if t.name.trim().is_empty() {
-                return Err(at(
-                    "[[tenant]]",
-                    "a tenant has an empty name".into(),
-                    "name every tenant",
-                ));
-            }
-            if tenants.iter().any(|o: &Tenant| o.name == t.name) {
-                return Err(at(
-                    &format!("\"{}\"", t.name),
-                    format!("tenant \"{}\" is listed twice", t.name),
-                    "give each tenant one [[tenant]] table",
-                ));
-            }
-            if t.share.is_some_and(|s| !(s > 0.0 && s.is_finite())) {
-                return Err(at(
-                    "share",
-                    format!("tenant \"{}\": share must be a positive number", t.name),
-                    "give a weight such as share = 2",
-                ));
-            }
-            if t.idle_utilization.is_some_and(|u| u > 100) {
-                return Err(at(
-                    "idle_utilization",
-                    format!(
-                        "tenant \"{}\": idle_utilization is a percent, 0 to 100",
-                        t.name
-                    ),
-                    "give a percent such as idle_utilization = 5",
-                ));
-            }
-            if t.users.is_empty() && t.groups.is_empty() && t.tokens.is_empty() {
-                return Err(at(
-                    &format!("\"{}\"", t.name),
-                    format!("tenant \"{}\" has no users, groups or tokens", t.name),
-                    "add users = [\"alice\"], groups = [\"vision-lab\"] or tokens = [\"sha256:...\"]",
-                ));
-            }
-            tenants.push(Tenant {
-                name: t.name.clone(),
-                users: t.users.clone(),
-                groups: t.groups.clone(),
-                share: t.share.unwrap_or(1.0),
-                max_gpus: t.max_gpus,
-                max_queued: t.max_queued,
-                max_runtime: duration("max_runtime", &t.max_runtime)?,
-                max_priority: t.max_priority,
-                tokens: tokens(&t.tokens)?,
-                idle_timeout: duration("idle_timeout", &t.idle_timeout)?,
-                idle_utilization: t.idle_utilization.unwrap_or(DEFAULT_IDLE_UTILIZATION),
-                idle_grace: duration("idle_grace", &t.idle_grace)?.unwrap_or(DEFAULT_IDLE_GRACE),
-                compile: {
-                    let defaults = CompileBudget::default();
-                    let concurrency = match &t.compile_concurrency {
-                        None => defaults.concurrency,
-                        Some(v) => u32::try_from(*v.get_ref()).map_err(|_| {
-                            spanned(
-                                v.span(),
-                                format!(
-                                    "tenant \"{}\": compile_concurrency = {} is not a count",
-                                    t.name,
-                                    v.get_ref()
-                                ),
-                                "give how many of its policies may compile at once, such as 1 (0: built-in policies only)",
-                            )
-                        })?,
-                    };
-                    CompileBudget {
-                        concurrency,
-                        cpu: spanned_duration("compile_cpu", &t.compile_cpu)?
-                            .unwrap_or(defaults.cpu),
-                        window: spanned_duration("compile_window", &t.compile_window)?
-                            .unwrap_or(defaults.window),
-                    }
-                },
-                policy: {
-                    let defaults = PolicyBudget::default();
-                    let concurrency = spanned_within(
-                        &format!("tenant \"{}\": policy_concurrency", t.name),
-                        &t.policy_concurrency,
-                        1..=64,
-                        "give how many of its policies may be asked at once, such as 1",
-                    )?
-                    .map_or(defaults.concurrency, |n| n as u32);
-                    let memory = spanned_size(
-                        &format!("tenant \"{}\": policy_memory", t.name),
-                        &t.policy_memory,
-                        1 << 20,
-                        "1MiB",
-                        "give a size such as \"1GiB\" or \"256MiB\"",
-                    )?
-                    .unwrap_or(defaults.memory);
-                    PolicyBudget {
-                        concurrency,
-                        memory,
-                        cpu: spanned_duration("policy_cpu", &t.policy_cpu)?
-                            .unwrap_or(defaults.cpu),
-                        window: spanned_duration("policy_window", &t.policy_window)?
-                            .unwrap_or(defaults.window),
-                    }
-                },
-                max_grace: spanned_duration("max_grace", &t.max_grace)?,
-                device_ids: match &t.device_ids {
-                    None => None,
-                    Some(v) => Some(orch_core::job::DeviceIds::parse(v.get_ref()).ok_or_else(
-                        || {
-                            spanned(
-                                v.span(),
-                                format!(
-                                    "tenant \"{}\": device_ids = {:?} is not known",
-                                    t.name,
-                                    v.get_ref()
-                                ),
-                                &format!("give {}", orch_core::job::DeviceIds::VALUES),
-                            )
-                        },
-                    )?),
-                },
-            });
-        }
-        for tenant in &tenants {
-            if let Some(both) = tenant.tokens.iter().find(|t| metrics_tokens.contains(t)) {
-                return Err(at(
-                    &both.to_string(),
-                    format!(
-                        "{both} is in both metrics_tokens and tenant \"{}\"'s tokens",
-                        tenant.name
-                    ),
-                    "give the scraper a token of its own: a metrics token reads /metrics and nothing else",
-                ));
-            }
-        }
-        if tenants.is_empty() {
-            return Err(
-                InputError::at(path, text, 0, "the config lists no [[tenant]]").with_hint(
-                    "add a [[tenant]] with name and users (docs/SERVE.md has an example)",
-                ),
-            );
-        }
-        let queue_policy_at = raw
-            .queue_policy
-            .as_ref()
-            .map(|p| orch_core::Location::from_offset(path, text, p.span().start));
-        let queue_policy = match raw.queue_policy.as_ref().map(|p| p.get_ref().as_str()) {
-            None => orch_core::PluginRef::Builtin(DEFAULT_QUEUE_POLICY.into()),
-            Some(text) => {
-                let base = path.parent().unwrap_or(Path::new("."));
-                let plugin = orch_core::PluginRef::parse(text, base);
-                if let orch_core::PluginRef::Builtin(name) = &plugin
-                    && orch_queue::builtin(name).is_none()
-                {
-                    let names: Vec<&str> = orch_queue::BUILTINS.iter().map(|(n, _)| *n).collect();
-                    return Err(at(
-                        "queue_policy",
-                        format!("queue_policy = \"{name}\" is not a built-in queue policy"),
-                        &format!(
-                            "use one of {}, or the path of a queue component (a .wasm file)",
-                            names.join(", ")
-                        ),
-                    ));
-                }
-                plugin
-            }
-        };
-        let queue_limits = match &raw.queue {
-            Some(queue) => orch_core::LimitSettings::parse(
-                path,
-                text,
-                "[queue]",
-                queue.deadline.as_ref(),
-                queue.memory.as_ref(),
-            )?,
-            None => orch_core::LimitSettings::default(),
-        };
-        let count = |key: &str, value: &Option<toml::Spanned<i64>>, default: u32| match value {
-            None => Ok(default),
-            Some(v) => u32::try_from(*v.get_ref())
-                .ok()
-                .filter(|&n| n > 0)
-                .ok_or_else(|| {
-                    InputError::at(
-                        path,
-                        text,
-                        v.span().start,
-                        format!("{key} = {} is not a positive count", v.get_ref()),
-                    )
-                    .with_hint(format!(
-                        "give a whole number of connections such as {default}"
-                    ))
-                }),
-        };
-        let max_connections = count(
-            "max_connections",
-            &raw.max_connections,
-            DEFAULT_MAX_CONNECTIONS,
-        )?;
-        let max_connections_per_peer = count(
-            "max_connections_per_peer",
-            &raw.max_connections_per_peer,
-            DEFAULT_MAX_CONNECTIONS_PER_PEER,
-        )?;
-        let max_log_size = spanned_size(
-            "max_log_size",
-            &raw.max_log_size,
-            MIN_MAX_LOG_SIZE,
-            "4KiB",
-            "give the most output kept per job and stream, such as \"64MiB\"",
-        )?
-        .unwrap_or(DEFAULT_MAX_LOG_SIZE);
-        let timeline = Self::timeline(&raw, spanned_duration, spanned)?;
+        let read = read::Reader { path, text };
+        let listen = read.listener(&raw)?;
+        let tls = read.tls_files(&raw)?;
+        let (admin_tokens, metrics_tokens) = read.daemon_tokens(&raw)?;
+        let avoid_foreign = read.avoid_foreign(&raw)?;
+        let compile = read.compile_caps(raw.compile.as_ref())?;
+        let tenants = read.tenants(&raw.tenant)?;
+        read.check_tenants(&tenants, &metrics_tokens)?;
+        let (queue_policy, queue_policy_at) = read.queue_policy(&raw)?;
+        let queue_limits = read.queue_limits(&raw)?;
+        let (max_connections, max_connections_per_peer) = read.connection_caps(&raw)?;
+        let max_log_size = read.max_log_size(&raw)?;
+        let timeline = read.timeline(&raw)?;
+        let periods = read.periods(&raw)?;
+        let max_grace = read.max_grace(&raw)?;
+        let preempt_after = read.preempt_after(&raw)?;
         Ok(Config {
             path: Some(path.to_path_buf()),
             admins: raw.admins,
             queue_policy,
             queue_policy_at,
             queue_limits,
-            usage_half_life: duration("usage_half_life", &raw.usage_half_life)?
-                .unwrap_or(Duration::from_secs(7 * 86400)),
-            retention: duration("retention", &raw.retention)?.unwrap_or(DEFAULT_RETENTION),
-            accounting_retention: duration("accounting_retention", &raw.accounting_retention)?
-                .unwrap_or(DEFAULT_ACCOUNTING_RETENTION),
-            starvation_limit: duration("starvation_limit", &raw.starvation_limit)?
-                .unwrap_or(DEFAULT_STARVATION_LIMIT),
-            // "0s" (preempt at once) is a fine value here.
+            usage_half_life: periods.usage_half_life,
+            retention: periods.retention,
+            accounting_retention: periods.accounting_retention,
+            starvation_limit: periods.starvation_limit,
             listen,
             admin_tokens,
             metrics_tokens,
@@ -782,12 +423,9 @@ impl Config {
             compile,
             machine_lock: raw.machine_lock,
             max_log_size,
-            max_grace: spanned_duration("max_grace", &raw.max_grace)?.unwrap_or(DEFAULT_MAX_GRACE),
+            max_grace,
             timeline,
-            preempt_after: match raw.preempt_after.as_deref().map(str::trim) {
-                Some("0" | "0s") | None => Duration::ZERO,
-                Some(_) => duration("preempt_after", &raw.preempt_after)?.unwrap_or_default(),
-            },
+            preempt_after,
             tenants,
         })
     }
@@ -826,86 +464,6 @@ impl Config {
             return TokenRights::Unknown;
         }
         TokenRights::Tenants { tenants, admin }
-    }
-
-    /// `timeline_interval` and `timeline_span`, checked together (at least a second, at most
-    /// [`crate::core::timeline::MAX_SAMPLES`] samples).
-    fn timeline(
-        raw: &RawConfig,
-        duration: impl Fn(&str, &Option<toml::Spanned<String>>) -> Result<Option<Duration>, InputError>,
-        spanned: impl Fn(std::ops::Range<usize>, String, &str) -> InputError,
-    ) -> Result<crate::core::timeline::Settings, InputError> {
-        let default = crate::core::timeline::Settings::default();
-        let settings = crate::core::timeline::Settings {
-            interval: duration("timeline_interval", &raw.timeline_interval)?
-                .unwrap_or(default.interval),
-            span: duration("timeline_span", &raw.timeline_span)?.unwrap_or(default.span),
-        };
-        match settings.problem() {
-            None => Ok(settings),
-            Some(problem) => {
-                let place = raw
-                    .timeline_interval
-                    .as_ref()
-                    .or(raw.timeline_span.as_ref())
-                    .map_or(0..0, toml::Spanned::span);
-                Err(spanned(
-                    place,
-                    problem,
-                    "the defaults are timeline_interval = \"5s\" and timeline_span = \"6h\"",
-                ))
-            }
-        }
-    }
-
-    /// `tls_cert` and `tls_key`: both or neither, and only with `listen` (the Unix socket stays
-    /// plain); relative paths resolve against the config's folder, as `queue_policy` does.
-    fn tls_files(path: &Path, text: &str, raw: &RawConfig) -> Result<Option<TlsFiles>, InputError> {
-        let at = |value: &toml::Spanned<String>, message: String, hint: &str| {
-            InputError::at(path, text, value.span().start, message).with_hint(hint)
-        };
-        let (cert, key) = match (&raw.tls_cert, &raw.tls_key) {
-            (None, None) => return Ok(None),
-            (Some(cert), None) => {
-                return Err(at(
-                    cert,
-                    "tls_cert is set without tls_key: the TCP listener needs both to serve HTTPS"
-                        .into(),
-                    "add tls_key = \"/etc/orch/key.pem\" (the certificate's private key, PEM), or remove tls_cert",
-                ));
-            }
-            (None, Some(key)) => {
-                return Err(at(
-                    key,
-                    "tls_key is set without tls_cert: the TCP listener needs both to serve HTTPS"
-                        .into(),
-                    "add tls_cert = \"/etc/orch/cert.pem\" (the certificate chain, PEM), or remove tls_key",
-                ));
-            }
-            (Some(cert), Some(key)) => (cert, key),
-        };
-        if raw.listen.is_none() {
-            return Err(at(
-                cert,
-                "tls_cert and tls_key are set but listen is not: TLS is for the TCP listener, and the Unix socket needs none".into(),
-                "add listen = \"0.0.0.0:7878\" (or an address of one interface), or remove tls_cert and tls_key",
-            ));
-        }
-        let base = path.parent().unwrap_or(Path::new("."));
-        let resolve = |value: &toml::Spanned<String>| -> Result<PathBuf, InputError> {
-            if value.get_ref().trim().is_empty() {
-                return Err(at(
-                    value,
-                    "tls_cert and tls_key name PEM files; this one is empty".into(),
-                    "give a path such as \"/etc/orch/cert.pem\"",
-                ));
-            }
-            Ok(base.join(value.get_ref()))
-        };
-        Ok(Some(TlsFiles {
-            cert: resolve(cert)?,
-            key: resolve(key)?,
-        }))
     }
 
     pub fn tenant(&self, name: &str) -> Option<&Tenant> {

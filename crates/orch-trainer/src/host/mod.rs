@@ -23,10 +23,12 @@ mod tensors;
 
 use crate::collective::Collective;
 use crate::data::Data;
+use crate::error::TrainError;
+use crate::job::GrantedDevice;
 pub(crate) use convert::Fail;
 use orch_host::{HasPluginState, PluginState, printable};
 use orch_tensor::optim::{Adam, Optimizer, Sgd};
-use orch_tensor::{GraphBudget, MemoryPool, Tensor, with_deadline, with_graph_budget};
+use orch_tensor::{Device, GraphBudget, MemoryPool, Tensor, with_deadline, with_graph_budget};
 use orch_wit::trainer::orch::plugin::metrics::Level;
 use orch_wit::trainer::orch::plugin::tensors::{Tensor as WitTensor, TensorError as WitError};
 use std::sync::Arc;
@@ -44,6 +46,48 @@ pub(crate) struct DeviceSlot {
     pub name: String,
     pub memory_free: Option<u64>,
     pub quota: Option<u64>,
+}
+
+impl DeviceSlot {
+    /// The job's pool on each device: the job's quota inside the device's own cap (a simulated
+    /// GPU's memory, a real one's free memory, the host's available memory for the CPU).
+    pub(crate) fn of_devices(
+        devices: &[GrantedDevice],
+        quota: Option<u64>,
+    ) -> Result<Vec<DeviceSlot>, TrainError> {
+        devices
+            .iter()
+            .map(|d| {
+                let device_pool = match &d.pool {
+                    Some(pool) => Arc::clone(pool),
+                    None => {
+                        let cap = d.memory_free.or(d.memory_total).or_else(|| match d.device {
+                            Device::Cpu => host_available_memory(),
+                            _ => None,
+                        });
+                        MemoryPool::new(d.device, cap).map_err(|e| TrainError::Device {
+                            device: d.device.to_string(),
+                            reason: e.to_string(),
+                        })?
+                    }
+                };
+                Ok(DeviceSlot {
+                    pool: MemoryPool::with_parent(&device_pool, quota),
+                    kind: d.device.to_string(),
+                    name: d.name.clone(),
+                    memory_free: d.memory_free,
+                    quota,
+                })
+            })
+            .collect()
+    }
+}
+
+/// The host's available memory, bytes (the one reader of `/proc/meminfo`, in orch-devices).
+fn host_available_memory() -> Option<u64> {
+    orch_devices::cpu::host_memory()
+        .ok()
+        .map(|(_, available)| available)
 }
 
 /// Parameter values by name, as broadcast from replica 0 or read from a checkpoint.

@@ -10,6 +10,7 @@ mod gpt;
 mod hostile;
 mod learn;
 mod parallel;
+mod plugin_host;
 mod progress;
 mod quota;
 mod resume;
