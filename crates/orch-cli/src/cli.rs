@@ -491,11 +491,6 @@ pub struct RunArgs {
     /// A `[train]` job: continue from the checkpoint in its output folder (`[train] out`).
     #[arg(long, requires = "job")]
     pub resume: bool,
-    /// Run inside the lease of the daemon job that started this process (its supervisor holds
-    /// and releases it): the job file's text is in ORCH_JOB_TEXT, standing for JOB.toml, and the
-    /// devices are the visible ones. The daemon runs `[train]` jobs this way, as their user.
-    #[arg(long, requires = "job", hide = true)]
-    pub supervised: bool,
     /// Run only task N (from 0) of the job's [sweep] (a Slurm job array runs one per task).
     #[arg(long, value_name = "N", requires = "job")]
     pub sweep_task: Option<usize>,

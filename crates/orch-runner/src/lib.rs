@@ -14,9 +14,12 @@ pub mod bind;
 pub mod command;
 mod error;
 pub mod foreign;
+pub mod local;
 pub mod place;
 pub mod plan;
+mod run_placed;
 mod runner;
+mod stop;
 mod train;
 
 pub use command::{
@@ -24,8 +27,9 @@ pub use command::{
 };
 pub use error::RunError;
 pub use foreign::{Holdings, foreign_processes, holdings};
-pub use place::{
-    GiveBack, LeaseGuard, Machine, PlaceError, claim, claim_proposed, claim_until, place_in_parent,
-};
+pub use local::{Claimed, QuickJob, claim_here, may_claim_here};
+pub use place::{GiveBack, LeaseGuard, Machine, PlaceError, claim, claim_proposed, claim_until};
 pub use plan::{Plan, PlanError, PlanInput, PlannedDevice, Rejection, plan, recheck};
+pub use run_placed::{Control, Ended, ProgressLines, Ready, run_placed};
 pub use runner::{Outcome, Placement, Prepared, RunningJob, prepare, start};
+pub use stop::{JobStopper, Overdue, StopCause, TrainStopper, stopped_sentence};

@@ -269,20 +269,12 @@ fn exec_parts(
     sweep_task: Option<usize>,
 ) -> Result<(), Refusal> {
     let no_env = std::collections::BTreeMap::new();
-    // A [train] job's trainer runs as `orch run --supervised [--sweep-task N] --resume JOB_PATH`,
-    // the job's text in ORCH_JOB_TEXT (see supervisor.rs).
-    let mut train_argv: Vec<String> = ["orch", "run", "--supervised"].map(String::from).into();
-    if let Some(task) = sweep_task {
-        train_argv.extend(["--sweep-task".to_string(), task.to_string()]);
-    }
-    train_argv.extend(["--resume".to_string(), request.job_path.clone()]);
+    // A [train] job's trainer runs in its supervisor (see supervisor.rs): no program is started
+    // for it, and only the submitting environment is checked.
+    let _ = sweep_task;
     let (argv, job_env, extra): (&[String], _, Vec<(&str, &str)>) = match &spec.work {
         orch_core::job::Work::Command(c) => (&c.argv, &c.env, Vec::new()),
-        orch_core::job::Work::Train(_) => (
-            &train_argv,
-            &no_env,
-            vec![("ORCH_JOB_TEXT", request.job_text.as_str())],
-        ),
+        orch_core::job::Work::Train(_) => (&[], &no_env, Vec::new()),
     };
     admission::exec_parts(&admission::ExecParts {
         place: &request.job_path,

@@ -608,8 +608,6 @@ impl Jobs {
             lease: lease.clone(),
             plan: plan.clone(),
             inventory: self.inventory.as_ref().clone(),
-            devices: self.shared.devices.clone(),
-            exe: self.shared.exe.clone(),
             state_dir: self.shared.state_dir.clone(),
             switch_user: self.shared.root,
             max_runtime_s: running::time_limit(
