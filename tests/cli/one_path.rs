@@ -40,7 +40,11 @@ fn process_tree(pid: i32) -> Vec<i32> {
         let tasks = std::fs::read_dir(format!("/proc/{}/task", all[next]));
         for task in tasks.into_iter().flatten().flatten() {
             let children = read(&task.path().join("children"));
-            all.extend(children.split_whitespace().filter_map(|c| c.parse::<i32>().ok()));
+            all.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<i32>().ok()),
+            );
         }
         next += 1;
     }
@@ -49,7 +53,9 @@ fn process_tree(pid: i32) -> Vec<i32> {
 
 /// The processes of `tree` that run the orch binary.
 fn orch_processes(tree: &[i32]) -> Vec<i32> {
-    let orch = Path::new(env!("CARGO_BIN_EXE_orch")).canonicalize().unwrap();
+    let orch = Path::new(env!("CARGO_BIN_EXE_orch"))
+        .canonicalize()
+        .unwrap();
     tree.iter()
         .copied()
         .filter(|pid| {

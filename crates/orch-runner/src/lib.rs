@@ -2,7 +2,10 @@
 //! the others not); [`place::claim`] makes that choice a lease in one atomic transaction;
 //! [`prepare`] and [`start`] run the job on exactly its devices; [`RunningJob::wait`] waits for
 //! it (or [`orch_exec::Stopper`] stops it) and releases the lease through a guard, so no path
-//! leaves it held.
+//! leaves it held. [`run_placed`] is that run as one call, command or trainer, for every caller
+//! that holds a placement: `orch run` and the daemon's supervisor, which runs a `[train]` job's
+//! trainer itself on the daemon's placement. [`local`] is the claim a process makes for itself
+//! (`orch run`, the Python package) and the quick job both describe.
 //!
 //! Design decision: the plan is a pure function of its inputs (the job spec, the inventory,
 //! the visibility rules' result, the current leases, the environment the job's config names)

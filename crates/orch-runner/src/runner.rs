@@ -1,6 +1,6 @@
 //! The job lifecycle as a library: prepare → place (lease) → start → wait or stop → release.
 //! `orch run` drives it in one process; the daemon places jobs itself and hands each to a
-//! supervisor process that starts and waits on it.
+//! supervisor process that runs it ([`crate::run_placed`]).
 
 use crate::command::{Confinement, ProcessOptions, launch_spec, memory_monitor};
 use crate::error::RunError;

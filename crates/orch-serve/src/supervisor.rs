@@ -3,6 +3,11 @@
 //! writes their exit status to the job's folder. It does not die with the daemon, so a restarted
 //! daemon adopts the job again and still learns how it ended.
 //!
+//! It runs the job on the daemon's placement as `spec.json` carries it (lease, plan, inventory),
+//! through [`orch_runner::run_placed`]: a `[train]` job's trainer runs in this process, as the
+//! job's user (its effective ids, on the trainer's threads only), in its cgroup and on its CPUs,
+//! so the job is placed once and its process tree is this process alone.
+//!
 //! The job folder and its files (`STATE/jobs/ID-ATTEMPT/`, root's alone when the daemon is
 //! root) are [`crate::core::folders`]: this process reads `spec.json`, takes the fence, and writes
 //! `exit.json` once every process of the job is gone and its lease released. It uses the daemon's
