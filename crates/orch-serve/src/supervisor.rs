@@ -156,7 +156,14 @@ fn run(
     let sub = &spec.submission;
     // An array's task runs its own combination of the `[sweep]` (a `[train]` task's parameters,
     // its folder `OUT/sweep-TASK`).
-    let job = match sub.spec() {
+    // Its relative paths resolve against the job file's folder, and a relative job path against
+    // the submitter's working folder: this process works in neither.
+    let mut absolute = sub.clone();
+    absolute.job_path = Path::new(&sub.cwd)
+        .join(&sub.job_path)
+        .to_string_lossy()
+        .into_owned();
+    let job = match absolute.spec() {
         Ok(job) => job,
         Err(e) => return (failed(e), None),
     };
@@ -220,7 +227,7 @@ fn run(
     );
     let Some(lease) = ended.lease else {
         let reason = match ended.outcome {
-            Err(e) => sentence(&e),
+            Err(e) => e.to_string(),
             Ok(_) => "the job could not start".to_string(),
         };
         return (failed(reason), None);
@@ -341,7 +348,26 @@ fn overdue_end(dir: &Path, cause: &StopCause) {
         },
     };
     write_exit_until_done(dir, record);
+    leave_job_cgroup();
     std::process::exit(0);
+}
+
+/// Moves this process out of the job's cgroup it joined for the trainer (back into the cgroup
+/// it was made under) and removes that cgroup, best effort: the way out of a run that cannot end
+/// in order.
+fn leave_job_cgroup() {
+    let pid = std::process::id();
+    let Some(own) = orch_core::process::cgroup_v2_dir(pid) else {
+        return;
+    };
+    let is_job = own
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with("orch-job-"));
+    if let (true, Some(parent)) = (is_job, own.parent())
+        && std::fs::write(parent.join("cgroup.procs"), pid.to_string()).is_ok()
+    {
+        let _ = std::fs::remove_dir(&own);
+    }
 }
 
 /// CPU seconds and peak resident set of this process (`getrusage(RUSAGE_SELF)`): a trainer's,
