@@ -155,9 +155,9 @@ fn run(
     }
     let sub = &spec.submission;
     // An array's task runs its own combination of the `[sweep]` (a `[train]` task's parameters,
-    // its folder `OUT/sweep-TASK`).
-    // Its relative paths resolve against the job file's folder, and a relative job path against
-    // the submitter's working folder: this process works in neither.
+    // its folder `OUT/sweep-TASK`). Its relative paths resolve against the job file's folder,
+    // and a relative job path against the submitter's working folder: this process works in
+    // neither.
     let mut absolute = sub.clone();
     absolute.job_path = Path::new(&sub.cwd)
         .join(&sub.job_path)
@@ -233,30 +233,7 @@ fn run(
         return (failed(reason), None);
     };
     let train = matches!(job.work, job::Work::Train(_));
-    // What the job's processes used, for its accounting: its cgroup's count where orch made one,
-    // else the rusage of what this process waited for (a trainer: of this process, where it
-    // ran). Written before exit.json, which the daemon reads it after; a failed write costs the
-    // record those figures, nothing else.
-    let measured = if train {
-        own_use()
-    } else {
-        crate::core::accounting::children_use()
-    };
-    let counted = ended.usage;
-    let used = crate::core::accounting::ProcessUse {
-        cpu_seconds: counted.cpu_seconds.or(measured.cpu_seconds),
-        peak_rss_bytes: counted.peak_memory_bytes.or(measured.peak_rss_bytes),
-        signal: match &ended.outcome {
-            Ok(Outcome::Command(ExitOutcome::Signaled(signal))) => Some(*signal),
-            _ => None,
-        },
-    };
-    if let Err(e) = crate::core::accounting::write_use(dir, &used) {
-        note!(
-            "orch supervisor: cannot write {}/usage.json ({e}); the job's accounting goes without its CPU and memory",
-            dir.display()
-        );
-    }
+    write_usage(dir, train, &ended.outcome, ended.usage);
     let record = match &ended.outcome {
         Ok(outcome) => record_of(&job, outcome),
         // A trainer's error is the job's reason and its last line of stderr, as `orch run` says
@@ -283,6 +260,37 @@ fn run(
         );
     }
     (record, Some(lease))
+}
+
+/// Writes what the job's processes used, for its accounting: its cgroup's count where orch made
+/// one, else the rusage of what this process waited for (a trainer: of this process, where it
+/// ran). Written before exit.json, which the daemon reads it after; a failed write costs the
+/// record those figures, nothing else.
+fn write_usage(
+    dir: &Path,
+    train: bool,
+    outcome: &Result<Outcome, orch_runner::RunError>,
+    counted: orch_exec::CgroupUsage,
+) {
+    let measured = if train {
+        own_use()
+    } else {
+        crate::core::accounting::children_use()
+    };
+    let used = crate::core::accounting::ProcessUse {
+        cpu_seconds: counted.cpu_seconds.or(measured.cpu_seconds),
+        peak_rss_bytes: counted.peak_memory_bytes.or(measured.peak_rss_bytes),
+        signal: match outcome {
+            Ok(Outcome::Command(ExitOutcome::Signaled(signal))) => Some(*signal),
+            _ => None,
+        },
+    };
+    if let Err(e) = crate::core::accounting::write_use(dir, &used) {
+        note!(
+            "orch supervisor: cannot write {}/usage.json ({e}); the job's accounting goes without its CPU and memory",
+            dir.display()
+        );
+    }
 }
 
 /// How a daemon's `[train]` job goes on after it stopped with its checkpoint.
