@@ -1,5 +1,6 @@
 //! One path for a daemon's `[train]` job: the daemon places it once and its supervisor runs the
-//! trainer itself, on that placement. Its process tree is the supervisor alone, its policy
+//! trainer on that placement: itself for its own user's job (its process tree is the supervisor
+//! alone), in one `orch __train` process with the user's ids for another user's. Its policy
 //! decides once, it writes as its user, and a cancel stops it at a step with its checkpoint.
 
 use crate::serve::{Daemon, as_user, root_or_skip, supervisor_pid, test_user, two_tenants};
@@ -154,33 +155,86 @@ fn a_daemon_train_job_is_its_supervisor_alone_placed_once_and_cancelled_at_a_ste
     assert!(d.log().contains("chose devices"), "{}", d.log());
 }
 
-/// A `[train]` job of another user, run by a root daemon, reads and writes as that user: its
-/// checkpoint, metrics and run folder are the user's, and the job folder's records root's.
+/// The real, effective, saved and file-system user ids of process `pid` (`/proc/PID/status`).
+fn uids(pid: i32) -> Vec<u32> {
+    read(Path::new(&format!("/proc/{pid}/status")))
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .map(|ids| {
+            ids.split_whitespace()
+                .filter_map(|i| i.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `orch ARGS` as `user`, in `cwd`, against the daemon at `socket`, its environment asking for
+/// the policy's decisions (a placement in a process of the job's would log one in its logs).
+fn as_user_logging(
+    user: (u32, u32),
+    socket: &Path,
+    cwd: &Path,
+    args: &[&str],
+) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
+    std::process::Command::new(env!("CARGO_BIN_EXE_orch"))
+        .args(args)
+        .current_dir(cwd)
+        .env("ORCH_SERVER", socket)
+        .env("RUST_LOG", "orch::policy=debug")
+        .env_remove("ORCH_STATE_DIR")
+        .uid(user.0)
+        .gid(user.1)
+        .output()
+        .unwrap()
+}
+
+/// A `[train]` job of another user, run by a root daemon, runs its trainer in one `orch __train`
+/// process with the user's ids in full (real, effective, saved: never root's), started by its
+/// supervisor: no `orch run`, no second placement. It reads and writes as that user: its
+/// checkpoint, metrics and run folder are the user's, the job folder's records root's.
 #[test]
-fn a_daemon_train_job_of_another_user_writes_its_checkpoint_as_that_user() {
-    if !root_or_skip("a_daemon_train_job_of_another_user_writes_its_checkpoint_as_that_user") {
+fn a_daemon_train_job_of_another_user_runs_in_one_train_process_as_that_user() {
+    if !root_or_skip("a_daemon_train_job_of_another_user_runs_in_one_train_process_as_that_user") {
         return;
     }
     use std::os::unix::fs::MetadataExt;
     let alice = test_user("orchtesta");
-    let (d, public) = two_tenants("one-path-user", |_| {});
+    let (mut d, public) = two_tenants("one-path-user", |_| {});
+    d.kill9();
+    d.env.push(("RUST_LOG", "orch::policy=debug".to_string()));
+    d.restart();
     let work = public.join("alice-train");
     crate::serve::world_dir(&work);
-    let file = train_file(&work, 1);
-    let out = as_user(alice, &d.socket(), &public, &["submit", &file]);
+    let file = train_file(&work, 600);
+    let out = as_user_logging(alice, &d.socket(), &public, &["submit", &file]);
     assert!(out.status.success(), "{}", stderr(&out));
     let id = stdout(&out).trim().to_string();
-    let out = as_user(alice, &d.socket(), &public, &["wait", &id]);
-    assert!(
-        out.status.success(),
-        "{}",
-        stdout(&as_user(
-            alice,
-            &d.socket(),
-            &public,
-            &["logs", "--stderr", &id]
-        ))
+    d.wait_state(&id, "running");
+    let metrics = work.join("runs/digits/metrics.jsonl");
+    until(Duration::from_secs(60), "a step done", || {
+        !read(&metrics).is_empty()
+    });
+
+    let supervisor = supervisor_pid(&d, &id, 1);
+    let tree = process_tree(supervisor);
+    let orchs = orch_processes(&tree);
+    assert_eq!(orchs.len(), 2, "the supervisor and its trainer: {tree:?}");
+    assert_eq!(orchs[0], supervisor);
+    let trainer = orchs[1];
+    let argv = read(Path::new(&format!("/proc/{trainer}/cmdline"))).replace('\0', " ");
+    assert!(argv.contains(" __train "), "{argv}");
+    assert!(!argv.contains(" run "), "no orch run: {argv}");
+    assert_eq!(
+        uids(trainer),
+        vec![alice.0; 4],
+        "the trainer's real, effective, saved and file-system ids are the user's"
     );
+
+    let out = as_user(alice, &d.socket(), &public, &["cancel", &id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let s = d.wait_state(&id, "cancelled");
+    assert_eq!(s["reason"], "cancelled", "{s}");
     for made in [
         "runs/digits",
         "runs/digits/checkpoint/state.json",
@@ -199,5 +253,11 @@ fn a_daemon_train_job_of_another_user_writes_its_checkpoint_as_that_user() {
         let meta = std::fs::metadata(folder.join(record)).unwrap();
         assert_eq!(meta.uid(), 0, "{record} is the daemon's");
     }
+    let decided = decisions(&d);
+    assert_eq!(
+        decided.len(),
+        1,
+        "the policy decided once, in the daemon: {decided:#?}"
+    );
     let _ = std::fs::remove_dir_all(&work);
 }

@@ -73,6 +73,16 @@ pub enum Command {
     /// The daemon's per-job supervisor (started by `orch serve`, not by hand).
     #[command(name = "__supervise", hide = true)]
     Supervise { dir: std::path::PathBuf },
+    /// Runs another user's daemon `[train]` job as that user (started by the job's supervisor,
+    /// not by hand): the job and its placement from the supervisor's spec.json, handed over open.
+    #[command(name = "__train", hide = true)]
+    TrainJob {
+        /// The open descriptor of the job's spec.json.
+        #[arg(long)]
+        spec_fd: i32,
+        /// The job's folder (for messages).
+        dir: std::path::PathBuf,
+    },
     /// Asks the placement policies a tenant sent, one JSON line in and out per ask (started by
     /// `orch serve`, one process per tenant's worker).
     #[command(name = "__policy-worker", hide = true)]

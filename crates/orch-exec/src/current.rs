@@ -1,19 +1,12 @@
 //! The calling process as the home of a job's work, for work that runs inside orch rather than in
-//! a program it starts (a `[train]` job's trainer in the daemon's supervisor): the same
-//! confinement a started process gets between fork and exec, applied to this process and undone
-//! when the work ends.
-//!
-//! Design decision: the supervisor keeps root only as its real and saved user id while the work
-//! runs ([`Impersonation`]): its effective (and file-system) ids are the job's user's, so every
-//! file the work reads or writes is checked and owned as that user's, and the job's user can
-//! neither signal nor trace it (both look at the real or saved id, which stay root's). The only
-//! code that runs meanwhile is orch's own and the sandboxed Wasm, which has no system calls of its
-//! own; once the work ended, orch takes root back for its closing writes (the job folder's
-//! records, the lease's release). glibc applies each change to every thread of the process.
+//! a program it starts (a `[train]` job's trainer in the daemon's supervisor, when the job's user
+//! is the supervisor's own): the same confinement a started process gets between fork and exec
+//! (its cgroup, its CPU binding, its output in its capped logs), applied to this process and
+//! undone when the work ends. Another user's work never runs here: it runs in a process started
+//! as that user, with that user's ids in full.
 
 use crate::bind::{CpuBinding, PreparedBinding};
 use crate::logs::{CappedLog, LogCap};
-use crate::spec::Credentials;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -49,93 +42,6 @@ impl CgroupStay {
             self.home.join("cgroup.procs"),
             std::process::id().to_string(),
         )
-    }
-}
-
-/// The calling thread acting as another user: its effective (and file-system) user and group
-/// ids and its supplementary groups are the user's, its real and saved ids stay root's (see the
-/// module's decision). Only this thread changes, and the threads it starts afterwards inherit the
-/// change (the kernel keeps credentials per thread; the raw system calls are used because glibc's
-/// wrappers would change every thread of the process): the supervisor's own threads, started
-/// before, stay root's and keep writing the job's records and logs. Dropped (or
-/// [`Impersonation::end`]), root's effective ids and groups come back to this thread.
-#[derive(Debug)]
-pub struct Impersonation {
-    groups: Vec<libc::gid_t>,
-    gid: libc::gid_t,
-    ended: bool,
-}
-
-/// The calling thread acts as the user of `credentials` from now on (needs root).
-pub fn impersonate_this_thread(credentials: &Credentials) -> std::io::Result<Impersonation> {
-    // SAFETY: getegid takes nothing; getgroups writes at most `n` entries into the buffer sized
-    // by the first call.
-    let (gid, groups) = unsafe {
-        let gid = libc::getegid();
-        let n = libc::getgroups(0, std::ptr::null_mut());
-        let mut groups = vec![0 as libc::gid_t; usize::try_from(n).unwrap_or(0)];
-        let got = libc::getgroups(n.max(0), groups.as_mut_ptr());
-        groups.truncate(usize::try_from(got).unwrap_or(0));
-        (gid, groups)
-    };
-    let before = Impersonation {
-        groups,
-        gid,
-        ended: false,
-    };
-    // Each call needs the privilege the next one gives up: groups and group first, the user last.
-    let changed = set_groups(&credentials.groups)
-        && set_ids(libc::SYS_setresgid, credentials.gid)
-        && set_ids(libc::SYS_setresuid, credentials.uid);
-    if !changed {
-        let error = std::io::Error::last_os_error();
-        drop(before);
-        return Err(error);
-    }
-    Ok(before)
-}
-
-/// `setgroups(2)` for the calling thread only.
-fn set_groups(groups: &[libc::gid_t]) -> bool {
-    // SAFETY: the kernel reads `groups.len()` entries of the live slice.
-    unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) == 0 }
-}
-
-/// `setresuid(2)` / `setresgid(2)` (by `call`) of the effective id alone, for the calling thread
-/// only: the real and saved ids are left as they are (-1).
-fn set_ids(call: libc::c_long, effective: u32) -> bool {
-    let keep = libc::c_long::from(-1i32);
-    // SAFETY: the call takes three plain integers.
-    unsafe { libc::syscall(call, keep, libc::c_long::from(effective), keep) == 0 }
-}
-
-impl Impersonation {
-    /// Takes root's effective ids and groups back.
-    pub fn end(mut self) -> std::io::Result<()> {
-        self.restore()
-    }
-
-    fn restore(&mut self) -> std::io::Result<()> {
-        if std::mem::replace(&mut self.ended, true) {
-            return Ok(());
-        }
-        // Root is the real and saved user id throughout, so the effective one may go back to it.
-        let restored = set_ids(libc::SYS_setresuid, 0)
-            && set_ids(libc::SYS_setresgid, self.gid)
-            && set_groups(&self.groups);
-        if restored {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        }
-    }
-}
-
-impl Drop for Impersonation {
-    fn drop(&mut self) {
-        if let Err(e) = self.restore() {
-            tracing::warn!("cannot take root's ids back: {e}");
-        }
     }
 }
 
@@ -178,11 +84,44 @@ impl Write for LogWriter {
     }
 }
 
-/// Where the job's work moved this process, so that a path which cannot wait for the work to
-/// end (its grace period over) writes as root: the calling thread takes root's effective ids
-/// back (a no-op for a thread that never gave them up).
-pub fn root_again_on_this_thread() -> bool {
-    set_ids(libc::SYS_setresuid, 0)
+impl LogWriter {
+    /// Sends what this process writes to its stderr (fd 2: tracing's lines, a panic's message)
+    /// into this log until the returned value is dropped, which puts the earlier stderr back.
+    pub fn take_stderr(&self) -> std::io::Result<StderrTaken> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: dup of fd 2, which this process holds open; the result is checked.
+        let saved = unsafe { libc::dup(libc::STDERR_FILENO) };
+        if saved < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let writer = orch_core::sync::lock(&self.0);
+        // SAFETY: both descriptors are open: the pipe's (held by `writer`) and fd 2.
+        if unsafe { libc::dup2(writer.as_raw_fd(), libc::STDERR_FILENO) } < 0 {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: `saved` is ours, from the dup above.
+            unsafe { libc::close(saved) };
+            return Err(e);
+        }
+        Ok(StderrTaken { saved })
+    }
+}
+
+/// This process's stderr taken into a job's log ([`LogWriter::take_stderr`]); dropped, the
+/// earlier stderr comes back (and the pipe's copy on fd 2 is closed with it, so the log's copier
+/// can finish).
+#[derive(Debug)]
+pub struct StderrTaken {
+    saved: libc::c_int,
+}
+
+impl Drop for StderrTaken {
+    fn drop(&mut self) {
+        // SAFETY: `saved` is the duplicate of the earlier stderr this value owns.
+        unsafe {
+            libc::dup2(self.saved, libc::STDERR_FILENO);
+            libc::close(self.saved);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -215,55 +154,6 @@ mod tests {
                 .ends_with("again 99\n")
         );
         assert!(crate::logs::dropped(&path) > 0);
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn an_impersonating_thread_acts_as_the_user_and_the_others_stay_root() {
-        // SAFETY: geteuid takes nothing.
-        if unsafe { libc::geteuid() } != 0 {
-            return;
-        }
-        let dir = std::env::temp_dir().join(format!("orch-impersonated-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let file = dir.join("made");
-        let seen = std::thread::spawn(move || {
-            let who = impersonate_this_thread(&Credentials {
-                uid: 65534,
-                gid: 65534,
-                groups: vec![65534],
-            })
-            .unwrap();
-            // A thread started now inherits the user's ids.
-            let child = std::thread::spawn(move || {
-                std::fs::write(&file, "x").unwrap();
-                // SAFETY: the id getters take nothing.
-                unsafe { (libc::getuid(), libc::geteuid()) }
-            })
-            .join()
-            .unwrap();
-            who.end().unwrap();
-            // SAFETY: as above.
-            (child, unsafe { libc::geteuid() })
-        })
-        .join()
-        .unwrap();
-        assert_eq!(
-            seen,
-            ((0, 65534), 0),
-            "real id root's, effective the user's, then root again"
-        );
-        // SAFETY: as above.
-        assert_eq!(
-            unsafe { libc::geteuid() },
-            0,
-            "the other threads never changed"
-        );
-        use std::os::unix::fs::MetadataExt;
-        assert_eq!(std::fs::metadata(dir.join("made")).unwrap().uid(), 65534);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

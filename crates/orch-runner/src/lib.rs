@@ -33,6 +33,6 @@ pub use foreign::{Holdings, foreign_processes, holdings};
 pub use local::{Claimed, QuickJob, claim_here, may_claim_here};
 pub use place::{GiveBack, LeaseGuard, Machine, PlaceError, claim, claim_proposed, claim_until};
 pub use plan::{Plan, PlanError, PlanInput, PlannedDevice, Rejection, plan, recheck};
-pub use run_placed::{Control, Ended, ProgressLines, Ready, run_placed};
+pub use run_placed::{Control, Ended, ProgressLines, Ready, run_placed, trainer_env};
 pub use runner::{Outcome, Placement, Prepared, RunningJob, prepare, start};
 pub use stop::{JobStopper, Overdue, StopCause, TrainStopper, stopped_sentence};

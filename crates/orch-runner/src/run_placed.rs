@@ -3,22 +3,28 @@
 //! its devices.
 //!
 //! A command job's processes are started with its confinement (cgroup, device rule, CPU binding,
-//! user, capped logs: [`crate::start`]). A trainer runs in this process. In a supervisor
+//! user, capped logs: [`crate::start`]). A trainer runs in this process when this process is the
+//! job's user's own (`orch run`; a supervisor running its own user's job): in a supervisor
 //! ([`Ready::InJob`]) it gets the same confinement a started process would, applied to this
 //! process ([`orch_exec::current`]): this process joins the job's cgroup (and its device rule),
-//! the calling thread is bound to the job's CPUs and acts as the job's user before the trainer
-//! reads anything or starts a thread, and the trainer's progress lines go to the job's capped
-//! log. All of it is undone once the trainer ended, before the caller records the end.
+//! the calling thread is bound to the job's CPUs, the trainer's progress lines go to the job's
+//! capped stdout log and this process's stderr (its warnings) to the job's stderr log. All of it
+//! is undone once the trainer ended, before the caller records the end.
+//!
+//! Another user's trainer never runs in a process with root's ids: it runs in a process of its
+//! own ([`Ready::InJob::child`], `orch __train`), started as a command job's process is, with
+//! the user's ids in full, so neither a cache of compiled code the user controls nor a memory
+//! bug in the trainer's host can act as root.
 
 use crate::command::ProcessOptions;
 use crate::error::RunError;
 use crate::place::LeaseGuard;
 use crate::runner::{Outcome, Placement, Prepared};
 use crate::stop::{JobStopper, Overdue, TrainStopper};
-use orch_core::job::{JobSpec, Launch, Work};
+use orch_core::job::{CommandSpec, JobSpec, Launch, Work};
 use orch_devices::Inventory;
-use orch_exec::current::{CgroupStay, Impersonation, LogCopy, LogWriter};
-use orch_exec::devices::DeviceConstraint;
+use orch_exec::current::{CgroupStay, LogCopy, LogWriter, StderrTaken};
+use orch_exec::devices::{DeviceConstraint, DeviceJoin};
 use orch_exec::{CgroupUsage, JobCgroup, StdioMode};
 use orch_trainer::ProgressSink;
 use std::io::Write;
@@ -41,6 +47,10 @@ pub enum Ready<'a> {
         resume: bool,
         /// The trainer's progress, as lines on its stdout.
         progress: ProgressLines,
+        /// The command of the process that runs the trainer instead of this one (`orch __train
+        /// DIR`), started as a command job's process is (the job's user, cgroup, device rule,
+        /// CPUs, environment, logs, stop signals): a job whose user is not this process's.
+        child: Option<Vec<String>>,
     },
 }
 
@@ -117,19 +127,29 @@ pub fn run_placed<'a>(
                     Err(e) => return failed(e, Some(placement.lease)),
                 },
             };
-            let running = match crate::start(job, prepared, placement, inventory, options) {
-                Ok(running) => running,
-                Err(e) => return failed(e, None),
+            run_started(job, prepared, placement, inventory, options, watch)
+        }
+        // Another user's trainer: in a process of its own, started as that user.
+        (
+            Work::Train(_),
+            Ready::InJob {
+                child: Some(argv), ..
+            },
+        ) => {
+            let command = CommandSpec {
+                argv,
+                env: Default::default(),
+                launch: Launch::Single,
+                device_ids: None,
             };
-            if let (Some(watch), Some(stopper)) = (watch, running.stopper()) {
-                watch(JobStopper::Command(stopper));
-            }
-            let (outcome, lease, usage) = running.wait_measured();
-            Ended {
-                outcome,
-                lease: Some(lease),
-                usage,
-            }
+            run_started(
+                job,
+                Prepared::Command(command),
+                placement,
+                inventory,
+                options,
+                watch,
+            )
         }
         (Work::Train(_), ready) => {
             let requested = stop.unwrap_or_default();
@@ -138,11 +158,26 @@ pub fn run_placed<'a>(
             if let Some(watch) = watch {
                 watch(JobStopper::Train(stopper.clone()));
             }
+            if let (Ready::InJob { .. }, Some(credentials)) = (&ready, &options.credentials)
+                && !is_own_user(credentials.uid)
+            {
+                return failed(
+                    RunError::Device(format!(
+                        "job {}: the trainer of user {}'s job runs in a process of its own, started as that user, never in this one",
+                        job.name, credentials.uid
+                    )),
+                    Some(placement.lease),
+                );
+            }
             let mut home = None;
-            let prepared = match ready {
-                Ready::Prepared(prepared) => Ok(prepared),
-                Ready::InJob { resume, progress } => {
-                    match Home::enter(job, &placement, inventory, options) {
+            // A panic in the trainer (or its host) ends the run as a failure with its sentence:
+            // the caller still records the end, and the job's cgroup is left (`Home`'s drop).
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let prepared = match ready {
+                    Ready::Prepared(prepared) => Ok(prepared),
+                    Ready::InJob {
+                        resume, progress, ..
+                    } => match Home::enter(job, &placement, inventory, options) {
                         Ok(entered) => {
                             let sink = progress(entered.stdout());
                             let cache = cache_dir(options.base_env.as_deref());
@@ -150,19 +185,26 @@ pub fn run_placed<'a>(
                             crate::train::prepare_in(job, resume, Some(sink), cache)
                         }
                         Err(e) => Err(e),
+                    },
+                };
+                prepared.and_then(|mut prepared| {
+                    prepared.stop_when(Arc::clone(&requested));
+                    let devices = crate::train::granted(job, &placement.plan, inventory)?;
+                    match prepared {
+                        Prepared::Train(trainer) => trainer.run(&devices).map_err(RunError::from),
+                        Prepared::Command(_) => Err(RunError::BadInput(format!(
+                            "{}: a [command] job was prepared for a [train] job",
+                            job.path.display()
+                        ))),
                     }
-                }
-            };
-            let result = prepared.and_then(|mut prepared| {
-                prepared.stop_when(Arc::clone(&requested));
-                let devices = crate::train::granted(job, &placement.plan, inventory)?;
-                match prepared {
-                    Prepared::Train(trainer) => trainer.run(&devices).map_err(RunError::from),
-                    Prepared::Command(_) => Err(RunError::BadInput(format!(
-                        "{}: a [command] job was prepared for a [train] job",
-                        job.path.display()
-                    ))),
-                }
+                })
+            }))
+            .unwrap_or_else(|panic| {
+                Err(RunError::Device(format!(
+                    "job {}: the trainer ended on an internal error ({}); this is a bug in orch, please report it",
+                    job.name,
+                    panic_text(panic.as_ref())
+                )))
             });
             let usage = home.map(Home::leave).unwrap_or_default();
             let outcome = match (result, stopper.finished()) {
@@ -190,6 +232,102 @@ pub fn run_placed<'a>(
     }
 }
 
+/// The variables a trainer run in this process reads as a command job's process would get them:
+/// the job's device variables (`CUDA_VISIBLE_DEVICES` naming its devices, `CUDA_DEVICE_ORDER`,
+/// `ORCH_JOB_ID`, the frameworks' memory variables) and, from its environment
+/// (`options.base_env`), the thread count (`RAYON_NUM_THREADS`), CUDA's own variables and the
+/// compiled-component cache's size. A caller sets them in its own environment before it starts
+/// a thread (a supervisor: at its start); `Err` (bad input) when the job's `device_ids` cannot
+/// name a granted device.
+pub fn trainer_env(
+    job: &JobSpec,
+    placement: &Placement,
+    inventory: &Inventory,
+    options: &ProcessOptions,
+) -> Result<Vec<(String, String)>, RunError> {
+    let reads = |name: &str| {
+        name == "RAYON_NUM_THREADS"
+            || name.starts_with("CUDA_")
+            || name == orch_host::CACHE_SIZE_ENV
+    };
+    let mut vars: Vec<(String, String)> = options
+        .base_env
+        .iter()
+        .flatten()
+        .filter(|(name, _)| reads(name))
+        .cloned()
+        .collect();
+    let confined = orch_exec::devices::detected().is_ok();
+    let spec = crate::command::launch_spec(
+        job,
+        &CommandSpec {
+            argv: Vec::new(),
+            env: Default::default(),
+            launch: Launch::Single,
+            device_ids: None,
+        },
+        placement.lease.lease(),
+        &placement.plan,
+        inventory,
+        options,
+        crate::command::Confinement {
+            rule: confined
+                .then(|| crate::command::device_rule(&placement.plan, inventory))
+                .flatten(),
+            granted_names: placement.granted_names.clone(),
+            ..Default::default()
+        },
+    )
+    .map_err(RunError::BadInput)?;
+    vars.extend(orch_exec::process_env(&spec.job, None, 0));
+    Ok(vars)
+}
+
+/// Starts a placed job's processes and waits for them.
+fn run_started(
+    job: &JobSpec,
+    prepared: Prepared<'_>,
+    placement: Placement,
+    inventory: &Inventory,
+    options: &ProcessOptions,
+    watch: Option<Box<dyn FnOnce(JobStopper) + '_>>,
+) -> Ended {
+    let running = match crate::start(job, prepared, placement, inventory, options) {
+        Ok(running) => running,
+        Err(e) => {
+            return Ended {
+                outcome: Err(e),
+                lease: None,
+                usage: CgroupUsage::default(),
+            };
+        }
+    };
+    if let (Some(watch), Some(stopper)) = (watch, running.stopper()) {
+        watch(JobStopper::Command(stopper));
+    }
+    let (outcome, lease, usage) = running.wait_measured();
+    Ended {
+        outcome,
+        lease: Some(lease),
+        usage,
+    }
+}
+
+/// Whether `uid` is this process's effective user id.
+fn is_own_user(uid: u32) -> bool {
+    // SAFETY: geteuid takes nothing and cannot fail.
+    unsafe { libc::geteuid() == uid }
+}
+
+/// What a panic said, when it said it in words.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".to_string())
+}
+
 /// The compiled-component cache of the job's user: the one `orch run` would use in the job's
 /// environment (`ORCH_CACHE_DIR`, `XDG_CACHE_HOME`, `HOME`); `None`: this process's own.
 fn cache_dir(env: Option<&[(String, String)]>) -> Option<std::path::PathBuf> {
@@ -212,13 +350,13 @@ fn cache_dir(env: Option<&[(String, String)]>) -> Option<std::path::PathBuf> {
 }
 
 /// This process made the home of a trainer's run: what [`Home::enter`] did, undone by
-/// [`Home::leave`] in reverse order.
+/// [`Home::leave`] (or its drop, on a panic) in reverse order.
 struct Home {
     stdout: Option<(LogWriter, LogCopy)>,
+    stderr: Option<(StderrTaken, LogWriter, LogCopy)>,
     cgroup: Option<JobCgroup>,
     devices: Option<DeviceConstraint>,
     stay: Option<CgroupStay>,
-    user: Option<Impersonation>,
 }
 
 /// How long the end of a trainer's run waits for its output to reach its log.
@@ -233,18 +371,14 @@ impl Home {
     ) -> Result<Home, RunError> {
         let mut home = Home {
             stdout: None,
+            stderr: None,
             cgroup: None,
             devices: None,
             stay: None,
-            user: None,
         };
-        match home.fill(job, placement, inventory, options) {
-            Ok(()) => Ok(home),
-            Err(e) => {
-                home.leave();
-                Err(e)
-            }
-        }
+        // On an error, the drop undoes what was done.
+        home.fill(job, placement, inventory, options)?;
+        Ok(home)
     }
 
     fn fill(
@@ -255,10 +389,25 @@ impl Home {
         options: &ProcessOptions,
     ) -> Result<(), RunError> {
         let home = self;
-        if let StdioMode::Files { stdout, cap, .. } = &options.stdio {
+        if let StdioMode::Files {
+            stdout,
+            stderr,
+            cap,
+        } = &options.stdio
+        {
             let log = LogWriter::open(stdout, *cap)
                 .map_err(|e| RunError::Device(format!("cannot open {}: {e}", stdout.display())))?;
             home.stdout = Some(log);
+            let (writer, copy) = LogWriter::open(stderr, *cap)
+                .map_err(|e| RunError::Device(format!("cannot open {}: {e}", stderr.display())))?;
+            // The trainer's warnings (tracing's lines on stderr) go to the job's stderr log.
+            let taken = writer.take_stderr().map_err(|e| {
+                RunError::Device(format!(
+                    "cannot send the trainer's stderr to {}: {e}",
+                    stderr.display()
+                ))
+            })?;
+            home.stderr = Some((taken, writer, copy));
         }
         let lease = placement.lease.lease();
         home.cgroup = JobCgroup::create(&lease.id);
@@ -273,6 +422,7 @@ impl Home {
                 "cannot confine the job to its GPUs: {e}; ORCH_DEVICE_CONSTRAINT=off runs jobs unconfined"
             ))
         })?;
+        let join = home.devices.as_ref().and_then(DeviceConstraint::join);
         let binding = crate::bind::cpu_bindings(job, Launch::Single, &placement.plan, inventory)
             .into_iter()
             .next()
@@ -283,6 +433,14 @@ impl Home {
             }
             match orch_exec::current::join_cgroup(cgroup.path()) {
                 Ok(stay) => home.stay = Some(stay),
+                // The device rule is on that cgroup: outside it, the trainer would open every GPU.
+                Err(e) if matches!(join, Some(DeviceJoin::JobCgroup)) => {
+                    return Err(RunError::Device(format!(
+                        "job {}: cannot join its cgroup {}, which holds its device rule: {e}; the trainer does not run unconfined (ORCH_DEVICE_CONSTRAINT=off runs jobs unconfined)",
+                        job.name,
+                        cgroup.path().display()
+                    )));
+                }
                 Err(e) => tracing::warn!(
                     "job {}: the trainer runs outside its cgroup ({}): {e}",
                     job.name,
@@ -290,9 +448,7 @@ impl Home {
                 ),
             }
         }
-        if let Some(orch_exec::devices::DeviceJoin::DevicesCgroup(dir)) =
-            home.devices.as_ref().and_then(DeviceConstraint::join)
-        {
+        if let Some(DeviceJoin::DevicesCgroup(dir)) = &join {
             std::fs::write(dir.join("cgroup.procs"), std::process::id().to_string()).map_err(
                 |e| {
                     RunError::Device(format!(
@@ -310,16 +466,6 @@ impl Home {
                 job.name
             )));
         }
-        if let Some(credentials) = &options.credentials {
-            home.user = Some(
-                orch_exec::current::impersonate_this_thread(credentials).map_err(|e| {
-                    RunError::Device(format!(
-                        "cannot act as user {} for the trainer: {e}",
-                        credentials.uid
-                    ))
-                })?,
-            );
-        }
         Ok(())
     }
 
@@ -332,33 +478,37 @@ impl Home {
     }
 
     /// Undoes [`Home::enter`] and returns what the job's cgroup counted.
-    fn leave(self) -> CgroupUsage {
-        let Home {
-            stdout,
-            cgroup,
-            devices,
-            stay,
-            user,
-        } = self;
-        if let Some(user) = user
-            && let Err(e) = user.end()
-        {
-            tracing::warn!("cannot take root's ids back after the trainer: {e}");
-        }
-        if let Some(stay) = stay
+    fn leave(mut self) -> CgroupUsage {
+        self.undo()
+    }
+
+    fn undo(&mut self) -> CgroupUsage {
+        if let Some(stay) = self.stay.take()
             && let Err(e) = stay.leave()
         {
             tracing::warn!("cannot leave the job's cgroup: {e}");
         }
-        if let Some(devices) = devices {
+        if let Some(devices) = self.devices.take() {
             devices.lift();
         }
+        let cgroup = self.cgroup.take();
         let usage = cgroup.as_ref().map(JobCgroup::usage).unwrap_or_default();
         drop(cgroup);
-        if let Some((writer, copy)) = stdout {
+        if let Some((taken, writer, copy)) = self.stderr.take() {
+            drop(taken);
+            drop(writer);
+            copy.finish(COPY_PATIENCE);
+        }
+        if let Some((writer, copy)) = self.stdout.take() {
             drop(writer);
             copy.finish(COPY_PATIENCE);
         }
         usage
+    }
+}
+
+impl Drop for Home {
+    fn drop(&mut self) {
+        self.undo();
     }
 }

@@ -53,7 +53,8 @@ pub type Overdue = Arc<dyn Fn(&StopCause) + Send + Sync>;
 
 /// Stops a trainer run by this process: sets its stop request (the trainer stops at the end of
 /// the current step, every replica at the same one, with a checkpoint) and remembers why; the
-/// first cause counts, as the first failure of a command job's processes does.
+/// first stop from outside (a cancel, a preemption, a time limit) counts, as the first failure of
+/// a command job's processes does, and replaces a warning signal that came before it.
 #[derive(Clone)]
 pub struct TrainStopper {
     requested: Arc<AtomicBool>,
@@ -91,7 +92,13 @@ impl TrainStopper {
     fn stop(&self, reason: Option<&str>, signal: i32) {
         {
             let mut cause = orch_core::sync::lock(&self.cause);
-            if cause.is_some() {
+            // A stop from outside replaces a warning: the job ends stopped for its reason, not
+            // as its warning signal ends it.
+            let replaces = match &*cause {
+                None => true,
+                Some(earlier) => earlier.reason.is_none() && reason.is_some(),
+            };
+            if !replaces {
                 return;
             }
             *cause = Some(StopCause {
@@ -100,6 +107,10 @@ impl TrainStopper {
             });
         }
         self.requested.store(true, Ordering::Release);
+        // A warning never leads to a kill: only a stop with a reason has a grace period.
+        if reason.is_none() {
+            return;
+        }
         let Some(overdue) = self.overdue.clone() else {
             return;
         };

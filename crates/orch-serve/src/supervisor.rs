@@ -4,9 +4,11 @@
 //! daemon adopts the job again and still learns how it ended.
 //!
 //! It runs the job on the daemon's placement as `spec.json` carries it (lease, plan, inventory),
-//! through [`orch_runner::run_placed`]: a `[train]` job's trainer runs in this process, as the
-//! job's user (its effective ids, on the trainer's threads only), in its cgroup and on its CPUs,
-//! so the job is placed once and its process tree is this process alone.
+//! through [`orch_runner::run_placed`], so the job is placed once. A `[train]` job's trainer runs
+//! in this process when the job's user is this process's own (root's own job; a daemon run by a
+//! user for themself): in its cgroup, on its CPUs, with its environment. Another user's trainer
+//! runs in `orch __train` ([`child_train`]), started as that user as a command job's process is:
+//! a process with root's ids never runs a user's trainer.
 //!
 //! The job folder and its files (`STATE/jobs/ID-ATTEMPT/`, root's alone when the daemon is
 //! root) are [`crate::core::folders`]: this process reads `spec.json`, takes the fence, and writes
@@ -154,16 +156,7 @@ fn run(
         return (record, None);
     }
     let sub = &spec.submission;
-    // An array's task runs its own combination of the `[sweep]` (a `[train]` task's parameters,
-    // its folder `OUT/sweep-TASK`). Its relative paths resolve against the job file's folder,
-    // and a relative job path against the submitter's working folder: this process works in
-    // neither.
-    let mut absolute = sub.clone();
-    absolute.job_path = Path::new(&sub.cwd)
-        .join(&sub.job_path)
-        .to_string_lossy()
-        .into_owned();
-    let job = match absolute.spec() {
+    let job = match job_of(spec) {
         Ok(job) => job,
         Err(e) => return (failed(e), None),
     };
@@ -201,10 +194,37 @@ fn run(
         plan: spec.plan.clone(),
         granted_names: None,
     };
-    // A [train] job's trainer runs in this process (see orch_runner::run_placed): as the job's
-    // user, in its cgroup, on its CPUs, its progress lines in its stdout log. A run queued again
-    // (preempted, or after a crash) goes on from its checkpoint.
-    let resume = matches!(&job.work, job::Work::Train(t) if orch_core::checkpoint::exists(&t.out));
+    let train = matches!(job.work, job::Work::Train(_));
+    // A [train] job's trainer runs in this process when the job's user is this process's own
+    // (see orch_runner::run_placed): in its cgroup, on its CPUs, with its environment, its
+    // progress lines in its stdout log. Another user's runs in `orch __train`, started as that
+    // user as a command job's process is: never with root's ids. A run queued again (preempted,
+    // or after a crash) goes on from its checkpoint.
+    // SAFETY: geteuid takes nothing and cannot fail.
+    let other_user = spec.switch_user && id.uid != unsafe { libc::geteuid() };
+    let child = match (train, other_user) {
+        (true, true) => match child_command(dir) {
+            Ok(argv) => Some(argv),
+            Err(e) => return (failed(e), Some(placement.lease)),
+        },
+        _ => None,
+    };
+    let in_process = train && child.is_none();
+    if in_process {
+        match orch_runner::trainer_env(&job, &placement, &spec.inventory, &options) {
+            // SAFETY: this process is the job's alone and starts no thread before the trainer
+            // (the stop watchers and the log copiers come later): nothing reads the environment
+            // while it changes.
+            Ok(vars) => {
+                for (name, value) in vars {
+                    unsafe { std::env::set_var(name, value) };
+                }
+            }
+            Err(e) => return (failed(e.to_string()), Some(placement.lease)),
+        }
+    }
+    let resume = in_process
+        && matches!(&job.work, job::Work::Train(t) if orch_core::checkpoint::exists(&t.out));
     let overdue: Overdue = {
         let dir = dir.to_path_buf();
         Arc::new(move |cause: &StopCause| overdue_end(&dir, cause))
@@ -213,7 +233,11 @@ fn run(
     let warning = job.stopping.signal;
     let ended = orch_runner::run_placed(
         &job,
-        Ready::InJob { resume, progress },
+        Ready::InJob {
+            resume,
+            progress,
+            child,
+        },
         placement,
         &spec.inventory,
         &options,
@@ -232,13 +256,17 @@ fn run(
         };
         return (failed(reason), None);
     };
-    let train = matches!(job.work, job::Work::Train(_));
-    write_usage(dir, train, &ended.outcome, ended.usage);
+    write_usage(dir, in_process, &ended.outcome, ended.usage);
     let record = match &ended.outcome {
+        // `orch __train` said why it failed as its last line on stderr, as `orch run` does.
+        Ok(Outcome::Command(ExitOutcome::Exited(code))) if train && *code != 0 => ExitRecord {
+            exit_code: Some(*code),
+            ..failed(child_reason(dir).unwrap_or_else(|| format!("exit status {code}")))
+        },
         Ok(outcome) => record_of(&job, outcome),
         // A trainer's error is the job's reason and its last line of stderr, as `orch run` says
         // it: exit status 2 for bad input, 1 otherwise.
-        Err(e) if train => {
+        Err(e) if in_process => {
             let reason = sentence(e);
             append_stderr(dir, spec, &reason);
             ExitRecord {
@@ -263,16 +291,16 @@ fn run(
 }
 
 /// Writes what the job's processes used, for its accounting: its cgroup's count where orch made
-/// one, else the rusage of what this process waited for (a trainer: of this process, where it
-/// ran). Written before exit.json, which the daemon reads it after; a failed write costs the
-/// record those figures, nothing else.
+/// one, else the rusage of what this process waited for (a trainer run here: of this process).
+/// Written before exit.json, which the daemon reads it after; a failed write costs the record
+/// those figures, nothing else.
 fn write_usage(
     dir: &Path,
-    train: bool,
+    in_process: bool,
     outcome: &Result<Outcome, orch_runner::RunError>,
     counted: orch_exec::CgroupUsage,
 ) {
-    let measured = if train {
+    let measured = if in_process {
         own_use()
     } else {
         crate::core::accounting::children_use()
@@ -293,8 +321,121 @@ fn write_usage(
     }
 }
 
+/// The job a supervisor (or its `orch __train` child) runs. An array's task runs its own
+/// combination of the `[sweep]` (a `[train]` task's parameters, its folder `OUT/sweep-TASK`).
+/// Its relative paths resolve against the job file's folder, and a relative job path against
+/// the submitter's working folder: the supervisor works in neither.
+fn job_of(spec: &SuperviseSpec) -> Result<job::JobSpec, String> {
+    let sub = &spec.submission;
+    let mut absolute = sub.clone();
+    absolute.job_path = Path::new(&sub.cwd)
+        .join(&sub.job_path)
+        .to_string_lossy()
+        .into_owned();
+    absolute.spec()
+}
+
+/// The command of the process that runs another user's trainer: `orch __train --spec-fd N DIR`,
+/// `N` this process's open `spec.json`, inherited by the child (the job folder is root's alone:
+/// the user could not open it by its path).
+fn child_command(dir: &Path) -> Result<Vec<String>, String> {
+    use std::os::fd::IntoRawFd;
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot find the orch program to run the trainer: {e}"))?;
+    let path = dir.join("spec.json");
+    let file = std::fs::File::open(&path)
+        .map_err(|e| format!("cannot open {} for the trainer: {e}", path.display()))?;
+    // Open for this process's life: the child is started once.
+    let fd = file.into_raw_fd();
+    // SAFETY: `fd` is the open descriptor just taken from `file`; F_SETFD changes its flags only.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } != 0 {
+        return Err(format!(
+            "cannot hand {} to the trainer: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(vec![
+        exe.to_string_lossy().into_owned(),
+        "__train".to_string(),
+        "--spec-fd".to_string(),
+        fd.to_string(),
+        dir.to_string_lossy().into_owned(),
+    ])
+}
+
+/// The sentence `orch __train` ended with: its last `orch: ` line in the job's stderr log.
+fn child_reason(dir: &Path) -> Option<String> {
+    use std::io::{Read as _, Seek as _};
+    let mut file = std::fs::File::open(dir.join("stderr")).ok()?;
+    let len = file.metadata().ok()?.len();
+    file.seek(std::io::SeekFrom::Start(len.saturating_sub(8192)))
+        .ok()?;
+    let mut tail = Vec::new();
+    file.read_to_end(&mut tail).ok()?;
+    String::from_utf8_lossy(&tail)
+        .lines()
+        .rev()
+        .find_map(|line| line.strip_prefix("orch: "))
+        .map(str::to_string)
+}
+
+/// What `orch __train --spec-fd N DIR` runs: the job of the supervisor's `spec.json` (read from
+/// the inherited descriptor `spec_fd`) on the daemon's placement, the typed placement and
+/// inventory as the daemon made them. It runs in a process already confined as a command job's
+/// (the job's user, cgroup, device rule, CPUs, environment and logs): it places nothing, reads
+/// no device and holds the lease only as the supervisor's (it never releases it).
+#[derive(Debug)]
+pub struct ChildTrain {
+    pub job: job::JobSpec,
+    pub placement: Placement,
+    pub inventory: orch_devices::Inventory,
+    /// The job's grace period, as the supervisor has it.
+    pub grace: Duration,
+}
+
+/// Reads [`ChildTrain`] from the inherited descriptor `spec_fd`.
+pub fn child_train(spec_fd: i32, dir: &Path) -> Result<ChildTrain, String> {
+    use std::io::Read as _;
+    use std::os::fd::FromRawFd;
+    if spec_fd < 3 {
+        return Err(format!(
+            "--spec-fd {spec_fd}: not a descriptor the supervisor hands over (3 or more)"
+        ));
+    }
+    // SAFETY: the supervisor started this process with `spec_fd` open on its spec.json, and
+    // nothing else in this process uses that number; fstat checks it is open.
+    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(spec_fd, &mut stat) } != 0 {
+        return Err(format!(
+            "--spec-fd {spec_fd}: not open ({}): `orch __train` is started by a job's supervisor, not by hand",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: as above; the file takes the descriptor over and closes it.
+    let mut file = unsafe { std::fs::File::from_raw_fd(spec_fd) };
+    let mut text = String::new();
+    file.read_to_string(&mut text)
+        .map_err(|e| format!("cannot read {}/spec.json: {e}", dir.display()))?;
+    let spec: SuperviseSpec = serde_json::from_str(&text)
+        .map_err(|e| format!("cannot read {}/spec.json: {e}", dir.display()))?;
+    let job = job_of(&spec)?;
+    let placement = Placement {
+        // The supervisor holds the lease and gives it back: this process never does.
+        lease: LeaseGuard::granted(spec.lease.clone(), orch_runner::GiveBack(Box::new(|_| {}))),
+        plan: spec.plan.clone(),
+        granted_names: None,
+    };
+    Ok(ChildTrain {
+        job,
+        placement,
+        inventory: spec.inventory,
+        grace: Duration::from_secs_f64(spec.grace_s),
+    })
+}
+
 /// How a daemon's `[train]` job goes on after it stopped with its checkpoint.
-const AGAIN: &str = "submitted again, the job goes on from it";
+pub const AGAIN: &str = "submitted again, the job goes on from it";
 
 fn log_cap(spec: &SuperviseSpec) -> orch_exec::LogCap {
     orch_exec::LogCap {
@@ -336,11 +477,10 @@ fn append_stderr(dir: &Path, spec: &SuperviseSpec, sentence: &str) {
 }
 
 /// A trainer asked to stop that outlived its grace period: this process cannot end the trainer
-/// and go on, so it records the stop (as root again) and ends, the trainer with it. Its lease
+/// and go on, so it records the stop and ends, the trainer with it. Its lease
 /// is left to the daemon, which frees the devices once it has read the record and no process of
 /// the job is left.
 fn overdue_end(dir: &Path, cause: &StopCause) {
-    orch_exec::current::root_again_on_this_thread();
     note!(
         "orch supervisor: the trainer did not stop within its grace period: ending it with this process"
     );
@@ -365,17 +505,25 @@ fn overdue_end(dir: &Path, cause: &StopCause) {
 /// in order.
 fn leave_job_cgroup() {
     let pid = std::process::id();
-    let Some(own) = orch_core::process::cgroup_v2_dir(pid) else {
-        return;
+    let leave = |own: Option<PathBuf>, prefix: &str| {
+        let Some(own) = own else {
+            return;
+        };
+        let is_job = own
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with(prefix));
+        if let (true, Some(parent)) = (is_job, own.parent())
+            && std::fs::write(parent.join("cgroup.procs"), pid.to_string()).is_ok()
+        {
+            let _ = std::fs::remove_dir(&own);
+        }
     };
-    let is_job = own
-        .file_name()
-        .is_some_and(|n| n.to_string_lossy().starts_with("orch-job-"));
-    if let (true, Some(parent)) = (is_job, own.parent())
-        && std::fs::write(parent.join("cgroup.procs"), pid.to_string()).is_ok()
-    {
-        let _ = std::fs::remove_dir(&own);
-    }
+    leave(orch_core::process::cgroup_v2_dir(pid), "orch-job-");
+    // The v1 devices cgroup of the job's device rule (`orch-job-LEASE`), where there is one.
+    leave(
+        orch_core::process::cgroup_v1_dir(pid, "devices"),
+        "orch-job-",
+    );
 }
 
 /// CPU seconds and peak resident set of this process (`getrusage(RUSAGE_SELF)`): a trainer's,

@@ -226,6 +226,65 @@ fn finish(
     conclude(job, ended)
 }
 
+/// `orch __train`: another user's daemon `[train]` job, run as that user in the process its
+/// supervisor started as a command job's (the user's ids, the job's cgroup, device rule, CPUs,
+/// environment and logs), on the daemon's placement from the supervisor's spec.json. Nothing is
+/// placed or read again; the lease is the supervisor's. SIGTERM and the job's warning signal
+/// stop the trainer at the end of its step with a checkpoint, as they stop `orch run`.
+pub fn train_child(spec_fd: i32, dir: &std::path::Path) -> CmdResult {
+    let orch_serve::supervisor::ChildTrain {
+        job,
+        placement,
+        inventory,
+        grace,
+    } = orch_serve::supervisor::child_train(spec_fd, dir).map_err(Failure::failed_msg)?;
+    let stop = StopSignals::register(&job)?;
+    // A run queued again (preempted, or after a crash) goes on from its checkpoint.
+    let resume = matches!(&job.work, job::Work::Train(t) if orch_core::checkpoint::exists(&t.out));
+    let progress = crate::progress::lines(Box::new(std::io::stdout()));
+    let prepared = orch_runner::prepare(&job, resume, Some(progress)).map_err(run_failure)?;
+    let ended = orch_runner::run_placed(
+        &job,
+        Ready::Prepared(prepared),
+        placement,
+        &inventory,
+        &ProcessOptions {
+            grace,
+            ..ProcessOptions::default()
+        },
+        Control {
+            stop: Some(Arc::clone(&stop.requested)),
+            ..Control::default()
+        },
+    );
+    // The supervisor gives the lease back once it recorded the end.
+    let outcome = match ended.lease {
+        Some(lease) => {
+            lease.keep();
+            ended.outcome
+        }
+        None => ended.outcome,
+    };
+    if let Ok(Outcome::Train(summary)) = &outcome
+        && summary.stopped_early
+        && let Some(signal) = stop.received()
+    {
+        return Err(Failure {
+            code: u8::try_from(128 + signal).unwrap_or(1),
+            error: anyhow::anyhow!(
+                "{}",
+                orch_runner::stopped_sentence(
+                    &job.name,
+                    summary,
+                    signal,
+                    orch_serve::supervisor::AGAIN
+                )
+            ),
+        });
+    }
+    conclude(&job, outcome)
+}
+
 /// How `orch run` starts a job's processes: in this terminal, signals forwarded.
 fn run_options(job: &JobSpec, cluster: Option<orch_exec::Cluster>) -> ProcessOptions {
     ProcessOptions {

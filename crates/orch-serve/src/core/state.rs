@@ -55,6 +55,10 @@ pub struct Shared {
 pub struct SupervisorEnd {
     pub pid: u32,
     pub status: Option<std::process::ExitStatus>,
+    /// The kernel's OOM killer killed a process in the job's cgroup (`memory.events`): a
+    /// supervisor that ran its own user's trainer is killed with it when the job goes over its
+    /// memory limit.
+    pub out_of_memory: bool,
 }
 
 impl SupervisorEnd {
@@ -63,6 +67,10 @@ impl SupervisorEnd {
         use std::os::unix::process::ExitStatusExt;
         match self.status {
             Some(status) => match (status.signal(), status.code()) {
+                (Some(libc::SIGKILL), _) if self.out_of_memory => format!(
+                    "out of memory: its supervisor (pid {}), which ran the job's trainer, was killed with it by the kernel's OOM killer at the job's memory limit",
+                    self.pid
+                ),
                 (Some(signal), _) => format!(
                     "its supervisor (pid {}) was killed by signal {signal} before it recorded how the job ended",
                     self.pid
