@@ -261,3 +261,69 @@ fn a_daemon_train_job_of_another_user_runs_in_one_train_process_as_that_user() {
     );
     let _ = std::fs::remove_dir_all(&work);
 }
+
+/// The threads of `pid` whose name starts with `prefix` (`/proc/PID/task/*/comm`).
+fn threads_named(pid: i32, prefix: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|t| read(&t.path().join("comm")).starts_with(prefix))
+        .count()
+}
+
+/// A trainer run in its supervisor sees the job's environment as a command job's process would
+/// (here `RAYON_NUM_THREADS` of the submitting environment: each of its 2 replicas computes on
+/// 4 threads), and the log lines said while it runs go to the job's stderr log, not the
+/// supervisor's.
+#[test]
+fn a_trainer_in_its_supervisor_has_the_jobs_environment_and_its_lines_in_the_jobs_stderr() {
+    let mut d = Daemon::prepare("one-path-env");
+    d.env.push(("RUST_LOG", "orch_runner=debug".to_string()));
+    d.restart();
+    let work = d.state.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let file = train_file(&work, 600);
+    let socket = d.socket().display().to_string();
+    let state = d.state.display().to_string();
+    let cache = work.join("cache").display().to_string();
+    let out = orch(
+        &["submit", &file],
+        &[
+            ("ORCH_SERVER", &socket),
+            ("ORCH_STATE_DIR", &state),
+            ("RAYON_NUM_THREADS", "8"),
+            ("ORCH_CACHE_DIR", &cache),
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = stdout(&out).trim().to_string();
+    d.wait_state(&id, "running");
+    let metrics = work.join("runs/digits/metrics.jsonl");
+    until(Duration::from_secs(60), "a step done", || {
+        !read(&metrics).is_empty()
+    });
+    let supervisor = supervisor_pid(&d, &id, 1);
+    assert_eq!(
+        threads_named(supervisor, "orch-replica-0-"),
+        4,
+        "RAYON_NUM_THREADS=8 over 2 replicas"
+    );
+    assert!(d.client(&["cancel", &id]).status.success());
+    d.wait_state(&id, "cancelled");
+    let err = stdout(&d.client(&["logs", "--stderr", &id]));
+    // Said while the trainer's home is made: whether the job's GPU nodes are confined.
+    assert!(
+        err.contains("device nodes"),
+        "the trainer's log lines in the job's stderr: {err}"
+    );
+    // The supervisor's own lines stay in its log.
+    assert!(!err.contains("orch supervisor:"), "{err}");
+    let own = read(
+        &d.state
+            .join("jobs")
+            .join(format!("{id}-1"))
+            .join("supervisor.log"),
+    );
+    assert!(own.contains("stopping the job (cancelled)"), "{own}");
+}

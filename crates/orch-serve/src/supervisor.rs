@@ -31,13 +31,32 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-/// A line in the supervisor's log (its stderr, `supervisor.log`). Never a panic: on a full disk
-/// the line is lost, and the supervisor goes on.
+/// A line in the supervisor's log (`supervisor.log`, its stderr as it started: while a trainer
+/// runs here, its stderr is the job's log). Never a panic: on a full disk the line is lost, and
+/// the supervisor goes on.
 macro_rules! note {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
+        match OWN_LOG.get() {
+            Some(mut log) => {
+                let _ = writeln!(log, $($arg)*);
+            }
+            None => {
+                let _ = writeln!(std::io::stderr(), $($arg)*);
+            }
+        }
     }};
+}
+
+/// The supervisor's log: its stderr when it started, kept apart from fd 2.
+static OWN_LOG: std::sync::OnceLock<std::fs::File> = std::sync::OnceLock::new();
+
+/// Keeps this process's stderr as it is now as the supervisor's log ([`note!`]).
+fn keep_own_log() {
+    use std::os::fd::AsFd;
+    if let Ok(fd) = std::io::stderr().as_fd().try_clone_to_owned() {
+        let _ = OWN_LOG.set(std::fs::File::from(fd));
+    }
 }
 
 /// Writes `exit.json`, trying again every second until it succeeds: a supervisor that gave up
@@ -73,6 +92,7 @@ fn write_exit_until_done(dir: &Path, mut record: ExitRecord) {
 /// The supervisor's whole life; returns its exit status. `progress` writes a `[train]` job's
 /// progress as lines into its stdout log (the CLI's lines).
 pub fn supervise(dir: &Path, progress: ProgressLines) -> i32 {
+    keep_own_log();
     let spec: SuperviseSpec = match std::fs::read_to_string(dir.join("spec.json"))
         .map_err(|e| e.to_string())
         .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
