@@ -41,7 +41,8 @@ pub enum Ready<'a> {
     /// Made ready before the lease was taken ([`crate::prepare`]): `orch run`.
     Prepared(Prepared<'a>),
     /// Made ready here, after the placement, inside the job's confinement: a trainer reads its
-    /// data as the job's user. The daemon's supervisor.
+    /// data in this process when the job's user is this process's own, else in its `child`,
+    /// started as the job's user. The daemon's supervisor.
     InJob {
         /// Go on from the checkpoint in the job's output folder.
         resume: bool,

@@ -130,3 +130,29 @@ impl Shared {
         self.state_dir.join("jobs").join(format!("{id}-{attempt}"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::SupervisorEnd;
+    use std::os::unix::process::ExitStatusExt;
+
+    #[test]
+    fn a_supervisor_killed_by_the_oom_killer_is_out_of_memory_in_words() {
+        let end = |out_of_memory| SupervisorEnd {
+            pid: 42,
+            status: Some(std::process::ExitStatus::from_raw(libc::SIGKILL)),
+            out_of_memory,
+        };
+        assert!(
+            end(true)
+                .words()
+                .starts_with("out of memory: its supervisor (pid 42)"),
+            "{}",
+            end(true).words()
+        );
+        assert_eq!(
+            end(false).words(),
+            "its supervisor (pid 42) was killed by signal 9 before it recorded how the job ended"
+        );
+    }
+}
