@@ -327,3 +327,39 @@ fn a_trainer_in_its_supervisor_has_the_jobs_environment_and_its_lines_in_the_job
     );
     assert!(own.contains("stopping the job (cancelled)"), "{own}");
 }
+
+/// Another user's trainer reads as that user: data only root may read fails the job, its
+/// reason the sentence `orch __train` ended with (the last line of the job's stderr).
+#[test]
+fn another_users_trainer_cannot_read_roots_data_and_says_so_as_the_jobs_reason() {
+    if !root_or_skip("another_users_trainer_cannot_read_roots_data_and_says_so_as_the_jobs_reason")
+    {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let alice = test_user("orchtesta");
+    let (d, public) = two_tenants("one-path-denied", |_| {});
+    let work = public.join("alice-denied");
+    crate::serve::world_dir(&work);
+    let secret = work.join("secret.csv.gz");
+    std::fs::copy(root().join("examples/digits/data/digits.csv.gz"), &secret).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let file = crate::serve::job_file(
+        &work,
+        "train.toml",
+        &format!(
+            "[job]\nname = \"denied\"\n[resources]\ngpus = 1\n[train]\nplugin = \"mlp\"\nepochs = 1\nbatch_size = 64\n[train.config]\nhidden = \"32\"\n[train.data]\nformat = \"csv\"\ntrain = \"{s}\"\ntest = \"{s}\"\nscale = 16\n",
+            s = secret.display()
+        ),
+    );
+    let out = as_user(alice, &d.socket(), &public, &["submit", &file]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = stdout(&out).trim().to_string();
+    let s = d.wait_state(&id, "failed");
+    let reason = s["reason"].as_str().unwrap_or_default().to_string();
+    assert!(
+        reason.contains("secret.csv.gz") && reason.to_lowercase().contains("permission denied"),
+        "{s}"
+    );
+    let _ = std::fs::remove_dir_all(&work);
+}
