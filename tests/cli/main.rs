@@ -17,6 +17,7 @@ mod held_leases;
 mod languages;
 mod manual;
 mod nvml_sim;
+mod one_path;
 mod operate;
 mod page_charts;
 mod plan;

@@ -73,6 +73,16 @@ pub enum Command {
     /// The daemon's per-job supervisor (started by `orch serve`, not by hand).
     #[command(name = "__supervise", hide = true)]
     Supervise { dir: std::path::PathBuf },
+    /// Runs another user's daemon `[train]` job as that user (started by the job's supervisor,
+    /// not by hand): the job and its placement from the supervisor's spec.json, handed over open.
+    #[command(name = "__train", hide = true)]
+    TrainJob {
+        /// The open descriptor of the job's spec.json.
+        #[arg(long)]
+        spec_fd: i32,
+        /// The job's folder (for messages).
+        dir: std::path::PathBuf,
+    },
     /// Asks the placement policies a tenant sent, one JSON line in and out per ask (started by
     /// `orch serve`, one process per tenant's worker).
     #[command(name = "__policy-worker", hide = true)]
@@ -491,11 +501,6 @@ pub struct RunArgs {
     /// A `[train]` job: continue from the checkpoint in its output folder (`[train] out`).
     #[arg(long, requires = "job")]
     pub resume: bool,
-    /// Run inside the lease of the daemon job that started this process (its supervisor holds
-    /// and releases it): the job file's text is in ORCH_JOB_TEXT, standing for JOB.toml, and the
-    /// devices are the visible ones. The daemon runs `[train]` jobs this way, as their user.
-    #[arg(long, requires = "job", hide = true)]
-    pub supervised: bool,
     /// Run only task N (from 0) of the job's [sweep] (a Slurm job array runs one per task).
     #[arg(long, value_name = "N", requires = "job")]
     pub sweep_task: Option<usize>,

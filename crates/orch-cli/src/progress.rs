@@ -20,6 +20,13 @@ pub fn sink() -> ProgressSink {
     ProgressSink::new(move |event| orch_core::sync::lock(&display).show(event))
 }
 
+/// The sink of a trainer whose progress goes to `out` as lines (a daemon's `[train]` job: its
+/// stdout log), whatever this process's stdout is.
+pub fn lines(out: Box<dyn Write + Send>) -> ProgressSink {
+    let display = Mutex::new(Display::lines(out));
+    ProgressSink::new(move |event| orch_core::sync::lock(&display).show(event))
+}
+
 enum Mode {
     /// A bar per epoch, drawn to stdout (a terminal) by indicatif.
     Bar(Option<ProgressBar>),

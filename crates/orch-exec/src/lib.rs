@@ -19,6 +19,7 @@
 mod bind;
 mod cgroup;
 pub mod cpuset;
+pub mod current;
 pub mod devices;
 mod env;
 mod launch;

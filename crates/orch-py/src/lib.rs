@@ -19,7 +19,7 @@ mod request;
 use orch_devices::{Inventory, InventorySpec, Visibility, VisibilityEnv};
 use orch_host::PolicyHost;
 use orch_leases::{Lease, LeaseStore};
-use orch_runner::{LeaseGuard, Machine, PlaceError, Plan, PlanError, PlanInput};
+use orch_runner::{LeaseGuard, PlaceError, Placement, Plan, PlanError, PlanInput};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -399,30 +399,20 @@ fn claim(py: Python<'_>, spec: String, request: &Bound<'_, PyAny>) -> PyResult<N
         // Inside an orch job the claim is among the job's own devices; elsewhere, real GPUs
         // that the machine's daemon owns are its to lease (said before NVML is even read).
         let spec = inventory_spec(&spec)?;
-        if std::env::var_os("ORCH_JOB_ID").is_none() {
-            orch_leases::refuse_local_claim(spec.may_be_real()).map_err(Failure::Other)?;
-        }
+        orch_runner::may_claim_here(&spec).map_err(Failure::Other)?;
         let inventory = load(&spec)?;
         orch_runner::check_enforcement(&job, inventory.backend).map_err(Failure::BadRequest)?;
-        let visibility = visibility(&inventory);
-        for note in &visibility.notes {
+        let claimed = with_host(|host| {
+            orch_runner::claim_here(host, &job, &inventory, None).map_err(Failure::from)
+        })?;
+        for note in &claimed.notes {
             eprintln!("orch: {note}");
         }
-        let env = |name: &str| std::env::var(name).ok();
-        let machine = Machine {
-            inventory: &inventory,
-            visibility: &visibility,
-            env: &env,
-            nested: true,
-        };
-        let state_dir = orch_leases::default_state_dir();
-        let mut store = LeaseStore::open(&state_dir).map_err(|e| Failure::Other(e.to_string()))?;
-        let (lease, plan) = with_host(|host| {
-            // Compiled (or read from the disk cache) before the store's write lock is taken.
-            let _ = host.load(&job.policy.plugin);
-            orch_runner::claim_until(&mut store, host, &job, &machine, None).map_err(Failure::from)
-        })?;
-        let vars = orch_runner::lease_env(&job, &lease, &plan, &inventory);
+        let Placement {
+            lease: guard, plan, ..
+        } = claimed.placement;
+        let lease = guard.lease();
+        let vars = orch_runner::lease_env(&job, lease, &plan, &inventory);
         let mut info = plan_json(&plan, &inventory);
         if let Some(map) = info.as_object_mut() {
             map.insert("id".into(), lease.id.clone().into());
@@ -434,7 +424,7 @@ fn claim(py: Python<'_>, spec: String, request: &Bound<'_, PyAny>) -> PyResult<N
             );
         }
         Ok(NativeLease {
-            guard: Mutex::new(Some(LeaseGuard::new(state_dir, lease))),
+            guard: Mutex::new(Some(guard)),
             owner: std::process::id(),
             info,
         })

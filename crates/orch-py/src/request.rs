@@ -1,10 +1,9 @@
 //! What a Python caller asks for (`orch.lease(gpus=2, ...)`), checked once, as a job: the same
 //! [`JobSpec`] `orch run --gpus N` builds from its flags, or a job file's text for the daemon.
 
-use orch_core::job::{CommandSpec, JobSpec, Launch, PluginRef, PolicySpec, Resources, Work};
-use orch_core::{ByteSize, Location};
+use orch_core::ByteSize;
+use orch_core::job::{CommandSpec, JobSpec, Launch, PluginRef, Work};
 use serde::Deserialize;
-use std::path::PathBuf;
 
 /// The keywords of `orch.lease`, `orch.use` and `orch.plan`, as the Python layer sends them.
 #[derive(Debug, Clone, Deserialize)]
@@ -39,15 +38,6 @@ pub struct Request {
 pub enum SizeArg {
     Bytes(u64),
     Text(String),
-}
-
-/// Where a request's errors point (the keyword is named by the message itself).
-fn here() -> Location {
-    Location {
-        file: "orch.lease()".into(),
-        line: 0,
-        column: 0,
-    }
 }
 
 impl Request {
@@ -98,44 +88,29 @@ impl Request {
         } else {
             self.argv.clone()
         };
-        Ok(JobSpec {
-            path: PathBuf::from("orch.lease()"),
+        Ok(orch_runner::QuickJob {
+            origin: "orch.lease()".into(),
             dir: here_dir.clone(),
             name: self.name.clone(),
             tenant: self.tenant.clone(),
             priority: self.priority,
-            max_runtime: None,
-            requeue: false,
-            preemptible: false,
-            tags: Vec::new(),
+            gpus: self.gpus()?,
+            min_free_memory: Request::size("min_free_memory", &self.min_free_memory)?,
+            max_utilization: self.max_utilization()?,
+            memory_limit: Request::size("memory_limit", &self.memory_limit)?,
+            exclusive: self.exclusive,
+            cpu_bind: None,
+            policy: PluginRef::parse(&self.policy, &here_dir),
+            config: self.config.clone(),
             stopping: Default::default(),
-            slurm: Default::default(),
-            sweep: Default::default(),
-            depends: Default::default(),
-            resources: Resources {
-                gpus: self.gpus()?,
-                nodes: 1,
-                gpus_at: here(),
-                min_free_memory: Request::size("min_free_memory", &self.min_free_memory)?,
-                max_utilization: self.max_utilization()?,
-                memory_limit: Request::size("memory_limit", &self.memory_limit)?,
-                exclusive: self.exclusive,
-                enforce_memory_limit: false,
-                cpu_bind: None,
-            },
-            policy: PolicySpec {
-                plugin: PluginRef::parse(&self.policy, &here_dir),
-                plugin_at: here(),
-                config: self.config.clone(),
-                limits: Default::default(),
-            },
-            work: Work::Command(CommandSpec {
+            command: CommandSpec {
                 argv,
                 env: Default::default(),
                 launch: Launch::Single,
                 device_ids: None,
-            }),
-        })
+            },
+        }
+        .job())
     }
 
     /// The same request as a job file's text, for the daemon (which parses and checks it as it

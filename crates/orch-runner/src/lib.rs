@@ -2,7 +2,10 @@
 //! the others not); [`place::claim`] makes that choice a lease in one atomic transaction;
 //! [`prepare`] and [`start`] run the job on exactly its devices; [`RunningJob::wait`] waits for
 //! it (or [`orch_exec::Stopper`] stops it) and releases the lease through a guard, so no path
-//! leaves it held.
+//! leaves it held. [`run_placed`] is that run as one call, command or trainer, for every caller
+//! that holds a placement: `orch run` and the daemon's supervisor, which runs a `[train]` job's
+//! trainer itself on the daemon's placement. [`local`] is the claim a process makes for itself
+//! (`orch run`, the Python package) and the quick job both describe.
 //!
 //! Design decision: the plan is a pure function of its inputs (the job spec, the inventory,
 //! the visibility rules' result, the current leases, the environment the job's config names)
@@ -14,9 +17,12 @@ pub mod bind;
 pub mod command;
 mod error;
 pub mod foreign;
+pub mod local;
 pub mod place;
 pub mod plan;
+mod run_placed;
 mod runner;
+mod stop;
 mod train;
 
 pub use command::{
@@ -24,8 +30,9 @@ pub use command::{
 };
 pub use error::RunError;
 pub use foreign::{Holdings, foreign_processes, holdings};
-pub use place::{
-    GiveBack, LeaseGuard, Machine, PlaceError, claim, claim_proposed, claim_until, place_in_parent,
-};
+pub use local::{Claimed, QuickJob, claim_here, may_claim_here};
+pub use place::{GiveBack, LeaseGuard, Machine, PlaceError, claim, claim_proposed, claim_until};
 pub use plan::{Plan, PlanError, PlanInput, PlannedDevice, Rejection, plan, recheck};
+pub use run_placed::{Control, Ended, ProgressLines, Ready, run_placed, trainer_env};
 pub use runner::{Outcome, Placement, Prepared, RunningJob, prepare, start};
+pub use stop::{JobStopper, Overdue, StopCause, TrainStopper, stopped_sentence};

@@ -53,8 +53,7 @@ pub struct LeaseGuard {
     released: bool,
     /// One connection to the store for the guard's life (opened on first use).
     store: std::sync::Mutex<Option<LeaseStore>>,
-    /// False for a lease held by the process that started this one (see [`place_in_parent`]),
-    /// or by the daemon that granted it (see [`LeaseGuard::granted`]).
+    /// False for a lease held by the daemon that granted it (see [`LeaseGuard::granted`]).
     managed: bool,
     /// How a lease granted by a daemon is given back.
     give_back: std::sync::Mutex<Option<GiveBack>>,
@@ -91,18 +90,6 @@ impl LeaseGuard {
             store: std::sync::Mutex::new(None),
             managed: false,
             give_back: std::sync::Mutex::new(Some(give_back)),
-        }
-    }
-
-    /// A lease that the parent process holds and releases; this guard touches no store.
-    pub fn held_by_parent(lease: Lease) -> LeaseGuard {
-        LeaseGuard {
-            state_dir: PathBuf::new(),
-            lease,
-            released: true,
-            store: std::sync::Mutex::new(None),
-            managed: false,
-            give_back: std::sync::Mutex::new(None),
         }
     }
 
@@ -190,42 +177,6 @@ impl Drop for LeaseGuard {
     fn drop(&mut self) {
         self.release_once();
     }
-}
-
-/// The placement of a job that runs inside its parent's lease (the daemon's supervisor holds the
-/// lease and starts `orch run` for a `[train]` job): the policy chooses among the devices the
-/// parent handed down (its visible devices), and no store is touched.
-pub fn place_in_parent(
-    host: &mut PolicyHost,
-    job: &JobSpec,
-    machine: &Machine<'_>,
-    lease_id: &str,
-) -> Result<(Lease, Plan), PlaceError> {
-    let input = PlanInput {
-        job,
-        devices: &machine.inventory.devices,
-        visibility: machine.visibility,
-        leases: &[],
-    };
-    let plan = crate::plan(input, host, machine.env).map_err(|e| {
-        if e.is_bad_input() {
-            PlaceError::BadInput(e)
-        } else if is_no_fit(&e) {
-            PlaceError::NoFit(e.to_string())
-        } else {
-            PlaceError::Policy(e)
-        }
-    })?;
-    let lease = Lease {
-        id: lease_id.to_string(),
-        job_name: job.name.clone(),
-        devices: plan.chosen.iter().map(|d| d.uuid.clone()).collect(),
-        exclusive: job.resources.exclusive,
-        memory_reserved_bytes: job.resources.memory_limit.map_or(0, ByteSize::bytes),
-        holders: vec![Holder::current()],
-        created_at_ms: 0,
-    };
-    Ok((lease, plan))
 }
 
 /// One attempt: plan and claim in one transaction of `store`.
@@ -356,8 +307,7 @@ pub fn claim_until(
 
 /// The lease of the job this process runs in (`ORCH_JOB_ID`, as orch sets it for every job),
 /// when that lease is live in this store and this process really is part of its job: then a claim
-/// is made inside it, on its devices (an `orch run` inside an `orch submit` job, a `[train]` job
-/// run by the daemon). A variable naming someone else's lease is ignored.
+/// is made inside it, on its devices (an `orch run` inside an `orch submit` job). A variable naming someone else's lease is ignored.
 fn enclosing_lease(store: &mut LeaseStore, machine: &Machine<'_>) -> Option<String> {
     if !machine.nested {
         return None;

@@ -137,6 +137,13 @@ pub fn plan(
     let topology = topology(&offered, &visible);
     let decision = host.decide_on(policy, &request, &offered, &offered_leases, &topology)?;
     let name = host.name(policy).to_string();
+    // One line per decision (`RUST_LOG=orch::policy=debug`): how often a job's policy ran.
+    tracing::debug!(
+        target: "orch::policy",
+        "job {}: policy {name} chose devices {:?}",
+        job.name,
+        decision.devices
+    );
     let chosen = decision
         .devices
         .iter()

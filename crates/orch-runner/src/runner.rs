@@ -1,6 +1,6 @@
 //! The job lifecycle as a library: prepare → place (lease) → start → wait or stop → release.
 //! `orch run` drives it in one process; the daemon places jobs itself and hands each to a
-//! supervisor process that starts and waits on it.
+//! supervisor process that runs it ([`crate::run_placed`]).
 
 use crate::command::{Confinement, ProcessOptions, launch_spec, memory_monitor};
 use crate::error::RunError;
@@ -45,9 +45,7 @@ pub fn prepare(
             job.path.display()
         ))),
         Work::Command(command) => Ok(Prepared::Command(command.clone())),
-        Work::Train(_) => Ok(Prepared::Train(Box::new(crate::train::prepare(
-            job, resume, progress,
-        )?))),
+        Work::Train(_) => crate::train::prepare(job, resume, progress),
     }
 }
 
@@ -67,6 +65,12 @@ pub struct Placement {
 pub enum Outcome {
     Command(ExitOutcome),
     Train(Summary),
+    /// A trainer this process ran, stopped from outside ([`crate::JobStopper`]) at the end of a
+    /// step with its checkpoint (`summary`; `None` when it failed on the way).
+    TrainStopped {
+        summary: Option<Summary>,
+        cause: crate::stop::StopCause,
+    },
 }
 
 impl Outcome {
@@ -74,6 +78,7 @@ impl Outcome {
         match self {
             Outcome::Command(exit) => exit.success(),
             Outcome::Train(_) => true,
+            Outcome::TrainStopped { .. } => false,
         }
     }
 
@@ -82,6 +87,7 @@ impl Outcome {
         match self {
             Outcome::Command(exit) => exit.code(),
             Outcome::Train(_) => 0,
+            Outcome::TrainStopped { cause, .. } => u8::try_from(128 + cause.signal).unwrap_or(1),
         }
     }
 }

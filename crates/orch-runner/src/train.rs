@@ -17,7 +17,18 @@ pub(crate) fn prepare(
     job: &JobSpec,
     resume: bool,
     progress: Option<ProgressSink>,
-) -> Result<Prepared<'_>, RunError> {
+) -> Result<crate::runner::Prepared<'_>, RunError> {
+    prepare_in(job, resume, progress, None)
+}
+
+/// [`prepare`] with the compiled-component cache at `cache_dir` (`None`: this process's
+/// default), for a trainer run on behalf of another user.
+pub(crate) fn prepare_in(
+    job: &JobSpec,
+    resume: bool,
+    progress: Option<ProgressSink>,
+    cache_dir: Option<std::path::PathBuf>,
+) -> Result<crate::runner::Prepared<'_>, RunError> {
     let Work::Train(spec) = &job.work else {
         return Err(RunError::BadInput(format!(
             "{}: --resume is for [train] jobs",
@@ -32,9 +43,12 @@ pub(crate) fn prepare(
     let options = RunOptions {
         resume,
         progress,
+        cache_dir,
         ..RunOptions::default()
     };
-    Ok(Prepared::new(&train_job, &options)?)
+    Ok(crate::runner::Prepared::Train(Box::new(Prepared::new(
+        &train_job, &options,
+    )?)))
 }
 
 /// The devices of `plan`, as the trainer opens them.

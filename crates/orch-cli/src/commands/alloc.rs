@@ -65,7 +65,7 @@ pub fn run(spec: &InventorySpec, args: &AllocArgs) -> CmdResult {
         }
         let inventory = load_inventory(spec)?;
         orch_runner::check_enforcement(&job, inventory.backend).map_err(Failure::bad_input_msg)?;
-        let placement = run::place_here(&job, &inventory, deadline, false)?;
+        let placement = run::place_here(&job, &inventory, deadline)?;
         let who = format!("lease {}", placement.lease.lease().id);
         return session(&job, placement, &inventory, &who, limits, None);
     };

@@ -50,6 +50,7 @@ pub fn dispatch(cli: Cli) -> CmdResult {
         Command::Completions(args) => manual::completions(&args),
         Command::Man(args) => manual::man(&args),
         Command::Supervise { dir } => serve::supervise(&dir),
+        Command::TrainJob { spec_fd, dir } => run::train_child(spec_fd, &dir),
         Command::PolicyWorker => std::process::exit(orch_serve::core::policy_worker::worker_main()),
         // Its exit status and its last line on stderr are what the daemon reads.
         Command::CompilePolicy {

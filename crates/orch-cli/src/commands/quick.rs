@@ -4,10 +4,8 @@
 
 use crate::cli::QuickArgs;
 use crate::failure::Failure;
-use orch_core::job::{
-    CommandSpec, CpuBind, DeviceIds, JobSpec, Launch, PluginRef, PolicySpec, Resources, Work,
-};
-use orch_core::{ByteSize, Location};
+use orch_core::ByteSize;
+use orch_core::job::{CommandSpec, CpuBind, DeviceIds, JobSpec, Launch, PluginRef, Work};
 
 pub const DEFAULT_POLICY: &str = "least-loaded";
 
@@ -21,11 +19,6 @@ pub fn job(command: &str, args: &QuickArgs, argv: &[String]) -> Result<JobSpec, 
         )));
     };
     let here = std::env::current_dir().map_err(Failure::failed)?;
-    let at = Location {
-        file: "command line".into(),
-        line: 0,
-        column: 0,
-    };
     let size = |flag: &str, text: &Option<String>| -> Result<Option<ByteSize>, Failure> {
         text.as_deref()
             .map(|t| {
@@ -70,38 +63,22 @@ pub fn job(command: &str, args: &QuickArgs, argv: &[String]) -> Result<JobSpec, 
             .file_name()
             .map_or_else(|| program.clone(), |n| n.to_string_lossy().into_owned()),
     );
-    Ok(JobSpec {
-        path: "command line".into(),
+    Ok(orch_runner::QuickJob {
+        origin: "command line".into(),
         dir: here.clone(),
         name,
         tenant: None,
         priority: 0,
-        max_runtime: None,
-        requeue: false,
-        preemptible: false,
-        tags: Vec::new(),
+        gpus,
+        min_free_memory: size("--min-free-memory", &args.min_free_memory)?,
+        max_utilization: args.max_utilization,
+        memory_limit: size("--memory-limit", &args.memory_limit)?,
+        exclusive: !args.shared,
+        cpu_bind: args.cpu_bind.as_deref().and_then(CpuBind::parse),
+        policy: PluginRef::parse(args.policy.as_deref().unwrap_or(DEFAULT_POLICY), &here),
+        config: Vec::new(),
         stopping,
-        slurm: Default::default(),
-        sweep: Default::default(),
-        depends: Default::default(),
-        resources: Resources {
-            gpus,
-            nodes: 1,
-            gpus_at: at.clone(),
-            min_free_memory: size("--min-free-memory", &args.min_free_memory)?,
-            max_utilization: args.max_utilization,
-            memory_limit: size("--memory-limit", &args.memory_limit)?,
-            exclusive: !args.shared,
-            enforce_memory_limit: false,
-            cpu_bind: args.cpu_bind.as_deref().and_then(CpuBind::parse),
-        },
-        policy: PolicySpec {
-            plugin: PluginRef::parse(args.policy.as_deref().unwrap_or(DEFAULT_POLICY), &here),
-            plugin_at: at,
-            config: Vec::new(),
-            limits: Default::default(),
-        },
-        work: Work::Command(CommandSpec {
+        command: CommandSpec {
             argv: argv.to_vec(),
             env: Default::default(),
             launch: if args.per_device {
@@ -110,8 +87,9 @@ pub fn job(command: &str, args: &QuickArgs, argv: &[String]) -> Result<JobSpec, 
                 Launch::Single
             },
             device_ids: args.device_ids.as_deref().and_then(DeviceIds::parse),
-        }),
-    })
+        },
+    }
+    .job())
 }
 
 /// A quick-form job (what [`job`] builds, with a tenant perhaps) as the job file it stands for:

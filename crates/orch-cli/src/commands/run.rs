@@ -1,36 +1,26 @@
 //! `orch run JOB.toml` and the quick form `orch run --gpus N … -- CMD ARGS…`: plan and claim in
 //! one atomic lease transaction, run the command on exactly its devices, release.
 
-use super::{leases::open_store, load_inventory, plan::policy_host};
+use super::{load_inventory, plan::policy_host};
 use crate::cli::RunArgs;
 use crate::failure::{CmdResult, Failure};
 use orch_core::job::{self, JobSpec};
-use orch_devices::{InventorySpec, Visibility, VisibilityEnv};
-use orch_leases::default_state_dir;
+use orch_devices::InventorySpec;
 use orch_runner::{
-    LeaseGuard, Machine, Outcome, PlaceError, Placement, ProcessOptions, RunError, placed_line,
+    Control, Outcome, PlaceError, Placement, ProcessOptions, Ready, RunError, placed_line,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-/// Where `--supervised` finds the job file's text.
-const JOB_TEXT_ENV: &str = "ORCH_JOB_TEXT";
-
 pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
     let job = match &args.job {
-        Some(path) if args.supervised => {
-            let text = std::env::var(JOB_TEXT_ENV).map_err(|_| {
-                Failure::bad_input_msg(format!("--supervised: {JOB_TEXT_ENV} is not set"))
-            })?;
-            job::parse(path, &text).map_err(Failure::bad_input)?
-        }
         Some(path) => job::read(path).map_err(Failure::bad_input)?,
         None => super::quick::job("run", &args.quick, &args.command)?,
     };
     // Dependencies are kept by whoever queues the job (the daemon, Slurm): inside their runs
     // they were met already; a run typed at a shell starts now, and says so.
-    if !job.depends.is_empty() && !args.supervised && std::env::var_os("SLURM_JOB_ID").is_none() {
+    if !job.depends.is_empty() && std::env::var_os("SLURM_JOB_ID").is_none() {
         eprintln!(
             "orch: note: {}: after_ok, after_any, after_failed and singleton are kept by `orch submit` (the daemon, or Slurm with --slurm); `orch run` starts the job now",
             job.path.display()
@@ -61,7 +51,7 @@ pub fn run(spec: &InventorySpec, args: &RunArgs) -> CmdResult {
     // On a machine with a daemon (the machine's, or one ORCH_SERVER names) the lease is the
     // daemon's to give; the job still runs here. Inside an orch job (ORCH_JOB_ID) the claim is
     // among the job's own devices, as before.
-    let nested = args.supervised || std::env::var_os("ORCH_JOB_ID").is_some();
+    let nested = std::env::var_os("ORCH_JOB_ID").is_some();
     let authority = (!nested)
         .then(orch_leases::find_daemon)
         .filter(|d| d.found.is_authority());
@@ -142,14 +132,6 @@ fn run_one(
     let deadline = args
         .wait
         .then(|| Instant::now() + timeout.unwrap_or(Duration::MAX / 4));
-    let nested = args.supervised || std::env::var_os("ORCH_JOB_ID").is_some();
-    // A daemon's [train] job: before the trainer loads, so that a stop asked for meanwhile still
-    // ends in a checkpoint. Elsewhere once the devices are held: a signal that comes while
-    // `--wait` waits ends orch at once, as before.
-    let stop = match job.work {
-        job::Work::Train(_) if args.supervised => Some(StopSignals::register(&job)?),
-        _ => None,
-    };
     if let Some(daemon) = authority {
         let text = lease_text(args, &job)?;
         let prepared = orch_runner::prepare(&job, args.resume, Some(crate::progress::sink()))
@@ -174,111 +156,142 @@ fn run_one(
             granted.placement,
             &granted.inventory,
             cluster,
-            stop,
-            args.supervised,
         );
     }
     // Before the inventory is read: the refusal names the daemon, whatever NVML says here.
-    if !nested {
-        orch_leases::refuse_local_claim(spec.may_be_real()).map_err(Failure::failed_msg)?;
-    }
+    orch_runner::may_claim_here(spec).map_err(Failure::failed_msg)?;
     let inventory = load_inventory(spec)?;
     orch_runner::check_enforcement(&job, inventory.backend).map_err(Failure::bad_input_msg)?;
     // A [train] job's plugin and data are read before the lease: bad input fails at once.
     let prepared = orch_runner::prepare(&job, args.resume, Some(crate::progress::sink()))
         .map_err(run_failure)?;
-    let placement = place_here(&job, &inventory, deadline, args.supervised)?;
-    finish(
-        &job,
-        prepared,
-        placement,
-        &inventory,
-        cluster,
-        stop,
-        args.supervised,
-    )
+    let placement = place_here(&job, &inventory, deadline)?;
+    finish(&job, prepared, placement, &inventory, cluster)
 }
 
 /// Places `job` on this machine's devices from the lease store, waiting for a fit until
-/// `deadline` when there is one; `supervised`: inside the lease of the daemon job that started
-/// this process instead.
+/// `deadline` when there is one.
 pub(super) fn place_here(
     job: &JobSpec,
     inventory: &orch_devices::Inventory,
     deadline: Option<Instant>,
-    supervised: bool,
 ) -> Result<Placement, Failure> {
-    let visibility = Visibility::resolve(&inventory.devices, &VisibilityEnv::from_process());
     let mut host = policy_host()?;
-    // Compile (or load from the disk cache) the policy before the lease transaction, so the
-    // store's write lock is held for the decision only. An error here resurfaces, with its
-    // location in the job file, from the plan inside the claim.
-    let _ = host.load(&job.policy.plugin);
-    let env = |name: &str| std::env::var(name).ok();
-    let machine = Machine {
-        inventory,
-        visibility: &visibility,
-        env: &env,
-        nested: true,
-    };
-    Ok(if supervised {
-        let parent = std::env::var("ORCH_JOB_ID").unwrap_or_default();
-        let (lease, plan) = orch_runner::place_in_parent(&mut host, job, &machine, &parent)
-            .map_err(|e| run_failure(RunError::Place(e)))?;
-        Placement {
-            lease: LeaseGuard::held_by_parent(lease),
-            plan,
-            granted_names: None,
-        }
-    } else {
-        let mut store = open_store()?;
-        let (lease, plan) = orch_runner::claim_until(
-            &mut store, &mut host, job, &machine, deadline,
-        )
-        .map_err(|e| match e {
+    let claimed =
+        orch_runner::claim_here(&mut host, job, inventory, deadline).map_err(|e| match e {
             PlaceError::NoFit(reason) => {
                 Failure::failed_msg(format!("{reason} (add --wait to wait for a fit)"))
             }
             other => run_failure(RunError::Place(other)),
         })?;
-        tracing::info!("{}", placed_line(job, &lease, &plan, inventory));
-        Placement {
-            lease: LeaseGuard::new(default_state_dir(), lease),
-            plan,
-            granted_names: None,
-        }
-    })
+    let placement = claimed.placement;
+    tracing::info!(
+        "{}",
+        placed_line(job, placement.lease.lease(), &placement.plan, inventory)
+    );
+    Ok(placement)
 }
 
 /// Runs the placed job to its end; the lease goes back as it ends. A `[train]` job stops with a
-/// checkpoint on `stop`'s signals.
-#[allow(clippy::too_many_arguments)]
+/// checkpoint on SIGTERM and its warning signal.
 fn finish(
     job: &JobSpec,
-    mut prepared: orch_runner::Prepared<'_>,
+    prepared: orch_runner::Prepared<'_>,
     placement: Placement,
     inventory: &orch_devices::Inventory,
     cluster: Option<orch_exec::Cluster>,
-    stop: Option<StopSignals>,
-    supervised: bool,
 ) -> CmdResult {
-    let stop = match (stop, &prepared) {
-        (Some(stop), _) => Some(stop),
-        (None, orch_runner::Prepared::Train(_)) => Some(StopSignals::register(job)?),
-        (None, orch_runner::Prepared::Command(_)) => None,
+    let stop = match &prepared {
+        orch_runner::Prepared::Train(_) => Some(StopSignals::register(job)?),
+        orch_runner::Prepared::Command(_) => None,
     };
-    if let Some(stop) = &stop {
-        prepared.stop_when(Arc::clone(&stop.requested));
-    }
-    let running = start_job(job, prepared, placement, inventory, cluster)?;
-    let ended = running.wait();
+    let ended = orch_runner::run_placed(
+        job,
+        Ready::Prepared(prepared),
+        placement,
+        inventory,
+        &run_options(job, cluster),
+        Control {
+            stop: stop.as_ref().map(|s| Arc::clone(&s.requested)),
+            ..Control::default()
+        },
+    )
+    .release();
     if let Ok(Outcome::Train(summary)) = &ended
         && summary.stopped_early
         && let Some(signal) = stop.and_then(|s| s.received())
     {
-        return Err(stopped_on(job, summary, signal, supervised));
+        return Err(stopped_on(job, summary, signal));
     }
     conclude(job, ended)
+}
+
+/// `orch __train`: another user's daemon `[train]` job, run as that user in the process its
+/// supervisor started as a command job's (the user's ids, the job's cgroup, device rule, CPUs,
+/// environment and logs), on the daemon's placement from the supervisor's spec.json. Nothing is
+/// placed or read again; the lease is the supervisor's. SIGTERM and the job's warning signal
+/// stop the trainer at the end of its step with a checkpoint, as they stop `orch run`.
+pub fn train_child(spec_fd: i32, dir: &std::path::Path) -> CmdResult {
+    let orch_serve::supervisor::ChildTrain {
+        job,
+        placement,
+        inventory,
+        grace,
+    } = orch_serve::supervisor::child_train(spec_fd, dir).map_err(Failure::failed_msg)?;
+    let stop = StopSignals::register(&job)?;
+    // A run queued again (preempted, or after a crash) goes on from its checkpoint.
+    let resume = matches!(&job.work, job::Work::Train(t) if orch_core::checkpoint::exists(&t.out));
+    let progress = crate::progress::lines(Box::new(std::io::stdout()));
+    let prepared = orch_runner::prepare(&job, resume, Some(progress)).map_err(run_failure)?;
+    let ended = orch_runner::run_placed(
+        &job,
+        Ready::Prepared(prepared),
+        placement,
+        &inventory,
+        &ProcessOptions {
+            grace,
+            ..ProcessOptions::default()
+        },
+        Control {
+            stop: Some(Arc::clone(&stop.requested)),
+            ..Control::default()
+        },
+    );
+    // The supervisor gives the lease back once it recorded the end.
+    let outcome = match ended.lease {
+        Some(lease) => {
+            lease.keep();
+            ended.outcome
+        }
+        None => ended.outcome,
+    };
+    if let Ok(Outcome::Train(summary)) = &outcome
+        && summary.stopped_early
+        && let Some(signal) = stop.received()
+    {
+        return Err(Failure {
+            code: u8::try_from(128 + signal).unwrap_or(1),
+            error: anyhow::anyhow!(
+                "{}",
+                orch_runner::stopped_sentence(
+                    &job.name,
+                    summary,
+                    signal,
+                    orch_serve::supervisor::AGAIN
+                )
+            ),
+        });
+    }
+    conclude(&job, outcome)
+}
+
+/// How `orch run` starts a job's processes: in this terminal, signals forwarded.
+fn run_options(job: &JobSpec, cluster: Option<orch_exec::Cluster>) -> ProcessOptions {
+    ProcessOptions {
+        cluster,
+        grace: job.stopping.grace_or_default(),
+        ..ProcessOptions::default()
+    }
 }
 
 /// Starts the placed job in this terminal, with its devices' environment.
@@ -294,11 +307,7 @@ pub(super) fn start_job<'a>(
         prepared,
         placement,
         inventory,
-        &ProcessOptions {
-            cluster,
-            grace: job.stopping.grace_or_default(),
-            ..ProcessOptions::default()
-        },
+        &run_options(job, cluster),
     )
     .map_err(run_failure)
 }
@@ -378,26 +387,13 @@ impl StopSignals {
 
 /// A `[train]` run stopped on `signal` with its checkpoint: exit status 128 + N, as a process
 /// that signal ended, and the sentence of how to go on.
-fn stopped_on(
-    job: &JobSpec,
-    summary: &orch_trainer::Summary,
-    signal: i32,
-    supervised: bool,
-) -> Failure {
-    let name = orch_core::job::signal_name(signal)
-        .map_or_else(|| format!("signal {signal}"), |n| format!("SIG{n}"));
-    let again = if supervised {
-        "submitted again, the job goes on from it".to_string()
-    } else {
-        format!("`orch run --resume {}` goes on from it", job.path.display())
-    };
+fn stopped_on(job: &JobSpec, summary: &orch_trainer::Summary, signal: i32) -> Failure {
+    let again = format!("`orch run --resume {}` goes on from it", job.path.display());
     Failure {
         code: u8::try_from(128 + signal).unwrap_or(1),
         error: anyhow::anyhow!(
-            "job {} stopped on {name} after step {}, with its checkpoint in {}: {again}",
-            job.name,
-            summary.steps,
-            summary.out.display()
+            "{}",
+            orch_runner::stopped_sentence(&job.name, summary, signal, &again)
         ),
     }
 }

@@ -122,7 +122,7 @@ fn owns_real_gpus(spec: &orch_devices::InventorySpec) -> bool {
 }
 
 pub fn supervise(dir: &std::path::Path) -> CmdResult {
-    match orch_serve::supervise(dir) {
+    match orch_serve::supervise(dir, crate::progress::lines) {
         0 => Ok(()),
         code => Err(Failure {
             code: code as u8,

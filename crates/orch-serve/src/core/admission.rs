@@ -140,7 +140,7 @@ pub struct ExecParts<'a> {
     /// The submitting client's environment.
     pub client_env: &'a [(String, String)],
     pub cwd: &'a str,
-    /// What the daemon adds (a `[train]` job's text and its `orch run` command line).
+    /// Variables the daemon adds to the environment it starts the job with.
     pub extra: &'a [(&'a str, &'a str)],
 }
 

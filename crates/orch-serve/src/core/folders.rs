@@ -20,7 +20,10 @@ use orch_runner::Plan;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-/// What the daemon hands a supervisor.
+/// What the daemon hands a supervisor: the job and its placement as the daemon made it (the
+/// lease, the policy's plan, the inventory it saw), typed, so the supervisor runs the job on
+/// exactly that placement (a `[train]` job's trainer in the supervisor itself) and neither
+/// places it again nor reads the devices again.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SuperviseSpec {
     pub job_id: String,
@@ -32,10 +35,6 @@ pub struct SuperviseSpec {
     pub inventory: Inventory,
     /// The lease store's folder.
     pub state_dir: PathBuf,
-    /// The daemon's `--devices`, for a `[train]` job's own `orch run`.
-    pub devices: String,
-    /// The orch binary, which runs a `[train]` job's trainer.
-    pub exe: PathBuf,
     /// Start the job as the submitting user (the daemon runs as root).
     pub switch_user: bool,
     /// The job's time limit, in seconds.

@@ -55,6 +55,10 @@ pub struct Shared {
 pub struct SupervisorEnd {
     pub pid: u32,
     pub status: Option<std::process::ExitStatus>,
+    /// The kernel's OOM killer killed a process in the job's cgroup (`memory.events`): a
+    /// supervisor that ran its own user's trainer is killed with it when the job goes over its
+    /// memory limit.
+    pub out_of_memory: bool,
 }
 
 impl SupervisorEnd {
@@ -63,6 +67,10 @@ impl SupervisorEnd {
         use std::os::unix::process::ExitStatusExt;
         match self.status {
             Some(status) => match (status.signal(), status.code()) {
+                (Some(libc::SIGKILL), _) if self.out_of_memory => format!(
+                    "out of memory: its supervisor (pid {}), which ran the job's trainer, was killed with it by the kernel's OOM killer at the job's memory limit",
+                    self.pid
+                ),
                 (Some(signal), _) => format!(
                     "its supervisor (pid {}) was killed by signal {signal} before it recorded how the job ended",
                     self.pid
@@ -120,5 +128,31 @@ impl Shared {
 
     pub fn job_dir(&self, id: i64, attempt: u32) -> PathBuf {
         self.state_dir.join("jobs").join(format!("{id}-{attempt}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SupervisorEnd;
+    use std::os::unix::process::ExitStatusExt;
+
+    #[test]
+    fn a_supervisor_killed_by_the_oom_killer_is_out_of_memory_in_words() {
+        let end = |out_of_memory| SupervisorEnd {
+            pid: 42,
+            status: Some(std::process::ExitStatus::from_raw(libc::SIGKILL)),
+            out_of_memory,
+        };
+        assert!(
+            end(true)
+                .words()
+                .starts_with("out of memory: its supervisor (pid 42)"),
+            "{}",
+            end(true).words()
+        );
+        assert_eq!(
+            end(false).words(),
+            "its supervisor (pid 42) was killed by signal 9 before it recorded how the job ended"
+        );
     }
 }

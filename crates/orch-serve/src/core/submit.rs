@@ -254,9 +254,8 @@ pub fn admit(terms: &Terms<'_>, caller: &Caller, request: Request) -> Result<Adm
             .map_while(|task| spec.sweep_task(task))
             .collect()
     };
-    for (task, one) in tasks.iter().enumerate() {
-        let sweep_task = (!spec.sweep.is_empty()).then_some(task);
-        exec_parts(&request, one, sweep_task)?;
+    for one in &tasks {
+        exec_parts(&request, one)?;
     }
     let array = (!spec.sweep.is_empty()).then_some(tasks.len() as u32);
     let gpus_at = spec.resources.gpus_at.to_string();
@@ -323,28 +322,15 @@ pub fn admit(terms: &Terms<'_>, caller: &Caller, request: Request) -> Result<Adm
     })
 }
 
-/// Checks the program, arguments and environment one job (or one task of an array,
-/// `sweep_task`) will be started with against what `execve` takes.
-fn exec_parts(
-    request: &Request,
-    spec: &orch_core::JobSpec,
-    sweep_task: Option<usize>,
-) -> Result<(), Refusal> {
+/// Checks the program, arguments and environment one job (or one task of an array) will be
+/// started with against what `execve` takes.
+fn exec_parts(request: &Request, spec: &orch_core::JobSpec) -> Result<(), Refusal> {
     let no_env = std::collections::BTreeMap::new();
-    // A [train] job's trainer runs as `orch run --supervised [--sweep-task N] --resume JOB_PATH`,
-    // the job's text in ORCH_JOB_TEXT (see supervisor.rs).
-    let mut train_argv: Vec<String> = ["orch", "run", "--supervised"].map(String::from).into();
-    if let Some(task) = sweep_task {
-        train_argv.extend(["--sweep-task".to_string(), task.to_string()]);
-    }
-    train_argv.extend(["--resume".to_string(), request.job_path.clone()]);
-    let (argv, job_env, extra): (&[String], _, Vec<(&str, &str)>) = match &spec.work {
-        orch_core::job::Work::Command(c) => (&c.argv, &c.env, Vec::new()),
-        orch_core::job::Work::Train(_) => (
-            &train_argv,
-            &no_env,
-            vec![("ORCH_JOB_TEXT", request.job_text.as_str())],
-        ),
+    // A [train] job's trainer runs in its supervisor, or in a process of its own started with
+    // the submitting environment (see supervisor.rs): only that environment is checked.
+    let (argv, job_env): (&[String], _) = match &spec.work {
+        orch_core::job::Work::Command(c) => (&c.argv, &c.env),
+        orch_core::job::Work::Train(_) => (&[], &no_env),
     };
     admission::exec_parts(&admission::ExecParts {
         place: &request.job_path,
@@ -352,7 +338,7 @@ fn exec_parts(
         job_env,
         client_env: &request.env,
         cwd: &request.cwd,
-        extra: &extra,
+        extra: &[],
     })
 }
 

@@ -608,8 +608,6 @@ impl Jobs {
             lease: lease.clone(),
             plan: plan.clone(),
             inventory: self.inventory.as_ref().clone(),
-            devices: self.shared.devices.clone(),
-            exe: self.shared.exe.clone(),
             state_dir: self.shared.state_dir.clone(),
             switch_user: self.shared.root,
             max_runtime_s: running::time_limit(
@@ -852,9 +850,21 @@ impl Jobs {
             .spawn()?;
         let shared = Arc::clone(&self.shared);
         let pid = child.id();
+        let folder = dir.to_path_buf();
         std::thread::spawn(move || {
             let status = child.wait().ok();
-            lock(&shared.supervisor_exits).insert((id, attempt), SupervisorEnd { pid, status });
+            let out_of_memory = {
+                use std::os::unix::process::ExitStatusExt;
+                status.and_then(|s| s.signal()) == Some(libc::SIGKILL) && oom_killed(&folder)
+            };
+            lock(&shared.supervisor_exits).insert(
+                (id, attempt),
+                SupervisorEnd {
+                    pid,
+                    status,
+                    out_of_memory,
+                },
+            );
             shared.kick(Kick::SupervisorExited);
         });
         Ok(())
@@ -983,6 +993,42 @@ fn holder_constraint_name(id: i64) -> String {
 /// it): its number, which other tenants may see, never its name, which they may not.
 pub fn lease_name(id: i64) -> String {
     format!("job-{id}")
+}
+
+/// Whether the kernel's OOM killer killed a process in the cgroup of the job whose folder is
+/// `dir` (`orch-job-LEASE` under this process's cgroup, where its supervisor made it; its
+/// `memory.events` counts `oom_kill`). False when any of it cannot be read.
+fn oom_killed(dir: &Path) -> bool {
+    let Some(spec) = std::fs::read_to_string(dir.join("spec.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<SuperviseSpec>(&t).ok())
+    else {
+        return false;
+    };
+    let Some(own) = orch_core::process::cgroup_v2_dir(std::process::id()) else {
+        return false;
+    };
+    let name: String = spec
+        .lease
+        .id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    std::fs::read_to_string(own.join(format!("orch-job-{name}")).join("memory.events"))
+        .ok()
+        .and_then(|events| {
+            events.lines().find_map(|l| {
+                l.strip_prefix("oom_kill ")
+                    .and_then(|n| n.trim().parse::<u64>().ok())
+            })
+        })
+        .is_some_and(|kills| kills > 0)
 }
 
 #[cfg(test)]
