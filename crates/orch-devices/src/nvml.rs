@@ -54,7 +54,7 @@ fn library_override() -> Option<std::ffi::OsString> {
 }
 
 /// NVML from the library `ORCH_NVML_LIBRARY` names, else the system's.
-fn init() -> Result<Nvml, NvmlError> {
+pub(crate) fn init() -> Result<Nvml, NvmlError> {
     match library_override() {
         Some(path) => Nvml::builder().lib_path(&path).init(),
         None => Nvml::init(),
@@ -96,7 +96,10 @@ fn read_device(nvml: &Nvml, index: u32) -> Result<Device, DeviceError> {
     let device = nvml.device_by_index(index).map_err(failed("the handle"))?;
     let uuid = device.uuid().map_err(failed("the uuid"))?;
     let name = device.name().map_err(failed("the name"))?;
-    let memory = device.memory_info().ok();
+    let memory = device.memory_info();
+    // A GPU that has fallen off the bus keeps its handle and name; its readings fail so.
+    let lost = matches!(memory, Err(NvmlError::GpuLost));
+    let memory = memory.ok();
     let utilization = device.utilization_rates().ok();
     let processes = device.running_compute_processes().ok().map(|list| {
         list.into_iter()
@@ -133,6 +136,7 @@ fn read_device(nvml: &Nvml, index: u32) -> Result<Device, DeviceError> {
         numa_node: read_numa_node(&device),
         cpus: read_cpus(&device),
         links: Vec::new(),
+        health: crate::nvml_health::read(nvml, &device, lost),
     })
 }
 

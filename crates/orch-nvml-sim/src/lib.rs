@@ -231,6 +231,8 @@ struct Library {
     /// Handles handed out, by address; each a leaked `Box<Target>` freed at the last shutdown.
     handles: BTreeMap<usize, Target>,
     by_target: BTreeMap<Target, usize>,
+    /// The event sets handed out and the Xid events queued on them (`events.rs`).
+    events: events::Events,
 }
 
 impl Library {
@@ -245,7 +247,11 @@ impl Library {
         if now.is_some() && now != self.stamp {
             self.stamp = now;
             match Machine::read(&self.path) {
-                Ok(machine) => self.machine = Arc::new(machine),
+                Ok(machine) => {
+                    let machine = Arc::new(machine);
+                    self.events.on_reading(&self.machine, &machine);
+                    self.machine = machine;
+                }
                 Err(e) => eprintln!(
                     "orch-nvml-sim: keeping the last reading of {}: {e}",
                     self.path.display()
@@ -472,6 +478,7 @@ pub fn init_from(path: Option<PathBuf>) -> Ret {
             machine: Arc::new(machine),
             handles: BTreeMap::new(),
             by_target: BTreeMap::new(),
+            events: events::Events::default(),
         });
         Ok(())
     })
@@ -686,6 +693,9 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
 fn memory(device: sys::nvmlDevice_t) -> Result<(u64, u64, u64), Ret> {
     let (machine, target) = resolve(device)?;
     let gpu = &machine.devices[target.gpu];
+    if gpu.health.lost {
+        return Err(GPU_IS_LOST);
+    }
     match target.mig {
         None => match (
             gpu.memory_total_bytes,
@@ -1163,6 +1173,8 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemoteDeviceType(
         )
     })
 }
+
+mod events;
 
 #[cfg(test)]
 mod tests;

@@ -296,10 +296,12 @@ fn claim_planned<E: std::fmt::Display>(
         inside: enclosing_lease(store, machine),
     };
     let mut planned: Option<Plan> = None;
-    let claimed = store.claim(&request, |leases| {
+    // Drains and recorded health are read in the claim's transaction, with the leases.
+    let claimed = store.claim_marked(&request, |leases, marks| {
+        let devices = crate::service::with_marks(&machine.inventory.devices, marks);
         let input = PlanInput {
             job,
-            devices: &machine.inventory.devices,
+            devices: &devices,
             visibility: machine.visibility,
             leases,
         };
