@@ -258,6 +258,48 @@ impl Device {
     }
 }
 
+/// The device `name` names, as `orch drain` takes it: a GPU's index (`1`), a GPU's `GPU-…` uuid
+/// or a slice's `MIG-…` uuid, whole or a prefix of at least 12 characters that names one device
+/// (`GPU-8932f937`, as `orch devices` shows it). Returns its uuid and its GPU's index; `Err` is
+/// one sentence for the user.
+pub fn find_device(devices: &[Device], name: &str) -> Result<(String, u32), String> {
+    let name = name.trim();
+    if let Ok(index) = name.parse::<u32>() {
+        return devices
+            .iter()
+            .find(|d| d.index == index)
+            .map(|d| (d.uuid.clone(), d.index))
+            .ok_or_else(|| {
+                format!(
+                    "there is no GPU {index}: this machine's GPUs are numbered 0 to {} (orch devices lists them)",
+                    devices.len().saturating_sub(1)
+                )
+            });
+    }
+    let every = devices.iter().flat_map(|d| {
+        std::iter::once((d.uuid.as_str(), d.index))
+            .chain(d.mig_devices.iter().map(|m| (m.uuid.as_str(), d.index)))
+    });
+    if let Some((uuid, index)) = every.clone().find(|(uuid, _)| *uuid == name) {
+        return Ok((uuid.to_string(), index));
+    }
+    let matching: Vec<(&str, u32)> = if name.len() >= 12 {
+        every.filter(|(uuid, _)| uuid.starts_with(name)).collect()
+    } else {
+        Vec::new()
+    };
+    match matching.as_slice() {
+        [(uuid, index)] => Ok((uuid.to_string(), *index)),
+        [] => Err(format!(
+            "no device is \"{name}\": name a GPU by its index, its GPU-… uuid or a slice's MIG-… uuid, as orch devices lists them"
+        )),
+        _ => Err(format!(
+            "\"{name}\" begins the uuids of {} devices: give more of the uuid",
+            matching.len()
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,6 +28,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
+pub mod device_health;
 mod jobs;
 mod recovery;
 pub mod running;
@@ -353,6 +354,7 @@ impl Engine {
             Kick::Release(id) => self.jobs.release_held(id),
             Kick::PolicyCompiled(hash) => self.policy_compiled(&hash),
             Kick::PolicyAnswered => {}
+            Kick::DeviceHealth(became) => self.devices_unhealthy(became),
         }
         true
     }
