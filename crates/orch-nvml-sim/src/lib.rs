@@ -18,6 +18,8 @@
 //!   `NVML_ERROR_INVALID_ARGUMENT`; a buffer too small is `NVML_ERROR_INSUFFICIENT_SIZE` (with
 //!   the needed count for the process list);
 //! - any call before `nvmlInit` (or after the last `nvmlShutdown`) is `NVML_ERROR_UNINITIALIZED`.
+//! - health (`events.rs`): a new `xid_errors` entry is an Xid event delivered to a waiting
+//!   `nvmlEventSetWait_v2`; `ecc_uncorrected`, the row remapper and `lost` are served as readings.
 //!
 //! The file is read again when it changes (size, time or inode; looked at no more often than every
 //! 10 ms), as the `sim:` backend does, so a test or demo changes telemetry by writing the file; a file that fails to parse leaves the last
