@@ -12,7 +12,8 @@
 //! `ecc_uncorrected` is the volatile uncorrected count (`nvmlDeviceGetTotalEccErrors`),
 //! `row_remap_pending` / `row_remap_failure` the remapper (`nvmlDeviceGetRemappedRows`); each
 //! left out of the file is `NVML_ERROR_NOT_SUPPORTED`. A GPU with `lost = true` keeps its handle,
-//! uuid and name, and its memory and health readings are `NVML_ERROR_GPU_IS_LOST`.
+//! uuid, name and PCI identity, and its telemetry (memory, utilization, temperature, power,
+//! processes) and health readings are `NVML_ERROR_GPU_IS_LOST`.
 
 use super::*;
 use std::collections::VecDeque;
@@ -227,4 +228,13 @@ pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
         put(is_pending, c_uint::from(remap.pending))?;
         put(failure_occurred, c_uint::from(remap.failure))
     })
+}
+
+/// A GPU handle's device for a telemetry reading: `NVML_ERROR_GPU_IS_LOST` for a lost GPU.
+pub(crate) fn live_gpu(device: sys::nvmlDevice_t) -> Result<(Arc<Machine>, usize), Ret> {
+    let (machine, gpu) = gpu(device)?;
+    if machine.devices[gpu].health.lost {
+        return Err(GPU_IS_LOST);
+    }
+    Ok((machine, gpu))
 }

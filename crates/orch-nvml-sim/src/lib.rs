@@ -808,7 +808,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
 ) -> Ret {
     guard(|| unsafe {
         non_null(utilization)?;
-        let (machine, gpu) = gpu(device)?;
+        let (machine, gpu) = events::live_gpu(device)?;
         let d = &machine.devices[gpu];
         match (d.utilization_gpu_percent, d.utilization_memory_percent) {
             (Some(gpu), Some(memory)) => put(utilization, sys::nvmlUtilization_t { gpu, memory }),
@@ -829,7 +829,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
         if sensor != sys::nvmlTemperatureSensors_enum_NVML_TEMPERATURE_GPU {
             return Err(INVALID_ARGUMENT);
         }
-        let (machine, gpu) = gpu(device)?;
+        let (machine, gpu) = events::live_gpu(device)?;
         put(
             temp,
             machine.devices[gpu].temperature_c.ok_or(NOT_SUPPORTED)?,
@@ -845,7 +845,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
 ) -> Ret {
     guard(|| unsafe {
         non_null(power)?;
-        let (machine, gpu) = gpu(device)?;
+        let (machine, gpu) = events::live_gpu(device)?;
         let watts = machine.devices[gpu].power_draw_w.ok_or(NOT_SUPPORTED)?;
         let milliwatts = (watts * 1000.0).round();
         if !(0.0..=f64::from(c_uint::MAX)).contains(&milliwatts) {
@@ -865,7 +865,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
 ) -> Ret {
     guard(|| unsafe {
         non_null(info_count)?;
-        let (machine, gpu) = gpu(device)?;
+        let (machine, gpu) = events::live_gpu(device)?;
         let processes = machine.devices[gpu].processes.as_deref().unwrap_or(&[]);
         // SAFETY: not null; NVML's contract makes it readable.
         let room = *info_count as usize;

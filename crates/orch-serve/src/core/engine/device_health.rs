@@ -78,7 +78,7 @@ fn became_unhealthy(device: &Device, new: &[&Problem]) -> BecameUnhealthy {
 /// Waits for NVML's Xid events on a thread of its own (a daemon of NVML devices only), records
 /// each critical one as an unhealthy mark in the lease store, shows it in the machine view at
 /// once and wakes the engine. NVML that cannot be waited on is said once in the log and tried
-/// again a minute later.
+/// again ten seconds later (a lost GPU ends a wait; the others are waited on again).
 pub(super) fn watch_xid_events(shared: Arc<Shared>) {
     let started = std::thread::Builder::new()
         .name("orch-xid-events".into())
@@ -100,7 +100,7 @@ pub(super) fn watch_xid_events(shared: Arc<Shared>) {
                 {
                     tracing::warn!("the daemon cannot wait for Xid events: {e}");
                 }
-                std::thread::sleep(Duration::from_secs(60));
+                std::thread::sleep(Duration::from_secs(10));
             }
         });
     if let Err(e) = started {
@@ -231,4 +231,61 @@ impl Engine {
 /// The marks of the daemon's lease store, for a reading (none when it cannot be read).
 pub(super) fn marks(store: Option<&mut LeaseStore>) -> Vec<DeviceMark> {
     store.and_then(|s| s.marks().ok()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inventory(xids: &[&[u32]]) -> Inventory {
+        let text: String = xids
+            .iter()
+            .map(|list| {
+                let list: Vec<String> = list.iter().map(u32::to_string).collect();
+                format!(
+                    "[[gpu]]\nname = \"H100\"\nmemory_total = \"80GiB\"\nxid_errors = [{}]\n",
+                    list.join(", ")
+                )
+            })
+            .collect();
+        let devices = orch_devices::sim::parse(std::path::Path::new("t.toml"), &text).unwrap();
+        Inventory {
+            backend: orch_devices::Backend::Sim,
+            devices,
+            fallback_reason: None,
+        }
+    }
+
+    #[test]
+    fn a_reading_keeps_first_seen_times_lays_marks_and_reports_each_new_problem_once() {
+        let mut first = inventory(&[&[], &[79]]);
+        first.devices[1].health.problems[0].since_ms = 5;
+        let drain = DeviceMark {
+            uuid: first.devices[0].uuid.clone(),
+            kind: MarkKind::Drain,
+            detail: Some("maintenance".into()),
+            by: Some("root".into()),
+            since_ms: 9,
+        };
+        // GPU 0 gets an Xid 48 and is drained; GPU 1's Xid 79 was there before.
+        let mut next = inventory(&[&[48], &[79]]);
+        let became = settle(&mut next, &first, std::slice::from_ref(&drain));
+        assert_eq!(next.devices[1].health.problems[0].since_ms, 5);
+        assert_eq!(
+            next.devices[0].health.drains[0].reason.as_deref(),
+            Some("maintenance")
+        );
+        assert_eq!(became.len(), 1, "{became:?}");
+        assert_eq!(became[0].uuids, [next.devices[0].uuid.clone()]);
+        assert!(
+            became[0]
+                .message
+                .starts_with("GPU 0 (GPU-51300000) became unhealthy: Xid 48"),
+            "{}",
+            became[0].message
+        );
+        // Read again: nothing new to tell.
+        let mut again = inventory(&[&[48], &[79]]);
+        assert!(settle(&mut again, &next, &[drain]).is_empty());
+    }
 }
