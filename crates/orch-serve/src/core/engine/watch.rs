@@ -1,6 +1,7 @@
-//! The device watch: a thread that reads the machine again every [`INVENTORY_MAX_AGE`] (the
-//! devices, the live leases, the processes no lease covers) into the shared machine view, and
-//! the engine's idle reclaim, which acts on those readings.
+//! The device watch: a thread that reads the machine again every [`INVENTORY_MAX_AGE`], sooner
+//! when the sim file it reads changes (the devices, the live leases, the processes no lease
+//! covers; health and drains laid over them by `device_health`) into the shared machine view,
+//! and the engine's idle reclaim, which acts on those readings.
 
 use super::*;
 
