@@ -319,8 +319,17 @@ fn through_nvml_an_xid_event_makes_the_gpu_unhealthy_and_the_record_reaches_orch
     ];
     d.restart();
     assert_eq!(devices(&d)[1]["backend"], "nvml");
-    // The event thread registers after the daemon starts: give it a moment.
-    std::thread::sleep(Duration::from_millis(500));
+    // The daemon's Xid thread registers its event set as it starts: an entry written before
+    // that is no event (as with NVML), so the test waits for it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !d.log().contains("waiting for Xid events on 3 GPU(s)") {
+        assert!(
+            Instant::now() < deadline,
+            "no Xid event thread: {}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     // An application's Xid on GPU 0, a critical one on GPU 1.
     let text = gpus(3, |i| match i {
         0 => "xid_errors = [43]".into(),

@@ -107,8 +107,20 @@ fn measure(
     std::fs::write(&sim, sim_text(&xids)).unwrap();
     let devices = devices.replace("SIM", &sim.display().to_string());
     let d = Daemon::start(&work.join(name), &devices, env);
-    // The daemon's Xid thread registers its event set as it starts.
-    std::thread::sleep(Duration::from_millis(500));
+    // The daemon's Xid thread registers its event set as it starts (a sim daemon has none).
+    let log = work.join(name).join("daemon.log");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while devices == "nvml"
+        && !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("waiting for Xid events")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the daemon waits for no Xid event"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let mut took = Vec::with_capacity(runs);
     for run in 0..runs {
         let gpu = run % GPUS;

@@ -101,6 +101,7 @@ pub fn watch_xids(
     if registered == 0 {
         return Err("no GPU takes Xid event registration".to_string());
     }
+    tracing::info!("waiting for Xid events on {registered} GPU(s)");
     while keep_going() {
         match set.wait(WAIT.as_millis() as u32) {
             Ok(event) => {

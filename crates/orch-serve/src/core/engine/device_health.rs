@@ -119,13 +119,13 @@ fn record_xid(
     let meaning = orch_devices::health::xid_meaning(event.xid);
     if !orch_devices::health::is_critical_xid(event.xid) {
         tracing::info!(
-            "GPU {}: Xid {} ({meaning}), an application's error: the GPU stays in service",
+            "GPU {}: Xid {}: {meaning}; the GPU stays in service",
             event.uuid,
             event.xid
         );
         return;
     }
-    tracing::warn!("GPU {}: Xid {} ({meaning})", event.uuid, event.xid);
+    tracing::warn!("GPU {}: Xid {}: {meaning}", event.uuid, event.xid);
     let problem = Problem {
         kind: ProblemKind::Xid,
         xid: Some(event.xid),
