@@ -353,4 +353,35 @@ mod tests {
         healthy.assess(1);
         assert!(healthy.is_healthy());
     }
+
+    #[test]
+    fn devices_are_found_by_index_uuid_short_uuid_or_slice() {
+        let text = "[[gpu]]\nname = \"a\"\nmemory_total = \"1GiB\"\nuuid = \"GPU-8932f937-1111\"\n\
+                    [[gpu.mig]]\nuuid = \"MIG-1111\"\n\
+                    [[gpu]]\nname = \"b\"\nmemory_total = \"1GiB\"\nuuid = \"GPU-8932f937-2222\"\n\
+                    [[gpu]]\nname = \"c\"\nmemory_total = \"1GiB\"\nuuid = \"GPU-1c7b4a55-3333\"\n";
+        let devices = crate::sim::parse(std::path::Path::new("t.toml"), text).unwrap();
+        let found = |name: &str| find_device(&devices, name);
+        assert_eq!(found("1").unwrap(), ("GPU-8932f937-2222".into(), 1));
+        assert_eq!(
+            found("GPU-8932f937-2222").unwrap(),
+            ("GPU-8932f937-2222".into(), 1)
+        );
+        assert_eq!(found("MIG-1111").unwrap(), ("MIG-1111".into(), 0));
+        // The short uuid `orch devices` shows, when it names one GPU.
+        assert_eq!(
+            found("GPU-1c7b4a55").unwrap(),
+            ("GPU-1c7b4a55-3333".into(), 2)
+        );
+        let err = found("GPU-8932f937").unwrap_err();
+        assert!(err.contains("begins the uuids of 2 devices"), "{err}");
+        let err = found("7").unwrap_err();
+        assert!(
+            err.starts_with("there is no GPU 7: this machine's GPUs are numbered 0 to 2"),
+            "{err}"
+        );
+        // Shorter than a short uuid: no prefix match.
+        let err = found("GPU-1c7b").unwrap_err();
+        assert!(err.starts_with("no device is \"GPU-1c7b\""), "{err}");
+    }
 }
