@@ -546,4 +546,19 @@ fn only_admins_may_drain_through_the_daemon() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(devices(&d)[0]["state"], "drained");
     assert_eq!(devices(&d)[0]["health"]["drains"][0]["by"], "root");
+    // A user sees the daemon's drains in orch devices, though the lease store is root's.
+    let sim = lab_sim();
+    let out = as_user(
+        alice,
+        &socket,
+        &public,
+        &["--devices", &sim, "devices", "-v"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let listed = stdout(&out);
+    assert!(
+        listed.lines().nth(1).unwrap().ends_with(" drained"),
+        "{listed}"
+    );
+    assert!(listed.lines().nth(2).unwrap().ends_with(" ok"), "{listed}");
 }

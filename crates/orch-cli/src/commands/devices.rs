@@ -170,18 +170,52 @@ fn json_row<'a>(
     }
 }
 
-/// `inventory` with the lease store's drains and recorded health laid over it (none without a
-/// store: listing devices creates no state folder).
+/// `inventory` with the drains and recorded health laid over it: the lease store's, and, when a
+/// daemon answers, the daemon's (whose lease store a user's own orch may not read: the machine's
+/// is root's). Listing devices creates no state folder.
 fn marked(inventory: Inventory) -> Inventory {
     let marks = orch_runner::service::read_marks(&orch_leases::default_state_dir());
-    if marks.is_empty() {
-        return inventory;
+    let mut devices = orch_runner::service::with_marks(&inventory.devices, &marks).into_owned();
+    for (uuid, health) in daemon_health() {
+        let Some(device) = devices.iter_mut().find(|d| d.uuid == uuid) else {
+            continue;
+        };
+        device.health.drains = health.drains;
+        for problem in health.problems {
+            if !device.health.problems.iter().any(|p| p.same(&problem)) {
+                device.health.problems.push(problem);
+            }
+        }
     }
-    let devices = orch_runner::service::with_marks(&inventory.devices, &marks).into_owned();
     Inventory {
         devices,
         ..inventory
     }
+}
+
+/// Each device's health as the daemon a client talks to sees it (`/v1/devices`); none when no
+/// daemon answers or its answer cannot be read.
+fn daemon_health() -> Vec<(String, orch_devices::Health)> {
+    let found = orch_leases::find_daemon();
+    if !orch_leases::answers(&found.path) {
+        return Vec::new();
+    }
+    let answer = crate::client::Client::at(found.path)
+        .and_then(|c| c.call(hyper::Method::GET, "/v1/devices", None));
+    let Ok((hyper::StatusCode::OK, body)) = answer else {
+        return Vec::new();
+    };
+    let Ok(devices) = serde_json::from_slice::<Vec<serde_json::Value>>(&body) else {
+        return Vec::new();
+    };
+    devices
+        .into_iter()
+        .filter_map(|mut d| {
+            let uuid = d.get("uuid")?.as_str()?.to_string();
+            let health = serde_json::from_value(d.get_mut("health")?.take()).ok()?;
+            Some((uuid, health))
+        })
+        .collect()
 }
 
 /// The STATE column: `ok`, `drained`, `unhealthy`; with `-v`, why.
