@@ -242,6 +242,10 @@ impl Device {
     /// a waiting job's reason shows: `GPU 1 is unhealthy (Xid 79: …)`, `GPU 1 is drained
     /// (maintenance)`; `None` when it is in service.
     pub fn out_of_service(&self, uuid: &str) -> Option<String> {
+        // Asked of every candidate of every placement: nothing is made for one in service.
+        if self.health.is_healthy() && self.health.drains.is_empty() {
+            return None;
+        }
         let name = if uuid == self.uuid {
             format!("GPU {}", self.index)
         } else {
