@@ -562,3 +562,110 @@ fn only_admins_may_drain_through_the_daemon() {
     );
     assert!(listed.lines().nth(2).unwrap().ends_with(" ok"), "{listed}");
 }
+
+#[test]
+fn a_drained_gpu_is_no_free_room_for_the_scheduler_a_starving_job_holds_the_rest() {
+    let (dir, sim) = sim_dir("room", &gpus(3, |_| String::new()));
+    let mut d = Daemon::prepare("health-room");
+    d.devices = Some(format!("sim:{}", sim.display()));
+    let me = stdout(
+        &std::process::Command::new("id")
+            .arg("-un")
+            .output()
+            .unwrap(),
+    )
+    .trim()
+    .to_string();
+    let config = d.state.join("serve.toml");
+    std::fs::write(
+        &config,
+        format!("starvation_limit = \"1s\"\nadmins = [\"{me}\"]\n[[tenant]]\nname = \"lab\"\nusers = [\"{me}\"]\n"),
+    )
+    .unwrap();
+    d.config = Some(config);
+    d.restart();
+    let out = d.client(&["drain", "2", "--reason", "maintenance"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let running = d.submit(&["--gpus", "1", "--", "sleep", "60"]);
+    d.wait_state(&running, "running");
+    // One GPU is free and one drained: the two-GPU job waits for one more, and once it has
+    // waited over the starvation limit it holds the free one (a drained GPU is no room).
+    let big = d.submit(&["--gpus", "2", "--", "true"]);
+    let waiting = until_reason(&d, &big, "holding the 1 free ones for it");
+    assert!(
+        waiting["reason"]
+            .as_str()
+            .unwrap()
+            .contains("out of service: GPU 2 is drained (maintenance)"),
+        "{waiting}"
+    );
+    let small = d.submit(&["--gpus", "1", "--", "true"]);
+    std::thread::sleep(Duration::from_millis(700));
+    assert_eq!(d.status(&small)["state"], "queued", "{}", d.status(&small));
+    assert!(d.client(&["cancel", &running]).status.success());
+    d.wait_state(&big, "succeeded");
+    d.wait_state(&small, "succeeded");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn orch_run_inside_a_running_job_keeps_its_drained_gpu_and_not_an_unhealthy_one() {
+    let (dir, sim) = sim_dir("inner", &gpus(2, |_| String::new()));
+    let mut d = Daemon::prepare("health-inner");
+    let spec = format!("sim:{}", sim.display());
+    d.devices = Some(spec.clone());
+    d.restart();
+    let go = dir.join("go");
+    let orch_bin = env!("CARGO_BIN_EXE_orch");
+    // The job waits for the test's word, then runs `orch run` on the GPU it holds.
+    let script = format!(
+        "while [ ! -e {go} ]; do sleep 0.05; done; ORCH_DEVICES={spec} {orch_bin} run -- sh -c 'echo inner $CUDA_VISIBLE_DEVICES'",
+        go = go.display()
+    );
+    let id = d.submit(&["--gpus", "1", "--", "sh", "-c", &script]);
+    let held = device_of(&d.wait_state(&id, "running"));
+    let index = index_of(&d, &held);
+    let out = d.client(&["drain", &index.to_string(), "--reason", "after this job"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    std::fs::write(&go, "").unwrap();
+    let out = d.client(&["wait", &id]);
+    assert!(
+        out.status.success(),
+        "{}",
+        stdout(&d.client(&["logs", "--stderr", &id]))
+    );
+    assert_eq!(
+        stdout(&d.client(&["logs", &id])).trim(),
+        format!("inner {held}")
+    );
+    // An unhealthy GPU stays out of service, inside a job too.
+    let go2 = dir.join("go2");
+    let script = script.replace(&go.display().to_string(), &go2.display().to_string());
+    assert!(d.client(&["undrain", &index.to_string()]).status.success());
+    let id = d.submit(&["--gpus", "1", "--", "sh", "-c", &script]);
+    let held = device_of(&d.wait_state(&id, "running"));
+    let sick = index_of(&d, &held);
+    rewrite(
+        &sim,
+        &gpus(2, |i| {
+            if i == sick {
+                "xid_errors = [79]".into()
+            } else {
+                String::new()
+            }
+        }),
+    );
+    until_state(&d, sick, "unhealthy");
+    std::fs::write(&go2, "").unwrap();
+    let out = d.client(&["wait", &id]);
+    assert!(
+        !out.status.success(),
+        "the inner run was placed on an unhealthy GPU"
+    );
+    assert!(
+        stdout(&d.client(&["logs", "--stderr", &id])).contains("is unhealthy (Xid 79"),
+        "{}",
+        stdout(&d.client(&["logs", "--stderr", &id]))
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -9,7 +9,7 @@ use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-const SCHEMA_VERSION: i64 = 2;
+const SCHEMA_VERSION: i64 = 1;
 /// How long a writer waits for another process's transaction before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -285,7 +285,7 @@ impl LeaseStore {
             .conn
             .pragma_query_value(None, "user_version", |row| row.get(0))
             .map_err(db("reading the schema version"))?;
-        if version == SCHEMA_VERSION {
+        if version == SCHEMA_VERSION && marks::exists(&self.conn)? {
             return Ok(());
         }
         let tx = self
@@ -324,9 +324,9 @@ impl LeaseStore {
             )
             .map_err(db("creating the schema"))?;
         }
-        if version < 2 {
-            marks::create(&tx)?;
-        }
+        // Additive: a store of schema 1 gains the marks' table and stays schema 1, so an older
+        // orch, which never reads it, keeps opening the store.
+        marks::create(&tx)?;
         tx.commit().map_err(db("creating the schema"))
     }
 

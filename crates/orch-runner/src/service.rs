@@ -27,6 +27,33 @@ pub fn with_marks<'a>(devices: &'a [Device], marks: &[DeviceMark]) -> Cow<'a, [D
     Cow::Owned(devices)
 }
 
+/// The marks a claim made inside an enclosing lease honours: a drain says no *new* job goes
+/// there, and the job that holds the lease is no new job, so drains on the lease's own devices
+/// (`own`, or their GPU) do not apply; everything else does, unhealthy marks included. Borrowed
+/// unchanged outside a lease.
+pub fn for_claim_inside<'a>(
+    marks: &'a [DeviceMark],
+    own: &[String],
+    devices: &[Device],
+) -> Cow<'a, [DeviceMark]> {
+    if own.is_empty() || !marks.iter().any(|m| m.kind == MarkKind::Drain) {
+        return Cow::Borrowed(marks);
+    }
+    let held = |uuid: &str| {
+        own.iter().any(|o| o == uuid)
+            || devices
+                .iter()
+                .any(|d| d.uuid == uuid && d.mig_devices.iter().any(|m| own.contains(&m.uuid)))
+    };
+    Cow::Owned(
+        marks
+            .iter()
+            .filter(|m| m.kind != MarkKind::Drain || !held(&m.uuid))
+            .cloned()
+            .collect(),
+    )
+}
+
 /// Lays one mark over its device.
 pub fn apply(device: &mut Device, mark: &DeviceMark) {
     match mark.kind {

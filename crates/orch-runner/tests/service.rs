@@ -3,7 +3,7 @@
 use orch_devices::ServiceState;
 use orch_devices::{Device, Problem};
 use orch_leases::{DeviceMark, MarkKind};
-use orch_runner::service::with_marks;
+use orch_runner::service::{for_claim_inside, with_marks};
 use std::borrow::Cow;
 
 fn gpu(index: u32) -> Device {
@@ -63,4 +63,42 @@ fn drains_and_recorded_problems_take_devices_out_of_service() {
             .unwrap()
             .contains("Xid 79"),
     );
+}
+
+#[test]
+fn inside_a_lease_its_own_devices_drains_do_not_apply_and_health_does() {
+    let devices = vec![gpu(0), gpu(1), gpu(2)];
+    let problems = serde_json::to_string(&[Problem {
+        kind: orch_devices::ProblemKind::Xid,
+        xid: Some(48),
+        message: "Xid 48: double-bit ECC error".into(),
+        since_ms: 3,
+    }])
+    .unwrap();
+    let marks = [
+        mark("GPU-00000000", MarkKind::Drain, None),
+        mark("GPU-00000001", MarkKind::Drain, None),
+        mark("GPU-00000002", MarkKind::Drain, None),
+        mark("GPU-00000000", MarkKind::Unhealthy, Some(&problems)),
+    ];
+    // The lease holds GPU 0 and a slice of GPU 2.
+    let own = ["GPU-00000000".to_string(), "MIG-2".to_string()];
+    let kept = for_claim_inside(&marks, &own, &devices);
+    let marked = with_marks(&devices, &kept);
+    // GPU 0's drain is the enclosing job's to finish under; its health still counts.
+    assert_eq!(
+        marked[0].service_state("GPU-00000000"),
+        ServiceState::Unhealthy
+    );
+    assert!(marked[0].health.drains.is_empty());
+    assert_eq!(
+        marked[1].service_state("GPU-00000001"),
+        ServiceState::Drained
+    );
+    assert_eq!(marked[2].service_state("MIG-2"), ServiceState::Ok);
+    // Outside a lease every mark applies, unchanged.
+    assert!(matches!(
+        for_claim_inside(&marks, &[], &devices),
+        Cow::Borrowed(_)
+    ));
 }

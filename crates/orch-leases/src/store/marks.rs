@@ -54,7 +54,8 @@ pub struct DeviceMark {
     pub since_ms: u64,
 }
 
-/// The table of schema version 2.
+/// The marks' table, made when missing. It is an addition to schema 1, not a new version:
+/// an orch that predates it opens the store as before and never reads the table.
 pub(super) fn create(tx: &rusqlite::Transaction<'_>) -> Result<(), LeaseError> {
     tx.execute_batch(
         "CREATE TABLE IF NOT EXISTS device_marks (
@@ -64,10 +65,20 @@ pub(super) fn create(tx: &rusqlite::Transaction<'_>) -> Result<(), LeaseError> {
             made_by TEXT,
             since_ms INTEGER NOT NULL,
             PRIMARY KEY (device_uuid, kind)
-         );
-         PRAGMA user_version = 2;",
+         );",
     )
     .map_err(db("creating the schema"))
+}
+
+/// Whether the store has the marks' table (a read: most opens find it and take no write lock).
+pub(super) fn exists(conn: &rusqlite::Connection) -> Result<bool, LeaseError> {
+    conn.query_row(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'device_marks'",
+        [],
+        |row| row.get::<_, i64>(0),
+    )
+    .map(|n| n > 0)
+    .map_err(db("reading the schema"))
 }
 
 pub(super) fn read(tx: &rusqlite::Transaction<'_>) -> Result<Vec<DeviceMark>, LeaseError> {
@@ -210,6 +221,49 @@ mod tests {
         assert!(store.clear_mark("GPU-a", MarkKind::Drain).unwrap());
         assert!(!store.clear_mark("GPU-a", MarkKind::Drain).unwrap());
         assert_eq!(store.marks().unwrap().len(), 1);
+    }
+
+    fn user_version(dir: &std::path::Path) -> i64 {
+        let conn = rusqlite::Connection::open(dir.join("leases.sqlite3")).unwrap();
+        conn.pragma_query_value(None, "user_version", |row| row.get(0))
+            .unwrap()
+    }
+
+    #[test]
+    fn the_marks_table_is_added_to_a_schema_1_store_without_raising_its_version() {
+        let dir = temp_dir("schema");
+        // A store as an orch before marks made it: schema 1, no marks' table.
+        {
+            let conn = rusqlite::Connection::open(dir.join("leases.sqlite3")).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE leases (id TEXT PRIMARY KEY, job_name TEXT NOT NULL,
+                    exclusive INTEGER NOT NULL, memory_reserved INTEGER NOT NULL,
+                    holders TEXT NOT NULL, created_at_ms INTEGER NOT NULL);
+                 CREATE TABLE lease_devices (lease_id TEXT NOT NULL, rank INTEGER NOT NULL,
+                    device_uuid TEXT NOT NULL, PRIMARY KEY (lease_id, device_uuid));
+                 PRAGMA user_version = 1;",
+            )
+            .unwrap();
+        }
+        let mut store = LeaseStore::open(&dir).unwrap();
+        store
+            .set_mark("GPU-a", MarkKind::Drain, None, None)
+            .unwrap();
+        drop(store);
+        // An older orch checks for schema 1 and opens it still.
+        assert_eq!(user_version(&dir), 1);
+        assert_eq!(LeaseStore::open(&dir).unwrap().marks().unwrap().len(), 1);
+        // A store a genuinely newer orch wrote is refused, as before.
+        rusqlite::Connection::open(dir.join("leases.sqlite3"))
+            .unwrap()
+            .execute_batch("PRAGMA user_version = 2;")
+            .unwrap();
+        let err = LeaseStore::open(&dir).err().unwrap().to_string();
+        assert!(
+            err.contains("written by a newer orch (schema 2, this orch knows 1)"),
+            "{err}"
+        );
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

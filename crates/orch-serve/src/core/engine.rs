@@ -685,7 +685,7 @@ impl Engine {
             self.wait_for_the_state_folder(fault);
             return;
         }
-        let Some(machine) = self.machine_now() else {
+        let Some((machine, out_of_service)) = self.machine_now() else {
             return;
         };
         let started = Instant::now();
@@ -723,6 +723,7 @@ impl Engine {
             self.preempt(p.victim as i64, p.reason);
         }
         let mut reasons = report.reasons;
+        name_out_of_service(&mut reasons, &out_of_service);
         let placed = reasons.len();
         reasons.extend(self.sched.held_reasons());
         self.publish_reasons(reasons, placed);
@@ -753,9 +754,11 @@ impl Engine {
         lock(&self.shared.places).clear();
     }
 
-    /// The devices a pass may place on, and how many of them no exclusive lease holds; `None`
-    /// when the lease store cannot say (the pass is skipped).
-    fn machine_now(&mut self) -> Option<orch_queue::Machine> {
+    /// The devices a pass may place on, and how many of them are free: in service (not drained,
+    /// not unhealthy) and held by no exclusive lease; `None` when the lease store cannot say (the
+    /// pass is skipped).
+    /// The devices out of service are named, in words, beside the machine.
+    fn machine_now(&mut self) -> Option<(orch_queue::Machine, Vec<String>)> {
         self.jobs.refresh_inventory();
         let leases = match self.jobs.store.active() {
             Ok(l) => l,
@@ -769,7 +772,7 @@ impl Engine {
             .filter(|l| l.exclusive)
             .flat_map(|l| l.devices.iter().map(String::as_str))
             .collect();
-        let visible: Vec<&str> = self
+        let visible: Vec<&orch_devices::Device> = self
             .jobs
             .placeable
             .devices
@@ -781,12 +784,22 @@ impl Engine {
                     .iter()
                     .find(|d| d.index == v.physical)
             })
-            .map(|d| d.uuid.as_str())
             .collect();
-        Some(orch_queue::Machine {
-            free_gpus: visible.iter().filter(|u| !held.contains(*u)).count() as u32,
+        // A drained or unhealthy GPU takes no job: preemption, the starvation hold-back and
+        // backfill must not count it as room.
+        let out: Vec<String> = visible
+            .iter()
+            .filter_map(|d| d.out_of_service(&d.uuid))
+            .collect();
+        let free = visible
+            .iter()
+            .filter(|d| !held.contains(d.uuid.as_str()) && d.out_of_service(&d.uuid).is_none())
+            .count();
+        let machine = orch_queue::Machine {
+            free_gpus: free as u32,
             total_gpus: visible.len() as u32,
-        })
+        };
+        Some((machine, out))
     }
 
     /// The queue policy failed this pass: logged when the failure is new, or a minute passed.
@@ -1184,6 +1197,22 @@ const VANISHED_UNWATCHED: &str = "its processes vanished while no daemon watched
 /// start time: never a reused pid. True when it was delivered.
 fn signal(pid: u32, signal: i32) -> bool {
     orch_core::process::signal(pid, signal)
+}
+
+/// A job that waits for free devices while some are out of service says which, as a placement
+/// that finds no fit does (`waiting for 2 free device(s); 1 free; out of service: GPU 2 is
+/// drained (maintenance)`).
+fn name_out_of_service(reasons: &mut [(u64, String)], out: &[String]) {
+    if out.is_empty() {
+        return;
+    }
+    let words = out.join(", ");
+    for (_, reason) in reasons {
+        if reason.starts_with("waiting for ") && !reason.contains("out of service") {
+            reason.push_str("; out of service: ");
+            reason.push_str(&words);
+        }
+    }
 }
 
 #[cfg(test)]
