@@ -669,3 +669,54 @@ fn orch_run_inside_a_running_job_keeps_its_drained_gpu_and_not_an_unhealthy_one(
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn without_a_daemon_a_user_who_is_not_root_must_name_the_store_a_drain_goes_to() {
+    if !root_or_skip("without_a_daemon_a_user_who_is_not_root_must_name_the_store") {
+        return;
+    }
+    let alice = test_user("orchtesta");
+    let public = std::env::temp_dir().join(format!("orch-health-local-{}", std::process::id()));
+    crate::serve::world_dir(&public);
+    let sim = lab_sim();
+    // No daemon answers at this socket: the drain would go to alice's own store.
+    let socket = public.join("nobody.sock");
+    let out = as_user(alice, &socket, &public, &["--devices", &sim, "drain", "0"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(
+        said.contains("orch drain as orchtesta would only mark orchtesta's own lease store"),
+        "{said}"
+    );
+    assert!(said.contains("set ORCH_STATE_DIR"), "{said}");
+    assert_eq!(said.trim().lines().count(), 1, "one sentence: {said}");
+    let out = as_user(
+        alice,
+        &socket,
+        &public,
+        &["--devices", &sim, "undrain", "0"],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+
+    // A reason is checked as the daemon checks it: one line of at most 200 characters.
+    let state = public.join("state").display().to_string();
+    let env = [
+        ("ORCH_DEVICES", sim.as_str()),
+        ("ORCH_STATE_DIR", state.as_str()),
+    ];
+    let long = "x".repeat(201);
+    for bad in [long.as_str(), "two\nlines"] {
+        let out = orch(&["drain", "0", "--reason", bad], &env);
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(
+            stderr(&out)
+                .contains("--reason: a drain's reason is one line of at most 200 characters"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    let out = orch(&["devices", "--json"], &env);
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed[0]["state"], "ok", "nothing was drained");
+    let _ = std::fs::remove_dir_all(public);
+}

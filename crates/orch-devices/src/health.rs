@@ -304,6 +304,22 @@ pub fn find_device(devices: &[Device], name: &str) -> Result<(String, u32), Stri
     }
 }
 
+/// The longest drain reason kept (it is shown in tables and the metrics).
+pub const MAX_DRAIN_REASON: usize = 200;
+
+/// A drain's reason as given (`--reason`, the API's body): trimmed, none when empty; `Err` is
+/// one sentence when it is more than one line of at most [`MAX_DRAIN_REASON`] characters. The
+/// daemon and `orch drain` without one check it alike.
+pub fn drain_reason(given: Option<&str>) -> Result<Option<String>, String> {
+    let reason = given.map(str::trim).filter(|r| !r.is_empty());
+    if reason.is_some_and(|r| r.chars().count() > MAX_DRAIN_REASON || r.contains(['\n', '\r'])) {
+        return Err(format!(
+            "a drain's reason is one line of at most {MAX_DRAIN_REASON} characters"
+        ));
+    }
+    Ok(reason.map(str::to_string))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -387,5 +403,22 @@ mod tests {
         // Shorter than a short uuid: no prefix match.
         let err = found("GPU-1c7b").unwrap_err();
         assert!(err.starts_with("no device is \"GPU-1c7b\""), "{err}");
+    }
+
+    #[test]
+    fn a_drain_reason_is_one_trimmed_line_of_at_most_200_characters() {
+        assert_eq!(drain_reason(None), Ok(None));
+        assert_eq!(drain_reason(Some("  ")), Ok(None));
+        assert_eq!(
+            drain_reason(Some(" fan replacement\n")),
+            Ok(Some("fan replacement".into()))
+        );
+        assert!(drain_reason(Some(&"é".repeat(200))).is_ok());
+        let err = drain_reason(Some(&"x".repeat(201))).unwrap_err();
+        assert_eq!(
+            err,
+            "a drain's reason is one line of at most 200 characters"
+        );
+        assert!(drain_reason(Some("two\nlines")).is_err());
     }
 }

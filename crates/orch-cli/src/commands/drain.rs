@@ -1,7 +1,8 @@
 //! `orch drain DEVICE [--reason TEXT]` and `orch undrain DEVICE`: take a GPU (by index or uuid)
 //! or a MIG slice (by uuid) out of service for new jobs, or put it back. Through the machine's
-//! daemon when one answers (admins only); else straight into the lease store, which every
-//! `orch run` reads (root's, for the machine's store).
+//! daemon when one answers (admins only); else straight into the lease store the caller's
+//! `orch run` reads: root's is the machine's; any other user must name the store with
+//! `ORCH_STATE_DIR`, since their own store is read by no one else.
 
 use super::load_inventory;
 use crate::cli::{DrainArgs, UndrainArgs};
@@ -13,21 +14,19 @@ use orch_devices::InventorySpec;
 use orch_leases::{LeaseStore, MarkKind};
 
 pub fn drain(spec: &InventorySpec, args: &DrainArgs) -> CmdResult {
+    let reason = orch_devices::health::drain_reason(args.reason.as_deref())
+        .map_err(|e| Failure::bad_input_msg(format!("--reason: {e}; give it as one short line")))?;
     if let Some(client) = daemon()? {
-        let body = serde_json::json!({ "reason": args.reason });
+        let body = serde_json::json!({ "reason": reason });
         let answer = ask(&client, "drain", &args.device, Some(body.to_string()))?;
         println!("drained {}{}", named(&answer), said_reason(args));
         return Ok(());
     }
+    local_store_is_meant("drain")?;
     let (uuid, index) = find(spec, &args.device)?;
-    let by = std::env::var("USER").ok().filter(|u| !u.is_empty());
+    let by = Some(me().name);
     open_store()?
-        .set_mark(
-            &uuid,
-            MarkKind::Drain,
-            args.reason.as_deref(),
-            by.as_deref(),
-        )
+        .set_mark(&uuid, MarkKind::Drain, reason.as_deref(), by.as_deref())
         .map_err(Failure::failed)?;
     println!("drained GPU {index} ({uuid}){}", said_reason(args));
     Ok(())
@@ -39,6 +38,7 @@ pub fn undrain(spec: &InventorySpec, args: &UndrainArgs) -> CmdResult {
         println!("undrained {}: it takes new jobs", named(&answer));
         return Ok(());
     }
+    local_store_is_meant("undrain")?;
     let (uuid, index) = find(spec, &args.device)?;
     let mut store = open_store()?;
     store
@@ -92,6 +92,30 @@ fn said_reason(args: &DrainArgs) -> String {
 fn find(spec: &InventorySpec, device: &str) -> Result<(String, u32), Failure> {
     let inventory = load_inventory(spec)?;
     orch_devices::health::find_device(&inventory.devices, device).map_err(Failure::bad_input_msg)
+}
+
+/// Without a daemon the marks go to the lease store this process opens: root's is the
+/// machine's (`/var/lib/orch`), which a root daemon and root's `orch run` read; another user's is
+/// that user's own, which no one else reads. A user who is not root must name the store
+/// (`ORCH_STATE_DIR`) to show it is the one meant.
+fn local_store_is_meant(action: &str) -> Result<(), Failure> {
+    let me = me();
+    let named = std::env::var_os("ORCH_STATE_DIR").is_some_and(|d| !d.is_empty());
+    if me.uid == 0 || named {
+        return Ok(());
+    }
+    let user = me.name;
+    Err(Failure::failed_msg(format!(
+        "no daemon answers, and orch {action} as {user} would only mark {user}'s own lease store ({}), which no other user's jobs read: run it as root (the machine's store), through the machine's daemon, or set ORCH_STATE_DIR to the store you mean",
+        orch_leases::default_state_dir().display()
+    )))
+}
+
+/// Who runs this `orch` (by uid: `$USER` may be another's under sudo).
+fn me() -> orch_serve::core::users::Identity {
+    // SAFETY: getgid cannot fail.
+    let gid = unsafe { libc::getgid() };
+    orch_serve::core::users::Identity::of_uid(orch_serve::core::users::current_uid(), gid)
 }
 
 fn open_store() -> Result<LeaseStore, Failure> {

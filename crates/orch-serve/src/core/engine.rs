@@ -1206,12 +1206,20 @@ fn name_out_of_service(reasons: &mut [(u64, String)], out: &[String]) {
     if out.is_empty() {
         return;
     }
-    let words = out.join(", ");
+    let words = format!("; out of service: {}", out.join(", "));
+    const WAITING: &str = "free device(s); ";
     for (_, reason) in reasons {
-        if reason.starts_with("waiting for ") && !reason.contains("out of service") {
-            reason.push_str("; out of service: ");
-            reason.push_str(&words);
+        if !reason.starts_with("waiting for ") || reason.contains("out of service") {
+            continue;
         }
+        // After the scheduler's own words (`N free`, or what it holds back), before a policy's.
+        let Some(start) = reason.find(WAITING).map(|i| i + WAITING.len()) else {
+            continue;
+        };
+        let end = reason[start..]
+            .find("; ")
+            .map_or(reason.len(), |i| start + i);
+        reason.insert_str(end, &words);
     }
 }
 
@@ -1232,5 +1240,33 @@ mod purge_flag_tests {
         .join();
         assert!(ended.is_err());
         assert!(!busy.load(Ordering::Acquire));
+    }
+}
+
+#[cfg(test)]
+mod out_of_service_tests {
+    use super::name_out_of_service;
+
+    #[test]
+    fn a_job_waiting_for_free_devices_names_those_out_of_service() {
+        let mut reasons = vec![
+            (1, "waiting for 2 free device(s); 1 free; tenant a is over its share".to_string()),
+            (2, "waiting for 2 free device(s); holding the 1 free ones for it (it waited over the starvation limit)".to_string()),
+            (3, "tenant a holds 2 device(s) of its max_gpus = 2".to_string()),
+        ];
+        name_out_of_service(&mut reasons, &["GPU 2 is drained (fan)".to_string()]);
+        assert_eq!(
+            reasons[0].1,
+            "waiting for 2 free device(s); 1 free; out of service: GPU 2 is drained (fan); tenant a is over its share"
+        );
+        assert!(
+            reasons[1]
+                .1
+                .ends_with("limit); out of service: GPU 2 is drained (fan)")
+        );
+        assert_eq!(
+            reasons[2].1,
+            "tenant a holds 2 device(s) of its max_gpus = 2"
+        );
     }
 }

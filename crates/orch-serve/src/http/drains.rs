@@ -22,9 +22,6 @@ struct DrainBody {
     reason: Option<String>,
 }
 
-/// The longest reason kept (it is shown in tables and metrics' help).
-const MAX_REASON: usize = 200;
-
 pub(crate) async fn drain(
     AxState(shared): AxState<Arc<Shared>>,
     Extension(caller): Extension<Caller>,
@@ -42,19 +39,8 @@ pub(crate) async fn drain(
             )
         })?
     };
-    let reason = body
-        .reason
-        .map(|r| r.trim().to_string())
-        .filter(|r| !r.is_empty());
-    if reason
-        .as_ref()
-        .is_some_and(|r| r.chars().count() > MAX_REASON || r.contains('\n'))
-    {
-        return Err(err(
-            StatusCode::BAD_REQUEST,
-            format!("a drain's reason is one line of at most {MAX_REASON} characters"),
-        ));
-    }
+    let reason = orch_devices::health::drain_reason(body.reason.as_deref())
+        .map_err(|e| err(StatusCode::BAD_REQUEST, e))?;
     let (uuid, index) = find(&shared, &device)?;
     let by = caller.identity.name.clone();
     let state_dir = shared.state_dir.clone();
