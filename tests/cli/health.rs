@@ -720,3 +720,43 @@ fn without_a_daemon_a_user_who_is_not_root_must_name_the_store_a_drain_goes_to()
     assert_eq!(listed[0]["state"], "ok", "nothing was drained");
     let _ = std::fs::remove_dir_all(public);
 }
+
+#[test]
+fn an_undrain_does_not_flicker_back_while_the_watcher_reads_the_devices() {
+    let text = gpus(2, |_| String::new());
+    let (dir, sim) = sim_dir("flicker", &text);
+    let mut d = Daemon::prepare("health-flicker");
+    d.devices = Some(format!("sim:{}", sim.display()));
+    d.restart();
+    // A writer keeps the sim file changing, so the watcher reads the devices every few ms.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (stop, sim) = (std::sync::Arc::clone(&stop), sim.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && n < 5_000 {
+                n += 1;
+                rewrite(&sim, &format!("{text}# {n}\n"));
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    let mut flickers = Vec::new();
+    for round in 0..30 {
+        let (status, body) = http(&d, "POST", "/v1/devices/1/drain", &serde_json::json!({}));
+        assert_eq!(status, 200, "{body}");
+        let (status, body) = http(&d, "POST", "/v1/devices/1/undrain", &Value::Null);
+        assert_eq!(status, 200, "{body}");
+        for _ in 0..10 {
+            let state = devices(&d)[1]["state"].clone();
+            if state != "ok" {
+                flickers.push((round, state));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    assert!(flickers.is_empty(), "undrained GPU 1 showed {flickers:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}

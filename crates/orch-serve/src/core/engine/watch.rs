@@ -45,12 +45,16 @@ impl Engine {
                             Arc::clone(&lock(&shared.machine).leases)
                         }
                     };
-                    let marks = device_health::marks(store.as_mut().ok());
                     let held = orch_runner::holdings(&inventory, &leases);
                     let (foreign, lease_memory) =
                         (Arc::new(held.foreign), Arc::new(held.lease_memory));
                     if stale.is_none() { shared.timeline.note_devices(now_ms(), &inventory.devices); }
                     let mut machine = lock(&shared.machine);
+                    // The marks are read under the view's lock: a drain or undrain shows itself
+                    // (`show_mark`, `show_cleared`) under it after writing the store, so this
+                    // reading can neither miss it nor bring back what it took away. A read of
+                    // the store in WAL mode waits for no writer.
+                    let marks = device_health::marks(store.as_mut().ok());
                     let mut inventory = Arc::unwrap_or_clone(inventory);
                     let became = device_health::settle(&mut inventory, &machine.inventory, &marks);
                     *machine = MachineView {
