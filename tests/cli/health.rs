@@ -287,6 +287,15 @@ fn a_lost_gpu_and_uncorrected_ecc_errors_are_unhealthy_for_the_daemon_and_for_or
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// One daemon of NVML devices at a time: it takes the machine's lock on them
+/// (`/run/orch/machine.lock`), and a second one is refused.
+pub static NVML_DAEMON: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// [`NVML_DAEMON`], held for the length of a test.
+pub fn one_nvml_daemon() -> std::sync::MutexGuard<'static, ()> {
+    NVML_DAEMON.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The simulated NVML library beside the `orch` under test (see tests/cli/nvml_sim.rs).
 fn nvml_library(test: &str) -> Option<String> {
     let so = Path::new(env!("CARGO_BIN_EXE_orch"))
@@ -310,6 +319,7 @@ fn through_nvml_an_xid_event_makes_the_gpu_unhealthy_and_the_record_reaches_orch
     let Some(lib) = nvml_library("through_nvml_an_xid_event") else {
         return;
     };
+    let _one = one_nvml_daemon();
     let (dir, sim) = sim_dir("nvml", &gpus(3, |_| String::new()));
     let mut d = Daemon::prepare("health-nvml");
     d.devices = Some("nvml".into());
@@ -758,5 +768,126 @@ fn an_undrain_does_not_flicker_back_while_the_watcher_reads_the_devices() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     writer.join().unwrap();
     assert!(flickers.is_empty(), "undrained GPU 1 showed {flickers:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Waits until the daemon's log has said `words` `times` times. Fails after 10 s.
+fn until_logged(d: &Daemon, words: &str, times: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while d.log().matches(words).count() < times {
+        assert!(
+            Instant::now() < deadline,
+            "never logged {words:?}: {}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn through_nvml_a_lost_gpu_is_a_lost_device_not_a_failed_reading() {
+    let Some(lib) = nvml_library("a_lost_gpu_is_a_lost_device") else {
+        return;
+    };
+    let (dir, sim) = sim_dir(
+        "nvml-lost",
+        &gpus(3, |i| {
+            if i == 1 {
+                "lost = true".into()
+            } else {
+                String::new()
+            }
+        }),
+    );
+    let sim_path = sim.display().to_string();
+    let state = dir.join("state").display().to_string();
+    let env = [
+        ("ORCH_DEVICES", "nvml"),
+        ("ORCH_NVML_LIBRARY", lib.as_str()),
+        ("ORCH_NVML_SIM", sim_path.as_str()),
+        ("ORCH_STATE_DIR", state.as_str()),
+    ];
+    // The driver answers GPU_IS_LOST to GPU 1's handle: the other two are read, GPU 1 is lost
+    // (this process never read it before: its uuid is made of its index).
+    let out = orch(&["devices", "--json"], &env);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 3, "{listed}");
+    assert_eq!(listed[1]["uuid"], "GPU-lost-1", "{}", listed[1]);
+    assert_eq!(listed[1]["state"], "unhealthy");
+    assert_eq!(listed[1]["health"]["problems"][0]["kind"], "lost");
+    assert_eq!(listed[0]["state"], "ok");
+    let out = orch(
+        &[
+            "run",
+            "--gpus",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "echo $CUDA_VISIBLE_DEVICES",
+        ],
+        &env,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stdout(&out).contains("lost"), "{}", stdout(&out));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn through_nvml_the_xid_thread_registers_a_new_gpu_and_names_a_lost_one_by_its_uuid() {
+    let Some(lib) = nvml_library("the_xid_thread_registers_a_new_gpu") else {
+        return;
+    };
+    let _one = one_nvml_daemon();
+    let (dir, sim) = sim_dir("nvml-new", &gpus(2, |_| String::new()));
+    let mut d = Daemon::prepare("health-nvml-new");
+    d.devices = Some("nvml".into());
+    d.env = vec![
+        ("ORCH_NVML_LIBRARY", lib),
+        ("ORCH_NVML_SIM", sim.display().to_string()),
+    ];
+    d.restart();
+    until_logged(&d, "waiting for Xid events on 2 GPU(s)", 1);
+    // A third GPU appears: the thread registers it within a few seconds.
+    rewrite(&sim, &gpus(3, |_| String::new()));
+    until_logged(&d, "waiting for Xid events on 3 GPU(s)", 1);
+    until_state(&d, 2, "ok");
+    let uuid = devices(&d)[2]["uuid"].as_str().unwrap().to_string();
+    // It falls off the bus: an Xid 79, and from then on GPU_IS_LOST to its uuid and handle.
+    rewrite(
+        &sim,
+        &gpus(3, |i| {
+            if i == 2 {
+                "lost = true\nxid_errors = [79]".into()
+            } else {
+                String::new()
+            }
+        }),
+    );
+    until_state(&d, 2, "unhealthy");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let gpu = devices(&d)[2].clone();
+        // Still named by its uuid (the daemon's last reading of it), with the Xid its event
+        // carried (named through the handle it was registered by) and the lost reading.
+        assert_eq!(gpu["uuid"], uuid, "{gpu}");
+        let kinds: Vec<Value> = gpu["health"]["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["kind"].clone())
+            .collect();
+        if kinds.contains(&Value::from("xid")) && kinds.contains(&Value::from("lost")) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{gpu}\n{}", d.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !d.log().contains("could not read the devices again"),
+        "{}",
+        d.log()
+    );
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -11,9 +11,11 @@
 //!
 //! `ecc_uncorrected` is the volatile uncorrected count (`nvmlDeviceGetTotalEccErrors`),
 //! `row_remap_pending` / `row_remap_failure` the remapper (`nvmlDeviceGetRemappedRows`); each
-//! left out of the file is `NVML_ERROR_NOT_SUPPORTED`. A GPU with `lost = true` keeps its handle,
-//! uuid, name and PCI identity, and its telemetry (memory, utilization, temperature, power,
-//! processes) and health readings are `NVML_ERROR_GPU_IS_LOST`.
+//! left out of the file is `NVML_ERROR_NOT_SUPPORTED`. A GPU with `lost = true` answers
+//! `NVML_ERROR_GPU_IS_LOST`, as the driver does for a GPU fallen off the bus, to
+//! `nvmlDeviceGetHandleByIndex`, its uuid and name, its telemetry (memory, utilization,
+//! temperature, power, processes) and health readings; a handle taken before keeps its PCI
+//! identity, and its Xid events are delivered on it.
 
 use super::*;
 use std::collections::VecDeque;

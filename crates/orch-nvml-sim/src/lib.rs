@@ -19,7 +19,8 @@
 //!   the needed count for the process list);
 //! - any call before `nvmlInit` (or after the last `nvmlShutdown`) is `NVML_ERROR_UNINITIALIZED`.
 //! - health (`events.rs`): a new `xid_errors` entry is an Xid event delivered to a waiting
-//!   `nvmlEventSetWait_v2`; `ecc_uncorrected`, the row remapper and `lost` are served as readings.
+//!   `nvmlEventSetWait_v2`; `ecc_uncorrected`, the row remapper and `lost` are served as readings
+//!   (a lost GPU answers `NVML_ERROR_GPU_IS_LOST` to its handle by index, uuid and name too).
 //!
 //! The file is read again when it changes (size, time or inode; looked at no more often than every
 //! 10 ms), as the `sim:` backend does, so a test or demo changes telemetry by writing the file; a file that fails to parse leaves the last
@@ -576,8 +577,15 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
 ) -> Ret {
     guard(|| unsafe {
         non_null(device)?;
-        if index as usize >= machine()?.devices.len() {
-            return Err(INVALID_ARGUMENT);
+        let machine = machine()?;
+        let gpu = machine
+            .devices
+            .get(index as usize)
+            .ok_or(INVALID_ARGUMENT)?;
+        // As the driver answers for a GPU that has fallen off the bus (nvidia-smi: "Unable to
+        // determine the device handle for GPU …: GPU is lost").
+        if gpu.health.lost {
+            return Err(GPU_IS_LOST);
         }
         put(
             device,
@@ -665,6 +673,9 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
         non_null(uuid)?;
         let (machine, target) = resolve(device)?;
         let gpu = &machine.devices[target.gpu];
+        if gpu.health.lost {
+            return Err(GPU_IS_LOST);
+        }
         let text = match target.mig {
             None => &gpu.uuid,
             Some(mig) => &gpu.mig_devices[mig].uuid,
@@ -683,6 +694,9 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
         non_null(name)?;
         let (machine, target) = resolve(device)?;
         let gpu = &machine.devices[target.gpu];
+        if gpu.health.lost {
+            return Err(GPU_IS_LOST);
+        }
         let text = match target.mig {
             None => &gpu.name,
             Some(mig) => gpu.mig_devices[mig].name.as_ref().ok_or(NOT_SUPPORTED)?,

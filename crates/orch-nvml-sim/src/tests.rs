@@ -609,10 +609,25 @@ fn ecc_remapped_rows_and_a_lost_gpu_are_served_from_the_file() {
         unsafe { events::nvmlDeviceGetTotalEccErrors(device, uncorrected, volatile, &mut count) },
         GPU_IS_LOST
     );
-    // Its name is still answered: a lost GPU keeps its handle.
+    // What names it is lost too, as the driver answers: its uuid, its name, a new handle.
     let mut name = [0 as c_char; 96];
     assert_eq!(
         unsafe { nvmlDeviceGetName(device, name.as_mut_ptr(), 96) },
+        GPU_IS_LOST
+    );
+    assert_eq!(
+        unsafe { nvmlDeviceGetUUID(device, name.as_mut_ptr(), 96) },
+        GPU_IS_LOST
+    );
+    let mut again = ptr::null_mut();
+    assert_eq!(
+        unsafe { nvmlDeviceGetHandleByIndex_v2(0, &mut again) },
+        GPU_IS_LOST
+    );
+    // The handle taken before keeps its PCI identity.
+    let mut pci: sys::nvmlPciInfo_t = unsafe { std::mem::zeroed() };
+    assert_eq!(
+        unsafe { nvmlDeviceGetPciInfo_v3(device, &mut pci) },
         SUCCESS
     );
 }

@@ -77,15 +77,18 @@ fn became_unhealthy(device: &Device, new: &[&Problem]) -> BecameUnhealthy {
 
 /// Waits for NVML's Xid events on a thread of its own (a daemon of NVML devices only), records
 /// each critical one as an unhealthy mark in the lease store, shows it in the machine view at
-/// once and wakes the engine. NVML that cannot be waited on is said once in the log and tried
-/// again ten seconds later (a lost GPU ends a wait; the others are waited on again).
+/// once and wakes the engine. The wait registers again by itself when the GPUs change. NVML that
+/// cannot be waited on is tried again ten seconds later, a wait that failed after a second (the
+/// other GPUs' events are not missed for long); each new kind of failure is said in the log.
 pub(super) fn watch_xid_events(shared: Arc<Shared>) {
+    use orch_devices::nvml_health::WatchError;
     let started = std::thread::Builder::new()
         .name("orch-xid-events".into())
         .spawn(move || {
             let mut store = LeaseStore::open(&shared.state_dir).ok();
-            let mut said = false;
+            let mut said: Option<WatchError> = None;
             loop {
+                let began = Instant::now();
                 let result = orch_devices::nvml_health::watch_xids(
                     |event| {
                         if store.is_none() {
@@ -95,12 +98,20 @@ pub(super) fn watch_xid_events(shared: Arc<Shared>) {
                     },
                     || true,
                 );
-                if let Err(e) = result
-                    && !std::mem::replace(&mut said, true)
-                {
+                let Err(e) = result else { continue };
+                // A wait that worked a while makes the next failure news, whatever it is.
+                if began.elapsed() >= Duration::from_secs(30) {
+                    said = None;
+                }
+                if said.as_ref() != Some(&e) {
                     tracing::warn!("the daemon cannot wait for Xid events: {e}");
                 }
-                std::thread::sleep(Duration::from_secs(10));
+                let pause = match &e {
+                    WatchError::Unavailable(_) => Duration::from_secs(10),
+                    WatchError::Interrupted(_) => Duration::from_secs(1),
+                };
+                said = Some(e);
+                std::thread::sleep(pause);
             }
         });
     if let Err(e) = started {
