@@ -2,7 +2,9 @@
 # For a machine with an NVIDIA GPU: builds orch, lists the GPUs through NVML, reads their topology
 # (`orch devices --topo`, compared pair by pair with `nvidia-smi topo -m`), creates a CUDA context
 # on every GPU, runs the CUDA tests with ORCH_REQUIRE_GPU=1 (a skipped CUDA test fails there), the
-# GPU benchmarks and MNIST on the GPU, a bound job and one named by CUDA index, and prints a short table last. Exits non-zero on any failure.
+# GPU benchmarks and MNIST on the GPU, a bound job and one named by CUDA index, the GPUs' health
+# readings and a daemon waiting for their Xid events, and prints a short table last. Exits
+# non-zero on any failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export ORCH_REQUIRE_GPU=1
@@ -50,6 +52,30 @@ step "MNIST on the GPU" "$orch" --devices nvml run examples/mnist/job.toml
 # and the job's Cpus_allowed_list), and CUDA finding its GPU by the index orch hands out.
 step "CPU binding of a job (nvml)" "$orch" --devices nvml run --gpus 1 -- grep Cpus_allowed_list /proc/self/status
 step "device_ids = index (CUDA finds it)" "$orch" --devices nvml run --gpus 1 --device-ids index -- "$orch" devices --check-cuda
+# Health on real NVML: every GPU's readings (ECC, remapped rows) and STATE, and a daemon that
+# registers NVML's Xid events on every GPU (its log says so) and answers /v1/devices with a state.
+health_check() {
+  "$orch" --devices nvml devices -v || return 1
+  "$orch" --devices nvml devices --json | python3 -c '
+import json, sys
+for d in json.load(sys.stdin):
+    h = d["health"]
+    print("GPU", d["index"], d["state"], "ecc_uncorrected", h["ecc_uncorrected"], "row_remap", h["row_remap"], h["problems"])
+    if d["state"] == "unhealthy":
+        sys.exit("GPU %d is unhealthy: %s" % (d["index"], h["problems"]))' || return 1
+  local dir; dir=$(mktemp -d /tmp/orch-gpu-check-health.XXXXXX)
+  ORCH_STATE_DIR=$dir "$orch" --devices nvml serve >"$dir/log" 2>&1 &
+  local pid=$! ok=1
+  for _ in $(seq 100); do
+    if grep -q "waiting for Xid events on" "$dir/log"; then ok=0; break; fi
+    sleep 0.1
+  done
+  grep -E "Xid|listening" "$dir/log"
+  kill "$pid"; wait "$pid" 2>/dev/null
+  rm -rf "$dir"
+  return $ok
+}
+step "health readings and Xid events (nvml)" health_check
 
 echo
 printf '%-40s %s\n' "check" "result"

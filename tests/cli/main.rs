@@ -13,6 +13,7 @@ mod devices;
 mod edges;
 mod fairshare;
 mod faults;
+mod health;
 mod held_leases;
 mod languages;
 mod manual;

@@ -284,6 +284,7 @@ fn the_daemon_sees_a_file_change_through_nvml() {
     let Some(lib) = library("the_daemon_sees_a_file_change_through_nvml") else {
         return;
     };
+    let _one = crate::health::one_nvml_daemon();
     let (dir, sim) = pcie_box("nvml-watch");
     let mut d = Daemon::prepare("nvml-watch");
     d.devices = Some("nvml".into());

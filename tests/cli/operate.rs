@@ -392,6 +392,12 @@ fn the_web_page_in_headless_chromium() {
         gpus[3]["text"].as_str().unwrap().contains("pid 4000001"),
         "{gpus:?}"
     );
+    // Every GPU is in service: the State column says so.
+    assert!(
+        gpus.iter()
+            .all(|g| g["text"].as_str().unwrap().trim_end().ends_with("ok")),
+        "{gpus:?}"
+    );
     let jobs = browser.eval("document.querySelector('#jobs tbody').innerText");
     let jobs = jobs.as_str().unwrap();
     assert!(

@@ -29,6 +29,11 @@ pub enum Command {
     Devices(DevicesArgs),
     /// List the leases (which job holds which devices), or release one by hand.
     Leases(LeasesArgs),
+    /// Take a GPU (index or uuid) or a MIG slice (uuid) out of service: no new job is placed
+    /// there, running jobs finish (admins, through the daemon).
+    Drain(DrainArgs),
+    /// Put a drained device back in service, and forget the Xid events recorded for it.
+    Undrain(UndrainArgs),
     /// Dry run: which devices the job's policy picks now, and why; places nothing.
     Plan(PlanArgs),
     /// Place a job (an atomic lease), run it on exactly its devices, release them.
@@ -371,6 +376,28 @@ pub struct DevicesArgs {
     /// pair (X, NV#, PIX, PXB, PHB, NODE, SYS), each device's CPU and NUMA affinity, a legend.
     #[arg(long, conflicts_with_all = ["json", "check_cuda"])]
     pub topo: bool,
+    /// Say why a device is drained or unhealthy in the STATE column.
+    #[arg(short, long)]
+    pub verbose: bool,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Examples:\n  orch drain 1 --reason \"fan replacement\"\n  orch drain GPU-8932f937\n  orch undrain 1"
+)]
+pub struct DrainArgs {
+    /// The device: a GPU's index (as orch devices shows it), its GPU-… uuid (or its first 12
+    /// characters), or a MIG slice's MIG-… uuid.
+    pub device: String,
+    /// Why, shown in orch devices -v, the page and the reason of a job that waits for it.
+    #[arg(long, value_name = "TEXT")]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct UndrainArgs {
+    /// The device, named as for orch drain.
+    pub device: String,
 }
 
 #[derive(Debug, clap::Args)]

@@ -32,6 +32,7 @@ pub fn read() -> Result<Device, DeviceError> {
         numa_node: None,
         cpus: None,
         links: Vec::new(),
+        health: Default::default(),
     })
 }
 

@@ -13,13 +13,16 @@
 pub mod cpu;
 pub mod cuda;
 mod error;
+pub mod health;
 mod inventory;
 mod model;
 pub mod nvml;
+pub mod nvml_health;
 pub mod sim;
 pub mod visibility;
 
 pub use error::DeviceError;
+pub use health::{Drain, Health, Problem, ProblemKind, ServiceState};
 pub use inventory::{Inventory, InventorySpec};
 pub use model::{Backend, Device, GpuProcess, MigDevice, PcieLevel, PeerLink};
 pub use orch_core::process::{MAX_GPU_MINOR, NVIDIA_MAJOR};

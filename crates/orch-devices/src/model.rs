@@ -74,6 +74,9 @@ pub struct Device {
     /// the PCIe level. Empty when nothing is known.
     #[serde(default)]
     pub links: Vec<PeerLink>,
+    /// Its health (Xid errors, ECC, remapped rows, lost) and the drains on it or its slices.
+    #[serde(default)]
+    pub health: crate::health::Health,
 }
 
 /// The PCIe path between two GPUs, closest first, named as `nvidia-smi topo -m` names it

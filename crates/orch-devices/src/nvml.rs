@@ -54,7 +54,7 @@ fn library_override() -> Option<std::ffi::OsString> {
 }
 
 /// NVML from the library `ORCH_NVML_LIBRARY` names, else the system's.
-fn init() -> Result<Nvml, NvmlError> {
+pub(crate) fn init() -> Result<Nvml, NvmlError> {
     match library_override() {
         Some(path) => Nvml::builder().lib_path(&path).init(),
         None => Nvml::init(),
@@ -93,10 +93,26 @@ fn read_device(nvml: &Nvml, index: u32) -> Result<Device, DeviceError> {
             reason: e.to_string(),
         }
     };
-    let device = nvml.device_by_index(index).map_err(failed("the handle"))?;
-    let uuid = device.uuid().map_err(failed("the uuid"))?;
-    let name = device.name().map_err(failed("the name"))?;
-    let memory = device.memory_info().ok();
+    // A GPU that has fallen off the bus answers GPU_IS_LOST from its handle, uuid or name: it
+    // is a lost device, not a failed reading of the machine.
+    let device = match nvml.device_by_index(index) {
+        Err(NvmlError::GpuLost) => return Ok(lost::device(index, None)),
+        other => other.map_err(failed("the handle"))?,
+    };
+    let (uuid, name) = match (device.uuid(), device.name()) {
+        (Err(NvmlError::GpuLost), _) | (_, Err(NvmlError::GpuLost)) => {
+            let pci = device.pci_info().ok().map(|p| p.bus_id);
+            return Ok(lost::device(index, pci));
+        }
+        (uuid, name) => (
+            uuid.map_err(failed("the uuid"))?,
+            name.map_err(failed("the name"))?,
+        ),
+    };
+    let memory = device.memory_info();
+    // A GPU that has fallen off the bus keeps its handle and name; its readings fail so.
+    let lost = matches!(memory, Err(NvmlError::GpuLost));
+    let memory = memory.ok();
     let utilization = device.utilization_rates().ok();
     let processes = device.running_compute_processes().ok().map(|list| {
         list.into_iter()
@@ -109,6 +125,8 @@ fn read_device(nvml: &Nvml, index: u32) -> Result<Device, DeviceError> {
             })
             .collect()
     });
+    let pci_bus_id = device.pci_info().ok().map(|p| p.bus_id);
+    lost::remember(index, &uuid, &name, pci_bus_id.as_deref());
     Ok(Device {
         index,
         uuid,
@@ -125,7 +143,7 @@ fn read_device(nvml: &Nvml, index: u32) -> Result<Device, DeviceError> {
             .cuda_compute_capability()
             .ok()
             .map(|cc| format!("{}.{}", cc.major, cc.minor)),
-        pci_bus_id: device.pci_info().ok().map(|p| p.bus_id),
+        pci_bus_id,
         processes,
         mig_devices: read_mig_devices(&device),
         // The N of /dev/nvidiaN (Linux only); unknown when the driver does not say.
@@ -133,6 +151,7 @@ fn read_device(nvml: &Nvml, index: u32) -> Result<Device, DeviceError> {
         numa_node: read_numa_node(&device),
         cpus: read_cpus(&device),
         links: Vec::new(),
+        health: crate::nvml_health::read(nvml, &device, lost),
     })
 }
 
@@ -361,6 +380,77 @@ mod tests {
         match super::read() {
             Ok(devices) => assert!(!devices.is_empty()),
             Err(err) => assert!(!err.to_string().is_empty()),
+        }
+    }
+}
+
+/// GPUs that answer `GPU_IS_LOST` to what names them (handle, uuid, name).
+mod lost {
+    use crate::{Backend, Device};
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    /// What this process last read of each GPU that answered: by NVML index and by PCI bus id.
+    #[derive(Default)]
+    struct Known {
+        by_index: HashMap<u32, (String, String)>,
+        by_bus_id: HashMap<String, (String, String)>,
+    }
+
+    static KNOWN: Mutex<Option<Known>> = Mutex::new(None);
+
+    /// Keeps a GPU's names from a reading that answered, for the day it is lost.
+    pub(super) fn remember(index: u32, uuid: &str, name: &str, bus_id: Option<&str>) {
+        let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+        let known = known.get_or_insert_with(Known::default);
+        let names = (uuid.to_string(), name.to_string());
+        if let Some(id) = bus_id.and_then(crate::sim::normalize_pci_bus_id) {
+            known.by_bus_id.insert(id, names.clone());
+        }
+        known.by_index.insert(index, names);
+    }
+
+    /// The lost GPU at NVML index `index` (at PCI bus id `bus_id`, when NVML still says): its uuid
+    /// and name from this process's last reading of it (the daemon's watcher has one), else a
+    /// uuid made of its index (`GPU-lost-1`), which names it for `orch drain 1` and no lease.
+    /// Nothing else is read; it is unhealthy (lost).
+    pub(super) fn device(index: u32, bus_id: Option<String>) -> Device {
+        let known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+        let names = known.as_ref().and_then(|k| {
+            bus_id
+                .as_deref()
+                .and_then(crate::sim::normalize_pci_bus_id)
+                .and_then(|id| k.by_bus_id.get(&id))
+                .or_else(|| k.by_index.get(&index))
+                .cloned()
+        });
+        let (uuid, name) = names.unwrap_or_else(|| (format!("GPU-lost-{index}"), "(lost)".into()));
+        let mut health = crate::health::Health {
+            lost: true,
+            ..crate::health::Health::default()
+        };
+        health.assess(orch_core::time::now_ms());
+        Device {
+            index,
+            uuid,
+            name,
+            backend: Backend::Nvml,
+            memory_total_bytes: None,
+            memory_used_bytes: None,
+            memory_free_bytes: None,
+            utilization_gpu_percent: None,
+            utilization_memory_percent: None,
+            temperature_c: None,
+            power_draw_w: None,
+            compute_capability: None,
+            pci_bus_id: bus_id,
+            processes: None,
+            mig_devices: Vec::new(),
+            minor_number: None,
+            numa_node: None,
+            cpus: None,
+            links: Vec::new(),
+            health,
         }
     }
 }

@@ -45,6 +45,18 @@ struct SimGpu {
     pcie_switch: Option<u32>,
     #[serde(default)]
     nvlink: Vec<SimNvlink>,
+    /// Xid errors the GPU reported, oldest first: a new entry is a new event (docs/DEVICES.md).
+    #[serde(default)]
+    xid_errors: Vec<u32>,
+    /// Volatile uncorrected ECC errors (more than 0: unhealthy).
+    ecc_uncorrected: Option<u64>,
+    /// A row remapping waits for a GPU reset.
+    row_remap_pending: Option<bool>,
+    /// A row remapping failed.
+    row_remap_failure: Option<bool>,
+    /// The GPU no longer answers.
+    #[serde(default)]
+    lost: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -300,7 +312,37 @@ fn to_device(path: &Path, text: &str, position: usize, gpu: SimGpu) -> Result<De
         numa_node: gpu.numa_node.map(Spanned::into_inner),
         cpus,
         links: Vec::new(),
+        health: sim_health(
+            gpu.xid_errors,
+            gpu.ecc_uncorrected,
+            gpu.row_remap_pending,
+            gpu.row_remap_failure,
+            gpu.lost,
+        ),
     })
+}
+
+/// The health a GPU's keys describe, judged as a reading from NVML is.
+fn sim_health(
+    xid_errors: Vec<u32>,
+    ecc_uncorrected: Option<u64>,
+    pending: Option<bool>,
+    failure: Option<bool>,
+    lost: bool,
+) -> crate::Health {
+    let row_remap = (pending.is_some() || failure.is_some()).then(|| crate::health::RowRemap {
+        pending: pending.unwrap_or(false),
+        failure: failure.unwrap_or(false),
+    });
+    let mut health = crate::Health {
+        xid_errors,
+        ecc_uncorrected,
+        row_remap,
+        lost,
+        ..crate::Health::default()
+    };
+    health.assess(orch_core::time::now_ms());
+    health
 }
 
 /// The links between every pair of the file's GPUs, by position.

@@ -84,6 +84,7 @@ fn inventory() -> impl Strategy<Value = Vec<Device>> {
                 numa_node: None,
                 cpus: None,
                 links: Vec::new(),
+                health: Default::default(),
             })
             .collect()
     })

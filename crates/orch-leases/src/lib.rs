@@ -26,5 +26,6 @@ pub use authority::{
 };
 pub use holder::{Holder, Liveness, this_boot, this_machine};
 pub use store::{
-    ClaimError, ClaimRequest, Lease, LeaseError, LeaseStore, default_socket, default_state_dir,
+    ClaimError, ClaimRequest, DeviceMark, Lease, LeaseError, LeaseStore, MarkKind, default_socket,
+    default_state_dir,
 };

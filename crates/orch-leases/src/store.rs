@@ -285,7 +285,7 @@ impl LeaseStore {
             .conn
             .pragma_query_value(None, "user_version", |row| row.get(0))
             .map_err(db("reading the schema version"))?;
-        if version == SCHEMA_VERSION {
+        if version == SCHEMA_VERSION && marks::exists(&self.conn)? {
             return Ok(());
         }
         let tx = self
@@ -324,6 +324,9 @@ impl LeaseStore {
             )
             .map_err(db("creating the schema"))?;
         }
+        // Additive: a store of schema 1 gains the marks' table and stays schema 1, so an older
+        // orch, which never reads it, keeps opening the store.
+        marks::create(&tx)?;
         tx.commit().map_err(db("creating the schema"))
     }
 
@@ -357,6 +360,17 @@ impl LeaseStore {
         request: &ClaimRequest,
         choose: impl FnOnce(&[DeviceLease]) -> Result<Vec<String>, E>,
     ) -> Result<Lease, ClaimError<E>> {
+        self.claim_marked(request, |leases, _| choose(leases))
+    }
+
+    /// [`LeaseStore::claim`], with the devices' marks (drains, recorded health) read in the
+    /// same transaction and shown to `choose` beside the leases: a drain committed before the
+    /// claim is always seen by it.
+    pub fn claim_marked<E>(
+        &mut self,
+        request: &ClaimRequest,
+        choose: impl FnOnce(&[DeviceLease], &[DeviceMark]) -> Result<Vec<String>, E>,
+    ) -> Result<Lease, ClaimError<E>> {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -367,7 +381,8 @@ impl LeaseStore {
             .filter(|l| request.inside.as_deref() != Some(l.id.as_str()))
             .flat_map(Lease::device_leases)
             .collect();
-        let devices = choose(&device_leases).map_err(ClaimError::Choose)?;
+        let marks = marks::read(&tx)?;
+        let devices = choose(&device_leases, &marks).map_err(ClaimError::Choose)?;
         for device in &devices {
             if let Some(other) = device_leases
                 .iter()
@@ -615,6 +630,9 @@ fn new_id(job_name: &str) -> String {
     let short = (mix ^ (mix >> 29)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     format!("{name}-{:08x}", short >> 32)
 }
+
+mod marks;
+pub use marks::{DeviceMark, MarkKind};
 
 #[cfg(test)]
 mod tests;

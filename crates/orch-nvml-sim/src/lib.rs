@@ -18,6 +18,9 @@
 //!   `NVML_ERROR_INVALID_ARGUMENT`; a buffer too small is `NVML_ERROR_INSUFFICIENT_SIZE` (with
 //!   the needed count for the process list);
 //! - any call before `nvmlInit` (or after the last `nvmlShutdown`) is `NVML_ERROR_UNINITIALIZED`.
+//! - health (`events.rs`): a new `xid_errors` entry is an Xid event delivered to a waiting
+//!   `nvmlEventSetWait_v2`; `ecc_uncorrected`, the row remapper and `lost` are served as readings
+//!   (a lost GPU answers `NVML_ERROR_GPU_IS_LOST` to its handle by index, uuid and name too).
 //!
 //! The file is read again when it changes (size, time or inode; looked at no more often than every
 //! 10 ms), as the `sim:` backend does, so a test or demo changes telemetry by writing the file; a file that fails to parse leaves the last
@@ -231,6 +234,8 @@ struct Library {
     /// Handles handed out, by address; each a leaked `Box<Target>` freed at the last shutdown.
     handles: BTreeMap<usize, Target>,
     by_target: BTreeMap<Target, usize>,
+    /// The event sets handed out and the Xid events queued on them (`events.rs`).
+    events: events::Events,
 }
 
 impl Library {
@@ -245,7 +250,11 @@ impl Library {
         if now.is_some() && now != self.stamp {
             self.stamp = now;
             match Machine::read(&self.path) {
-                Ok(machine) => self.machine = Arc::new(machine),
+                Ok(machine) => {
+                    let machine = Arc::new(machine);
+                    self.events.on_reading(&self.machine, &machine);
+                    self.machine = machine;
+                }
                 Err(e) => eprintln!(
                     "orch-nvml-sim: keeping the last reading of {}: {e}",
                     self.path.display()
@@ -472,6 +481,7 @@ pub fn init_from(path: Option<PathBuf>) -> Ret {
             machine: Arc::new(machine),
             handles: BTreeMap::new(),
             by_target: BTreeMap::new(),
+            events: events::Events::default(),
         });
         Ok(())
     })
@@ -567,8 +577,15 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
 ) -> Ret {
     guard(|| unsafe {
         non_null(device)?;
-        if index as usize >= machine()?.devices.len() {
-            return Err(INVALID_ARGUMENT);
+        let machine = machine()?;
+        let gpu = machine
+            .devices
+            .get(index as usize)
+            .ok_or(INVALID_ARGUMENT)?;
+        // As the driver answers for a GPU that has fallen off the bus (nvidia-smi: "Unable to
+        // determine the device handle for GPU …: GPU is lost").
+        if gpu.health.lost {
+            return Err(GPU_IS_LOST);
         }
         put(
             device,
@@ -656,6 +673,9 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
         non_null(uuid)?;
         let (machine, target) = resolve(device)?;
         let gpu = &machine.devices[target.gpu];
+        if gpu.health.lost {
+            return Err(GPU_IS_LOST);
+        }
         let text = match target.mig {
             None => &gpu.uuid,
             Some(mig) => &gpu.mig_devices[mig].uuid,
@@ -674,6 +694,9 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
         non_null(name)?;
         let (machine, target) = resolve(device)?;
         let gpu = &machine.devices[target.gpu];
+        if gpu.health.lost {
+            return Err(GPU_IS_LOST);
+        }
         let text = match target.mig {
             None => &gpu.name,
             Some(mig) => gpu.mig_devices[mig].name.as_ref().ok_or(NOT_SUPPORTED)?,
@@ -686,6 +709,9 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
 fn memory(device: sys::nvmlDevice_t) -> Result<(u64, u64, u64), Ret> {
     let (machine, target) = resolve(device)?;
     let gpu = &machine.devices[target.gpu];
+    if gpu.health.lost {
+        return Err(GPU_IS_LOST);
+    }
     match target.mig {
         None => match (
             gpu.memory_total_bytes,
@@ -796,7 +822,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
 ) -> Ret {
     guard(|| unsafe {
         non_null(utilization)?;
-        let (machine, gpu) = gpu(device)?;
+        let (machine, gpu) = events::live_gpu(device)?;
         let d = &machine.devices[gpu];
         match (d.utilization_gpu_percent, d.utilization_memory_percent) {
             (Some(gpu), Some(memory)) => put(utilization, sys::nvmlUtilization_t { gpu, memory }),
@@ -817,7 +843,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
         if sensor != sys::nvmlTemperatureSensors_enum_NVML_TEMPERATURE_GPU {
             return Err(INVALID_ARGUMENT);
         }
-        let (machine, gpu) = gpu(device)?;
+        let (machine, gpu) = events::live_gpu(device)?;
         put(
             temp,
             machine.devices[gpu].temperature_c.ok_or(NOT_SUPPORTED)?,
@@ -833,7 +859,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
 ) -> Ret {
     guard(|| unsafe {
         non_null(power)?;
-        let (machine, gpu) = gpu(device)?;
+        let (machine, gpu) = events::live_gpu(device)?;
         let watts = machine.devices[gpu].power_draw_w.ok_or(NOT_SUPPORTED)?;
         let milliwatts = (watts * 1000.0).round();
         if !(0.0..=f64::from(c_uint::MAX)).contains(&milliwatts) {
@@ -853,7 +879,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
 ) -> Ret {
     guard(|| unsafe {
         non_null(info_count)?;
-        let (machine, gpu) = gpu(device)?;
+        let (machine, gpu) = events::live_gpu(device)?;
         let processes = machine.devices[gpu].processes.as_deref().unwrap_or(&[]);
         // SAFETY: not null; NVML's contract makes it readable.
         let room = *info_count as usize;
@@ -1163,6 +1189,8 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemoteDeviceType(
         )
     })
 }
+
+mod events;
 
 #[cfg(test)]
 mod tests;

@@ -507,3 +507,127 @@ fn handles_stay_valid_across_inits_until_the_last_shutdown() {
         assert_eq!(handle(1), first, "one handle per GPU");
     }
 }
+
+const ONE: &str = "[[gpu]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory_total = \"80GiB\"\n";
+
+#[test]
+fn a_new_xid_in_the_file_wakes_a_waiting_event_set() {
+    let session = Session::new("xid-events", &format!("{ONE}xid_errors = [31]\n"));
+    let device = handle(0);
+    let mut set = ptr::null_mut();
+    assert_eq!(unsafe { events::nvmlEventSetCreate(&mut set) }, SUCCESS);
+    let xid = sys::nvmlEventTypeXidCriticalError as u64;
+    assert_eq!(
+        unsafe { events::nvmlDeviceRegisterEvents(device, xid | 1, set) },
+        NOT_SUPPORTED
+    );
+    assert_eq!(
+        unsafe { events::nvmlDeviceRegisterEvents(device, xid, set) },
+        SUCCESS
+    );
+    let mut data: sys::nvmlEventData_t = unsafe { std::mem::zeroed() };
+    // What the file listed before the registration is no event.
+    assert_eq!(
+        unsafe { events::nvmlEventSetWait_v2(set, &mut data, 50) },
+        sys::nvmlReturn_enum_NVML_ERROR_TIMEOUT
+    );
+    let path = session.path.clone();
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        let next = path.with_extension("new");
+        std::fs::write(&next, format!("{ONE}xid_errors = [31, 79, 48]\n")).unwrap();
+        std::fs::rename(&next, &path).unwrap();
+    });
+    let started = Instant::now();
+    assert_eq!(
+        unsafe { events::nvmlEventSetWait_v2(set, &mut data, 5_000) },
+        SUCCESS
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    writer.join().unwrap();
+    assert_eq!(
+        (data.device, data.eventType, data.eventData),
+        (device, xid, 79)
+    );
+    assert_eq!(
+        unsafe { events::nvmlEventSetWait_v2(set, &mut data, 0) },
+        SUCCESS
+    );
+    assert_eq!(data.eventData, 48);
+    assert_eq!(unsafe { events::nvmlEventSetFree(set) }, SUCCESS);
+    assert_eq!(
+        unsafe { events::nvmlEventSetWait_v2(set, &mut data, 0) },
+        INVALID_ARGUMENT
+    );
+}
+
+#[test]
+fn ecc_remapped_rows_and_a_lost_gpu_are_served_from_the_file() {
+    let session = Session::new("ecc", ONE);
+    let device = handle(0);
+    let mut count = 0u64;
+    let uncorrected = sys::nvmlMemoryErrorType_enum_NVML_MEMORY_ERROR_TYPE_UNCORRECTED;
+    let volatile = sys::nvmlEccCounterType_enum_NVML_VOLATILE_ECC;
+    let (mut corrected, mut unc, mut pending, mut failure) = (0, 0, 0, 0);
+    // Left out of the file: not supported, as on a board without them.
+    assert_eq!(
+        unsafe { events::nvmlDeviceGetTotalEccErrors(device, uncorrected, volatile, &mut count) },
+        NOT_SUPPORTED
+    );
+    session.rewrite(&format!(
+        "{ONE}ecc_uncorrected = 3\nrow_remap_pending = true\n"
+    ));
+    assert_eq!(
+        unsafe { events::nvmlDeviceGetTotalEccErrors(device, uncorrected, volatile, &mut count) },
+        SUCCESS
+    );
+    assert_eq!(count, 3);
+    assert_eq!(
+        unsafe {
+            events::nvmlDeviceGetRemappedRows(
+                device,
+                &mut corrected,
+                &mut unc,
+                &mut pending,
+                &mut failure,
+            )
+        },
+        SUCCESS
+    );
+    assert_eq!((pending, failure), (1, 0));
+    session.rewrite(&format!("{ONE}lost = true\n"));
+    let mut memory: sys::nvmlMemory_t = unsafe { std::mem::zeroed() };
+    assert_eq!(
+        unsafe { nvmlDeviceGetMemoryInfo(device, &mut memory) },
+        GPU_IS_LOST
+    );
+    assert_eq!(
+        unsafe { events::nvmlDeviceGetTotalEccErrors(device, uncorrected, volatile, &mut count) },
+        GPU_IS_LOST
+    );
+    // What names it is lost too, as the driver answers: its uuid, its name, a new handle.
+    let mut name = [0 as c_char; 96];
+    assert_eq!(
+        unsafe { nvmlDeviceGetName(device, name.as_mut_ptr(), 96) },
+        GPU_IS_LOST
+    );
+    assert_eq!(
+        unsafe { nvmlDeviceGetUUID(device, name.as_mut_ptr(), 96) },
+        GPU_IS_LOST
+    );
+    let mut again = ptr::null_mut();
+    assert_eq!(
+        unsafe { nvmlDeviceGetHandleByIndex_v2(0, &mut again) },
+        GPU_IS_LOST
+    );
+    // The handle taken before keeps its PCI identity.
+    let mut pci: sys::nvmlPciInfo_t = unsafe { std::mem::zeroed() };
+    assert_eq!(
+        unsafe { nvmlDeviceGetPciInfo_v3(device, &mut pci) },
+        SUCCESS
+    );
+}

@@ -22,6 +22,7 @@ pub mod place;
 pub mod plan;
 mod run_placed;
 mod runner;
+pub mod service;
 mod stop;
 mod train;
 

@@ -239,18 +239,24 @@ fn claim_planned<E: std::fmt::Display>(
     make: impl FnOnce(PlanInput<'_>) -> Result<Plan, E>,
     choose_failed: impl FnOnce(E) -> PlaceError,
 ) -> Result<(Lease, Plan), PlaceError> {
+    let enclosing = enclosing_lease(store, machine);
     let request = ClaimRequest {
         job_name: job.name.clone(),
         exclusive: job.resources.exclusive,
         memory_reserved_bytes: job.resources.memory_limit.map_or(0, ByteSize::bytes),
         holder,
-        inside: enclosing_lease(store, machine),
+        inside: enclosing.as_ref().map(|l| l.id.clone()),
     };
+    // The enclosing job's own devices: its drains do not stop it (running jobs finish).
+    let own: &[String] = enclosing.as_ref().map_or(&[], |l| l.devices.as_slice());
     let mut planned: Option<Plan> = None;
-    let claimed = store.claim(&request, |leases| {
+    // Drains and recorded health are read in the claim's transaction, with the leases.
+    let claimed = store.claim_marked(&request, |leases, marks| {
+        let marks = crate::service::for_claim_inside(marks, own, &machine.inventory.devices);
+        let devices = crate::service::with_marks(&machine.inventory.devices, &marks);
         let input = PlanInput {
             job,
-            devices: &machine.inventory.devices,
+            devices: &devices,
             visibility: machine.visibility,
             leases,
         };
@@ -307,17 +313,16 @@ pub fn claim_until(
 
 /// The lease of the job this process runs in (`ORCH_JOB_ID`, as orch sets it for every job),
 /// when that lease is live in this store and this process really is part of its job: then a claim
-/// is made inside it, on its devices (an `orch run` inside an `orch submit` job). A variable naming someone else's lease is ignored.
-fn enclosing_lease(store: &mut LeaseStore, machine: &Machine<'_>) -> Option<String> {
+/// is made inside it, on its devices (an `orch run` inside an `orch submit` job). A variable
+/// naming someone else's lease is ignored.
+fn enclosing_lease(store: &mut LeaseStore, machine: &Machine<'_>) -> Option<Lease> {
     if !machine.nested {
         return None;
     }
     let id = (machine.env)("ORCH_JOB_ID").filter(|id| !id.is_empty())?;
     let leases = store.active().ok()?;
-    let lease = leases.iter().find(|l| l.id == id)?;
-    lease
-        .contains_process(std::process::id())
-        .then(|| lease.id.clone())
+    let lease = leases.into_iter().find(|l| l.id == id)?;
+    lease.contains_process(std::process::id()).then_some(lease)
 }
 
 fn is_no_fit(e: &PlanError) -> bool {

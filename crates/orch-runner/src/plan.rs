@@ -124,9 +124,11 @@ pub fn plan(
     })?;
     let request = request(job, host.default_config(policy), env);
     let (all, leases) = policy_view(&visible, input.leases);
+    let out_of_service = crate::service::out_of_service(&visible);
     let offered: Vec<WitDevice> = all
         .iter()
         .filter(|d| !leases_exclude(&request, d, &leases))
+        .filter(|d| !out_of_service.iter().any(|(i, _)| *i == d.index))
         .cloned()
         .collect();
     let offered_leases: Vec<Lease> = leases
@@ -135,7 +137,9 @@ pub fn plan(
         .cloned()
         .collect();
     let topology = topology(&offered, &visible);
-    let decision = host.decide_on(policy, &request, &offered, &offered_leases, &topology)?;
+    let decision = host
+        .decide_on(policy, &request, &offered, &offered_leases, &topology)
+        .map_err(|e| crate::service::explain(e, &out_of_service))?;
     let name = host.name(policy).to_string();
     // One line per decision (`RUST_LOG=orch::policy=debug`): how often a job's policy ran.
     tracing::debug!(
@@ -150,7 +154,8 @@ pub fn plan(
         .filter_map(|i| visible.iter().zip(&all).find(|(_, d)| d.index == *i))
         .map(|((_, device, _), wit)| planned(wit, device))
         .collect();
-    let rejected = rejections(&all, &decision.devices, &request, &leases, &name);
+    let mut rejected = rejections(&all, &decision.devices, &request, &leases, &name);
+    crate::service::reject(&mut rejected, &out_of_service);
     Ok(Plan {
         job: job.name.clone(),
         policy: name,
@@ -203,6 +208,9 @@ pub fn recheck(
         };
         if let Some(why) = misfit(&request, wit, &leases) {
             return Err(format!("device {} is now {why}", wit.index));
+        }
+        if let Some(why) = device.out_of_service(&wit.uuid) {
+            return Err(why);
         }
         chosen.push(planned(wit, device));
     }

@@ -7,6 +7,7 @@
 
 pub mod access;
 pub mod conns;
+pub mod drains;
 pub mod error;
 pub mod history;
 pub mod jobs;
@@ -42,6 +43,8 @@ pub fn routes() -> Router<Arc<Shared>> {
         .route("/v1/leases/{id}", get(leases::show))
         .route("/v1/leases/{id}/release", post(leases::release))
         .route("/v1/devices", get(machine::devices))
+        .route("/v1/devices/{device}/drain", post(drains::drain))
+        .route("/v1/devices/{device}/undrain", post(drains::undrain))
         .route("/v1/tenants", get(machine::tenants))
         .route("/v1/whoami", get(machine::whoami))
         .route("/v1/timeline", get(machine::timeline))

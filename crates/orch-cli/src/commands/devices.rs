@@ -36,6 +36,10 @@ struct DeviceRow<'a> {
     cpus: Option<&'a orch_core::CpuList>,
     /// How it reaches each other device the inventory knows a path to.
     links: Vec<LinkRow>,
+    /// `ok`, `drained` or `unhealthy`.
+    state: &'static str,
+    /// Its readings (Xid errors, ECC, remapped rows, lost), why it is unhealthy, its drains.
+    health: &'a orch_devices::Health,
 }
 
 /// One pair's link in `--json`: the label `--topo` prints, and what it is made of.
@@ -71,7 +75,7 @@ pub fn run(spec: &InventorySpec, args: &DevicesArgs) -> CmdResult {
         return check_cuda();
     }
     let Some(secs) = args.watch else {
-        let inventory = load_inventory(spec)?;
+        let inventory = marked(load_inventory(spec)?);
         print!("{}", render(&inventory, args));
         return Ok(());
     };
@@ -82,7 +86,7 @@ pub fn run(spec: &InventorySpec, args: &DevicesArgs) -> CmdResult {
     }
     let terminal = std::io::stdout().is_terminal();
     loop {
-        let inventory = load_inventory(spec)?;
+        let inventory = marked(load_inventory(spec)?);
         let text = render(&inventory, args);
         let mut out = std::io::stdout().lock();
         let written = if terminal {
@@ -120,7 +124,7 @@ fn render(inventory: &Inventory, args: &DevicesArgs) -> String {
         text.push('\n');
         return text;
     }
-    let mut text = human_table(inventory, &visibility, &foreign);
+    let mut text = human_table(inventory, &visibility, &foreign, args.verbose);
     if inventory.backend != Backend::Sim {
         text.push_str(&cuda_line());
     }
@@ -161,6 +165,71 @@ fn json_row<'a>(
                 pcie: l.pcie.map(orch_devices::PcieLevel::as_str),
             })
             .collect(),
+        state: d.service_state(&d.uuid).as_str(),
+        health: &d.health,
+    }
+}
+
+/// `inventory` with the drains and recorded health laid over it: the lease store's, and, when a
+/// daemon answers, the daemon's (whose lease store a user's own orch may not read: the machine's
+/// is root's). Listing devices creates no state folder.
+fn marked(inventory: Inventory) -> Inventory {
+    let marks = orch_runner::service::read_marks(&orch_leases::default_state_dir());
+    let mut devices = orch_runner::service::with_marks(&inventory.devices, &marks).into_owned();
+    for (uuid, health) in daemon_health() {
+        let Some(device) = devices.iter_mut().find(|d| d.uuid == uuid) else {
+            continue;
+        };
+        device.health.drains = health.drains;
+        for problem in health.problems {
+            if !device.health.problems.iter().any(|p| p.same(&problem)) {
+                device.health.problems.push(problem);
+            }
+        }
+    }
+    Inventory {
+        devices,
+        ..inventory
+    }
+}
+
+/// Each device's health as the daemon a client talks to sees it (`/v1/devices`); none when no
+/// daemon answers or its answer cannot be read.
+fn daemon_health() -> Vec<(String, orch_devices::Health)> {
+    let found = orch_leases::find_daemon();
+    if !orch_leases::answers(&found.path) {
+        return Vec::new();
+    }
+    let answer = crate::client::Client::at(found.path)
+        .and_then(|c| c.call(hyper::Method::GET, "/v1/devices", None));
+    let Ok((hyper::StatusCode::OK, body)) = answer else {
+        return Vec::new();
+    };
+    let Ok(devices) = serde_json::from_slice::<Vec<serde_json::Value>>(&body) else {
+        return Vec::new();
+    };
+    devices
+        .into_iter()
+        .filter_map(|mut d| {
+            let uuid = d.get("uuid")?.as_str()?.to_string();
+            let health = serde_json::from_value(d.get_mut("health")?.take()).ok()?;
+            Some((uuid, health))
+        })
+        .collect()
+}
+
+/// The STATE column: `ok`, `drained`, `unhealthy`; with `-v`, why.
+fn state_cell(d: &Device, verbose: bool) -> String {
+    match (d.out_of_service(&d.uuid), verbose) {
+        (Some(why), true) => {
+            let prefix = format!("GPU {} is ", d.index);
+            let why = why.strip_prefix(&prefix).unwrap_or(&why).to_string();
+            match why.strip_prefix("unhealthy (") {
+                Some(rest) => format!("unhealthy: {}", rest.strip_suffix(')').unwrap_or(rest)),
+                None => why,
+            }
+        }
+        _ => d.service_state(&d.uuid).as_str().to_string(),
     }
 }
 
@@ -222,7 +291,12 @@ fn topo_matrix(inventory: &Inventory) -> String {
     text
 }
 
-fn human_table(inventory: &Inventory, visibility: &Visibility, foreign: &Foreign) -> String {
+fn human_table(
+    inventory: &Inventory,
+    visibility: &Visibility,
+    foreign: &Foreign,
+    verbose: bool,
+) -> String {
     let dash = || "-".to_string();
     let rows: Vec<Vec<String>> = inventory
         .devices
@@ -254,6 +328,7 @@ fn human_table(inventory: &Inventory, visibility: &Visibility, foreign: &Foreign
                         .collect::<Vec<_>>()
                         .join(", ")
                 }),
+                state_cell(d, verbose),
             ]
         })
         .collect();
@@ -269,6 +344,7 @@ fn human_table(inventory: &Inventory, visibility: &Visibility, foreign: &Foreign
             "POWER",
             "PROCS",
             "FOREIGN",
+            "STATE",
         ],
         &rows,
     )

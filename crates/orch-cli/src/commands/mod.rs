@@ -2,6 +2,7 @@
 
 mod alloc;
 mod devices;
+mod drain;
 mod granted;
 mod history;
 mod jobs;
@@ -25,6 +26,8 @@ pub fn dispatch(cli: Cli) -> CmdResult {
     match cli.command {
         Command::Devices(args) => devices::run(&spec, &args),
         Command::Leases(args) => leases::run(&args),
+        Command::Drain(args) => drain::drain(&spec, &args),
+        Command::Undrain(args) => drain::undrain(&spec, &args),
         Command::Plan(args) => plan::run(&spec, &args),
         Command::Run(args) => run::run(&spec, &args),
         Command::Alloc(args) => alloc::run(&spec, &args),

@@ -62,9 +62,12 @@ pub fn run(spec: &InventorySpec, args: &PlanArgs) -> CmdResult {
     let leases = super::leases::open_store()?
         .active_device_leases()
         .map_err(Failure::failed)?;
+    // Drains and recorded health, as a claim would see them.
+    let marks = orch_runner::service::read_marks(&orch_leases::default_state_dir());
+    let devices = orch_runner::service::with_marks(&inventory.devices, &marks);
     let input = PlanInput {
         job: &job,
-        devices: &inventory.devices,
+        devices: &devices,
         visibility: &visibility,
         leases: &leases,
     };

@@ -24,6 +24,7 @@ fn gpu(index: u32, uuid: &str, cc: &str, gib: u64) -> Device {
         numa_node: None,
         cpus: None,
         links: Vec::new(),
+        health: Default::default(),
     }
 }
 

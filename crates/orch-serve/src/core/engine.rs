@@ -28,6 +28,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
+pub mod device_health;
 mod jobs;
 mod recovery;
 pub mod running;
@@ -353,6 +354,7 @@ impl Engine {
             Kick::Release(id) => self.jobs.release_held(id),
             Kick::PolicyCompiled(hash) => self.policy_compiled(&hash),
             Kick::PolicyAnswered => {}
+            Kick::DeviceHealth(became) => self.devices_unhealthy(became),
         }
         true
     }
@@ -683,7 +685,7 @@ impl Engine {
             self.wait_for_the_state_folder(fault);
             return;
         }
-        let Some(machine) = self.machine_now() else {
+        let Some((machine, out_of_service)) = self.machine_now() else {
             return;
         };
         let started = Instant::now();
@@ -721,6 +723,7 @@ impl Engine {
             self.preempt(p.victim as i64, p.reason);
         }
         let mut reasons = report.reasons;
+        name_out_of_service(&mut reasons, &out_of_service);
         let placed = reasons.len();
         reasons.extend(self.sched.held_reasons());
         self.publish_reasons(reasons, placed);
@@ -751,9 +754,11 @@ impl Engine {
         lock(&self.shared.places).clear();
     }
 
-    /// The devices a pass may place on, and how many of them no exclusive lease holds; `None`
-    /// when the lease store cannot say (the pass is skipped).
-    fn machine_now(&mut self) -> Option<orch_queue::Machine> {
+    /// The devices a pass may place on, and how many of them are free: in service (not drained,
+    /// not unhealthy) and held by no exclusive lease; `None` when the lease store cannot say (the
+    /// pass is skipped).
+    /// The devices out of service are named, in words, beside the machine.
+    fn machine_now(&mut self) -> Option<(orch_queue::Machine, Vec<String>)> {
         self.jobs.refresh_inventory();
         let leases = match self.jobs.store.active() {
             Ok(l) => l,
@@ -767,7 +772,7 @@ impl Engine {
             .filter(|l| l.exclusive)
             .flat_map(|l| l.devices.iter().map(String::as_str))
             .collect();
-        let visible: Vec<&str> = self
+        let visible: Vec<&orch_devices::Device> = self
             .jobs
             .placeable
             .devices
@@ -779,12 +784,22 @@ impl Engine {
                     .iter()
                     .find(|d| d.index == v.physical)
             })
-            .map(|d| d.uuid.as_str())
             .collect();
-        Some(orch_queue::Machine {
-            free_gpus: visible.iter().filter(|u| !held.contains(*u)).count() as u32,
+        // A drained or unhealthy GPU takes no job: preemption, the starvation hold-back and
+        // backfill must not count it as room.
+        let out: Vec<String> = visible
+            .iter()
+            .filter_map(|d| d.out_of_service(&d.uuid))
+            .collect();
+        let free = visible
+            .iter()
+            .filter(|d| !held.contains(d.uuid.as_str()) && d.out_of_service(&d.uuid).is_none())
+            .count();
+        let machine = orch_queue::Machine {
+            free_gpus: free as u32,
             total_gpus: visible.len() as u32,
-        })
+        };
+        Some((machine, out))
     }
 
     /// The queue policy failed this pass: logged when the failure is new, or a minute passed.
@@ -1184,6 +1199,30 @@ fn signal(pid: u32, signal: i32) -> bool {
     orch_core::process::signal(pid, signal)
 }
 
+/// A job that waits for free devices while some are out of service says which, as a placement
+/// that finds no fit does (`waiting for 2 free device(s); 1 free; out of service: GPU 2 is
+/// drained (maintenance)`).
+fn name_out_of_service(reasons: &mut [(u64, String)], out: &[String]) {
+    if out.is_empty() {
+        return;
+    }
+    let words = format!("; out of service: {}", out.join(", "));
+    const WAITING: &str = "free device(s); ";
+    for (_, reason) in reasons {
+        if !reason.starts_with("waiting for ") || reason.contains("out of service") {
+            continue;
+        }
+        // After the scheduler's own words (`N free`, or what it holds back), before a policy's.
+        let Some(start) = reason.find(WAITING).map(|i| i + WAITING.len()) else {
+            continue;
+        };
+        let end = reason[start..]
+            .find("; ")
+            .map_or(reason.len(), |i| start + i);
+        reason.insert_str(end, &words);
+    }
+}
+
 #[cfg(test)]
 mod purge_flag_tests {
     use super::Cleared;
@@ -1201,5 +1240,33 @@ mod purge_flag_tests {
         .join();
         assert!(ended.is_err());
         assert!(!busy.load(Ordering::Acquire));
+    }
+}
+
+#[cfg(test)]
+mod out_of_service_tests {
+    use super::name_out_of_service;
+
+    #[test]
+    fn a_job_waiting_for_free_devices_names_those_out_of_service() {
+        let mut reasons = vec![
+            (1, "waiting for 2 free device(s); 1 free; tenant a is over its share".to_string()),
+            (2, "waiting for 2 free device(s); holding the 1 free ones for it (it waited over the starvation limit)".to_string()),
+            (3, "tenant a holds 2 device(s) of its max_gpus = 2".to_string()),
+        ];
+        name_out_of_service(&mut reasons, &["GPU 2 is drained (fan)".to_string()]);
+        assert_eq!(
+            reasons[0].1,
+            "waiting for 2 free device(s); 1 free; out of service: GPU 2 is drained (fan); tenant a is over its share"
+        );
+        assert!(
+            reasons[1]
+                .1
+                .ends_with("limit); out of service: GPU 2 is drained (fan)")
+        );
+        assert_eq!(
+            reasons[2].1,
+            "tenant a holds 2 device(s) of its max_gpus = 2"
+        );
     }
 }

@@ -21,4 +21,7 @@ pub enum Kick {
     PolicyAnswered,
     /// The daemon stops: the engine thread ends (its jobs run on under their supervisors).
     Stop,
+    /// A device's health or drain changed: the jobs running on the GPUs listed are told (an
+    /// empty list: a drain or undrain), and a pass runs (crate::core::engine::device_health).
+    DeviceHealth(Vec<crate::core::engine::device_health::BecameUnhealthy>),
 }

@@ -184,6 +184,10 @@ pub struct DeviceSample {
     /// Held by a lease the daemon did not make (`orch run` on the same machine).
     pub leased: bool,
     pub foreign_processes: usize,
+    /// No problem read or recorded (Xid, ECC, remapped rows, lost).
+    pub healthy: bool,
+    /// An admin drained it (`orch drain`).
+    pub drained: bool,
 }
 
 /// A tenant as the metrics show it.
@@ -313,6 +317,7 @@ pub fn render(snapshot: &Snapshot, counters: &Counters) -> String {
             d.foreign_processes
         );
     }
+    render_service(&mut out, &snapshot.devices, device_labels);
     header(&mut out, "orch_jobs", "gauge", "Jobs by state and tenant.");
     for (state, tenant, n) in &snapshot.jobs {
         let _ = writeln!(
@@ -528,6 +533,33 @@ pub fn render(snapshot: &Snapshot, counters: &Counters) -> String {
         );
     }
     out
+}
+
+/// `orch_device_healthy` and `orch_device_drained`: 0 or 1 per GPU.
+fn render_service(
+    out: &mut String,
+    devices: &[DeviceSample],
+    labels: impl Fn(&DeviceSample) -> String,
+) {
+    type Flag = fn(&DeviceSample) -> bool;
+    let flags: [(&str, &str, Flag); 2] = [
+        (
+            "orch_device_healthy",
+            "1 when the GPU has no Xid, ECC, row-remapping or lost problem, else 0.",
+            |d| d.healthy,
+        ),
+        (
+            "orch_device_drained",
+            "1 when an admin drained the GPU (orch drain): it takes no new job, else 0.",
+            |d| d.drained,
+        ),
+    ];
+    for (name, help, flag) in flags {
+        header(out, name, "gauge", help);
+        for d in devices {
+            let _ = writeln!(out, "{name}{{{}}} {}", labels(d), u8::from(flag(d)));
+        }
+    }
 }
 
 #[cfg(test)]

@@ -604,8 +604,14 @@ fn job_memory(ask: &Ask) -> u64 {
 }
 
 /// A hash of what a policy's answer depends on besides the readings: the devices placement may
-/// use and the leases on them. A no-fit answer stands while it does not change.
-pub fn snapshot_key(visible: &[(u32, Option<String>)], leases: &[AskLease]) -> u64 {
+/// use, whether each is in service (`service`, its state beside `visible`: a drain, an undrain
+/// or a GPU that became unhealthy changes it) and the leases on them. A no-fit answer stands
+/// while it does not change.
+pub fn snapshot_key(
+    visible: &[(u32, Option<String>)],
+    service: &[&str],
+    leases: &[AskLease],
+) -> u64 {
     use std::hash::{Hash as _, Hasher as _};
     let mut sorted: Vec<&AskLease> = leases.iter().collect();
     sorted.sort_by(|a, b| {
@@ -615,6 +621,7 @@ pub fn snapshot_key(visible: &[(u32, Option<String>)], leases: &[AskLease]) -> u
     });
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     visible.hash(&mut hasher);
+    service.hash(&mut hasher);
     sorted.hash(&mut hasher);
     hasher.finish()
 }
@@ -1107,13 +1114,27 @@ mod tests {
     #[test]
     fn a_snapshot_changes_with_the_leases_not_with_their_order() {
         let visible = vec![(0, None), (1, None)];
-        let a = snapshot_key(&visible, &[lease("GPU-0", "1"), lease("GPU-1", "2")]);
-        let b = snapshot_key(&visible, &[lease("GPU-1", "2"), lease("GPU-0", "1")]);
+        let ok = ["ok", "ok"];
+        let a = snapshot_key(&visible, &ok, &[lease("GPU-0", "1"), lease("GPU-1", "2")]);
+        let b = snapshot_key(&visible, &ok, &[lease("GPU-1", "2"), lease("GPU-0", "1")]);
         assert_eq!(a, b);
-        assert_ne!(a, snapshot_key(&visible, &[lease("GPU-0", "1")]));
+        assert_ne!(a, snapshot_key(&visible, &ok, &[lease("GPU-0", "1")]));
         assert_ne!(
             a,
-            snapshot_key(&visible[..1], &[lease("GPU-0", "1"), lease("GPU-1", "2")])
+            snapshot_key(
+                &visible[..1],
+                &ok[..1],
+                &[lease("GPU-0", "1"), lease("GPU-1", "2")]
+            )
         );
+        // A drain, an undrain or a GPU that became unhealthy asks the policy again.
+        let leases = [lease("GPU-0", "1"), lease("GPU-1", "2")];
+        let drained = snapshot_key(&visible, &["ok", "drained"], &leases);
+        assert_ne!(a, drained);
+        assert_ne!(
+            drained,
+            snapshot_key(&visible, &["ok", "unhealthy"], &leases)
+        );
+        assert_eq!(a, snapshot_key(&visible, &ok, &leases));
     }
 }

@@ -57,6 +57,10 @@ pub fn devices(shared: &Shared, caller: &Caller) -> Result<Vec<serde_json::Value
             }
             object.insert("held_by".into(), serde_json::Value::Array(held));
             object.insert(
+                "state".into(),
+                device.service_state(&device.uuid).as_str().into(),
+            );
+            object.insert(
                 "foreign_processes".into(),
                 serde_json::to_value(foreign).unwrap_or_default(),
             );
@@ -104,6 +108,8 @@ pub fn metrics_snapshot(shared: &Shared) -> Result<Snapshot, DbError> {
                 }),
                 leased: !leases.is_empty(),
                 foreign_processes: machine.foreign.get(&d.uuid).map_or(0, Vec::len),
+                healthy: d.health.is_healthy(),
+                drained: d.health.drain_of(&d.uuid, &d.uuid).is_some(),
             }
         })
         .collect();

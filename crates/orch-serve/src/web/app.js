@@ -159,6 +159,16 @@
     if (!r.ok) throw new Error(path + ": " + r.status);
     return r.json();
   }
+  // A GPU's STATE as orch devices -v words it: ok, drained (reason), unhealthy: its problems.
+  function serviceState(d) {
+    const h = d.health || {};
+    if (d.state === "unhealthy") return "unhealthy: " + (h.problems || []).map((p) => p.message).join("; ");
+    if (d.state === "drained") {
+      const drain = (h.drains || []).find((x) => x.uuid === d.uuid) || {};
+      return "drained" + (drain.reason ? " (" + drain.reason + ")" : "");
+    }
+    return d.state || "ok";
+  }
   function gpus(devices) {
     const now = Date.now();
     return devices.map((d) => {
@@ -175,6 +185,7 @@
       cell(tr, "Held by", held.length ? clip(held.join("; ")) : "free").className = held.length ? "holder" : "holder muted";
       const foreign = (d.foreign_processes || []).map((p) => "pid " + p.pid + (p.used_memory_bytes == null ? "" : " (" + gib(p.used_memory_bytes) + ")"));
       cell(tr, "Foreign", foreign.join(", ")).className = foreign.length ? "foreign" : "";
+      cell(tr, "State", clip(serviceState(d))).className = "state-" + (d.state || "ok");
       return tr;
     });
   }

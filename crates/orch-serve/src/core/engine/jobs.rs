@@ -457,7 +457,20 @@ impl Jobs {
             .iter()
             .map(|v| (v.physical, v.mig_uuid.clone()))
             .collect();
-        let key = snapshot_key(&visible, &leases);
+        // Whether each is in service: the drains and health the view lays over the reading.
+        let service: Vec<&str> = visible
+            .iter()
+            .map(|(physical, mig)| {
+                self.inventory
+                    .devices
+                    .iter()
+                    .find(|d| d.index == *physical)
+                    .map_or("", |d| {
+                        d.service_state(mig.as_deref().unwrap_or(&d.uuid)).as_str()
+                    })
+            })
+            .collect();
+        let key = snapshot_key(&visible, &service, &leases);
         Ok(self.snapshot.insert((visible, leases, key)))
     }
 

@@ -1,6 +1,7 @@
-//! The device watch: a thread that reads the machine again every [`INVENTORY_MAX_AGE`] (the
-//! devices, the live leases, the processes no lease covers) into the shared machine view, and
-//! the engine's idle reclaim, which acts on those readings.
+//! The device watch: a thread that reads the machine again every [`INVENTORY_MAX_AGE`], sooner
+//! when the sim file it reads changes (the devices, the live leases, the processes no lease
+//! covers; health and drains laid over them by `device_health`) into the shared machine view,
+//! and the engine's idle reclaim, which acts on those readings.
 
 use super::*;
 
@@ -14,10 +15,15 @@ impl Engine {
             .spawn(move || {
                 let mut store = LeaseStore::open(&shared.state_dir);
                 let mut first = true;
+                // Whether a reading was published: the first one tells no job of old problems.
+                let mut published = false;
+                let mut sim_stamp = None;
                 loop {
                     if !std::mem::take(&mut first) {
-                        std::thread::sleep(INVENTORY_MAX_AGE);
+                        next_reading(&shared.devices, sim_stamp);
                     }
+                    // Taken before the reading: a write during it is seen by the next wait.
+                    sim_stamp = sim_file_stamp(&shared.devices);
                     let (inventory, stale) = match shared
                         .devices
                         .parse::<InventorySpec>()
@@ -43,15 +49,30 @@ impl Engine {
                     let (foreign, lease_memory) =
                         (Arc::new(held.foreign), Arc::new(held.lease_memory));
                     if stale.is_none() { shared.timeline.note_devices(now_ms(), &inventory.devices); }
-                    *lock(&shared.machine) = MachineView {
-                        inventory,
+                    let mut machine = lock(&shared.machine);
+                    // The marks are read under the view's lock: a drain or undrain shows itself
+                    // (`show_mark`, `show_cleared`) under it after writing the store, so this
+                    // reading can neither miss it nor bring back what it took away. A read of
+                    // the store in WAL mode waits for no writer.
+                    let marks = device_health::marks(store.as_mut().ok());
+                    let mut inventory = Arc::unwrap_or_clone(inventory);
+                    let became = device_health::settle(&mut inventory, &machine.inventory, &marks);
+                    *machine = MachineView {
+                        inventory: Arc::new(inventory),
                         leases,
                         foreign,
                         lease_memory,
                         stale,
                     };
+                    drop(machine);
+                    if std::mem::replace(&mut published, true) && !became.is_empty() {
+                        shared.kick(Kick::DeviceHealth(became));
+                    }
                 }
             });
+        if self.shared.backend == orch_devices::Backend::Nvml {
+            device_health::watch_xid_events(Arc::clone(&self.shared));
+        }
         if let Err(e) = started {
             let why = format!(
                 "the daemon could not start its device watcher ({e}): this is the reading from its start, and foreign processes are not looked for"
@@ -118,4 +139,32 @@ impl Engine {
             );
         }
     }
+}
+
+/// A sim file's identity: a change of any part means it was written again.
+type Stamp = (Option<std::time::SystemTime>, u64, u64);
+
+/// Waits until the next reading is due: [`INVENTORY_MAX_AGE`], or sooner when the daemon reads
+/// a sim file and it changes from `last` (looked at every 25 ms: a test or demo that writes
+/// `xid_errors` sees the GPU unhealthy at once).
+fn next_reading(devices: &str, last: Option<Stamp>) {
+    let deadline = Instant::now() + INVENTORY_MAX_AGE;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || (last.is_some() && sim_file_stamp(devices) != last) {
+            return;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(25)));
+    }
+}
+
+/// The identity of the sim file the daemon reads; `None` for other inventories.
+fn sim_file_stamp(devices: &str) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(InventorySpec::Sim(path)) = devices.parse::<InventorySpec>() else {
+        return None;
+    };
+    std::fs::metadata(&path)
+        .ok()
+        .map(|m| (m.modified().ok(), m.len(), m.ino()))
 }
