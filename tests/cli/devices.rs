@@ -85,6 +85,8 @@ fn json_has_exactly_the_documented_fields() {
         "numa_node",
         "cpus",
         "links",
+        "mig_mode",
+        "mig_devices",
     ];
     expected.sort_unstable();
     assert_eq!(keys, expected);

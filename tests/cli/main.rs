@@ -16,6 +16,7 @@ mod faults;
 mod held_leases;
 mod languages;
 mod manual;
+mod mig;
 mod nvml_sim;
 mod operate;
 mod page_charts;

@@ -32,6 +32,8 @@ pub fn read() -> Result<Device, DeviceError> {
         numa_node: None,
         cpus: None,
         links: Vec::new(),
+        mig_mode: false,
+        mig_slots: None,
     })
 }
 

@@ -14,6 +14,7 @@ pub mod cpu;
 pub mod cuda;
 mod error;
 mod inventory;
+pub mod mig;
 mod model;
 pub mod nvml;
 pub mod sim;

@@ -78,12 +78,15 @@ fn inventory() -> impl Strategy<Value = Vec<Device>> {
                         uuid,
                         name: None,
                         memory_total_bytes: None,
+                        ..Default::default()
                     })
                     .collect(),
                 minor_number: None,
                 numa_node: None,
                 cpus: None,
                 links: Vec::new(),
+                mig_mode: false,
+                mig_slots: None,
             })
             .collect()
     })

@@ -122,6 +122,7 @@ impl Request {
                 exclusive: self.exclusive,
                 enforce_memory_limit: false,
                 cpu_bind: None,
+                mig: None,
             },
             policy: PolicySpec {
                 plugin: PluginRef::parse(&self.policy, &here_dir),

@@ -17,6 +17,7 @@ pub mod foreign;
 pub mod place;
 pub mod plan;
 mod runner;
+mod slices;
 mod train;
 
 pub use command::{

@@ -150,7 +150,10 @@ pub fn plan(
         chosen,
         reason: decision.reason,
         rejected,
-        hidden: input.devices.len().saturating_sub(visible.len()),
+        hidden: input
+            .devices
+            .len()
+            .saturating_sub(input.visibility.devices.len()),
     })
 }
 
@@ -207,7 +210,10 @@ pub fn recheck(
         chosen,
         reason: proposal.reason.clone(),
         rejected,
-        hidden: input.devices.len().saturating_sub(visible.len()),
+        hidden: input
+            .devices
+            .len()
+            .saturating_sub(input.visibility.devices.len()),
     })
 }
 
@@ -251,9 +257,11 @@ fn rejections(
         .collect()
 }
 
-/// `(CUDA index, device, MIG uuid)` of every visible device.
+/// `(logical index, device, MIG uuid)` of every visible device the job may be offered: its CUDA
+/// index, or for a job of MIG slices the visible slices of its profile, numbered in order
+/// ([`crate::slices::offer`]).
 fn visible_devices<'a>(input: PlanInput<'a>) -> Vec<(u32, &'a Device, Option<String>)> {
-    input
+    let visible = input
         .visibility
         .devices
         .iter()
@@ -262,24 +270,30 @@ fn visible_devices<'a>(input: PlanInput<'a>) -> Vec<(u32, &'a Device, Option<Str
             let device = input.devices.iter().find(|d| d.index == v.physical)?;
             Some((cuda as u32, device, v.mig_uuid.clone()))
         })
-        .collect()
+        .collect();
+    crate::slices::offer(input.job, visible)
 }
 
 /// More devices than are visible is an impossible request, reported at `gpus`.
 fn check_count(input: PlanInput<'_>, visible: usize) -> Result<(), InputError> {
+    crate::slices::check_count(input.job, input.devices, visible)?;
     let gpus = input.job.resources.gpus as usize;
     if gpus <= visible {
         return Ok(());
     }
-    let total = input.devices.len();
+    let cut = crate::slices::whole_gpu_note(input.job, input.devices).unwrap_or_default();
+    // GPUs in MIG mode are never leased whole.
+    let total = input.devices.iter().filter(|d| !d.mig_mode).count();
     let (message, hint) = if visible == total {
         (
-            format!("gpus = {gpus}, but this machine has {total} device(s)"),
+            format!("gpus = {gpus}, but this machine has {total} device(s){cut}"),
             format!("ask for at most {total}"),
         )
     } else {
         (
-            format!("gpus = {gpus}, but only {visible} of the {total} device(s) here are visible"),
+            format!(
+                "gpus = {gpus}, but only {visible} of the {total} device(s) here are visible{cut}"
+            ),
             format!(
                 "ask for at most {visible}, or widen CUDA_VISIBLE_DEVICES / the Slurm allocation"
             ),

@@ -423,8 +423,16 @@ impl Engine {
         let submission = self.shared.db.submission(id).ok().flatten().map(|(s, _)| s);
         let spec = submission.as_ref().and_then(|s| s.spec().ok());
         let (preemptible, exclusive) = spec.as_ref().map_or((false, true), |spec| {
-            (spec.preemptible, spec.resources.exclusive)
+            (
+                spec.preemptible,
+                crate::core::slices::takes_whole_gpus(spec),
+            )
         });
+        if let Some(gpus) = spec.as_ref().and_then(|spec| {
+            crate::core::slices::gpu_equivalent(spec, &self.jobs.inventory.devices)
+        }) {
+            self.sched.set_compute(id as u64, gpus);
+        }
         // An interactive allocation's limits run from its start, whatever restarts came between.
         let alloc = submission
             .as_ref()
@@ -703,7 +711,7 @@ impl Engine {
                     name: spec.name.clone(),
                     tags: spec.tags.clone(),
                     gpus: spec.resources.gpus,
-                    exclusive: spec.resources.exclusive,
+                    exclusive: crate::core::slices::takes_whole_gpus(&spec),
                     priority: spec.priority,
                     submitted_s: ms_to_s(row.submitted_at_ms),
                     queued_s: now_s(),
@@ -713,6 +721,11 @@ impl Engine {
                 if let Err(reason) = self.sched.enqueue_after(queued, wait, &mut standing) {
                     self.end_queued(id, State::Cancelled, reason);
                     return;
+                }
+                if let Some(gpus) =
+                    crate::core::slices::gpu_equivalent(&spec, &self.jobs.inventory.devices)
+                {
+                    self.sched.set_compute(id as u64, gpus);
                 }
                 self.set_array(id, &row);
                 self.jobs.queue.insert(
@@ -1074,6 +1087,8 @@ impl Engine {
                     .iter()
                     .find(|d| d.index == v.physical)
             })
+            // A GPU in MIG mode is never placed on whole.
+            .filter(|d| !d.mig_mode)
             .map(|d| d.uuid.as_str())
             .collect();
         Some(orch_queue::Machine {

@@ -90,7 +90,13 @@ pub(crate) async fn accept(
         gpus: spec.resources.gpus,
         priority: spec.priority,
     };
-    admission::devices(&asked, shared.visible_devices)?;
+    match spec.resources.mig.as_deref() {
+        Some(profile) => {
+            let inventory = orch_core::sync::lock(&shared.machine).inventory.clone();
+            admission::slices(&asked, profile, &inventory.devices)?;
+        }
+        None => admission::devices(&asked, shared.visible_devices)?,
+    }
     let tenant = tenant_for(
         shared,
         caller,
