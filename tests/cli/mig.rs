@@ -507,3 +507,42 @@ fn the_daemon_runs_a_slice_job_and_refuses_one_that_never_fits() {
         stderr(&whole)
     );
 }
+
+#[test]
+fn policies_see_the_slices_and_a_0_4_0_policy_still_places_them() {
+    let lab = lab("policies");
+    let job = lab.dir.join("one.toml");
+    std::fs::write(
+        &job,
+        "[job]\nname = \"one\"\n[resources]\nmig = \"1g.10gb\"\n[command]\nargv = [\"true\"]\n",
+    )
+    .unwrap();
+    let out = lab.orch(&["plan", &job.display().to_string(), "--json"], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["devices"][0]["uuid"], SLICES[0], "{plan}");
+    // The built-in (contract 0.5.0) was told what the candidates are: slices of GPU 0.
+    let reason = plan["reason"].as_str().unwrap();
+    assert!(
+        reason.ends_with("(MIG slices: 1g.10gb of GPU 0)"),
+        "{reason}"
+    );
+    // A policy built for 0.4.0 is asked without the slices, and places one all the same.
+    let old = std::path::Path::new(orch_host::PLUGIN_WASM_DIR).join("compat_policy_0_4.wasm");
+    let run = lab.orch(
+        &[
+            "run",
+            "--mig",
+            "1g.10gb",
+            "--policy",
+            &old.display().to_string(),
+            "--",
+            "sh",
+            "-c",
+            "echo $CUDA_VISIBLE_DEVICES",
+        ],
+        &[],
+    );
+    assert!(run.status.success(), "{}", stderr(&run));
+    assert_eq!(stdout(&run).trim(), SLICES[0]);
+}

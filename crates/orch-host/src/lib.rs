@@ -21,6 +21,7 @@ macro_rules! wasm {
 
 mod builtin;
 mod cache;
+mod compat;
 mod contract;
 mod engine;
 mod error;

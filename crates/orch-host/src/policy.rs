@@ -10,7 +10,7 @@ use crate::sandbox::PluginState;
 use crate::types::{Decision, Device, Lease, Refusal, Request, Topology};
 use crate::validate::{check_decision, clean_text};
 pub use orch_core::PluginRef;
-use orch_wit::{Policy, PolicyPre, Version, v0_1, v0_2, v0_3};
+use orch_wit::{Policy, PolicyPre, Version, v0_1, v0_2, v0_3, v0_4};
 use std::path::PathBuf;
 use wasmtime::component::{Component, InstancePre, Linker};
 use wasmtime::{Engine, Store};
@@ -39,7 +39,8 @@ pub(crate) enum AnyPolicyPre {
     V0_1(v0_1::policy::PolicyPre<PluginState>),
     V0_2(v0_2::policy::PolicyPre<PluginState>),
     V0_3(v0_3::policy::PolicyPre<PluginState>),
-    V0_4(PolicyPre<PluginState>),
+    V0_4(v0_4::policy::PolicyPre<PluginState>),
+    V0_5(PolicyPre<PluginState>),
 }
 
 /// A policy instance's exports, by version.
@@ -47,12 +48,13 @@ pub(crate) enum AnyPolicy {
     V0_1(v0_1::policy::Policy),
     V0_2(v0_2::policy::Policy),
     V0_3(v0_3::policy::Policy),
-    V0_4(Policy),
+    V0_4(v0_4::policy::Policy),
+    V0_5(Policy),
 }
 
 impl AnyPolicy {
     /// `placement.select-devices` (0.2.0 and later) or `select` (0.1.0): the same call, with
-    /// the topology for plugins of 0.4.0 and later.
+    /// the topology for plugins of 0.4.0 and later (its slices from 0.5.0).
     fn select(
         &self,
         store: &mut Store<PluginState>,
@@ -69,7 +71,10 @@ impl AnyPolicy {
             AnyPolicy::V0_3(policy) => policy
                 .orch_plugin_placement()
                 .call_select_devices(store, request, candidates, leases),
-            AnyPolicy::V0_4(policy) => policy
+            AnyPolicy::V0_4(policy) => {
+                crate::compat::select_0_4(policy, store, request, candidates, leases, topology)
+            }
+            AnyPolicy::V0_5(policy) => policy
                 .orch_plugin_placement()
                 .call_select_devices(store, request, candidates, leases, topology),
         }
@@ -88,7 +93,8 @@ impl World for PolicyWorld {
             Version::V0_1 => AnyPolicyPre::V0_1(v0_1::policy::PolicyPre::new(pre)?),
             Version::V0_2 => AnyPolicyPre::V0_2(v0_2::policy::PolicyPre::new(pre)?),
             Version::V0_3 => AnyPolicyPre::V0_3(v0_3::policy::PolicyPre::new(pre)?),
-            Version::V0_4 => AnyPolicyPre::V0_4(PolicyPre::new(pre)?),
+            Version::V0_4 => AnyPolicyPre::V0_4(v0_4::policy::PolicyPre::new(pre)?),
+            Version::V0_5 => AnyPolicyPre::V0_5(PolicyPre::new(pre)?),
         })
     }
 
@@ -101,6 +107,7 @@ impl World for PolicyWorld {
             AnyPolicyPre::V0_2(pre) => AnyPolicy::V0_2(pre.instantiate(store)?),
             AnyPolicyPre::V0_3(pre) => AnyPolicy::V0_3(pre.instantiate(store)?),
             AnyPolicyPre::V0_4(pre) => AnyPolicy::V0_4(pre.instantiate(store)?),
+            AnyPolicyPre::V0_5(pre) => AnyPolicy::V0_5(pre.instantiate(store)?),
         })
     }
 }
@@ -223,12 +230,14 @@ impl PolicyHost {
         let unknown = Topology {
             numa_nodes: Vec::new(),
             links: Vec::new(),
+            slices: Vec::new(),
         };
         self.decide_on(id, request, candidates, leases, &unknown)
     }
 
     /// [`PolicyHost::decide`] with the candidates' `topology` (NUMA nodes in candidate order,
-    /// links by logical index), which plugins of contract 0.4.0 and later see.
+    /// links by logical index, which candidates are MIG slices), which plugins of contract 0.4.0
+    /// and later see (the slices from 0.5.0).
     pub fn decide_on(
         &mut self,
         id: PluginId,

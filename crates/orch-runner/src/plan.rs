@@ -380,7 +380,8 @@ fn wit_device(index: u32, device: &Device, mig: Option<&str>, leases: &[DeviceLe
 /// when no node is known) and the link between every pair the inventory knows, by logical
 /// index. A MIG instance sits on its GPU's NUMA node but has no link to anything: MIG has
 /// neither NVLink nor peer-to-peer, so its parent's links would only spread a job of several
-/// instances across GPUs; the NUMA node and then the policy's own order decide for them.
+/// instances across GPUs; the NUMA node and then the policy's own order decide for them. Which
+/// candidates are MIG slices, and of what, is in `slices` (contract 0.5.0).
 fn topology(offered: &[WitDevice], visible: &[(u32, &Device, Option<String>)]) -> Topology {
     let placed: Vec<Option<&Device>> = offered
         .iter()
@@ -433,7 +434,12 @@ fn topology(offered: &[WitDevice], visible: &[(u32, &Device, Option<String>)]) -
             });
         }
     }
-    Topology { numa_nodes, links }
+    let slices = crate::slices::topology_slices(offered, visible);
+    Topology {
+        numa_nodes,
+        links,
+        slices,
+    }
 }
 
 /// The leases on the device `uuid`, numbered by its logical `index`.

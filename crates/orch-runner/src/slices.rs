@@ -163,3 +163,32 @@ pub(crate) fn single_launch_problem(plan: &crate::Plan) -> Option<String> {
         )
     })
 }
+
+/// For each of the `offered` candidates, in their order, the MIG slice it is, as a policy sees
+/// it (profile, memory, parent, NUMA node, share of the GPU); empty when none is a slice.
+pub(crate) fn topology_slices(
+    offered: &[orch_host::types::Device],
+    visible: &[Visible<'_>],
+) -> Vec<Option<orch_host::types::Slice>> {
+    let slices: Vec<Option<orch_host::types::Slice>> = offered
+        .iter()
+        .map(|w| {
+            let (_, device, uuid) = visible.iter().find(|(index, _, _)| *index == w.index)?;
+            let slice = device
+                .mig_devices
+                .iter()
+                .find(|m| Some(&m.uuid) == uuid.as_ref())?;
+            Some(orch_host::types::Slice {
+                profile: mig::short_profile(mig::profile(slice)).to_string(),
+                memory_total: slice.memory_total_bytes,
+                parent_index: device.index,
+                numa_node: device.numa_node,
+                compute_fraction: mig::compute_fraction(device, slice),
+            })
+        })
+        .collect();
+    if slices.iter().all(Option::is_none) {
+        return Vec::new();
+    }
+    slices
+}

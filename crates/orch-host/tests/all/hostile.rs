@@ -153,7 +153,7 @@ fn a_component_of_another_world_is_refused_at_load() {
     let text = err.to_string();
     assert!(matches!(err, PolicyError::WrongWorld { .. }), "{err:?}");
     assert!(
-        text.contains("`hostile-other-world.wasm` is not a policy orch can load: it exports `wasi:cli/run@0.2.0` (an instance), and orch expected orch:plugin/policy@0.4.0"),
+        text.contains("`hostile-other-world.wasm` is not a policy orch can load: it exports `wasi:cli/run@0.2.0` (an instance), and orch expected orch:plugin/policy@0.5.0"),
         "{text}"
     );
     assert!(text.contains("wasi:cli/run"), "{text}");

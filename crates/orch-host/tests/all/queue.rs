@@ -366,7 +366,7 @@ fn a_placement_policy_is_refused_as_a_queue_policy_and_back() {
     assert_eq!(
         err.to_string(),
         "`least_loaded.wasm` is not a queue policy orch can load: it implements \
-         orch:plugin/policy@0.4.0, and orch expected orch:plugin/queue@0.4.0 (or 0.3.0, 0.2.0, 0.1.0)"
+         orch:plugin/policy@0.5.0, and orch expected orch:plugin/queue@0.5.0 (or 0.4.0, 0.3.0, 0.2.0, 0.1.0)"
     );
     // The host carries on.
     let (jobs, tenants) = small_queue();
@@ -378,12 +378,12 @@ fn a_placement_policy_is_refused_as_a_queue_policy_and_back() {
     assert_eq!(
         err.to_string(),
         "`queue_fifo.wasm` is not a policy orch can load: it implements \
-         orch:plugin/queue@0.4.0, and orch expected orch:plugin/policy@0.4.0 (or 0.3.0, 0.2.0, 0.1.0)"
+         orch:plugin/queue@0.5.0, and orch expected orch:plugin/policy@0.5.0 (or 0.4.0, 0.3.0, 0.2.0, 0.1.0)"
     );
     let err = host.load(&fixture("hostile-other-world")).unwrap_err();
     assert!(
         err.to_string()
-            .contains("which exports the instance `orch:plugin/queue-order@0.4.0` (0.1.0: the function `order`)"),
+            .contains("which exports the instance `orch:plugin/queue-order@0.5.0` (0.1.0: the function `order`)"),
         "{err}"
     );
 }
@@ -394,12 +394,12 @@ fn inspect_names_the_queue_world() {
     let file = PathBuf::from(orch_host::PLUGIN_WASM_DIR).join("queue_fair_share.wasm");
     let wasm = std::fs::read(&file).unwrap();
     let found = orch_host::inspect(&mut policies, "queue_fair_share.wasm", &wasm).unwrap();
-    assert_eq!(found.world, "orch:plugin/queue@0.4.0");
+    assert_eq!(found.world, "orch:plugin/queue@0.5.0");
     assert_eq!(found.version_note(), None);
     assert!(
         found
             .exports
-            .contains(&"instance orch:plugin/queue-order@0.4.0".to_string()),
+            .contains(&"instance orch:plugin/queue-order@0.5.0".to_string()),
         "{found:?}"
     );
 }
@@ -427,7 +427,7 @@ fn unknown_builtins_and_missing_files_are_one_sentence() {
     assert_eq!(
         err.to_string(),
         "`odd.wasm` is not a WebAssembly component (a core WebAssembly module, not a \
-         component); orch loads components of world orch:plugin/queue@0.4.0: build a queue \
+         component); orch loads components of world orch:plugin/queue@0.5.0: build a queue \
          policy with `cargo build --target wasm32-wasip2` (Rust), `componentize-py` (Python) \
          or `jco componentize` (JavaScript) against orch's wit/, as docs/PLUGINS.md shows"
     );

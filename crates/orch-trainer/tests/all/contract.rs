@@ -259,7 +259,7 @@ fn predict_gives_the_mlp_logits_from_its_checkpoint() {
 }
 
 /// A trainer built for contract 0.3.0 that exports `predict` is asked through the 0.3.0
-/// bindings, and gives the very logits of the 0.4.0 built-in trained alike.
+/// bindings, and gives the very logits of the 0.5.0 built-in trained alike.
 #[test]
 fn predict_asks_a_trainer_built_for_0_3_0() {
     let logits = |plugin: &str| {
