@@ -143,6 +143,11 @@ fn inspection_names_each_trainer_s_contract() {
     for (file, world, version) in [
         ("trainer_mlp", "orch:plugin/trainer@0.5.0", Version::V0_5),
         (
+            "compat_trainer_mlp_0_4",
+            "orch:plugin/trainer@0.4.0",
+            Version::V0_4,
+        ),
+        (
             "compat_trainer_mlp_0_3",
             "orch:plugin/trainer@0.3.0",
             Version::V0_3,
