@@ -323,6 +323,10 @@ pub fn placed_line(job: &JobSpec, lease: &Lease, plan: &Plan, inventory: &Invent
         .chosen
         .iter()
         .map(|d| {
+            if d.uuid.starts_with("MIG-") {
+                // Slices of one GPU may share their uuids' first digits: the whole uuid.
+                return format!("a MIG slice of GPU {} ({})", d.physical_index, d.uuid);
+            }
             format!(
                 "{kind} {} ({})",
                 d.physical_index,
