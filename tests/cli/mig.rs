@@ -474,6 +474,19 @@ fn the_daemon_runs_a_slice_job_and_refuses_one_that_never_fits() {
     let logs = stdout(&d.client(&["logs", &id]));
     let uuid = logs.trim().strip_prefix("slice ").unwrap_or_default();
     assert!(SLICES.contains(&uuid), "{logs}");
+    // Accounting charges a 1g slice of a 7-slot GPU 1/7 of a GPU per second.
+    let id = d.submit(&["--mig", "1g.10gb", "--", "sleep", "1.4"]);
+    let status = d.wait_state(&id, "succeeded");
+    let a = &status["accounting"];
+    let (gpu_s, wall) = (
+        a["gpu_seconds"].as_f64().unwrap(),
+        a["wall_s"].as_f64().unwrap(),
+    );
+    assert!((1.35..3.0).contains(&wall), "{status}");
+    assert!(
+        (gpu_s - wall / 7.0).abs() < 0.1,
+        "{gpu_s} GPU-seconds for {wall} s on a 1g slice: {status}"
+    );
     // A profile the machine lacks, or more slices than it has: refused at submission.
     let none = d.client(&["submit", "--mig", "2g.20gb", "--", "true"]);
     assert_eq!(none.status.code(), Some(2), "{}", stderr(&none));
