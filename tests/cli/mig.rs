@@ -317,6 +317,25 @@ fn per_device_runs_one_process_per_slice_and_single_is_refused() {
     let bad = lab.orch(&["run", "--mig", "big", "--", "true"], &[]);
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
     assert!(stderr(&bad).contains("--mig \"big\" is not a MIG profile"));
+    // An interactive allocation of a slice, as `orch run` gets one.
+    let alloc = lab.orch(
+        &[
+            "alloc",
+            "--mig",
+            "1g.10gb",
+            "--",
+            "sh",
+            "-c",
+            "echo $CUDA_VISIBLE_DEVICES",
+        ],
+        &[],
+    );
+    assert!(alloc.status.success(), "{}", stderr(&alloc));
+    assert!(
+        SLICES.contains(&stdout(&alloc).trim()),
+        "{}",
+        stdout(&alloc)
+    );
 }
 
 /// A character major that `/proc/devices` does not list, in the range Linux keeps for local use:
