@@ -495,6 +495,12 @@ fn the_daemon_runs_a_slice_job_and_refuses_one_that_never_fits() {
     assert!(SLICES.contains(&uuid), "{logs}");
     // Accounting charges a 1g slice of a 7-slot GPU 1/7 of a GPU per second.
     let id = d.submit(&["--mig", "1g.10gb", "--", "sleep", "1.4"]);
+    d.wait_state(&id, "running");
+    // Meanwhile the GPU of its slice shows the job holding it, the whole GPUs nobody.
+    let (code, devices) = crate::held_leases::http(&d, "GET", "/v1/devices", &Value::Null);
+    assert_eq!(code, 200, "{devices}");
+    assert_eq!(devices[0]["held_by"][0]["job_id"], id.as_str(), "{devices}");
+    assert_eq!(devices[1]["held_by"], serde_json::json!([]), "{devices}");
     let status = d.wait_state(&id, "succeeded");
     let a = &status["accounting"];
     let (gpu_s, wall) = (
