@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # For a machine with an NVIDIA GPU: builds orch, lists the GPUs through NVML, reads their topology
-# (`orch devices --topo`, compared pair by pair with `nvidia-smi topo -m`), creates a CUDA context
+# (`orch devices --topo`, compared pair by pair with `nvidia-smi topo -m`), lists MIG slices beside
+# `nvidia-smi -L`, creates a CUDA context
 # on every GPU, runs the CUDA tests with ORCH_REQUIRE_GPU=1 (a skipped CUDA test fails there), the
 # GPU benchmarks and MNIST on the GPU, a bound job and one named by CUDA index, the GPUs' health
 # readings and a daemon waiting for their Xid events, and prints a short table last. Exits
@@ -35,6 +36,22 @@ topo_matches() {
   [ -n "$ours" ] && [ "$ours" = "$theirs" ]
 }
 
+# MIG slices as orch lists them under their GPU, beside `nvidia-smi -L`: the same MIG uuids (none
+# on a machine without a GPU in MIG mode).
+slices_match() {
+  if ! command -v nvidia-smi >/dev/null; then
+    echo "nvidia-smi is not installed: nothing to compare with"
+    return 1
+  fi
+  local ours theirs
+  ours=$("$orch" --devices nvml devices | grep -o 'MIG-[0-9a-fA-F-]*' | sort)
+  theirs=$(nvidia-smi -L | grep -o 'MIG-[0-9a-fA-F-]*' | sort)
+  "$orch" --devices nvml devices | sed -n '/^GPU [0-9]*: /,$p'
+  echo "nvidia-smi -L:"
+  nvidia-smi -L
+  [ "$ours" = "$theirs" ]
+}
+
 ./scripts/setup.sh
 step "build (release)" cargo build --release -p orch-cli
 orch=target/release/orch
@@ -42,6 +59,7 @@ step "orch devices (nvml)" "$orch" --devices nvml devices
 step "orch devices --json (nvml)" "$orch" --devices nvml devices --json
 step "orch devices --topo (nvml)" "$orch" --devices nvml devices --topo
 step "topology as nvidia-smi topo -m has it" topo_matches
+step "MIG slices as nvidia-smi -L lists them" slices_match
 step "CUDA context on every GPU" "$orch" devices --check-cuda
 step "device tests (ORCH_REQUIRE_GPU=1)" cargo test --release -p orch-devices
 step "tensor tests on cuda (ORCH_REQUIRE_GPU=1)" cargo test --release -p orch-tensor

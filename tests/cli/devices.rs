@@ -87,6 +87,8 @@ fn json_has_exactly_the_documented_fields() {
         "links",
         "state",
         "health",
+        "mig_mode",
+        "mig_devices",
     ];
     expected.sort_unstable();
     assert_eq!(keys, expected);

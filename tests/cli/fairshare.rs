@@ -396,7 +396,7 @@ fn a_config_naming_a_placement_policy_as_queue_policy_is_refused() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
         stderr(&out).contains(
-            "`least_loaded.wasm` is not a queue policy orch can load: it implements orch:plugin/policy@0.4.0, and orch expected orch:plugin/queue@0.4.0 (or 0.3.0, 0.2.0, 0.1.0)"
+            "`least_loaded.wasm` is not a queue policy orch can load: it implements orch:plugin/policy@0.5.0, and orch expected orch:plugin/queue@0.5.0 (or 0.4.0, 0.3.0, 0.2.0, 0.1.0)"
         ),
         "{}",
         stderr(&out)

@@ -345,7 +345,7 @@ fn chooses_what_rust_chooses(language: &str, wasm: &std::path::Path) {
     );
     assert!(out.status.success(), "{language}: {}", stderr(&out));
     let inspected: Value = serde_json::from_slice(&out.stdout).expect("JSON");
-    assert_eq!(inspected["world"], "orch:plugin/policy@0.4.0", "{language}");
+    assert_eq!(inspected["world"], "orch:plugin/policy@0.5.0", "{language}");
 
     let rust = rust_coolest();
     for (n, case) in CASES.iter().enumerate() {

@@ -17,6 +17,7 @@ mod health;
 mod held_leases;
 mod languages;
 mod manual;
+mod mig;
 mod nvml_sim;
 mod one_path;
 mod operate;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 /// The simulated NVML library beside the `orch` under test; `None` (a skip) when it was not built,
 /// a failure under `ORCH_REQUIRE_NVML_SIM` (CI builds it before the tests).
-fn library(test: &str) -> Option<String> {
+pub(crate) fn library(test: &str) -> Option<String> {
     let so = Path::new(env!("CARGO_BIN_EXE_orch"))
         .parent()
         .expect("the binary's folder")
@@ -33,7 +33,7 @@ fn library(test: &str) -> Option<String> {
 }
 
 /// `orch --devices nvml ARGS` over the simulated library serving `sim`.
-fn through_nvml(lib: &str, sim: &Path, args: &[&str]) -> std::process::Output {
+pub(crate) fn through_nvml(lib: &str, sim: &Path, args: &[&str]) -> std::process::Output {
     let sim = sim.display().to_string();
     let mut all = vec!["--devices", "nvml"];
     all.extend_from_slice(args);
@@ -44,14 +44,14 @@ fn through_nvml(lib: &str, sim: &Path, args: &[&str]) -> std::process::Output {
 }
 
 /// `orch --devices sim:FILE ARGS`.
-fn through_sim(sim: &Path, args: &[&str]) -> std::process::Output {
+pub(crate) fn through_sim(sim: &Path, args: &[&str]) -> std::process::Output {
     let spec = format!("sim:{}", sim.display());
     let mut all = vec!["--devices", spec.as_str()];
     all.extend_from_slice(args);
     orch(&all, &[])
 }
 
-fn json(out: &std::process::Output) -> Vec<Value> {
+pub(crate) fn json(out: &std::process::Output) -> Vec<Value> {
     assert!(out.status.success(), "{}", stderr(out));
     serde_json::from_slice::<Value>(&out.stdout)
         .expect("JSON")

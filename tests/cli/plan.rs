@@ -368,12 +368,12 @@ fn plugin_inspect_names_the_world_or_refuses() {
     let out = orch(&["plugin", "inspect", "least-loaded", "--json"], &env);
     assert!(out.status.success(), "{}", stderr(&out));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["world"], "orch:plugin/policy@0.4.0");
-    assert_eq!(v["contract"], "0.4.0");
+    assert_eq!(v["world"], "orch:plugin/policy@0.5.0");
+    assert_eq!(v["contract"], "0.5.0");
     assert_eq!(v["note"], Value::Null);
     assert_eq!(
         v["exports"],
-        serde_json::json!(["instance orch:plugin/placement@0.4.0"])
+        serde_json::json!(["instance orch:plugin/placement@0.5.0"])
     );
     assert!(v["size_bytes"].as_u64().unwrap() > 1000);
     assert!(
@@ -388,7 +388,7 @@ fn plugin_inspect_names_the_world_or_refuses() {
     let out = orch(&["plugin", "inspect", &spin], &env);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
-        stdout(&out).contains("a component of world orch:plugin/policy@0.4.0"),
+        stdout(&out).contains("a component of world orch:plugin/policy@0.5.0"),
         "{}",
         stdout(&out)
     );
@@ -396,7 +396,7 @@ fn plugin_inspect_names_the_world_or_refuses() {
     let cases = [
         (
             fixture("hostile-other-world.wasm"),
-            "is not a policy orch can load: it exports `wasi:cli/run@0.2.0` (an instance), and orch expected orch:plugin/policy@0.4.0",
+            "is not a policy orch can load: it exports `wasi:cli/run@0.2.0` (an instance), and orch expected orch:plugin/policy@0.5.0",
         ),
         (
             root().join("Cargo.toml").display().to_string(),

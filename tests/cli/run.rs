@@ -478,8 +478,8 @@ fn plugin_inspect_knows_trainers() {
     let out = orch(&["plugin", "inspect", &mlp.display().to_string()], &[]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
-    assert!(text.contains("orch:plugin/trainer@0.4.0"), "{text}");
-    assert!(text.contains("orch:plugin/training@0.4.0"), "{text}");
+    assert!(text.contains("orch:plugin/trainer@0.5.0"), "{text}");
+    assert!(text.contains("orch:plugin/training@0.5.0"), "{text}");
     // A trainer built for 0.1.0 is named as such.
     let old = Path::new(orch_trainer::TRAINER_WASM_DIR).join("compat_trainer_mlp.wasm");
     let out = orch(&["plugin", "inspect", &old.display().to_string()], &[]);
@@ -489,7 +489,7 @@ fn plugin_inspect_knows_trainers() {
         text.contains("a component of world orch:plugin/trainer@0.1.0"),
         "{text}"
     );
-    assert!(text.contains("note: built for contract 0.1.0, an older version than this orch's 0.4.0: orch still loads and runs it"), "{text}");
+    assert!(text.contains("note: built for contract 0.1.0, an older version than this orch's 0.5.0: orch still loads and runs it"), "{text}");
     assert!(text.contains("func train-step"), "{text}");
 }
 

@@ -163,3 +163,43 @@ def test_plan_is_a_dry_run_with_reason_and_rejections():
     assert all(r.why for r in plan.rejected)
     # Nothing was placed.
     assert len(orch.lease(gpus=8).devices) == 8
+
+
+MIG_BOX = """
+[[gpu]]
+name = "NVIDIA H100 80GB HBM3"
+memory_total = "80GiB"
+mig_mode = true
+[[gpu.mig]]
+uuid = "MIG-11111111-0000-4000-8000-000000000001"
+name = "1g.10gb"
+memory_total = "10GiB"
+[[gpu.mig]]
+uuid = "MIG-11111111-0000-4000-8000-000000000002"
+name = "1g.10gb"
+memory_total = "10GiB"
+[[gpu]]
+name = "NVIDIA H100 80GB HBM3"
+memory_total = "80GiB"
+"""
+
+
+def test_a_process_leases_one_mig_slice_of_a_profile(tmp_path):
+    box = tmp_path / "mig.toml"
+    box.write_text(MIG_BOX)
+    os.environ["ORCH_DEVICES"] = f"sim:{box}"
+    first = orch.lease(mig="1g.10gb")
+    second = orch.lease(mig="1g.10gb")
+    assert all(u.startswith("MIG-") for u in first.uuids + second.uuids)
+    assert set(first.uuids) != set(second.uuids), "one slice, one holder"
+    with pytest.raises(orch.NoFit):
+        orch.lease(mig="1g.10gb")
+    # A lease of whole GPUs never gets the GPU in MIG mode.
+    whole = orch.lease(gpus=1)
+    assert whole.uuids[0].startswith("GPU-")
+    with pytest.raises(orch.BadRequest, match="a process holds one slice"):
+        orch.lease(gpus=2, mig="1g.10gb")
+    with pytest.raises(orch.BadRequest, match="no MIG slice of that profile"):
+        orch.lease(mig="3g.40gb")
+    for held in (first, second, whole):
+        held.release()

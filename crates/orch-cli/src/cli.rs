@@ -488,6 +488,10 @@ pub struct QuickArgs {
     /// (`[resources] cpu_bind`).
     #[arg(long, value_name = "HOW", value_parser = ["numa", "none"])]
     pub cpu_bind: Option<String>,
+    /// Quick form: the devices are MIG slices of this profile (`1g.10gb`), `--gpus` of them
+    /// (`[resources] mig`); several need `--per-device`.
+    #[arg(long, value_name = "PROFILE")]
+    pub mig: Option<String>,
 }
 
 /// The quick form's flags, which a job file excludes.
@@ -504,6 +508,7 @@ pub const QUICK_FLAGS: &[&str] = &[
     "grace",
     "device_ids",
     "cpu_bind",
+    "mig",
 ];
 
 #[derive(Debug, clap::Args)]

@@ -123,6 +123,8 @@ pub struct Resources {
     /// `cpu_bind`: where the job's processes run and allocate memory; `None` (not said) binds to
     /// the GPUs' NUMA nodes where the inventory knows them ([`CpuBind::Numa`]).
     pub cpu_bind: Option<CpuBind>,
+    /// `mig`: the job's `gpus` are MIG slices of this profile (`1g.10gb`), not whole GPUs.
+    pub mig: Option<String>,
 }
 
 /// `[resources] cpu_bind`: which CPUs and memory a job's processes use.
@@ -548,6 +550,7 @@ struct RawResources {
     exclusive: Option<bool>,
     enforce_memory_limit: Option<Spanned<bool>>,
     cpu_bind: Option<Spanned<String>>,
+    mig: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -656,6 +659,12 @@ impl Checker<'_> {
                 )
                 .with_hint("use nodes = 1 with more gpus, or a [command] job (PyTorch DDP, JAX, TensorFlow) across nodes"));
         }
+        if let Some(problem) = mig::launch_problem(&resources, &work) {
+            let at = self.key_at("resources", "mig");
+            return Err(self.at(at, problem).with_hint(
+                "a job of one slice runs as one process; several slices run as one process each",
+            ));
+        }
         let slurm = self.slurm(raw.slurm)?;
         let sweep = self.sweep(raw.sweep)?;
         let max_runtime = match &raw.job.max_runtime {
@@ -759,6 +768,7 @@ impl Checker<'_> {
                 exclusive: true,
                 enforce_memory_limit: false,
                 cpu_bind: None,
+                mig: None,
             });
         };
         let table_span = raw.span();
@@ -823,7 +833,19 @@ impl Checker<'_> {
                 .with_hint(format!("give {}", CpuBind::VALUES))
             })?),
         };
+        let mig = match raw.mig {
+            Some(text) if !mig::is_profile(text.get_ref()) => {
+                return Err(self
+                    .at(
+                        text.span(),
+                        format!("mig = {:?} is not a MIG profile", text.get_ref()),
+                    )
+                    .with_hint(mig::PROFILE_HINT));
+            }
+            other => other.map(Spanned::into_inner),
+        };
         Ok(Resources {
+            mig,
             cpu_bind,
             gpus,
             nodes,
@@ -1270,6 +1292,7 @@ impl Checker<'_> {
     }
 }
 
+pub mod mig;
 mod stopping;
 pub use stopping::{DEFAULT_GRACE, Stopping, WarningSignal, parse_signal, signal_name};
 

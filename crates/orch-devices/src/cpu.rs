@@ -33,6 +33,8 @@ pub fn read() -> Result<Device, DeviceError> {
         cpus: None,
         links: Vec::new(),
         health: Default::default(),
+        mig_mode: false,
+        mig_slots: None,
     })
 }
 

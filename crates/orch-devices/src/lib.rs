@@ -15,6 +15,7 @@ pub mod cuda;
 mod error;
 pub mod health;
 mod inventory;
+pub mod mig;
 mod model;
 pub mod nvml;
 pub mod nvml_health;

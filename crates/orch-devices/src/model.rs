@@ -30,11 +30,26 @@ pub struct GpuProcess {
 }
 
 /// A MIG instance of a GPU; `CUDA_VISIBLE_DEVICES` may name it by its `MIG-…` uuid.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MigDevice {
     pub uuid: String,
     pub name: Option<String>,
     pub memory_total_bytes: Option<u64>,
+    /// The GPU instance it belongs to (NVML's `nvmlDeviceGetGpuInstanceId`, or the sim file's
+    /// `gpu_instance_id`).
+    #[serde(default)]
+    pub gpu_instance_id: Option<u32>,
+    /// Its compute instance within the GPU instance (`nvmlDeviceGetComputeInstanceId`).
+    #[serde(default)]
+    pub compute_instance_id: Option<u32>,
+    /// The minor number of `/dev/nvidia-caps/nvidia-cap<N>` that grants access to its GPU
+    /// instance (`gpu<M>/gi<G>/access` in `/proc/driver/nvidia-caps/mig-minors`).
+    #[serde(default)]
+    pub gpu_instance_cap_minor: Option<u32>,
+    /// The minor number of the capability node of its compute instance
+    /// (`gpu<M>/gi<G>/ci<C>/access`).
+    #[serde(default)]
+    pub compute_instance_cap_minor: Option<u32>,
 }
 
 /// A device as the host sees it. `index` is the physical index: NVML order, which is PCI bus
@@ -77,6 +92,15 @@ pub struct Device {
     /// Its health (Xid errors, ECC, remapped rows, lost) and the drains on it or its slices.
     #[serde(default)]
     pub health: crate::health::Health,
+    /// MIG mode is on: the GPU is cut into the slices of [`Device::mig_devices`] and is never
+    /// handed out whole (docs/DEVICES.md).
+    #[serde(default)]
+    pub mig_mode: bool,
+    /// How many compute slices the GPU has in MIG mode (NVML's maximum MIG device count: 7 on
+    /// A100, H100 and H200, 4 on A30; the sim file's `mig_slots`); a slice's share of the GPU's
+    /// compute is its profile's `Ng` over this. `None` when not in MIG mode or unknown.
+    #[serde(default)]
+    pub mig_slots: Option<u32>,
 }
 
 /// The PCIe path between two GPUs, closest first, named as `nvidia-smi topo -m` names it

@@ -36,8 +36,9 @@ pub fn read() -> Result<Vec<Device>, DeviceError> {
     if count == 0 {
         return Err(DeviceError::NoGpu);
     }
+    let mig_minors = std::cell::OnceCell::new();
     let mut devices = (0..count)
-        .map(|index| read_device(&nvml, index))
+        .map(|index| read_device(&nvml, index, &mig_minors))
         .collect::<Result<Vec<_>, _>>()?;
     read_links(&nvml, &mut devices);
     Ok(devices)
@@ -85,7 +86,11 @@ fn describe_driver_error(err: &NvmlError) -> String {
     }
 }
 
-fn read_device(nvml: &Nvml, index: u32) -> Result<Device, DeviceError> {
+fn read_device(
+    nvml: &Nvml,
+    index: u32,
+    mig_minors: &std::cell::OnceCell<HashMap<String, u32>>,
+) -> Result<Device, DeviceError> {
     let failed = |what: &'static str| {
         move |e: nvml_wrapper::error::NvmlError| DeviceError::NvmlRead {
             index,
@@ -127,7 +132,8 @@ fn read_device(nvml: &Nvml, index: u32) -> Result<Device, DeviceError> {
     });
     let pci_bus_id = device.pci_info().ok().map(|p| p.bus_id);
     lost::remember(index, &uuid, &name, pci_bus_id.as_deref());
-    Ok(Device {
+    let mig_mode = device.mig_mode().is_ok_and(|mode| mode.current == 1);
+    let mut read = Device {
         index,
         uuid,
         name,
@@ -145,14 +151,22 @@ fn read_device(nvml: &Nvml, index: u32) -> Result<Device, DeviceError> {
             .map(|cc| format!("{}.{}", cc.major, cc.minor)),
         pci_bus_id,
         processes,
-        mig_devices: read_mig_devices(&device),
+        mig_devices: Vec::new(),
         // The N of /dev/nvidiaN (Linux only); unknown when the driver does not say.
         minor_number: device.minor_number().ok(),
         numa_node: read_numa_node(&device),
         cpus: read_cpus(&device),
         links: Vec::new(),
         health: crate::nvml_health::read(nvml, &device, lost),
-    })
+        mig_mode,
+        mig_slots: None,
+    };
+    if mig_mode {
+        read.mig_slots = device.mig_device_count().ok().filter(|n| *n > 0);
+        let minors = mig_minors.get_or_init(crate::mig::read_mig_minors);
+        read.mig_devices = read_mig_devices(nvml, &device, read.minor_number, minors);
+    }
+    Ok(read)
 }
 
 /// The GPU's NUMA node as `nvidia-smi topo -m` prints it under "NUMA Affinity": the one node of
@@ -326,23 +340,56 @@ fn read_links(nvml: &Nvml, devices: &mut [Device]) {
     }
 }
 
-/// MIG instances, when MIG mode is on. Slots without an instance are skipped.
-fn read_mig_devices(device: &nvml_wrapper::Device<'_>) -> Vec<MigDevice> {
-    let enabled = device.mig_mode().is_ok_and(|mode| mode.current == 1);
-    if !enabled {
-        return Vec::new();
-    }
+/// The MIG slices of a GPU in MIG mode (`nvmlDeviceGetMigDeviceHandleByIndex` over every slot;
+/// empty slots are skipped), with their GPU and compute instance ids and, from the driver's
+/// `mig-minors` listing, their capability nodes' minors.
+fn read_mig_devices(
+    nvml: &Nvml,
+    device: &nvml_wrapper::Device<'_>,
+    gpu_minor: Option<u32>,
+    minors: &HashMap<String, u32>,
+) -> Vec<MigDevice> {
     let slots = device.mig_device_count().unwrap_or(0);
     (0..slots)
         .filter_map(|slot| device.mig_device_by_index(slot).ok())
         .filter_map(|mig| {
+            let gpu_instance_id = instance_id(nvml, &mig, false);
+            let compute_instance_id = instance_id(nvml, &mig, true);
+            let (gi_cap, ci_cap) = match (gpu_minor, gpu_instance_id, compute_instance_id) {
+                (Some(gpu), Some(gi), Some(ci)) => {
+                    crate::mig::lookup_cap_minors(minors, gpu, gi, ci)
+                }
+                _ => (None, None),
+            };
             Some(MigDevice {
                 uuid: mig.uuid().ok()?,
                 name: mig.name().ok(),
                 memory_total_bytes: mig.memory_info().ok().map(|m| m.total),
+                gpu_instance_id,
+                compute_instance_id,
+                gpu_instance_cap_minor: gi_cap,
+                compute_instance_cap_minor: ci_cap,
             })
         })
         .collect()
+}
+
+/// A MIG device's GPU instance id (`nvmlDeviceGetGpuInstanceId`) or, with `compute`, its
+/// compute instance id (`nvmlDeviceGetComputeInstanceId`); nvml-wrapper 0.13 wraps neither, so
+/// they are called through the library it loaded. `None` when NVML does not say.
+fn instance_id(nvml: &Nvml, mig: &nvml_wrapper::Device<'_>, compute: bool) -> Option<u32> {
+    use nvml_wrapper_sys::bindings as sys;
+    let lib = nvml.lib();
+    let get = if compute {
+        lib.nvmlDeviceGetComputeInstanceId.as_ref().ok()?
+    } else {
+        lib.nvmlDeviceGetGpuInstanceId.as_ref().ok()?
+    };
+    let mut id: std::ffi::c_uint = 0;
+    // SAFETY: the handle comes from this `Nvml`, which is alive for the call; `id` is a valid
+    // place for the one value NVML writes.
+    let ret = unsafe { get(mig.handle(), &mut id) };
+    (ret == sys::nvmlReturn_enum_NVML_SUCCESS).then_some(id)
 }
 
 #[cfg(test)]
@@ -451,6 +498,9 @@ mod lost {
             cpus: None,
             links: Vec::new(),
             health,
+            // Its slices cannot be read: it is leased neither whole nor by slice while lost.
+            mig_mode: false,
+            mig_slots: None,
         }
     }
 }

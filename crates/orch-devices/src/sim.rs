@@ -57,6 +57,10 @@ struct SimGpu {
     /// The GPU no longer answers.
     #[serde(default)]
     lost: bool,
+    /// MIG mode; implied by `[[gpu.mig]]` tables when left out.
+    mig_mode: Option<Spanned<bool>>,
+    /// The compute slices the GPU is cut into in MIG mode (default 7).
+    mig_slots: Option<Spanned<u32>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -88,7 +92,19 @@ struct SimMig {
     uuid: Spanned<String>,
     name: Option<String>,
     memory_total: Option<ByteSize>,
+    gpu_instance_id: Option<u32>,
+    compute_instance_id: Option<u32>,
+    /// The minor of `/dev/nvidia-caps/nvidia-cap<N>` of the GPU instance's `access` capability.
+    gpu_instance_cap_minor: Option<Spanned<u32>>,
+    /// The same for the compute instance.
+    compute_instance_cap_minor: Option<Spanned<u32>>,
 }
+
+/// The highest minor number of an `nvidia-caps` node (the driver's `NV_CAP_DRV_MINOR_COUNT` is
+/// 2^20; real listings stay in the hundreds).
+const MAX_CAP_MINOR: u32 = (1 << 20) - 1;
+/// The most compute slices a GPU in MIG mode has (7 on A100, H100, H200).
+const MAX_MIG_SLOTS: u32 = 8;
 
 /// Reads and validates a sim file.
 pub fn read(path: &Path) -> Result<Vec<Device>, DeviceError> {
@@ -134,6 +150,7 @@ fn to_device(path: &Path, text: &str, position: usize, gpu: SimGpu) -> Result<De
     let at = |span: std::ops::Range<usize>, message: String| {
         InputError::at(path, text, span.start, message)
     };
+    let (mig_mode, mig_slots) = read_mig_mode(path, text, &gpu)?;
     let total = gpu.memory_total.get_ref().bytes();
     // Saturating: sizes near 2^64 must be refused as too large, not overflow.
     let process_sum = gpu
@@ -268,6 +285,21 @@ fn to_device(path: &Path, text: &str, position: usize, gpu: SimGpu) -> Result<De
     };
     let mut mig_devices = Vec::with_capacity(gpu.mig.len());
     for mig in gpu.mig {
+        for minor in mig
+            .gpu_instance_cap_minor
+            .iter()
+            .chain(&mig.compute_instance_cap_minor)
+        {
+            if *minor.get_ref() > MAX_CAP_MINOR {
+                return Err(at(
+                    minor.span(),
+                    format!(
+                        "a capability minor is the N of /dev/nvidia-caps/nvidia-capN, 0 to {MAX_CAP_MINOR}, found {}",
+                        minor.get_ref()
+                    ),
+                ));
+            }
+        }
         if !mig.uuid.get_ref().starts_with("MIG-") {
             return Err(at(
                 mig.uuid.span(),
@@ -281,6 +313,10 @@ fn to_device(path: &Path, text: &str, position: usize, gpu: SimGpu) -> Result<De
             uuid: mig.uuid.into_inner(),
             name: mig.name,
             memory_total_bytes: mig.memory_total.map(ByteSize::bytes),
+            gpu_instance_id: mig.gpu_instance_id,
+            compute_instance_id: mig.compute_instance_id,
+            gpu_instance_cap_minor: mig.gpu_instance_cap_minor.map(Spanned::into_inner),
+            compute_instance_cap_minor: mig.compute_instance_cap_minor.map(Spanned::into_inner),
         });
     }
     Ok(Device {
@@ -319,6 +355,8 @@ fn to_device(path: &Path, text: &str, position: usize, gpu: SimGpu) -> Result<De
             gpu.row_remap_failure,
             gpu.lost,
         ),
+        mig_mode,
+        mig_slots,
     })
 }
 
@@ -343,6 +381,53 @@ fn sim_health(
     };
     health.assess(orch_core::time::now_ms());
     health
+}
+
+/// A GPU's MIG mode and compute slices. `[[gpu.mig]]` tables imply `mig_mode = true`;
+/// `mig_mode = false` beside them is refused (the slices would be lost), and so is `mig_slots`
+/// on a GPU not in MIG mode.
+fn read_mig_mode(path: &Path, text: &str, gpu: &SimGpu) -> Result<(bool, Option<u32>), InputError> {
+    let mode = match &gpu.mig_mode {
+        Some(mode) if !*mode.get_ref() && !gpu.mig.is_empty() => {
+            return Err(InputError::at(
+                path,
+                text,
+                mode.span().start,
+                format!(
+                    "mig_mode = false, but the GPU lists {} MIG slice(s) in [[gpu.mig]]",
+                    gpu.mig.len()
+                ),
+            )
+            .with_hint("set mig_mode = true, or remove the [[gpu.mig]] tables"));
+        }
+        Some(mode) => *mode.get_ref(),
+        None => !gpu.mig.is_empty(),
+    };
+    let slots = match &gpu.mig_slots {
+        Some(slots) if !mode => {
+            return Err(InputError::at(
+                path,
+                text,
+                slots.span().start,
+                "mig_slots is for a GPU in MIG mode",
+            )
+            .with_hint("add mig_mode = true (and its [[gpu.mig]] slices), or remove mig_slots"));
+        }
+        Some(slots) if !(1..=MAX_MIG_SLOTS).contains(slots.get_ref()) => {
+            return Err(InputError::at(
+                path,
+                text,
+                slots.span().start,
+                format!(
+                    "mig_slots is the GPU's compute slices in MIG mode, 1 to {MAX_MIG_SLOTS}, found {}",
+                    slots.get_ref()
+                ),
+            ));
+        }
+        Some(slots) => Some(*slots.get_ref()),
+        None => mode.then_some(crate::mig::DEFAULT_SLOTS),
+    };
+    Ok((mode, slots))
 }
 
 /// The links between every pair of the file's GPUs, by position.
@@ -890,5 +975,85 @@ links = 12
             assert!(err.contains(location), "{err:?} should point at {location}");
             assert!(err.contains(words), "{err:?} should say {words}");
         }
+    }
+
+    #[test]
+    fn mig_slices_and_their_mode() {
+        let devices = parse_str(
+            r#"
+[[gpu]]
+name = "H100"
+memory_total = "80GiB"
+minor_number = 0
+mig_mode = true
+[[gpu.mig]]
+uuid = "MIG-aaaaaaaa-0000-4000-8000-000000000001"
+name = "3g.40gb"
+memory_total = "40GiB"
+gpu_instance_id = 1
+compute_instance_id = 0
+gpu_instance_cap_minor = 12
+compute_instance_cap_minor = 13
+[[gpu]]
+name = "implied"
+memory_total = "80GiB"
+mig_slots = 4
+[[gpu.mig]]
+uuid = "MIG-aaaaaaaa-0000-4000-8000-000000000002"
+name = "2g.12gb"
+[[gpu]]
+name = "whole"
+memory_total = "80GiB"
+"#,
+        )
+        .unwrap();
+        assert!(devices[0].mig_mode && devices[1].mig_mode && !devices[2].mig_mode);
+        assert_eq!(devices[0].mig_slots, Some(7), "the default");
+        assert_eq!(devices[1].mig_slots, Some(4));
+        assert_eq!(devices[2].mig_slots, None);
+        let slice = &devices[0].mig_devices[0];
+        assert_eq!(
+            (slice.gpu_instance_id, slice.compute_instance_id),
+            (Some(1), Some(0))
+        );
+        assert_eq!(
+            (
+                slice.gpu_instance_cap_minor,
+                slice.compute_instance_cap_minor
+            ),
+            (Some(12), Some(13))
+        );
+        let gpu = "[[gpu]]\nname = \"a\"\nmemory_total = 1\n";
+        let mig = "[[gpu.mig]]\nuuid = \"MIG-aaaaaaaa\"\n";
+        let cases = [
+            (
+                format!("{gpu}mig_mode = false\n{mig}"),
+                "lab.toml:4:12",
+                "mig_mode = false, but the GPU lists 1 MIG slice(s)",
+            ),
+            (
+                format!("{gpu}mig_slots = 7\n"),
+                "lab.toml:4:13",
+                "mig_slots is for a GPU in MIG mode",
+            ),
+            (
+                format!("{gpu}mig_mode = true\nmig_slots = 9\n"),
+                "lab.toml:5:13",
+                "1 to 8",
+            ),
+            (
+                format!("{gpu}{mig}compute_instance_cap_minor = 2000000\n"),
+                "lab.toml:6:30",
+                "nvidia-capN",
+            ),
+        ];
+        for (text, location, words) in cases {
+            let err = parse_str(&text).unwrap_err();
+            assert!(err.contains(location), "{err:?} should point at {location}");
+            assert!(err.contains(words), "{err:?} should say {words}");
+        }
+        // MIG mode on without slices: a GPU that no job gets whole and that has nothing to lease.
+        let empty = parse_str(&format!("{gpu}mig_mode = true\n")).unwrap();
+        assert!(empty[0].mig_mode && empty[0].mig_devices.is_empty());
     }
 }

@@ -31,6 +31,9 @@ pub use orch_core::process::{MAX_GPU_MINOR, NVIDIA_MAJOR};
 pub struct DeviceRule {
     /// Sorted, distinct, each at most [`MAX_GPU_MINOR`].
     denied: Vec<u32>,
+    /// MIG capability nodes denied (`/dev/nvidia-caps/nvidia-cap<N>`): their character major
+    /// (`nvidia-caps` in `/proc/devices`) and the minors, sorted and distinct.
+    caps: Option<(u32, Vec<u32>)>,
 }
 
 impl DeviceRule {
@@ -40,6 +43,7 @@ impl DeviceRule {
             denied: (0..=MAX_GPU_MINOR)
                 .filter(|m| !minors.contains(m))
                 .collect(),
+            caps: None,
         }
     }
 
@@ -52,7 +56,33 @@ impl DeviceRule {
             .collect();
         denied.sort_unstable();
         denied.dedup();
-        DeviceRule { denied }
+        DeviceRule { denied, caps: None }
+    }
+
+    /// This rule, and also the MIG capability nodes `denied` of character major `major` (the
+    /// capabilities of the slices the job was not granted); nothing added when `denied` is empty.
+    pub fn with_caps(mut self, major: u32, denied: &[u32]) -> DeviceRule {
+        let mut denied = denied.to_vec();
+        denied.sort_unstable();
+        denied.dedup();
+        self.caps = (!denied.is_empty()).then_some((major, denied));
+        self
+    }
+
+    /// The denied MIG capability nodes: their major and minors.
+    pub fn caps(&self) -> Option<(u32, &[u32])> {
+        self.caps
+            .as_ref()
+            .map(|(major, minors)| (*major, minors.as_slice()))
+    }
+
+    /// Every denied node as `(major, minor)`: the GPU nodes', then the capability nodes'.
+    pub fn denied_nodes(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.denied.iter().map(|&m| (NVIDIA_MAJOR, m)).chain(
+            self.caps
+                .iter()
+                .flat_map(|(major, minors)| minors.iter().map(move |&m| (*major, m))),
+        )
     }
 
     /// The rule for a grant: `granted` holds each granted GPU's minor number where known, `known`
@@ -84,20 +114,38 @@ impl DeviceRule {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.denied.is_empty()
+        self.denied.is_empty() && self.caps.is_none()
     }
 
     /// The denied minors as inclusive ranges of consecutive ones.
     pub fn ranges(&self) -> Vec<(u32, u32)> {
-        let mut out: Vec<(u32, u32)> = Vec::new();
-        for &m in &self.denied {
-            match out.last_mut() {
-                Some((_, hi)) if *hi + 1 == m => *hi = m,
-                _ => out.push((m, m)),
-            }
+        ranges(&self.denied)
+    }
+
+    /// Per major, the denied minors as inclusive ranges: the GPU nodes' (when any), then the
+    /// capability nodes' (when any).
+    pub fn blocks(&self) -> Vec<(u32, Vec<(u32, u32)>)> {
+        let mut out = Vec::new();
+        if !self.denied.is_empty() {
+            out.push((NVIDIA_MAJOR, ranges(&self.denied)));
+        }
+        if let Some((major, minors)) = &self.caps {
+            out.push((*major, ranges(minors)));
         }
         out
     }
+}
+
+/// Sorted minors as inclusive ranges of consecutive ones.
+fn ranges(minors: &[u32]) -> Vec<(u32, u32)> {
+    let mut out: Vec<(u32, u32)> = Vec::new();
+    for &m in minors {
+        match out.last_mut() {
+            Some((_, hi)) if *hi + 1 == m => *hi = m,
+            _ => out.push((m, m)),
+        }
+    }
+    out
 }
 
 /// `c 195:0-2,4-253` (the denied nodes), `nothing` when empty.
@@ -106,18 +154,24 @@ impl std::fmt::Display for DeviceRule {
         if self.is_empty() {
             return write!(f, "nothing");
         }
-        let ranges: Vec<String> = self
-            .ranges()
+        let blocks: Vec<String> = self
+            .blocks()
             .into_iter()
-            .map(|(lo, hi)| {
-                if lo == hi {
-                    lo.to_string()
-                } else {
-                    format!("{lo}-{hi}")
-                }
+            .map(|(major, ranges)| {
+                let ranges: Vec<String> = ranges
+                    .into_iter()
+                    .map(|(lo, hi)| {
+                        if lo == hi {
+                            lo.to_string()
+                        } else {
+                            format!("{lo}-{hi}")
+                        }
+                    })
+                    .collect();
+                format!("c {major}:{}", ranges.join(","))
             })
             .collect();
-        write!(f, "c {NVIDIA_MAJOR}:{}", ranges.join(","))
+        write!(f, "{}", blocks.join(" and "))
     }
 }
 

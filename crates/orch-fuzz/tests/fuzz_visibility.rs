@@ -78,6 +78,7 @@ fn inventory() -> impl Strategy<Value = Vec<Device>> {
                         uuid,
                         name: None,
                         memory_total_bytes: None,
+                        ..Default::default()
                     })
                     .collect(),
                 minor_number: None,
@@ -85,6 +86,8 @@ fn inventory() -> impl Strategy<Value = Vec<Device>> {
                 cpus: None,
                 links: Vec::new(),
                 health: Default::default(),
+                mig_mode: false,
+                mig_slots: None,
             })
             .collect()
     })

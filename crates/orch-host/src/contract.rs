@@ -1,6 +1,6 @@
 //! Which world, and which version of the contract, a component implements, told by what it
-//! exports: a plugin of 0.2.0 or later exports one instance (`orch:plugin/placement@0.4.0`,
-//! `…/queue-order@0.4.0`, `…/training@0.4.0`), a 0.1.0 plugin bare functions (`select`, `order`,
+//! exports: a plugin of 0.2.0 or later exports one instance (`orch:plugin/placement@0.5.0`,
+//! `…/queue-order@0.5.0`, `…/training@0.5.0`), a 0.1.0 plugin bare functions (`select`, `order`,
 //! `init` with `train-step` and `eval-step`).
 //!
 //! Design decision: the exports decide, not the imports: a policy imports nothing of orch's but
@@ -38,6 +38,9 @@ impl WorldKind {
     /// What a plugin of this world exports, per version, for a message.
     pub fn exports(self, version: Version) -> &'static str {
         match (self, version) {
+            (WorldKind::Policy, Version::V0_5) => "the instance `orch:plugin/placement@0.5.0`",
+            (WorldKind::Queue, Version::V0_5) => "the instance `orch:plugin/queue-order@0.5.0`",
+            (WorldKind::Trainer, Version::V0_5) => "the instance `orch:plugin/training@0.5.0`",
             (WorldKind::Policy, Version::V0_4) => "the instance `orch:plugin/placement@0.4.0`",
             (WorldKind::Queue, Version::V0_4) => "the instance `orch:plugin/queue-order@0.4.0`",
             (WorldKind::Trainer, Version::V0_4) => "the instance `orch:plugin/training@0.4.0`",
@@ -55,12 +58,13 @@ impl WorldKind {
         }
     }
 
-    /// "orch:plugin/policy@0.4.0 (or 0.3.0, 0.2.0, 0.1.0)": what orch expects of a plugin of
-    /// this world.
+    /// "orch:plugin/policy@0.5.0 (or 0.4.0, 0.3.0, 0.2.0, 0.1.0)": what orch expects of a
+    /// plugin of this world.
     pub fn expected(self) -> String {
         format!(
-            "{} (or {}, {}, {})",
+            "{} (or {}, {}, {}, {})",
             self.id(Version::CURRENT),
+            Version::V0_4,
             Version::V0_3,
             Version::V0_2,
             Version::V0_1
@@ -87,7 +91,7 @@ impl Found {
 pub enum Identity {
     /// A world of a version orch loads.
     Known(Found),
-    /// An `orch:plugin` interface of a version orch does not know (`orch:plugin/placement@0.5.0`).
+    /// An `orch:plugin` interface of a version orch does not know (`orch:plugin/placement@0.9.0`).
     UnknownVersion { export: String },
     /// Nothing of orch's: the exports, described (`` `wasi:cli/run@0.2.0` (an instance) ``).
     Other { exports: Vec<String> },
@@ -124,7 +128,7 @@ pub fn identify_exports(exports: &[(String, bool)]) -> Identity {
         let Some(&(_, world)) = INTERFACES.iter().find(|(i, _)| *i == interface) else {
             continue;
         };
-        if let Some(version) = [Version::V0_2, Version::V0_3, Version::V0_4]
+        if let Some(version) = [Version::V0_2, Version::V0_3, Version::V0_4, Version::V0_5]
             .into_iter()
             .find(|v| v.as_str() == version)
         {
@@ -244,8 +248,12 @@ mod tests {
         );
         assert_eq!(
             of(&[("orch:plugin/placement@0.5.0", false)]),
+            found(WorldKind::Policy, Version::V0_5)
+        );
+        assert_eq!(
+            of(&[("orch:plugin/placement@0.9.0", false)]),
             Identity::UnknownVersion {
-                export: "orch:plugin/placement@0.5.0".into()
+                export: "orch:plugin/placement@0.9.0".into()
             }
         );
         // An instance named `select` is not the 0.1.0 function.
@@ -257,16 +265,16 @@ mod tests {
         let queue = of(&[("orch:plugin/queue-order@0.2.0", false)]);
         assert_eq!(
             mismatch(&queue, WorldKind::Policy).unwrap(),
-            "it implements orch:plugin/queue@0.2.0, and orch expected orch:plugin/policy@0.4.0 (or 0.3.0, 0.2.0, 0.1.0)"
+            "it implements orch:plugin/queue@0.2.0, and orch expected orch:plugin/policy@0.5.0 (or 0.4.0, 0.3.0, 0.2.0, 0.1.0)"
         );
         assert_eq!(mismatch(&queue, WorldKind::Queue), None);
         let cli = of(&[("wasi:cli/run@0.2.0", false)]);
         let text = mismatch(&cli, WorldKind::Policy).unwrap();
         assert!(
-            text.starts_with("it exports `wasi:cli/run@0.2.0` (an instance), and orch expected orch:plugin/policy@0.4.0, which exports the instance `orch:plugin/placement@0.4.0` (0.1.0: the function `select`)"),
+            text.starts_with("it exports `wasi:cli/run@0.2.0` (an instance), and orch expected orch:plugin/policy@0.5.0, which exports the instance `orch:plugin/placement@0.5.0` (0.1.0: the function `select`)"),
             "{text}"
         );
-        let future = of(&[("orch:plugin/placement@0.5.0", false)]);
+        let future = of(&[("orch:plugin/placement@0.9.0", false)]);
         assert!(
             mismatch(&future, WorldKind::Policy)
                 .unwrap()

@@ -237,9 +237,6 @@ fn output_suffix(output: &[String]) -> String {
     }
 }
 
-/// The name this error had while only policies were plugins (the policy host still says it).
-pub(crate) type PolicyError = PluginError;
-
 impl PluginError {
     /// What a plugin of `kind` imports that orch does not provide, in the words of `detail`
     /// (the linker's), for [`PluginError::Load`].

@@ -12,7 +12,7 @@ use wasmtime::component::types::{ComponentExtern, ComponentItem};
 /// What a plugin component is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Inspection {
-    /// `orch:plugin/policy@0.4.0`, `orch:plugin/queue@0.1.0`, `orch:plugin/trainer@0.3.0`…
+    /// `orch:plugin/policy@0.5.0`, `orch:plugin/queue@0.1.0`, `orch:plugin/trainer@0.3.0`…
     pub world: String,
     /// The version of the contract it implements.
     pub version: Version,

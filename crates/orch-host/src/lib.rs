@@ -24,6 +24,7 @@ macro_rules! wasm {
 
 mod builtin;
 mod cache;
+mod compat;
 mod contract;
 mod engine;
 mod error;
@@ -51,9 +52,6 @@ pub use orch_wit::Version;
 pub use builtin::QUEUE_BUILTINS;
 pub use cache::ComponentCache;
 pub use engine::{Ticker, deadline_ticks, new_engine, wall_backstop};
-/// The error's name from before every world shared it; the callers outside this crate move to
-/// [`PluginError`].
-pub use error::PluginError as PolicyError;
 pub use error::{PluginError, PluginKind, RefusalKind};
 pub use failure::{CallFailure, classify};
 pub use inspect::{Inspection, inspect};

@@ -3,14 +3,14 @@
 
 use crate::builtin::builtin;
 use crate::contract::WorldKind;
-use crate::error::{PluginKind, PolicyError};
+use crate::error::{PluginError, PluginKind};
 use crate::limits::Limits;
 use crate::runtime::{Host, World};
 use crate::sandbox::PluginState;
 use crate::types::{Decision, Device, Lease, Refusal, Request, Topology};
 use crate::validate::{check_decision, clean_text};
 pub use orch_core::PluginRef;
-use orch_wit::{Policy, PolicyPre, Version, v0_1, v0_2, v0_3};
+use orch_wit::{Policy, PolicyPre, Version, v0_1, v0_2, v0_3, v0_4};
 use std::path::PathBuf;
 use wasmtime::component::{Component, InstancePre, Linker};
 use wasmtime::{Engine, Store};
@@ -39,7 +39,8 @@ pub(crate) enum AnyPolicyPre {
     V0_1(v0_1::policy::PolicyPre<PluginState>),
     V0_2(v0_2::policy::PolicyPre<PluginState>),
     V0_3(v0_3::policy::PolicyPre<PluginState>),
-    V0_4(PolicyPre<PluginState>),
+    V0_4(v0_4::policy::PolicyPre<PluginState>),
+    V0_5(PolicyPre<PluginState>),
 }
 
 /// A policy instance's exports, by version.
@@ -47,12 +48,13 @@ pub(crate) enum AnyPolicy {
     V0_1(v0_1::policy::Policy),
     V0_2(v0_2::policy::Policy),
     V0_3(v0_3::policy::Policy),
-    V0_4(Policy),
+    V0_4(v0_4::policy::Policy),
+    V0_5(Policy),
 }
 
 impl AnyPolicy {
     /// `placement.select-devices` (0.2.0 and later) or `select` (0.1.0): the same call, with
-    /// the topology for plugins of 0.4.0 and later.
+    /// the topology for plugins of 0.4.0 and later (its slices from 0.5.0).
     fn select(
         &self,
         store: &mut Store<PluginState>,
@@ -69,7 +71,10 @@ impl AnyPolicy {
             AnyPolicy::V0_3(policy) => policy
                 .orch_plugin_placement()
                 .call_select_devices(store, request, candidates, leases),
-            AnyPolicy::V0_4(policy) => policy
+            AnyPolicy::V0_4(policy) => {
+                crate::compat::select_0_4(policy, store, request, candidates, leases, topology)
+            }
+            AnyPolicy::V0_5(policy) => policy
                 .orch_plugin_placement()
                 .call_select_devices(store, request, candidates, leases, topology),
         }
@@ -93,7 +98,8 @@ impl World for PolicyWorld {
             Version::V0_1 => AnyPolicyPre::V0_1(v0_1::policy::PolicyPre::new(pre)?),
             Version::V0_2 => AnyPolicyPre::V0_2(v0_2::policy::PolicyPre::new(pre)?),
             Version::V0_3 => AnyPolicyPre::V0_3(v0_3::policy::PolicyPre::new(pre)?),
-            Version::V0_4 => AnyPolicyPre::V0_4(PolicyPre::new(pre)?),
+            Version::V0_4 => AnyPolicyPre::V0_4(v0_4::policy::PolicyPre::new(pre)?),
+            Version::V0_5 => AnyPolicyPre::V0_5(PolicyPre::new(pre)?),
         })
     }
 
@@ -106,6 +112,7 @@ impl World for PolicyWorld {
             AnyPolicyPre::V0_2(pre) => AnyPolicy::V0_2(pre.instantiate(store)?),
             AnyPolicyPre::V0_3(pre) => AnyPolicy::V0_3(pre.instantiate(store)?),
             AnyPolicyPre::V0_4(pre) => AnyPolicy::V0_4(pre.instantiate(store)?),
+            AnyPolicyPre::V0_5(pre) => AnyPolicy::V0_5(pre.instantiate(store)?),
         })
     }
 }
@@ -114,7 +121,7 @@ impl PolicyHost {
     /// A host with `limits`, caching compiled components under [`default_cache_dir`].
     ///
     /// [`default_cache_dir`]: crate::default_cache_dir
-    pub fn new(limits: Limits) -> Result<PolicyHost, PolicyError> {
+    pub fn new(limits: Limits) -> Result<PolicyHost, PluginError> {
         PolicyHost::with_cache_dir(limits, crate::default_cache_dir())
     }
 
@@ -122,7 +129,7 @@ impl PolicyHost {
     pub fn with_cache_dir(
         limits: Limits,
         cache_dir: Option<PathBuf>,
-    ) -> Result<PolicyHost, PolicyError> {
+    ) -> Result<PolicyHost, PluginError> {
         let host = Host::new(limits, cache_dir)?;
         Ok(PolicyHost { host })
     }
@@ -139,7 +146,7 @@ impl PolicyHost {
         self.host.linker()
     }
 
-    pub(crate) fn compile(&mut self, name: &str, wasm: &[u8]) -> Result<Component, PolicyError> {
+    pub(crate) fn compile(&mut self, name: &str, wasm: &[u8]) -> Result<Component, PluginError> {
         self.host.compile(name, wasm)
     }
 
@@ -167,7 +174,7 @@ impl PolicyHost {
 
     /// Loads a built-in by name or a component from a file, under the host's limits (once;
     /// later calls return the same plugin).
-    pub fn load(&mut self, plugin: &PluginRef) -> Result<PluginId, PolicyError> {
+    pub fn load(&mut self, plugin: &PluginRef) -> Result<PluginId, PluginError> {
         let limits = *self.host.limits();
         self.load_with_limits(plugin, &limits)
     }
@@ -178,12 +185,12 @@ impl PolicyHost {
         &mut self,
         plugin: &PluginRef,
         limits: &Limits,
-    ) -> Result<PluginId, PolicyError> {
+    ) -> Result<PluginId, PluginError> {
         self.host.load(plugin, limits).map(PluginId)
     }
 
     /// Loads a component from bytes under `name` (the name every error uses).
-    pub fn load_bytes(&mut self, name: &str, wasm: &[u8]) -> Result<PluginId, PolicyError> {
+    pub fn load_bytes(&mut self, name: &str, wasm: &[u8]) -> Result<PluginId, PluginError> {
         let limits = *self.host.limits();
         self.host.load_bytes(name, wasm, &limits).map(PluginId)
     }
@@ -223,16 +230,18 @@ impl PolicyHost {
         request: &Request,
         candidates: &[Device],
         leases: &[Lease],
-    ) -> Result<Decision, PolicyError> {
+    ) -> Result<Decision, PluginError> {
         let unknown = Topology {
             numa_nodes: Vec::new(),
             links: Vec::new(),
+            slices: Vec::new(),
         };
         self.decide_on(id, request, candidates, leases, &unknown)
     }
 
     /// [`PolicyHost::decide`] with the candidates' `topology` (NUMA nodes in candidate order,
-    /// links by logical index), which plugins of contract 0.4.0 and later see.
+    /// links by logical index, which candidates are MIG slices), which plugins of contract 0.4.0
+    /// and later see (the slices from 0.5.0).
     pub fn decide_on(
         &mut self,
         id: PluginId,
@@ -240,23 +249,23 @@ impl PolicyHost {
         candidates: &[Device],
         leases: &[Lease],
         topology: &Topology,
-    ) -> Result<Decision, PolicyError> {
+    ) -> Result<Decision, PluginError> {
         let (answer, warm) = self.host.call(id.0, |policy, store| {
             policy.select(store, request, candidates, leases, topology)
         })?;
         let plugin = || self.host.name(id.0).to_string();
         let result = match answer {
-            Err(Refusal::NoFit(message)) => Err(PolicyError::NoFit {
+            Err(Refusal::NoFit(message)) => Err(PluginError::NoFit {
                 plugin: plugin(),
                 message: clean_text(&message),
             }),
-            Err(Refusal::BadConfig(message)) => Err(PolicyError::BadConfig {
+            Err(Refusal::BadConfig(message)) => Err(PluginError::BadConfig {
                 plugin: plugin(),
                 message: clean_text(&message),
             }),
             Ok(decision) => {
                 check_decision(request, candidates, leases, &decision).map_err(|problem| {
-                    PolicyError::WrongAnswer {
+                    PluginError::WrongAnswer {
                         kind: PluginKind::Placement,
                         plugin: plugin(),
                         problem,

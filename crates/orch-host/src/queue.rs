@@ -16,7 +16,7 @@ use crate::validate::clean_text;
 use orch_core::PluginRef;
 use orch_queue::{Job, Machine, Ranked, Tenant, check_order, clean_reason_owned};
 use orch_wit::queue_types as wit;
-use orch_wit::{Queue, QueuePre, Version, v0_1, v0_2, v0_3};
+use orch_wit::{Queue, QueuePre, Version, v0_1, v0_2, v0_3, v0_4};
 use std::path::PathBuf;
 use wasmtime::Store;
 use wasmtime::component::InstancePre;
@@ -45,7 +45,8 @@ pub(crate) enum AnyQueuePre {
     V0_1(v0_1::queue::QueuePre<PluginState>),
     V0_2(v0_2::queue::QueuePre<PluginState>),
     V0_3(v0_3::queue::QueuePre<PluginState>),
-    V0_4(QueuePre<PluginState>),
+    V0_4(v0_4::queue::QueuePre<PluginState>),
+    V0_5(QueuePre<PluginState>),
 }
 
 /// A queue policy instance's exports, by version.
@@ -53,7 +54,8 @@ pub(crate) enum AnyQueue {
     V0_1(v0_1::queue::Queue),
     V0_2(v0_2::queue::Queue),
     V0_3(v0_3::queue::Queue),
-    V0_4(Queue),
+    V0_4(v0_4::queue::Queue),
+    V0_5(Queue),
 }
 
 impl AnyQueue {
@@ -74,6 +76,9 @@ impl AnyQueue {
                 .orch_plugin_queue_order()
                 .call_order_jobs(store, jobs, tenants, machine),
             AnyQueue::V0_4(queue) => queue
+                .orch_plugin_queue_order()
+                .call_order_jobs(store, jobs, tenants, machine),
+            AnyQueue::V0_5(queue) => queue
                 .orch_plugin_queue_order()
                 .call_order_jobs(store, jobs, tenants, machine),
         }
@@ -97,7 +102,8 @@ impl World for QueueWorld {
             Version::V0_1 => AnyQueuePre::V0_1(v0_1::queue::QueuePre::new(pre)?),
             Version::V0_2 => AnyQueuePre::V0_2(v0_2::queue::QueuePre::new(pre)?),
             Version::V0_3 => AnyQueuePre::V0_3(v0_3::queue::QueuePre::new(pre)?),
-            Version::V0_4 => AnyQueuePre::V0_4(QueuePre::new(pre)?),
+            Version::V0_4 => AnyQueuePre::V0_4(v0_4::queue::QueuePre::new(pre)?),
+            Version::V0_5 => AnyQueuePre::V0_5(QueuePre::new(pre)?),
         })
     }
 
@@ -110,6 +116,7 @@ impl World for QueueWorld {
             AnyQueuePre::V0_2(pre) => AnyQueue::V0_2(pre.instantiate(store)?),
             AnyQueuePre::V0_3(pre) => AnyQueue::V0_3(pre.instantiate(store)?),
             AnyQueuePre::V0_4(pre) => AnyQueue::V0_4(pre.instantiate(store)?),
+            AnyQueuePre::V0_5(pre) => AnyQueue::V0_5(pre.instantiate(store)?),
         })
     }
 }

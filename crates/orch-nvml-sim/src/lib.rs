@@ -909,8 +909,9 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
 
 // ---- MIG ---------------------------------------------------------------------------------------
 
-/// Enabled (current and pending 1) on a GPU the file lists MIG instances for; a GPU without them
-/// is `NVML_ERROR_NOT_SUPPORTED` (the file does not say whether it could have them).
+/// Enabled (current and pending 1) on a GPU in MIG mode (the file's `mig_mode`, implied by
+/// `[[gpu.mig]]` tables); another GPU is `NVML_ERROR_NOT_SUPPORTED` (the file does not say
+/// whether it could have them).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     device: sys::nvmlDevice_t,
@@ -921,7 +922,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
         non_null(current_mode)?;
         non_null(pending_mode)?;
         let (machine, gpu) = parent_gpu(device)?;
-        if machine.devices[gpu].mig_devices.is_empty() {
+        if !machine.devices[gpu].mig_mode {
             return Err(NOT_SUPPORTED);
         }
         put(current_mode, 1)?;
@@ -929,7 +930,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     })
 }
 
-/// The instances the file lists (a real GPU's maximum is its hardware's; every slot here holds one).
+/// The GPU's MIG slots (the file's `mig_slots`, 7 unless it says), as a real GPU's maximum is
+/// its hardware's; the file's slices fill the first ones.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
     device: sys::nvmlDevice_t,
@@ -938,14 +940,24 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
     guard(|| unsafe {
         non_null(count)?;
         let (machine, gpu) = parent_gpu(device)?;
-        let migs = machine.devices[gpu].mig_devices.len();
-        if migs == 0 {
-            return Err(NOT_SUPPORTED);
-        }
-        put(count, migs as c_uint)
+        put(count, mig_slots(&machine.devices[gpu])?)
     })
 }
 
+/// The MIG slots of a GPU in MIG mode: at least as many as the file has slices.
+fn mig_slots(gpu: &orch_devices::Device) -> Result<c_uint, Ret> {
+    if !gpu.mig_mode {
+        return Err(NOT_SUPPORTED);
+    }
+    let slots = gpu
+        .mig_slots
+        .unwrap_or(orch_devices::mig::DEFAULT_SLOTS)
+        .max(gpu.mig_devices.len() as u32);
+    Ok(slots as c_uint)
+}
+
+/// The slice in slot `index`; a slot past the file's slices holds none (`NVML_ERROR_NOT_FOUND`,
+/// as NVML says of an empty slot), one past the GPU's slots is `NVML_ERROR_INVALID_ARGUMENT`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
     device: sys::nvmlDevice_t,
@@ -955,12 +967,12 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
     guard(|| unsafe {
         non_null(mig_device)?;
         let (machine, gpu) = parent_gpu(device)?;
-        let migs = machine.devices[gpu].mig_devices.len();
-        if migs == 0 {
-            return Err(NOT_SUPPORTED);
-        }
-        if index as usize >= migs {
+        let slots = mig_slots(&machine.devices[gpu])?;
+        if index >= slots {
             return Err(INVALID_ARGUMENT);
+        }
+        if index as usize >= machine.devices[gpu].mig_devices.len() {
+            return Err(NOT_FOUND);
         }
         put(
             mig_device,
@@ -969,6 +981,38 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
                 mig: Some(index as usize),
             })?,
         )
+    })
+}
+
+/// A MIG device's GPU instance id (the file's `gpu_instance_id`; `NVML_ERROR_NOT_SUPPORTED`
+/// when it gives none); a GPU handle is `NVML_ERROR_INVALID_ARGUMENT`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
+    device: sys::nvmlDevice_t,
+    id: *mut c_uint,
+) -> Ret {
+    guard(|| unsafe {
+        non_null(id)?;
+        let (machine, target) = resolve(device)?;
+        let mig = target.mig.ok_or(INVALID_ARGUMENT)?;
+        let slice = &machine.devices[target.gpu].mig_devices[mig];
+        put(id, slice.gpu_instance_id.ok_or(NOT_SUPPORTED)?)
+    })
+}
+
+/// A MIG device's compute instance id (the file's `compute_instance_id`), as
+/// [`nvmlDeviceGetGpuInstanceId`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
+    device: sys::nvmlDevice_t,
+    id: *mut c_uint,
+) -> Ret {
+    guard(|| unsafe {
+        non_null(id)?;
+        let (machine, target) = resolve(device)?;
+        let mig = target.mig.ok_or(INVALID_ARGUMENT)?;
+        let slice = &machine.devices[target.gpu].mig_devices[mig];
+        put(id, slice.compute_instance_id.ok_or(NOT_SUPPORTED)?)
     })
 }
 

@@ -80,6 +80,8 @@ links = 4
 uuid = "MIG-aaaaaaaa-0000-0000-0000-000000000000"
 name = "1g.10gb"
 memory_total = "10GiB"
+gpu_instance_id = 2
+compute_instance_id = 0
 
 [[gpu]]
 name = "a board without sensors"
@@ -287,10 +289,18 @@ fn mig_handles_answer_what_an_instance_has() {
             NOT_SUPPORTED
         );
         assert_eq!(nvmlDeviceGetMaxMigDeviceCount(gpu, &mut count), SUCCESS);
-        assert_eq!(count, 1);
+        assert_eq!(
+            count, 7,
+            "an H100's slots; the file's slice fills the first"
+        );
         let mut mig = ptr::null_mut();
         assert_eq!(
             nvmlDeviceGetMigDeviceHandleByIndex(gpu, 1, &mut mig),
+            NOT_FOUND,
+            "an empty slot"
+        );
+        assert_eq!(
+            nvmlDeviceGetMigDeviceHandleByIndex(gpu, 7, &mut mig),
             INVALID_ARGUMENT
         );
         assert_eq!(
@@ -312,6 +322,12 @@ fn mig_handles_answer_what_an_instance_has() {
             nvmlDeviceGetMaxMigDeviceCount(mig, &mut value),
             INVALID_ARGUMENT
         );
+        let mut id = 0;
+        assert_eq!(nvmlDeviceGetGpuInstanceId(mig, &mut id), SUCCESS);
+        assert_eq!(id, 2);
+        assert_eq!(nvmlDeviceGetComputeInstanceId(mig, &mut id), SUCCESS);
+        assert_eq!(id, 0);
+        assert_eq!(nvmlDeviceGetGpuInstanceId(gpu, &mut id), INVALID_ARGUMENT);
         let mut parent = ptr::null_mut();
         assert_eq!(
             nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig, &mut parent),

@@ -30,6 +30,9 @@ pub struct Request {
     /// The command line of the process, for people reading `orch jobs`.
     #[serde(default)]
     pub argv: Vec<String>,
+    /// MIG slices of this profile instead of whole GPUs (`[resources] mig`).
+    #[serde(default)]
+    pub mig: Option<String>,
 }
 
 /// A size as Python gives it: `"10GiB"` or a number of bytes.
@@ -80,6 +83,16 @@ impl Request {
     /// resolve against the working folder.
     pub fn job(&self) -> Result<JobSpec, String> {
         self.policy()?;
+        if let Some(profile) = self
+            .mig
+            .as_deref()
+            .filter(|p| !orch_core::job::mig::is_profile(p))
+        {
+            return Err(format!(
+                "mig = {profile:?} is not a MIG profile: {}",
+                orch_core::job::mig::PROFILE_HINT
+            ));
+        }
         let here_dir = std::env::current_dir().map_err(|e| {
             format!("the working folder cannot be read ({e}); change to an existing folder")
         })?;
@@ -88,7 +101,7 @@ impl Request {
         } else {
             self.argv.clone()
         };
-        Ok(orch_runner::QuickJob {
+        let job = orch_runner::QuickJob {
             origin: "orch.lease()".into(),
             dir: here_dir.clone(),
             name: self.name.clone(),
@@ -100,6 +113,7 @@ impl Request {
             memory_limit: Request::size("memory_limit", &self.memory_limit)?,
             exclusive: self.exclusive,
             cpu_bind: None,
+            mig: self.mig.clone(),
             policy: PluginRef::parse(&self.policy, &here_dir),
             config: self.config.clone(),
             stopping: Default::default(),
@@ -110,7 +124,14 @@ impl Request {
                 device_ids: None,
             },
         }
-        .job())
+        .job();
+        // The lease is this one process's: one slice at most.
+        if let Some(problem) = orch_core::job::mig::launch_problem(&job.resources, &job.work) {
+            return Err(format!(
+                "{problem}; a process holds one slice: ask for gpus=1"
+            ));
+        }
+        Ok(job)
     }
 
     /// The same request as a job file's text, for the daemon (which parses and checks it as it
@@ -140,6 +161,9 @@ impl Request {
         }
         if let Some(s) = r.memory_limit {
             resources.insert("memory_limit".into(), bytes(s).into());
+        }
+        if let Some(profile) = &r.mig {
+            resources.insert("mig".into(), profile.clone().into());
         }
         doc.insert("resources".into(), resources.into());
         let mut policy = toml::Table::new();

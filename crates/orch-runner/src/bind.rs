@@ -253,6 +253,7 @@ mod tests {
                 uuid: "MIG-00000001-0000-4000-8000-000000000000".into(),
                 name: Some("1g.10gb".into()),
                 memory_total_bytes: None,
+                ..Default::default()
             });
         let err = cuda_ids(DeviceIds::Index, &plan(&[3]), &inventory, None).unwrap_err();
         assert!(err.contains("GPU 1 is in MIG mode"), "{err}");

@@ -72,6 +72,11 @@ pub(crate) fn launch_spec(
     options: &ProcessOptions,
     confinement: Confinement,
 ) -> Result<LaunchSpec, String> {
+    if command.launch == Launch::Single
+        && let Some(why) = crate::slices::single_launch_problem(plan)
+    {
+        return Err(format!("{}: {why}", job.path.display()));
+    }
     let mut env = JobEnv {
         cluster: options.cluster.clone(),
         ..job_env(job, &command.env, lease, plan, inventory)
@@ -148,7 +153,14 @@ pub fn device_rule(plan: &Plan, inventory: &Inventory) -> Option<DeviceRule> {
         .iter()
         .filter_map(|d| d.minor_number)
         .collect();
-    DeviceRule::for_grant(&granted, &known)
+    let rule = DeviceRule::for_grant(&granted, &known);
+    match crate::slices::denied_caps(plan, inventory) {
+        Some((major, caps)) => Some(
+            rule.unwrap_or_else(|| DeviceRule::denying(&[]))
+                .with_caps(major, &caps),
+        ),
+        None => rule,
+    }
 }
 
 /// Confines the job of lease `lease_id` on `plan` to its GPUs' nodes, where orch runs as root and
@@ -311,6 +323,10 @@ pub fn placed_line(job: &JobSpec, lease: &Lease, plan: &Plan, inventory: &Invent
         .chosen
         .iter()
         .map(|d| {
+            if d.uuid.starts_with("MIG-") {
+                // Slices of one GPU may share their uuids' first digits: the whole uuid.
+                return format!("a MIG slice of GPU {} ({})", d.physical_index, d.uuid);
+            }
             format!(
                 "{kind} {} ({})",
                 d.physical_index,

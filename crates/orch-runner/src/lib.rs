@@ -23,6 +23,7 @@ pub mod plan;
 mod run_placed;
 mod runner;
 pub mod service;
+mod slices;
 mod stop;
 mod train;
 

@@ -30,6 +30,8 @@ pub struct QuickJob {
     pub memory_limit: Option<ByteSize>,
     pub exclusive: bool,
     pub cpu_bind: Option<CpuBind>,
+    /// The MIG profile asked for (`--mig`, `mig=`): `gpus` slices of it.
+    pub mig: Option<String>,
     pub policy: PluginRef,
     pub config: Vec<(String, String)>,
     pub stopping: Stopping,
@@ -68,6 +70,7 @@ impl QuickJob {
                 exclusive: self.exclusive,
                 enforce_memory_limit: false,
                 cpu_bind: self.cpu_bind,
+                mig: self.mig,
             },
             policy: PolicySpec {
                 plugin: self.policy,

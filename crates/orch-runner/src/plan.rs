@@ -11,7 +11,7 @@ use orch_core::limits::PluginKind as LimitKind;
 use orch_core::{DeviceLease, InputError, JobSpec};
 use orch_devices::{Device, Visibility};
 use orch_host::types::{Device as WitDevice, Lease, Link, PcieLevel, Request, Topology};
-use orch_host::{PolicyError, PolicyHost, misfit};
+use orch_host::{PluginError, PolicyHost, misfit};
 
 /// What a plan is made from.
 #[derive(Debug, Clone, Copy)]
@@ -79,7 +79,7 @@ pub enum PlanError {
     Input(#[from] InputError),
     /// The policy refused, or failed.
     #[error(transparent)]
-    Policy(#[from] PolicyError),
+    Policy(#[from] PluginError),
 }
 
 impl PlanError {
@@ -110,7 +110,7 @@ pub fn plan(
     let policy = host.load_with_limits(&job.policy.plugin, &limits).map_err(|e| {
         if e.is_bad_input() {
             let hint = match e {
-                PolicyError::UnknownBuiltin { .. } => "check the spelling",
+                PluginError::UnknownBuiltin { .. } => "check the spelling",
                 _ => "`orch plugin inspect FILE` says what a file is; docs/PLUGINS.md shows how to build a policy",
             };
             PlanError::Input(InputError {
@@ -162,7 +162,10 @@ pub fn plan(
         chosen,
         reason: decision.reason,
         rejected,
-        hidden: input.devices.len().saturating_sub(visible.len()),
+        hidden: input
+            .devices
+            .len()
+            .saturating_sub(input.visibility.devices.len()),
     })
 }
 
@@ -222,7 +225,10 @@ pub fn recheck(
         chosen,
         reason: proposal.reason.clone(),
         rejected,
-        hidden: input.devices.len().saturating_sub(visible.len()),
+        hidden: input
+            .devices
+            .len()
+            .saturating_sub(input.visibility.devices.len()),
     })
 }
 
@@ -266,9 +272,11 @@ fn rejections(
         .collect()
 }
 
-/// `(CUDA index, device, MIG uuid)` of every visible device.
+/// `(logical index, device, MIG uuid)` of every visible device the job may be offered: its CUDA
+/// index, or for a job of MIG slices the visible slices of its profile, numbered in order
+/// ([`crate::slices::offer`]).
 fn visible_devices<'a>(input: PlanInput<'a>) -> Vec<(u32, &'a Device, Option<String>)> {
-    input
+    let visible = input
         .visibility
         .devices
         .iter()
@@ -277,24 +285,30 @@ fn visible_devices<'a>(input: PlanInput<'a>) -> Vec<(u32, &'a Device, Option<Str
             let device = input.devices.iter().find(|d| d.index == v.physical)?;
             Some((cuda as u32, device, v.mig_uuid.clone()))
         })
-        .collect()
+        .collect();
+    crate::slices::offer(input.job, visible)
 }
 
 /// More devices than are visible is an impossible request, reported at `gpus`.
 fn check_count(input: PlanInput<'_>, visible: usize) -> Result<(), InputError> {
+    crate::slices::check_count(input.job, input.devices, visible)?;
     let gpus = input.job.resources.gpus as usize;
     if gpus <= visible {
         return Ok(());
     }
-    let total = input.devices.len();
+    let cut = crate::slices::whole_gpu_note(input.job, input.devices).unwrap_or_default();
+    // GPUs in MIG mode are never leased whole.
+    let total = input.devices.iter().filter(|d| !d.mig_mode).count();
     let (message, hint) = if visible == total {
         (
-            format!("gpus = {gpus}, but this machine has {total} device(s)"),
+            format!("gpus = {gpus}, but this machine has {total} device(s){cut}"),
             format!("ask for at most {total}"),
         )
     } else {
         (
-            format!("gpus = {gpus}, but only {visible} of the {total} device(s) here are visible"),
+            format!(
+                "gpus = {gpus}, but only {visible} of the {total} device(s) here are visible{cut}"
+            ),
             format!(
                 "ask for at most {visible}, or widen CUDA_VISIBLE_DEVICES / the Slurm allocation"
             ),
@@ -381,7 +395,8 @@ fn wit_device(index: u32, device: &Device, mig: Option<&str>, leases: &[DeviceLe
 /// when no node is known) and the link between every pair the inventory knows, by logical
 /// index. A MIG instance sits on its GPU's NUMA node but has no link to anything: MIG has
 /// neither NVLink nor peer-to-peer, so its parent's links would only spread a job of several
-/// instances across GPUs; the NUMA node and then the policy's own order decide for them.
+/// instances across GPUs; the NUMA node and then the policy's own order decide for them. Which
+/// candidates are MIG slices, and of what, is in `slices` (contract 0.5.0).
 fn topology(offered: &[WitDevice], visible: &[(u32, &Device, Option<String>)]) -> Topology {
     let placed: Vec<Option<&Device>> = offered
         .iter()
@@ -434,7 +449,12 @@ fn topology(offered: &[WitDevice], visible: &[(u32, &Device, Option<String>)]) -
             });
         }
     }
-    Topology { numa_nodes, links }
+    let slices = crate::slices::topology_slices(offered, visible);
+    Topology {
+        numa_nodes,
+        links,
+        slices,
+    }
 }
 
 /// The leases on the device `uuid`, numbered by its logical `index`.

@@ -111,13 +111,13 @@ pub(crate) fn out_of_service(visible: &[(u32, &Device, Option<String>)]) -> Vec<
 /// A policy's "no fit" with the devices out of service named: a job that waits, or an
 /// `orch run` that fails, says which drained or unhealthy devices it could not have.
 pub(crate) fn explain(
-    error: orch_host::PolicyError,
+    error: orch_host::PluginError,
     out: &[(u32, String)],
-) -> orch_host::PolicyError {
+) -> orch_host::PluginError {
     match error {
-        orch_host::PolicyError::NoFit { plugin, message } if !out.is_empty() => {
+        orch_host::PluginError::NoFit { plugin, message } if !out.is_empty() => {
             let words: Vec<&str> = out.iter().map(|(_, why)| why.as_str()).collect();
-            orch_host::PolicyError::NoFit {
+            orch_host::PluginError::NoFit {
                 plugin,
                 message: format!("{message}; out of service: {}", words.join(", ")),
             }

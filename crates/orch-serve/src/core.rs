@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod policy_worker;
 pub mod queue_policy;
 pub mod sched;
+pub mod slices;
 pub mod state;
 pub mod submit;
 pub mod timeline;

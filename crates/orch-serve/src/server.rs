@@ -160,12 +160,21 @@ pub fn serve(options: ServeOptions) -> Result<(), ServeError> {
         .parse::<orch_devices::InventorySpec>()
         .and_then(|s| orch_devices::Inventory::load(&s))
         .map_err(|e| ServeError::Start(format!("--devices {}: {e}", options.devices)))?;
+    // A GPU in MIG mode is placed on by its slices only (mig = PROFILE), never whole.
     let visible = orch_devices::Visibility::resolve(
         &inventory.devices,
         &orch_devices::VisibilityEnv::from_process(),
     )
     .devices
-    .len();
+    .iter()
+    .filter(|v| {
+        v.mig_uuid.is_some()
+            || !inventory
+                .devices
+                .iter()
+                .any(|d| d.index == v.physical && d.mig_mode)
+    })
+    .count();
     let (kick, kicks) = std::sync::mpsc::channel::<Kick>();
     let compiler = crate::core::compile::Compiler::new(
         options.exe.clone(),

@@ -70,7 +70,8 @@ impl Link {
 #[derive(Debug, Clone, Default)]
 pub struct Shape {
     numa: Vec<Option<u32>>,
-    /// `len × len`, row-major; the diagonal is unused.
+    /// `len × len`, row-major; the diagonal is unused. Empty until a link is known (a box of
+    /// MIG slices has NUMA nodes and no links: no `len²` table to fill on every decision).
     links: Vec<Link>,
     known: bool,
 }
@@ -79,11 +80,10 @@ impl Shape {
     /// A box of `numa.len()` devices, each on its NUMA node (`None`: unknown), with no link known
     /// yet.
     pub fn new(numa: Vec<Option<u32>>) -> Shape {
-        let n = numa.len();
         let known = numa.iter().any(Option::is_some);
         Shape {
             numa,
-            links: vec![Link::default(); n * n],
+            links: Vec::new(),
             known,
         }
     }
@@ -105,6 +105,12 @@ impl Shape {
         if a >= n || b >= n || a == b {
             return;
         }
+        if link == Link::default() && self.links.is_empty() {
+            return;
+        }
+        if self.links.is_empty() {
+            self.links = vec![Link::default(); n * n];
+        }
         self.links[a * n + b] = link;
         self.links[b * n + a] = link;
         self.known |= link != Link::default();
@@ -113,10 +119,15 @@ impl Shape {
     /// The link between `a` and `b` (nothing known: the default).
     pub fn link(&self, a: usize, b: usize) -> Link {
         let n = self.len();
-        if a >= n || b >= n {
+        if a >= n || b >= n || self.links.is_empty() {
             return Link::default();
         }
         self.links[a * n + b]
+    }
+
+    /// True when some pair's link is known (beyond NUMA nodes).
+    pub fn has_links(&self) -> bool {
+        !self.links.is_empty()
     }
 
     /// The NUMA node of device `a`, when known.
@@ -224,6 +235,16 @@ pub fn choose(shape: &Shape, ranked: &[usize], count: usize) -> Option<Choice> {
     }
     let top = &ranked[..count];
     if count < 2 || !shape.is_known() {
+        return Some(Choice {
+            set: top.to_vec(),
+            score: shape.score(top),
+            decider: Decider::Order,
+        });
+    }
+    // No link known (a box of MIG slices, a box whose inventory gives NUMA nodes only): every
+    // pair scores alike, so the policy's own top `count` is the rule's choice whenever it spans
+    // the fewest NUMA nodes possible (it has the lowest rank sum of all sets).
+    if !shape.has_links() && shape.score(top).numa_nodes == fewest_nodes(shape, ranked, count) {
         return Some(Choice {
             set: top.to_vec(),
             score: shape.score(top),

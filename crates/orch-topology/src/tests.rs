@@ -310,3 +310,57 @@ proptest! {
         }
     }
 }
+
+/// A box with NUMA nodes and no link (MIG slices): the shortcut of `choose` (the policy's top
+/// set when it spans the fewest nodes) gives what the exhaustive search gives, on every spread
+/// of nodes and rankings tried.
+#[test]
+fn without_links_the_shortcut_is_the_exhaustive_choice() {
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for _ in 0..300 {
+        let len = 2 + next(14) as usize;
+        let numa: Vec<Option<u32>> = (0..len)
+            .map(|_| match next(5) {
+                0 => None,
+                n => Some(n as u32 % 3),
+            })
+            .collect();
+        let shape = Shape::new(numa);
+        assert!(!shape.has_links());
+        let mut ranked: Vec<usize> = (0..len).collect();
+        for i in (1..len).rev() {
+            ranked.swap(i, next(i as u64 + 1) as usize);
+        }
+        for count in 2..=len.min(5) {
+            let Some(fast) = choose(&shape, &ranked, count) else {
+                continue;
+            };
+            if !shape.is_known() {
+                continue;
+            }
+            let ranks = exact(&shape, &ranked, count);
+            let slow: Vec<usize> = ranks.iter().map(|&r| ranked[r]).collect();
+            assert_eq!(
+                fast.score,
+                shape.score(&slow),
+                "{shape:?} {ranked:?} {count}"
+            );
+            let rank_sum = |set: &[usize]| -> usize {
+                set.iter()
+                    .map(|p| ranked.iter().position(|r| r == p).unwrap())
+                    .sum()
+            };
+            assert_eq!(
+                rank_sum(&fast.set),
+                rank_sum(&slow),
+                "{shape:?} {ranked:?} {count}"
+            );
+        }
+    }
+}

@@ -32,6 +32,7 @@ use orch_wit::trainer::Trainer;
 use orch_wit::trainer::exports::orch::plugin::training::StepInfo;
 use orch_wit::trainer::orch::plugin::tensors::Tensor as WitTensor;
 use orch_wit::v0_3::predicting::exports::orch::plugin::inference as v0_3_inference;
+use orch_wit::v0_4::predicting::exports::orch::plugin::inference as v0_4_inference;
 use std::sync::Arc;
 use wasmtime::component::Resource;
 use wasmtime::{Engine, Store};
@@ -83,7 +84,8 @@ pub struct Sample {
 /// A trainer's `inference` export, by the version of the contract (the same function).
 enum Inference {
     V0_3(v0_3_inference::Guest),
-    V0_4(Guest),
+    V0_4(v0_4_inference::Guest),
+    V0_5(Guest),
 }
 
 impl Inference {
@@ -95,6 +97,7 @@ impl Inference {
         match self {
             Inference::V0_3(guest) => guest.call_predict(store, features),
             Inference::V0_4(guest) => guest.call_predict(store, features),
+            Inference::V0_5(guest) => guest.call_predict(store, features),
         }
     }
 }
@@ -209,13 +212,28 @@ impl Model {
         store.data_mut().phase = Phase::Init;
         let version = pre.version();
         let (trainer, inference) = match pre {
-            AnyTrainerPre::V0_4(pre) => {
+            AnyTrainerPre::V0_5(pre) => {
                 let instance = pre
                     .instance_pre()
                     .instantiate(&mut store)
                     .map_err(engine_error)?;
                 let trainer = Trainer::new(&mut store, &instance).map_err(engine_error)?;
                 let inference = match GuestIndices::new(pre.instance_pre()) {
+                    Ok(indices) => Some(Inference::V0_5(
+                        indices.load(&mut store, &instance).map_err(engine_error)?,
+                    )),
+                    Err(_) => None,
+                };
+                (AnyTrainer::V0_5(trainer), inference)
+            }
+            AnyTrainerPre::V0_4(pre) => {
+                let instance = pre
+                    .instance_pre()
+                    .instantiate(&mut store)
+                    .map_err(engine_error)?;
+                let trainer = orch_wit::v0_4::trainer::Trainer::new(&mut store, &instance)
+                    .map_err(engine_error)?;
+                let inference = match v0_4_inference::GuestIndices::new(pre.instance_pre()) {
                     Ok(indices) => Some(Inference::V0_4(
                         indices.load(&mut store, &instance).map_err(engine_error)?,
                     )),

@@ -1,8 +1,8 @@
-//! The trainer world, in the four versions of the contract orch loads: 0.4.0 (`wit/`), 0.3.0
-//! (the same world under the older version), 0.2.0 (the same `training` export, fewer imports)
-//! and 0.1.0 (bare `init`, `train-step`, `eval-step`). Every version's imports are subsets of
-//! 0.4.0's with the same types, so an older trainer gets the very same host functions, linked
-//! under its version's names; it simply does not import what 0.3.0 added.
+//! The trainer world, in the five versions of the contract orch loads: 0.5.0 (`wit/`), 0.4.0 and
+//! 0.3.0 (the same world under older versions), 0.2.0 (the same `training` export, fewer
+//! imports) and 0.1.0 (bare `init`, `train-step`, `eval-step`). Every version's imports are
+//! subsets of 0.5.0's with the same types, so an older trainer gets the very same host
+//! functions, linked under its version's names; it simply does not import what 0.3.0 added.
 //!
 //! [`TrainerWorld`] is the trainer world as orch-host's generic host sees it: the host compiles,
 //! caches, checks and links a trainer as it does a policy, under the same limits and with the
@@ -16,13 +16,36 @@ use orch_wit::trainer::exports::orch::plugin::training::{
 };
 use orch_wit::trainer::orch::plugin as imports;
 use orch_wit::trainer::{Trainer, TrainerPre};
-use orch_wit::{Version, v0_1, v0_2, v0_3};
+use orch_wit::{Version, v0_1, v0_2, v0_3, v0_4};
 use std::path::Path;
 use wasmtime::Store;
 use wasmtime::component::{HasSelf, InstancePre, Linker};
 
 use v0_2::trainer::exports::orch::plugin::training as v0_2_training;
 use v0_3::trainer::exports::orch::plugin::training as v0_3_training;
+use v0_4::trainer::exports::orch::plugin::training as v0_4_training;
+
+/// `run-info` of 0.3.0 or 0.4.0: 0.5.0's, field for field.
+macro_rules! same_run_info {
+    ($i:expr => $ty:path) => {{
+        let i = $i;
+        $ty {
+            replica: i.replica,
+            replicas: i.replicas,
+            epochs: i.epochs,
+            batch_size: i.batch_size,
+            steps_per_epoch: i.steps_per_epoch,
+            features: i.features,
+            classes: i.classes,
+            train_samples: i.train_samples,
+            eval_samples: i.eval_samples,
+            seed: i.seed,
+            sample_shape: i.sample_shape,
+            label_shape: i.label_shape,
+            total_steps: i.total_steps,
+        }
+    }};
+}
 
 /// `run-info` of another version: the same fields.
 macro_rules! same_record {
@@ -61,7 +84,8 @@ pub(crate) enum AnyTrainerPre {
     V0_1(v0_1::trainer::TrainerPre<ReplicaState>),
     V0_2(v0_2::trainer::TrainerPre<ReplicaState>),
     V0_3(v0_3::trainer::TrainerPre<ReplicaState>),
-    V0_4(TrainerPre<ReplicaState>),
+    V0_4(v0_4::trainer::TrainerPre<ReplicaState>),
+    V0_5(TrainerPre<ReplicaState>),
 }
 
 /// A trainer instance's exports, by version.
@@ -69,7 +93,8 @@ pub(crate) enum AnyTrainer {
     V0_1(v0_1::trainer::Trainer),
     V0_2(v0_2::trainer::Trainer),
     V0_3(v0_3::trainer::Trainer),
-    V0_4(Trainer),
+    V0_4(v0_4::trainer::Trainer),
+    V0_5(Trainer),
 }
 
 /// The `trainer` world, the third world of orch-host's generic host.
@@ -127,7 +152,7 @@ fn add_imports(linker: &mut Linker<ReplicaState>) -> wasmtime::Result<()> {
             )?;
         )*};
     }
-    for version in [Version::V0_1, Version::V0_2, Version::V0_3] {
+    for version in [Version::V0_1, Version::V0_2, Version::V0_3, Version::V0_4] {
         link_as!(version; tensors, autograd, params, optim, data, devices, metrics);
     }
     Ok(())
@@ -141,6 +166,7 @@ impl AnyTrainerPre {
             AnyTrainerPre::V0_2(_) => Version::V0_2,
             AnyTrainerPre::V0_3(_) => Version::V0_3,
             AnyTrainerPre::V0_4(_) => Version::V0_4,
+            AnyTrainerPre::V0_5(_) => Version::V0_5,
         }
     }
 
@@ -152,7 +178,8 @@ impl AnyTrainerPre {
             Version::V0_1 => AnyTrainerPre::V0_1(v0_1::trainer::TrainerPre::new(pre)?),
             Version::V0_2 => AnyTrainerPre::V0_2(v0_2::trainer::TrainerPre::new(pre)?),
             Version::V0_3 => AnyTrainerPre::V0_3(v0_3::trainer::TrainerPre::new(pre)?),
-            Version::V0_4 => AnyTrainerPre::V0_4(TrainerPre::new(pre)?),
+            Version::V0_4 => AnyTrainerPre::V0_4(v0_4::trainer::TrainerPre::new(pre)?),
+            Version::V0_5 => AnyTrainerPre::V0_5(TrainerPre::new(pre)?),
         })
     }
 
@@ -165,6 +192,7 @@ impl AnyTrainerPre {
             AnyTrainerPre::V0_2(pre) => AnyTrainer::V0_2(pre.instantiate(store)?),
             AnyTrainerPre::V0_3(pre) => AnyTrainer::V0_3(pre.instantiate(store)?),
             AnyTrainerPre::V0_4(pre) => AnyTrainer::V0_4(pre.instantiate(store)?),
+            AnyTrainerPre::V0_5(pre) => AnyTrainer::V0_5(pre.instantiate(store)?),
         })
     }
 }
@@ -178,26 +206,16 @@ impl AnyTrainer {
         info: RunInfo,
     ) -> wasmtime::Result<Result<(), String>> {
         match self {
-            AnyTrainer::V0_4(t) => t
+            AnyTrainer::V0_5(t) => t
                 .orch_plugin_training()
                 .call_init_replica(store, config, &info),
+            AnyTrainer::V0_4(t) => {
+                let info = same_run_info!(info => v0_4_training::RunInfo);
+                t.orch_plugin_training()
+                    .call_init_replica(store, config, &info)
+            }
             AnyTrainer::V0_3(t) => {
-                // 0.3.0's `run-info` is 0.4.0's, field for field.
-                let info = v0_3_training::RunInfo {
-                    replica: info.replica,
-                    replicas: info.replicas,
-                    epochs: info.epochs,
-                    batch_size: info.batch_size,
-                    steps_per_epoch: info.steps_per_epoch,
-                    features: info.features,
-                    classes: info.classes,
-                    train_samples: info.train_samples,
-                    eval_samples: info.eval_samples,
-                    seed: info.seed,
-                    sample_shape: info.sample_shape,
-                    label_shape: info.label_shape,
-                    total_steps: info.total_steps,
-                };
+                let info = same_run_info!(info => v0_3_training::RunInfo);
                 t.orch_plugin_training()
                     .call_init_replica(store, config, &info)
             }
@@ -218,7 +236,11 @@ impl AnyTrainer {
         info: StepInfo,
     ) -> wasmtime::Result<Result<StepReport, String>> {
         match self {
-            AnyTrainer::V0_4(t) => t.orch_plugin_training().call_train_step(store, info),
+            AnyTrainer::V0_5(t) => t.orch_plugin_training().call_train_step(store, info),
+            AnyTrainer::V0_4(t) => Ok(t
+                .orch_plugin_training()
+                .call_train_step(store, same_step!(info => v0_4_training::StepInfo))?
+                .map(|r| StepReport { loss: r.loss })),
             AnyTrainer::V0_3(t) => Ok(t
                 .orch_plugin_training()
                 .call_train_step(store, same_step!(info => v0_3_training::StepInfo))?
@@ -244,7 +266,11 @@ impl AnyTrainer {
             rows,
         };
         match self {
-            AnyTrainer::V0_4(t) => t.orch_plugin_training().call_eval_step(store, info),
+            AnyTrainer::V0_5(t) => t.orch_plugin_training().call_eval_step(store, info),
+            AnyTrainer::V0_4(t) => Ok(t
+                .orch_plugin_training()
+                .call_eval_step(store, same_step!(info => v0_4_training::StepInfo))?
+                .map(|r| report(r.loss, r.correct, r.rows))),
             AnyTrainer::V0_3(t) => Ok(t
                 .orch_plugin_training()
                 .call_eval_step(store, same_step!(info => v0_3_training::StepInfo))?

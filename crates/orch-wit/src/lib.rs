@@ -1,6 +1,6 @@
-//! The plugin contract, `orch:plugin@0.4.0` in `wit/`, bound for the host, and the contracts
-//! it replaced, `orch:plugin@0.3.0`, `@0.2.0` and `@0.1.0` (kept in `compat/`), so plugins built
-//! for them keep loading.
+//! The plugin contract, `orch:plugin@0.5.0` in `wit/`, bound for the host, and the contracts
+//! it replaced, `orch:plugin@0.4.0`, `@0.3.0`, `@0.2.0` and `@0.1.0` (kept in `compat/`), so
+//! plugins built for them keep loading.
 //!
 //! Design decision: this is the only crate that runs `wasmtime::component::bindgen!`; every
 //! other crate uses the types it generates, so the contract has one Rust face (as Spin's
@@ -25,6 +25,11 @@
 //! had is unchanged, and the queue and trainer worlds differ only in the version. So the 0.3.0
 //! bindings ([`v0_3`]) reuse the 0.4.0 types and host functions, and a 0.3.0 policy is asked
 //! without the topology.
+//!
+//! 0.5.0 changed the policy world's `topology`: a `slices` list says which candidates are MIG
+//! slices (a new `slice` record). The queue and trainer worlds differ only in the version. So
+//! [`v0_4`] binds its queue and trainer worlds over the 0.5.0 types, and its policy world over
+//! types of its own (the 0.4.0 `topology`), which the host fills from the 0.5.0 ones.
 
 /// The `policy` world: selection policies export `placement.select-devices`.
 pub mod policy {
@@ -77,7 +82,70 @@ pub mod predicting {
     });
 }
 
-/// The worlds of `orch:plugin@0.3.0`, over the 0.4.0 types and interfaces (the same ones).
+/// The worlds of `orch:plugin@0.4.0`. 0.5.0 changed one type, `topology` (its `slices`, which
+/// MIG slices the candidates are), and nothing else: the queue and trainer worlds are bound
+/// over the 0.5.0 types and interfaces (the same ones, as far as they use them), while the
+/// policy world has types of its own ([`v0_4::policy`]'s `types`), which the host fills from
+/// the 0.5.0 ones.
+pub mod v0_4 {
+    /// `placement.select-devices` with the 0.4.0 `topology` (no slices).
+    pub mod policy {
+        wasmtime::component::bindgen!({
+            path: "compat/0.4.0",
+            world: "policy",
+        });
+    }
+
+    /// `queue-order.order-jobs`.
+    pub mod queue {
+        wasmtime::component::bindgen!({
+            path: "compat/0.4.0",
+            world: "queue",
+            with: { "orch:plugin/queue-types": crate::queue_types },
+        });
+    }
+
+    /// `training`: the imports are the 0.5.0 interfaces'; link them under the 0.4.0 names.
+    pub mod trainer {
+        wasmtime::component::bindgen!({
+            path: "compat/0.4.0",
+            world: "trainer",
+            imports: { default: trappable },
+            with: {
+                "orch:plugin/types": crate::types,
+                "orch:plugin/tensors": crate::trainer::orch::plugin::tensors,
+                "orch:plugin/autograd": crate::trainer::orch::plugin::autograd,
+                "orch:plugin/params": crate::trainer::orch::plugin::params,
+                "orch:plugin/optim": crate::trainer::orch::plugin::optim,
+                "orch:plugin/data": crate::trainer::orch::plugin::data,
+                "orch:plugin/devices": crate::trainer::orch::plugin::devices,
+                "orch:plugin/metrics": crate::trainer::orch::plugin::metrics,
+            },
+        });
+    }
+
+    /// `predicting-trainer` of 0.4.0: only the `inference` export is bound here.
+    pub mod predicting {
+        wasmtime::component::bindgen!({
+            path: "compat/0.4.0",
+            world: "predicting-trainer",
+            imports: { default: trappable },
+            with: {
+                "orch:plugin/types": crate::types,
+                "orch:plugin/tensors": crate::trainer::orch::plugin::tensors,
+                "orch:plugin/autograd": crate::trainer::orch::plugin::autograd,
+                "orch:plugin/params": crate::trainer::orch::plugin::params,
+                "orch:plugin/optim": crate::trainer::orch::plugin::optim,
+                "orch:plugin/data": crate::trainer::orch::plugin::data,
+                "orch:plugin/devices": crate::trainer::orch::plugin::devices,
+                "orch:plugin/metrics": crate::trainer::orch::plugin::metrics,
+            },
+        });
+    }
+}
+
+/// The worlds of `orch:plugin@0.3.0`, over the 0.5.0 types and interfaces (the same ones as
+/// far as they use them).
 pub mod v0_3 {
     /// `placement.select-devices`, without the topology.
     pub mod policy {
@@ -236,21 +304,25 @@ pub enum Version {
     /// clipping, buffers, `predict`. Still loaded.
     V0_3,
     /// `orch:plugin@0.4.0`: 0.3.0 and the candidates' topology (NUMA nodes, links) for a
-    /// policy. What `wit/` holds.
+    /// policy. Still loaded.
     V0_4,
+    /// `orch:plugin@0.5.0`: 0.4.0 and, in the topology, which candidates are MIG slices (their
+    /// profile, memory, parent, NUMA node, share of the GPU). What `wit/` holds.
+    V0_5,
 }
 
 impl Version {
     /// The contract of `wit/`.
-    pub const CURRENT: Version = Version::V0_4;
+    pub const CURRENT: Version = Version::V0_5;
 
-    /// `0.4.0`.
+    /// `0.5.0`.
     pub fn as_str(self) -> &'static str {
         match self {
             Version::V0_1 => "0.1.0",
             Version::V0_2 => "0.2.0",
             Version::V0_3 => "0.3.0",
             Version::V0_4 => "0.4.0",
+            Version::V0_5 => "0.5.0",
         }
     }
 }
@@ -262,10 +334,10 @@ impl std::fmt::Display for Version {
 }
 
 /// The world a policy component implements (the current contract).
-pub const POLICY_WORLD: &str = "orch:plugin/policy@0.4.0";
+pub const POLICY_WORLD: &str = "orch:plugin/policy@0.5.0";
 
 /// The world a queue-policy component implements.
-pub const QUEUE_WORLD: &str = "orch:plugin/queue@0.4.0";
+pub const QUEUE_WORLD: &str = "orch:plugin/queue@0.5.0";
 
 /// The package every orch world belongs to.
-pub const PACKAGE: &str = "orch:plugin@0.4.0";
+pub const PACKAGE: &str = "orch:plugin@0.5.0";

@@ -32,7 +32,7 @@ pub mod bindings {
 pub use bindings::export_policy;
 pub use bindings::exports::orch::plugin::placement::Guest;
 pub use bindings::orch::plugin::types::{
-    Decision, Device, Lease, Link, PcieLevel, Refusal, Request, Topology,
+    Decision, Device, Lease, Link, PcieLevel, Refusal, Request, Slice, Topology,
 };
 pub use wit_bindgen;
 
@@ -94,6 +94,13 @@ impl Input {
             }
         }
         shape.is_known().then_some(shape)
+    }
+
+    /// The MIG slice `device` is (its profile, memory, parent GPU, NUMA node, share of the
+    /// GPU), or `None` for a whole GPU.
+    pub fn slice(&self, device: &Device) -> Option<&Slice> {
+        let position = self.candidates.iter().position(|d| d.index == device.index)?;
+        self.topology.slices.get(position)?.as_ref()
     }
 
     /// The value of `[policy.config]` key `key`, when given.
@@ -228,10 +235,40 @@ pub fn choose_ranked(
     {
         let words = orch_topology::explain(&shape, &choice, |p| candidates[p].physical_index);
         let chosen: Vec<&Device> = choice.set.iter().map(|&p| &candidates[p]).collect();
-        return Ok(decision_why(Some(&words), rule, &chosen));
+        return Ok(input.naming_slices(decision_why(Some(&words), rule, &chosen)));
     }
     let chosen: Vec<&Device> = fitting[..count].iter().map(|&p| &candidates[p]).collect();
-    Ok(decision(rule, &chosen))
+    Ok(input.naming_slices(decision(rule, &chosen)))
+}
+
+impl Input {
+    /// `decision` with its reason ending in what MIG slices it chose, when it chose any:
+    /// ` (MIG slices: 1g.10gb of GPU 0, 1g.10gb of GPU 0)`.
+    pub fn naming_slices(&self, mut decision: Decision) -> Decision {
+        if self.topology.slices.is_empty() {
+            return decision;
+        }
+        let mut first = true;
+        for index in &decision.devices {
+            let Some(device) = self.candidates.iter().find(|d| d.index == *index) else {
+                continue;
+            };
+            let Some(slice) = self.slice(device) else {
+                continue;
+            };
+            decision
+                .reason
+                .push_str(if first { " (MIG slices: " } else { ", " });
+            first = false;
+            decision.reason.push_str(&slice.profile);
+            decision.reason.push_str(" of GPU ");
+            push_u64(&mut decision.reason, u64::from(slice.parent_index));
+        }
+        if !first {
+            decision.reason.push(')');
+        }
+        decision
+    }
 }
 
 /// A decision for `chosen` (already ranked), its reason the rule and a summary of each.

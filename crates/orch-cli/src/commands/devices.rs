@@ -40,6 +40,27 @@ struct DeviceRow<'a> {
     state: &'static str,
     /// Its readings (Xid errors, ECC, remapped rows, lost), why it is unhealthy, its drains.
     health: &'a orch_devices::Health,
+    /// MIG mode is on: the GPU is leased only by its slices.
+    mig_mode: bool,
+    /// Its MIG slices, each naming this GPU as its parent.
+    mig_devices: Vec<SliceRow<'a>>,
+}
+
+/// One MIG slice in `--json`, under its GPU.
+#[derive(Debug, Serialize)]
+struct SliceRow<'a> {
+    uuid: &'a str,
+    /// The profile (`1g.10gb`), as the inventory names it.
+    name: Option<&'a str>,
+    memory_total_bytes: Option<u64>,
+    gpu_instance_id: Option<u32>,
+    compute_instance_id: Option<u32>,
+    gpu_instance_cap_minor: Option<u32>,
+    compute_instance_cap_minor: Option<u32>,
+    /// Its share of the GPU's compute (`3g` of a 7-slot GPU: 3/7), as fair share counts it.
+    compute_fraction: f64,
+    parent_index: u32,
+    parent_uuid: &'a str,
 }
 
 /// One pair's link in `--json`: the label `--topo` prints, and what it is made of.
@@ -125,6 +146,7 @@ fn render(inventory: &Inventory, args: &DevicesArgs) -> String {
         return text;
     }
     let mut text = human_table(inventory, &visibility, &foreign, args.verbose);
+    text.push_str(&slice_lines(inventory));
     if inventory.backend != Backend::Sim {
         text.push_str(&cuda_line());
     }
@@ -167,6 +189,23 @@ fn json_row<'a>(
             .collect(),
         state: d.service_state(&d.uuid).as_str(),
         health: &d.health,
+        mig_mode: d.mig_mode,
+        mig_devices: d
+            .mig_devices
+            .iter()
+            .map(|m| SliceRow {
+                uuid: &m.uuid,
+                name: m.name.as_deref(),
+                memory_total_bytes: m.memory_total_bytes,
+                gpu_instance_id: m.gpu_instance_id,
+                compute_instance_id: m.compute_instance_id,
+                gpu_instance_cap_minor: m.gpu_instance_cap_minor,
+                compute_instance_cap_minor: m.compute_instance_cap_minor,
+                compute_fraction: orch_devices::mig::compute_fraction(d, m),
+                parent_index: d.index,
+                parent_uuid: &d.uuid,
+            })
+            .collect(),
     }
 }
 
@@ -231,6 +270,30 @@ fn state_cell(d: &Device, verbose: bool) -> String {
         }
         _ => d.service_state(&d.uuid).as_str().to_string(),
     }
+}
+
+/// The GPUs in MIG mode and their slices, as `nvidia-smi -L` lists them: the GPU's line, then
+/// one indented line per slice (`MIG 1g.10gb  Device  0: (UUID: MIG-…)`); empty when no GPU is
+/// in MIG mode.
+fn slice_lines(inventory: &Inventory) -> String {
+    let mut text = String::new();
+    for d in inventory.devices.iter().filter(|d| d.mig_mode) {
+        text.push_str(&format!("GPU {}: {} (UUID: {})\n", d.index, d.name, d.uuid));
+        if d.mig_devices.is_empty() {
+            text.push_str("  (MIG mode, no slices)\n");
+        }
+        for (slot, m) in d.mig_devices.iter().enumerate() {
+            let profile = orch_devices::mig::short_profile(m.name.as_deref().unwrap_or("?"));
+            text.push_str(&format!(
+                "  MIG {profile:<11} Device {slot:>2}: (UUID: {})\n",
+                m.uuid
+            ));
+        }
+    }
+    if !text.is_empty() {
+        text.insert(0, '\n');
+    }
+    text
 }
 
 /// What each label of the matrix means (`nvidia-smi topo -m`'s legend, plus `?`).

@@ -57,13 +57,23 @@ pub fn job(command: &str, args: &QuickArgs, argv: &[String]) -> Result<JobSpec, 
     if gpus == 0 {
         return Err(Failure::bad_input_msg("--gpus must be at least 1"));
     }
+    if let Some(profile) = args
+        .mig
+        .as_deref()
+        .filter(|p| !orch_core::job::mig::is_profile(p))
+    {
+        return Err(Failure::bad_input_msg(format!(
+            "--mig {profile:?} is not a MIG profile: {}",
+            orch_core::job::mig::PROFILE_HINT
+        )));
+    }
     // Named after its program, cleaned (not refused) where the program's name is no job name.
     let name = orch_core::text::derived_name(
         &std::path::Path::new(program)
             .file_name()
             .map_or_else(|| program.clone(), |n| n.to_string_lossy().into_owned()),
     );
-    Ok(orch_runner::QuickJob {
+    let spec = orch_runner::QuickJob {
         origin: "command line".into(),
         dir: here.clone(),
         name,
@@ -75,6 +85,7 @@ pub fn job(command: &str, args: &QuickArgs, argv: &[String]) -> Result<JobSpec, 
         memory_limit: size("--memory-limit", &args.memory_limit)?,
         exclusive: !args.shared,
         cpu_bind: args.cpu_bind.as_deref().and_then(CpuBind::parse),
+        mig: args.mig.clone(),
         policy: PluginRef::parse(args.policy.as_deref().unwrap_or(DEFAULT_POLICY), &here),
         config: Vec::new(),
         stopping,
@@ -89,7 +100,13 @@ pub fn job(command: &str, args: &QuickArgs, argv: &[String]) -> Result<JobSpec, 
             device_ids: args.device_ids.as_deref().and_then(DeviceIds::parse),
         },
     }
-    .job())
+    .job();
+    if let Some(problem) = orch_core::job::mig::launch_problem(&spec.resources, &spec.work) {
+        return Err(Failure::bad_input_msg(format!(
+            "--mig: {problem} (--per-device)"
+        )));
+    }
+    Ok(spec)
 }
 
 /// A quick-form job (what [`job`] builds, with a tenant perhaps) as the job file it stands for:
@@ -130,6 +147,9 @@ pub fn job_text(spec: &JobSpec) -> String {
     text.push_str(&format!("exclusive = {}\n", r.exclusive));
     if let Some(bind) = r.cpu_bind {
         text.push_str(&format!("cpu_bind = \"{}\"\n", bind.as_str()));
+    }
+    if let Some(profile) = &r.mig {
+        text.push_str(&format!("mig = {}\n", quote(profile)));
     }
     text.push_str(&format!(
         "[policy]\nplugin = {}\n",
@@ -190,6 +210,7 @@ mod tests {
             &["--exclusive", "--policy", "most-free-memory"][..],
             &["--signal", "SIGUSR2@90s", "--grace", "1m 30s"][..],
             &["--device-ids", "index", "--cpu-bind", "none"][..],
+            &["--mig", "1g.10gb", "--gpus", "2", "--per-device"][..],
         ] {
             let mut spec = job("submit", &quick(flags), &argv).unwrap();
             spec.tenant = Some("vision".into());
@@ -213,6 +234,7 @@ mod tests {
                 "{text}"
             );
             assert_eq!(a.cpu_bind, b.cpu_bind, "{text}");
+            assert_eq!(a.mig, b.mig, "{text}");
         }
     }
 

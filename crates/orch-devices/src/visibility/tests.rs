@@ -25,6 +25,8 @@ fn gpu(index: u32, uuid: &str, cc: &str, gib: u64) -> Device {
         cpus: None,
         links: Vec::new(),
         health: Default::default(),
+        mig_mode: false,
+        mig_slots: None,
     }
 }
 
@@ -41,11 +43,13 @@ fn same() -> Vec<Device> {
             uuid: "MIG-dddd0001-0000-0000-0000-000000000000".into(),
             name: None,
             memory_total_bytes: None,
+            ..Default::default()
         },
         MigDevice {
             uuid: "MIG-dddd0002-0000-0000-0000-000000000000".into(),
             name: None,
             memory_total_bytes: None,
+            ..Default::default()
         },
     ];
     devices

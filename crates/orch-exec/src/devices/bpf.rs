@@ -57,11 +57,15 @@ const BPF_CGROUP_DEVICE: u32 = 6;
 /// Other programs may be attached above and below; all of them must allow an access.
 const BPF_F_ALLOW_MULTI: u32 = 2;
 
+pub(crate) const JMP_JA: u8 = 0x05;
+
 /// Where a jump goes before offsets are known.
 #[derive(Clone, Copy)]
 enum Target {
     Allow,
     Deny,
+    /// The first instruction of the block of another major (or `Allow` after the last).
+    Block(usize),
 }
 
 fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
@@ -82,14 +86,23 @@ pub(crate) fn program(rule: &DeviceRule) -> Vec<Insn> {
         (insn(LDX_MEM_W, 3, 1, 4, 0), None),
         (insn(LDX_MEM_W, 4, 1, 8, 0), None),
     ];
-    let ranges = rule.ranges();
-    let denies = !ranges.is_empty();
+    let blocks = rule.blocks();
+    let denies = !blocks.is_empty();
     if denies {
         body.push((insn(JMP_JNE_K, 2, 0, 0, DEV_CHAR), Some(Target::Allow)));
-        body.push((
-            insn(JMP_JNE_K, 3, 0, 0, super::NVIDIA_MAJOR as i32),
-            Some(Target::Allow),
-        ));
+    }
+    // One block per major: not this major, on to the next block; a minor in a denied range,
+    // deny; else allow (the last block falls through to it).
+    let mut starts = Vec::with_capacity(blocks.len());
+    let count = blocks.len();
+    for (k, (major, ranges)) in blocks.into_iter().enumerate() {
+        starts.push(body.len());
+        let next = if k + 1 < count {
+            Target::Block(k + 1)
+        } else {
+            Target::Allow
+        };
+        body.push((insn(JMP_JNE_K, 3, 0, 0, major as i32), Some(next)));
         for (lo, hi) in ranges {
             if lo == hi {
                 body.push((insn(JMP_JEQ_K, 4, 0, 0, lo as i32), Some(Target::Deny)));
@@ -100,6 +113,9 @@ pub(crate) fn program(rule: &DeviceRule) -> Vec<Insn> {
                 body.push((insn(JMP_JLT_K, 4, 0, 1, lo as i32), None));
             }
             body.push((insn(JMP_JLE_K, 4, 0, 0, hi as i32), Some(Target::Deny)));
+        }
+        if k + 1 < count {
+            body.push((insn(JMP_JA, 0, 0, 0, 0), Some(Target::Allow)));
         }
     }
     let allow = body.len();
@@ -112,6 +128,7 @@ pub(crate) fn program(rule: &DeviceRule) -> Vec<Insn> {
                 let to = match target {
                     Target::Allow => allow,
                     Target::Deny => deny,
+                    Target::Block(k) => starts[k],
                 };
                 // A jump's offset counts from the instruction after it.
                 i.off = (to - at - 1) as i16;

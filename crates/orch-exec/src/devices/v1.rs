@@ -57,8 +57,8 @@ impl DevicesCgroup {
                 return Err(format!("cannot open {}: {e}", deny.display()));
             }
         };
-        for minor in rule.denied() {
-            let line = format!("c {}:{minor} rwm", super::NVIDIA_MAJOR);
+        for (major, minor) in rule.denied_nodes() {
+            let line = format!("c {major}:{minor} rwm");
             if let Err(e) = std::io::Write::write_all(&mut file, line.as_bytes()) {
                 let reason = format!("cannot write \"{line}\" to {}: {e}", deny.display());
                 drop(file);

@@ -1,7 +1,7 @@
 //! What the policy benches share: the candidates (a spread of loads, temperatures and power
 //! draws) and the request (2 devices, at least 10 GiB free, at most 90% busy).
 
-use orch_host::types::{Device, Link, PcieLevel, Request, Topology};
+use orch_host::types::{Device, Link, PcieLevel, Request, Slice, Topology};
 
 pub const GIB: u64 = 1 << 30;
 
@@ -90,5 +90,50 @@ fn topology8(link: impl Fn(u32, u32) -> (u32, PcieLevel)) -> Topology {
     Topology {
         numa_nodes: (0..8).map(|i| Some(i / 4)).collect(),
         links,
+        slices: Vec::new(),
     }
+}
+
+/// An 8-GPU box in MIG mode, 7 `1g.10gb` slices per GPU (GPUs 0-3 on NUMA node 0, 4-7 on node
+/// 1): the 56 slices as a job of `mig = "1g.10gb"` is offered them (numbered 0..56, each with
+/// its own memory and none of its parent's readings) and their topology (NUMA nodes, no links,
+/// the slices). (The policy bench's.)
+#[allow(dead_code)]
+pub fn slices8x7() -> (Vec<Device>, Topology) {
+    let mut devices = Vec::with_capacity(56);
+    let mut numa_nodes = Vec::with_capacity(56);
+    let mut slices = Vec::with_capacity(56);
+    for gpu in 0..8u32 {
+        for slot in 0..7u32 {
+            let index = gpu * 7 + slot;
+            devices.push(Device {
+                index,
+                physical_index: gpu,
+                uuid: format!("MIG-{gpu:08x}-{slot:04x}-4000-8000-000000000000"),
+                memory_total: Some(10 * GIB),
+                memory_used: None,
+                memory_free: None,
+                utilization_gpu: None,
+                utilization_memory: None,
+                temperature_c: Some(40),
+                power_draw_w: Some(300.0),
+                compute_capability: Some((9, 0)),
+                process_count: Some(0),
+            });
+            numa_nodes.push(Some(gpu / 4));
+            slices.push(Some(Slice {
+                profile: "1g.10gb".to_string(),
+                memory_total: Some(10 * GIB),
+                parent_index: gpu,
+                numa_node: Some(gpu / 4),
+                compute_fraction: 1.0 / 7.0,
+            }));
+        }
+    }
+    let topology = Topology {
+        numa_nodes,
+        links: Vec::new(),
+        slices,
+    };
+    (devices, topology)
 }

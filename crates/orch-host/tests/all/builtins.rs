@@ -2,7 +2,7 @@
 
 use crate::common::{builtin, host, lab, request};
 use orch_host::types::Lease;
-use orch_host::{BUILTINS, PolicyError};
+use orch_host::{BUILTINS, PluginError};
 
 #[test]
 fn every_builtin_answers_on_the_lab() {
@@ -33,7 +33,7 @@ fn refusals_are_typed() {
     let mut host = host();
     let id = host.load(&builtin("least-loaded")).unwrap();
     let err = host.decide(id, &request(7), &lab(), &[]).unwrap_err();
-    assert!(matches!(err, PolicyError::NoFit { .. }), "{err:?}");
+    assert!(matches!(err, PluginError::NoFit { .. }), "{err:?}");
     assert!(!err.is_bad_input());
     assert!(
         err.to_string()
@@ -45,7 +45,7 @@ fn refusals_are_typed() {
 
     let explicit = host.load(&builtin("explicit")).unwrap();
     let err = host.decide(explicit, &request(1), &lab(), &[]).unwrap_err();
-    assert!(matches!(err, PolicyError::BadConfig { .. }), "{err:?}");
+    assert!(matches!(err, PluginError::BadConfig { .. }), "{err:?}");
     assert!(err.is_bad_input());
     let mut req = request(1);
     req.config.push(("devices".into(), "zero".into()));

@@ -1,10 +1,10 @@
-//! Contract versions and per-plugin limits: plugins built for contracts 0.1.0, 0.2.0 and 0.3.0
-//! keep loading and answering beside 0.4.0 ones; what is not a plugin orch loads is refused in one sentence that
+//! Contract versions and per-plugin limits: plugins built for contracts 0.1.0, 0.2.0, 0.3.0
+//! and 0.4.0 keep loading and answering beside 0.5.0 ones; what is not a plugin orch loads is refused in one sentence that
 //! names what was found and what orch expected; a job's deadline and memory cap apply to its
 //! plugin alone.
 
 use crate::common::{builtin, cache_dir, fixture, host, lab, request};
-use orch_host::{Limits, PolicyError, QueueHost, Version};
+use orch_host::{Limits, PluginError, QueueHost, Version};
 use orch_queue::{Job, Machine, Tenant};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,12 +14,12 @@ fn wasm(name: &str) -> Vec<u8> {
 }
 
 #[test]
-fn a_policy_built_for_0_1_0_loads_and_decides_like_its_0_4_0_twin() {
+fn a_policy_built_for_0_1_0_loads_and_decides_like_its_0_5_0_twin() {
     let mut host = host();
     let old = host.load(&fixture("compat_policy")).unwrap();
     let new = host.load(&builtin("first-fit")).unwrap();
     assert_eq!(host.version(old), Version::V0_1);
-    assert_eq!(host.version(new), Version::V0_4);
+    assert_eq!(host.version(new), Version::V0_5);
     for count in 1..=4 {
         let a = host.decide(old, &request(count), &lab(), &[]).unwrap();
         let b = host.decide(new, &request(count), &lab(), &[]).unwrap();
@@ -42,7 +42,7 @@ fn a_policy_built_for_0_1_0_loads_and_decides_like_its_0_4_0_twin() {
 }
 
 #[test]
-fn a_policy_built_for_0_2_0_loads_and_decides_like_its_0_4_0_twin() {
+fn a_policy_built_for_0_2_0_loads_and_decides_like_its_0_5_0_twin() {
     let mut host = host();
     let old = host.load(&fixture("compat_policy_0_2")).unwrap();
     let new = host.load(&builtin("first-fit")).unwrap();
@@ -63,15 +63,15 @@ fn a_policy_built_for_0_2_0_loads_and_decides_like_its_0_4_0_twin() {
     assert!(note.contains("built for contract 0.2.0"), "{note}");
 }
 
-/// A policy built for 0.3.0 (no topology argument) loads and places beside the 0.4.0
-/// built-ins, on a machine whose topology the host passes to 0.4.0 plugins only.
+/// A policy built for 0.3.0 (no topology argument) loads and places beside the 0.5.0
+/// built-ins, on a machine whose topology the host passes to 0.4.0 and later plugins only.
 #[test]
-fn a_policy_built_for_0_3_0_loads_and_decides_like_its_0_4_0_twin() {
+fn a_policy_built_for_0_3_0_loads_and_decides_like_its_0_5_0_twin() {
     let mut host = host();
     let old = host.load(&fixture("compat_policy_0_3")).unwrap();
     let new = host.load(&builtin("first-fit")).unwrap();
     assert_eq!(host.version(old), Version::V0_3);
-    assert_eq!(host.version(new), Version::V0_4);
+    assert_eq!(host.version(new), Version::V0_5);
     for count in 1..=4 {
         let a = host.decide(old, &request(count), &lab(), &[]).unwrap();
         let b = host.decide(new, &request(count), &lab(), &[]).unwrap();
@@ -100,12 +100,53 @@ fn a_policy_built_for_0_3_0_loads_and_decides_like_its_0_4_0_twin() {
     assert!(note.contains("built for contract 0.3.0"), "{note}");
 }
 
+/// A policy built for 0.4.0 (a topology without MIG slices) loads and places beside the 0.5.0
+/// built-ins: it is asked with the NUMA nodes and links, the slices left out.
+#[test]
+fn a_policy_built_for_0_4_0_loads_and_decides_like_its_0_5_0_twin() {
+    let mut host = host();
+    let old = host.load(&fixture("compat_policy_0_4")).unwrap();
+    let new = host.load(&builtin("first-fit")).unwrap();
+    assert_eq!(host.version(old), Version::V0_4);
+    assert_eq!(host.version(new), Version::V0_5);
+    let mut topology = crate::topology::two_sockets(8);
+    topology.slices = vec![None; 8];
+    for count in 1..=4 {
+        let a = host
+            .decide_on(old, &request(count), &lab(), &[], &topology)
+            .unwrap();
+        let b = host.decide(new, &request(count), &lab(), &[]).unwrap();
+        assert_eq!(a.devices, b.devices, "{count} device(s)");
+        assert_eq!(a.reason, "first fit (a 0.4.0 plugin; 8 NUMA node(s) known)");
+    }
+    assert_eq!(
+        host.decide(old, &request(8), &lab(), &[])
+            .unwrap_err()
+            .to_string(),
+        "policy `compat_policy_0_4.wasm` found no fit: 8 device(s) needed, 6 fit"
+    );
+    let found = orch_host::inspect(
+        &mut host,
+        "compat_policy_0_4.wasm",
+        &wasm("compat_policy_0_4"),
+    )
+    .unwrap();
+    assert_eq!(found.world, "orch:plugin/policy@0.4.0");
+    let note = found.version_note().unwrap();
+    assert!(note.contains("built for contract 0.4.0"), "{note}");
+}
+
 /// `orch plugin inspect` names the contract a trainer implements, and notes an older one.
 #[test]
 fn inspection_names_each_trainer_s_contract() {
     let mut host = host();
     for (file, world, version) in [
-        ("trainer_mlp", "orch:plugin/trainer@0.4.0", Version::V0_4),
+        ("trainer_mlp", "orch:plugin/trainer@0.5.0", Version::V0_5),
+        (
+            "compat_trainer_mlp_0_4",
+            "orch:plugin/trainer@0.4.0",
+            Version::V0_4,
+        ),
         (
             "compat_trainer_mlp_0_3",
             "orch:plugin/trainer@0.3.0",
@@ -124,12 +165,12 @@ fn inspection_names_each_trainer_s_contract() {
     ] {
         let found = orch_host::inspect(&mut host, file, &wasm(file)).unwrap();
         assert_eq!((found.world.as_str(), found.version), (world, version));
-        assert_eq!(found.version_note().is_some(), version != Version::V0_4);
+        assert_eq!(found.version_note().is_some(), version != Version::V0_5);
     }
     let mlp = orch_host::inspect(&mut host, "mlp", &wasm("trainer_mlp")).unwrap();
     assert!(
         mlp.exports
-            .contains(&"instance orch:plugin/inference@0.4.0".to_string()),
+            .contains(&"instance orch:plugin/inference@0.5.0".to_string()),
         "{:?}",
         mlp.exports
     );
@@ -178,11 +219,11 @@ fn a_queue_policy_built_for_0_1_0_still_orders() {
 fn a_component_importing_what_orch_does_not_provide_is_refused_naming_both() {
     let mut host = host();
     let err = host.load(&fixture("hostile_foreign_import")).unwrap_err();
-    assert!(matches!(err, PolicyError::Load { .. }), "{err:?}");
+    assert!(matches!(err, PluginError::Load { .. }), "{err:?}");
     assert!(err.is_bad_input());
     let text = err.to_string();
     assert!(
-        text.starts_with("policy plugin `hostile_foreign_import.wasm` cannot be loaded: it implements orch:plugin/policy@0.4.0 but imports what orch does not provide"),
+        text.starts_with("policy plugin `hostile_foreign_import.wasm` cannot be loaded: it implements orch:plugin/policy@0.5.0 but imports what orch does not provide"),
         "{text}"
     );
     assert!(text.contains("fixture:spy/network"), "{text}");
@@ -199,7 +240,7 @@ fn a_future_contract_and_a_core_module_are_refused_in_one_sentence() {
         text.contains("a core WebAssembly module, not a component"),
         "{text}"
     );
-    assert!(text.contains("orch:plugin/policy@0.4.0"), "{text}");
+    assert!(text.contains("orch:plugin/policy@0.5.0"), "{text}");
     assert!(text.contains("componentize-py"), "{text}");
     assert!(!text.contains('\n'));
 }

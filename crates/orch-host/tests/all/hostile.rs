@@ -2,11 +2,11 @@
 //! host then serves the next decision with a good plugin.
 
 use crate::common::{builtin, fixture, host, lab, request};
-use orch_host::{Limits, PolicyError, PolicyHost};
+use orch_host::{Limits, PluginError, PolicyHost};
 use std::time::{Duration, Instant};
 
 /// Runs `name` once, expects an error saying `words`, then checks a good plugin still answers.
-fn contained(host: &mut PolicyHost, name: &str, words: &[&str]) -> PolicyError {
+fn contained(host: &mut PolicyHost, name: &str, words: &[&str]) -> PluginError {
     let id = host.load(&fixture(name)).expect("fixture loads");
     let started = Instant::now();
     let err = host
@@ -45,7 +45,7 @@ fn an_infinite_loop_is_stopped_at_the_deadline() {
     let mut host = host();
     let started = Instant::now();
     let err = contained(&mut host, "hostile_spin", &["deadline of 100 ms"]);
-    assert!(matches!(err, PolicyError::Timeout { .. }), "{err:?}");
+    assert!(matches!(err, PluginError::Timeout { .. }), "{err:?}");
     assert!(
         started.elapsed() >= Duration::from_millis(190),
         "two timeouts take 2 x 100 ms"
@@ -87,13 +87,13 @@ fn a_memory_bomb_hits_the_memory_limit() {
         "hostile_memory_bomb",
         &["memory limit of 64 MiB"],
     );
-    assert!(matches!(err, PolicyError::MemoryLimit { .. }), "{err:?}");
+    assert!(matches!(err, PluginError::MemoryLimit { .. }), "{err:?}");
 }
 
 #[test]
 fn deep_recursion_crashes_cleanly() {
     let err = contained(&mut host(), "hostile_recursion", &["crashed", "stack"]);
-    assert!(matches!(err, PolicyError::Crashed { .. }), "{err:?}");
+    assert!(matches!(err, PluginError::Crashed { .. }), "{err:?}");
 }
 
 #[test]
@@ -103,7 +103,7 @@ fn a_panic_is_reported_with_its_message() {
         "hostile_panic",
         &["crashed", "policy bug: 8 candidates and no idea what to do"],
     );
-    assert!(matches!(err, PolicyError::Crashed { .. }), "{err:?}");
+    assert!(matches!(err, PluginError::Crashed { .. }), "{err:?}");
 }
 
 #[test]
@@ -120,7 +120,7 @@ fn wrong_answers_are_rejected() {
     ];
     for (name, words) in cases {
         let err = contained(&mut host, name, &["wrong answer", words]);
-        assert!(matches!(err, PolicyError::WrongAnswer { .. }), "{err:?}");
+        assert!(matches!(err, PluginError::WrongAnswer { .. }), "{err:?}");
     }
 }
 
@@ -143,7 +143,7 @@ fn files_environment_and_clock_are_not_granted() {
         "hostile_read_clock",
         &["tried to read the clock"],
     );
-    assert!(matches!(err, PolicyError::Denied { .. }), "{err:?}");
+    assert!(matches!(err, PluginError::Denied { .. }), "{err:?}");
 }
 
 #[test]
@@ -151,9 +151,9 @@ fn a_component_of_another_world_is_refused_at_load() {
     let mut host = host();
     let err = host.load(&fixture("hostile-other-world")).unwrap_err();
     let text = err.to_string();
-    assert!(matches!(err, PolicyError::WrongWorld { .. }), "{err:?}");
+    assert!(matches!(err, PluginError::WrongWorld { .. }), "{err:?}");
     assert!(
-        text.contains("`hostile-other-world.wasm` is not a policy orch can load: it exports `wasi:cli/run@0.2.0` (an instance), and orch expected orch:plugin/policy@0.4.0"),
+        text.contains("`hostile-other-world.wasm` is not a policy orch can load: it exports `wasi:cli/run@0.2.0` (an instance), and orch expected orch:plugin/policy@0.5.0"),
         "{text}"
     );
     assert!(text.contains("wasi:cli/run"), "{text}");

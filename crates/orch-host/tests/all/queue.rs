@@ -4,7 +4,7 @@
 
 use crate::common::{cache_dir, fixture};
 use orch_host::{
-    Limits, PluginKind, PluginRef, PolicyError, PolicyHost, QUEUE_BUILTINS, QueueHost,
+    Limits, PluginError, PluginKind, PluginRef, PolicyHost, QUEUE_BUILTINS, QueueHost,
     QueuePluginId,
 };
 use orch_queue::{Job, Machine, Ranked, Tenant, TenantInput};
@@ -247,7 +247,7 @@ fn a_queue_of_ten_thousand_jobs_fits_in_the_limits() {
 /// Runs fixture `name` once, expects an error naming it and saying `words`, then checks that a
 /// good plugin still answers and that the fixture, called again on a fresh instance, fails the
 /// same way.
-fn contained(host: &mut QueueHost, name: &str, words: &[&str]) -> PolicyError {
+fn contained(host: &mut QueueHost, name: &str, words: &[&str]) -> PluginError {
     let (jobs, tenants) = small_queue();
     let id = host.load(&fixture(name)).expect("fixture loads");
     let started = Instant::now();
@@ -292,7 +292,7 @@ fn an_infinite_loop_is_stopped_at_the_deadline() {
         "hostile_queue_spin",
         &[&format!("deadline of {} ms", deadline.as_millis())],
     );
-    assert!(matches!(err, PolicyError::Timeout { .. }), "{err:?}");
+    assert!(matches!(err, PluginError::Timeout { .. }), "{err:?}");
     assert!(started.elapsed() >= deadline * 2, "two timeouts");
 }
 
@@ -302,7 +302,7 @@ fn a_memory_bomb_hits_the_memory_limit() {
     let mut host = patient_host();
     let cap = format!("memory limit of {} MiB", host.limits().memory_bytes >> 20);
     let err = contained(&mut host, "hostile_queue_memory_bomb", &[&cap]);
-    assert!(matches!(err, PolicyError::MemoryLimit { .. }), "{err:?}");
+    assert!(matches!(err, PluginError::MemoryLimit { .. }), "{err:?}");
 }
 
 #[test]
@@ -312,7 +312,7 @@ fn a_panic_is_reported_with_its_message() {
         "hostile_queue_trap",
         &["crashed", "queue policy bug: 4 jobs and no idea what to do"],
     );
-    assert!(matches!(err, PolicyError::Crashed { .. }), "{err:?}");
+    assert!(matches!(err, PluginError::Crashed { .. }), "{err:?}");
 }
 
 #[test]
@@ -330,7 +330,7 @@ fn wrong_answers_are_rejected() {
         assert!(
             matches!(
                 err,
-                PolicyError::WrongAnswer {
+                PluginError::WrongAnswer {
                     kind: PluginKind::Queue,
                     ..
                 }
@@ -347,7 +347,7 @@ fn an_error_value_is_passed_on_cleaned_and_the_instance_kept() {
     let id = host.load(&fixture("hostile_queue_refuses")).unwrap();
     for _ in 0..2 {
         let err = host.order(id, &jobs, &tenants, &MACHINE).unwrap_err();
-        assert!(matches!(err, PolicyError::QueueRefused { .. }), "{err:?}");
+        assert!(matches!(err, PluginError::QueueRefused { .. }), "{err:?}");
         assert_eq!(
             err.to_string(),
             "queue policy `hostile_queue_refuses.wasm` could not order the queue: \
@@ -361,12 +361,12 @@ fn an_error_value_is_passed_on_cleaned_and_the_instance_kept() {
 fn a_placement_policy_is_refused_as_a_queue_policy_and_back() {
     let mut host = host();
     let err = host.load(&fixture("least_loaded")).unwrap_err();
-    assert!(matches!(err, PolicyError::WrongWorld { .. }), "{err:?}");
+    assert!(matches!(err, PluginError::WrongWorld { .. }), "{err:?}");
     assert!(err.is_bad_input());
     assert_eq!(
         err.to_string(),
         "`least_loaded.wasm` is not a queue policy orch can load: it implements \
-         orch:plugin/policy@0.4.0, and orch expected orch:plugin/queue@0.4.0 (or 0.3.0, 0.2.0, 0.1.0)"
+         orch:plugin/policy@0.5.0, and orch expected orch:plugin/queue@0.5.0 (or 0.4.0, 0.3.0, 0.2.0, 0.1.0)"
     );
     // The host carries on.
     let (jobs, tenants) = small_queue();
@@ -378,12 +378,12 @@ fn a_placement_policy_is_refused_as_a_queue_policy_and_back() {
     assert_eq!(
         err.to_string(),
         "`queue_fifo.wasm` is not a policy orch can load: it implements \
-         orch:plugin/queue@0.4.0, and orch expected orch:plugin/policy@0.4.0 (or 0.3.0, 0.2.0, 0.1.0)"
+         orch:plugin/queue@0.5.0, and orch expected orch:plugin/policy@0.5.0 (or 0.4.0, 0.3.0, 0.2.0, 0.1.0)"
     );
     let err = host.load(&fixture("hostile-other-world")).unwrap_err();
     assert!(
         err.to_string()
-            .contains("which exports the instance `orch:plugin/queue-order@0.4.0` (0.1.0: the function `order`)"),
+            .contains("which exports the instance `orch:plugin/queue-order@0.5.0` (0.1.0: the function `order`)"),
         "{err}"
     );
 }
@@ -394,12 +394,12 @@ fn inspect_names_the_queue_world() {
     let file = PathBuf::from(orch_host::PLUGIN_WASM_DIR).join("queue_fair_share.wasm");
     let wasm = std::fs::read(&file).unwrap();
     let found = orch_host::inspect(&mut policies, "queue_fair_share.wasm", &wasm).unwrap();
-    assert_eq!(found.world, "orch:plugin/queue@0.4.0");
+    assert_eq!(found.world, "orch:plugin/queue@0.5.0");
     assert_eq!(found.version_note(), None);
     assert!(
         found
             .exports
-            .contains(&"instance orch:plugin/queue-order@0.4.0".to_string()),
+            .contains(&"instance orch:plugin/queue-order@0.5.0".to_string()),
         "{found:?}"
     );
 }
@@ -427,7 +427,7 @@ fn unknown_builtins_and_missing_files_are_one_sentence() {
     assert_eq!(
         err.to_string(),
         "`odd.wasm` is not a WebAssembly component (a core WebAssembly module, not a \
-         component); orch loads components of world orch:plugin/queue@0.4.0: build a queue \
+         component); orch loads components of world orch:plugin/queue@0.5.0: build a queue \
          policy with `cargo build --target wasm32-wasip2` (Rust), `componentize-py` (Python) \
          or `jco componentize` (JavaScript) against orch's wit/, as docs/PLUGINS.md shows"
     );

@@ -29,6 +29,7 @@ pub fn two_sockets(n: u32) -> Topology {
     Topology {
         numa_nodes: (0..n).map(|i| Some(node(i))).collect(),
         links,
+        slices: Vec::new(),
     }
 }
 
@@ -48,6 +49,7 @@ fn hgx() -> Topology {
     Topology {
         numa_nodes: (0..8).map(|i| Some(i / 4)).collect(),
         links,
+        slices: Vec::new(),
     }
 }
 

@@ -227,6 +227,7 @@ def _request(
     name: Optional[str],
     tenant: Optional[str],
     priority: int,
+    mig: Optional[str] = None,
 ) -> dict:
     if isinstance(gpus, bool) or not isinstance(gpus, int):
         raise BadRequest(f"gpus must be a whole number of devices, found {gpus!r}")
@@ -239,9 +240,12 @@ def _request(
         isinstance(max_utilization, bool) or not isinstance(max_utilization, int)
     ):
         raise BadRequest(f"max_utilization is a percent from 0 to 100, found {max_utilization!r}")
+    if mig is not None and not isinstance(mig, str):
+        raise BadRequest(f'mig is a MIG profile such as "1g.10gb", found {mig!r}')
     pairs = [(str(k), str(v)) for k, v in (config or {}).items()]
     return (
         {
+            "mig": mig,
             "name": name or _default_name(),
             "gpus": gpus,
             "policy": policy,
@@ -321,10 +325,11 @@ def plan(
     config: Optional[Mapping[str, object]] = None,
     devices: Optional[str] = None,
     name: Optional[str] = None,
+    mig: Optional[str] = None,
 ) -> Plan:
     """A dry run of `lease()` on this machine: what the policy picks now and why. Places nothing."""
     request = _request(
-        gpus, policy, min_free_memory, max_utilization, memory_limit, exclusive, config, name, None, 0
+        gpus, policy, min_free_memory, max_utilization, memory_limit, exclusive, config, name, None, 0, mig
     )
     from ._types import Plan, _leased, _rejections
 
@@ -353,6 +358,7 @@ def lease(
     tenant: Optional[str] = None,
     priority: int = 0,
     daemon: Optional[bool] = None,
+    mig: Optional[str] = None,
 ) -> Lease:
     """Claims `gpus` devices for this process, chosen by `policy`; raises NoFit when none fit
     (or, with `wait=True`, waits for a fit, up to `timeout` seconds or for ever)."""
@@ -367,6 +373,7 @@ def lease(
         name,
         tenant,
         priority,
+        mig,
     )
     limit = _seconds(timeout)
     with _held_lock:

@@ -52,6 +52,39 @@ pub fn devices(job: &Asked<'_>, placeable: usize) -> Result<(), Refusal> {
     Ok(())
 }
 
+/// A job of MIG slices (`mig = PROFILE`) may ask for at most the slices of its profile the
+/// machine has: with fewer it could never start.
+pub fn slices(
+    job: &Asked<'_>,
+    profile: &str,
+    devices: &[orch_devices::Device],
+) -> Result<(), Refusal> {
+    let have = devices
+        .iter()
+        .flat_map(|d| d.mig_devices.iter())
+        .filter(|m| orch_devices::mig::is_profile(m, profile))
+        .count();
+    if have == 0 {
+        let profiles = orch_devices::mig::profiles(devices);
+        let offer = if profiles.is_empty() {
+            "no GPU here is in MIG mode: leave out mig to lease whole GPUs".to_string()
+        } else {
+            format!("its slices are {}", profiles.join(", "))
+        };
+        return Err(Refusal::Invalid(format!(
+            "{}: mig = \"{profile}\", but this daemon's machine has no MIG slice of that profile; {offer}",
+            job.gpus_at
+        )));
+    }
+    if job.gpus as usize > have {
+        return Err(Refusal::Invalid(format!(
+            "{}: gpus = {} with mig = \"{profile}\" is more than the {have} slice(s) of that profile this daemon places on",
+            job.gpus_at, job.gpus
+        )));
+    }
+    Ok(())
+}
+
 /// A job asks for at most its tenant's `max_priority`.
 pub fn priority(tenant: &Tenant, job: &Asked<'_>) -> Result<(), Refusal> {
     match tenant.max_priority {

@@ -410,7 +410,7 @@ impl Engine {
                     name: spec.name.clone(),
                     tags: spec.tags.clone(),
                     gpus: spec.resources.gpus,
-                    exclusive: spec.resources.exclusive,
+                    exclusive: crate::core::slices::takes_whole_gpus(&spec),
                     priority: spec.priority,
                     submitted_s: ms_to_s(row.submitted_at_ms),
                     queued_s: now_s(),
@@ -420,6 +420,11 @@ impl Engine {
                 if let Err(reason) = self.sched.enqueue_after(queued, wait, &mut standing) {
                     self.end_queued(id, State::Cancelled, reason);
                     return;
+                }
+                if let Some(gpus) =
+                    crate::core::slices::gpu_equivalent(&spec, &self.jobs.inventory.devices)
+                {
+                    self.sched.set_compute(id as u64, gpus);
                 }
                 self.set_array(id, &row);
                 self.jobs.queue.insert(
@@ -784,6 +789,8 @@ impl Engine {
                     .iter()
                     .find(|d| d.index == v.physical)
             })
+            // A GPU in MIG mode is never placed on whole.
+            .filter(|d| !d.mig_mode)
             .collect();
         // A drained or unhealthy GPU takes no job: preemption, the starvation hold-back and
         // backfill must not count it as room.

@@ -889,7 +889,7 @@ fn evaluate(
         {
             Outcome::NoFit(e.to_string())
         }
-        Err(orch_runner::PlanError::Policy(e @ orch_host::PolicyError::MemoryLimit { .. })) => {
+        Err(orch_runner::PlanError::Policy(e @ orch_host::PluginError::MemoryLimit { .. })) => {
             Outcome::Failed {
                 reason: e.to_string(),
                 memory: true,

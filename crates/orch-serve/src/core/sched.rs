@@ -277,6 +277,9 @@ pub struct Scheduler {
     clock_s: f64,
     /// The job arrays' tasks, queued or running, and how many of each array run.
     arrays: Arrays,
+    /// What a job of MIG slices counts for in fair share and GPU-seconds, in whole GPUs (its
+    /// slices' share of their GPUs' compute), by job; a job not here counts its `gpus`.
+    compute: HashMap<u64, f64>,
 }
 
 /// A task of a job array as scheduling sees it: its array and the array's `max_parallel`.
@@ -364,7 +367,22 @@ impl Scheduler {
             arrays: Arrays::default(),
             deps: deps::Deps::default(),
             clock_s: f64::MIN,
+            compute: HashMap::new(),
         }
+    }
+
+    /// Job `id` (queued or running) holds MIG slices that together are `gpus` whole GPUs of
+    /// compute: its use is charged at that rate, not at its device count.
+    pub fn set_compute(&mut self, id: u64, gpus: f64) {
+        self.compute.insert(id, gpus);
+    }
+
+    /// The whole GPUs job `id` of `devices` devices is charged for.
+    fn compute_of(&self, id: u64, devices: u32) -> f64 {
+        self.compute
+            .get(&id)
+            .copied()
+            .unwrap_or_else(|| f64::from(devices))
     }
 
     /// A scheduler for `config`'s tenants, half-life, starvation limit and `preempt_after`.
@@ -545,6 +563,7 @@ impl Scheduler {
         let job = self.unqueue(id);
         if !self.running.contains_key(&id) {
             self.arrays.members.remove(&id);
+            self.compute.remove(&id);
         }
         job
     }
@@ -594,11 +613,15 @@ impl Scheduler {
     /// job's earlier total.
     fn refund_job(&mut self, id: u64, to_s: f64) {
         let half_life = self.half_life_s;
+        let rate = self
+            .running
+            .get(&id)
+            .map_or(0.0, |job| self.compute_of(id, job.gpus));
         if let Some(job) = self.running.get_mut(&id) {
             let from = to_s.max(job.started_s);
             if from < job.charged_s {
-                self.usage[job.tenant].refund(f64::from(job.gpus), from, job.charged_s, half_life);
-                job.gpu_s -= f64::from(job.gpus) * (job.charged_s - from);
+                self.usage[job.tenant].refund(rate, from, job.charged_s, half_life);
+                job.gpu_s -= rate * (job.charged_s - from);
                 job.charged_s = from;
             }
         }
@@ -606,6 +629,9 @@ impl Scheduler {
 
     fn remove_running(&mut self, id: u64) -> Option<RunningJob> {
         let job = self.running.remove(&id)?;
+        if !self.queue.contains_key(&id) {
+            self.compute.remove(&id);
+        }
         self.arrays.stopped(id);
         if !self.queue.contains_key(&id) {
             self.arrays.members.remove(&id);
@@ -619,11 +645,15 @@ impl Scheduler {
 
     fn charge_job(&mut self, id: u64, to_s: f64) {
         let half_life = self.half_life_s;
+        let rate = self
+            .running
+            .get(&id)
+            .map_or(0.0, |job| self.compute_of(id, job.gpus));
         if let Some(job) = self.running.get_mut(&id)
             && to_s > job.charged_s
         {
-            self.usage[job.tenant].charge(f64::from(job.gpus), job.charged_s, to_s, half_life);
-            job.gpu_s += f64::from(job.gpus) * (to_s - job.charged_s);
+            self.usage[job.tenant].charge(rate, job.charged_s, to_s, half_life);
+            job.gpu_s += rate * (to_s - job.charged_s);
             job.charged_s = to_s;
         }
     }

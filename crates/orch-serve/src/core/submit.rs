@@ -84,6 +84,8 @@ pub struct Terms<'a> {
     /// Devices orch may place on.
     pub placeable: usize,
     pub backend: orch_devices::Backend,
+    /// The machine's devices as last read, for a job of MIG slices (the slices of its profile).
+    pub devices: &'a [orch_devices::Device],
 }
 
 /// A job as the rules of the machine and the tenant weigh it, whoever submits it: [`submit`]
@@ -182,9 +184,11 @@ pub async fn submit(
     if let Some(refusal) = shared.health.refusal() {
         return Err(Refusal::Unavailable(refusal).into());
     }
+    let inventory = orch_core::sync::lock(&shared.machine).inventory.clone();
     let terms = Terms {
         config: &shared.config,
         placeable: shared.visible_devices,
+        devices: &inventory.devices,
         backend: shared.backend,
     };
     // The policy's bytes (up to 16 MiB) are kept as a file, not in the job's row.
@@ -268,7 +272,10 @@ pub fn admit(terms: &Terms<'_>, caller: &Caller, request: Request) -> Result<Adm
         },
         tasks: array.map(u64::from),
     };
-    ticket.fits_machine(terms.placeable)?;
+    match spec.resources.mig.as_deref() {
+        Some(profile) => admission::slices(&ticket.asked, profile, terms.devices)?,
+        None => ticket.fits_machine(terms.placeable)?,
+    }
     let tenant = caller.tenant_for(
         terms.config,
         spec.tenant.as_deref(),

@@ -27,7 +27,12 @@ pub fn devices(shared: &Shared, caller: &Caller) -> Result<Vec<serde_json::Value
         let held: Vec<serde_json::Value> = machine
             .leases
             .iter()
-            .filter(|l| l.devices.iter().any(|u| u == &device.uuid))
+            // A GPU in MIG mode is held by the leases on its slices.
+            .filter(|l| {
+                l.devices
+                    .iter()
+                    .any(|u| u == &device.uuid || device.mig_devices.iter().any(|m| &m.uuid == u))
+            })
             .map(|lease| match by_lease.get(lease.id.as_str()) {
                 Some(job) if caller.admin || caller.tenants.contains(&job.tenant) => {
                     serde_json::json!({

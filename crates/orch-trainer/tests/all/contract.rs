@@ -258,10 +258,10 @@ fn predict_gives_the_mlp_logits_from_its_checkpoint() {
     );
 }
 
-/// A trainer built for contract 0.3.0 that exports `predict` is asked through the 0.3.0
-/// bindings, and gives the very logits of the 0.4.0 built-in trained alike.
+/// Trainers built for contracts 0.3.0 and 0.4.0 that export `predict` are asked through their
+/// versions' bindings, and give the very logits of the 0.5.0 built-in trained alike.
 #[test]
-fn predict_asks_a_trainer_built_for_0_3_0() {
+fn predict_asks_trainers_built_for_0_3_0_and_0_4_0() {
     let logits = |plugin: &str| {
         let dir = tempfile::tempdir().unwrap();
         let job = super::common::job(
@@ -280,7 +280,9 @@ fn predict_asks_a_trainer_built_for_0_3_0() {
             .unwrap()
             .values
     };
-    let old =
-        std::path::Path::new(orch_trainer::TRAINER_WASM_DIR).join("compat_trainer_mlp_0_3.wasm");
-    assert_eq!(logits(&old.display().to_string()), logits("mlp"));
+    let builtin = logits("mlp");
+    for file in ["compat_trainer_mlp_0_3.wasm", "compat_trainer_mlp_0_4.wasm"] {
+        let old = std::path::Path::new(orch_trainer::TRAINER_WASM_DIR).join(file);
+        assert_eq!(logits(&old.display().to_string()), builtin, "{file}");
+    }
 }

@@ -71,7 +71,7 @@ fn a_component_of_another_world_is_refused_by_name() {
     assert!(err.is_bad_input());
     let text = err.to_string();
     assert!(
-        text.contains("`least_loaded` is not a trainer component: it implements orch:plugin/policy@0.4.0, and orch expected orch:plugin/trainer@0.4.0 (or 0.3.0, 0.2.0, 0.1.0)"),
+        text.contains("`least_loaded` is not a trainer component: it implements orch:plugin/policy@0.5.0, and orch expected orch:plugin/trainer@0.5.0 (or 0.4.0, 0.3.0, 0.2.0, 0.1.0)"),
         "{text}"
     );
     let unknown = job_named(dir.path(), "nope");
@@ -109,22 +109,29 @@ fn the_mnist_example_reaches_97_5_percent_in_3_epochs() {
 
 /// Trainers built for contracts 0.1.0 (bare `init`, `train-step`, `eval-step`) and 0.2.0 (the
 /// `training` export without 0.3.0's imports), whose model is the built-in `mlp`'s, still
-/// train, to the very parameters the 0.4.0 built-in reaches.
+/// train, to the very parameters the 0.5.0 built-in reaches.
 #[test]
-fn a_trainer_built_for_contract_0_1_0_trains_like_its_0_4_0_twin() {
+fn a_trainer_built_for_contract_0_1_0_trains_like_its_0_5_0_twin() {
     same_as_the_builtin("compat_trainer_mlp.wasm");
 }
 
 #[test]
-fn a_trainer_built_for_contract_0_2_0_trains_like_its_0_4_0_twin() {
+fn a_trainer_built_for_contract_0_2_0_trains_like_its_0_5_0_twin() {
     same_as_the_builtin("compat_trainer_mlp_0_2.wasm");
 }
 
 /// A trainer built for contract 0.3.0 (the trainer world before the policy world learnt of
-/// topology) trains like the 0.4.0 built-in.
+/// topology) trains like the 0.5.0 built-in.
 #[test]
-fn a_trainer_built_for_contract_0_3_0_trains_like_its_0_4_0_twin() {
+fn a_trainer_built_for_contract_0_3_0_trains_like_its_0_5_0_twin() {
     same_as_the_builtin("compat_trainer_mlp_0_3.wasm");
+}
+
+/// A trainer built for contract 0.4.0 (the trainer world before the policy world learnt of MIG
+/// slices) trains like the 0.5.0 built-in.
+#[test]
+fn a_trainer_built_for_contract_0_4_0_trains_like_its_0_5_0_twin() {
+    same_as_the_builtin("compat_trainer_mlp_0_4.wasm");
 }
 
 fn same_as_the_builtin(file: &str) {

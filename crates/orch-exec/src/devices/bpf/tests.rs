@@ -29,6 +29,7 @@ fn run(program: &[Insn], access_type: u32, major: u32, minor: u32) -> u64 {
             JMP_JNE_K => next = jump(r[dst] != imm),
             JMP_JLT_K => next = jump(r[dst] < imm),
             JMP_JLE_K => next = jump(r[dst] <= imm),
+            JMP_JA => next = jump(true),
             JMP_EXIT => return r[0],
             other => panic!("unexpected opcode {other:#x} at {pc}"),
         }
@@ -54,6 +55,11 @@ fn assert_well_formed(program: &[Insn]) {
         let i = program[pc];
         match i.code {
             JMP_EXIT => {}
+            JMP_JA => {
+                let to = pc as isize + 1 + i.off as isize;
+                assert!(to > pc as isize && (to as usize) < program.len());
+                todo.push(to as usize);
+            }
             JMP_JEQ_K | JMP_JNE_K | JMP_JLT_K | JMP_JLE_K => {
                 let to = pc as isize + 1 + i.off as isize;
                 assert!(to > pc as isize && (to as usize) < program.len());
@@ -131,7 +137,47 @@ fn the_kernel_accepts_the_programs() {
         DeviceRule::granting(&[1]),
         DeviceRule::granting(&[0, 2, 3, 7, 100]),
         DeviceRule::denying(&[]),
+        DeviceRule::granting(&[1]).with_caps(234, &[3, 4, 9]),
+        DeviceRule::denying(&[]).with_caps(234, &[3]),
     ] {
         load(&program(&rule)).unwrap_or_else(|e| panic!("{rule:?}: {e}"));
     }
+}
+
+#[test]
+fn the_program_denies_other_slices_capability_nodes_of_their_own_major() {
+    const CAPS: u32 = 234;
+    for rule in [
+        DeviceRule::granting(&[1]).with_caps(CAPS, &[3, 4, 9, 10, 11]),
+        DeviceRule::denying(&[]).with_caps(CAPS, &[12]),
+        DeviceRule::denying(&[0, 2]).with_caps(CAPS, &[0, 1]),
+    ] {
+        let program = program(&rule);
+        assert_well_formed(&program);
+        let (_, caps) = rule.caps().unwrap();
+        for minor in 0..=300 {
+            assert_eq!(
+                run(&program, CHAR | READ_WRITE, 195, minor),
+                u64::from(!rule.denied().contains(&minor)),
+                "{rule:?}: c 195:{minor}"
+            );
+            assert_eq!(
+                run(&program, CHAR | READ_WRITE, CAPS, minor),
+                u64::from(!caps.contains(&minor)),
+                "{rule:?}: c {CAPS}:{minor}"
+            );
+            assert_eq!(run(&program, CHAR | READ_WRITE, 1, minor), 1);
+            assert_eq!(run(&program, BLOCK | READ_WRITE, CAPS, minor), 1);
+        }
+    }
+    assert_eq!(
+        DeviceRule::granting(&[1])
+            .with_caps(CAPS, &[9, 3, 4])
+            .to_string(),
+        "c 195:0,2-253 and c 234:3-4,9"
+    );
+    assert_eq!(
+        DeviceRule::denying(&[]).with_caps(CAPS, &[]).to_string(),
+        "nothing"
+    );
 }

@@ -177,8 +177,16 @@ impl Engine {
         let submission = self.shared.db.submission(id).ok().flatten().map(|(s, _)| s);
         let spec = submission.as_ref().and_then(|s| s.spec().ok());
         let (preemptible, exclusive) = spec.as_ref().map_or((false, true), |spec| {
-            (spec.preemptible, spec.resources.exclusive)
+            (
+                spec.preemptible,
+                crate::core::slices::takes_whole_gpus(spec),
+            )
         });
+        if let Some(gpus) = spec.as_ref().and_then(|spec| {
+            crate::core::slices::gpu_equivalent(spec, &self.jobs.inventory.devices)
+        }) {
+            self.sched.set_compute(id as u64, gpus);
+        }
         // An interactive allocation's limits run from its start, whatever restarts came between.
         let alloc = submission
             .as_ref()

@@ -474,3 +474,26 @@ fn each_task_of_an_array_is_charged_to_its_tenant_like_any_job() {
 
 #[path = "deps_tests.rs"]
 mod deps_tests;
+
+#[test]
+fn a_job_of_mig_slices_is_charged_its_share_of_the_gpus_compute() {
+    let mut s = Scheduler::new(
+        tenants(&[1.0, 1.0]),
+        0.0,
+        Box::new(NativePolicy::new("fair-share").unwrap()),
+    );
+    // Tenant 0: one 3g slice of a 7-slot GPU (3/7 of a GPU); tenant 1: one whole GPU.
+    let mut slice = job(1, 0, 1, 0, 0.0);
+    slice.exclusive = false;
+    s.enqueue(slice);
+    s.set_compute(1, 3.0 / 7.0);
+    s.enqueue(job(2, 1, 1, 0, 0.0));
+    let report = pass(&mut s, 0.0, 1);
+    assert_eq!(report.started.len(), 2, "{report:?}");
+    s.charge(70.0);
+    assert!((s.usage(0).gpu_s - 30.0).abs() < 1e-9, "{:?}", s.usage(0));
+    assert!((s.usage(1).gpu_s - 70.0).abs() < 1e-9, "{:?}", s.usage(1));
+    // Its GPU-seconds (accounting's) are the same 3/7 per second.
+    let ended = s.end(1, 70.0).unwrap();
+    assert!((ended.gpu_s - 30.0).abs() < 1e-9, "{}", ended.gpu_s);
+}

@@ -54,6 +54,7 @@ fn refused(config: &Config, who: &Caller, request: Request) -> Refusal {
         config,
         placeable: 8,
         backend: orch_devices::Backend::Sim,
+        devices: &[],
     };
     match admit(&terms, who, request) {
         Err(refusal) => refusal,
@@ -67,6 +68,7 @@ fn admitted(who: &Caller, request: Request) -> Admitted {
         config: &config,
         placeable: 8,
         backend: orch_devices::Backend::Sim,
+        devices: &[],
     };
     admit(&terms, who, request).unwrap()
 }

@@ -1,0 +1,55 @@
+//! Jobs of MIG slices in the daemon: what one counts for in fair share and accounting.
+//!
+//! A slice is a share of its GPU's compute: its profile's compute slices over the GPU's
+//! (`3g.40gb` of an H100's 7 is 3/7; orch-devices' `mig::compute_fraction`). A job of `gpus`
+//! slices of one profile is charged `gpus` times that, in whole GPUs, for every second it runs.
+
+use orch_core::JobSpec;
+use orch_devices::{Device, mig};
+
+/// The whole GPUs of compute a job of MIG slices holds, when it asks for slices (`mig`) and the
+/// machine has one of its profile to measure; `None` for a job of whole GPUs.
+pub fn gpu_equivalent(spec: &JobSpec, devices: &[Device]) -> Option<f64> {
+    let profile = spec.resources.mig.as_deref()?;
+    let fraction = devices.iter().find_map(|d| {
+        d.mig_devices
+            .iter()
+            .find(|m| mig::is_profile(m, profile))
+            .map(|m| mig::compute_fraction(d, m))
+    })?;
+    Some(f64::from(spec.resources.gpus) * fraction)
+}
+
+/// Whether the job's devices count against the scheduler's free whole GPUs: an exclusive job of
+/// whole GPUs. Slices are found (or not) by placement itself.
+pub fn takes_whole_gpus(spec: &JobSpec) -> bool {
+    spec.resources.exclusive && spec.resources.mig.is_none()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slice_counts_as_its_share_of_the_gpu() {
+        let devices = orch_devices::sim::parse(
+            std::path::Path::new("box.toml"),
+            "[[gpu]]\nname = \"H100\"\nmemory_total = \"80GiB\"\n[[gpu.mig]]\nuuid = \"MIG-aaaaaaaa-1\"\nname = \"3g.40gb\"\n[[gpu.mig]]\nuuid = \"MIG-aaaaaaaa-2\"\nname = \"1g.10gb\"\n",
+        )
+        .unwrap();
+        let job = |resources: &str| {
+            orch_core::job::parse(
+                std::path::Path::new("job.toml"),
+                &format!("[job]\nname = \"j\"\n[resources]\n{resources}[command]\nargv = [\"true\"]\nlaunch = \"per-device\"\n"),
+            )
+            .unwrap()
+        };
+        let three = gpu_equivalent(&job("mig = \"3g.40gb\"\n"), &devices).unwrap();
+        assert!((three - 3.0 / 7.0).abs() < 1e-12, "{three}");
+        let two_small = gpu_equivalent(&job("gpus = 2\nmig = \"1g.10gb\"\n"), &devices).unwrap();
+        assert!((two_small - 2.0 / 7.0).abs() < 1e-12, "{two_small}");
+        assert_eq!(gpu_equivalent(&job("gpus = 2\n"), &devices), None);
+        assert!(!takes_whole_gpus(&job("mig = \"1g.10gb\"\n")));
+        assert!(takes_whole_gpus(&job("gpus = 2\n")));
+    }
+}
