@@ -493,8 +493,12 @@ fn orch_run_without_a_daemon_avoids_a_drained_gpu_and_fails_when_only_drained_or
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let said = stderr(&out);
     assert!(said.contains("GPU 0 is drained (maintenance)"), "{said}");
+    // GPU 2 is in MIG mode, never a whole GPU's candidate; its slices are unhealthy with it.
+    let out = orch(&["run", "--mig", "1g.10gb", "--", "true"], &env);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let said = stderr(&out);
     assert!(
-        said.contains("GPU 2 is unhealthy (Xid 48: double-bit ECC error)"),
+        said.contains("of GPU 2 is unhealthy (Xid 48: double-bit ECC error)"),
         "{said}"
     );
     // The plan says why each device was not chosen.
@@ -521,6 +525,7 @@ fn orch_run_without_a_daemon_avoids_a_drained_gpu_and_fails_when_only_drained_or
         listed[2]["health"]["drains"][0]["uuid"],
         "MIG-2a2a2a2a-0000-4000-8000-000000000000"
     );
+    assert_eq!(listed[2]["mig_devices"][0]["state"], "unhealthy");
     let out = orch(&["undrain", "0"], &env);
     assert!(out.status.success(), "{}", stderr(&out));
     let out = orch(&["run", "--gpus", "2", "--", "true"], &env);

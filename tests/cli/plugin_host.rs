@@ -52,29 +52,29 @@ fn inspect_knows_the_built_in_trainers_by_the_names_jobs_use() {
         );
         let v = inspect_json(name);
         assert_eq!(v["file"], name);
-        assert_eq!(v["world"], "orch:plugin/trainer@0.4.0", "{name}: {v}");
-        assert_eq!(v["contract"], "0.4.0", "{name}");
+        assert_eq!(v["world"], "orch:plugin/trainer@0.5.0", "{name}: {v}");
+        assert_eq!(v["contract"], "0.5.0", "{name}");
         assert_eq!(
             v["note"],
             Value::Null,
             "{name}: built for the current contract"
         );
         assert!(
-            exports(&v).contains(&"instance orch:plugin/training@0.4.0".to_string()),
+            exports(&v).contains(&"instance orch:plugin/training@0.5.0".to_string()),
             "{name}: {v}"
         );
         let imports = v["imports"].as_array().unwrap();
         assert!(
             imports
                 .iter()
-                .any(|i| i.as_str().unwrap() == "instance orch:plugin/tensors@0.4.0"),
+                .any(|i| i.as_str().unwrap() == "instance orch:plugin/tensors@0.5.0"),
             "{name} imports the host's tensors: {v}"
         );
         assert!(v["size_bytes"].as_u64().unwrap() > 10_000, "{name}");
     }
     // The text model also predicts (world `predicting-trainer`).
     assert!(
-        exports(&inspect_json("gpt")).contains(&"instance orch:plugin/inference@0.4.0".to_string())
+        exports(&inspect_json("gpt")).contains(&"instance orch:plugin/inference@0.5.0".to_string())
     );
 
     let cache = cache_dir();
@@ -84,7 +84,7 @@ fn inspect_knows_the_built_in_trainers_by_the_names_jobs_use() {
     );
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
-        stdout(&out).starts_with("gpt: a component of world orch:plugin/trainer@0.4.0, "),
+        stdout(&out).starts_with("gpt: a component of world orch:plugin/trainer@0.5.0, "),
         "{}",
         stdout(&out)
     );
@@ -93,16 +93,16 @@ fn inspect_knows_the_built_in_trainers_by_the_names_jobs_use() {
 #[test]
 fn inspect_knows_the_built_in_policies_and_queue_policies_alike() {
     let v = inspect_json("spread");
-    assert_eq!(v["world"], "orch:plugin/policy@0.4.0");
+    assert_eq!(v["world"], "orch:plugin/policy@0.5.0");
     assert_eq!(
         exports(&v),
-        vec!["instance orch:plugin/placement@0.4.0".to_string()]
+        vec!["instance orch:plugin/placement@0.5.0".to_string()]
     );
     let v = inspect_json("fifo");
-    assert_eq!(v["world"], "orch:plugin/queue@0.4.0");
+    assert_eq!(v["world"], "orch:plugin/queue@0.5.0");
     assert_eq!(
         exports(&v),
-        vec!["instance orch:plugin/queue-order@0.4.0".to_string()]
+        vec!["instance orch:plugin/queue-order@0.5.0".to_string()]
     );
 }
 

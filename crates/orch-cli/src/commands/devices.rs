@@ -61,6 +61,8 @@ struct SliceRow<'a> {
     compute_fraction: f64,
     parent_index: u32,
     parent_uuid: &'a str,
+    /// `ok`, `drained` or `unhealthy` (a GPU's health and drains reach its slices).
+    state: &'static str,
 }
 
 /// One pair's link in `--json`: the label `--topo` prints, and what it is made of.
@@ -204,6 +206,7 @@ fn json_row<'a>(
                 compute_fraction: orch_devices::mig::compute_fraction(d, m),
                 parent_index: d.index,
                 parent_uuid: &d.uuid,
+                state: d.service_state(&m.uuid).as_str(),
             })
             .collect(),
     }
@@ -284,8 +287,13 @@ fn slice_lines(inventory: &Inventory) -> String {
         }
         for (slot, m) in d.mig_devices.iter().enumerate() {
             let profile = orch_devices::mig::short_profile(m.name.as_deref().unwrap_or("?"));
+            // A slice out of service says so after the line `nvidia-smi -L` would print.
+            let state = match d.service_state(&m.uuid) {
+                orch_devices::ServiceState::Ok => String::new(),
+                other => format!("  [{}]", other.as_str()),
+            };
             text.push_str(&format!(
-                "  MIG {profile:<11} Device {slot:>2}: (UUID: {})\n",
+                "  MIG {profile:<11} Device {slot:>2}: (UUID: {}){state}\n",
                 m.uuid
             ));
         }
