@@ -364,7 +364,11 @@ fn a_slice_job_opens_its_capability_nodes_and_no_other_slices() {
         format!("Character devices:\n195 nvidia\n{caps} nvidia-caps\n\nBlock devices:\n  7 loop\n"),
     )
     .unwrap();
-    for minor in 10..16 {
+    // Beyond the inventory's slices: the driver's config (1) and monitor (2) capabilities and an
+    // instance the inventory does not know (16), as `mig-minors` lists them.
+    let minors = lab.dir.join("mig-minors");
+    std::fs::write(&minors, "config 1\nmonitor 2\ngpu0/gi9/access 16\n").unwrap();
+    for minor in [1, 2, 10, 11, 12, 13, 14, 15, 16] {
         let out = Command::new("mknod")
             .args(["-m", "666"])
             .arg(lab.dir.join(format!("cap{minor}")))
@@ -374,7 +378,7 @@ fn a_slice_job_opens_its_capability_nodes_and_no_other_slices() {
         assert!(out.status.success(), "mknod: {}", stderr(&out));
     }
     let probe = format!(
-        "echo \"granted $CUDA_VISIBLE_DEVICES\"; for n in {g}/nvidia0 {g}/nvidia1 {d}/cap10 {d}/cap11 {d}/cap12 {d}/cap13 {d}/cap14 {d}/cap15; do \
+        "echo \"granted $CUDA_VISIBLE_DEVICES\"; for n in {g}/nvidia0 {g}/nvidia1 {d}/cap10 {d}/cap11 {d}/cap12 {d}/cap13 {d}/cap14 {d}/cap15 {d}/cap1 {d}/cap2 {d}/cap16; do \
          if e=$(cat $n 2>&1 >/dev/null); then echo \"${{n##*/}}: ok\"; else echo \"${{n##*/}}: ${{e##*: }}\"; fi; done",
         g = constrain.dir.display(),
         d = lab.dir.display()
@@ -384,6 +388,7 @@ fn a_slice_job_opens_its_capability_nodes_and_no_other_slices() {
         &[
             ("ORCH_DEVICE_CONSTRAINT", "auto"),
             ("ORCH_PROC_DEVICES", &devices.display().to_string()),
+            ("ORCH_MIG_MINORS", &minors.display().to_string()),
         ],
     );
     assert!(out.status.success(), "{}", stderr(&out));
@@ -404,6 +409,9 @@ fn a_slice_job_opens_its_capability_nodes_and_no_other_slices() {
             "Operation not permitted"
         };
         expected.push_str(&format!("cap{minor}: {error}\n"));
+    }
+    for minor in [1, 2, 16] {
+        expected.push_str(&format!("cap{minor}: Operation not permitted\n"));
     }
     assert_eq!(
         lines, expected,

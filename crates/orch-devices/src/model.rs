@@ -155,6 +155,12 @@ impl PeerLink {
 }
 
 impl Device {
+    /// A lease naming `uuid` holds this device or part of it: the GPU itself, or one of its MIG
+    /// slices (whose processes NVML lists under the GPU).
+    pub fn covers(&self, uuid: &str) -> bool {
+        self.uuid == uuid || self.mig_devices.iter().any(|m| m.uuid == uuid)
+    }
+
     /// How this GPU reaches the GPU of index `peer`, when known.
     pub fn link_to(&self, peer: u32) -> Option<&PeerLink> {
         self.links.iter().find(|l| l.peer == peer)

@@ -141,6 +141,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<Device>, DeviceError> {
         devices.push(device);
     }
     check_unique_uuids(path, text, &devices)?;
+    check_unique_cap_minors(path, text, &devices)?;
     check_unique_bus_ids(path, text, &bus_spans, &devices)?;
     check_unique_minors(path, text, &minor_spans, &devices)?;
     Ok(devices)
@@ -151,6 +152,9 @@ fn to_device(path: &Path, text: &str, position: usize, gpu: SimGpu) -> Result<De
         InputError::at(path, text, span.start, message)
     };
     let (mig_mode, mig_slots) = read_mig_mode(path, text, &gpu)?;
+    if let Some(slots) = mig_slots {
+        check_slices_fit(path, text, &gpu, slots)?;
+    }
     let total = gpu.memory_total.get_ref().bytes();
     // Saturating: sizes near 2^64 must be refused as too large, not overflow.
     let process_sum = gpu
@@ -631,6 +635,77 @@ fn check_unique_bus_ids(
     Ok(())
 }
 
+/// A GPU's slices fit its compute slots: each GPU instance counted once (the compute instances
+/// of one GPU instance share it), by its profile's `Ng`.
+fn check_slices_fit(path: &Path, text: &str, gpu: &SimGpu, slots: u32) -> Result<(), InputError> {
+    let mut instances: Vec<Option<u32>> = Vec::new();
+    let mut used = 0u32;
+    for slice in &gpu.mig {
+        let instance = slice.gpu_instance_id;
+        if instance.is_some() && instances.contains(&instance) {
+            continue;
+        }
+        instances.push(instance);
+        let name = slice.name.as_deref().unwrap_or("");
+        // A compute instance (`1c.3g.40gb`) takes its GPU instance's slices (`3g`).
+        let gi_slices = name
+            .rsplit(' ')
+            .next()
+            .and_then(|word| word.split('.').find(|part| part.ends_with('g')))
+            .and_then(|part| part.trim_end_matches('g').parse::<u32>().ok());
+        used = used.saturating_add(gi_slices.unwrap_or(1));
+        if used > slots {
+            return Err(InputError::at(
+                path,
+                text,
+                slice.uuid.span().start,
+                format!(
+                    "the GPU's slices take at least {used} compute slices, more than its {slots} (mig_slots)"
+                ),
+            )
+            .with_hint("remove slices, or give the GPU more mig_slots (7 on A100, H100, H200; 4 on A30)"));
+        }
+    }
+    Ok(())
+}
+
+/// No two slices share a compute instance's capability node, and no GPU instance's node is
+/// another's or a compute instance's: a slice granted one would open the other.
+fn check_unique_cap_minors(path: &Path, text: &str, devices: &[Device]) -> Result<(), InputError> {
+    let mut seen: std::collections::HashMap<u32, (u32, Option<u32>, bool)> =
+        std::collections::HashMap::new();
+    for d in devices {
+        for m in &d.mig_devices {
+            let caps = [
+                (m.gpu_instance_cap_minor, true),
+                (m.compute_instance_cap_minor, false),
+            ];
+            for (minor, gi) in caps {
+                let Some(minor) = minor else { continue };
+                let this = (d.index, m.gpu_instance_id, gi);
+                match seen.get(&minor) {
+                    None => {
+                        seen.insert(minor, this);
+                    }
+                    // The compute instances of one GPU instance share its node.
+                    Some(other) if gi && *other == this && m.gpu_instance_id.is_some() => {}
+                    Some(_) => {
+                        let offset = text.rfind(m.uuid.as_str()).unwrap_or(0);
+                        return Err(InputError::at(
+                            path,
+                            text,
+                            offset,
+                            format!("capability minor {minor} is named by two instances"),
+                        )
+                        .with_hint("each GPU and compute instance has its own nvidia-cap node; only the compute instances of one GPU instance share its node"));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 fn check_unique_uuids(path: &Path, text: &str, devices: &[Device]) -> Result<(), InputError> {
     let all = devices.iter().map(|d| d.uuid.as_str()).chain(
         devices
@@ -975,6 +1050,42 @@ links = 12
             assert!(err.contains(location), "{err:?} should point at {location}");
             assert!(err.contains(words), "{err:?} should say {words}");
         }
+    }
+
+    #[test]
+    fn slices_past_their_gpus_slots_or_sharing_a_node_are_refused_at_their_line() {
+        let slice = |n: u32, name: &str, gi: u32, gi_minor: u32, ci_minor: u32| {
+            format!(
+                "[[gpu.mig]]\nuuid = \"MIG-aaaaaaaa-0000-4000-8000-00000000000{n}\"\nname = \"{name}\"\ngpu_instance_id = {gi}\ncompute_instance_id = 0\ngpu_instance_cap_minor = {gi_minor}\ncompute_instance_cap_minor = {ci_minor}\n"
+            )
+        };
+        let gpu = "[[gpu]]\nname = \"H100\"\nmemory_total = \"80GiB\"\nmig_slots = 2\n";
+        let over = format!(
+            "{gpu}{}{}{}",
+            slice(1, "1g.10gb", 1, 10, 11),
+            slice(2, "1g.10gb", 2, 12, 13),
+            slice(3, "1g.10gb", 3, 14, 15)
+        );
+        let err = parse_str(&over).unwrap_err().to_string();
+        assert!(err.contains("more than its 2 (mig_slots)"), "{err}");
+        assert!(err.contains(":20:"), "points at the third slice: {err}");
+        // Two compute instances of one GPU instance share its node and its slices.
+        let shared = format!(
+            "{gpu}{}{}",
+            slice(1, "1c.2g.20gb", 1, 10, 11),
+            slice(2, "1c.2g.20gb", 1, 10, 12)
+        );
+        assert_eq!(parse_str(&shared).unwrap()[0].mig_devices.len(), 2);
+        let clash = format!(
+            "{gpu}{}{}",
+            slice(1, "1g.10gb", 1, 10, 11),
+            slice(2, "1g.10gb", 2, 12, 11)
+        );
+        let err = parse_str(&clash).unwrap_err().to_string();
+        assert!(
+            err.contains("capability minor 11 is named by two instances"),
+            "{err}"
+        );
     }
 
     #[test]

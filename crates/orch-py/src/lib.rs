@@ -251,7 +251,7 @@ fn devices(py: Python<'_>, spec: String) -> PyResult<Bound<'_, PyAny>> {
                         "held_by".into(),
                         leases
                             .iter()
-                            .find(|l| l.devices.contains(&d.uuid))
+                            .find(|l| l.devices.iter().any(|u| d.covers(u)))
                             .map(|l| l.id.clone())
                             .into(),
                     );

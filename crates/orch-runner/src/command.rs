@@ -187,6 +187,9 @@ pub(crate) fn confine(
     let Ok(mechanism) = detected else {
         return Ok(None);
     };
+    if let Some(problem) = crate::slices::caps_problem(plan, inventory) {
+        return Err(format!("lease {lease_id}: {problem}"));
+    }
     if *mechanism == Mechanism::Bpf && cgroup.is_none() {
         tracing::warn!(
             "lease {lease_id}: not confined to its GPUs' device nodes: the device program needs the job's own cgroup, and it has none (ORCH_CGROUPS=off?)"

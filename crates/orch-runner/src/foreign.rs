@@ -48,7 +48,7 @@ pub fn holdings(inventory: &Inventory, leases: &[Lease]) -> Holdings {
             .filter(|p| {
                 !leases
                     .iter()
-                    .filter(|l| l.devices.iter().any(|u| u == &device.uuid))
+                    .filter(|l| l.devices.iter().any(|u| device.covers(u)))
                     .flat_map(|l| l.holders.iter())
                     .any(|h| covered(h, p.pid))
             })
@@ -64,7 +64,7 @@ pub fn holdings(inventory: &Inventory, leases: &[Lease]) -> Holdings {
             let Some(list) = inventory
                 .devices
                 .iter()
-                .find(|d| &d.uuid == uuid)
+                .find(|d| d.covers(uuid))
                 .and_then(|d| d.processes.as_ref())
             else {
                 continue;

@@ -120,33 +120,76 @@ pub(crate) fn whole_gpu_note(job: &JobSpec, devices: &[Device]) -> Option<String
 }
 
 /// The MIG capability nodes a job on `plan` may not open, with their major: every capability
-/// minor of the inventory's slices less those of the slices it was granted (slices of one GPU
-/// instance share its node). `None` when no slice's capability is known, or the machine has no
-/// `nvidia-caps` major ([`mig::caps_major`]).
+/// minor the driver lists (`mig-minors`: every GPU and compute instance that could exist, and
+/// the `config` and `monitor` capabilities) and every one the inventory's slices name, less
+/// those of the slices it was granted (slices of one GPU instance share its node). `None` when
+/// none is known, or the machine has no `nvidia-caps` major ([`mig::caps_major`]).
 pub(crate) fn denied_caps(
     plan: &crate::Plan,
     inventory: &orch_devices::Inventory,
 ) -> Option<(u32, Vec<u32>)> {
-    let all: Vec<u32> = inventory
+    let mut all: Vec<u32> = inventory
         .devices
         .iter()
         .flat_map(|d| d.mig_devices.iter())
         .flat_map(mig::cap_minors)
         .collect();
-    if all.is_empty() {
+    // Only where slices are in play: a machine without MIG has nothing under nvidia-caps a job
+    // needs to be kept from, and reads no file for it.
+    if all.is_empty() && !holds_slices(plan) {
         return None;
     }
-    let granted: Vec<u32> = plan
-        .chosen
-        .iter()
-        .filter_map(|c| mig::find(&inventory.devices, &c.uuid))
-        .flat_map(|(_, slice)| mig::cap_minors(slice))
-        .collect();
+    all.extend(mig::read_mig_minors().into_values());
+    all.sort_unstable();
+    all.dedup();
+    let granted = granted_caps(plan, inventory);
     let denied: Vec<u32> = all.into_iter().filter(|m| !granted.contains(m)).collect();
     if denied.is_empty() {
         return None;
     }
     Some((mig::caps_major()?, denied))
+}
+
+/// The capability minors of the slices `plan` was granted.
+fn granted_caps(plan: &crate::Plan, inventory: &orch_devices::Inventory) -> Vec<u32> {
+    plan.chosen
+        .iter()
+        .filter_map(|c| mig::find(&inventory.devices, &c.uuid))
+        .flat_map(|(_, slice)| mig::cap_minors(slice))
+        .collect()
+}
+
+fn holds_slices(plan: &crate::Plan) -> bool {
+    plan.chosen.iter().any(|c| c.uuid.starts_with("MIG-"))
+}
+
+/// Why a job on `plan` cannot be kept to its own MIG slices on this machine, when orch confines
+/// devices: the driver has capability nodes (an `nvidia-caps` major) but the granted slices'
+/// minors are unknown, so the device rule could not let the job open its own slices while
+/// keeping it from the others. A driver without capability nodes (`nv_cap_enable_devfs=0`)
+/// guards them through `/proc` instead, and is not refused.
+pub(crate) fn caps_problem(
+    plan: &crate::Plan,
+    inventory: &orch_devices::Inventory,
+) -> Option<String> {
+    if !holds_slices(plan) || mig::caps_major().is_none() {
+        return None;
+    }
+    let slices = plan.chosen.iter().filter(|c| c.uuid.starts_with("MIG-"));
+    let unknown: Vec<&str> = slices
+        .filter(|c| {
+            mig::find(&inventory.devices, &c.uuid)
+                .is_none_or(|(_, slice)| mig::cap_minors(slice).next().is_none())
+        })
+        .map(|c| c.uuid.as_str())
+        .collect();
+    (!unknown.is_empty()).then(|| {
+        format!(
+            "the capability nodes of MIG slice {} are unknown ({} lists none for it), so the job could not be kept from the GPU's other slices: it is not started; check that the driver's MIG capabilities are listed there",
+            unknown.join(", "),
+            mig::mig_minors_path().display()
+        )
+    })
 }
 
 /// Why `plan` cannot run as one process, when it holds several MIG slices: a CUDA process

@@ -28,11 +28,7 @@ pub fn devices(shared: &Shared, caller: &Caller) -> Result<Vec<serde_json::Value
             .leases
             .iter()
             // A GPU in MIG mode is held by the leases on its slices.
-            .filter(|l| {
-                l.devices
-                    .iter()
-                    .any(|u| u == &device.uuid || device.mig_devices.iter().any(|m| &m.uuid == u))
-            })
+            .filter(|l| l.devices.iter().any(|u| device.covers(u)))
             .map(|lease| match by_lease.get(lease.id.as_str()) {
                 Some(job) if caller.admin || caller.tenants.contains(&job.tenant) => {
                     serde_json::json!({
@@ -95,7 +91,7 @@ pub fn metrics_snapshot(shared: &Shared) -> Result<Snapshot, DbError> {
             let leases: Vec<_> = machine
                 .leases
                 .iter()
-                .filter(|l| l.devices.iter().any(|u| u == &d.uuid))
+                .filter(|l| l.devices.iter().any(|u| d.covers(u)))
                 .collect();
             DeviceSample {
                 uuid: d.uuid.clone(),
