@@ -296,27 +296,9 @@ pub fn one_nvml_daemon() -> std::sync::MutexGuard<'static, ()> {
     NVML_DAEMON.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The simulated NVML library beside the `orch` under test (see tests/cli/nvml_sim.rs).
-fn nvml_library(test: &str) -> Option<String> {
-    let so = Path::new(env!("CARGO_BIN_EXE_orch"))
-        .parent()
-        .unwrap()
-        .join("liborch_nvml_sim.so");
-    if so.is_file() {
-        return Some(so.display().to_string());
-    }
-    assert!(
-        std::env::var_os("ORCH_REQUIRE_NVML_SIM").is_none(),
-        "{test}: {} is missing and ORCH_REQUIRE_NVML_SIM is set",
-        so.display()
-    );
-    eprintln!("{test}: skipped ({} is missing)", so.display());
-    None
-}
-
 #[test]
 fn through_nvml_an_xid_event_makes_the_gpu_unhealthy_and_the_record_reaches_orch_run() {
-    let Some(lib) = nvml_library("through_nvml_an_xid_event") else {
+    let Some(lib) = crate::nvml_sim::library("through_nvml_an_xid_event") else {
         return;
     };
     let _one = one_nvml_daemon();
@@ -791,7 +773,7 @@ fn until_logged(d: &Daemon, words: &str, times: usize) {
 
 #[test]
 fn through_nvml_a_lost_gpu_is_a_lost_device_not_a_failed_reading() {
-    let Some(lib) = nvml_library("a_lost_gpu_is_a_lost_device") else {
+    let Some(lib) = crate::nvml_sim::library("a_lost_gpu_is_a_lost_device") else {
         return;
     };
     let (dir, sim) = sim_dir(
@@ -841,7 +823,7 @@ fn through_nvml_a_lost_gpu_is_a_lost_device_not_a_failed_reading() {
 
 #[test]
 fn through_nvml_the_xid_thread_registers_a_new_gpu_and_names_a_lost_one_by_its_uuid() {
-    let Some(lib) = nvml_library("the_xid_thread_registers_a_new_gpu") else {
+    let Some(lib) = crate::nvml_sim::library("the_xid_thread_registers_a_new_gpu") else {
         return;
     };
     let _one = one_nvml_daemon();

@@ -307,6 +307,17 @@ fn machine() -> Result<Arc<Machine>, Ret> {
 }
 
 /// The machine and what `device` names, checked against the current reading.
+/// One id of the MIG device `device` as `read` takes it from its slice: `NVML_ERROR_NOT_SUPPORTED`
+/// when the file gives none, `NVML_ERROR_INVALID_ARGUMENT` for a GPU handle.
+fn slice_id(
+    device: sys::nvmlDevice_t,
+    read: impl Fn(&orch_devices::MigDevice) -> Option<u32>,
+) -> Result<u32, Ret> {
+    let (machine, target) = resolve(device)?;
+    let mig = target.mig.ok_or(INVALID_ARGUMENT)?;
+    read(&machine.devices[target.gpu].mig_devices[mig]).ok_or(NOT_SUPPORTED)
+}
+
 fn resolve(device: sys::nvmlDevice_t) -> Result<(Arc<Machine>, Target), Ret> {
     let mut library = library();
     let library = library.as_mut().ok_or(UNINITIALIZED)?;
@@ -993,10 +1004,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
 ) -> Ret {
     guard(|| unsafe {
         non_null(id)?;
-        let (machine, target) = resolve(device)?;
-        let mig = target.mig.ok_or(INVALID_ARGUMENT)?;
-        let slice = &machine.devices[target.gpu].mig_devices[mig];
-        put(id, slice.gpu_instance_id.ok_or(NOT_SUPPORTED)?)
+        put(id, slice_id(device, |slice| slice.gpu_instance_id)?)
     })
 }
 
@@ -1009,10 +1017,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
 ) -> Ret {
     guard(|| unsafe {
         non_null(id)?;
-        let (machine, target) = resolve(device)?;
-        let mig = target.mig.ok_or(INVALID_ARGUMENT)?;
-        let slice = &machine.devices[target.gpu].mig_devices[mig];
-        put(id, slice.compute_instance_id.ok_or(NOT_SUPPORTED)?)
+        put(id, slice_id(device, |slice| slice.compute_instance_id)?)
     })
 }
 

@@ -82,6 +82,28 @@ pub mod predicting {
     });
 }
 
+/// The bindings of a trainer world of an older contract (`path`, `world`): its imports are the
+/// current interfaces', linked under the older version's names.
+macro_rules! older_trainer {
+    ($path:literal, $world:literal) => {
+        wasmtime::component::bindgen!({
+            path: $path,
+            world: $world,
+            imports: { default: trappable },
+            with: {
+                "orch:plugin/types": crate::types,
+                "orch:plugin/tensors": crate::trainer::orch::plugin::tensors,
+                "orch:plugin/autograd": crate::trainer::orch::plugin::autograd,
+                "orch:plugin/params": crate::trainer::orch::plugin::params,
+                "orch:plugin/optim": crate::trainer::orch::plugin::optim,
+                "orch:plugin/data": crate::trainer::orch::plugin::data,
+                "orch:plugin/devices": crate::trainer::orch::plugin::devices,
+                "orch:plugin/metrics": crate::trainer::orch::plugin::metrics,
+            },
+        });
+    };
+}
+
 /// The worlds of `orch:plugin@0.4.0`. 0.5.0 changed one type, `topology` (its `slices`, which
 /// MIG slices the candidates are), and nothing else: the queue and trainer worlds are bound
 /// over the 0.5.0 types and interfaces (the same ones, as far as they use them), while the
@@ -107,40 +129,12 @@ pub mod v0_4 {
 
     /// `training`: the imports are the 0.5.0 interfaces'; link them under the 0.4.0 names.
     pub mod trainer {
-        wasmtime::component::bindgen!({
-            path: "compat/0.4.0",
-            world: "trainer",
-            imports: { default: trappable },
-            with: {
-                "orch:plugin/types": crate::types,
-                "orch:plugin/tensors": crate::trainer::orch::plugin::tensors,
-                "orch:plugin/autograd": crate::trainer::orch::plugin::autograd,
-                "orch:plugin/params": crate::trainer::orch::plugin::params,
-                "orch:plugin/optim": crate::trainer::orch::plugin::optim,
-                "orch:plugin/data": crate::trainer::orch::plugin::data,
-                "orch:plugin/devices": crate::trainer::orch::plugin::devices,
-                "orch:plugin/metrics": crate::trainer::orch::plugin::metrics,
-            },
-        });
+        older_trainer!("compat/0.4.0", "trainer");
     }
 
     /// `predicting-trainer` of 0.4.0: only the `inference` export is bound here.
     pub mod predicting {
-        wasmtime::component::bindgen!({
-            path: "compat/0.4.0",
-            world: "predicting-trainer",
-            imports: { default: trappable },
-            with: {
-                "orch:plugin/types": crate::types,
-                "orch:plugin/tensors": crate::trainer::orch::plugin::tensors,
-                "orch:plugin/autograd": crate::trainer::orch::plugin::autograd,
-                "orch:plugin/params": crate::trainer::orch::plugin::params,
-                "orch:plugin/optim": crate::trainer::orch::plugin::optim,
-                "orch:plugin/data": crate::trainer::orch::plugin::data,
-                "orch:plugin/devices": crate::trainer::orch::plugin::devices,
-                "orch:plugin/metrics": crate::trainer::orch::plugin::metrics,
-            },
-        });
+        older_trainer!("compat/0.4.0", "predicting-trainer");
     }
 }
 
@@ -167,40 +161,12 @@ pub mod v0_3 {
 
     /// `training`: the imports are the 0.4.0 interfaces'; link them under the 0.3.0 names.
     pub mod trainer {
-        wasmtime::component::bindgen!({
-            path: "compat/0.3.0",
-            world: "trainer",
-            imports: { default: trappable },
-            with: {
-                "orch:plugin/types": crate::types,
-                "orch:plugin/tensors": crate::trainer::orch::plugin::tensors,
-                "orch:plugin/autograd": crate::trainer::orch::plugin::autograd,
-                "orch:plugin/params": crate::trainer::orch::plugin::params,
-                "orch:plugin/optim": crate::trainer::orch::plugin::optim,
-                "orch:plugin/data": crate::trainer::orch::plugin::data,
-                "orch:plugin/devices": crate::trainer::orch::plugin::devices,
-                "orch:plugin/metrics": crate::trainer::orch::plugin::metrics,
-            },
-        });
+        older_trainer!("compat/0.3.0", "trainer");
     }
 
     /// `predicting-trainer` of 0.3.0: only the `inference` export is bound here.
     pub mod predicting {
-        wasmtime::component::bindgen!({
-            path: "compat/0.3.0",
-            world: "predicting-trainer",
-            imports: { default: trappable },
-            with: {
-                "orch:plugin/types": crate::types,
-                "orch:plugin/tensors": crate::trainer::orch::plugin::tensors,
-                "orch:plugin/autograd": crate::trainer::orch::plugin::autograd,
-                "orch:plugin/params": crate::trainer::orch::plugin::params,
-                "orch:plugin/optim": crate::trainer::orch::plugin::optim,
-                "orch:plugin/data": crate::trainer::orch::plugin::data,
-                "orch:plugin/devices": crate::trainer::orch::plugin::devices,
-                "orch:plugin/metrics": crate::trainer::orch::plugin::metrics,
-            },
-        });
+        older_trainer!("compat/0.3.0", "predicting-trainer");
     }
 }
 
@@ -226,21 +192,7 @@ pub mod v0_2 {
 
     /// `training`: the imports are the 0.3.0 interfaces'; link them under the 0.2.0 names.
     pub mod trainer {
-        wasmtime::component::bindgen!({
-            path: "compat/0.2.0",
-            world: "trainer",
-            imports: { default: trappable },
-            with: {
-                "orch:plugin/types": crate::types,
-                "orch:plugin/tensors": crate::trainer::orch::plugin::tensors,
-                "orch:plugin/autograd": crate::trainer::orch::plugin::autograd,
-                "orch:plugin/params": crate::trainer::orch::plugin::params,
-                "orch:plugin/optim": crate::trainer::orch::plugin::optim,
-                "orch:plugin/data": crate::trainer::orch::plugin::data,
-                "orch:plugin/devices": crate::trainer::orch::plugin::devices,
-                "orch:plugin/metrics": crate::trainer::orch::plugin::metrics,
-            },
-        });
+        older_trainer!("compat/0.2.0", "trainer");
     }
 }
 
@@ -268,21 +220,7 @@ pub mod v0_1 {
     /// `init`, `train-step`, `eval-step`. The imports are the 0.2.0 interfaces'; link them
     /// under [`TRAINER_IMPORTS`] with each interface's `add_to_linker_instance`.
     pub mod trainer {
-        wasmtime::component::bindgen!({
-            path: "compat/0.1.0",
-            world: "trainer",
-            imports: { default: trappable },
-            with: {
-                "orch:plugin/types": crate::types,
-                "orch:plugin/tensors": crate::trainer::orch::plugin::tensors,
-                "orch:plugin/autograd": crate::trainer::orch::plugin::autograd,
-                "orch:plugin/params": crate::trainer::orch::plugin::params,
-                "orch:plugin/optim": crate::trainer::orch::plugin::optim,
-                "orch:plugin/data": crate::trainer::orch::plugin::data,
-                "orch:plugin/devices": crate::trainer::orch::plugin::devices,
-                "orch:plugin/metrics": crate::trainer::orch::plugin::metrics,
-            },
-        });
+        older_trainer!("compat/0.1.0", "trainer");
     }
 }
 

@@ -173,8 +173,6 @@ pub struct ExecParts<'a> {
     /// The submitting client's environment.
     pub client_env: &'a [(String, String)],
     pub cwd: &'a str,
-    /// Variables the daemon adds to the environment it starts the job with.
-    pub extra: &'a [(&'a str, &'a str)],
 }
 
 /// At most 60 characters of `text`, escaped, for a sentence.
@@ -226,8 +224,7 @@ pub fn exec_parts(parts: &ExecParts<'_>) -> Result<(), Refusal> {
                 .client_env
                 .iter()
                 .map(|(k, v)| ("the submitting environment's", k.as_str(), v.as_str())),
-        )
-        .chain(parts.extra.iter().map(|(k, v)| ("the job's", *k, *v)));
+        );
     for (whose, name, value) in variables {
         if name.contains('\0') || value.contains('\0') {
             return invalid(format!(
@@ -350,7 +347,6 @@ mod tests {
             job_env: env,
             client_env: client,
             cwd,
-            extra: &[],
         }
     }
 

@@ -345,7 +345,6 @@ fn exec_parts(request: &Request, spec: &orch_core::JobSpec) -> Result<(), Refusa
         job_env,
         client_env: &request.env,
         cwd: &request.cwd,
-        extra: &[],
     })
 }
 
