@@ -214,7 +214,9 @@ fn per_device_launch_and_failure_propagation() {
 fn kill_9_of_orch_keeps_the_lease_while_a_grandchild_lives_then_frees_it() {
     let state = scratch("kill9");
     let pidfile = state.join("job.pid");
-    let script = format!("echo $$ > {}; sleep 60", pidfile.display());
+    // The pid is written once the grandchild runs: killing the shell before it forked `sleep`
+    // would leave no process of the job, and the lease would rightly go.
+    let script = format!("sleep 60 & echo $$ > {}; wait", pidfile.display());
     let mut child = spawn_orch(
         &state,
         &[
