@@ -19,3 +19,33 @@ pub fn query_row<T>(
 ) -> rusqlite::Result<T> {
     conn.prepare_cached(sql)?.query_row(params, f)
 }
+
+/// Puts the database in write-ahead-log mode, waiting up to `patience` for other processes.
+///
+/// Switching a new database to WAL takes its exclusive lock, and SQLite answers "database is
+/// locked" at once, without the busy handler, when two connections would otherwise wait on each
+/// other: several processes opening a new store together (fifty `orch run`s, the ranks of one
+/// Slurm job) each ask for the switch and all but one can be refused. The mode is the file's, so
+/// one success is enough; the others retry until they see it.
+pub fn use_wal(conn: &Connection, patience: std::time::Duration) -> rusqlite::Result<()> {
+    let deadline = std::time::Instant::now() + patience;
+    let mut pause = std::time::Duration::from_millis(1);
+    loop {
+        match conn.pragma_update(None, "journal_mode", "WAL") {
+            Ok(()) => return Ok(()),
+            Err(e) if is_busy(&e) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_millis(50));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Whether `e` is SQLite's "busy" or "locked": another connection holds what this one needs.
+pub fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}

@@ -259,8 +259,7 @@ impl LeaseStore {
             Connection::open(dir.join("leases.sqlite3")).map_err(|e| open_err(e.to_string()))?;
         conn.busy_timeout(BUSY_TIMEOUT)
             .map_err(|e| open_err(e.to_string()))?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(|e| open_err(e.to_string()))?;
+        crate::sql::use_wal(&conn, BUSY_TIMEOUT).map_err(|e| open_err(e.to_string()))?;
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(|e| open_err(e.to_string()))?;
         // Closing leaves the write-ahead log as it is instead of checkpointing it: that costs two

@@ -257,3 +257,64 @@ fn a_shared_fallback_folder_is_used_only_when_it_is_privately_ours() {
         "a link is never trusted"
     );
 }
+
+/// The child's part of `processes_opening_a_new_store_together_all_get_it`: wait for the agreed
+/// instant, open the store named in the environment, exit 0 or print why and exit 1.
+#[test]
+fn open_in_a_child_process() {
+    let (Ok(dir), Ok(at)) = (
+        std::env::var("ORCH_TEST_OPEN_DIR"),
+        std::env::var("ORCH_TEST_OPEN_AT_MS"),
+    ) else {
+        return; // Run as an ordinary test: nothing to do.
+    };
+    let at: u64 = at.parse().unwrap();
+    while now_ms() < at {
+        std::hint::spin_loop();
+    }
+    match LeaseStore::open(Path::new(&dir)) {
+        Ok(_) => std::process::exit(0),
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(1)
+        }
+    }
+}
+
+#[test]
+fn processes_opening_a_new_store_together_all_get_it() {
+    // Each round starts many processes that open one new store at the same instant (as the
+    // ranks of a Slurm job or a burst of `orch run`s do); every one must get it. Switching a new
+    // file to WAL used to answer "database is locked" to some of them at once.
+    let exe = std::env::current_exe().unwrap();
+    for round in 0..6 {
+        let dir = temp_dir(&format!("together-{round}"));
+        let at = now_ms() + 400;
+        let children: Vec<_> = (0..24)
+            .map(|_| {
+                std::process::Command::new(&exe)
+                    .args([
+                        "--exact",
+                        "store::tests::open_in_a_child_process",
+                        "--nocapture",
+                        "--test-threads=1",
+                    ])
+                    .env("ORCH_TEST_OPEN_DIR", &dir)
+                    .env("ORCH_TEST_OPEN_AT_MS", at.to_string())
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for child in children {
+            let out = child.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "round {round}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

@@ -317,10 +317,9 @@ impl Db {
         let path = dir.join("jobs.sqlite3");
         let open = |_: ()| -> Result<Connection, DbError> {
             let conn = Connection::open(&path).map_err(db("opening"))?;
-            conn.busy_timeout(std::time::Duration::from_secs(30))
-                .map_err(db("opening"))?;
-            conn.pragma_update(None, "journal_mode", "WAL")
-                .map_err(db("opening"))?;
+            let patience = std::time::Duration::from_secs(30);
+            conn.busy_timeout(patience).map_err(db("opening"))?;
+            orch_leases::sql::use_wal(&conn, patience).map_err(db("opening"))?;
             conn.pragma_update(None, "synchronous", "FULL")
                 .map_err(db("opening"))?;
             // Room for every statement the writer and the readers repeat (see `exec`).
