@@ -77,8 +77,8 @@ fn a_two_gpu_job_is_recorded_with_its_gpu_time_exit_code_and_its_devices_reading
     assert_eq!(a["devices"].as_array().unwrap().len(), 2, "{status}");
     let gpu_s = f64_of(&a["gpu_seconds"]);
     let wall = f64_of(&a["wall_s"]);
-    assert!((2.9..4.6).contains(&gpu_s), "{gpu_s} GPU-seconds: {status}");
-    assert!((1.45..2.3).contains(&wall), "{wall} s: {status}");
+    assert!((2.9..7.0).contains(&gpu_s), "{gpu_s} GPU-seconds: {status}");
+    assert!((1.45..3.5).contains(&wall), "{wall} s: {status}");
     assert!(f64_of(&a["queue_wait_s"]) >= 0.0);
     assert!(a["cpu_seconds"].is_number(), "{status}");
     assert!(a["peak_rss_bytes"].as_u64().unwrap() > 0, "{status}");
@@ -147,7 +147,7 @@ fn a_two_gpu_job_is_recorded_with_its_gpu_time_exit_code_and_its_devices_reading
 
 #[test]
 fn retention_removes_an_old_jobs_row_and_folder_and_keeps_its_tenants_totals() {
-    let (d, _) = daemon("acct-retention", "retention = \"2s\"");
+    let (d, _) = daemon("acct-retention", "retention = \"4s\"");
     let id = d.submit(&["--gpus", "1", "--", "sleep", "1"]);
     d.wait_state(&id, "succeeded");
     let folder = d.state.join("jobs").join(format!("{id}-1"));
@@ -165,7 +165,7 @@ fn retention_removes_an_old_jobs_row_and_folder_and_keeps_its_tenants_totals() {
         (Some("lab"), Some(1))
     );
     let hours = f64_of(&lab["gpu_hours"]);
-    assert!(hours > 0.9 / 3600.0 && hours < 3.0 / 3600.0, "{sums}");
+    assert!(hours > 0.9 / 3600.0 && hours < 4.0 / 3600.0, "{sums}");
     let table = stdout(&d.client(&["history", "--by", "tenant"]));
     assert!(
         table.starts_with("TENANT") && table.contains("lab"),
@@ -329,11 +329,11 @@ fn a_user_sees_the_history_of_their_own_tenant_and_the_admin_everyones() {
 #[test]
 fn a_job_that_ends_while_the_daemon_is_down_still_gets_its_record() {
     let (mut d, _) = daemon("acct-restart", "");
-    let id = d.submit(&["--gpus", "1", "--", "sh", "-c", "sleep 1; exit 4"]);
+    let id = d.submit(&["--gpus", "1", "--", "sh", "-c", "sleep 2; exit 4"]);
     d.wait_state(&id, "running");
     d.kill9();
     // It ends while no daemon watches; its supervisor records how, and what it used.
-    std::thread::sleep(Duration::from_millis(2000));
+    std::thread::sleep(Duration::from_millis(4000));
     d.restart();
     let status = d.wait_state(&id, "failed");
     let a = &status["accounting"];
@@ -343,7 +343,8 @@ fn a_job_that_ends_while_the_daemon_is_down_still_gets_its_record() {
         "its supervisor's count: {status}"
     );
     let gpu_s = f64_of(&a["gpu_seconds"]);
-    assert!((0.9..2.0).contains(&gpu_s), "{gpu_s}: {status}");
+    // Its own two seconds and its start, not the daemon's four seconds away.
+    assert!((1.9..3.8).contains(&gpu_s), "{gpu_s}: {status}");
     // No daemon looked at its devices meanwhile: those readings are unknown, not zero.
     assert!(a["mean_gpu_utilization"].is_null(), "{status}");
     assert_eq!(

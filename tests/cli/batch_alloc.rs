@@ -172,7 +172,7 @@ fn an_alloc_holds_its_lease_while_its_command_runs_shows_as_an_allocation_and_ex
         (&"succeeded".into(), &"released by its process".into()),
         "{s}"
     );
-    assert_eq!(stdout(&d.client(&["leases", "--json"])).trim(), "[]");
+    d.wait_no_leases();
     let (_, metrics) = crate::held_leases::http_text(&d, "GET", "/metrics", "");
     assert!(
         metrics.contains(&format!("orch_alloc_jobs{{tenant=\"{tenant}\"}} 0")),
@@ -212,7 +212,7 @@ fn an_alloc_whose_gpus_stay_idle_is_released_with_a_line_on_its_terminal() {
         ),
         "{s}"
     );
-    assert_eq!(stdout(&d.client(&["leases", "--json"])).trim(), "[]");
+    d.wait_no_leases();
 }
 
 #[test]
@@ -236,7 +236,7 @@ fn the_daemon_ends_an_alloc_at_its_time_limit() {
         (&"failed".into(), &"released at its time limit (2s)".into()),
         "{s}"
     );
-    assert_eq!(stdout(&d.client(&["leases", "--json"])).trim(), "[]");
+    d.wait_no_leases();
 }
 
 #[test]
@@ -334,7 +334,7 @@ fn a_cancelled_alloc_ends_its_command_and_says_so() {
     let err = stderr(&out);
     assert!(err.contains(&format!("orch: job {id} cancelled")), "{err}");
     d.wait_state(&id, "cancelled");
-    assert_eq!(stdout(&d.client(&["leases", "--json"])).trim(), "[]");
+    d.wait_no_leases();
 }
 
 #[test]

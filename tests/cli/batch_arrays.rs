@@ -219,7 +219,7 @@ fn orch_jobs_folds_an_array_and_cancel_of_the_array_cancels_what_is_left() {
             assert!(t["started_at_ms"].is_null(), "{t}");
         }
     }
-    assert_eq!(stdout(&d.client(&["leases", "--json"])).trim(), "[]");
+    d.wait_no_leases();
     // Waiting for the array: every task ended, not all succeeded.
     let out = d.client(&["wait", &id]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));

@@ -375,7 +375,7 @@ fn a_preempted_trainer_saves_on_its_signal_and_resumes_to_the_same_parameters() 
     until(Duration::from_secs(60), "a step done", || {
         read(&metrics).lines().count() >= 1
     });
-    let small = d.submit(&["--tenant", "a", "--", "sleep", "0.5"]);
+    let small = d.submit(&["--tenant", "a", "--", "sleep", "3"]);
     d.wait_state(&small, "running");
     let s = d.status(&job);
     assert_eq!(s["state"], "queued", "{s}");

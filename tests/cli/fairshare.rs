@@ -227,7 +227,7 @@ fn a_preemptible_trainer_is_stopped_for_a_tenant_under_its_share_and_resumes() {
         assert!(Instant::now() < deadline, "no checkpoint: {}", d.log());
         std::thread::sleep(Duration::from_millis(20));
     }
-    let small = d.submit(&["--tenant", "a", "--", "sleep", "1"]);
+    let small = d.submit(&["--tenant", "a", "--", "sleep", "3"]);
     d.wait_state(&small, "running");
     let s = d.status(&job);
     assert_eq!(s["state"], "queued", "{s}");

@@ -172,8 +172,14 @@ fn a_full_state_folder_delays_records_and_loses_nothing() {
     d.restart();
     let outside = std::env::temp_dir().join(format!("orch-full-{}", std::process::id()));
     std::fs::create_dir_all(&outside).unwrap();
-    // It writes nothing while the disk is full (a write of its own would fail, as it should).
-    let running = d.submit(&["--gpus", "8", "--", "sh", "-c", "echo started; sleep 2"]);
+    // It writes nothing while the disk is full (a write of its own would fail, as it should),
+    // and it ends once the folder is full (when `go`, outside the folder, appears).
+    let go = outside.join("go");
+    let script = format!(
+        "echo started; while [ ! -e {} ]; do sleep 0.05; done",
+        go.display()
+    );
+    let running = d.submit(&["--gpus", "8", "--", "sh", "-c", &script]);
     d.wait_state(&running, "running");
     let out = d
         .state
@@ -192,6 +198,7 @@ fn a_full_state_folder_delays_records_and_loses_nothing() {
     let queued = d.submit(&["--gpus", "8", "--", "true"]);
     let filler = fill(&d.state);
     let filled = Instant::now();
+    std::fs::write(&go, "").unwrap();
     // While it is full: the running job finishes but cannot be recorded; it stays running and
     // its devices stay held; a submission is refused with the sentence, or taken in full.
     std::thread::sleep(Duration::from_secs(3));

@@ -144,7 +144,7 @@ fn a_daemon_train_job_is_its_supervisor_alone_placed_once_and_cancelled_at_a_ste
         )),
         "{err}"
     );
-    assert_eq!(stdout(&d.client(&["leases", "--json"])).trim(), "[]");
+    d.wait_no_leases();
 
     let decided = decisions(&d);
     assert_eq!(

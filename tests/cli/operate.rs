@@ -537,7 +537,7 @@ fn idle_reclaim_warns_then_stops_a_job_whose_gpu_went_idle() {
         log.contains("orch: its GPUs have stayed under 10% utilization for 2s"),
         "{log}"
     );
-    assert_eq!(stdout(&d.client(&["leases", "--json"])).trim(), "[]");
+    d.wait_no_leases();
     let status = stdout(&d.client(&["status", &id]));
     assert!(
         status.contains("idle      its GPUs have stayed"),

@@ -86,13 +86,20 @@ fn exit_status_and_signals_pass_through() {
 
     // SIGTERM to orch reaches the job, which reports it and exits 3.
     let marker = state.join("got-term");
+    let ready = state.join("trap-set");
     let script = format!(
-        "trap 'touch {}; exit 3' TERM; sleep 30 & wait",
-        marker.display()
+        "trap 'touch {}; exit 3' TERM; touch {}; sleep 30 & wait",
+        marker.display(),
+        ready.display()
     );
     let mut child = spawn_orch(&state, &["run", "--gpus", "1", "--", "sh", "-c", &script]);
     wait_for_lease(&state, 1);
-    std::thread::sleep(Duration::from_millis(200));
+    // The signal is sent once the job's trap is set (the lease comes before the job starts).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ready.exists() {
+        assert!(Instant::now() < deadline, "the job never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     unsafe { libc_kill(child.id() as i32, 15) };
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(3), "orch exits with the job's status");

@@ -170,6 +170,20 @@ impl Daemon {
         serde_json::from_slice(&out.stdout).unwrap()
     }
 
+    /// Waits until the daemon lists no lease: a job's lease is released just after its end is
+    /// recorded, so a client may see the end a moment before the lease goes.
+    pub fn wait_no_leases(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let listed = stdout(&self.client(&["leases", "--json"]));
+            if listed.trim() == "[]" {
+                return;
+            }
+            assert!(Instant::now() < deadline, "leases never ended: {listed}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn wait_state(&self, id: &str, want: &str) -> serde_json::Value {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -915,7 +929,7 @@ fn a_train_job_runs_through_the_daemon_on_its_leased_devices() {
     let s = d.status(&id);
     assert_eq!(s["devices"].as_array().unwrap().len(), 2, "{s}");
     assert!(work.join("runs/digits/metrics.jsonl").is_file());
-    assert_eq!(stdout(&d.client(&["leases", "--json"])).trim(), "[]");
+    d.wait_no_leases();
 }
 
 #[test]
@@ -978,7 +992,7 @@ fn finished_jobs_and_their_logs_go_after_the_retention() {
     let config = d.state.join("serve.toml");
     std::fs::write(
         &config,
-        format!("retention = \"2s\"\n[[tenant]]\nname = \"lab\"\nusers = [\"{me}\"]\n"),
+        format!("retention = \"4s\"\n[[tenant]]\nname = \"lab\"\nusers = [\"{me}\"]\n"),
     )
     .unwrap();
     d.config = Some(config);
@@ -1019,8 +1033,15 @@ fn a_tenants_max_gpus_and_max_queued_hold() {
     d.wait_state(&big, "running");
     let one = d.submit(&["--", "true"]);
     let two = d.submit(&["--", "true"]);
-    std::thread::sleep(Duration::from_millis(300));
-    let s = d.status(&one);
+    // The scheduler says why it holds the job back once it has looked at it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let s = loop {
+        let s = d.status(&one);
+        if !s["reason"].is_null() || Instant::now() > deadline {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert_eq!(
         s["state"], "queued",
         "six devices are free, but the tenant holds its two"

@@ -287,7 +287,7 @@ fn a_restored_backup_never_reuses_a_job_id() {
         d.wait_state(&id, "succeeded");
     }
     // At the backup, one job runs on every device and another waits for one.
-    let holding = d.submit(&["--gpus", "8", "--", "sleep", "2"]);
+    let holding = d.submit(&["--gpus", "8", "--", "sleep", "4"]);
     d.wait_state(&holding, "running");
     let waiting = d.submit(&["--gpus", "1", "--", "echo", "ran once"]);
     assert_eq!(d.status(&waiting)["state"], "queued");

@@ -106,7 +106,7 @@ fn a_chatty_job_keeps_its_newest_output_and_leaves_the_state_folder_to_the_other
         "{:?}",
         started.elapsed()
     );
-    assert_eq!(stdout(&d.client(&["leases", "--json"])).trim(), "[]");
+    d.wait_no_leases();
     let logs = as_user(alice, &socket, &public, &["logs", &chatty]);
     assert!(logs.status.success(), "{}", stderr(&logs));
     let text = stdout(&logs);

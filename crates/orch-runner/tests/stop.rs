@@ -76,7 +76,9 @@ fn a_run_that_ends_in_time_is_not_overdue() {
     let seen = Arc::clone(&called);
     let stopper = TrainStopper::new(
         Arc::new(AtomicBool::new(false)),
-        Duration::from_millis(50),
+        // A grace long enough that a busy machine cannot run it out between `stop` and
+        // `finished` below: the point is that `finished` disarms it.
+        Duration::from_secs(1),
         Some(Arc::new(move |_: &StopCause| {
             seen.store(true, Ordering::SeqCst)
         })),
@@ -89,6 +91,6 @@ fn a_run_that_ends_in_time_is_not_overdue() {
             signal: libc::SIGTERM
         })
     );
-    std::thread::sleep(Duration::from_millis(150));
+    std::thread::sleep(Duration::from_millis(1300));
     assert!(!called.load(Ordering::SeqCst));
 }

@@ -1,0 +1,92 @@
+//! The machine daemon's claim on the real GPUs, as every other orch on the machine sees it.
+//!
+//! This test writes the machine-wide owner record (`/run/orch/owner.json`) as a live machine
+//! daemon leaves it, and while it is there every claim of real GPUs on the machine is refused:
+//! it runs in a test binary of its own, so that no other test's NVML daemon or claim runs
+//! beside it.
+
+use std::process::{Command, Output};
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn root_or_skip(test: &str) -> bool {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    assert!(
+        std::env::var_os("ORCH_REQUIRE_ROOT").is_none(),
+        "{test} needs root and ORCH_REQUIRE_ROOT is set"
+    );
+    eprintln!("{test}: skipped (needs root to write /run/orch)");
+    false
+}
+
+#[test]
+fn a_users_own_daemon_and_local_claims_are_refused_beside_a_machine_daemon_that_owns_gpus() {
+    if !root_or_skip("a_users_own_daemon_does_not_start_beside_a_machine_daemon") {
+        return;
+    }
+    // The machine daemon's record, as a live one leaves it: this test's process stands in.
+    let owner = std::path::Path::new(orch_leases::OWNER_FILE);
+    std::fs::create_dir_all(owner.parent().unwrap()).unwrap();
+    let lock = std::fs::File::create(owner.with_file_name("test.lock")).unwrap();
+    // SAFETY: flock on a file this test owns.
+    assert_eq!(
+        unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) },
+        0
+    );
+    if orch_leases::Owner::read().is_some() {
+        eprintln!("a machine daemon of this machine runs: skipped");
+        return;
+    }
+    orch_leases::Owner {
+        holder: orch_leases::Holder::current(),
+        inventory: "auto".into(),
+        real: true,
+        socket: orch_leases::MACHINE_SOCKET.into(),
+    }
+    .write(owner)
+    .unwrap();
+    let state = std::env::temp_dir().join(format!("orch-own-serve-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_orch"))
+        .args(["--devices", "nvml", "serve"])
+        .env("ORCH_STATE_DIR", &state)
+        .output()
+        .unwrap();
+    // A local claim of the real GPUs (here: an orch of its own, by ORCH_STATE_DIR) is refused
+    // with a sentence naming the daemon, before NVML is read; a simulated inventory is nobody's.
+    let run = |devices: &str| {
+        Command::new(env!("CARGO_BIN_EXE_orch"))
+            .args(["--devices", devices, "run", "--gpus", "1", "--", "true"])
+            .env("ORCH_STATE_DIR", &state)
+            .env_remove("ORCH_SERVER")
+            .env_remove("ORCH_JOB_ID")
+            .output()
+            .unwrap()
+    };
+    let claimed = run("nvml");
+    std::fs::create_dir_all(&state).unwrap();
+    let sim = state.join("one.toml");
+    std::fs::write(&sim, "[[gpu]]\nname = \"Sim\"\nmemory_total = \"16GiB\"\n").unwrap();
+    let simulated = run(&format!("sim:{}", sim.display()));
+    // A simulated inventory is nobody's: that daemon would start (not tried: it would serve).
+    let _ = std::fs::remove_file(owner);
+    let _ = std::fs::remove_dir_all(&state);
+    assert_eq!(claimed.status.code(), Some(1), "{}", stderr(&claimed));
+    assert!(
+        stderr(&claimed)
+            .contains("this machine's GPUs belong to the orch daemon at /run/orch/orch.sock (pid "),
+        "{}",
+        stderr(&claimed)
+    );
+    assert!(simulated.status.success(), "{}", stderr(&simulated));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("belong to the orch daemon at /run/orch/orch.sock"),
+        "{err}"
+    );
+}
