@@ -168,6 +168,21 @@ fn an_xid_in_the_sim_file_makes_the_gpu_unhealthy_at_once_its_job_is_told_and_ne
     assert_eq!(problems[0]["kind"], "xid");
     assert_eq!(problems[0]["xid"], 79);
     assert!(problems[0]["since_ms"].as_u64().unwrap() > 0, "{gpu}");
+    // The health object leads with the state, why and since when.
+    let health = &gpu["health"];
+    assert_eq!(health["state"], "unhealthy", "{gpu}");
+    assert_eq!(
+        health["reason"], "Xid 79: the GPU has fallen off the bus",
+        "{gpu}"
+    );
+    assert_eq!(health["since_ms"], problems[0]["since_ms"], "{gpu}");
+    let since = health["since"].as_str().unwrap();
+    assert!(
+        since.len() == 20 && since.ends_with('Z') && since.as_bytes()[10] == b'T',
+        "RFC 3339, UTC to the second: {gpu}"
+    );
+    assert_eq!(devices(&d)[1 - sick]["health"]["state"], "ok");
+    assert!(devices(&d)[1 - sick]["health"]["reason"].is_null());
 
     // The running job is told, and keeps running.
     let told = until_reason(&d, &running, "Xid 79");
@@ -409,6 +424,13 @@ fn a_drain_holds_a_daemon_job_back_until_undrain_and_survives_a_restart() {
         devices(&d)[0]["health"]["drains"][0]["reason"],
         "fan replacement"
     );
+    assert_eq!(
+        (
+            &devices(&d)[0]["health"]["state"],
+            &devices(&d)[0]["health"]["reason"]
+        ),
+        (&"drained".into(), &"fan replacement".into())
+    );
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(d.status(&id)["state"], "queued");
     let out = d.client(&["devices"]);
@@ -508,6 +530,15 @@ fn orch_run_without_a_daemon_avoids_a_drained_gpu_and_fails_when_only_drained_or
         "MIG-2a2a2a2a-0000-4000-8000-000000000000"
     );
     assert_eq!(listed[2]["mig_devices"][0]["state"], "unhealthy");
+    // A slice's health is its state with why: its GPU's problem here.
+    assert_eq!(listed[2]["mig_devices"][0]["health"]["state"], "unhealthy");
+    assert_eq!(
+        listed[2]["mig_devices"][0]["health"]["reason"],
+        "Xid 48: double-bit ECC error"
+    );
+    assert_eq!(listed[0]["health"]["state"], "drained");
+    assert_eq!(listed[0]["health"]["reason"], "maintenance");
+    assert!(listed[0]["health"]["since_ms"].as_u64().unwrap() > 0);
     let out = orch(&["undrain", "0"], &env);
     assert!(out.status.success(), "{}", stderr(&out));
     let out = orch(&["run", "--gpus", "2", "--", "true"], &env);

@@ -515,6 +515,13 @@ fn the_daemon_runs_a_slice_job_and_refuses_one_that_never_fits() {
     assert_eq!(code, 200, "{devices}");
     assert_eq!(devices[0]["held_by"][0]["job_id"], id.as_str(), "{devices}");
     assert_eq!(devices[1]["held_by"], serde_json::json!([]), "{devices}");
+    // Each slice carries its own state and health.
+    let slice = &devices[0]["mig_devices"][0];
+    assert_eq!(
+        (&slice["state"], &slice["health"]["state"]),
+        (&"ok".into(), &"ok".into()),
+        "{devices}"
+    );
     std::fs::write(&go, "").unwrap();
     let status = d.wait_state(&id, "succeeded");
     let a = &status["accounting"];

@@ -7,8 +7,21 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// A moment in milliseconds since the Unix epoch as UTC to the second, RFC 3339:
+/// `2026-12-06T18:42:32Z`.
+pub fn rfc3339(ms: u64) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    humantime::format_rfc3339_seconds(at).to_string()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn rfc3339_is_utc_to_the_second() {
+        assert_eq!(super::rfc3339(1_796_582_552_999), "2026-12-06T18:42:32Z");
+        assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00Z");
+    }
+
     #[test]
     fn is_after_2020_and_does_not_go_back() {
         let a = super::now_ms();

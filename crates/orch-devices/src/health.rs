@@ -225,6 +225,30 @@ impl ServiceState {
     }
 }
 
+/// A device's service in brief: its state, why, and since when. It leads the `health` object of
+/// `orch devices --json` and `/v1/devices` (a GPU's, beside its readings; a slice's alone).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Service {
+    pub state: ServiceState,
+    /// Why it is out of service: the problems in one line, or the drain's reason; `None` in
+    /// service (and for a drain given no reason).
+    pub reason: Option<String>,
+    /// Since when, UTC to the second (RFC 3339); `None` in service or when unknown.
+    pub since: Option<String>,
+    /// The same moment in milliseconds since the Unix epoch.
+    pub since_ms: Option<u64>,
+}
+
+/// The `health` object of a GPU in `orch devices --json` and `/v1/devices`: its [`Service`],
+/// then its readings, problems and drains.
+#[derive(Debug, Clone, Serialize)]
+pub struct HealthView<'a> {
+    #[serde(flatten)]
+    pub service: Service,
+    #[serde(flatten)]
+    pub readings: &'a Health,
+}
+
 impl Device {
     /// The state of device `uuid` (this GPU, or one of its MIG slices): a GPU that is unhealthy
     /// makes its slices unhealthy; a drained GPU drains its slices.
@@ -235,6 +259,45 @@ impl Device {
             ServiceState::Drained
         } else {
             ServiceState::Ok
+        }
+    }
+
+    /// [`Device::service_state`] of device `uuid`, with why and since when.
+    pub fn service(&self, uuid: &str) -> Service {
+        let state = self.service_state(uuid);
+        let (reason, since_ms) = match state {
+            ServiceState::Ok => (None, None),
+            ServiceState::Unhealthy => (
+                Some(self.health.summary()),
+                // The first problem seen; 0 is a reader that could not say when.
+                self.health
+                    .problems
+                    .iter()
+                    .map(|p| p.since_ms)
+                    .filter(|&ms| ms > 0)
+                    .min(),
+            ),
+            ServiceState::Drained => match self.health.drain_of(uuid, &self.uuid) {
+                Some(drain) => (
+                    drain.reason.clone(),
+                    Some(drain.since_ms).filter(|&ms| ms > 0),
+                ),
+                None => (None, None),
+            },
+        };
+        Service {
+            state,
+            reason,
+            since: since_ms.map(orch_core::time::rfc3339),
+            since_ms,
+        }
+    }
+
+    /// The `health` object of this GPU as the JSON listings show it.
+    pub fn health_view(&self) -> HealthView<'_> {
+        HealthView {
+            service: self.service(&self.uuid),
+            readings: &self.health,
         }
     }
 

@@ -23,7 +23,7 @@ pub mod sim;
 pub mod visibility;
 
 pub use error::DeviceError;
-pub use health::{Drain, Health, Problem, ProblemKind, ServiceState};
+pub use health::{Drain, Health, HealthView, Problem, ProblemKind, Service, ServiceState};
 pub use inventory::{Inventory, InventorySpec};
 pub use model::{Backend, Device, GpuProcess, MigDevice, PcieLevel, PeerLink};
 pub use orch_core::process::{MAX_GPU_MINOR, NVIDIA_MAJOR};

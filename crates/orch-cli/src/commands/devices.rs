@@ -38,8 +38,9 @@ struct DeviceRow<'a> {
     links: Vec<LinkRow>,
     /// `ok`, `drained` or `unhealthy`.
     state: &'static str,
-    /// Its readings (Xid errors, ECC, remapped rows, lost), why it is unhealthy, its drains.
-    health: &'a orch_devices::Health,
+    /// Its state, why and since when, then its readings (Xid errors, ECC, remapped rows, lost),
+    /// why it is unhealthy, its drains.
+    health: orch_devices::HealthView<'a>,
     /// MIG mode is on: the GPU is leased only by its slices.
     mig_mode: bool,
     /// Its MIG slices, each naming this GPU as its parent.
@@ -63,6 +64,8 @@ struct SliceRow<'a> {
     parent_uuid: &'a str,
     /// `ok`, `drained` or `unhealthy` (a GPU's health and drains reach its slices).
     state: &'static str,
+    /// Its state, why and since when.
+    health: orch_devices::Service,
 }
 
 /// One pair's link in `--json`: the label `--topo` prints, and what it is made of.
@@ -190,7 +193,7 @@ fn json_row<'a>(
             })
             .collect(),
         state: d.service_state(&d.uuid).as_str(),
-        health: &d.health,
+        health: d.health_view(),
         mig_mode: d.mig_mode,
         mig_devices: d
             .mig_devices
@@ -207,6 +210,7 @@ fn json_row<'a>(
                 parent_index: d.index,
                 parent_uuid: &d.uuid,
                 state: d.service_state(&m.uuid).as_str(),
+                health: d.service(&m.uuid),
             })
             .collect(),
     }

@@ -7,7 +7,6 @@ use crate::failure::{CmdResult, Failure};
 use crate::table;
 use hyper::{Method, StatusCode};
 use orch_serve::{HistoryJob, HistorySummary};
-use std::time::{Duration, UNIX_EPOCH};
 
 pub fn run(args: &HistoryArgs) -> CmdResult {
     let now_ms = orch_core::time::now_ms();
@@ -226,7 +225,7 @@ fn percent_encode(text: &str) -> String {
 }
 
 fn clock(ms: u64) -> String {
-    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+    orch_core::time::rfc3339(ms)
 }
 
 /// Seconds as a table shows them: `42s`, `3m05s`, `2h10m`.

@@ -385,8 +385,7 @@ pub fn usage(args: &UsageArgs) -> CmdResult {
 
 /// A moment as UTC, to the second.
 fn clock(ms: u64) -> String {
-    let at = std::time::UNIX_EPOCH + Duration::from_millis(ms);
-    humantime::format_rfc3339_seconds(at).to_string()
+    orch_core::time::rfc3339(ms)
 }
 
 fn age(ms: u64) -> String {

@@ -62,6 +62,28 @@ pub fn devices(shared: &Shared, caller: &Caller) -> Result<Vec<serde_json::Value
                 device.service_state(&device.uuid).as_str().into(),
             );
             object.insert(
+                "health".into(),
+                serde_json::to_value(device.health_view()).unwrap_or_default(),
+            );
+            // Each slice's state and health (its GPU's health and drains reach it).
+            if let Some(slices) = object
+                .get_mut("mig_devices")
+                .and_then(serde_json::Value::as_array_mut)
+            {
+                for (slice, m) in slices.iter_mut().zip(&device.mig_devices) {
+                    if let Some(slice) = slice.as_object_mut() {
+                        slice.insert(
+                            "state".into(),
+                            device.service_state(&m.uuid).as_str().into(),
+                        );
+                        slice.insert(
+                            "health".into(),
+                            serde_json::to_value(device.service(&m.uuid)).unwrap_or_default(),
+                        );
+                    }
+                }
+            }
+            object.insert(
                 "foreign_processes".into(),
                 serde_json::to_value(foreign).unwrap_or_default(),
             );
