@@ -19,7 +19,8 @@ const SLICES: [&str; 3] = [
 ];
 
 /// GPU 0 in MIG mode (minor 0): three `1g.10gb` slices in GPU instances 7, 8, 9 (compute
-/// instance 0 each), whose capability minors are 10/11, 12/13, 14/15. GPUs 1 and 2 whole.
+/// instance 0 each), whose capability minors are 10/11, 12/13, 14/15; the third has 9 GiB of its
+/// memory in use. GPUs 1 and 2 whole.
 fn mig_box() -> String {
     let mut text = String::from(
         "[[gpu]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory_total = \"80GiB\"\nuuid = \"GPU-00000000-0000-4000-8000-000000000000\"\nminor_number = 0\nmig_mode = true\n",
@@ -31,6 +32,9 @@ fn mig_box() -> String {
             10 + 2 * i,
             11 + 2 * i
         ));
+        if i == 2 {
+            text.push_str("memory_used = \"9GiB\"\n");
+        }
     }
     for g in 1..3 {
         text.push_str(&format!(
@@ -461,6 +465,10 @@ fn nvml_over_the_simulated_library_lists_the_same_slices() {
     );
     assert_eq!(nvml[0]["mig_mode"], true);
     assert_eq!(nvml[1]["mig_mode"], false);
+    // Each slice's own memory in use, as NVML reads it of the instance.
+    assert_eq!(slices[2]["memory_used_bytes"], 9u64 << 30);
+    assert_eq!(slices[2]["memory_free_bytes"], 1u64 << 30);
+    assert_eq!(slices[0]["memory_used_bytes"], 0);
     // The listing, as `nvidia-smi -L` shows slices under their GPU.
     let listed = through_nvml(&["devices"]);
     assert!(listed.status.success(), "{}", stderr(&listed));
@@ -581,10 +589,11 @@ fn policies_see_the_slices_and_a_0_4_0_policy_still_places_them() {
     assert!(out.status.success(), "{}", stderr(&out));
     let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(plan["devices"][0]["uuid"], SLICES[0], "{plan}");
-    // The built-in (contract 0.5.0) was told what the candidates are: slices of GPU 0.
+    // The built-in (contract 0.5.0) was told what the candidates are: slices of GPU 0, with
+    // their own free memory (and no CUDA index: a slice has none of its own).
     let reason = plan["reason"].as_str().unwrap();
     assert!(
-        reason.ends_with("(MIG slices: 1g.10gb of GPU 0)"),
+        reason.ends_with(": MIG 1g.10gb of GPU 0 (10.0 GiB free)"),
         "{reason}"
     );
     // A policy built for 0.4.0 is asked without the slices, and places one all the same.
@@ -605,4 +614,62 @@ fn policies_see_the_slices_and_a_0_4_0_policy_still_places_them() {
     );
     assert!(run.status.success(), "{}", stderr(&run));
     assert_eq!(stdout(&run).trim(), SLICES[0]);
+}
+
+#[test]
+fn a_slices_memory_in_use_counts_where_a_job_asks_for_free_memory() {
+    let lab = lab("memory");
+    let job = |gpus: u32| {
+        let path = lab.dir.join(format!("roomy-{gpus}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                "[job]\nname = \"roomy\"\n[resources]\nmig = \"1g.10gb\"\ngpus = {gpus}\nmin_free_memory = \"5GiB\"\n[command]\nargv = [\"true\"]\nlaunch = \"per-device\"\n"
+            ),
+        )
+        .unwrap();
+        path.display().to_string()
+    };
+    // The third slice has 1 GiB free: a job that needs 5 GiB on each of two gets the other two.
+    let out = lab.orch(&["plan", &job(2), "--json"], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let chosen: Vec<&str> = plan["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["uuid"].as_str().unwrap())
+        .collect();
+    assert_eq!(chosen, [SLICES[0], SLICES[1]], "{plan}");
+    // Three such slices there are not.
+    let out = lab.orch(&["run", &job(3)], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(said.contains("free"), "{said}");
+    // The listing shows each slice's memory in use.
+    let listed: Value =
+        serde_json::from_slice(&lab.orch(&["devices", "--json"], &[]).stdout).unwrap();
+    let slice = &listed[0]["mig_devices"][2];
+    assert_eq!(
+        (&slice["memory_used_bytes"], &slice["memory_free_bytes"]),
+        (&(9u64 << 30).into(), &(1u64 << 30).into()),
+        "{listed}"
+    );
+    // A slice cannot use more than it has: refused where the file says so.
+    let bad = lab.dir.join("bad.toml");
+    std::fs::write(
+        &bad,
+        mig_box().replace("memory_used = \"9GiB\"", "memory_used = \"11GiB\""),
+    )
+    .unwrap();
+    let out = orch(
+        &["--devices", &format!("sim:{}", bad.display()), "devices"],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("memory_used (11.0 GiB) exceeds the slice's memory_total (10.0 GiB)"),
+        "{}",
+        stderr(&out)
+    );
 }

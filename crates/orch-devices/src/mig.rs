@@ -179,6 +179,7 @@ mod tests {
             uuid: "MIG-x".into(),
             name: Some(name.into()),
             memory_total_bytes: None,
+            memory_used_bytes: None,
             gpu_instance_id: None,
             compute_instance_id: None,
             gpu_instance_cap_minor: None,

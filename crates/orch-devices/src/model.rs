@@ -35,6 +35,10 @@ pub struct MigDevice {
     pub uuid: String,
     pub name: Option<String>,
     pub memory_total_bytes: Option<u64>,
+    /// Its memory in use (NVML's memory info of the MIG device; the sim file's `memory_used`,
+    /// 0 when not given); `None` when unknown.
+    #[serde(default)]
+    pub memory_used_bytes: Option<u64>,
     /// The GPU instance it belongs to (NVML's `nvmlDeviceGetGpuInstanceId`, or the sim file's
     /// `gpu_instance_id`).
     #[serde(default)]
@@ -50,6 +54,15 @@ pub struct MigDevice {
     /// (`gpu<M>/gi<G>/ci<C>/access`).
     #[serde(default)]
     pub compute_instance_cap_minor: Option<u32>,
+}
+
+impl MigDevice {
+    /// Its free memory: total less used, when both are known.
+    pub fn memory_free_bytes(&self) -> Option<u64> {
+        self.memory_total_bytes
+            .zip(self.memory_used_bytes)
+            .map(|(total, used)| total.saturating_sub(used))
+    }
 }
 
 /// A device as the host sees it. `index` is the physical index: NVML order, which is PCI bus

@@ -361,10 +361,12 @@ fn read_mig_devices(
                 }
                 _ => (None, None),
             };
+            let memory = mig.memory_info().ok();
             Some(MigDevice {
                 uuid: mig.uuid().ok()?,
                 name: mig.name().ok(),
-                memory_total_bytes: mig.memory_info().ok().map(|m| m.total),
+                memory_total_bytes: memory.as_ref().map(|m| m.total),
+                memory_used_bytes: memory.as_ref().map(|m| m.used),
                 gpu_instance_id,
                 compute_instance_id,
                 gpu_instance_cap_minor: gi_cap,

@@ -92,6 +92,8 @@ struct SimMig {
     uuid: Spanned<String>,
     name: Option<String>,
     memory_total: Option<ByteSize>,
+    /// Memory in use on the slice (default 0: nothing runs there).
+    memory_used: Option<Spanned<ByteSize>>,
     gpu_instance_id: Option<u32>,
     compute_instance_id: Option<u32>,
     /// The minor of `/dev/nvidia-caps/nvidia-cap<N>` of the GPU instance's `access` capability.
@@ -313,10 +315,27 @@ fn to_device(path: &Path, text: &str, position: usize, gpu: SimGpu) -> Result<De
                 ),
             ));
         }
+        let memory_total = mig.memory_total.map(ByteSize::bytes);
+        let memory_used = match (&mig.memory_used, memory_total) {
+            (Some(used), Some(total)) if used.get_ref().bytes() > total => {
+                return Err(at(
+                    used.span(),
+                    format!(
+                        "memory_used ({}) exceeds the slice's memory_total ({})",
+                        used.get_ref(),
+                        ByteSize(total)
+                    ),
+                ));
+            }
+            (Some(used), _) => Some(used.get_ref().bytes()),
+            (None, Some(_)) => Some(0),
+            (None, None) => None,
+        };
         mig_devices.push(MigDevice {
             uuid: mig.uuid.into_inner(),
             name: mig.name,
-            memory_total_bytes: mig.memory_total.map(ByteSize::bytes),
+            memory_total_bytes: memory_total,
+            memory_used_bytes: memory_used,
             gpu_instance_id: mig.gpu_instance_id,
             compute_instance_id: mig.compute_instance_id,
             gpu_instance_cap_minor: mig.gpu_instance_cap_minor.map(Spanned::into_inner),

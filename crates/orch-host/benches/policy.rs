@@ -250,7 +250,7 @@ fn with_slices(host: &mut PolicyHost, id: orch_host::PluginId, failures: &mut Ve
                 }
             };
             assert!(
-                answer.reason.contains("(MIG slices: 1g.10gb of GPU "),
+                answer.reason.contains(": MIG 1g.10gb of GPU "),
                 "{}",
                 answer.reason
             );

@@ -733,11 +733,10 @@ fn memory(device: sys::nvmlDevice_t) -> Result<(u64, u64, u64), Ret> {
             _ => Err(NOT_SUPPORTED),
         },
         Some(mig) => {
-            // The file gives an instance's size, no use of it: nothing runs there.
-            let total = gpu.mig_devices[mig]
-                .memory_total_bytes
-                .ok_or(NOT_SUPPORTED)?;
-            Ok((total, 0, total))
+            let slice = &gpu.mig_devices[mig];
+            let total = slice.memory_total_bytes.ok_or(NOT_SUPPORTED)?;
+            let used = slice.memory_used_bytes.unwrap_or(0).min(total);
+            Ok((total, used, total - used))
         }
     }
 }

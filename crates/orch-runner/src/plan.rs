@@ -351,8 +351,9 @@ fn request(
     }
 }
 
-/// The device as a policy sees it: its telemetry (a MIG instance's own memory size, and none
-/// of its parent's readings), free memory less what shared leases on it reserve.
+/// The device as a policy sees it: its telemetry (a MIG instance's own memory, and none of its
+/// parent's other readings: NVML has no utilization of an instance), free memory less what
+/// shared leases on it reserve.
 fn wit_device(index: u32, device: &Device, mig: Option<&str>, leases: &[DeviceLease]) -> WitDevice {
     let uuid = mig.unwrap_or(&device.uuid);
     let reserved: u64 = leases
@@ -361,27 +362,28 @@ fn wit_device(index: u32, device: &Device, mig: Option<&str>, leases: &[DeviceLe
         .map(|l| l.memory_reserved_bytes)
         .sum();
     let whole = mig.is_none();
-    let mig_total = mig.and_then(|m| {
-        device
-            .mig_devices
-            .iter()
-            .find(|d| d.uuid == m)
-            .and_then(|d| d.memory_total_bytes)
-    });
+    let (memory_total, memory_used, memory_free) = match mig {
+        None => (
+            device.memory_total_bytes,
+            device.memory_used_bytes,
+            device.memory_free_bytes,
+        ),
+        Some(m) => match device.mig_devices.iter().find(|d| d.uuid == m) {
+            Some(slice) => (
+                slice.memory_total_bytes,
+                slice.memory_used_bytes,
+                slice.memory_free_bytes(),
+            ),
+            None => (None, None, None),
+        },
+    };
     WitDevice {
         index,
         physical_index: device.index,
         uuid: uuid.to_string(),
-        memory_total: if whole {
-            device.memory_total_bytes
-        } else {
-            mig_total
-        },
-        memory_used: device.memory_used_bytes.filter(|_| whole),
-        memory_free: device
-            .memory_free_bytes
-            .filter(|_| whole)
-            .map(|free| free.saturating_sub(reserved)),
+        memory_total,
+        memory_used,
+        memory_free: memory_free.map(|free| free.saturating_sub(reserved)),
         utilization_gpu: device.utilization_gpu_percent.filter(|_| whole),
         utilization_memory: device.utilization_memory_percent.filter(|_| whole),
         temperature_c: device.temperature_c,

@@ -40,7 +40,7 @@ mod lists;
 mod text;
 
 pub use lists::{parse_device_list, pick_listed};
-pub use text::{push_label, push_size, push_summary, push_u64, size};
+pub use text::{push_label, push_size, push_slice_summary, push_summary, push_u64, size};
 
 use std::cmp::Ordering;
 
@@ -235,39 +235,25 @@ pub fn choose_ranked(
     {
         let words = orch_topology::explain(&shape, &choice, |p| candidates[p].physical_index);
         let chosen: Vec<&Device> = choice.set.iter().map(|&p| &candidates[p]).collect();
-        return Ok(input.naming_slices(decision_why(Some(&words), rule, &chosen)));
+        return Ok(input.decision_why(Some(&words), rule, &chosen));
     }
     let chosen: Vec<&Device> = fitting[..count].iter().map(|&p| &candidates[p]).collect();
-    Ok(input.naming_slices(decision(rule, &chosen)))
+    Ok(input.decision_why(None, rule, &chosen))
 }
 
 impl Input {
-    /// `decision` with its reason ending in what MIG slices it chose, when it chose any:
-    /// ` (MIG slices: 1g.10gb of GPU 0, 1g.10gb of GPU 0)`.
-    pub fn naming_slices(&self, mut decision: Decision) -> Decision {
+    /// [`decision_why`], naming each chosen MIG slice by its profile and GPU:
+    /// `MIG 1g.10gb of GPU 0 (9.8 GiB free)`.
+    pub fn decision_why(&self, topology: Option<&str>, rule: &str, chosen: &[&Device]) -> Decision {
         if self.topology.slices.is_empty() {
-            return decision;
+            return decision_why(topology, rule, chosen);
         }
-        let mut first = true;
-        for index in &decision.devices {
-            let Some(device) = self.candidates.iter().find(|d| d.index == *index) else {
-                continue;
-            };
-            let Some(slice) = self.slice(device) else {
-                continue;
-            };
-            decision
-                .reason
-                .push_str(if first { " (MIG slices: " } else { ", " });
-            first = false;
-            decision.reason.push_str(&slice.profile);
-            decision.reason.push_str(" of GPU ");
-            push_u64(&mut decision.reason, u64::from(slice.parent_index));
-        }
-        if !first {
-            decision.reason.push(')');
-        }
-        decision
+        reason_for(topology, rule, chosen, |out, d| match self.slice(d) {
+            Some(slice) => {
+                push_slice_summary(out, &slice.profile, slice.parent_index, d.memory_free)
+            }
+            None => push_summary(out, d.physical_index, d.index, d.utilization_gpu, d.memory_free),
+        })
     }
 }
 
@@ -278,6 +264,18 @@ pub fn decision(rule: &str, chosen: &[&Device]) -> Decision {
 
 /// [`decision`], its reason led by `topology` (why this set) when given.
 pub fn decision_why(topology: Option<&str>, rule: &str, chosen: &[&Device]) -> Decision {
+    reason_for(topology, rule, chosen, |out, d| {
+        push_summary(out, d.physical_index, d.index, d.utilization_gpu, d.memory_free)
+    })
+}
+
+/// The decision for `chosen`, its reason `topology; rule: ` and `summary` of each device.
+fn reason_for(
+    topology: Option<&str>,
+    rule: &str,
+    chosen: &[&Device],
+    summary: impl Fn(&mut String, &Device),
+) -> Decision {
     let lead = topology.map_or(0, |t| t.len() + 2);
     let mut reason = String::with_capacity(lead + rule.len() + 40 * chosen.len() + 2);
     if let Some(topology) = topology {
@@ -288,13 +286,7 @@ pub fn decision_why(topology: Option<&str>, rule: &str, chosen: &[&Device]) -> D
     reason.push(':');
     for (i, d) in chosen.iter().enumerate() {
         reason.push_str(if i == 0 { " " } else { ", " });
-        push_summary(
-            &mut reason,
-            d.physical_index,
-            d.index,
-            d.utilization_gpu,
-            d.memory_free,
-        );
+        summary(&mut reason, d);
     }
     Decision {
         devices: chosen.iter().map(|d| d.index).collect(),

@@ -62,6 +62,23 @@ pub fn push_label(out: &mut String, physical: u32, index: u32) {
     }
 }
 
+/// Appends `MIG 1g.10gb of GPU 0 (9.8 GiB free)`: what a reason says of a chosen MIG slice (it
+/// has no CUDA index of its own, and NVML no utilization reading of it).
+pub fn push_slice_summary(out: &mut String, profile: &str, parent: u32, free: Option<u64>) {
+    out.push_str("MIG ");
+    out.push_str(profile);
+    out.push_str(" of GPU ");
+    push_u64(out, u64::from(parent));
+    match free {
+        Some(free) => {
+            out.push_str(" (");
+            push_size(out, free);
+            out.push_str(" free)");
+        }
+        None => out.push_str(" (free unknown)"),
+    }
+}
+
 /// Appends `GPU 1 (0% busy, 79.5 GiB free)`: what a reason says of a chosen device.
 pub fn push_summary(
     out: &mut String,

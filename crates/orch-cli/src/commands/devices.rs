@@ -54,6 +54,8 @@ struct SliceRow<'a> {
     /// The profile (`1g.10gb`), as the inventory names it.
     name: Option<&'a str>,
     memory_total_bytes: Option<u64>,
+    memory_used_bytes: Option<u64>,
+    memory_free_bytes: Option<u64>,
     gpu_instance_id: Option<u32>,
     compute_instance_id: Option<u32>,
     gpu_instance_cap_minor: Option<u32>,
@@ -202,6 +204,8 @@ fn json_row<'a>(
                 uuid: &m.uuid,
                 name: m.name.as_deref(),
                 memory_total_bytes: m.memory_total_bytes,
+                memory_used_bytes: m.memory_used_bytes,
+                memory_free_bytes: m.memory_free_bytes(),
                 gpu_instance_id: m.gpu_instance_id,
                 compute_instance_id: m.compute_instance_id,
                 gpu_instance_cap_minor: m.gpu_instance_cap_minor,
