@@ -242,7 +242,7 @@ fn a_lost_gpu_and_uncorrected_ecc_errors_are_unhealthy_for_the_daemon_and_for_or
     let text = gpus(3, |i| match i {
         0 => "lost = true".into(),
         1 => "ecc_uncorrected = 2".into(),
-        _ => String::new(),
+        _ => "retired_pages_pending = false".into(),
     });
     rewrite(&sim, &text);
     assert!(until_state(&d, 0, "unhealthy") <= Duration::from_secs(1));
@@ -263,6 +263,11 @@ fn a_lost_gpu_and_uncorrected_ecc_errors_are_unhealthy_for_the_daemon_and_for_or
         all[1]
     );
     assert_eq!(all[2]["state"], "ok");
+    assert_eq!(
+        all[2]["health"]["retired_pages_pending"], false,
+        "{}",
+        all[2]
+    );
     let uuid2 = all[2]["uuid"].as_str().unwrap().to_string();
     d.kill9();
 
@@ -299,6 +304,24 @@ fn a_lost_gpu_and_uncorrected_ecc_errors_are_unhealthy_for_the_daemon_and_for_or
         "{said}"
     );
     assert_eq!(said.trim().lines().count(), 1, "one sentence: {said}");
+    // Pages waiting to be retired (a GPU before Ampere) take GPU 2 out of service too.
+    rewrite(
+        &sim,
+        &gpus(3, |i| match i {
+            0 => "lost = true".into(),
+            1 => "ecc_uncorrected = 2".into(),
+            _ => "retired_pages_pending = true".into(),
+        }),
+    );
+    let out = orch(&["run", "--gpus", "1", "--", "true"], &env);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(
+        said.contains(
+            "GPU 2 is unhealthy (memory pages wait to be retired: the GPU needs a reset)"
+        ),
+        "{said}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

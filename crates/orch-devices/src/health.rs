@@ -55,6 +55,9 @@ pub enum ProblemKind {
     Ecc,
     /// A row remapping failed, or one waits for a GPU reset.
     RowRemap,
+    /// Memory pages wait to be retired at the next reset (GPUs before Ampere, which retire
+    /// pages instead of remapping rows).
+    RetiredPages,
     /// The GPU no longer answers (NVML's `GPU_IS_LOST`).
     Lost,
 }
@@ -65,6 +68,7 @@ impl ProblemKind {
             ProblemKind::Xid => "xid",
             ProblemKind::Ecc => "ecc",
             ProblemKind::RowRemap => "row_remap",
+            ProblemKind::RetiredPages => "retired_pages",
             ProblemKind::Lost => "lost",
         }
     }
@@ -121,6 +125,10 @@ pub struct Health {
     /// The row remapper's state; `None` when the GPU has none (before Ampere) or cannot say.
     #[serde(default)]
     pub row_remap: Option<RowRemap>,
+    /// Pages wait to be retired at the next reset (`nvmlDeviceGetRetiredPagesPendingStatus`);
+    /// `None` when the GPU cannot say.
+    #[serde(default)]
+    pub retired_pages_pending: Option<bool>,
     /// The GPU no longer answers.
     #[serde(default)]
     pub lost: bool,
@@ -165,6 +173,14 @@ impl Health {
                 } else {
                     "a row remapping waits for a GPU reset".to_string()
                 },
+                since_ms: now_ms,
+            });
+        }
+        if self.retired_pages_pending == Some(true) {
+            found.push(Problem {
+                kind: ProblemKind::RetiredPages,
+                xid: None,
+                message: "memory pages wait to be retired: the GPU needs a reset".to_string(),
                 since_ms: now_ms,
             });
         }

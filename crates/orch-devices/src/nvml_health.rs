@@ -1,5 +1,5 @@
 //! A GPU's health through NVML: the readings taken with the rest of the inventory (volatile
-//! uncorrected ECC errors, the row remapper, a lost GPU) and the Xid events, which NVML only
+//! uncorrected ECC errors, the row remapper, pages waiting to be retired, a lost GPU) and the Xid events, which NVML only
 //! delivers to an event set that waits for them ([`watch_xids`]).
 //!
 //! Xid events are not a reading: NVML keeps no list of past ones, so whoever wants them must be
@@ -20,6 +20,7 @@ pub(crate) fn read(nvml: &Nvml, device: &nvml_wrapper::Device<'_>, lost: bool) -
     let mut health = Health {
         ecc_uncorrected,
         row_remap: remapped_rows(nvml, device),
+        retired_pages_pending: device.are_pages_pending_retired().ok(),
         lost,
         ..Health::default()
     };

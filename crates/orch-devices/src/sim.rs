@@ -54,6 +54,8 @@ struct SimGpu {
     row_remap_pending: Option<bool>,
     /// A row remapping failed.
     row_remap_failure: Option<bool>,
+    /// Memory pages wait to be retired at the next reset.
+    retired_pages_pending: Option<bool>,
     /// The GPU no longer answers.
     #[serde(default)]
     lost: bool,
@@ -376,6 +378,7 @@ fn to_device(path: &Path, text: &str, position: usize, gpu: SimGpu) -> Result<De
             gpu.ecc_uncorrected,
             gpu.row_remap_pending,
             gpu.row_remap_failure,
+            gpu.retired_pages_pending,
             gpu.lost,
         ),
         mig_mode,
@@ -389,6 +392,7 @@ fn sim_health(
     ecc_uncorrected: Option<u64>,
     pending: Option<bool>,
     failure: Option<bool>,
+    retired_pages_pending: Option<bool>,
     lost: bool,
 ) -> crate::Health {
     let row_remap = (pending.is_some() || failure.is_some()).then(|| crate::health::RowRemap {
@@ -399,6 +403,7 @@ fn sim_health(
         xid_errors,
         ecc_uncorrected,
         row_remap,
+        retired_pages_pending,
         lost,
         ..crate::Health::default()
     };

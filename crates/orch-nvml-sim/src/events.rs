@@ -10,7 +10,8 @@
 //! happens after registration.
 //!
 //! `ecc_uncorrected` is the volatile uncorrected count (`nvmlDeviceGetTotalEccErrors`),
-//! `row_remap_pending` / `row_remap_failure` the remapper (`nvmlDeviceGetRemappedRows`); each
+//! `row_remap_pending` / `row_remap_failure` the remapper (`nvmlDeviceGetRemappedRows`),
+//! `retired_pages_pending` the page retirement (`nvmlDeviceGetRetiredPagesPendingStatus`); each
 //! left out of the file is `NVML_ERROR_NOT_SUPPORTED`. A GPU with `lost = true` answers
 //! `NVML_ERROR_GPU_IS_LOST`, as the driver does for a GPU fallen off the bus, to
 //! `nvmlDeviceGetHandleByIndex`, its uuid and name, its telemetry (memory, utilization,
@@ -229,6 +230,25 @@ pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
         put(unc_rows, c_uint::from(remap.pending || remap.failure))?;
         put(is_pending, c_uint::from(remap.pending))?;
         put(failure_occurred, c_uint::from(remap.failure))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetRetiredPagesPendingStatus(
+    device: sys::nvmlDevice_t,
+    is_pending: *mut sys::nvmlEnableState_t,
+) -> Ret {
+    guard(|| unsafe {
+        non_null(is_pending)?;
+        let pending = health(device)?.retired_pages_pending.ok_or(NOT_SUPPORTED)?;
+        put(
+            is_pending,
+            if pending {
+                sys::nvmlEnableState_enum_NVML_FEATURE_ENABLED
+            } else {
+                sys::nvmlEnableState_enum_NVML_FEATURE_DISABLED
+            },
+        )
     })
 }
 

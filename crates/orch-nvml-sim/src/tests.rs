@@ -594,9 +594,19 @@ fn ecc_remapped_rows_and_a_lost_gpu_are_served_from_the_file() {
         unsafe { events::nvmlDeviceGetTotalEccErrors(device, uncorrected, volatile, &mut count) },
         NOT_SUPPORTED
     );
+    let mut retired = sys::nvmlEnableState_enum_NVML_FEATURE_ENABLED;
+    assert_eq!(
+        unsafe { events::nvmlDeviceGetRetiredPagesPendingStatus(device, &mut retired) },
+        NOT_SUPPORTED
+    );
     session.rewrite(&format!(
-        "{ONE}ecc_uncorrected = 3\nrow_remap_pending = true\n"
+        "{ONE}ecc_uncorrected = 3\nrow_remap_pending = true\nretired_pages_pending = true\n"
     ));
+    assert_eq!(
+        unsafe { events::nvmlDeviceGetRetiredPagesPendingStatus(device, &mut retired) },
+        SUCCESS
+    );
+    assert_eq!(retired, sys::nvmlEnableState_enum_NVML_FEATURE_ENABLED);
     assert_eq!(
         unsafe { events::nvmlDeviceGetTotalEccErrors(device, uncorrected, volatile, &mut count) },
         SUCCESS
