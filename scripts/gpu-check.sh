@@ -78,7 +78,7 @@ health_check() {
 import json, sys
 for d in json.load(sys.stdin):
     h = d["health"]
-    print("GPU", d["index"], d["state"], "ecc_uncorrected", h["ecc_uncorrected"], "row_remap", h["row_remap"], h["problems"])
+    print("GPU", d["index"], d["state"], "ecc_uncorrected", h["ecc_uncorrected"], "row_remap", h["row_remap"], "retired_pages_pending", h.get("retired_pages_pending"), h["problems"])
     if d["state"] == "unhealthy":
         sys.exit("GPU %d is unhealthy: %s" % (d["index"], h["problems"]))' || return 1
   local dir; dir=$(mktemp -d /tmp/orch-gpu-check-health.XXXXXX)

@@ -506,3 +506,23 @@ fn history_shows_the_newest_thousand_by_default_and_says_when_more_matched() {
     let groups: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(groups[0]["jobs"], 3, "{groups}");
 }
+
+#[test]
+fn a_job_ended_by_a_signal_says_which_in_its_status_and_its_history() {
+    let (d, _) = daemon("acct-signal", "");
+    let id = d.submit(&["--gpus", "1", "--", "sh", "-c", "kill -KILL $$"]);
+    let status = d.wait_state(&id, "failed");
+    assert_eq!(status["signal"], 9, "{status}");
+    let listed = history(&d, &[]);
+    let row = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["id"] == id.as_str())
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert_eq!(row["signal"], 9, "{row}");
+    // A job that exits by itself names no signal.
+    let id = d.submit(&["--gpus", "1", "--", "true"]);
+    let status = d.wait_state(&id, "succeeded");
+    assert!(status["signal"].is_null(), "{status}");
+}

@@ -136,7 +136,7 @@ fn an_alloc_holds_its_lease_while_its_command_runs_shows_as_an_allocation_and_ex
         "{listed:?}"
     );
     let table = stdout(&d.client(&["jobs"]));
-    assert!(table.contains("sh (alloc)"), "{table}");
+    assert!(table.contains("sh (interactive alloc)"), "{table}");
     let status = stdout(&d.client(&["status", &id]));
     assert!(
         status.contains("kind         interactive allocation (orch alloc)"),

@@ -420,7 +420,7 @@ pub enum LeasesAction {
 
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "Through the machine's daemon the allocation is a job of your tenant's queue, shown as `NAME (alloc)` in `orch jobs`; without one it is a lease of the local store.\n\nExamples:\n  orch alloc --gpus 2                      # $SHELL on 2 GPUs, until it exits\n  orch alloc --gpus 1 --time 4h --idle 30m # ended at 4h, or after 30 min of idle GPUs\n  orch alloc --gpus 2 --wait -- python debug.py"
+    after_help = "Through the machine's daemon the allocation is a job of your tenant's queue, shown as `NAME (interactive alloc)` in `orch jobs`; without one it is a lease of the local store.\n\nExamples:\n  orch alloc --gpus 2                      # $SHELL on 2 GPUs, until it exits\n  orch alloc --gpus 1 --time 4h --idle 30m # ended at 4h, or after 30 min of idle GPUs\n  orch alloc --gpus 2 --wait -- python debug.py"
 )]
 pub struct AllocArgs {
     #[command(flatten)]

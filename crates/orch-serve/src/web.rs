@@ -395,11 +395,9 @@ mod tests {
         ] {
             assert!(!SCRIPT.contains(sink), "app.js uses {sink}");
         }
-        assert!(
-            SCRIPT.contains(
-                "cell(tr, \"Name\", clip(j.name + (j.alloc ? \" (alloc)\" : j.interactive"
-            )
-        );
+        assert!(SCRIPT.contains(
+            "cell(tr, \"Name\", clip(j.name + (j.alloc ? \" (interactive alloc)\" : j.interactive"
+        ));
         // A task of a job array is named as the CLI names it: ARRAY[TASK].
         assert!(SCRIPT.contains("j.array_id + \"[\" + j.array_task + \"]\""));
         assert!(SCRIPT.contains("s.title = "));

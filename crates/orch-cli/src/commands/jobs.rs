@@ -204,7 +204,7 @@ pub fn list(args: &JobsArgs) -> CmdResult {
             vec![
                 id,
                 if j.alloc {
-                    format!("{} (alloc)", j.name)
+                    format!("{} (interactive alloc)", j.name)
                 } else if j.interactive {
                     format!("{} (interactive)", j.name)
                 } else {

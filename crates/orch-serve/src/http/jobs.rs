@@ -169,6 +169,7 @@ async fn with_accounting(shared: &Arc<Shared>, mut rows: Vec<Job>) -> ApiResult<
             && let Some(record) = by_id.get(&row.id)
         {
             row.accounting = Some(Accounting::from(*record));
+            row.signal = record.signal;
         }
     }
     Ok(rows)

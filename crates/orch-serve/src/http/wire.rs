@@ -213,6 +213,10 @@ pub struct Job {
     pub started_at_ms: Option<u64>,
     pub ended_at_ms: Option<u64>,
     pub exit_code: Option<i32>,
+    /// The signal that ended its process, when one did (from its accounting record; absent
+    /// while it runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
     /// Why it is in its state: waiting for what, how it ended.
     pub reason: Option<String>,
     pub lease_id: Option<String>,
@@ -415,6 +419,7 @@ impl From<JobRow> for Job {
             started_at_ms: row.started_at_ms,
             ended_at_ms: row.ended_at_ms,
             exit_code: row.exit_code,
+            signal: None,
             reason: row.reason,
             lease_id: row.lease_id,
             devices: row.devices,

@@ -195,7 +195,7 @@
       const tr = el("tr");
       tr.dataset.id = j.id;
       cell(tr, "ID", j.array_id != null ? j.array_id + "[" + j.array_task + "]" : j.id);
-      cell(tr, "Name", clip(j.name + (j.alloc ? " (alloc)" : j.interactive ? " (interactive)" : ""))).className = "name";
+      cell(tr, "Name", clip(j.name + (j.alloc ? " (interactive alloc)" : j.interactive ? " (interactive)" : ""))).className = "name";
       cell(tr, "Tenant", clip(j.tenant));
       cell(tr, "State", j.state).className = "state-" + j.state;
       cell(tr, "GPUs", j.gpus);
