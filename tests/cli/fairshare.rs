@@ -4,7 +4,7 @@
 
 use crate::serve::{Daemon, job_file, supervisor_pid};
 use crate::*;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A daemon whose config is `text` (with `{me}` standing for this user).
@@ -110,6 +110,25 @@ fn order_against_the_simulator(
         real, simulated,
         "the daemon's order against the simulator's"
     );
+    // The config gives each tenant an equal share and no limits: the simulator's default when
+    // given none, with the trace on its standard input.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_orch"))
+        .args(["simulate", "--json", "--jobs"])
+        .env("ORCH_DEVICES", d.devices.clone().unwrap_or_else(lab_sim))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(
+        &mut child.stdin.take().unwrap(),
+        &std::fs::read(&trace_path).unwrap(),
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let again: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(again["jobs"], report["jobs"], "{again}");
     real
 }
 

@@ -275,15 +275,17 @@ pub struct UsageArgs {
 
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "The trace is JSON lines: {\"at\": 0.0, \"tenant\": \"vision\", \"gpus\": 1, \"duration\": 3600.0, \"priority\": 0, \"preemptible\": false}\nA job may wait on earlier lines' jobs (numbered from 1): \"after_ok\": [1], \"after_any\", \"after_failed\", \"singleton\": true (per tenant and \"name\"); \"exit\": 1 makes it fail at its end.\n\nExample:\n  orch simulate --config serve.toml --devices sim:8gpus.toml trace.jsonl --until 604800"
+    after_help = "The trace is JSON lines: {\"at\": 0.0, \"tenant\": \"vision\", \"gpus\": 1, \"duration\": 3600.0, \"priority\": 0, \"preemptible\": false}\nA job may wait on earlier lines' jobs (numbered from 1): \"after_ok\": [1], \"after_any\", \"after_failed\", \"singleton\": true (per tenant and \"name\"); \"exit\": 1 makes it fail at its end.\nWithout --config every tenant the trace names has an equal share and no limits; without TRACE.jsonl (or with -) the trace is read from standard input.\n\nExamples:\n  orch simulate --config serve.toml --devices sim:8gpus.toml trace.jsonl --until 604800\n  orch simulate --devices sim:8gpus.toml --json < trace.jsonl"
 )]
 pub struct SimulateArgs {
-    /// The daemon's config: tenants, shares, limits, queue policy, usage half-life.
+    /// The daemon's config: tenants, shares, limits, queue policy, usage half-life. Without
+    /// it, every tenant the trace names has an equal share and no limits.
     #[arg(long, value_name = "FILE")]
-    pub config: std::path::PathBuf,
-    /// The trace of submissions (JSON lines, times in seconds).
+    pub config: Option<std::path::PathBuf>,
+    /// The trace of submissions (JSON lines, times in seconds); `-` or none reads standard
+    /// input.
     #[arg(value_name = "TRACE.jsonl")]
-    pub trace: std::path::PathBuf,
+    pub trace: Option<std::path::PathBuf>,
     /// Stop the virtual clock here (seconds) and report what was used by then.
     #[arg(long, value_name = "SECONDS")]
     pub until: Option<f64>,

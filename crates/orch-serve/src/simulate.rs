@@ -61,6 +61,17 @@ fn one() -> u32 {
     1
 }
 
+/// Reads a trace from standard input (named `-` in messages).
+pub fn read_trace_stdin() -> Result<Vec<TraceJob>, InputError> {
+    let path = Path::new("-");
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).map_err(|e| {
+        InputError::at(path, "", 0, format!("cannot read the trace from standard input: {e}"))
+            .with_hint("give a file of JSON lines such as {\"at\": 0, \"tenant\": \"vision\", \"gpus\": 1, \"duration\": 3600}")
+    })?;
+    parse_trace(path, &text)
+}
+
 /// Reads a trace: JSON lines (blank lines and lines starting with `#` are skipped).
 pub fn read_trace(path: &Path) -> Result<Vec<TraceJob>, InputError> {
     let text = std::fs::read_to_string(path).map_err(|e| {

@@ -5,9 +5,9 @@ use crate::commands::load_inventory;
 use crate::failure::{CmdResult, Failure};
 use orch_devices::InventorySpec;
 use orch_serve::Config;
+use std::path::Path;
 
 pub fn run(spec: &InventorySpec, args: &SimulateArgs) -> CmdResult {
-    let config = Config::read(&args.config).map_err(Failure::bad_input)?;
     if let Some(until) = args.until
         && !(until.is_finite() && until >= 0.0)
     {
@@ -23,12 +23,39 @@ pub fn run(spec: &InventorySpec, args: &SimulateArgs) -> CmdResult {
             "the inventory has no devices to simulate: give --devices sim:FILE",
         ));
     }
-    let trace = orch_serve::simulate::read_trace(&args.trace).map_err(Failure::bad_input)?;
+    let trace_path = args.trace.as_deref().filter(|p| *p != Path::new("-"));
+    let trace = match trace_path {
+        Some(path) => orch_serve::simulate::read_trace(path),
+        None => orch_serve::simulate::read_trace_stdin(),
+    }
+    .map_err(Failure::bad_input)?;
+    let config = match &args.config {
+        Some(path) => Config::read(path).map_err(Failure::bad_input)?,
+        None => {
+            // Every tenant of the trace, in the order it first appears.
+            let mut tenants: Vec<String> = Vec::new();
+            for job in &trace {
+                if !tenants.contains(&job.tenant) {
+                    tenants.push(job.tenant.clone());
+                }
+            }
+            Config::equal_shares(&tenants)
+        }
+    };
+    let config_name = args
+        .config
+        .as_ref()
+        .map_or("the equal-share config".to_string(), |p| {
+            p.display().to_string()
+        });
+    let trace_name = trace_path.map_or("the trace on standard input".to_string(), |p| {
+        p.display().to_string()
+    });
     let policy = orch_serve::core::queue_policy::for_simulator(&config)
-        .map_err(|e| Failure::bad_input_msg(format!("{}: {e}", args.config.display())))?;
+        .map_err(|e| Failure::bad_input_msg(format!("{config_name}: {e}")))?;
     let report =
         orch_serve::simulate::simulate_with(&config, gpus, &trace, policy, args.until, args.jobs)
-            .map_err(|e| Failure::bad_input_msg(format!("{}: {e}", args.trace.display())))?;
+            .map_err(|e| Failure::bad_input_msg(format!("{trace_name}: {e}")))?;
     if args.json {
         println!(
             "{}",

@@ -369,6 +369,23 @@ impl Config {
         }
     }
 
+    /// A config of `tenants`, each with an equal share and no limits, and the defaults of
+    /// everything else: what `orch simulate` replays a trace under when given no config.
+    pub fn equal_shares(tenants: &[String]) -> Config {
+        let mut config = Config::single_user("root");
+        let template = config.tenants[0].clone();
+        config.admins.clear();
+        config.tenants = tenants
+            .iter()
+            .map(|name| Tenant {
+                name: name.clone(),
+                users: Vec::new(),
+                ..template.clone()
+            })
+            .collect();
+        config
+    }
+
     pub fn read(path: &Path) -> Result<Config, InputError> {
         let text = std::fs::read_to_string(path).map_err(|e| InputError {
             location: orch_core::Location {
