@@ -5,7 +5,37 @@
 //! it runs in a test binary of its own, so that no other test's NVML daemon or claim runs
 //! beside it.
 
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Removes the owner record when the test ends, however it ends: a record left behind would
+/// refuse every later claim of this machine's real GPUs.
+struct Record<'a>(&'a std::path::Path);
+
+impl Drop for Record<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.0);
+    }
+}
+
+/// `cmd`'s output once it exits; kills it and fails the test if it still runs after 60 s.
+fn output_within_a_minute(mut cmd: Command) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("it kept running: {:?}", child.wait_with_output());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -26,7 +56,9 @@ fn root_or_skip(test: &str) -> bool {
 
 #[test]
 fn a_users_own_daemon_and_local_claims_are_refused_beside_a_machine_daemon_that_owns_gpus() {
-    if !root_or_skip("a_users_own_daemon_does_not_start_beside_a_machine_daemon") {
+    if !root_or_skip(
+        "a_users_own_daemon_and_local_claims_are_refused_beside_a_machine_daemon_that_owns_gpus",
+    ) {
         return;
     }
     // The machine daemon's record, as a live one leaves it: this test's process stands in.
@@ -50,22 +82,22 @@ fn a_users_own_daemon_and_local_claims_are_refused_beside_a_machine_daemon_that_
     }
     .write(owner)
     .unwrap();
+    let record = Record(owner);
     let state = std::env::temp_dir().join(format!("orch-own-serve-{}", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_orch"))
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_orch"));
+    serve
         .args(["--devices", "nvml", "serve"])
-        .env("ORCH_STATE_DIR", &state)
-        .output()
-        .unwrap();
+        .env("ORCH_STATE_DIR", &state);
+    let out = output_within_a_minute(serve);
     // A local claim of the real GPUs (here: an orch of its own, by ORCH_STATE_DIR) is refused
     // with a sentence naming the daemon, before NVML is read; a simulated inventory is nobody's.
     let run = |devices: &str| {
-        Command::new(env!("CARGO_BIN_EXE_orch"))
-            .args(["--devices", devices, "run", "--gpus", "1", "--", "true"])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_orch"));
+        cmd.args(["--devices", devices, "run", "--gpus", "1", "--", "true"])
             .env("ORCH_STATE_DIR", &state)
             .env_remove("ORCH_SERVER")
-            .env_remove("ORCH_JOB_ID")
-            .output()
-            .unwrap()
+            .env_remove("ORCH_JOB_ID");
+        output_within_a_minute(cmd)
     };
     let claimed = run("nvml");
     std::fs::create_dir_all(&state).unwrap();
@@ -73,7 +105,7 @@ fn a_users_own_daemon_and_local_claims_are_refused_beside_a_machine_daemon_that_
     std::fs::write(&sim, "[[gpu]]\nname = \"Sim\"\nmemory_total = \"16GiB\"\n").unwrap();
     let simulated = run(&format!("sim:{}", sim.display()));
     // A simulated inventory is nobody's: that daemon would start (not tried: it would serve).
-    let _ = std::fs::remove_file(owner);
+    drop(record);
     let _ = std::fs::remove_dir_all(&state);
     assert_eq!(claimed.status.code(), Some(1), "{}", stderr(&claimed));
     assert!(

@@ -176,7 +176,7 @@ fn a_full_state_folder_delays_records_and_loses_nothing() {
     // and it ends once the folder is full (when `go`, outside the folder, appears).
     let go = outside.join("go");
     let script = format!(
-        "echo started; while [ ! -e {} ]; do sleep 0.05; done",
+        "echo started; i=0; while [ ! -e {} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done",
         go.display()
     );
     let running = d.submit(&["--gpus", "8", "--", "sh", "-c", &script]);

@@ -513,14 +513,22 @@ fn the_daemon_runs_a_slice_job_and_refuses_one_that_never_fits() {
     // until the test has looked at the devices (`go`), and at least 1.4 s.
     let go = lab.dir.join("go");
     let script = format!(
-        "sleep 1.4; while [ ! -e {} ]; do sleep 0.05; done",
+        "sleep 1.4; i=0; while [ ! -e {} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done",
         go.display()
     );
     let id = d.submit(&["--mig", "1g.10gb", "--", "sh", "-c", &script]);
     d.wait_state(&id, "running");
-    // Meanwhile the GPU of its slice shows the job holding it, the whole GPUs nobody.
-    let (code, devices) = crate::held_leases::http(&d, "GET", "/v1/devices", &Value::Null);
-    assert_eq!(code, 200, "{devices}");
+    // Meanwhile the GPU of its slice shows the job holding it, the whole GPUs nobody (once the
+    // device watcher's next reading, at most a second away, has seen the lease).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let devices = loop {
+        let (code, devices) = crate::held_leases::http(&d, "GET", "/v1/devices", &Value::Null);
+        assert_eq!(code, 200, "{devices}");
+        if devices[0]["held_by"][0]["job_id"] == id.as_str() || Instant::now() > deadline {
+            break devices;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert_eq!(devices[0]["held_by"][0]["job_id"], id.as_str(), "{devices}");
     assert_eq!(devices[1]["held_by"], serde_json::json!([]), "{devices}");
     // Each slice carries its own state and health.

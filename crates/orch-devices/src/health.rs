@@ -60,6 +60,9 @@ pub enum ProblemKind {
     RetiredPages,
     /// The GPU no longer answers (NVML's `GPU_IS_LOST`).
     Lost,
+    /// A kind a newer orch names (a client reading a newer daemon's answer keeps the rest).
+    #[serde(other)]
+    Other,
 }
 
 impl ProblemKind {
@@ -70,6 +73,7 @@ impl ProblemKind {
             ProblemKind::RowRemap => "row_remap",
             ProblemKind::RetiredPages => "retired_pages",
             ProblemKind::Lost => "lost",
+            ProblemKind::Other => "other",
         }
     }
 }
@@ -241,7 +245,7 @@ impl ServiceState {
     }
 }
 
-/// A device's service in brief: its state, why, and since when. It leads the `health` object of
+/// A device's service in brief: its state, why, and since when. It is in the `health` object of
 /// `orch devices --json` and `/v1/devices` (a GPU's, beside its readings; a slice's alone).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Service {
@@ -401,6 +405,17 @@ pub fn drain_reason(given: Option<&str>) -> Result<Option<String>, String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_problem_of_a_kind_a_newer_orch_names_is_read_as_other_and_still_counts() {
+        let health: Health = toml::from_str(
+            "[[problems]]\nkind = \"fan_failure\"\nmessage = \"the fan stopped\"\nsince_ms = 5\n",
+        )
+        .unwrap();
+        assert_eq!(health.problems[0].kind, ProblemKind::Other);
+        assert!(!health.is_healthy());
+        assert_eq!(health.summary(), "the fan stopped");
+    }
     use super::*;
 
     #[test]

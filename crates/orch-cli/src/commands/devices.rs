@@ -232,8 +232,13 @@ fn marked(inventory: Inventory) -> Inventory {
         };
         device.health.drains = health.drains;
         for problem in health.problems {
-            if !device.health.problems.iter().any(|p| p.same(&problem)) {
-                device.health.problems.push(problem);
+            match device.health.problems.iter_mut().find(|p| p.same(&problem)) {
+                // The daemon has watched longer than this reading: its first sight counts.
+                Some(seen) if problem.since_ms > 0 && problem.since_ms < seen.since_ms => {
+                    seen.since_ms = problem.since_ms;
+                }
+                Some(_) => {}
+                None => device.health.problems.push(problem),
             }
         }
     }

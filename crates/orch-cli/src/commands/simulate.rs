@@ -24,6 +24,11 @@ pub fn run(spec: &InventorySpec, args: &SimulateArgs) -> CmdResult {
         ));
     }
     let trace_path = args.trace.as_deref().filter(|p| *p != Path::new("-"));
+    if args.trace.is_none() && std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        return Err(Failure::bad_input_msg(
+            "orch simulate needs a trace: give TRACE.jsonl, or pipe one in (orch simulate < trace.jsonl)",
+        ));
+    }
     let trace = match trace_path {
         Some(path) => orch_serve::simulate::read_trace(path),
         None => orch_serve::simulate::read_trace_stdin(),

@@ -269,11 +269,16 @@ fn open_in_a_child_process() {
         return; // Run as an ordinary test: nothing to do.
     };
     let at: u64 = at.parse().unwrap();
+    // Asleep until just before the instant, then spinning to it.
+    std::thread::sleep(Duration::from_millis(at.saturating_sub(now_ms() + 5)));
     while now_ms() < at {
         std::hint::spin_loop();
     }
     match LeaseStore::open(Path::new(&dir)) {
-        Ok(_) => std::process::exit(0),
+        Ok(_) => {
+            println!("opened the store");
+            std::process::exit(0)
+        }
         Err(e) => {
             eprintln!("{e}");
             std::process::exit(1)
@@ -301,7 +306,7 @@ fn processes_opening_a_new_store_together_all_get_it() {
                     ])
                     .env("ORCH_TEST_OPEN_DIR", &dir)
                     .env("ORCH_TEST_OPEN_AT_MS", at.to_string())
-                    .stdout(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::piped())
                     .stderr(std::process::Stdio::piped())
                     .spawn()
                     .unwrap()
@@ -313,6 +318,11 @@ fn processes_opening_a_new_store_together_all_get_it() {
                 out.status.success(),
                 "round {round}: {}",
                 String::from_utf8_lossy(&out.stderr)
+            );
+            // The child ran the open (a renamed child test would match nothing and pass).
+            assert!(
+                String::from_utf8_lossy(&out.stdout).contains("opened the store"),
+                "round {round}: the child did not open the store"
             );
         }
         std::fs::remove_dir_all(&dir).ok();
