@@ -681,3 +681,33 @@ fn a_slices_memory_in_use_counts_where_a_job_asks_for_free_memory() {
         stderr(&out)
     );
 }
+
+#[test]
+fn a_job_of_whole_gpus_on_a_box_of_slices_only_is_told_to_ask_for_slices() {
+    let lab = lab("only");
+    // GPU 0 of the lab box alone: in MIG mode, three 1g.10gb slices.
+    let text = mig_box();
+    let only = &text[..text.find("[[gpu]]\nname = \"NVIDIA H100 80GB HBM3\"\nmemory_total = \"80GiB\"\nuuid = \"GPU-00000000-0000-4000-8000-000000000001\"").unwrap()];
+    let file = lab.dir.join("only.toml");
+    std::fs::write(&file, only).unwrap();
+    let out = orch(
+        &[
+            "--devices",
+            &format!("sim:{}", file.display()),
+            "run",
+            "--gpus",
+            "1",
+            "--",
+            "true",
+        ],
+        &[("ORCH_STATE_DIR", lab.state.as_str())],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(
+        said.contains("gpus = 1, but this machine has no whole GPU; GPU 0 in MIG mode")
+            && said
+                .contains("ask for slices with mig = PROFILE; this machine's profiles are 1g.10gb"),
+        "{said}"
+    );
+}

@@ -299,7 +299,21 @@ fn check_count(input: PlanInput<'_>, visible: usize) -> Result<(), InputError> {
     let cut = crate::slices::whole_gpu_note(input.job, input.devices).unwrap_or_default();
     // GPUs in MIG mode are never leased whole.
     let total = input.devices.iter().filter(|d| !d.mig_mode).count();
-    let (message, hint) = if visible == total {
+    let (message, hint) = if total == 0 && !cut.is_empty() {
+        // Every GPU is in MIG mode: only slices can be had.
+        let profiles = orch_devices::mig::profiles(input.devices);
+        (
+            format!("gpus = {gpus}, but this machine has no whole GPU{cut}"),
+            if profiles.is_empty() {
+                "no GPU here has slices yet: an admin makes them (nvidia-smi mig -cgi)".to_string()
+            } else {
+                format!(
+                    "ask for slices with mig = PROFILE; this machine's profiles are {}",
+                    profiles.join(", ")
+                )
+            },
+        )
+    } else if visible == total {
         (
             format!("gpus = {gpus}, but this machine has {total} device(s){cut}"),
             format!("ask for at most {total}"),

@@ -111,12 +111,16 @@ pub(crate) fn whole_gpu_note(job: &JobSpec, devices: &[Device]) -> Option<String
         .filter(|d| d.mig_mode)
         .map(|d| d.index.to_string())
         .collect();
-    (!cut.is_empty()).then(|| {
-        format!(
-            "; GPU {} in MIG mode: its slices are leased with mig = PROFILE, never the GPU whole",
-            cut.join(", ")
-        )
-    })
+    match cut.as_slice() {
+        [] => None,
+        [one] => Some(format!(
+            "; GPU {one} in MIG mode: its slices are leased with mig = PROFILE, never the GPU whole"
+        )),
+        many => Some(format!(
+            "; GPUs {} in MIG mode: their slices are leased with mig = PROFILE, never the GPUs whole",
+            many.join(", ")
+        )),
+    }
 }
 
 /// The MIG capability nodes a job on `plan` may not open, with their major: every capability
