@@ -578,7 +578,7 @@ fn the_daemon_runs_a_slice_job_and_refuses_one_that_never_fits() {
     let whole = d.client(&["submit", "--gpus", "3", "--", "true"]);
     assert_eq!(whole.status.code(), Some(2), "{}", stderr(&whole));
     assert!(
-        stderr(&whole).contains("gpus = 3 is more than the 2 device(s) this daemon places on"),
+        stderr(&whole).contains("gpus = 3 is more than the 2 device(s) this daemon places on; its GPUs in MIG mode are leased by slice: ask with mig = PROFILE (its slices are 1g.10gb)"),
         "{}",
         stderr(&whole)
     );

@@ -52,6 +52,19 @@ pub fn devices(job: &Asked<'_>, placeable: usize) -> Result<(), Refusal> {
     Ok(())
 }
 
+/// `refusal` of a job of whole GPUs, with how to lease the machine's MIG slices added where it
+/// has some: its GPUs in MIG mode are no whole devices.
+pub fn with_slices_hint(refusal: Refusal, devices: &[orch_devices::Device]) -> Refusal {
+    let profiles = orch_devices::mig::profiles(devices);
+    match refusal {
+        Refusal::Invalid(why) if !profiles.is_empty() => Refusal::Invalid(format!(
+            "{why}; its GPUs in MIG mode are leased by slice: ask with mig = PROFILE (its slices are {})",
+            profiles.join(", ")
+        )),
+        other => other,
+    }
+}
+
 /// A job of MIG slices (`mig = PROFILE`) may ask for at most the slices of its profile the
 /// machine has: with fewer it could never start.
 pub fn slices(

@@ -274,7 +274,9 @@ pub fn admit(terms: &Terms<'_>, caller: &Caller, request: Request) -> Result<Adm
     };
     match spec.resources.mig.as_deref() {
         Some(profile) => admission::slices(&ticket.asked, profile, terms.devices)?,
-        None => ticket.fits_machine(terms.placeable)?,
+        None => ticket
+            .fits_machine(terms.placeable)
+            .map_err(|refusal| admission::with_slices_hint(refusal, terms.devices))?,
     }
     let tenant = caller.tenant_for(
         terms.config,
