@@ -405,6 +405,7 @@ pub fn drain_reason(given: Option<&str>) -> Result<Option<String>, String> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn a_problem_of_a_kind_a_newer_orch_names_is_read_as_other_and_still_counts() {
@@ -416,7 +417,6 @@ mod tests {
         assert!(!health.is_healthy());
         assert_eq!(health.summary(), "the fan stopped");
     }
-    use super::*;
 
     #[test]
     fn application_xids_are_not_critical_and_others_are() {
