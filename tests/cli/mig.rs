@@ -711,3 +711,78 @@ fn a_job_of_whole_gpus_on_a_box_of_slices_only_is_told_to_ask_for_slices() {
         "{said}"
     );
 }
+
+#[test]
+fn a_daemon_job_of_several_slices_past_the_starvation_limit_gets_them_before_one_slice_jobs() {
+    let lab = lab("starve");
+    let mut d = Daemon::prepare("mig-starve");
+    let me = stdout(&Command::new("id").arg("-un").output().unwrap())
+        .trim()
+        .to_string();
+    let config = d.state.join("serve.toml");
+    std::fs::write(
+        &config,
+        format!("starvation_limit = \"1s\"\n[[tenant]]\nname = \"lab\"\nusers = [\"{me}\"]\n"),
+    )
+    .unwrap();
+    d.config = Some(config);
+    d.devices = Some(lab.sim.clone());
+    d.restart();
+    // A one-slice job holds a slice until `go` appears (a minute at most).
+    let go = lab.dir.join("go");
+    let hold = format!(
+        "i=0; while [ ! -e {} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done",
+        go.display()
+    );
+    let first = d.submit(&["--mig", "1g.10gb", "--", "sh", "-c", &hold]);
+    d.wait_state(&first, "running");
+    // A job of all three slices waits, past its starvation limit.
+    let big = d.submit(&[
+        "--mig",
+        "1g.10gb",
+        "--gpus",
+        "3",
+        "--per-device",
+        "--",
+        "true",
+    ]);
+    std::thread::sleep(Duration::from_millis(1500));
+    // A one-slice job behind it finds the two free slices held for it.
+    let small = d.submit(&["--mig", "1g.10gb", "--", "true"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let s = loop {
+        let s = d.status(&small);
+        if s["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains(&format!("the free ones are held for job {big}")))
+            || Instant::now() > deadline
+        {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(s["state"], "queued", "{s}");
+    assert!(
+        s["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains(&format!("the free ones are held for job {big}")),
+        "{s}"
+    );
+    let b = d.status(&big);
+    assert!(
+        b["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("holding the 2 free ones for it"),
+        "{b}"
+    );
+    // The first job ends: the big one starts before the small one.
+    std::fs::write(&go, "").unwrap();
+    let b = d.wait_state(&big, "succeeded");
+    let s = d.wait_state(&small, "succeeded");
+    assert!(
+        s["started_at_ms"].as_u64().unwrap() >= b["started_at_ms"].as_u64().unwrap(),
+        "{b} {s}"
+    );
+}

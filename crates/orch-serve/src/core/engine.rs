@@ -426,6 +426,9 @@ impl Engine {
                 {
                     self.sched.set_compute(id as u64, gpus);
                 }
+                if let Some(profile) = crate::core::slices::takes_slices(&spec) {
+                    self.sched.set_slices(id as u64, profile);
+                }
                 self.set_array(id, &row);
                 self.jobs.queue.insert(
                     id,
@@ -762,7 +765,8 @@ impl Engine {
     /// The devices a pass may place on, and how many of them are free: in service (not drained,
     /// not unhealthy) and held by no exclusive lease; `None` when the lease store cannot say (the
     /// pass is skipped).
-    /// The devices out of service are named, in words, beside the machine.
+    /// The devices out of service are named, in words, beside the machine; the free MIG slices
+    /// by profile go to the scheduler (its starvation bound for jobs of slices).
     fn machine_now(&mut self) -> Option<(orch_queue::Machine, Vec<String>)> {
         self.jobs.refresh_inventory();
         let leases = match self.jobs.store.active() {
@@ -777,7 +781,7 @@ impl Engine {
             .filter(|l| l.exclusive)
             .flat_map(|l| l.devices.iter().map(String::as_str))
             .collect();
-        let visible: Vec<&orch_devices::Device> = self
+        let placeable: Vec<&orch_devices::Device> = self
             .jobs
             .placeable
             .devices
@@ -789,9 +793,16 @@ impl Engine {
                     .iter()
                     .find(|d| d.index == v.physical)
             })
-            // A GPU in MIG mode is never placed on whole.
-            .filter(|d| !d.mig_mode)
             .collect();
+        // A slice any lease holds is no room for a job of slices to itself.
+        let leased: std::collections::HashSet<&str> = leases
+            .iter()
+            .flat_map(|l| l.devices.iter().map(String::as_str))
+            .collect();
+        let free_slices = crate::core::slices::free_by_profile(&placeable, &leased);
+        // A GPU in MIG mode is never placed on whole.
+        let visible: Vec<&orch_devices::Device> =
+            placeable.into_iter().filter(|d| !d.mig_mode).collect();
         // A drained or unhealthy GPU takes no job: preemption, the starvation hold-back and
         // backfill must not count it as room.
         let out: Vec<String> = visible
@@ -806,6 +817,7 @@ impl Engine {
             free_gpus: free as u32,
             total_gpus: visible.len() as u32,
         };
+        self.sched.set_free_slices(free_slices);
         Some((machine, out))
     }
 

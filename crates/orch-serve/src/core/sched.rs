@@ -14,7 +14,8 @@
 //!   or the reservation expires, so that backfill does not take them first.
 //! - Backfill has a bound: a job that has waited `starvation_limit` and still does not fit holds
 //!   back the devices that are free for it, so smaller jobs behind it stop taking every device
-//!   that frees up, and it starts once enough have.
+//!   that frees up, and it starts once enough have. A job of MIG slices is held for alike, by
+//!   the free slices of its profile (the caller counts them: [`Scheduler::set_free_slices`]).
 
 use orch_queue::{Job, Machine, Ranked, Tenant, TenantInput};
 use std::cmp::Reverse;
@@ -280,6 +281,10 @@ pub struct Scheduler {
     /// What a job of MIG slices counts for in fair share and GPU-seconds, in whole GPUs (its
     /// slices' share of their GPUs' compute), by job; a job not here counts its `gpus`.
     compute: HashMap<u64, f64>,
+    /// The profile (`1g.10gb`) of each queued job that asks for MIG slices to itself.
+    slice_jobs: HashMap<u64, String>,
+    /// Free slices (unleased, in service) by profile, as the caller last counted them.
+    free_slices: HashMap<String, u32>,
 }
 
 /// A task of a job array as scheduling sees it: its array and the array's `max_parallel`.
@@ -368,6 +373,8 @@ impl Scheduler {
             deps: deps::Deps::default(),
             clock_s: f64::MIN,
             compute: HashMap::new(),
+            slice_jobs: HashMap::new(),
+            free_slices: HashMap::new(),
         }
     }
 
@@ -375,6 +382,18 @@ impl Scheduler {
     /// compute: its use is charged at that rate, not at its device count.
     pub fn set_compute(&mut self, id: u64, gpus: f64) {
         self.compute.insert(id, gpus);
+    }
+
+    /// Queued job `id` asks for MIG slices of `profile` (`1g.10gb`) to itself: the starvation
+    /// bound holds free slices of that profile for it as it does free GPUs for a job of GPUs.
+    pub fn set_slices(&mut self, id: u64, profile: &str) {
+        self.slice_jobs
+            .insert(id, orch_devices::mig::short_profile(profile).to_string());
+    }
+
+    /// The free MIG slices (unleased, in service) by profile, for the next passes.
+    pub fn set_free_slices(&mut self, free: HashMap<String, u32>) {
+        self.free_slices = free;
     }
 
     /// The whole GPUs job `id` of `devices` devices is charged for.
@@ -560,6 +579,7 @@ impl Scheduler {
     /// Takes a job out of the queue (cancelled, failed, started elsewhere).
     pub fn dequeue(&mut self, id: u64) -> Option<QueuedJob> {
         self.deps.forget_held(id);
+        self.slice_jobs.remove(&id);
         let job = self.unqueue(id);
         if !self.running.contains_key(&id) {
             self.arrays.members.remove(&id);
@@ -731,6 +751,8 @@ impl Scheduler {
             blocked: Vec::new(),
             visited: HashSet::new(),
             held_for: HashMap::new(),
+            free_slices: self.free_slices.clone(),
+            slices_held_for: HashMap::new(),
         };
         match order {
             Some(order) => {
@@ -818,6 +840,39 @@ impl Scheduler {
             }
             return;
         }
+        if let Some(profile) = self.slice_jobs.get(&id) {
+            let free = walk.free_slices.get(profile).copied().unwrap_or(0);
+            if job.gpus > free {
+                if let Some(&first) = walk.slices_held_for.get(profile) {
+                    if keep {
+                        report.reasons.push((
+                            id,
+                            with(format!(
+                                "waiting for {} free {profile} slice(s); the free ones are held for job {first} (it waited over the starvation limit)",
+                                job.gpus
+                            )),
+                        ));
+                    }
+                    return;
+                }
+                if now_s - job.queued_s >= self.starvation_s {
+                    // Hold back its profile's free slices: one-slice jobs behind it no longer
+                    // take every slice that frees up.
+                    walk.slices_held_for.insert(profile.clone(), id);
+                    walk.free_slices.insert(profile.clone(), 0);
+                    if keep {
+                        report.reasons.push((
+                            id,
+                            with(format!(
+                                "waiting for {} free {profile} slice(s); holding the {free} free ones for it (it waited over the starvation limit)",
+                                job.gpus
+                            )),
+                        ));
+                    }
+                    return;
+                }
+            }
+        }
         let reserved = self.reserved_for_others(id);
         let available = walk.free.saturating_sub(reserved);
         if job.exclusive && job.gpus > available {
@@ -876,6 +931,7 @@ impl Scheduler {
                 return;
             }
         }
+        let slices = self.slice_jobs.get(&id).cloned();
         match place(job) {
             Attempt::Started => {
                 let Some(job) = self.unqueue(id) else {
@@ -883,6 +939,12 @@ impl Scheduler {
                 };
                 if job.exclusive {
                     walk.free = walk.free.saturating_sub(job.gpus);
+                }
+                if let Some(profile) = slices {
+                    self.slice_jobs.remove(&id);
+                    if let Some(free) = walk.free_slices.get_mut(&profile) {
+                        *free = free.saturating_sub(job.gpus);
+                    }
                 }
                 self.add_running(RunningJob {
                     id,
@@ -1142,6 +1204,10 @@ struct Walk {
     visited: HashSet<u64>,
     /// Devices held back for a starving job, by job.
     held_for: HashMap<u64, u32>,
+    /// Free MIG slices by profile, less those taken or held back in this pass.
+    free_slices: HashMap<String, u32>,
+    /// The starving job each profile's free slices are held for in this pass.
+    slices_held_for: HashMap<String, u64>,
 }
 
 #[derive(Default)]

@@ -20,6 +20,34 @@ pub fn gpu_equivalent(spec: &JobSpec, devices: &[Device]) -> Option<f64> {
     Some(f64::from(spec.resources.gpus) * fraction)
 }
 
+/// The profile of the MIG slices a job asks for to itself (an exclusive job of slices): the
+/// scheduler's starvation bound holds that profile's free slices for it.
+pub fn takes_slices(spec: &JobSpec) -> Option<&str> {
+    spec.resources
+        .mig
+        .as_deref()
+        .filter(|_| spec.resources.exclusive)
+}
+
+/// The free MIG slices of `devices` by profile (`1g.10gb`): in service and not in `held` (the
+/// uuids exclusive leases hold).
+pub fn free_by_profile(
+    devices: &[&Device],
+    held: &std::collections::HashSet<&str>,
+) -> std::collections::HashMap<String, u32> {
+    let mut free = std::collections::HashMap::new();
+    for d in devices.iter().filter(|d| d.mig_mode) {
+        for m in &d.mig_devices {
+            if !held.contains(m.uuid.as_str()) && d.out_of_service(&m.uuid).is_none() {
+                *free
+                    .entry(mig::short_profile(mig::profile(m)).to_string())
+                    .or_insert(0) += 1;
+            }
+        }
+    }
+    free
+}
+
 /// Whether the job's devices count against the scheduler's free whole GPUs: an exclusive job of
 /// whole GPUs. Slices are found (or not) by placement itself.
 pub fn takes_whole_gpus(spec: &JobSpec) -> bool {

@@ -497,3 +497,95 @@ fn a_job_of_mig_slices_is_charged_its_share_of_the_gpus_compute() {
     let ended = s.end(1, 70.0).unwrap();
     assert!((ended.gpu_s - 30.0).abs() < 1e-9, "{}", ended.gpu_s);
 }
+
+/// A queued job of `gpus` MIG slices of profile 1g.10gb, to itself.
+fn slice_job(s: &mut Scheduler, id: u64, gpus: u32, submitted_s: f64) {
+    s.enqueue(QueuedJob {
+        exclusive: false,
+        ..job(id, 0, gpus, 0, submitted_s)
+    });
+    s.set_slices(id, "1g.10gb");
+}
+
+#[test]
+fn a_job_of_slices_past_the_starvation_limit_holds_its_profiles_free_slices() {
+    let mut s = sched(&[1.0], "fifo");
+    s.starvation_s = 3600.0;
+    let free = |n: u32| HashMap::from([("1g.10gb".to_string(), n)]);
+    slice_job(&mut s, 1, 3, 0.0);
+    slice_job(&mut s, 2, 1, 1.0);
+    // Within the limit, the one-slice job passes the three-slice one (placement decides).
+    s.set_free_slices(free(1));
+    let mut tried = Vec::new();
+    let r = s.pass(
+        60.0,
+        Machine {
+            free_gpus: 0,
+            total_gpus: 0,
+        },
+        &mut |j| {
+            tried.push(j.id);
+            if j.gpus <= 1 {
+                Attempt::Started
+            } else {
+                Attempt::Waits("no fit".into())
+            }
+        },
+    );
+    assert_eq!(r.started, vec![2], "{r:?}");
+    // Past it, the two free slices are held for the big job: the one-slice job behind it is not
+    // even tried, and says why.
+    slice_job(&mut s, 3, 1, 2.0);
+    s.set_free_slices(free(2));
+    let mut tried = Vec::new();
+    let r = s.pass(
+        4000.0,
+        Machine {
+            free_gpus: 0,
+            total_gpus: 0,
+        },
+        &mut |j| {
+            tried.push(j.id);
+            Attempt::Started
+        },
+    );
+    assert!(r.started.is_empty(), "{r:?}");
+    assert!(tried.is_empty(), "{tried:?}");
+    let why = |id: u64| r.reasons.iter().find(|(j, _)| *j == id).unwrap().1.clone();
+    assert!(
+        why(1).contains("waiting for 3 free 1g.10gb slice(s); holding the 2 free ones for it"),
+        "{r:?}"
+    );
+    assert!(why(3).contains("the free ones are held for job 1"), "{r:?}");
+    // Once three are free it starts, and the one-slice job after it takes what is left.
+    s.set_free_slices(free(4));
+    let r = s.pass(
+        4001.0,
+        Machine {
+            free_gpus: 0,
+            total_gpus: 0,
+        },
+        &mut |_| Attempt::Started,
+    );
+    assert_eq!(r.started, vec![1, 3], "{r:?}");
+    // Slices of another profile are not held for it.
+    slice_job(&mut s, 4, 2, 4002.0);
+    s.enqueue(QueuedJob {
+        exclusive: false,
+        ..job(5, 0, 1, 0, 4003.0)
+    });
+    s.set_slices(5, "2g.20gb");
+    s.set_free_slices(HashMap::from([
+        ("1g.10gb".to_string(), 1),
+        ("2g.20gb".to_string(), 1),
+    ]));
+    let r = s.pass(
+        9000.0,
+        Machine {
+            free_gpus: 0,
+            total_gpus: 0,
+        },
+        &mut |_| Attempt::Started,
+    );
+    assert_eq!(r.started, vec![5], "{r:?}");
+}
