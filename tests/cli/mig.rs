@@ -736,7 +736,7 @@ fn a_daemon_job_of_several_slices_past_the_starvation_limit_gets_them_before_one
     );
     let first = d.submit(&["--mig", "1g.10gb", "--", "sh", "-c", &hold]);
     d.wait_state(&first, "running");
-    // A job of all three slices waits, past its starvation limit.
+    // A job of all three slices waits, until past its starvation limit it holds the two free.
     let big = d.submit(&[
         "--mig",
         "1g.10gb",
@@ -746,7 +746,18 @@ fn a_daemon_job_of_several_slices_past_the_starvation_limit_gets_them_before_one
         "--",
         "true",
     ]);
-    std::thread::sleep(Duration::from_millis(1500));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let b = d.status(&big);
+        if b["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("holding the 2 free ones for it"))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{b}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // A one-slice job behind it finds the two free slices held for it.
     let small = d.submit(&["--mig", "1g.10gb", "--", "true"]);
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -781,7 +781,7 @@ impl Engine {
             .filter(|l| l.exclusive)
             .flat_map(|l| l.devices.iter().map(String::as_str))
             .collect();
-        let placeable: Vec<&orch_devices::Device> = self
+        let placeable: Vec<(&orch_devices::Device, Option<&str>)> = self
             .jobs
             .placeable
             .devices
@@ -792,6 +792,7 @@ impl Engine {
                     .devices
                     .iter()
                     .find(|d| d.index == v.physical)
+                    .map(|d| (d, v.mig_uuid.as_deref()))
             })
             .collect();
         // A slice any lease holds is no room for a job of slices to itself.
@@ -801,8 +802,11 @@ impl Engine {
             .collect();
         let free_slices = crate::core::slices::free_by_profile(&placeable, &leased);
         // A GPU in MIG mode is never placed on whole.
-        let visible: Vec<&orch_devices::Device> =
-            placeable.into_iter().filter(|d| !d.mig_mode).collect();
+        let visible: Vec<&orch_devices::Device> = placeable
+            .into_iter()
+            .filter(|(d, named)| !d.mig_mode && named.is_none())
+            .map(|(d, _)| d)
+            .collect();
         // A drained or unhealthy GPU takes no job: preemption, the starvation hold-back and
         // backfill must not count it as room.
         let out: Vec<String> = visible

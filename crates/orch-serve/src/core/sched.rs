@@ -840,6 +840,14 @@ impl Scheduler {
             }
             return;
         }
+        // A job of slices past the starvation limit, within its tenant's max_gpus: the free
+        // slices of its profile are held for it.
+        let starving_slices = self.slice_jobs.get(&id).filter(|_| {
+            now_s - job.queued_s >= self.starvation_s
+                && self.tenants[job.tenant]
+                    .max_gpus
+                    .is_none_or(|max| self.held[job.tenant] + job.gpus <= max)
+        });
         if let Some(profile) = self.slice_jobs.get(&id) {
             let free = walk.free_slices.get(profile).copied().unwrap_or(0);
             if job.gpus > free {
@@ -855,7 +863,7 @@ impl Scheduler {
                     }
                     return;
                 }
-                if now_s - job.queued_s >= self.starvation_s {
+                if starving_slices.is_some() && free > 0 {
                     // Hold back its profile's free slices: one-slice jobs behind it no longer
                     // take every slice that frees up.
                     walk.slices_held_for.insert(profile.clone(), id);
@@ -961,6 +969,14 @@ impl Scheduler {
             Attempt::Waits(reason) => {
                 if job.exclusive {
                     walk.blocked.push(id);
+                }
+                // Enough of its slices were free, yet it waits (its policy answers later, or
+                // the free ones do not suit it): what is free stays held for it this pass.
+                if let Some(profile) = starving_slices
+                    && walk.free_slices.get(profile).is_some_and(|&n| n > 0)
+                {
+                    walk.slices_held_for.insert(profile.clone(), id);
+                    walk.free_slices.insert(profile.clone(), 0);
                 }
                 if keep {
                     report.reasons.push((id, with(reason)));

@@ -29,16 +29,26 @@ pub fn takes_slices(spec: &JobSpec) -> Option<&str> {
         .filter(|_| spec.resources.exclusive)
 }
 
-/// The free MIG slices of `devices` by profile (`1g.10gb`): in service and not in `held` (the
-/// uuids exclusive leases hold).
+/// The free MIG slices among the `visible` devices, by profile (`1g.10gb`): in service and not
+/// in `leased` (the uuids any lease holds). A visible entry with a slice's uuid (a
+/// `CUDA_VISIBLE_DEVICES` that names slices) is that slice alone; a GPU in MIG mode is all its
+/// slices; each slice counts once.
 pub fn free_by_profile(
-    devices: &[&Device],
-    held: &std::collections::HashSet<&str>,
+    visible: &[(&Device, Option<&str>)],
+    leased: &std::collections::HashSet<&str>,
 ) -> std::collections::HashMap<String, u32> {
+    let mut seen = std::collections::HashSet::new();
     let mut free = std::collections::HashMap::new();
-    for d in devices.iter().filter(|d| d.mig_mode) {
-        for m in &d.mig_devices {
-            if !held.contains(m.uuid.as_str()) && d.out_of_service(&m.uuid).is_none() {
+    for &(d, named) in visible.iter().filter(|(d, _)| d.mig_mode) {
+        for m in d
+            .mig_devices
+            .iter()
+            .filter(|m| named.is_none_or(|uuid| uuid == m.uuid))
+        {
+            if seen.insert(m.uuid.as_str())
+                && !leased.contains(m.uuid.as_str())
+                && d.out_of_service(&m.uuid).is_none()
+            {
                 *free
                     .entry(mig::short_profile(mig::profile(m)).to_string())
                     .or_insert(0) += 1;
@@ -79,5 +89,36 @@ mod tests {
         assert_eq!(gpu_equivalent(&job("gpus = 2\n"), &devices), None);
         assert!(!takes_whole_gpus(&job("mig = \"1g.10gb\"\n")));
         assert!(takes_whole_gpus(&job("gpus = 2\n")));
+        assert_eq!(takes_slices(&job("mig = \"1g.10gb\"\n")), Some("1g.10gb"));
+        assert_eq!(takes_slices(&job("gpus = 2\n")), None);
+    }
+
+    #[test]
+    fn free_slices_are_counted_by_profile_once_each_and_only_where_visible() {
+        let devices = orch_devices::sim::parse(
+            std::path::Path::new("box.toml"),
+            "[[gpu]]\nname = \"H100\"\nmemory_total = \"80GiB\"\n[[gpu.mig]]\nuuid = \"MIG-a\"\nname = \"1g.10gb\"\n[[gpu.mig]]\nuuid = \"MIG-b\"\nname = \"1g.10gb\"\n[[gpu.mig]]\nuuid = \"MIG-c\"\nname = \"NVIDIA H100 80GB HBM3 MIG 3g.40gb\"\n[[gpu]]\nname = \"H100\"\nmemory_total = \"80GiB\"\n",
+        )
+        .unwrap();
+        let (gpu, whole) = (&devices[0], &devices[1]);
+        let none = std::collections::HashSet::new();
+        // The whole GPU has no slices; the MIG GPU's are counted by their profile's last word.
+        let all = free_by_profile(&[(gpu, None), (whole, None)], &none);
+        assert_eq!(
+            all,
+            std::collections::HashMap::from([
+                ("1g.10gb".to_string(), 2),
+                ("3g.40gb".to_string(), 1)
+            ])
+        );
+        // A leased slice is not free.
+        let leased = std::collections::HashSet::from(["MIG-a"]);
+        assert_eq!(free_by_profile(&[(gpu, None)], &leased)["1g.10gb"], 1);
+        // Slices named one by one count once each, and only those named.
+        let named = free_by_profile(&[(gpu, Some("MIG-b")), (gpu, Some("MIG-b"))], &none);
+        assert_eq!(
+            named,
+            std::collections::HashMap::from([("1g.10gb".to_string(), 1)])
+        );
     }
 }

@@ -589,3 +589,59 @@ fn a_job_of_slices_past_the_starvation_limit_holds_its_profiles_free_slices() {
     );
     assert_eq!(r.started, vec![5], "{r:?}");
 }
+
+#[test]
+fn a_starving_job_of_slices_holds_nothing_beyond_its_tenants_max_gpus_and_keeps_its_hold_while_placement_waits()
+ {
+    let no_gpus = Machine {
+        free_gpus: 0,
+        total_gpus: 0,
+    };
+    let free = |n: u32| HashMap::from([("1g.10gb".to_string(), n)]);
+    // A tenant of max_gpus = 2 asking for 3 slices could not start however long it waits: it
+    // holds nothing back, and the one-slice job behind it starts.
+    let mut s = Scheduler::new(
+        vec![TenantConf {
+            name: "t0".into(),
+            share: 1.0,
+            max_gpus: Some(2),
+        }],
+        7.0 * DAY,
+        Box::new(NativePolicy::new("fifo").unwrap()),
+    );
+    s.starvation_s = 60.0;
+    slice_job(&mut s, 1, 3, 0.0);
+    slice_job(&mut s, 2, 1, 1.0);
+    s.set_free_slices(free(2));
+    let r = s.pass(1000.0, no_gpus, &mut |_| Attempt::Started);
+    assert_eq!(r.started, vec![2], "{r:?}");
+    // Enough slices are free for a starving job, but its placement waits (its policy answers
+    // later): the slices stay held for it, the one-slice job behind it waits.
+    let mut s = sched(&[1.0], "fifo");
+    s.starvation_s = 60.0;
+    slice_job(&mut s, 1, 2, 0.0);
+    slice_job(&mut s, 2, 1, 1.0);
+    s.set_free_slices(free(2));
+    let r = s.pass(1000.0, no_gpus, &mut |j| {
+        if j.id == 1 {
+            Attempt::Waits("its policy is asked".into())
+        } else {
+            Attempt::Started
+        }
+    });
+    assert!(r.started.is_empty(), "{r:?}");
+    // With none free, nothing is held: both are tried, and each says its own reason.
+    s.set_free_slices(free(0));
+    let mut tried = Vec::new();
+    let r = s.pass(2000.0, no_gpus, &mut |j| {
+        tried.push(j.id);
+        Attempt::Waits("no slice free".into())
+    });
+    assert_eq!(tried, vec![1, 2], "{tried:?}");
+    assert!(
+        r.reasons
+            .iter()
+            .all(|(_, why)| why.starts_with("no slice free")),
+        "{r:?}"
+    );
+}
