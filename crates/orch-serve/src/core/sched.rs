@@ -840,8 +840,10 @@ impl Scheduler {
             }
             return;
         }
-        // A job of slices past the starvation limit, within its tenant's max_gpus: the free
-        // slices of its profile are held for it.
+        // A job of slices past the starvation limit, within its tenant's max_gpus: while fewer
+        // than it asks for are free, the free slices of its profile are held for it. (When
+        // enough are free it is placed; should placement still refuse, as it would for slices
+        // that never suit the job, they are not held: such a job must not block the profile.)
         let starving_slices = self.slice_jobs.get(&id).filter(|_| {
             now_s - job.queued_s >= self.starvation_s
                 && self.tenants[job.tenant]
@@ -969,14 +971,6 @@ impl Scheduler {
             Attempt::Waits(reason) => {
                 if job.exclusive {
                     walk.blocked.push(id);
-                }
-                // Enough of its slices were free, yet it waits (its policy answers later, or
-                // the free ones do not suit it): what is free stays held for it this pass.
-                if let Some(profile) = starving_slices
-                    && walk.free_slices.get(profile).is_some_and(|&n| n > 0)
-                {
-                    walk.slices_held_for.insert(profile.clone(), id);
-                    walk.free_slices.insert(profile.clone(), 0);
                 }
                 if keep {
                     report.reasons.push((id, with(reason)));

@@ -591,7 +591,7 @@ fn a_job_of_slices_past_the_starvation_limit_holds_its_profiles_free_slices() {
 }
 
 #[test]
-fn a_starving_job_of_slices_holds_nothing_beyond_its_tenants_max_gpus_and_keeps_its_hold_while_placement_waits()
+fn a_starving_job_of_slices_holds_nothing_beyond_its_tenants_max_gpus_nor_slices_that_do_not_suit_it()
  {
     let no_gpus = Machine {
         free_gpus: 0,
@@ -615,8 +615,8 @@ fn a_starving_job_of_slices_holds_nothing_beyond_its_tenants_max_gpus_and_keeps_
     s.set_free_slices(free(2));
     let r = s.pass(1000.0, no_gpus, &mut |_| Attempt::Started);
     assert_eq!(r.started, vec![2], "{r:?}");
-    // Enough slices are free for a starving job, but its placement waits (its policy answers
-    // later): the slices stay held for it, the one-slice job behind it waits.
+    // Enough slices are free for a starving job, but they do not suit it (placement refuses):
+    // they are not held, or a job that never fits would block its profile for good.
     let mut s = sched(&[1.0], "fifo");
     s.starvation_s = 60.0;
     slice_job(&mut s, 1, 2, 0.0);
@@ -624,12 +624,16 @@ fn a_starving_job_of_slices_holds_nothing_beyond_its_tenants_max_gpus_and_keeps_
     s.set_free_slices(free(2));
     let r = s.pass(1000.0, no_gpus, &mut |j| {
         if j.id == 1 {
-            Attempt::Waits("its policy is asked".into())
+            Attempt::Waits("no free slice has 20 GiB free".into())
         } else {
             Attempt::Started
         }
     });
-    assert!(r.started.is_empty(), "{r:?}");
+    assert_eq!(r.started, vec![2], "{r:?}");
+    let mut s = sched(&[1.0], "fifo");
+    s.starvation_s = 60.0;
+    slice_job(&mut s, 1, 2, 0.0);
+    slice_job(&mut s, 2, 1, 1.0);
     // With none free, nothing is held: both are tried, and each says its own reason.
     s.set_free_slices(free(0));
     let mut tried = Vec::new();
