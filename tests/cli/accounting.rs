@@ -31,24 +31,9 @@ fn write_sim(path: &std::path::Path, utilization: u32, processes: &[(u32, [u64; 
 /// A daemon over a two-GPU sim file of its own, with `config` (a `[[tenant]]` for this user is
 /// added); returns it and the sim file's path.
 fn daemon(tag: &str, config: &str) -> (Daemon, std::path::PathBuf) {
-    let mut d = Daemon::prepare(tag);
+    let mut d = Daemon::with_lab_tenant(tag, config);
     let sim = d.state.join("gpus.toml");
     write_sim(&sim, 20, &[]);
-    let me = stdout(
-        &std::process::Command::new("id")
-            .arg("-un")
-            .output()
-            .unwrap(),
-    )
-    .trim()
-    .to_string();
-    let file = d.state.join("serve.toml");
-    std::fs::write(
-        &file,
-        format!("{config}\n[[tenant]]\nname = \"lab\"\nusers = [\"{me}\"]\n"),
-    )
-    .unwrap();
-    d.config = Some(file);
     d.devices = Some(format!("sim:{}", sim.display()));
     d.restart();
     (d, sim)

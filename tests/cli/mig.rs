@@ -715,17 +715,7 @@ fn a_job_of_whole_gpus_on_a_box_of_slices_only_is_told_to_ask_for_slices() {
 #[test]
 fn a_daemon_job_of_several_slices_past_the_starvation_limit_gets_them_before_one_slice_jobs() {
     let lab = lab("starve");
-    let mut d = Daemon::prepare("mig-starve");
-    let me = stdout(&Command::new("id").arg("-un").output().unwrap())
-        .trim()
-        .to_string();
-    let config = d.state.join("serve.toml");
-    std::fs::write(
-        &config,
-        format!("starvation_limit = \"1s\"\n[[tenant]]\nname = \"lab\"\nusers = [\"{me}\"]\n"),
-    )
-    .unwrap();
-    d.config = Some(config);
+    let mut d = Daemon::with_lab_tenant("mig-starve", "starvation_limit = \"1s\"");
     d.devices = Some(lab.sim.clone());
     d.restart();
     // A one-slice job holds a slice until `go` appears (a minute at most).

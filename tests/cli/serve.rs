@@ -63,6 +63,23 @@ impl Daemon {
         }
     }
 
+    /// [`Daemon::prepare`] with a config of `settings` and one tenant `lab` of this test's user
+    /// (not started yet).
+    pub fn with_lab_tenant(tag: &str, settings: &str) -> Daemon {
+        let mut d = Daemon::prepare(tag);
+        let me = stdout(&Command::new("id").arg("-un").output().unwrap())
+            .trim()
+            .to_string();
+        let config = d.state.join("serve.toml");
+        std::fs::write(
+            &config,
+            format!("{settings}\n[[tenant]]\nname = \"lab\"\nusers = [\"{me}\"]\n"),
+        )
+        .unwrap();
+        d.config = Some(config);
+        d
+    }
+
     pub fn socket(&self) -> PathBuf {
         self.socket
             .clone()
@@ -985,17 +1002,7 @@ fn the_daemon_refuses_a_memory_limit_it_cannot_enforce() {
 
 #[test]
 fn finished_jobs_and_their_logs_go_after_the_retention() {
-    let mut d = Daemon::prepare("retention");
-    let me = stdout(&Command::new("id").arg("-un").output().unwrap())
-        .trim()
-        .to_string();
-    let config = d.state.join("serve.toml");
-    std::fs::write(
-        &config,
-        format!("retention = \"4s\"\n[[tenant]]\nname = \"lab\"\nusers = [\"{me}\"]\n"),
-    )
-    .unwrap();
-    d.config = Some(config);
+    let mut d = Daemon::with_lab_tenant("retention", "retention = \"4s\"");
     d.restart();
     let id = d.submit(&["--", "echo", "hello"]);
     d.wait_state(&id, "succeeded");
