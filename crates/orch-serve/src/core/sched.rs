@@ -844,13 +844,11 @@ impl Scheduler {
         // than it asks for are free, the free slices of its profile are held for it. (When
         // enough are free it is placed; should placement still refuse, as it would for slices
         // that never suit the job, they are not held: such a job must not block the profile.)
-        let starving_slices = self.slice_jobs.get(&id).filter(|_| {
-            now_s - job.queued_s >= self.starvation_s
+        if let Some(profile) = self.slice_jobs.get(&id) {
+            let starving = now_s - job.queued_s >= self.starvation_s
                 && self.tenants[job.tenant]
                     .max_gpus
-                    .is_none_or(|max| self.held[job.tenant] + job.gpus <= max)
-        });
-        if let Some(profile) = self.slice_jobs.get(&id) {
+                    .is_none_or(|max| self.held[job.tenant] + job.gpus <= max);
             let free = walk.free_slices.get(profile).copied().unwrap_or(0);
             if job.gpus > free {
                 if let Some(&first) = walk.slices_held_for.get(profile) {
@@ -865,7 +863,7 @@ impl Scheduler {
                     }
                     return;
                 }
-                if starving_slices.is_some() && free > 0 {
+                if starving && free > 0 {
                     // Hold back its profile's free slices: one-slice jobs behind it no longer
                     // take every slice that frees up.
                     walk.slices_held_for.insert(profile.clone(), id);
