@@ -341,13 +341,7 @@ fn through_nvml_an_xid_event_makes_the_gpu_unhealthy_and_the_record_reaches_orch
     };
     let _one = one_nvml_daemon();
     let (dir, sim) = sim_dir("nvml", &gpus(3, |_| String::new()));
-    let mut d = Daemon::prepare("health-nvml");
-    d.devices = Some("nvml".into());
-    d.env = vec![
-        ("ORCH_NVML_LIBRARY", lib.clone()),
-        ("ORCH_NVML_SIM", sim.display().to_string()),
-    ];
-    d.restart();
+    let mut d = crate::nvml_sim::nvml_daemon("health-nvml", &lib, &sim);
     assert_eq!(devices(&d)[1]["backend"], "nvml");
     // The daemon's Xid thread registers its event set as it starts: an entry written before
     // that is no event (as with NVML), so the test waits for it.
@@ -882,13 +876,7 @@ fn through_nvml_the_xid_thread_registers_a_new_gpu_and_names_a_lost_one_by_its_u
     };
     let _one = one_nvml_daemon();
     let (dir, sim) = sim_dir("nvml-new", &gpus(2, |_| String::new()));
-    let mut d = Daemon::prepare("health-nvml-new");
-    d.devices = Some("nvml".into());
-    d.env = vec![
-        ("ORCH_NVML_LIBRARY", lib),
-        ("ORCH_NVML_SIM", sim.display().to_string()),
-    ];
-    d.restart();
+    let d = crate::nvml_sim::nvml_daemon("health-nvml-new", &lib, &sim);
     until_logged(&d, "waiting for Xid events on 2 GPU(s)", 1);
     // A third GPU appears: the thread registers it within a few seconds.
     rewrite(&sim, &gpus(3, |_| String::new()));

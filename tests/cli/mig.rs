@@ -104,6 +104,12 @@ impl MigLab {
     }
 }
 
+/// `out` is a refusal: exit status 2 and a sentence with `words`.
+fn refused(out: &std::process::Output, words: &str) {
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(out));
+    assert!(stderr(out).contains(words), "{}", stderr(out));
+}
+
 /// Waits (at most 20 s) until `path` exists.
 fn wait_for(path: &Path) {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -208,11 +214,9 @@ fn a_job_of_whole_gpus_never_gets_the_mig_gpu() {
         ]
     );
     let three = lab.orch(&["run", "--gpus", "3", "--", "true"], &[]);
-    assert_eq!(three.status.code(), Some(2), "{}", stderr(&three));
-    assert!(
-        stderr(&three).contains("gpus = 3, but this machine has 2 device(s); GPU 0 in MIG mode: its slices are leased with mig = PROFILE, never the GPU whole"),
-        "{}",
-        stderr(&three)
+    refused(
+        &three,
+        "gpus = 3, but this machine has 2 device(s); GPU 0 in MIG mode: its slices are leased with mig = PROFILE, never the GPU whole",
     );
     // `orch plan` of a job file says the same: the MIG GPU is no candidate.
     let job = lab.dir.join("job.toml");
@@ -265,13 +269,9 @@ fn per_device_runs_one_process_per_slice_and_single_is_refused() {
         &["run", "--mig", "1g.10gb", "--gpus", "2", "--", "true"],
         &[],
     );
-    assert_eq!(single.status.code(), Some(2), "{}", stderr(&single));
-    assert!(
-        stderr(&single).contains(
-            "needs launch = \"per-device\": a CUDA process enumerates at most one MIG instance"
-        ),
-        "{}",
-        stderr(&single)
+    refused(
+        &single,
+        "needs launch = \"per-device\": a CUDA process enumerates at most one MIG instance",
     );
     let job = lab.dir.join("two.toml");
     std::fs::write(
@@ -280,11 +280,9 @@ fn per_device_runs_one_process_per_slice_and_single_is_refused() {
     )
     .unwrap();
     let file = lab.orch(&["run", &job.display().to_string()], &[]);
-    assert_eq!(file.status.code(), Some(2), "{}", stderr(&file));
-    assert!(
-        stderr(&file).contains("two.toml:5:1: mig = \"1g.10gb\" with gpus = 2 needs launch"),
-        "{}",
-        stderr(&file)
+    refused(
+        &file,
+        "two.toml:5:1: mig = \"1g.10gb\" with gpus = 2 needs launch",
     );
 
     // A profile the machine has none of, and more slices than it has: bad input, one sentence.
@@ -310,13 +308,9 @@ fn per_device_runs_one_process_per_slice_and_single_is_refused() {
         ],
         &[],
     );
-    assert_eq!(four.status.code(), Some(2), "{}", stderr(&four));
-    assert!(
-        stderr(&four).contains(
-            "gpus = 4 with mig = \"1g.10gb\", but this machine has 3 slice(s) of that profile"
-        ),
-        "{}",
-        stderr(&four)
+    refused(
+        &four,
+        "gpus = 4 with mig = \"1g.10gb\", but this machine has 3 slice(s) of that profile",
     );
     let bad = lab.orch(&["run", "--mig", "big", "--", "true"], &[]);
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
@@ -552,11 +546,9 @@ fn the_daemon_runs_a_slice_job_and_refuses_one_that_never_fits() {
     );
     // A profile the machine lacks, or more slices than it has: refused at submission.
     let none = d.client(&["submit", "--mig", "2g.20gb", "--", "true"]);
-    assert_eq!(none.status.code(), Some(2), "{}", stderr(&none));
-    assert!(
-        stderr(&none).contains("mig = \"2g.20gb\", but this daemon's machine has no MIG slice of that profile; its slices are 1g.10gb"),
-        "{}",
-        stderr(&none)
+    refused(
+        &none,
+        "mig = \"2g.20gb\", but this daemon's machine has no MIG slice of that profile; its slices are 1g.10gb",
     );
     let many = d.client(&[
         "submit",
@@ -568,19 +560,15 @@ fn the_daemon_runs_a_slice_job_and_refuses_one_that_never_fits() {
         "--",
         "true",
     ]);
-    assert_eq!(many.status.code(), Some(2), "{}", stderr(&many));
-    assert!(
-        stderr(&many).contains("gpus = 4 with mig = \"1g.10gb\" is more than the 3 slice(s) of that profile this daemon places on"),
-        "{}",
-        stderr(&many)
+    refused(
+        &many,
+        "gpus = 4 with mig = \"1g.10gb\" is more than the 3 slice(s) of that profile this daemon places on",
     );
     // A job of whole GPUs asks for at most the two whole ones.
     let whole = d.client(&["submit", "--gpus", "3", "--", "true"]);
-    assert_eq!(whole.status.code(), Some(2), "{}", stderr(&whole));
-    assert!(
-        stderr(&whole).contains("gpus = 3 is more than the 2 device(s) this daemon places on; its GPUs in MIG mode are leased by slice: ask with mig = PROFILE (its slices are 1g.10gb)"),
-        "{}",
-        stderr(&whole)
+    refused(
+        &whole,
+        "gpus = 3 is more than the 2 device(s) this daemon places on; its GPUs in MIG mode are leased by slice: ask with mig = PROFILE (its slices are 1g.10gb)",
     );
 }
 
@@ -674,11 +662,9 @@ fn a_slices_memory_in_use_counts_where_a_job_asks_for_free_memory() {
         &["--devices", &format!("sim:{}", bad.display()), "devices"],
         &[],
     );
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("memory_used (11.0 GiB) exceeds the slice's memory_total (10.0 GiB)"),
-        "{}",
-        stderr(&out)
+    refused(
+        &out,
+        "memory_used (11.0 GiB) exceeds the slice's memory_total (10.0 GiB)",
     );
 }
 

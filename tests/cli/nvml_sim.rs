@@ -32,6 +32,18 @@ pub(crate) fn library(test: &str) -> Option<String> {
     None
 }
 
+/// A daemon of `--devices nvml` over the simulated library `lib` serving `sim`, started.
+pub(crate) fn nvml_daemon(tag: &str, lib: &str, sim: &Path) -> Daemon {
+    let mut d = Daemon::prepare(tag);
+    d.devices = Some("nvml".into());
+    d.env = vec![
+        ("ORCH_NVML_LIBRARY", lib.to_string()),
+        ("ORCH_NVML_SIM", sim.display().to_string()),
+    ];
+    d.restart();
+    d
+}
+
 /// `orch --devices nvml ARGS` over the simulated library serving `sim`.
 pub(crate) fn through_nvml(lib: &str, sim: &Path, args: &[&str]) -> std::process::Output {
     let sim = sim.display().to_string();
@@ -286,13 +298,7 @@ fn the_daemon_sees_a_file_change_through_nvml() {
     };
     let _one = crate::health::one_nvml_daemon();
     let (dir, sim) = pcie_box("nvml-watch");
-    let mut d = Daemon::prepare("nvml-watch");
-    d.devices = Some("nvml".into());
-    d.env = vec![
-        ("ORCH_NVML_LIBRARY", lib.clone()),
-        ("ORCH_NVML_SIM", sim.display().to_string()),
-    ];
-    d.restart();
+    let d = nvml_daemon("nvml-watch", &lib, &sim);
     let reading = |d: &Daemon| {
         let (status, devices) = http(d, "GET", "/v1/devices", &Value::Null);
         assert_eq!(status, 200, "{devices}");

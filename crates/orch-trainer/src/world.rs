@@ -25,31 +25,10 @@ use v0_2::trainer::exports::orch::plugin::training as v0_2_training;
 use v0_3::trainer::exports::orch::plugin::training as v0_3_training;
 use v0_4::trainer::exports::orch::plugin::training as v0_4_training;
 
-/// `run-info` of 0.3.0 or 0.4.0: 0.5.0's, field for field.
-macro_rules! same_run_info {
-    ($i:expr => $ty:path) => {{
-        let i = $i;
-        $ty {
-            replica: i.replica,
-            replicas: i.replicas,
-            epochs: i.epochs,
-            batch_size: i.batch_size,
-            steps_per_epoch: i.steps_per_epoch,
-            features: i.features,
-            classes: i.classes,
-            train_samples: i.train_samples,
-            eval_samples: i.eval_samples,
-            seed: i.seed,
-            sample_shape: i.sample_shape,
-            label_shape: i.label_shape,
-            total_steps: i.total_steps,
-        }
-    }};
-}
-
-/// `run-info` of another version: the same fields.
+/// `run-info` of another version: the fields every version has, and the `extra` ones the
+/// version adds (0.3.0 and 0.4.0 have 0.5.0's `sample_shape`, `label_shape`, `total_steps`).
 macro_rules! same_record {
-    ($i:expr => $ty:path) => {{
+    ($i:expr => $ty:path $(; $($extra:ident),+)?) => {{
         let i = $i;
         $ty {
             replica: i.replica,
@@ -62,6 +41,7 @@ macro_rules! same_record {
             train_samples: i.train_samples,
             eval_samples: i.eval_samples,
             seed: i.seed,
+            $($($extra: i.$extra,)+)?
         }
     }};
 }
@@ -210,12 +190,12 @@ impl AnyTrainer {
                 .orch_plugin_training()
                 .call_init_replica(store, config, &info),
             AnyTrainer::V0_4(t) => {
-                let info = same_run_info!(info => v0_4_training::RunInfo);
+                let info = same_record!(info => v0_4_training::RunInfo; sample_shape, label_shape, total_steps);
                 t.orch_plugin_training()
                     .call_init_replica(store, config, &info)
             }
             AnyTrainer::V0_3(t) => {
-                let info = same_run_info!(info => v0_3_training::RunInfo);
+                let info = same_record!(info => v0_3_training::RunInfo; sample_shape, label_shape, total_steps);
                 t.orch_plugin_training()
                     .call_init_replica(store, config, &info)
             }

@@ -84,6 +84,17 @@ pub mod predicting {
 
 /// The bindings of a trainer world of an older contract (`path`, `world`): its imports are the
 /// current interfaces', linked under the older version's names.
+/// The queue world of an older contract, over today's queue types (unchanged since 0.1.0).
+macro_rules! older_queue {
+    ($path:literal) => {
+        wasmtime::component::bindgen!({
+            path: $path,
+            world: "queue",
+            with: { "orch:plugin/queue-types": crate::queue_types },
+        });
+    };
+}
+
 macro_rules! older_trainer {
     ($path:literal, $world:literal) => {
         wasmtime::component::bindgen!({
@@ -120,11 +131,7 @@ pub mod v0_4 {
 
     /// `queue-order.order-jobs`.
     pub mod queue {
-        wasmtime::component::bindgen!({
-            path: "compat/0.4.0",
-            world: "queue",
-            with: { "orch:plugin/queue-types": crate::queue_types },
-        });
+        older_queue!("compat/0.4.0");
     }
 
     /// `training`: the imports are the 0.5.0 interfaces'; link them under the 0.4.0 names.
@@ -152,11 +159,7 @@ pub mod v0_3 {
 
     /// `queue-order.order-jobs`.
     pub mod queue {
-        wasmtime::component::bindgen!({
-            path: "compat/0.3.0",
-            world: "queue",
-            with: { "orch:plugin/queue-types": crate::queue_types },
-        });
+        older_queue!("compat/0.3.0");
     }
 
     /// `training`: the imports are the 0.4.0 interfaces'; link them under the 0.3.0 names.
@@ -183,11 +186,7 @@ pub mod v0_2 {
 
     /// `queue-order.order-jobs`.
     pub mod queue {
-        wasmtime::component::bindgen!({
-            path: "compat/0.2.0",
-            world: "queue",
-            with: { "orch:plugin/queue-types": crate::queue_types },
-        });
+        older_queue!("compat/0.2.0");
     }
 
     /// `training`: the imports are the 0.3.0 interfaces'; link them under the 0.2.0 names.
@@ -210,11 +209,7 @@ pub mod v0_1 {
 
     /// `order`.
     pub mod queue {
-        wasmtime::component::bindgen!({
-            path: "compat/0.1.0",
-            world: "queue",
-            with: { "orch:plugin/queue-types": crate::queue_types },
-        });
+        older_queue!("compat/0.1.0");
     }
 
     /// `init`, `train-step`, `eval-step`. The imports are the 0.2.0 interfaces'; link them
